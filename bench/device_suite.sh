@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# bench/device_suite.sh: octet's device suite. On a machine with a Hopper GPU (and no package
+# registry), it builds the CUDA tests and GPU benchmarks for sm_90a, runs every `gpu` and `cuda`
+# test suite and every GPU benchmark, and prints one summary table.
+#
+#   bench/prepare_device.sh            # here, once: copies the doctest header into .device/deps,
+#                                      # and prebuilds .device/build (optional, saves device time)
+#   bench/device_suite.sh              # there, from the repository root (carry .device)
+#
+# Options (environment): OCTET_SUITE_BUILD=<dir> (default .device/build; reused when its
+# binaries run there, else rebuilt), OCTET_SUITE_OUT=<dir> (logs; default $OUT or .device/out),
+# OCTET_SUITE_FILTER=<regex> (run only matching test/bench binaries).
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${OCTET_SUITE_BUILD:-.device/build}
+LOGS=${OCTET_SUITE_OUT:-${OUT:-.device/out}}
+FILTER=${OCTET_SUITE_FILTER:-.}
+mkdir -p "$LOGS"
+start=$(date +%s)
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+
+binaries_run() {
+  local any
+  any=$(ls "$BUILD"/tests/test_cuda_* 2>/dev/null | head -1)
+  [ -n "$any" ] && "$any" --list-test-cases >/dev/null 2>&1
+}
+
+if binaries_run; then
+  echo "suite: using prebuilt binaries in $BUILD"
+else
+  echo "suite: building for sm_90a in $BUILD"
+  DOCTEST_ARGS=()
+  [ -f .device/deps/doctest/doctest.h ] && DOCTEST_ARGS=(-DOCTET_DOCTEST_DIR="$PWD/.device/deps")
+  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+  cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DOCTET_BUILD_TESTS=ON -DOCTET_BUILD_BENCHMARKS=ON -DOCTET_BUILD_EXAMPLES=OFF "${DOCTEST_ARGS[@]}" \
+    >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
+  targets=$(cmake --build "$BUILD" --target help 2>/dev/null | grep -oE '(test_cuda_|gpubench_)[A-Za-z0-9_]+' | sort -u | grep -E "$FILTER")
+  cmake --build "$BUILD" -j "$(nproc)" --target $targets >"$LOGS/build.log" 2>&1 || { grep -E "error" "$LOGS/build.log" | head -40; exit 1; }
+  echo "suite: built in $(( $(date +%s) - start )) s"
+fi
+
+declare -a rows
+status=0
+for t in "$BUILD"/tests/test_cuda_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t"); name=${name#test_cuda_}
+  echo "$name" | grep -qE "$FILTER" || continue
+  for suite in gpu cuda; do
+    t0=$(date +%s%N)
+    "$t" --test-suite=$suite >"$LOGS/test_${name}_${suite}.log" 2>&1
+    rc=$?
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    summary=$(grep -E "^\[doctest\] (test cases|assertions)" "$LOGS/test_${name}_${suite}.log" | sed 's/\[doctest\] //' | tr -s ' ' | paste -sd';' -)
+    case $rc in 0) verdict=PASS ;; 77) verdict=SKIP ;; *) verdict=FAIL; status=1 ;; esac
+    rows+=("test|$name [$suite]|$verdict|$ms ms|$summary")
+    [ "$verdict" = FAIL ] && grep -B2 -A6 "ERROR\|FATAL" "$LOGS/test_${name}_${suite}.log" | head -60
+  done
+done
+
+for b in "$BUILD"/bench/gpubench_*; do
+  [ -x "$b" ] || continue
+  name=$(basename "$b"); name=${name#gpubench_}
+  echo "$name" | grep -qE "$FILTER" || continue
+  "$b" >"$LOGS/bench_${name}.log" 2>&1 || { status=1; rows+=("bench|$name|FAIL|exit $?|see bench_${name}.log"); tail -20 "$LOGS/bench_${name}.log"; }
+  while IFS='|' read -r _ bench metric value unit note; do
+    rows+=("bench|$bench|$metric|$value $unit|$note")
+  done < <(grep '^OCTET_RESULT|' "$LOGS/bench_${name}.log")
+done
+
+echo
+echo "octet device suite: $(( $(date +%s) - start )) s"
+printf '| %-5s | %-44s | %-18s | %-16s | %s\n' kind name "result/metric" value note
+printf '|-------|----------------------------------------------|--------------------|------------------|------\n'
+for r in "${rows[@]}"; do
+  IFS='|' read -r kind name a b c <<<"$r"
+  printf '| %-5s | %-44s | %-18s | %-16s | %s\n' "$kind" "$name" "$a" "$b" "$c"
+done | tee "$LOGS/summary.md"
+exit $status

@@ -1,0 +1,59 @@
+// octet/config.hpp: compiler portability macros, the library version and the error type.
+//
+// Every numeric rule in octet is an OCTET_HD function: under nvcc it is compiled for host
+// and device from the same source, under a plain C++ compiler it is an ordinary inline
+// function. That single definition is what makes host results prove device results.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#define OCTET_VERSION_MAJOR 0
+#define OCTET_VERSION_MINOR 1
+#define OCTET_VERSION_PATCH 0
+#define OCTET_VERSION_STRING "0.1.0"
+
+#if defined(__CUDACC__)
+#define OCTET_HD __host__ __device__ __forceinline__
+#define OCTET_HD_NOINLINE __host__ __device__
+#define OCTET_DEVICE __device__ __forceinline__
+#define OCTET_GLOBAL __global__
+#else
+#define OCTET_HD inline
+#define OCTET_HD_NOINLINE inline
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define OCTET_DEVICE_PASS 1
+#else
+#define OCTET_DEVICE_PASS 0
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define OCTET_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define OCTET_UNROLL  // nvcc's host pass: neither nvcc's front end nor the host compiler wants a pragma here
+#elif defined(__GNUC__) && !defined(__clang__)
+#define OCTET_UNROLL _Pragma("GCC unroll 8")
+#elif defined(__clang__)
+#define OCTET_UNROLL _Pragma("unroll")
+#else
+#define OCTET_UNROLL
+#endif
+
+namespace octet {
+
+/// The one exception type octet throws. Host API calls validate their arguments and throw
+/// `octet::error` with a message that names the argument and says how to fix it. Device
+/// code never throws; non-finite inputs are data, not errors (see each format's contract).
+class error : public std::runtime_error {
+public:
+    explicit error(const std::string& what) : std::runtime_error("octet: " + what) {}
+};
+
+/// Version of the headers in use, for run reports and checkpoint headers.
+inline constexpr int version_major = OCTET_VERSION_MAJOR;
+inline constexpr int version_minor = OCTET_VERSION_MINOR;
+inline constexpr int version_patch = OCTET_VERSION_PATCH;
+
+}  // namespace octet

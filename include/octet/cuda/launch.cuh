@@ -1,0 +1,35 @@
+// octet/cuda/launch.cuh: launch-shape helpers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+
+#include "octet/cuda/check.cuh"
+
+namespace octet {
+namespace cuda {
+
+/// Multiprocessor count of the current device (queried once per device).
+inline int multiprocessor_count() {
+    int device = 0;
+    OCTET_CUDA_CHECK(cudaGetDevice(&device));
+    static int cached[64] = {};
+    if (device < 64 && cached[device]) return cached[device];
+    int count = 0;
+    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (device < 64) cached[device] = count;
+    return count;
+}
+
+/// Blocks for a grid-stride loop over `work_items` with `threads` per block: enough to fill the
+/// device several times over, no more.
+inline unsigned grid_stride_blocks(std::size_t work_items, int threads, int blocks_per_sm = 8) {
+    const std::size_t needed = (work_items + threads - 1) / threads;
+    const std::size_t cap = static_cast<std::size_t>(multiprocessor_count()) * blocks_per_sm;
+    return static_cast<unsigned>(std::max<std::size_t>(1, std::min(needed, cap)));
+}
+
+}  // namespace cuda
+}  // namespace octet
