@@ -69,6 +69,23 @@ for b in "$BUILD"/bench/gpubench_*; do
   done < <(grep '^OCTET_RESULT|' "$LOGS/bench_${name}.log")
 done
 
+# Peers in Python (PyTorch is on the GPU machine; other wheels travel in .whl, see bench/prepare_device.sh).
+if command -v python3 >/dev/null; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/octet_site .whl/*.whl \
+      >"$LOGS/pip.log" 2>&1 && export PYTHONPATH=/tmp/octet_site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  for py in bench/gpu/*.py; do
+    [ -f "$py" ] || continue
+    name=$(basename "$py" .py)
+    echo "$name" | grep -qE "$FILTER" || continue
+    OCTET_BUILD="$BUILD" PYTHONUNBUFFERED=1 timeout 300 python3 "$py" >"$LOGS/py_${name}.log" 2>&1 || rows+=("bench|$name.py|FAIL|exit $?|see py_${name}.log")
+    while IFS='|' read -r _ bench metric value unit note; do
+      rows+=("bench|$bench|$metric|$value $unit|$note")
+    done < <(grep '^OCTET_RESULT|' "$LOGS/py_${name}.log")
+  done
+fi
+
 echo
 echo "octet device suite: $(( $(date +%s) - start )) s"
 printf '| %-5s | %-44s | %-18s | %-16s | %s\n' kind name "result/metric" value note

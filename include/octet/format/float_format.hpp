@@ -106,6 +106,9 @@ struct float_format {
     static constexpr double min_normal_d = detail::pow2(emin);
     static constexpr double min_subnormal_d = has_subnormals ? detail::pow2(emin - ManBits) : detail::pow2(emin);
 
+    /// max_finite plus half its ulp: magnitudes beyond it round past max_finite (ties: see max_code's parity).
+    static constexpr double overflow_threshold_d = max_finite_d + detail::pow2(emax - ManBits - 1);
+
     static constexpr float max_finite = static_cast<float>(max_finite_d);
     static constexpr float min_normal = static_cast<float>(min_normal_d);
     /// Smallest positive value (for exponent_only formats, which have no subnormals, = min_normal).

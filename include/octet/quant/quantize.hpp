@@ -1,0 +1,261 @@
+// octet/quant/quantize.hpp: quantize and dequantize on the host (multi-threaded).
+//
+//   octet::quantized_tensor<R> q(rows, cols), qt(cols, rows);
+//   auto result = octet::quantize<R>(octet::on_host(), x, q.ref(), qt.ref(), {/*collect_stats=*/true});
+//   octet::dequantize(octet::on_host(), q.cref(), y);
+//
+// `x` is a matrix_ref of float, octet::bf16 or octet::fp16 in either layout. The row-wise output
+// is the quantized copy of x, the column-wise output the quantized copy of x^T (the transpose the
+// backward pass needs); pass an empty ref ({}) to skip either. Per element:
+// code = encode<Format, Round, Overflow>(x / S) with S the effective scale of its block (see
+// scale.hpp for the edge contract). The stream overloads are in quantize.cuh and give the same
+// bits. On the host the two copies are produced by separate passes over x; the device quantizer
+// produces both from one read.
+//
+// Stochastic rounding draws element (r, c) of a copy from rng.bits(r * copy_cols + c), with the
+// row-wise copy on rng.offset and the column-wise copy on rng.offset + 1.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "octet/core/check.hpp"
+#include "octet/core/executor.hpp"
+#include "octet/core/matrix.hpp"
+#include "octet/core/philox.hpp"
+#include "octet/quant/recipe.hpp"
+#include "octet/quant/scale.hpp"
+#include "octet/quant/stats.hpp"
+#include "octet/quant/tensor.hpp"
+
+namespace octet {
+
+struct quantize_options {
+    /// Gather quant_stats for each copy in the same pass.
+    bool collect_stats = false;
+    /// Per-tensor and two-level (NVFP4) recipes: the amax the tensor scale is derived from, when
+    /// the caller has it (delayed scaling passes its history's reduced amax; a previous amax pass
+    /// can pass its result). Negative: measure it from x (current scaling).
+    float tensor_amax = -1.0f;
+    /// Random bits for round::stochastic.
+    philox_stream rng{};
+};
+
+struct quantize_result {
+    float amax = 0.0f;  ///< the largest finite |x| of the input (what delayed scaling records)
+    quant_stats rowwise;
+    quant_stats columnwise;
+};
+
+namespace detail {
+
+template <class In>
+inline constexpr bool is_quant_input_v = std::is_same_v<In, float> || std::is_same_v<In, bf16> || std::is_same_v<In, fp16>;
+
+template <class In>
+OCTET_HD float as_float(In v) {
+    if constexpr (std::is_same_v<In, float>) return v;
+    else return to_float(v);
+}
+
+/// Checks that a quantized view fits a rows x cols copy of its recipe.
+template <class Recipe, class Byte>
+void validate_output(const quantized_ref<Recipe, Byte>& q, std::size_t rows, std::size_t cols, const char* fn, const char* arg) {
+    const quant_layout& l = q.layout;
+    OCTET_REQUIRE(l.rows == rows && l.cols == cols, fn, arg,
+                  message("has shape ", l.rows, " x ", l.cols, " but must be ", rows, " x ", cols,
+                          "; build it with quant_layout_of<Recipe>::make(", rows, ", ", cols, ")"));
+    if (rows == 0 || cols == 0) return;
+    using LO = quant_layout_of<Recipe>;
+    const quant_layout expect = LO::make(rows, cols, false);
+    OCTET_REQUIRE(l.ld >= cols && l.ld % LO::group_codes == 0 && l.row_bytes == LO::bytes_for_codes(l.ld), fn, arg,
+                  message("has an inconsistent row layout (ld ", l.ld, ", row_bytes ", l.row_bytes,
+                          "); use quant_layout_of<Recipe>::make"));
+    OCTET_REQUIRE(l.data_bytes >= rows * l.row_bytes, fn, arg, "has data_bytes smaller than rows * row_bytes");
+    OCTET_REQUIRE(l.block_rows == expect.block_rows && l.block_cols == expect.block_cols && l.scale_rows == expect.scale_rows &&
+                      l.scale_cols == expect.scale_cols && l.scale_ld >= l.scale_rows,
+                  fn, arg, "has a scale grid that does not fit the recipe's granularity; use quant_layout_of<Recipe>::make");
+    OCTET_REQUIRE(l.scale_bytes >= l.scale_cols * l.scale_ld * Recipe::scale_bytes, fn, arg,
+                  message("has scale_bytes ", l.scale_bytes, " but the scale grid needs ", l.scale_cols * l.scale_ld * Recipe::scale_bytes));
+    OCTET_REQUIRE(q.data != nullptr, fn, arg, "has a null data pointer");
+    OCTET_REQUIRE(q.scales != nullptr, fn, arg, "has a null scales pointer");
+    OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, arg,
+                  "is a two-level (NVFP4) copy without a tensor_scale pointer; point it at one float");
+}
+
+template <class T>
+void validate_input(const matrix_ref<T>& x, const char* fn) {
+    const std::size_t minor = x.order == layout::row_major ? x.cols : x.rows;
+    OCTET_REQUIRE(x.empty() || x.data != nullptr, fn, "x", "is null with a non-zero shape");
+    OCTET_REQUIRE(x.empty() || x.ld >= minor, fn, "x",
+                  message("has ld ", x.ld, " smaller than its ", (x.order == layout::row_major ? "cols " : "rows "), minor));
+}
+
+/// One quantized copy of x (rows x cols in x's logical orientation) on the host.
+template <class Recipe, class In>
+void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& out, float amax_for_scale_override,
+                        float tensor_scale, const philox_stream& rng, bool stats_on, quant_stats& stats) {
+    const quant_layout& L = out.layout;
+    const std::size_t rows = x.rows, cols = x.cols;
+    const std::size_t R = L.block_rows, C = L.block_cols, sr = L.scale_rows, sc = L.scale_cols;
+
+    // Phase 1: the finite amax of every block (grid sr x sc, row-major here). max is exact and
+    // order-free, so any split of the work gives the same grid.
+    std::vector<float> amax(sr * sc, 0.0f);
+    if (sr > 1) {
+        parallel_for(ex, sr, 1, [&](std::size_t b, std::size_t e) {
+            for (std::size_t bi = b; bi < e; ++bi)
+                for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i)
+                    for (std::size_t j = 0; j < cols; ++j) {
+                        float& a = amax[bi * sc + j / C];
+                        a = std::max(a, finite_abs(as_float(x(i, j))));
+                    }
+        });
+    } else {
+        std::mutex m;
+        parallel_for(ex, rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(cols, 1)), [&](std::size_t b, std::size_t e) {
+            std::vector<float> part(sc, 0.0f);
+            for (std::size_t i = b; i < e; ++i)
+                for (std::size_t j = 0; j < cols; ++j) part[j / C] = std::max(part[j / C], finite_abs(as_float(x(i, j))));
+            std::lock_guard<std::mutex> lock(m);
+            for (std::size_t k = 0; k < sc; ++k) amax[k] = std::max(amax[k], part[k]);
+        });
+    }
+    for (float a : amax) stats.amax = std::max(stats.amax, a);
+
+    // Phase 2: scales (column-major grid, padding zeroed).
+    std::vector<float> scale(sr * sc);
+    std::fill(out.scales, out.scales + L.scale_bytes, std::uint8_t{0});
+    for (std::size_t bi = 0; bi < sr; ++bi)
+        for (std::size_t bj = 0; bj < sc; ++bj) {
+            const float a = amax_for_scale_override >= 0.0f ? amax_for_scale_override : amax[bi * sc + bj];
+            const block_scale s = make_block_scale<Recipe>(a, tensor_scale);
+            scale[bi * sc + bj] = s.value;
+            const std::size_t k = bj * L.scale_ld + bi;
+            if constexpr (Recipe::scale_bytes == 4) std::memcpy(out.scales + 4 * k, &s.stored, 4);
+            else out.scales[k] = static_cast<std::uint8_t>(s.stored);
+        }
+
+    // Phase 3: codes, row by row (a row never shares a byte with another row).
+    using Fmt = typename Recipe::format;
+    std::mutex m;
+    parallel_for(ex, rows, std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(cols, 1)), [&](std::size_t b, std::size_t e) {
+        quant_stats local;
+        for (std::size_t i = b; i < e; ++i) {
+            std::uint8_t* row = out.data + i * L.row_bytes;
+            std::fill(row, row + L.row_bytes, std::uint8_t{0});
+            for (std::size_t j = 0; j < cols; ++j) {
+                const float v = as_float(x(i, j));
+                const float S = scale[(i / R) * sc + j / C];
+                const std::uint8_t code = encode_scaled<Recipe>(v, S, rng.bits(i * cols + j));
+                detail::store_code<Fmt>(row, j, code);
+                if (stats_on) {
+                    ++local.elements;
+                    const std::uint32_t a = float_to_bits(v) & 0x7FFFFFFFu;
+                    if (a >= 0x7F800000u) {
+                        ++local.non_finite;
+                        continue;
+                    }
+                    const float back = decode<Fmt>(code) * S;
+                    if (S != 0.0f && beyond_max_finite<Fmt>(v / S)) ++local.saturated;
+                    if (a != 0u && back == 0.0f) ++local.flushed_to_zero;
+                    local.signal_energy += static_cast<double>(v) * v;
+                    const double err = static_cast<double>(v) - back;
+                    local.noise_energy += err * err;
+                }
+            }
+        }
+        if (stats_on) {
+            std::lock_guard<std::mutex> lock(m);
+            const float keep = stats.amax;
+            stats.merge(local);
+            stats.amax = keep;
+        }
+    });
+}
+
+/// The finite amax of a whole matrix (the "amax pass" of current per-tensor scaling).
+template <class In>
+float tensor_amax_host(host_executor ex, matrix_ref<const In> x) {
+    std::mutex m;
+    float amax = 0.0f;
+    parallel_for(ex, x.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(x.cols, 1)), [&](std::size_t b, std::size_t e) {
+        float a = 0.0f;
+        for (std::size_t i = b; i < e; ++i)
+            for (std::size_t j = 0; j < x.cols; ++j) a = std::max(a, finite_abs(as_float(x(i, j))));
+        std::lock_guard<std::mutex> lock(m);
+        amax = std::max(amax, a);
+    });
+    return amax;
+}
+
+}  // namespace detail
+
+/// Quantize x into a row-wise copy and/or a column-wise (transposed) copy.
+template <class Recipe, class T>
+quantize_result quantize(host_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise, quantized_ref<Recipe> columnwise = {},
+                         const quantize_options& opt = {}) {
+    using In = std::remove_const_t<T>;
+    static_assert(detail::is_quant_input_v<In>, "octet::quantize: the input must be float, octet::bf16 or octet::fp16");
+    static_assert(is_recipe_v<Recipe>, "octet::quantize: Recipe must be an octet::recipe<...>");
+    const matrix_ref<const In> x = x_in;
+    constexpr const char* fn = "octet::quantize";
+    detail::validate_input(x, fn);
+    OCTET_REQUIRE(!rowwise.empty() || !columnwise.empty() || x.empty(), fn, "rowwise/columnwise",
+                  "are both empty; pass at least one output copy");
+    if (!rowwise.empty()) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
+    if (!columnwise.empty()) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
+    OCTET_REQUIRE(!(opt.tensor_amax > 3.40282347e38f) && opt.tensor_amax == opt.tensor_amax, fn, "options.tensor_amax",
+                  "is Inf or NaN; pass a finite amax (or a negative value to measure it)");
+
+    quantize_result result;
+    if (x.empty()) return result;
+
+    const bool need_tensor_amax = Recipe::is_per_tensor || Recipe::two_level;
+    float tensor_amax = opt.tensor_amax;
+    if (need_tensor_amax && tensor_amax < 0.0f) tensor_amax = detail::tensor_amax_host(ex, x);
+    const float override_amax = Recipe::is_per_tensor ? tensor_amax : -1.0f;
+    const float tensor_scale = Recipe::two_level ? make_tensor_scale<Recipe>(tensor_amax) : 1.0f;
+
+    if (!rowwise.empty()) {
+        if constexpr (Recipe::two_level) *rowwise.tensor_scale = tensor_scale;
+        detail::quantize_copy_host<Recipe, In>(ex, x, rowwise, override_amax, tensor_scale, opt.rng, opt.collect_stats, result.rowwise);
+        result.amax = result.rowwise.amax;
+    }
+    if (!columnwise.empty()) {
+        if constexpr (Recipe::two_level) *columnwise.tensor_scale = tensor_scale;
+        const philox_stream rng_t{opt.rng.seed, opt.rng.offset + 1};
+        detail::quantize_copy_host<Recipe, In>(ex, x.transposed(), columnwise, override_amax, tensor_scale, rng_t, opt.collect_stats,
+                                               result.columnwise);
+        result.amax = result.columnwise.amax;
+    }
+    return result;
+}
+
+/// Dequantize a copy into a float, bf16 or fp16 matrix of the same shape: decode(code) * S.
+template <class Recipe, class Byte, class Out>
+void dequantize(host_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref<Out> out) {
+    static_assert(detail::is_quant_input_v<Out>, "octet::dequantize: the output must be float, octet::bf16 or octet::fp16");
+    const quantized_cref<Recipe> q = q_in;
+    constexpr const char* fn = "octet::dequantize";
+    OCTET_REQUIRE(out.rows == q.rows() && out.cols == q.cols(), fn, "out",
+                  detail::message("has shape ", out.rows, " x ", out.cols, " but the quantized copy is ", q.rows(), " x ", q.cols()));
+    detail::validate_input(out, fn);
+    if (out.empty()) return;
+    OCTET_REQUIRE(q.data != nullptr && q.scales != nullptr, fn, "q", "has a null data or scales pointer");
+    OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, "q", "is two-level (NVFP4) but has no tensor_scale");
+    parallel_for(ex, out.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(out.cols, 1)), [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i)
+            for (std::size_t j = 0; j < out.cols; ++j) {
+                const float v = q.value(i, j);
+                if constexpr (std::is_same_v<Out, float>) out(i, j) = v;
+                else if constexpr (std::is_same_v<Out, bf16>) out(i, j) = to_bf16(v);
+                else out(i, j) = to_fp16(v);
+            }
+    });
+}
+
+}  // namespace octet

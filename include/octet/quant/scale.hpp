@@ -1,0 +1,168 @@
+// octet/quant/scale.hpp: the rules that turn a block's amax into its scale, and the per-element
+// step, as OCTET_HD functions shared by the host path and every kernel.
+//
+// Edge contract (tested in tests/host/quant_*.cpp):
+//   * amax is the largest |x| over the block's FINITE values; Inf and NaN do not take part, so one
+//     bad value does not wipe out its block. They are encoded by the recipe's format contract
+//     (Inf: +-max_finite under saturate, Inf/NaN under to_nonfinite; NaN: the NaN code) and
+//     counted in quant_stats::non_finite.
+//   * amax == 0 (an all-zero block, or one holding only non-finite values): the scale is 1 (for
+//     ue8m0: code 127) and every finite element encodes to zero. Never NaN.
+//   * a tiny (even subnormal) amax: float scales are clamped to at least 2^-126 and power-of-two
+//     scales to at least 2^-126 (f32) or 2^-127 (ue8m0), so x / s is always finite; elements too
+//     small for that scale flush to zero and are counted. Scales are at most 2^127.
+//   * two-level (E4M3) scales: the block scale s / tensor_scale is encoded to E4M3 (nearest-even,
+//     saturate); a block whose E4M3 scale underflows to 0 stores zero codes (counted as flushed).
+//   * element: code = encode<Format, Round, Overflow>(x / S), where S is the decoded (effective)
+//     scale, with an IEEE float division (host and device give the same bits; do not build
+//     kernels with --use_fast_math, which replaces it).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "octet/config.hpp"
+#include "octet/core/bits.hpp"
+#include "octet/format/encode.hpp"
+#include "octet/quant/recipe.hpp"
+
+namespace octet {
+
+/// A block's scale: how it is stored (`stored`: float bits for f32, the code for ue8m0/e4m3) and
+/// the effective value S that elements are divided by and multiplied with.
+struct block_scale {
+    std::uint32_t stored;
+    float value;
+};
+
+namespace detail {
+
+/// floor(log2(a)) and the 24-bit significand of a finite a > 0 (a = sig * 2^(e - 23)).
+OCTET_HD void log2_parts(float a, int& e, std::uint32_t& sig) {
+    const std::uint32_t u = float_to_bits(a) & 0x7FFFFFFFu;
+    const std::uint32_t fe = u >> 23;
+    if (fe != 0u) {
+        e = static_cast<int>(fe) - 127;
+        sig = (u & 0x7FFFFFu) | 0x800000u;
+    } else {
+        const int lz = count_leading_zeros(u | 1u);
+        e = (31 - lz) - 149;
+        sig = u << (lz - 8);  // leading one to bit 23
+    }
+}
+
+OCTET_HD float pow2f(int e) {  // 2^e for e in [-149, 127], exact
+    return e >= -126 ? bits_to_float(static_cast<std::uint32_t>(e + 127) << 23) : bits_to_float(1u << ((e + 149) & 31));
+}
+
+/// Exponent of the power-of-two scale for a finite amax > 0 under a pow2 rule.
+template <class Fmt, class Rule>
+OCTET_HD int pow2_scale_exponent(float amax) {
+    int L;
+    std::uint32_t sig;
+    log2_parts(amax, L, sig);
+    constexpr int M = Fmt::mantissa_bits;
+    // max_finite = 2^emax * max_sig / 2^23 with max_sig a 24-bit significand
+    constexpr std::uint32_t max_sig = 0x800000u | ((Fmt::max_code & ((1u << M) - 1u)) << (23 - M));
+    if constexpr (std::is_same_v<Rule, scale::pow2_floor>) {
+        (void)sig;
+        return L - Fmt::emax;
+    } else if constexpr (std::is_same_v<Rule, scale::pow2_ceil>) {
+        return L - Fmt::emax + (sig > max_sig ? 1 : 0);
+    } else {
+        // round(log2(amax / max_finite)) = L - emax + round(log2(sig / max_sig)); sig/max_sig is in
+        // (1/2, 2). Up when (sig/max_sig)^2 >= 2, down when < 1/2; exact in 64-bit integers, and
+        // the boundary sqrt(2) is irrational, so there are no ties.
+        const std::uint64_t s2 = static_cast<std::uint64_t>(sig) * sig;
+        const std::uint64_t m2 = static_cast<std::uint64_t>(max_sig) * max_sig;
+        const int adjust = s2 >= 2 * m2 ? 1 : (2 * s2 < m2 ? -1 : 0);
+        return L - Fmt::emax + adjust;
+    }
+}
+
+}  // namespace detail
+
+/// The scale of one block whose largest finite magnitude is `amax` (>= 0). `tensor_scale` is the
+/// per-tensor float scale of two-level recipes (ignored otherwise).
+template <class Recipe>
+OCTET_HD block_scale make_block_scale(float amax, float tensor_scale = 1.0f) {
+    using Fmt = typename Recipe::format;
+    using Rule = typename Recipe::scale_rule;
+    using Storage = typename Recipe::scale_storage_type;
+    const bool zero = !(amax > 0.0f);  // also catches a NaN amax defensively
+    if constexpr (is_pow2_rule_v<Rule>) {
+        constexpr int lo = std::is_same_v<Storage, scale_storage::ue8m0> ? -127 : -126;
+        int e = zero ? 0 : detail::pow2_scale_exponent<Fmt, Rule>(amax);
+        e = e < lo ? lo : (e > 127 ? 127 : e);
+        const float value = detail::pow2f(e);
+        if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>) return block_scale{static_cast<std::uint32_t>(e + 127), value};
+        else return block_scale{float_to_bits(value), value};
+    } else {
+        float s = amax / Fmt::max_finite;
+        if constexpr (Rule::margin > 0) s = s * detail::pow2f(Rule::margin);
+        s = s < 1.17549435e-38f ? 1.17549435e-38f : s;           // 2^-126: x / s stays finite
+        s = s > 1.70141183e38f ? 1.70141183e38f : s;             // 2^127
+        s = zero ? 1.0f : s;
+        if constexpr (std::is_same_v<Storage, scale_storage::e4m3>) {
+            const std::uint8_t code = encode<e4m3>(s / tensor_scale);
+            return block_scale{code, decode<e4m3>(code) * tensor_scale};
+        } else {
+            return block_scale{float_to_bits(s), s};
+        }
+    }
+}
+
+/// The effective scale of a stored scale (what make_block_scale returned as .value).
+template <class Recipe>
+OCTET_HD float stored_scale_value(std::uint32_t stored, float tensor_scale = 1.0f) {
+    using Storage = typename Recipe::scale_storage_type;
+    if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>) return detail::pow2f(static_cast<int>(stored & 0xFFu) - 127);
+    else if constexpr (std::is_same_v<Storage, scale_storage::e4m3>) return decode<e4m3>(static_cast<std::uint8_t>(stored)) * tensor_scale;
+    else return bits_to_float(stored);
+}
+
+/// The per-tensor float scale of a two-level recipe: tensor amax / (max_finite * 448), so that
+/// block scales fit E4M3. 1 when the tensor amax is 0 (or not finite).
+template <class Recipe>
+OCTET_HD float make_tensor_scale(float tensor_amax) {
+    using Fmt = typename Recipe::format;
+    if (!(tensor_amax > 0.0f) || !(tensor_amax <= 3.40282347e38f)) return 1.0f;
+    float s = tensor_amax / (Fmt::max_finite * e4m3::max_finite);
+    return s < 1.17549435e-38f ? 1.17549435e-38f : s;
+}
+
+/// One element: the code of x in a block of effective scale S. A zero S (an E4M3 block scale
+/// that underflowed) gives a zero code.
+template <class Recipe>
+OCTET_HD std::uint8_t encode_scaled(float x, float scale_value, std::uint32_t random_bits = 0) {
+    using Fmt = typename Recipe::format;
+    using Round = typename Recipe::rounding;
+    using Overflow = typename Recipe::overflow_policy;
+    const float v = x / scale_value;
+    std::uint8_t code;
+    if constexpr (std::is_same_v<Round, round::stochastic>) code = encode<Fmt, Round, Overflow>(v, random_bits);
+    else {
+        (void)random_bits;
+        code = encode<Fmt, Round, Overflow>(v);
+    }
+    return scale_value == 0.0f ? std::uint8_t{0} : code;
+}
+
+/// True when |v| lies beyond max_finite by at least half a unit in the last place of max_finite
+/// (so that no rounding can bring it to a finite value honestly: it was clamped). Ties follow
+/// nearest-even. NaN is not saturated (it is counted as non-finite).
+template <class Fmt>
+OCTET_HD bool beyond_max_finite(float v) {
+    constexpr float threshold = static_cast<float>(Fmt::overflow_threshold_d);  // exact: one more bit
+    constexpr bool tie_goes_up = (Fmt::max_code & 1u) != 0u;
+    const float a = v < 0 ? -v : v;
+    return tie_goes_up ? a >= threshold : a > threshold;
+}
+
+/// |x| if x is finite, else 0 (the amax of a block ignores Inf and NaN).
+OCTET_HD float finite_abs(float x) {
+    const std::uint32_t a = float_to_bits(x) & 0x7FFFFFFFu;
+    return a < 0x7F800000u ? bits_to_float(a) : 0.0f;
+}
+
+}  // namespace octet

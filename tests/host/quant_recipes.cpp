@@ -1,0 +1,345 @@
+// The host quantizer against the float64 reference quantizer (octet/reference/quantize.hpp) for
+// every named recipe and several custom ones: every stored scale equals what its rule says, every
+// code equals encode(x / S) under the recipe's rounding, padding is zero, statistics equal brute
+// force counts, and the dequantized error stays within half a unit of the format (one unit for
+// directed and stochastic rounding). Inputs are fresh random data with outliers, zeros, float
+// subnormals, Inf and NaN, in ragged shapes (1 x N, M x 1, 0 x N, non-multiples of every block).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "octet/quant/quantize.hpp"
+#include "octet/reference/quantize.hpp"
+#include "support/random.hpp"
+
+namespace quant_recipes_test {
+using namespace octet;
+
+struct shape {
+    std::size_t rows, cols;
+};
+const shape kShapes[] = {{1, 300}, {300, 1}, {129, 257}, {257, 33}, {64, 128}, {3, 5}, {0, 7}, {5, 0}, {130, 130}, {300, 700}};
+
+template <class In>
+std::vector<In> to_storage(const std::vector<float>& x) {
+    std::vector<In> v(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        if constexpr (std::is_same_v<In, float>) v[i] = x[i];
+        else if constexpr (std::is_same_v<In, bf16>) v[i] = to_bf16(x[i]);
+        else v[i] = to_fp16(x[i]);
+    }
+    return v;
+}
+template <class In>
+std::vector<float> widen(const std::vector<In>& v) {
+    std::vector<float> x(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if constexpr (std::is_same_v<In, float>) x[i] = v[i];
+        else x[i] = to_float(v[i]);
+    }
+    return x;
+}
+/// The reference's value of a code, with Inf and NaN.
+template <class Fmt>
+double ref_value(std::uint32_t code) {
+    const auto r = reference::decode_code<Fmt>(code);
+    switch (r.kind) {
+        case reference::code_kind::nan: return std::nan("");
+        case reference::code_kind::pos_inf: return INFINITY;
+        case reference::code_kind::neg_inf: return -INFINITY;
+        default: return r.value;
+    }
+}
+
+std::vector<float> transpose(const std::vector<float>& x, std::size_t rows, std::size_t cols) {
+    std::vector<float> t(x.size());
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) t[j * rows + i] = x[i * cols + j];
+    return t;
+}
+
+/// Compares one quantized copy with the reference; returns the number of mismatches.
+template <class Recipe>
+std::size_t compare_copy(const quantized_tensor<Recipe>& q, const reference::quantized_matrix& ref, const std::vector<float>& x,
+                         const quant_stats& stats, bool check_stats, const char* what) {
+    using Fmt = typename Recipe::format;
+    const auto c = q.cref();
+    const quant_layout& L = q.layout();
+    std::size_t bad = 0;
+    INFO(what << " " << L.rows << "x" << L.cols);
+    REQUIRE(L.scale_rows == ref.scale_rows);
+    REQUIRE(L.scale_cols == ref.scale_cols);
+    for (std::size_t bi = 0; bi < L.scale_rows; ++bi)
+        for (std::size_t bj = 0; bj < L.scale_cols; ++bj) {
+            const std::size_t k = bi * ref.scale_cols + bj;
+            if (c.stored_scale(bi, bj) != ref.stored_scale[k] || static_cast<double>(c.scale(bi, bj)) != ref.scale_value[k]) {
+                if (bad++ < 3)
+                    FAIL_CHECK("scale (" << bi << "," << bj << "): stored 0x" << std::hex << c.stored_scale(bi, bj) << " expected 0x"
+                                         << ref.stored_scale[k] << std::dec << " value " << c.scale(bi, bj) << " vs " << ref.scale_value[k]);
+            }
+        }
+    quant_stats expect;
+    const bool directed = !std::is_same_v<typename Recipe::rounding, round::nearest_even>;
+    for (std::size_t i = 0; i < L.rows; ++i) {
+        for (std::size_t j = 0; j < L.cols; ++j) {
+            const std::uint8_t code = c.code(i, j);
+            const std::uint8_t want = ref.codes[i * L.cols + j];
+            const float xv = x[i * L.cols + j];
+            if (code != want && bad++ < 3)
+                FAIL_CHECK("code (" << i << "," << j << ") x=" << xv << ": got 0x" << std::hex << +code << " expected 0x" << +want);
+            // statistics and error bound from the reference's view of the element
+            const double S = ref.scale_of(i, j);
+            ++expect.elements;
+            if (!std::isfinite(xv)) {
+                ++expect.non_finite;
+                continue;
+            }
+            const double dec = ref_value<Fmt>(want) * S;
+            const double back = static_cast<double>(static_cast<float>(dec));
+            const double v = S == 0 ? 0 : static_cast<double>(static_cast<float>(xv / S));
+            const bool sat = S != 0 && (std::fabs(v) > Fmt::overflow_threshold_d ||
+                                        (std::fabs(v) == Fmt::overflow_threshold_d && (Fmt::max_code & 1u)));
+            expect.saturated += sat;
+            expect.flushed_to_zero += (xv != 0.0f && back == 0.0);
+            expect.amax = std::max(expect.amax, std::fabs(xv));
+            expect.signal_energy += static_cast<double>(xv) * xv;
+            expect.noise_energy += (xv - back) * (xv - back);
+            if (!sat && S != 0 && std::fabs(v) >= Fmt::min_subnormal_d / 2) {
+                const auto nb = reference::neighbours<Fmt>(std::fabs(v));
+                const double gap = nb.exact ? 0 : nb.hi_value - nb.lo_value;
+                const double bound = (directed ? 1.0 : 0.5) * gap * S + std::ldexp(std::fabs(xv), -22);
+                if (std::fabs(xv - back) > bound && bad++ < 3) FAIL_CHECK("error bound at (" << i << "," << j << ") x=" << xv);
+            }
+        }
+        for (std::size_t j = L.cols; j < L.ld; ++j)
+            if (c.code(i, j) != 0 && bad++ < 3) FAIL_CHECK("padding code at (" << i << "," << j << ") not zero");
+    }
+    if (check_stats) {
+        CHECK(stats.elements == expect.elements);
+        CHECK(stats.non_finite == expect.non_finite);
+        CHECK(stats.saturated == expect.saturated);
+        CHECK(stats.flushed_to_zero == expect.flushed_to_zero);
+        CHECK(static_cast<double>(stats.amax) == expect.amax);
+        CHECK(stats.signal_energy == doctest::Approx(expect.signal_energy).epsilon(1e-12));
+        CHECK(stats.noise_energy == doctest::Approx(expect.noise_energy).epsilon(1e-9));
+    }
+    return bad;
+}
+
+template <class Recipe, class In = float>
+void check_recipe(std::size_t rows, std::size_t cols, std::uint64_t salt, float scale = 10.0f) {
+    auto g = octet_test::rng(salt);
+    const auto stored = to_storage<In>(octet_test::with_edge_cases(g, rows * cols, scale, true));
+    const auto x = widen(stored);  // the exact values the quantizer sees
+    quantized_tensor<Recipe> q(rows, cols), qt(cols, rows);
+    const philox_stream rng{octet_test::run_seed(), salt};
+    quantize_options opt;
+    opt.collect_stats = true;
+    opt.rng = rng;
+    const auto result = quantize<Recipe>(on_host(), matrix_ref<const In>(stored.data(), rows, cols), q.ref(), qt.ref(), opt);
+    const auto ref = reference::quantize<Recipe>(x, rows, cols, -1.0, [&](std::size_t i, std::size_t j) { return rng.bits(i * cols + j); });
+    const philox_stream rng_t{rng.seed, rng.offset + 1};
+    const auto ref_t = reference::quantize<Recipe>(transpose(x, rows, cols), cols, rows, -1.0,
+                                                   [&](std::size_t i, std::size_t j) { return rng_t.bits(i * rows + j); });
+    INFO(std::string(format_name<typename Recipe::format>()) << " rows=" << rows << " cols=" << cols);
+    CHECK(static_cast<double>(result.amax) == ref.amax);
+    if (Recipe::two_level) {
+        CHECK(static_cast<double>(q.tensor_scale()) == ref.tensor_scale);
+        CHECK(static_cast<double>(qt.tensor_scale()) == ref.tensor_scale);
+    }
+    CHECK(compare_copy(q, ref, x, result.rowwise, true, "rowwise") == 0);
+    CHECK(compare_copy(qt, ref_t, transpose(x, rows, cols), result.columnwise, true, "columnwise") == 0);
+
+    // dequantize gives decode(code) * S
+    std::vector<float> y(rows * cols);
+    dequantize(on_host(), q.cref(), matrix_ref<float>(y.data(), rows, cols));
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) {
+            const double want = ref_value<typename Recipe::format>(ref.codes[i * cols + j]) * ref.scale_of(i, j);
+            const float w = static_cast<float>(want);
+            const bool same = y[i * cols + j] == w || (std::isnan(y[i * cols + j]) && std::isnan(w));
+            if (!same && bad++ < 3) FAIL_CHECK("dequantize (" << i << "," << j << "): " << y[i * cols + j] << " expected " << w);
+        }
+    CHECK(bad == 0);
+}
+
+template <class Recipe>
+void check_all_shapes(std::uint64_t salt) {
+    for (const auto& s : kShapes) check_recipe<Recipe>(s.rows, s.cols, salt++);
+}
+
+}  // namespace quant_recipes_test
+
+using namespace quant_recipes_test;
+namespace rcp = octet::recipes;
+
+TEST_CASE("named recipes against the float64 reference") {
+    check_all_shapes<rcp::tensorwise_e4m3>(100);
+    check_all_shapes<rcp::tensorwise_e5m2>(200);
+    check_all_shapes<rcp::rowwise_e4m3>(300);
+    check_all_shapes<rcp::columnwise_e4m3>(400);
+    check_all_shapes<rcp::blockwise_1x128>(500);
+    check_all_shapes<rcp::blockwise_128x128>(600);
+    check_all_shapes<rcp::mxfp8_e4m3>(700);
+    check_all_shapes<rcp::mxfp8_e5m2>(800);
+    check_all_shapes<rcp::mxfp6_e2m3>(900);
+    check_all_shapes<rcp::mxfp6_e3m2>(1000);
+    check_all_shapes<rcp::mxfp4>(1100);
+    check_all_shapes<rcp::mxfp8_e4m3_ceil>(1200);
+    check_all_shapes<rcp::nvfp4>(1300);
+}
+
+TEST_CASE("custom recipes: other rules, storages, roundings, overflows and block shapes") {
+    using namespace octet;
+    check_all_shapes<recipe<e4m3, tile<1, 64>, scale::pow2_ceil>>(2000);
+    check_all_shapes<recipe<e4m3, tile<1, 32>, scale::pow2_nearest, scale_storage::ue8m0>>(2100);
+    check_all_shapes<recipe<e5m2, per_row, scale::amax_ratio<3>>>(2200);
+    check_all_shapes<recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::stochastic>>(2300);
+    check_all_shapes<recipe<e5m2, per_row, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even, overflow::to_nonfinite>>(2400);
+    check_all_shapes<recipe<e4m3fnuz, block<16, 16>, scale::amax_ratio<0>>>(2500);
+    check_all_shapes<recipe<e2m1, block<32, 32>, scale::pow2_floor, scale_storage::ue8m0, round::toward_zero>>(2600);
+    check_all_shapes<recipe<e2m3, tile<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, round::stochastic>>(2700);
+    check_all_shapes<recipe<float_format<3, 4>, tile<1, 32>, scale::pow2_ceil, scale_storage::f32, round::up, overflow::to_nonfinite>>(2800);
+}
+
+TEST_CASE("bf16 and fp16 inputs are quantized from their exact float values") {
+    check_recipe<rcp::blockwise_1x128, octet::bf16>(67, 300, 3000);
+    check_recipe<rcp::mxfp4, octet::bf16>(33, 100, 3001);
+    check_recipe<rcp::nvfp4, octet::fp16>(40, 48, 3002, 1.0f);
+    check_recipe<rcp::mxfp8_e5m2, octet::fp16>(9, 65, 3003, 1.0f);
+}
+
+TEST_CASE("a column-major input, thread counts and both copies give the same bits") {
+    using namespace octet;
+    using R = rcp::blockwise_1x128;
+    auto g = octet_test::rng(4000);
+    const std::size_t rows = 77, cols = 301;
+    const auto x = octet_test::with_edge_cases(g, rows * cols, 5.0f);
+    const auto xt = transpose(x, rows, cols);  // x stored column-major == x^T row-major
+    quantized_tensor<R> a(rows, cols), b(rows, cols), c(rows, cols), at(cols, rows), bt(cols, rows);
+    quantize<R>(on_host(1), matrix_ref<const float>(x.data(), rows, cols), a.ref(), at.ref());
+    quantize<R>(on_host(5), matrix_ref<const float>(xt.data(), rows, cols, rows, layout::col_major), b.ref(), bt.ref());
+    quantize<R>(on_host(3), matrix_ref<const float>(x.data(), rows, cols), c.ref());
+    CHECK(a.data() == b.data());
+    CHECK(a.scales() == b.scales());
+    CHECK(at.data() == bt.data());
+    CHECK(at.scales() == bt.scales());
+    CHECK(a.data() == c.data());
+}
+
+TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing E4M3 scales") {
+    using namespace octet;
+    SUBCASE("an all-zero block gets a finite scale and zero codes") {
+        std::vector<float> x(2 * 128, 0.0f);
+        for (std::size_t j = 0; j < 128; ++j) x[128 + j] = 0.01f * static_cast<float>(j);
+        quantized_tensor<rcp::blockwise_1x128> q(2, 128);
+        quantized_tensor<rcp::mxfp8_e4m3> m(2, 128);
+        quantize<rcp::blockwise_1x128>(on_host(), matrix_ref<const float>(x.data(), 2, 128), q.ref());
+        quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 2, 128), m.ref());
+        CHECK(q.cref().scale(0, 0) == 1.0f);
+        CHECK(m.cref().stored_scale(0, 0) == 127u);
+        for (std::size_t j = 0; j < 128; ++j) CHECK(q.cref().code(0, j) == 0);
+        CHECK(std::isfinite(q.cref().scale(1, 0)));
+    }
+    SUBCASE("a block whose amax is subnormal never gets an infinite or zero scale") {
+        std::vector<float> x(128);
+        for (std::size_t j = 0; j < 128; ++j) x[j] = 1e-42f * static_cast<float>(j % 7);
+        quantized_tensor<rcp::blockwise_1x128> q(1, 128);
+        const auto r = quantize<rcp::blockwise_1x128>(on_host(), matrix_ref<const float>(x.data(), 1, 128), q.ref(), {}, {true});
+        const float s = q.cref().scale(0, 0);
+        CHECK(s == std::ldexp(1.0f, -126));
+        CHECK(std::isfinite(1.0f / s));
+        CHECK(r.rowwise.non_finite == 0);
+        CHECK(r.rowwise.flushed_to_zero > 0);  // 1e-42 / 2^-126 ~ 8.5e-5, below E4M3's 2^-9: flushed and counted
+    }
+    SUBCASE("Inf and NaN do not take part in the amax; they encode by the format contract and are counted") {
+        std::vector<float> x(32, 1.0f);
+        x[3] = 2.0f;
+        x[5] = INFINITY;
+        x[6] = -INFINITY;
+        x[7] = NAN;
+        quantized_tensor<rcp::mxfp8_e4m3> q(1, 32);
+        const auto r = quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 32), q.ref(), {}, {true});
+        CHECK(q.cref().scale(0, 0) == std::ldexp(1.0f, 1 - 8));  // floor(log2 2) - emax(8)
+        CHECK(q.cref().code(0, 5) == 0x7E);                      // saturate: +max
+        CHECK(q.cref().code(0, 6) == 0xFE);
+        CHECK(q.cref().code(0, 7) == 0x7F);  // NaN
+        CHECK(q.cref().value(0, 3) == 2.0f);
+        CHECK(r.rowwise.non_finite == 3);
+        CHECK(r.rowwise.amax == 2.0f);
+        CHECK(r.rowwise.noise_energy == 0.0);  // 1 and 2 are exact at this scale: SQNR is +Inf
+        CHECK(r.rowwise.sqnr_db() == INFINITY);
+    }
+    SUBCASE("NVFP4: a block far below the tensor amax underflows its E4M3 scale to zero codes, counted") {
+        std::vector<float> x(32, 0.0f);
+        for (std::size_t j = 0; j < 16; ++j) x[j] = 1e6f;     // sets the tensor scale
+        for (std::size_t j = 16; j < 32; ++j) x[j] = 1e-3f;  // 1e-3/6 / (1e6/2688) ~ 4.5e-7 < E4M3's 2^-10 half-min
+        quantized_tensor<rcp::nvfp4> q(1, 32);
+        const auto r = quantize<rcp::nvfp4>(on_host(), matrix_ref<const float>(x.data(), 1, 32), q.ref(), {}, {true});
+        CHECK(q.cref().scale(0, 1) == 0.0f);
+        CHECK(q.cref().code(0, 20) == 0);
+        CHECK(r.rowwise.flushed_to_zero == 16);
+        CHECK(r.rowwise.saturated == 0);
+    }
+    SUBCASE("the MX floor rule saturates the top of the binade; the round-up rule never does") {
+        std::vector<float> x(32, 1.0f);
+        x[0] = 500.0f;  // floor(log2 500) = 8 = emax: scale 1, and 500 > 464 clamps to 448
+        quantized_tensor<rcp::mxfp8_e4m3> f(1, 32);
+        quantized_tensor<rcp::mxfp8_e4m3_ceil> c(1, 32);
+        const auto rf = quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 32), f.ref(), {}, {true});
+        const auto rc = quantize<rcp::mxfp8_e4m3_ceil>(on_host(), matrix_ref<const float>(x.data(), 1, 32), c.ref(), {}, {true});
+        CHECK(rf.rowwise.saturated == 1);
+        CHECK(f.cref().value(0, 0) == 448.0f);
+        CHECK(rc.rowwise.saturated == 0);
+        CHECK(c.cref().scale(0, 0) == 2.0f);
+        CHECK(c.cref().value(0, 0) == 512.0f);  // 250 -> E4M3 256 (the nearest), times 2
+    }
+}
+
+TEST_CASE("a single coarse scale erases small values that finer granularity keeps") {
+    using namespace octet;
+    // One row holding 100 and many 0.1s: a per-tensor E4M3 scale keeps 0.1 (E4M3 has range), but
+    // MXFP4 over 32 elements flushes the 0.1s next to 100, while a block of their own keeps them.
+    std::vector<float> x(64, 0.1f);
+    x[0] = 100.0f;
+    quantized_tensor<rcp::mxfp4> q(1, 64);
+    const auto r = quantize<rcp::mxfp4>(on_host(), matrix_ref<const float>(x.data(), 1, 64), q.ref(), {}, {true});
+    CHECK(q.cref().value(0, 1) == 0.0f);     // same block as 100: flushed
+    CHECK(q.cref().value(0, 40) > 0.09f);    // own block: kept
+    CHECK(r.rowwise.flushed_to_zero == 31);
+}
+
+TEST_CASE("bad arguments raise octet::error naming the argument") {
+    using namespace octet;
+    using R = rcp::blockwise_1x128;
+    std::vector<float> x(4 * 256, 1.0f);
+    const matrix_ref<const float> xm(x.data(), 4, 256);
+    quantized_tensor<R> ok(4, 256), wrong(4, 255), t(256, 4);
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, wrong.ref()), doctest::Contains("argument 'rowwise'"), octet::error);
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, ok.ref(), ok.ref()), doctest::Contains("argument 'columnwise'"), octet::error);
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, quantized_ref<R>{}, quantized_ref<R>{}), doctest::Contains("rowwise/columnwise"),
+                         octet::error);
+    auto small = ok.ref();
+    small.layout.scale_bytes -= 4;
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, small), doctest::Contains("scale_bytes"), octet::error);
+    auto null_scales = ok.ref();
+    null_scales.scales = nullptr;
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, null_scales), doctest::Contains("null scales"), octet::error);
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), matrix_ref<const float>(x.data(), 4, 256, 100), ok.ref()),
+                         doctest::Contains("argument 'x'"), octet::error);
+    quantized_tensor<rcp::nvfp4> n(4, 256);
+    auto no_ts = n.ref();
+    no_ts.tensor_scale = nullptr;
+    CHECK_THROWS_WITH_AS(quantize<rcp::nvfp4>(on_host(), xm, no_ts), doctest::Contains("tensor_scale"), octet::error);
+    quantize_options bad;
+    bad.tensor_amax = NAN;
+    CHECK_THROWS_WITH_AS(quantize<rcp::tensorwise_e4m3>(on_host(), xm, quantized_tensor<rcp::tensorwise_e4m3>(4, 256).ref(), {}, bad),
+                         doctest::Contains("tensor_amax"), octet::error);
+    std::vector<float> y(4 * 255);
+    CHECK_THROWS_WITH_AS(dequantize(on_host(), ok.cref(), matrix_ref<float>(y.data(), 4, 255)), doctest::Contains("argument 'out'"),
+                         octet::error);
+}
