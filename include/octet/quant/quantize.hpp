@@ -107,12 +107,22 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
     std::vector<float> amax(sr * sc, 0.0f);
     if (sr > 1) {
         parallel_for(ex, sr, 1, [&](std::size_t b, std::size_t e) {
+            std::vector<float> v(cols);
             for (std::size_t bi = b; bi < e; ++bi)
-                for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i)
-                    for (std::size_t j = 0; j < cols; ++j) {
-                        float& a = amax[bi * sc + j / C];
-                        a = std::max(a, finite_abs(as_float(x(i, j))));
+                for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i) {
+                    if (x.order == layout::row_major) {
+                        const In* src = x.data + i * x.ld;
+                        for (std::size_t j = 0; j < cols; ++j) v[j] = finite_abs(as_float(src[j]));
+                    } else {
+                        for (std::size_t j = 0; j < cols; ++j) v[j] = finite_abs(as_float(x.data[j * x.ld + i]));
                     }
+                    float* a = amax.data() + bi * sc;
+                    for (std::size_t j0 = 0; j0 < cols; j0 += C) {
+                        float m = a[j0 / C];
+                        for (std::size_t j = j0; j < std::min(cols, j0 + C); ++j) m = std::max(m, v[j]);
+                        a[j0 / C] = m;
+                    }
+                }
         });
     } else {
         std::mutex m;
@@ -141,31 +151,57 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
 
     // Phase 3: codes, row by row (a row never shares a byte with another row).
     using Fmt = typename Recipe::format;
+    constexpr bool stochastic = std::is_same_v<typename Recipe::rounding, round::stochastic>;
+    const bool row_major = x.order == layout::row_major;
     std::mutex m;
     parallel_for(ex, rows, std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(cols, 1)), [&](std::size_t b, std::size_t e) {
         quant_stats local;
+        std::vector<float> v(cols), S_of(cols);
+        std::vector<std::uint8_t> codes(cols);
+        std::size_t band = static_cast<std::size_t>(-1);
         for (std::size_t i = b; i < e; ++i) {
+            if (i / R != band) {  // the scales of this row's blocks, one per column
+                band = i / R;
+                for (std::size_t j = 0; j < cols; ++j) S_of[j] = scale[band * sc + j / C];
+            }
+            if (row_major) {
+                const In* src = x.data + i * x.ld;
+                for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(src[j]);
+            } else {
+                for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(x.data[j * x.ld + i]);
+            }
+            if constexpr (stochastic) {
+                for (std::size_t j = 0; j < cols; ++j) codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(i * cols + j));
+            } else {
+                const float* __restrict vp = v.data();
+                const float* __restrict sp = S_of.data();
+                std::uint8_t* __restrict cp = codes.data();
+                for (std::size_t j = 0; j < cols; ++j) cp[j] = encode_scaled<Recipe>(vp[j], sp[j]);
+            }
             std::uint8_t* row = out.data + i * L.row_bytes;
-            std::fill(row, row + L.row_bytes, std::uint8_t{0});
+            if constexpr (Fmt::bits == 8) {
+                std::memcpy(row, codes.data(), cols);
+                std::fill(row + cols, row + L.row_bytes, std::uint8_t{0});
+            } else {
+                std::fill(row, row + L.row_bytes, std::uint8_t{0});
+                for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
+            }
+            if (!stats_on) continue;
             for (std::size_t j = 0; j < cols; ++j) {
-                const float v = as_float(x(i, j));
-                const float S = scale[(i / R) * sc + j / C];
-                const std::uint8_t code = encode_scaled<Recipe>(v, S, rng.bits(i * cols + j));
-                detail::store_code<Fmt>(row, j, code);
-                if (stats_on) {
-                    ++local.elements;
-                    const std::uint32_t a = float_to_bits(v) & 0x7FFFFFFFu;
-                    if (a >= 0x7F800000u) {
-                        ++local.non_finite;
-                        continue;
-                    }
-                    const float back = decode<Fmt>(code) * S;
-                    if (S != 0.0f && beyond_max_finite<Fmt>(v / S)) ++local.saturated;
-                    if (a != 0u && back == 0.0f) ++local.flushed_to_zero;
-                    local.signal_energy += static_cast<double>(v) * v;
-                    const double err = static_cast<double>(v) - back;
-                    local.noise_energy += err * err;
+                const float val = v[j];
+                const float S = S_of[j];
+                ++local.elements;
+                const std::uint32_t a = float_to_bits(val) & 0x7FFFFFFFu;
+                if (a >= 0x7F800000u) {
+                    ++local.non_finite;
+                    continue;
                 }
+                const float back = decode<Fmt>(codes[j]) * S;
+                if (S != 0.0f && beyond_max_finite<Fmt>(val / S)) ++local.saturated;
+                if (a != 0u && back == 0.0f) ++local.flushed_to_zero;
+                local.signal_energy += static_cast<double>(val) * val;
+                const double err = static_cast<double>(val) - back;
+                local.noise_energy += err * err;
             }
         }
         if (stats_on) {

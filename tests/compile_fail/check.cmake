@@ -1,0 +1,13 @@
+# Compiles SOURCE, expecting failure with a diagnostic that contains the text after "// expect: ".
+file(STRINGS ${SOURCE} expect_line REGEX "^// expect: " LIMIT_COUNT 1)
+string(REGEX REPLACE "^// expect: " "" expect "${expect_line}")
+execute_process(COMMAND ${CXX} -std=c++17 -fsyntax-only -I${INCLUDE} ${SOURCE}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "${SOURCE} compiled, but it should fail with: ${expect}")
+endif()
+string(FIND "${out}${err}" "${expect}" found)
+if(found EQUAL -1)
+  message(FATAL_ERROR "${SOURCE} failed without the expected message '${expect}':\n${err}")
+endif()
+message(STATUS "failed as expected: ${expect}")

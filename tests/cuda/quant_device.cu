@@ -1,0 +1,221 @@
+// octet-test: timeout=600
+//
+// The CUDA quantizer against the host quantizer (which tests/host/quant_recipes.cpp checks against
+// the float64 reference): bit-identical codes, stored scales, padding and tensor scales, exact
+// counts and amax, energies to rounding; for every named recipe and custom ones that take the
+// global (grid) path; float, bf16 and fp16 inputs; row- and column-major inputs; both copies from
+// one read; stochastic rounding; delayed scaling with device state; dequantize. Outputs are
+// poisoned before each run, so an unwritten byte cannot pass.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <vector>
+
+#include "octet/cuda/buffer.cuh"
+#include "octet/quant/delayed.cuh"
+#include "octet/quant/quantize.cuh"
+#include "support/random.hpp"
+
+namespace quant_device_test {
+using namespace octet;
+
+/// A quantized copy in device memory.
+template <class Recipe>
+struct device_copy {
+    quant_layout layout;
+    cuda::device_buffer<std::uint8_t> data, scales;
+    cuda::device_buffer<float> tensor_scale;
+    device_copy(std::size_t rows, std::size_t cols)
+        : layout(quant_layout_of<Recipe>::make(rows, cols)), data(layout.data_bytes), scales(layout.scale_bytes), tensor_scale(1) {
+        data.fill_bytes(0xCD);
+        scales.fill_bytes(0xCD);
+        tensor_scale.fill_bytes(0xCD);
+    }
+    quantized_ref<Recipe> ref() { return quantized_ref<Recipe>(data.data(), scales.data(), layout, tensor_scale.data()); }
+};
+
+template <class In>
+std::vector<In> to_storage(const std::vector<float>& x) {
+    std::vector<In> v(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        if constexpr (std::is_same_v<In, float>) v[i] = x[i];
+        else if constexpr (std::is_same_v<In, bf16>) v[i] = to_bf16(x[i]);
+        else v[i] = to_fp16(x[i]);
+    }
+    return v;
+}
+
+template <class Recipe>
+void compare(device_copy<Recipe>& d, quantized_tensor<Recipe>& h, const quant_stats& ds, const quant_stats& hs, const char* what) {
+    INFO(what << " " << h.layout().rows << "x" << h.layout().cols);
+    const auto data = d.data.download();
+    const auto scales = d.scales.download();
+    std::size_t bad_data = 0, bad_scales = 0;
+    for (std::size_t i = 0; i < data.size(); ++i) bad_data += data[i] != h.data()[i];
+    for (std::size_t i = 0; i < scales.size(); ++i) bad_scales += scales[i] != h.scales()[i];
+    CHECK(bad_data == 0);
+    CHECK(bad_scales == 0);
+    if (Recipe::two_level) CHECK(d.tensor_scale.download()[0] == h.tensor_scale());
+    CHECK(ds.elements == hs.elements);
+    CHECK(ds.saturated == hs.saturated);
+    CHECK(ds.flushed_to_zero == hs.flushed_to_zero);
+    CHECK(ds.non_finite == hs.non_finite);
+    CHECK(ds.amax == hs.amax);
+    CHECK(ds.signal_energy == doctest::Approx(hs.signal_energy).epsilon(1e-9));
+    CHECK(ds.noise_energy == doctest::Approx(hs.noise_energy).epsilon(1e-6));
+}
+
+template <class Recipe, class In = float>
+void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool col_major = false, float scale = 10.0f) {
+    auto g = octet_test::rng(salt);
+    const auto x = to_storage<In>(octet_test::with_edge_cases(g, rows * cols, scale, true));
+    // col_major: the same logical matrix stored transposed
+    std::vector<In> stored = x;
+    if (col_major)
+        for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t j = 0; j < cols; ++j) stored[j * rows + i] = x[i * cols + j];
+    const matrix_ref<const In> hx = col_major ? matrix_ref<const In>(stored.data(), rows, cols, rows, layout::col_major)
+                                              : matrix_ref<const In>(stored.data(), rows, cols);
+    quantized_tensor<Recipe> h(rows, cols), ht(cols, rows);
+    quantize_options hopt;
+    hopt.collect_stats = true;
+    hopt.rng = philox_stream{octet_test::run_seed(), salt};
+    const auto hr = quantize<Recipe>(on_host(), hx, h.ref(), ht.ref(), hopt);
+
+    cuda::device_buffer<In> dx(stored);
+    const matrix_ref<const In> dxm = col_major ? matrix_ref<const In>(dx.data(), rows, cols, rows, layout::col_major)
+                                               : matrix_ref<const In>(dx.data(), rows, cols);
+    device_copy<Recipe> d(rows, cols), dt(cols, rows);
+    cuda::device_buffer<quant_stats> stats(2);
+    device_quantize_options dopt;
+    dopt.device_stats = stats.data();
+    dopt.rng = hopt.rng;
+    quantize<Recipe>(on_stream(), dxm, d.ref(), dt.ref(), dopt);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto s = stats.download();
+    compare(d, h, s[0], hr.rowwise, "rowwise");
+    compare(dt, ht, s[1], hr.columnwise, "columnwise");
+
+    // dequantize on the device equals the host's
+    std::vector<float> hy(rows * cols);
+    dequantize(on_host(), h.cref(), matrix_ref<float>(hy.data(), rows, cols));
+    cuda::device_buffer<float> dy(rows * cols);
+    dy.fill_bytes(0xFF);
+    dequantize(on_stream(), d.ref(), matrix_ref<float>(dy.data(), rows, cols));
+    const auto y = dy.download();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) bad += std::memcmp(&y[i], &hy[i], 4) != 0;
+    CHECK(bad == 0);
+}
+
+struct shape {
+    std::size_t rows, cols;
+};
+const shape kShapes[] = {{1, 300}, {300, 1}, {129, 257}, {257, 33}, {128, 128}, {3, 5}, {0, 7}, {300, 700}};
+
+template <class Recipe>
+void check_all_shapes(std::uint64_t salt) {
+    for (const auto& s : kShapes) check_device<Recipe>(s.rows, s.cols, salt++);
+}
+
+}  // namespace quant_device_test
+
+TEST_SUITE("cuda") {
+    TEST_CASE("stream quantize rejects bad arguments before touching the device") {
+        using namespace octet;
+        using R = recipes::blockwise_1x128;
+        std::vector<float> x(4 * 256);
+        quantized_tensor<R> wrong(4, 255);
+        CHECK_THROWS_WITH_AS(quantize<R>(on_stream(), matrix_ref<const float>(x.data(), 4, 256), wrong.ref()),
+                             doctest::Contains("argument 'rowwise'"), octet::error);
+        CHECK_THROWS_WITH_AS(quantize<R>(on_stream(), matrix_ref<const float>(x.data(), 4, 256, 3), wrong.ref()),
+                             doctest::Contains("argument 'x'"), octet::error);
+    }
+}
+
+TEST_SUITE("gpu") {
+    TEST_CASE("named recipes: device equals host, both copies from one read") {
+        using namespace quant_device_test;
+        namespace r = octet::recipes;
+        check_all_shapes<r::tensorwise_e4m3>(100);
+        check_all_shapes<r::rowwise_e4m3>(200);
+        check_all_shapes<r::columnwise_e4m3>(300);
+        check_all_shapes<r::blockwise_1x128>(400);
+        check_all_shapes<r::blockwise_128x128>(500);
+        check_all_shapes<r::mxfp8_e4m3>(600);
+        check_all_shapes<r::mxfp8_e5m2>(700);
+        check_all_shapes<r::mxfp6_e2m3>(800);
+        check_all_shapes<r::mxfp4>(900);
+        check_all_shapes<r::nvfp4>(1000);
+    }
+
+    TEST_CASE("custom recipes: odd blocks (grid path), stochastic, other rules") {
+        using namespace quant_device_test;
+        using namespace octet;
+        check_all_shapes<recipe<e4m3, block<96, 96>, scale::amax_ratio<0>>>(2000);
+        check_all_shapes<recipe<e5m2, block<16, 16>, scale::pow2_ceil, scale_storage::ue8m0>>(2100);
+        check_all_shapes<recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::stochastic>>(2200);
+        check_all_shapes<recipe<e3m2, tile<1, 32>, scale::pow2_nearest, scale_storage::ue8m0, round::toward_zero>>(2300);
+    }
+
+    TEST_CASE("bf16/fp16 inputs, column-major inputs, a large matrix") {
+        using namespace quant_device_test;
+        namespace r = octet::recipes;
+        check_device<r::blockwise_1x128, octet::bf16>(257, 1000, 3000);
+        check_device<r::mxfp8_e4m3, octet::bf16>(100, 96, 3001);
+        check_device<r::nvfp4, octet::bf16>(130, 160, 3002, false, 1.0f);
+        check_device<r::blockwise_1x128, octet::fp16>(77, 300, 3003, false, 1.0f);
+        check_device<r::blockwise_1x128, octet::bf16>(129, 300, 3004, true);
+        check_device<r::rowwise_e4m3>(300, 129, 3005, true);
+        check_device<r::blockwise_1x128, octet::bf16>(2048, 3072, 3006);
+    }
+
+    TEST_CASE("delayed scaling with device state equals the host class") {
+        using namespace octet;
+        using R = recipes::tensorwise_e4m3;
+        const std::size_t rows = 64, cols = 200;
+        octet::delayed_scaling host({4, 1, amax_reduction::max});
+        cuda::delayed_scaling dev({4, 1, amax_reduction::max});
+        auto g = octet_test::rng(4000);
+        for (int step = 0; step < 7; ++step) {
+            const float scale = step == 3 ? 50.0f : 1.0f + static_cast<float>(step);
+            const auto x = octet_test::with_edge_cases(g, rows * cols, scale);
+            quantized_tensor<R> h(rows, cols);
+            quantize_options o;
+            o.tensor_amax = host.amax_for_scale();
+            const auto hr = quantize<R>(on_host(), matrix_ref<const float>(x.data(), rows, cols), h.ref(), {}, o);
+            host.record(hr.amax);
+            host.update();
+
+            cuda::device_buffer<float> dx(x);
+            quant_device_test::device_copy<R> d(rows, cols);
+            dev.quantize<R>(on_stream(), matrix_ref<const float>(dx.data(), rows, cols), d.ref());
+            dev.update(on_stream());
+            OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+            INFO("step " << step);
+            CHECK(d.data.download() == h.data());
+            CHECK(d.scales.download() == h.scales());
+            const auto st = dev.state();
+            CHECK(st.scale_amax == host.state().scale_amax);
+            CHECK(st.position == host.state().position);
+            CHECK(st.recorded == host.state().recorded);
+            CHECK(dev.history() == host.history());
+        }
+        // a step without a quantize leaves the device state alone
+        const auto before = dev.state();
+        dev.update(on_stream());
+        CHECK(dev.state().position == before.position);
+        CHECK(dev.state().scale_amax == before.scale_amax);
+    }
+
+    TEST_CASE("stream quantize rejects host pointers") {
+        using namespace octet;
+        using R = recipes::blockwise_1x128;
+        std::vector<float> x(4 * 256);
+        quant_device_test::device_copy<R> d(4, 256);
+        CHECK_THROWS_WITH_AS(quantize<R>(on_stream(), matrix_ref<const float>(x.data(), 4, 256), d.ref()),
+                             doctest::Contains("host memory"), octet::error);
+    }
+}
