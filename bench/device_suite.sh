@@ -8,12 +8,13 @@
 #   bench/device_suite.sh              # there, from the repository root (carry .device)
 #
 # Options (environment): OCTET_SUITE_BUILD=<dir> (default .device/build; reused when its
-# binaries run there, else rebuilt), OCTET_SUITE_OUT=<dir> (logs; default $OUT or .device/out),
+# binaries run there, else rebuilt), OCTET_SUITE_OUT=<dir> (logs; default .device/out; when $OUT is
+# set, as on the lent machine, the logs are also archived to $OUT/device_logs.tgz),
 # OCTET_SUITE_FILTER=<regex> (run only matching test/bench binaries).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${OCTET_SUITE_BUILD:-.device/build}
-LOGS=${OCTET_SUITE_OUT:-${OUT:-.device/out}}
+LOGS=${OCTET_SUITE_OUT:-.device/out}
 FILTER=${OCTET_SUITE_FILTER:-.}
 mkdir -p "$LOGS"
 start=$(date +%s)
@@ -63,7 +64,9 @@ for b in "$BUILD"/bench/gpubench_*; do
   [ -x "$b" ] || continue
   name=$(basename "$b"); name=${name#gpubench_}
   echo "$name" | grep -qE "$FILTER" || continue
-  "$b" >"$LOGS/bench_${name}.log" 2>&1 || { status=1; rows+=("bench|$name|FAIL|exit $?|see bench_${name}.log"); tail -20 "$LOGS/bench_${name}.log"; }
+  "$b" >"$LOGS/bench_${name}.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then status=1; rows+=("bench|$name|FAIL|exit $rc|see bench_${name}.log"); tail -20 "$LOGS/bench_${name}.log"; fi
   while IFS='|' read -r _ bench metric value unit note; do
     rows+=("bench|$bench|$metric|$value $unit|$note")
   done < <(grep '^OCTET_RESULT|' "$LOGS/bench_${name}.log")
@@ -79,7 +82,9 @@ if command -v python3 >/dev/null; then
     [ -f "$py" ] || continue
     name=$(basename "$py" .py)
     echo "$name" | grep -qE "$FILTER" || continue
-    OCTET_BUILD="$BUILD" PYTHONUNBUFFERED=1 timeout 300 python3 "$py" >"$LOGS/py_${name}.log" 2>&1 || rows+=("bench|$name.py|FAIL|exit $?|see py_${name}.log")
+    OCTET_BUILD="$BUILD" PYTHONUNBUFFERED=1 timeout 300 python3 "$py" >"$LOGS/py_${name}.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && rows+=("bench|$name.py|FAIL|exit $rc|see py_${name}.log")
     while IFS='|' read -r _ bench metric value unit note; do
       rows+=("bench|$bench|$metric|$value $unit|$note")
     done < <(grep '^OCTET_RESULT|' "$LOGS/py_${name}.log")
@@ -94,4 +99,8 @@ for r in "${rows[@]}"; do
   IFS='|' read -r kind name a b c <<<"$r"
   printf '| %-5s | %-44s | %-18s | %-16s | %s\n' "$kind" "$name" "$a" "$b" "$c"
 done | tee "$LOGS/summary.md"
+# On the lent GPU machine, $OUT comes back (a few files at most): one archive of every log, and the table.
+if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
+  tar czf "$OUT/device_logs.tgz" -C "$LOGS" . && cp "$LOGS/summary.md" "$OUT/summary.md"
+fi
 exit $status

@@ -2,7 +2,8 @@
 # bench/prepare_device.sh: run here (a machine with the package registries) before a device-suite
 # call. Copies the doctest header into .device/deps (the GPU machine has no registry) and, unless
 # --no-build, prebuilds the CUDA tests and GPU benchmarks for sm_90a into .device/build so that
-# the device's time is spent running, not compiling. Then call, with `.device` carried:
+# the device's time is spent running, not compiling (OCTET_SUITE_FILTER=<regex> limits the targets).
+# Then call, with `.device` carried:
 #   bench/device_suite.sh
 set -eu
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ if [ "${1:-}" != "--no-build" ]; then
   cmake -S . -B .device/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DOCTET_BUILD_TESTS=ON -DOCTET_BUILD_BENCHMARKS=ON -DOCTET_BUILD_EXAMPLES=OFF \
     -DOCTET_DOCTEST_DIR="$PWD/.device/deps" >/dev/null
-  targets=$(cmake --build .device/build --target help | grep -oE '(test_cuda_|gpubench_)[A-Za-z0-9_]+' | sort -u)
+  targets=$(cmake --build .device/build --target help | grep -oE '(test_cuda_|gpubench_)[A-Za-z0-9_]+' | sort -u | grep -E "${OCTET_SUITE_FILTER:-.}")
   cmake --build .device/build --target $targets
   du -sh .device/build/tests .device/build/bench 2>/dev/null
 fi

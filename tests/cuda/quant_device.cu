@@ -27,8 +27,8 @@ struct device_copy {
     quant_layout layout;
     cuda::device_buffer<std::uint8_t> data, scales;
     cuda::device_buffer<float> tensor_scale;
-    device_copy(std::size_t rows, std::size_t cols)
-        : layout(quant_layout_of<Recipe>::make(rows, cols)), data(layout.data_bytes), scales(layout.scale_bytes), tensor_scale(1) {
+    device_copy(std::size_t rows, std::size_t cols, bool pad = true)
+        : layout(quant_layout_of<Recipe>::make(rows, cols, pad)), data(layout.data_bytes), scales(layout.scale_bytes), tensor_scale(1) {
         data.fill_bytes(0xCD);
         scales.fill_bytes(0xCD);
         tensor_scale.fill_bytes(0xCD);
@@ -68,7 +68,8 @@ void compare(device_copy<Recipe>& d, quantized_tensor<Recipe>& h, const quant_st
 }
 
 template <class Recipe, class In = float>
-void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool col_major = false, float scale = 10.0f) {
+void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool col_major = false, float scale = 10.0f,
+                  bool pad = true) {
     auto g = octet_test::rng(salt);
     const auto x = to_storage<In>(octet_test::with_edge_cases(g, rows * cols, scale, true));
     // col_major: the same logical matrix stored transposed
@@ -78,7 +79,7 @@ void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool c
             for (std::size_t j = 0; j < cols; ++j) stored[j * rows + i] = x[i * cols + j];
     const matrix_ref<const In> hx = col_major ? matrix_ref<const In>(stored.data(), rows, cols, rows, layout::col_major)
                                               : matrix_ref<const In>(stored.data(), rows, cols);
-    quantized_tensor<Recipe> h(rows, cols), ht(cols, rows);
+    quantized_tensor<Recipe> h(rows, cols, pad), ht(cols, rows, pad);
     quantize_options hopt;
     hopt.collect_stats = true;
     hopt.rng = philox_stream{octet_test::run_seed(), salt};
@@ -87,7 +88,7 @@ void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool c
     cuda::device_buffer<In> dx(stored);
     const matrix_ref<const In> dxm = col_major ? matrix_ref<const In>(dx.data(), rows, cols, rows, layout::col_major)
                                                : matrix_ref<const In>(dx.data(), rows, cols);
-    device_copy<Recipe> d(rows, cols), dt(cols, rows);
+    device_copy<Recipe> d(rows, cols, pad), dt(cols, rows, pad);
     cuda::device_buffer<quant_stats> stats(2);
     device_quantize_options dopt;
     dopt.device_stats = stats.data();
@@ -170,6 +171,11 @@ TEST_SUITE("gpu") {
         check_device<r::blockwise_1x128, octet::bf16>(129, 300, 3004, true);
         check_device<r::rowwise_e4m3>(300, 129, 3005, true);
         check_device<r::blockwise_1x128, octet::bf16>(2048, 3072, 3006);
+        // unpadded layouts: rows start at any byte, so the packed stores fall back to bytes
+        check_device<r::mxfp8_e4m3>(37, 70, 3007, false, 10.0f, false);
+        check_device<r::mxfp4>(37, 70, 3008, false, 10.0f, false);
+        check_device<r::mxfp6_e3m2>(37, 68, 3009, false, 10.0f, false);
+        check_device<r::nvfp4, octet::bf16>(19, 34, 3010, false, 1.0f, false);
     }
 
     TEST_CASE("delayed scaling with device state equals the host class") {

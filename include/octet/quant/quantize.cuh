@@ -70,6 +70,7 @@ OCTET_DEVICE void atomic_max_nonneg(float* addr, float v) {
 template <class Recipe>
 struct quant_copy_args {
     std::uint8_t* data = nullptr;  ///< null: this copy is not produced
+    bool aligned_rows = false;     ///< every row start allows the packed 16/32-bit code stores
     std::uint8_t* scales = nullptr;
     float* tensor_scale_out = nullptr;
     quant_layout layout{};
@@ -101,7 +102,7 @@ OCTET_DEVICE float load_tile(const In* __restrict__ x, std::size_t rows, std::si
     for (int idx = threadIdx.x; idx < kQuantTile * vectors_per_row; idx += kQuantThreads) {
         const int r = idx / vectors_per_row, cv = (idx % vectors_per_row) * V;
         const std::size_t gr = r0 + r, gc = c0 + cv;
-        In v[V];
+        alignas(16) In v[V];
         if (gr < rows && gc + V <= cols && vector_loads) {
             *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(x + gr * ld + gc);
         } else {
@@ -117,9 +118,15 @@ OCTET_DEVICE float load_tile(const In* __restrict__ x, std::size_t rows, std::si
     return amax;
 }
 
-/// Writes four codes of lane-consecutive elements starting at copy column gc (a multiple of 4).
+/// Writes four codes of lane-consecutive elements starting at copy column gc (a multiple of 4),
+/// with one 16- or 32-bit store when rows are aligned for it, else byte by byte.
 template <class Fmt>
-OCTET_DEVICE void store_codes4(std::uint8_t* row, std::size_t gc, const std::uint8_t (&c)[4]) {
+OCTET_DEVICE void store_codes4(std::uint8_t* row, std::size_t gc, const std::uint8_t (&c)[4], bool aligned) {
+    if (!aligned) {
+        OCTET_UNROLL
+        for (int k = 0; k < 4; ++k) store_code<Fmt>(row, gc + k, c[k]);
+        return;
+    }
     if constexpr (Fmt::bits <= 4) {
         const std::uint16_t w = static_cast<std::uint16_t>((c[0] & 0xFu) | ((c[1] & 0xFu) << 4) | ((c[2] & 0xFu) << 8) | ((c[3] & 0xFu) << 12));
         *reinterpret_cast<std::uint16_t*>(row + gc / 2) = w;
@@ -242,7 +249,7 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
             codes[k] = c < copy_cols ? encode_scaled<Recipe>(v, S, a.rng.bits(gr * copy_cols + c)) : std::uint8_t{0};
             if (a.stats && c < copy_cols) acc.add<Fmt>(v, S, codes[k]);
         }
-        store_codes4<Fmt>(a.data + gr * L.row_bytes, gc, codes);
+        store_codes4<Fmt>(a.data + gr * L.row_bytes, gc, codes, a.aligned_rows);
     }
     if (a.stats) acc.flush(a.stats);
     __syncthreads();
@@ -371,6 +378,7 @@ void* device_alloc(std::size_t bytes, cudaStream_t s) {
 
 template <class Recipe, class Byte>
 void require_device_copy(const quantized_ref<Recipe, Byte>& q, const char* fn, const char* arg) {
+    OCTET_REQUIRE(Recipe::scale_bytes != 4 || is_aligned(q.scales, 4), fn, arg, "has float scales that are not 4-byte aligned");
     cuda::require_device_accessible(q.data, fn, arg);
     cuda::require_device_accessible(q.scales, fn, arg);
     if constexpr (Recipe::two_level) cuda::require_device_accessible(q.tensor_scale, fn, arg);
@@ -388,7 +396,6 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
     const quantized_ref<Recipe>* outs[2] = {&row_out, &col_out};
 
     // Scratch: tensor amax and, in global mode, amax grids and scale-value grids.
-    const bool any_global = (!row_out.empty() && !local_blocks<Recipe>(row_out.layout)) || (!col_out.empty() && !local_blocks<Recipe>(col_out.layout));
     const bool need_tensor_amax = Recipe::two_level || Recipe::is_per_tensor;
     std::size_t grid_elems[2] = {0, 0};
     for (int c = 0; c < 2; ++c)
@@ -397,21 +404,23 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
     float* scratch = static_cast<float*>(device_alloc<float>(scratch_floats * sizeof(float), stream));
     OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, scratch_floats * sizeof(float), stream));
     float* measured_tensor_amax = scratch;
-    float* amax_grid[2] = {grid_elems[0] ? scratch + 1 : nullptr, grid_elems[1] ? scratch + 1 + grid_elems[0] : nullptr};
+    // Per-tensor recipes take their one scale from the tensor amax, never from an amax grid.
+    float* amax_grid[2] = {grid_elems[0] && !Recipe::is_per_tensor ? scratch + 1 : nullptr,
+                           grid_elems[1] && !Recipe::is_per_tensor ? scratch + 1 + grid_elems[0] : nullptr};
     float* value_grid[2] = {grid_elems[0] ? scratch + 1 + grid_elems[0] + grid_elems[1] : nullptr,
                             grid_elems[1] ? scratch + 1 + 2 * grid_elems[0] + grid_elems[1] : nullptr};
 
     const std::size_t tile_bytes = static_cast<std::size_t>(kQuantTile) * smem_pitch<In> * sizeof(In);
     // The tensor amax (two-level or per-tensor without an override) or the block amax grids.
     const bool measure_tensor = need_tensor_amax && opt.device_tensor_amax == nullptr;
-    if (measure_tensor || any_global) {
+    if (measure_tensor || amax_grid[0] || amax_grid[1]) {
         auto kernel = block_amax_kernel<In>;
         OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile_bytes)));
         const quant_layout& L0 = row_out.layout;
         const quant_layout& L1 = col_out.layout;
         kernel<<<grid, kQuantThreads, tile_bytes, stream>>>(x.data, rows, cols, x.ld, vector_loads, amax_grid[0], L0.block_rows,
                                                             L0.block_cols, L0.scale_cols, amax_grid[1], L1.block_rows, L1.block_cols,
-                                                            L1.scale_cols, measured_tensor_amax);
+                                                            L1.scale_cols, measure_tensor ? measured_tensor_amax : nullptr);
         OCTET_CUDA_CHECK_LAUNCH();
     }
     const float* tensor_amax = measured_tensor_amax;
@@ -440,6 +449,7 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
         const quantized_ref<Recipe>& q = *outs[c];
         if (q.empty()) continue;
         p.copy[c].data = q.data;
+        p.copy[c].aligned_rows = is_aligned(q.data, 4) && q.layout.row_bytes % 4 == 0;
         p.copy[c].scales = q.scales;
         p.copy[c].tensor_scale_out = q.tensor_scale;
         p.copy[c].layout = q.layout;
