@@ -246,7 +246,9 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
             float S;
             if (local) S = block_S[(cr / R) * 32 + (4 * lane + k) / C];
             else S = c < copy_cols ? a.scale_values[(gr / L.block_rows) * L.scale_cols + c / L.block_cols] : 1.0f;
-            codes[k] = c < copy_cols ? encode_scaled<Recipe>(v, S, a.rng.bits(gr * copy_cols + c)) : std::uint8_t{0};
+            std::uint32_t bits = 0;
+            if constexpr (std::is_same_v<typename Recipe::rounding, round::stochastic>) bits = a.rng.bits(gr * copy_cols + c);
+            codes[k] = c < copy_cols ? encode_scaled<Recipe>(v, S, bits) : std::uint8_t{0};
             if (a.stats && c < copy_cols) acc.add<Fmt>(v, S, codes[k]);
         }
         store_codes4<Fmt>(a.data + gr * L.row_bytes, gc, codes, a.aligned_rows);
