@@ -1,0 +1,167 @@
+// octet/rl/surrogate.cuh: importance ratios and the clipped surrogate on a CUDA stream.
+//
+//   octet::importance_ratios(octet::on_stream(s), logp_new, logp_old, ratios);
+//   octet::clipped_surrogate(octet::on_stream(s), logp_new, logp_old, adv, cfg, outputs, stats);
+//
+// Same rules and contract as the host overloads in surrogate.hpp (the kernels call the same
+// OCTET_HD functions of clip.hpp). All spans are device memory; `stats` is one surrogate_stats in
+// device memory, zeroed and filled by the call (read it back with cudaMemcpy after the stream).
+// Differences from the host overloads, all documented and tested:
+//   * non-finite tokens are always counted (device code never throws; non_finite_policy::raise
+//     is rejected with octet::error);
+//   * the aggregated objective and ratio sum are summed with double atomics, so their last bits
+//     depend on the schedule (counts are exact);
+//   * sequence offsets are trusted (validate_sequence_offsets on the host if they are untrusted).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cub/block/block_reduce.cuh>
+
+#include "octet/cuda/check.cuh"
+#include "octet/cuda/executor.cuh"
+#include "octet/cuda/launch.cuh"
+#include "octet/rl/surrogate.hpp"
+
+namespace octet {
+namespace detail {
+
+constexpr int kRlThreads = 256;
+
+struct surrogate_stats_sum {
+    OCTET_HD surrogate_stats operator()(const surrogate_stats& a, const surrogate_stats& b) const {
+        surrogate_stats s = a;
+        merge(s, b);
+        return s;
+    }
+};
+
+__global__ void importance_ratio_kernel(const float* __restrict__ logp_new, const float* __restrict__ logp_old,
+                                        float* __restrict__ ratios, std::size_t n, float limit) {
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        ratios[i] = importance_ratio(logp_new[i], logp_old[i], limit);
+}
+
+template <bool BySequence>
+__global__ void __launch_bounds__(kRlThreads) clipped_surrogate_kernel(
+    const float* __restrict__ logp_new, const float* __restrict__ logp_old, const float* __restrict__ advantages, std::size_t n,
+    clip_range range, float limit, loss_aggregation aggregation, const std::int64_t* __restrict__ offsets, std::int64_t sequences,
+    float* __restrict__ ratio_out, float* __restrict__ objective_out, float* __restrict__ grad_out, surrogate_stats* stats) {
+    using block_reduce = cub::BlockReduce<surrogate_stats, kRlThreads>;
+    __shared__ typename block_reduce::TempStorage temp;
+
+    surrogate_stats local;
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    double w = token_weight(aggregation, n, 0, sequences);  // constant unless by sequence
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if constexpr (BySequence) {
+            const std::int64_t s = sequence_of(offsets, sequences, static_cast<std::int64_t>(i));
+            w = token_weight(aggregation, n, offsets[s + 1] - offsets[s], sequences);
+        }
+        const float a = advantages[i];
+        const token_ratio tr = importance_ratio_of(logp_new[i], logp_old[i], limit);
+        const token_surrogate t = surrogate_token(tr.ratio, a, range, tr.limited);
+        tally(local, tr, a, t, range, w);
+        if (ratio_out) ratio_out[i] = tr.ratio;
+        if (objective_out) objective_out[i] = t.objective;
+        if (grad_out) grad_out[i] = -(static_cast<float>(w) * t.gradient);
+    }
+    const surrogate_stats block = block_reduce(temp).Reduce(local, surrogate_stats_sum{});
+    if (threadIdx.x == 0) {
+        auto add = [](std::uint64_t* p, std::uint64_t v) {
+            if (v) atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+        };
+        add(&stats->non_finite, block.non_finite);
+        add(&stats->negative, block.negative);
+        add(&stats->positive, block.positive);
+        add(&stats->below, block.below);
+        add(&stats->above, block.above);
+        add(&stats->clipped_low, block.clipped_low);
+        add(&stats->clipped_high, block.clipped_high);
+        add(&stats->limited, block.limited);
+        atomicAdd(&stats->objective, block.objective);
+        atomicAdd(&stats->ratio_sum, block.ratio_sum);
+        if (blockIdx.x == 0) add(&stats->tokens, n);
+    }
+}
+
+inline void require_device_input(span<const float> x, const char* fn, const char* arg) {
+    OCTET_REQUIRE(x.empty() || x.data() != nullptr, fn, arg, "is null with a non-zero size");
+    cuda::require_device_accessible(x.data(), fn, arg);
+}
+inline void require_device_output(span<float> x, std::size_t n, const char* fn, const char* arg) {
+    require_output(x, n, fn, arg);
+    cuda::require_device_accessible(x.data(), fn, arg);
+}
+
+}  // namespace detail
+
+/// ratios[t] = importance_ratio(logp_new[t], logp_old[t]) on the stream (device memory).
+inline void importance_ratios(stream_executor ex, span<const float> logp_new, span<const float> logp_old, span<float> ratios,
+                              float log_ratio_limit = default_log_ratio_limit) {
+    constexpr const char* fn = "octet::importance_ratios";
+    detail::require_same_length(logp_new.size(), logp_old.size(), fn, "logp_old", "logp_new");
+    detail::require_same_length(logp_new.size(), ratios.size(), fn, "ratios", "logp_new");
+    OCTET_REQUIRE(log_ratio_limit > 0.0f, fn, "log_ratio_limit",
+                  detail::message("is ", log_ratio_limit, "; pass a positive limit (or INFINITY for none)"));
+    if (logp_new.empty()) return;
+    detail::require_device_input(logp_new, fn, "logp_new");
+    detail::require_device_input(logp_old, fn, "logp_old");
+    detail::require_device_output(ratios, logp_new.size(), fn, "ratios");
+    const unsigned blocks = cuda::grid_stride_blocks(logp_new.size(), detail::kRlThreads);
+    detail::importance_ratio_kernel<<<blocks, detail::kRlThreads, 0, ex.stream>>>(logp_new.data(), logp_old.data(), ratios.data(),
+                                                                                   logp_new.size(), log_ratio_limit);
+    OCTET_CUDA_CHECK_LAUNCH();
+}
+
+/// The clipped surrogate on the stream; `stats` (device, one element) is zeroed and filled.
+inline void clipped_surrogate(stream_executor ex, span<const float> logp_new, span<const float> logp_old, span<const float> advantages,
+                              const surrogate_config& cfg, surrogate_outputs out, span<surrogate_stats> stats,
+                              span<const std::int64_t> sequence_offsets = {}) {
+    constexpr const char* fn = "octet::clipped_surrogate";
+    const std::size_t n = logp_new.size();
+    detail::require_same_length(n, logp_old.size(), fn, "logp_old", "logp_new");
+    detail::require_same_length(n, advantages.size(), fn, "advantages", "logp_new");
+    OCTET_REQUIRE(stats.size() == 1 && stats.data() != nullptr, fn, "stats",
+                  detail::message("has ", stats.size(), " elements; pass one surrogate_stats in device memory"));
+    OCTET_REQUIRE(cfg.range.lower <= cfg.range.upper && is_finite_float(cfg.range.lower) && is_finite_float(cfg.range.upper), fn,
+                  "cfg.range", detail::message("is [", cfg.range.lower, ", ", cfg.range.upper, "]; pass finite bounds with lower <= upper"));
+    OCTET_REQUIRE(cfg.log_ratio_limit > 0.0f, fn, "cfg.log_ratio_limit", "must be positive (or INFINITY for none)");
+    OCTET_REQUIRE(cfg.on_non_finite == non_finite_policy::count, fn, "cfg.on_non_finite",
+                  "is non_finite_policy::raise, which device code cannot do; use non_finite_policy::count and check stats.non_finite");
+    const bool by_sequence = cfg.aggregation == loss_aggregation::sequence_mean;
+    if (by_sequence)
+        OCTET_REQUIRE(sequence_offsets.size() >= 2 && sequence_offsets.data() != nullptr, fn, "sequence_offsets",
+                      detail::message("has ", sequence_offsets.size(), " entries; sequence_mean needs S + 1 >= 2 offsets in device memory"));
+    else
+        OCTET_REQUIRE(sequence_offsets.empty(), fn, "sequence_offsets",
+                      "is only used by loss_aggregation::sequence_mean; pass an empty span or set cfg.aggregation");
+    detail::require_output(out.ratio, n, fn, "out.ratio");  // sizes first: no device call for a wrong shape
+    detail::require_output(out.objective, n, fn, "out.objective");
+    detail::require_output(out.grad, n, fn, "out.grad");
+    cuda::require_device_accessible(stats.data(), fn, "stats");
+    if (by_sequence) cuda::require_device_accessible(sequence_offsets.data(), fn, "sequence_offsets");
+    OCTET_CUDA_CHECK(cudaMemsetAsync(stats.data(), 0, sizeof(surrogate_stats), ex.stream));
+    if (n == 0) return;  // all-zero stats are the empty batch's
+    detail::require_device_input(logp_new, fn, "logp_new");
+    detail::require_device_input(logp_old, fn, "logp_old");
+    detail::require_device_input(advantages, fn, "advantages");
+    detail::require_device_output(out.ratio, n, fn, "out.ratio");
+    detail::require_device_output(out.objective, n, fn, "out.objective");
+    detail::require_device_output(out.grad, n, fn, "out.grad");
+    const std::int64_t sequences = by_sequence ? static_cast<std::int64_t>(sequence_offsets.size()) - 1 : 0;
+    const unsigned blocks = cuda::grid_stride_blocks(n, detail::kRlThreads);
+    auto opt = [](span<float> s) { return s.empty() ? nullptr : s.data(); };
+    if (by_sequence)
+        detail::clipped_surrogate_kernel<true><<<blocks, detail::kRlThreads, 0, ex.stream>>>(
+            logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit, cfg.aggregation,
+            sequence_offsets.data(), sequences, opt(out.ratio), opt(out.objective), opt(out.grad), stats.data());
+    else
+        detail::clipped_surrogate_kernel<false><<<blocks, detail::kRlThreads, 0, ex.stream>>>(
+            logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit, cfg.aggregation, nullptr, 0,
+            opt(out.ratio), opt(out.objective), opt(out.grad), stats.data());
+    OCTET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace octet
