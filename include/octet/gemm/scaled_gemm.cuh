@@ -1,0 +1,200 @@
+// octet/gemm/scaled_gemm.cuh: octet::scaled_gemm on a CUDA stream, and backend selection.
+//
+//   octet::scaled_gemm(octet::on_stream(s), A, B, D, opt);       // D = alpha * A B^T + bias
+//   octet::scaled_gemm(octet::on_stream(s), A, B, C, D, opt);    // ... + beta * C
+//   octet::scaled_gemm(octet::on_stream(s), A, B, Dq, opt, device_amax);  // quantized D
+//
+// Same contract as the host overloads (scaled_gemm.hpp); all pointers are device memory (the
+// two-level tensor_scale too). D and C may be octet::bf16/fp16 or __nv_bfloat16/__half.
+//
+// Backends and the pairs they serve (gemm_backend_support says why one refuses a pair):
+//   sm90_wgmma  sm_90 GPU, binary built for sm_90a. E4M3/E5M2 with float scales whose K blocks are
+//               multiples of 128 (tensor, row, 1x128, 128x128; mixed formats), promotion every 128.
+//   sm89_mma    sm_89+ GPU (Ada, Hopper). E4M3/E5M2 with any scale storage whose K blocks are
+//               multiples of 32 (adds MX 1x32 with UE8M0 scales), promotion every multiple of 32.
+//   cublaslt    only when octet/gemm/cublaslt.cuh is included (links cuBLASLt): cuBLASLt's own
+//               FP8 scale modes, and NVFP4 x NVFP4 through a dequantizing BF16 path.
+//   NVFP4, MXFP4 and FP6 have no tensor-core path on Hopper or Ada; without cuBLASLt they run
+//   only on the host (the error says so).
+// `automatic` picks sm90_wgmma, then sm89_mma, then cublaslt, whichever first serves the pair on
+// the running GPU. Every backend reads only the bytes of the operands (ragged M, N and K are zero-
+// filled in shared memory), so small M (decode, M <= 64) needs no padded copy; sm90_wgmma uses a
+// 64 x 64 tile for it.
+#pragma once
+#define OCTET_GEMM_SCALED_GEMM_CUH_INCLUDED 1
+
+#include <cuda_runtime.h>
+
+#include "octet/cuda/executor.cuh"
+#include "octet/gemm/detail/device_common.cuh"
+#include "octet/gemm/scaled_gemm.hpp"
+#include "octet/gemm/sm89_mma.cuh"
+#include "octet/gemm/sm90_wgmma.cuh"
+#include "octet/quant/quantize.cuh"
+
+namespace octet {
+
+/// Whether the cuBLASLt backend was compiled in (octet/gemm/cublaslt.cuh included first).
+#if defined(OCTET_GEMM_WITH_CUBLASLT)
+inline constexpr bool gemm_has_cublaslt = true;
+#else
+inline constexpr bool gemm_has_cublaslt = false;
+#endif
+
+namespace detail {
+
+/// Why `backend` cannot run this problem on the current GPU (empty when it can).
+template <class RA, class RB>
+std::string gemm_device_support(gemm_backend backend, std::size_t K, const gemm_options& opt) {
+    std::string why = gemm_backend_support<RA, RB>(backend, K, opt);
+    if (!why.empty()) return why;
+    if (device_arch() == 0) return "there is no CUDA device";
+    switch (backend) {
+        case gemm_backend::sm90_wgmma:
+            if (device_arch() != 90) return message("it needs an sm_90 GPU (this one is sm_", device_arch(), ")");
+            if (!sm90a_available()) return "this binary has no sm_90a code (build with CMAKE_CUDA_ARCHITECTURES including 90a)";
+            return "";
+        case gemm_backend::sm89_mma:
+            if (device_arch() < 89) return message("it needs an sm_89 or later GPU (this one is sm_", device_arch(), ")");
+            if (!sm89_available()) return "this binary has no sm_89+ code for this GPU";
+            return "";
+        case gemm_backend::cublaslt:
+            if (!gemm_has_cublaslt) return "it is not compiled in (include octet/gemm/cublaslt.cuh and link CUDA::cublasLt)";
+            if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) && device_arch() < 89)
+                return "cuBLASLt's FP8 GEMM needs an sm_89 or later GPU";
+            if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) && !gemm_operand_traits<RA>::per_tensor &&
+                device_arch() != 90)
+                return "cuBLASLt's outer-vector and 128-block FP8 scale modes are Hopper (sm_90) modes";
+            return "";
+        default: return "";
+    }
+}
+
+template <class RA, class RB>
+std::string gemm_device_backends_serving(std::size_t K, const gemm_options& opt) {
+    std::string s = "host (octet::on_host())";
+    for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma, gemm_backend::cublaslt})
+        if (gemm_device_support<RA, RB>(b, K, opt).empty()) s += std::string(", ") + backend_name(b);
+    return s;
+}
+
+template <class RA, class RB, class CT, class DT>
+gemm_result scaled_gemm_device(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const matrix_ref<const CT>* C,
+                               const matrix_ref<DT>& D, const gemm_options& opt) {
+    constexpr const char* fn = "octet::scaled_gemm";
+    check_gemm_args(A, B, C, D, opt, C != nullptr);
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    gemm_result result;
+    OCTET_REQUIRE(opt.backend != gemm_backend::host, fn, "options.backend",
+                  "is host but the executor is a stream; call scaled_gemm with octet::on_host() and host memory");
+
+    // Choose the backend.
+    gemm_backend backend = opt.backend;
+    if (backend == gemm_backend::automatic) {
+        for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma, gemm_backend::cublaslt})
+            if (gemm_device_support<RA, RB>(b, K, opt).empty()) {
+                backend = b;
+                break;
+            }
+        OCTET_REQUIRE(backend != gemm_backend::automatic, fn, "A/B",
+                      message("(", recipe_description<RA>(), " x ", recipe_description<RB>(), ") has no CUDA backend on this GPU (sm_",
+                              device_arch(), "); backends that serve it: ", gemm_device_backends_serving<RA, RB>(K, opt)));
+    } else {
+        const std::string why = gemm_device_support<RA, RB>(backend, K, opt);
+        OCTET_REQUIRE(why.empty(), fn, "options.backend",
+                      message("is ", backend_name(backend), ", which cannot run ", recipe_description<RA>(), " x ", recipe_description<RB>(),
+                              ": ", why, ". Backends that serve it here: ", gemm_device_backends_serving<RA, RB>(K, opt)));
+    }
+    result.backend = backend;
+    if (M == 0 || N == 0) return result;
+
+    // Device memory and alignment.
+    require_device_matrix(D, fn, "D");
+    if (C) require_device_matrix(*C, fn, "C");
+    if (!opt.bias.empty()) cuda::require_device_accessible(opt.bias.data(), fn, "options.bias");
+    if (K > 0) {
+        require_device_operand(A, fn, "A", backend_name(backend));
+        require_device_operand(B, fn, "B", backend_name(backend));
+    }
+
+    if (backend == gemm_backend::cublaslt) {
+#if defined(OCTET_GEMM_WITH_CUBLASLT)
+        run_cublaslt<RA, RB, CT, DT>(stream, A, B, C, D, opt);
+#endif
+        return result;
+    }
+    // Kernels are instantiated only for pairs they can serve (gemm_kernel_pair); the checks above
+    // have already refused the others at run time.
+    const device_epilogue<CT, DT> epi = make_device_epilogue<CT, DT>(C, D, opt);
+    if constexpr (gemm_kernel_pair<RA, RB>::sm90) {
+        if (backend == gemm_backend::sm90_wgmma && K > 0) {
+            launch_sm90<RA, RB, CT, DT>(stream, A, B, epi, opt.tile);
+            return result;
+        }
+    }
+    if constexpr (gemm_kernel_pair<RA, RB>::sm89) {
+        // sm89_mma, and sm90_wgmma's K = 0 case (nothing to load: D = beta C + bias)
+        const std::size_t g = gemm_segment(static_cast<std::size_t>(opt.promotion_interval), A.layout.block_cols, B.layout.block_cols, K);
+        launch_sm89<RA, RB, CT, DT>(stream, A, B, epi, g);
+    }
+    return result;
+}
+
+template <class T>
+matrix_ref<storage_of_t<T>> as_storage(const matrix_ref<T>& m) {
+    using S = storage_of_t<T>;
+    using Q = std::conditional_t<std::is_const_v<T>, const S, S>;
+    return matrix_ref<Q>(reinterpret_cast<Q*>(m.data), m.rows, m.cols, m.ld, m.order);
+}
+
+}  // namespace detail
+
+/// D = alpha * dequant(A) * dequant(B)^T + bias on a stream (device memory).
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D, const gemm_options& opt = {}) {
+    using D0 = detail::storage_of_t<DT>;
+    static_assert(detail::is_gemm_output_v<D0>, "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
+    return detail::scaled_gemm_device<RA, RB, float, D0>(ex.stream, A, B, nullptr, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order),
+                                                         opt);
+}
+
+/// D = alpha * dequant(A) * dequant(B)^T + beta * C + bias on a stream. C may be D itself.
+template <class RA, class BA, class RB, class BB, class CT, class DT>
+gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C, matrix_ref<DT> D,
+                        const gemm_options& opt = {}) {
+    using D0 = detail::storage_of_t<DT>;
+    using C0 = detail::storage_of_t<std::remove_const_t<CT>>;
+    static_assert(detail::is_gemm_output_v<D0>, "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
+    static_assert(detail::is_gemm_output_v<C0>, "octet::scaled_gemm: C must be float, bf16 or fp16");
+    const matrix_ref<const C0> c(reinterpret_cast<const C0*>(C.data), C.rows, C.cols, C.ld, C.order);
+    return detail::scaled_gemm_device<RA, RB, C0, D0>(ex.stream, A, B, &c, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order),
+                                                      opt);
+}
+
+/// Quantized output on a stream: the float result is computed into stream-ordered scratch and
+/// quantized with RD (quantize.cuh); if `device_amax` is set it receives the result's finite amax
+/// (device memory, overwritten). gemm_result::amax stays 0 (the value lives on the device).
+template <class RA, class BA, class RB, class BB, class RD>
+gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D, const gemm_options& opt = {},
+                        float* device_amax = nullptr) {
+    const std::size_t M = A.rows(), N = B.rows();
+    float* tmp = nullptr;
+    if (M > 0 && N > 0) OCTET_CUDA_CHECK(cudaMallocAsync(&tmp, M * N * sizeof(float), ex.stream));
+    struct release {
+        float* p;
+        cudaStream_t s;
+        ~release() {
+            if (p) cudaFreeAsync(p, s);
+        }
+    } guard{tmp, ex.stream};
+    const gemm_result r = scaled_gemm(ex, A, B, matrix_ref<float>(tmp, M, N), opt);
+    device_quantize_options qo;
+    if (device_amax) {
+        OCTET_CUDA_CHECK(cudaMemsetAsync(device_amax, 0, sizeof(float), ex.stream));
+        qo.device_record = device_amax;
+    }
+    quantize<RD>(ex, matrix_ref<const float>(tmp, M, N), D, {}, qo);
+    return r;
+}
+
+}  // namespace octet

@@ -1,0 +1,586 @@
+// octet/gemm/scaled_gemm.hpp: scaled GEMM on quantized operands, the host backend, backend
+// selection and the numerics contract.
+//
+//   octet::gemm_options opt;                       // alpha, beta, bias, backend, promotion interval
+//   octet::scaled_gemm(octet::on_host(), A, B, D, opt);        // D = alpha * A B^T + bias
+//   octet::scaled_gemm(octet::on_host(), A, B, C, D, opt);     // D = alpha * A B^T + beta * C + bias
+//   octet::scaled_gemm(octet::on_stream(s), ...)               // the same on a GPU (scaled_gemm.cuh)
+//
+// Operands. A is the quantized copy of an M x K matrix and B the quantized copy of an N x K matrix:
+// both are K-major (row i of A and row j of B run along K), so D = dequant(A) * dequant(B)^T is
+// M x N. A weight held as K x N is passed as its column-wise copy (the quantizers produce it from
+// the same read; quant/tensor.hpp), which is its N x K quantized copy; an operand needed in the
+// other orientation (the data-gradient dX = dY W uses W's row-wise copy as B) is likewise a copy.
+// There is no transpose flag: every backend reads K-major rows, which is what FP8 tensor cores want.
+// D is float, octet::bf16 or octet::fp16 (either layout), or a quantized copy (quantized_ref<RD>),
+// in which case the float result is quantized with RD and its amax is returned. C has D's shape
+// and is float, bf16 or fp16; bias is a float vector of N entries added to every row.
+//
+// Scaling pairs. Any recipe pair with the same K; the host backend serves all of them (FP8, FP6,
+// FP4, FNUZ, float/UE8M0/two-level scales, any block shapes). The named pairs of training are
+// tensor x tensor, row x row (A per token, B per output channel), 1x128 x 128x128 (forward and
+// data-gradient), 1x128 x 1x128 (weight-gradient), MX x MX, NVFP4 x NVFP4 and mixed E4M3 x E5M2.
+// Which GPU backend serves which pair is listed in scaled_gemm.cuh and by
+// octet::gemm_backend_support (the reason a backend refuses a pair, or "").
+//
+// Numerics contract (every backend; the bound is tested).
+//   * Products of two element codes are exact in float (FP8 x FP8 needs at most 8 significant bits
+//     and its exponent range fits float), so the only rounding is in sums and scalings.
+//   * K is cut into segments of g = gcd(P, K-block of A, K-block of B) elements, where P is
+//     options.promotion_interval and blocks (or P) that cover all of K do not count. Inside a
+//     segment the scales are constant; the unscaled code products are summed (host: float, in an
+//     unspecified order; tensor cores: their own accumulator), then the partial sum p is
+//     "promoted": acc += p * (sA * sB) in float. On the GPU kernels the segment is what the
+//     tensor-core accumulator holds before promotion (DeepSeek-V3 promotes every 128).
+//   * Epilogue in float: v = alpha * acc, then + beta * C, then + bias, then one rounding to D's
+//     type (nearest-even; bf16/fp16 overflow gives Inf). A quantized D quantizes v.
+//   * NaN and Inf codes propagate as IEEE arithmetic does (a NaN input gives NaN in its row or
+//     column); the bound below assumes finite inputs and no overflow.
+//   * Bound. Let T = sum_k |dequant(A)_ik| |dequant(B)_jk|, S = number of segments, L = segment
+//     length actually used, u = 2^-24, gamma_n = n u / (1 - n u). Then
+//         |acc - sum_k dequant(A)_ik dequant(B)_jk| <= c * T,   with
+//         host:          c = gamma_(L + S)          (float sums inside segments, one rounding for
+//                                                    sA*sB, one for p*(sA*sB), S adds)
+//         tensor cores:  c = ceil(L / 32) * 2^-12 + gamma_(S + 1)
+//     The tensor-core term is a model, not a vendor specification: Hopper's FP8 MMA keeps an
+//     accumulator with about 13 fraction bits (e8m13, truncating; measured by PyTorch and the
+//     DeepSeek-V3 report, "about 14 bits"), so each MMA k-step of 32 products loses at most
+//     2^-13 of the magnitude it has summed, doubled for the alignment of the products inside the
+//     step. This is why promotion every 128 matters: without it L = K and the error grows with K.
+//     The epilogue adds gamma_3 (|alpha| (1 + c) T + |beta C| + |bias|) and the output rounding
+//     u_D |D| (u_D = 2^-24 float, 2^-8 bf16, 2^-11 fp16). Underflow adds absolute terms: a product
+//     that lands below float's normal range is off by at most 2^-150, and the partial p it scales
+//     is at most L * maxA * maxB (max finite values of the formats), so
+//     |alpha| (S + 2) L maxA maxB 2^-150 + 2^-148, and D's rounding of a tiny value adds half its
+//     smallest subnormal (2^-150 float, 2^-134 bf16, 2^-25 fp16). gemm_error_bound() evaluates it
+//     all. Overflow (to Inf) is outside the bound; fp16 D overflows from 65520 on.
+//     sm90_wgmma promotes every 128 whatever larger P asks (more often is only more accurate), so
+//     its L is min(g, 128). sm89_mma on Hopper runs as FP16 HMMA (ptxas lowers FP8 mma.sync there;
+//     FP8 -> FP16 is exact), which the same model covers. cuBLASLt does not document its promotion
+//     interval: the bound takes L = 128 for its block-scaled modes (it must promote at each scale
+//     block) and L = K for the others.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "octet/config.hpp"
+#include "octet/core/check.hpp"
+#include "octet/core/executor.hpp"
+#include "octet/core/matrix.hpp"
+#include "octet/core/span.hpp"
+#include "octet/quant/quantize.hpp"
+#include "octet/quant/recipe.hpp"
+#include "octet/quant/tensor.hpp"
+
+namespace octet {
+
+/// Where a scaled GEMM runs. `automatic` picks the host backend for host executors, and on a
+/// stream the fastest CUDA backend that serves the recipe pair on the running GPU.
+enum class gemm_backend {
+    automatic,
+    host,        ///< blocked, multi-threaded CPU code; the exact check of the others
+    sm89_mma,    ///< CUDA, mma.sync FP8 m16n8k32 (Ada sm_89 and Hopper sm_90)
+    sm90_wgmma,  ///< CUDA, sm_90a: wgmma + TMA + mbarrier pipeline + warp specialization
+    cublaslt,    ///< cuBLASLt's FP8 scaling modes (include octet/gemm/cublaslt.cuh, link CUDA::cublasLt)
+};
+
+inline const char* backend_name(gemm_backend b) {
+    switch (b) {
+        case gemm_backend::automatic: return "automatic";
+        case gemm_backend::host: return "host";
+        case gemm_backend::sm89_mma: return "sm89_mma";
+        case gemm_backend::sm90_wgmma: return "sm90_wgmma";
+        case gemm_backend::cublaslt: return "cublaslt";
+    }
+    return "?";
+}
+
+/// Tile shape of the sm90_wgmma kernel. `automatic` takes 128 x 128 when that fills the GPU and
+/// 64 x 64 for small M (decode-like shapes) or few tiles.
+enum class gemm_tile { automatic, m128n128, m64n64 };
+
+struct gemm_options {
+    float alpha = 1.0f;
+    /// Multiplies C (the overload with C); must be 0 without C.
+    float beta = 0.0f;
+    /// N floats added to every row of the result (per output column); empty for none. Host memory
+    /// for the host executor, device memory for a stream.
+    span<const float> bias{};
+    gemm_backend backend = gemm_backend::automatic;
+    /// K elements summed in a tensor-core accumulator before it is scaled and added into float
+    /// registers (see the contract above). The GPU kernels need a multiple of 32 (sm89_mma) or
+    /// of 128 (sm90_wgmma, which then promotes every 128); the host takes any value >= 1.
+    int promotion_interval = 128;
+    gemm_tile tile = gemm_tile::automatic;
+};
+
+struct gemm_result {
+    gemm_backend backend = gemm_backend::host;  ///< the backend that ran
+    float amax = 0.0f;  ///< quantized D: the finite amax of the float result (for delayed scaling); else 0
+};
+
+// ---- recipe facts the backends select on ---------------------------------------------------------
+
+/// How an operand's recipe looks to a GEMM backend.
+template <class Recipe>
+struct gemm_operand_traits {
+    using format = typename Recipe::format;
+    using G = typename Recipe::granularity;
+    /// The element formats tensor cores multiply natively (OCP E4M3 and E5M2).
+    static constexpr bool tensor_core_fp8 = std::is_same_v<format, e4m3> || std::is_same_v<format, e5m2>;
+    static constexpr bool f32_scales = std::is_same_v<typename Recipe::scale_storage_type, scale_storage::f32>;
+    static constexpr bool per_tensor = G::rows == full && G::cols == full;
+    static constexpr bool per_row = G::rows == 1 && G::cols == full;
+    static constexpr bool vec128 = G::rows == 1 && G::cols == 128;
+    static constexpr bool blk128 = G::rows == 128 && G::cols == 128;
+    static constexpr bool nvfp4_like = std::is_same_v<format, e2m1> && Recipe::two_level;
+};
+
+/// Compile-time part of what each CUDA kernel serves (so that no kernel is instantiated for a pair
+/// it can never run; gemm_backend_support adds the runtime rules and the reasons).
+template <class RA, class RB>
+struct gemm_kernel_pair {
+    template <class R>
+    static constexpr bool k_blocks_of(std::size_t step) {
+        return R::granularity::cols == full || R::granularity::cols % step == 0;
+    }
+    static constexpr bool fp8 = gemm_operand_traits<RA>::tensor_core_fp8 && gemm_operand_traits<RB>::tensor_core_fp8;
+    static constexpr bool sm89 = fp8 && k_blocks_of<RA>(32) && k_blocks_of<RB>(32);
+    static constexpr bool sm90 = fp8 && gemm_operand_traits<RA>::f32_scales && gemm_operand_traits<RB>::f32_scales && k_blocks_of<RA>(128) &&
+                                 k_blocks_of<RB>(128);
+};
+
+/// "e4m3, 1x128 blocks, f32 scales" and the like, for messages.
+template <class Recipe>
+std::string recipe_description() {
+    using G = typename Recipe::granularity;
+    std::string s = format_name<typename Recipe::format>();
+    auto ext = [](std::size_t b) { return b == full ? std::string("full") : std::to_string(b); };
+    if (G::rows == full && G::cols == full) s += ", per-tensor";
+    else if (G::rows == 1 && G::cols == full) s += ", per-row";
+    else if (G::rows == full && G::cols == 1) s += ", per-column";
+    else s += ", " + ext(G::rows) + "x" + ext(G::cols) + " blocks";
+    using St = typename Recipe::scale_storage_type;
+    s += std::is_same_v<St, scale_storage::f32> ? ", f32 scales" : std::is_same_v<St, scale_storage::ue8m0> ? ", ue8m0 scales" : ", two-level e4m3 scales";
+    return s;
+}
+
+namespace detail {
+
+inline std::size_t gcd_size(std::size_t a, std::size_t b) {
+    while (b) {
+        const std::size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/// Segment length g = gcd of the promotion interval and both K-blocks, ignoring any that cover K.
+inline std::size_t gemm_segment(std::size_t promotion, std::size_t a_block_cols, std::size_t b_block_cols, std::size_t K) {
+    std::size_t g = 0;
+    for (std::size_t v : {promotion, a_block_cols, b_block_cols})
+        if (v > 0 && v < K) g = g == 0 ? v : gcd_size(g, v);
+    return g == 0 ? std::max<std::size_t>(K, 1) : g;
+}
+
+/// True when every boundary of a block of `b` columns (b < K) is a multiple of `step`.
+inline bool boundaries_on(std::size_t b, std::size_t step, std::size_t K) { return b >= K || b % step == 0; }
+
+}  // namespace detail
+
+/// Why `backend` cannot run A x B with these options (an empty string when it can), judged from the
+/// recipes, K and the promotion interval alone. Device facts (architecture, alignment of the actual
+/// pointers) are checked when the GPU call runs.
+template <class RA, class RB>
+std::string gemm_backend_support(gemm_backend backend, std::size_t K, const gemm_options& opt = {}) {
+    using TA = gemm_operand_traits<RA>;
+    using TB = gemm_operand_traits<RB>;
+    const quant_layout la = quant_layout_of<RA>::make(1, K), lb = quant_layout_of<RB>::make(1, K);
+    const std::size_t P = static_cast<std::size_t>(std::max(opt.promotion_interval, 1));
+    switch (backend) {
+        case gemm_backend::automatic:
+        case gemm_backend::host: return "";
+        case gemm_backend::sm89_mma:
+            if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8) return "it multiplies E4M3/E5M2 codes only (mma.sync FP8)";
+            if (!detail::boundaries_on(la.block_cols, 32, K) || !detail::boundaries_on(lb.block_cols, 32, K))
+                return "scale blocks along K must be multiples of 32 (one mma k-step) or span K";
+            if (!detail::boundaries_on(P, 32, K)) return "options.promotion_interval must be a multiple of 32";
+            return "";
+        case gemm_backend::sm90_wgmma:
+            if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8) return "it multiplies E4M3/E5M2 codes only (wgmma FP8)";
+            if (!TA::f32_scales || !TB::f32_scales) return "it reads float scales only (use sm89_mma for MX's ue8m0 scales)";
+            if (!detail::boundaries_on(la.block_cols, 128, K) || !detail::boundaries_on(lb.block_cols, 128, K))
+                return "scale blocks along K must be multiples of 128 or span K (it promotes every 128)";
+            if (!detail::boundaries_on(P, 128, K)) return "options.promotion_interval must be a multiple of 128";
+            return "";
+        case gemm_backend::cublaslt: {
+            if (TA::nvfp4_like && TB::nvfp4_like) return "";  // dequantizing path (no FP4 tensor cores on Hopper)
+            if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8) return "it takes E4M3/E5M2 operands (and NVFP4 x NVFP4 through its dequantizing path)";
+            if (std::is_same_v<typename RA::format, e5m2> && std::is_same_v<typename RB::format, e5m2>)
+                return "cuBLASLt has no E5M2 x E5M2 FP8 GEMM";
+            if (!TA::f32_scales || !TB::f32_scales) return "cuBLASLt's MX modes (VEC32_UE8M0) need Blackwell; octet does not map them";
+            const bool ok = (TA::per_tensor && TB::per_tensor) || (TA::per_row && TB::per_row) || (TA::vec128 && TB::vec128) ||
+                            (TA::vec128 && TB::blk128) || (TA::blk128 && TB::vec128);
+            if (!ok)
+                return "its scale modes pair as tensor x tensor, row x row (OUTER_VEC_32F), 1x128 x 1x128, 1x128 x 128x128 or "
+                       "128x128 x 1x128 (VEC128_32F, BLK128x128_32F)";
+            if (K % 16 != 0) return "cuBLASLt's FP8 GEMM needs K to be a multiple of 16";
+            return "";
+        }
+    }
+    return "unknown backend";
+}
+
+/// The backends (of host, sm89_mma, sm90_wgmma, cublaslt) that serve A x B, for messages.
+template <class RA, class RB>
+std::string gemm_backends_serving(std::size_t K, const gemm_options& opt) {
+    std::string s;
+    for (gemm_backend b : {gemm_backend::host, gemm_backend::sm89_mma, gemm_backend::sm90_wgmma, gemm_backend::cublaslt})
+        if (gemm_backend_support<RA, RB>(b, K, opt).empty()) s += (s.empty() ? "" : ", ") + std::string(backend_name(b));
+    return s;
+}
+
+// ---- the error bound -----------------------------------------------------------------------------
+
+/// The accumulation constants of one backend on one problem: |acc - exact| <= accumulation * T.
+struct gemm_numerics {
+    std::size_t segment = 0;      ///< L: elements per segment actually used
+    std::size_t segments = 0;     ///< S
+    double accumulation = 0.0;    ///< c
+    double output_unit = 0.0;     ///< u_D of D's type
+    double underflow = 0.0;       ///< absolute term of underflowing float products (times |alpha|), plus the epilogue's
+    double output_tiny = 0.0;     ///< half the smallest subnormal of D's type
+};
+
+namespace detail {
+inline double gamma_n(double n) {
+    const double u = std::ldexp(1.0, -24);
+    return n * u / (1.0 - n * u);
+}
+template <class Out>
+double output_unit() {
+    if constexpr (std::is_same_v<Out, bf16>) return std::ldexp(1.0, -8);
+    else if constexpr (std::is_same_v<Out, fp16>) return std::ldexp(1.0, -11);
+    else return std::ldexp(1.0, -24);
+}
+template <class Out>
+double output_tiny() {
+    if constexpr (std::is_same_v<Out, bf16>) return std::ldexp(1.0, -134);
+    else if constexpr (std::is_same_v<Out, fp16>) return std::ldexp(1.0, -25);
+    else return std::ldexp(1.0, -150);
+}
+}  // namespace detail
+
+/// The constants of the bound (see the contract at the top) for `backend` on A x B with K columns.
+template <class RA, class RB, class Out = float>
+gemm_numerics gemm_numerics_of(gemm_backend backend, std::size_t K, const gemm_options& opt = {}) {
+    const quant_layout la = quant_layout_of<RA>::make(1, K), lb = quant_layout_of<RB>::make(1, K);
+    const std::size_t P = static_cast<std::size_t>(std::max(opt.promotion_interval, 1));
+    gemm_numerics n;
+    n.output_unit = detail::output_unit<Out>();
+    std::size_t L = detail::gemm_segment(P, la.block_cols, lb.block_cols, K);
+    bool tensor_cores = true;
+    switch (backend) {
+        case gemm_backend::sm90_wgmma: L = std::min<std::size_t>(L, 128); break;
+        case gemm_backend::sm89_mma: break;
+        case gemm_backend::cublaslt:
+            if (gemm_operand_traits<RA>::nvfp4_like) L = K;  // BF16 GEMM on dequantized values, promotion unknown
+            else L = (gemm_operand_traits<RA>::per_tensor || gemm_operand_traits<RA>::per_row) ? K : std::min<std::size_t>(K, 128);
+            break;
+        default: tensor_cores = false; break;
+    }
+    L = std::max<std::size_t>(1, std::min(L, std::max<std::size_t>(K, 1)));
+    n.segment = L;
+    n.segments = (K + L - 1) / L;
+    const double S = static_cast<double>(n.segments);
+    if (tensor_cores) n.accumulation = std::ceil(static_cast<double>(L) / 32.0) * std::ldexp(1.0, -12) + detail::gamma_n(S + 1);
+    else n.accumulation = detail::gamma_n(static_cast<double>(L) + S);
+    n.underflow = (S + 2.0) * static_cast<double>(L) * RA::format::max_finite_d * RB::format::max_finite_d * std::ldexp(1.0, -150) +
+                  std::ldexp(1.0, -148);
+    n.output_tiny = detail::output_tiny<Out>();
+    return n;
+}
+
+/// Bound on |D_ij - exact_ij| where exact_ij = alpha * sum_k dequant(A)_ik dequant(B)_jk + beta C_ij +
+/// bias_j in real arithmetic. abs_products = sum_k |dequant(A)_ik| |dequant(B)_jk|; abs_beta_c =
+/// |beta C_ij|; abs_bias = |bias_j|; abs_exact = |exact_ij|.
+inline double gemm_error_bound(const gemm_numerics& n, double alpha, double abs_products, double abs_beta_c = 0.0,
+                               double abs_bias = 0.0, double abs_exact = 0.0) {
+    const double a = std::fabs(alpha);
+    const double acc_err = a * n.accumulation * abs_products;
+    const double epi = detail::gamma_n(3) * (a * (1.0 + n.accumulation) * abs_products + abs_beta_c + abs_bias);
+    const double before_rounding = acc_err + epi + a * n.underflow;
+    return before_rounding + n.output_unit * (abs_exact + before_rounding) + n.output_tiny;
+}
+
+// ---- argument checks shared by every backend ----------------------------------------------------
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_gemm_output_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+
+template <class T>
+void require_matrix(const matrix_ref<T>& m, const char* fn, const char* arg) {
+    const std::size_t minor = m.order == layout::row_major ? m.cols : m.rows;
+    OCTET_REQUIRE(m.empty() || m.data != nullptr, fn, arg, "is null with a non-zero shape");
+    OCTET_REQUIRE(m.empty() || m.ld >= minor, fn, arg,
+                  message("has ld ", m.ld, " smaller than its ", (m.order == layout::row_major ? "cols " : "rows "), minor));
+}
+
+/// Checks A, B, the options and the shapes of C and D against each other.
+template <class RA, class BA, class RB, class BB, class CT, class DT>
+void check_gemm_args(const quantized_ref<RA, BA>& A, const quantized_ref<RB, BB>& B, const matrix_ref<CT>* C, const matrix_ref<DT>& D,
+                     const gemm_options& opt, bool has_c) {
+    constexpr const char* fn = "octet::scaled_gemm";
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    OCTET_REQUIRE(B.cols() == K, fn, "B",
+                  message("has K = ", B.cols(), " columns but A has K = ", K,
+                          "; both operands are K-major (A is M x K, B is N x K: pass a K x N weight's column-wise copy)"));
+    validate_output(A, M, K, fn, "A");
+    validate_output(B, N, K, fn, "B");
+    OCTET_REQUIRE(D.rows == M && D.cols == N, fn, "D",
+                  message("has shape ", D.rows, " x ", D.cols, " but A B^T is ", M, " x ", N));
+    require_matrix(D, fn, "D");
+    OCTET_REQUIRE(opt.promotion_interval >= 1, fn, "options.promotion_interval",
+                  message("is ", opt.promotion_interval, "; pass a positive number of K elements (128 is DeepSeek-V3's)"));
+    OCTET_REQUIRE(opt.bias.empty() || opt.bias.size() == N, fn, "options.bias",
+                  message("has ", opt.bias.size(), " entries but D has N = ", N, " columns; pass one per output column or none"));
+    OCTET_REQUIRE(opt.bias.empty() || opt.bias.data() != nullptr, fn, "options.bias", "is null with a non-zero size");
+    OCTET_REQUIRE(std::isfinite(opt.alpha) && std::isfinite(opt.beta), fn, "options.alpha/beta", "must be finite");
+    if (has_c) {
+        OCTET_REQUIRE(C->rows == M && C->cols == N, fn, "C", message("has shape ", C->rows, " x ", C->cols, " but D is ", M, " x ", N));
+        require_matrix(*C, fn, "C");
+    } else {
+        OCTET_REQUIRE(opt.beta == 0.0f, fn, "options.beta", "is non-zero but no C was passed; use the overload that takes C");
+    }
+}
+
+}  // namespace detail
+
+// ---- host backend -------------------------------------------------------------------------------
+
+namespace detail {
+
+/// Decodes the codes of rows [r0, r1) of q into float rows of `ld` floats (unscaled), zero-padded.
+template <class R>
+void gemm_decode_rows(const quantized_cref<R>& q, std::size_t r0, std::size_t r1, float* out, std::size_t ld) {
+    using Fmt = typename R::format;
+    const std::size_t K = q.cols();
+    float table[256];
+    for (int c = 0; c < 256; ++c) table[c] = decode<Fmt>(static_cast<std::uint8_t>(c));
+    for (std::size_t i = r0; i < r1; ++i) {
+        float* dst = out + (i - r0) * ld;
+        const std::uint8_t* row = q.data + i * q.layout.row_bytes;
+        if constexpr (Fmt::bits == 8) {
+            for (std::size_t k = 0; k < K; ++k) dst[k] = table[row[k]];
+        } else {
+            for (std::size_t k = 0; k < K; ++k) dst[k] = table[load_code<Fmt>(row, k)];
+        }
+        for (std::size_t k = K; k < ld; ++k) dst[k] = 0.0f;
+    }
+}
+
+/// Effective scales per row and segment: out[i * S + s] = scale of row i over segment s.
+template <class R>
+void gemm_segment_scales(const quantized_cref<R>& q, std::size_t g, std::size_t S, std::vector<float>& out) {
+    const std::size_t rows = q.rows();
+    out.resize(rows * S);
+    const std::size_t br = q.layout.block_rows, bc = q.layout.block_cols;
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t s = 0; s < S; ++s) out[i * S + s] = q.scale(i / br, (s * g) / bc);
+}
+
+template <class T>
+OCTET_HD float load_as_float(const T& v) {
+    if constexpr (std::is_same_v<T, float>) return v;
+    else return to_float(v);
+}
+template <class T>
+OCTET_HD T store_from_float(float v) {
+    if constexpr (std::is_same_v<T, float>) return v;
+    else if constexpr (std::is_same_v<T, bf16>) return to_bf16(v);
+    else return to_fp16(v);
+}
+
+constexpr std::size_t kHostLanes = 8;   // lanes of the partial sums (vectorizes to AVX / 2x SSE)
+constexpr std::size_t kHostMR = 2;      // rows per micro-tile
+constexpr std::size_t kHostNR = 4;      // columns per micro-tile
+constexpr std::size_t kHostTileM = 16;  // a task: 16 rows x 64 columns of D
+constexpr std::size_t kHostTileN = 64;
+
+#if defined(__GNUC__) || defined(__clang__)
+/// 8 float lanes (GCC/Clang vector extension: AVX, or two SSE registers on baseline x86-64).
+typedef float host_lanes __attribute__((vector_size(32)));
+#else
+struct host_lanes {
+    float v[8];
+    float& operator[](std::size_t i) { return v[i]; }
+    float operator[](std::size_t i) const { return v[i]; }
+    host_lanes& operator+=(const host_lanes& o) {
+        for (int i = 0; i < 8; ++i) v[i] += o.v[i];
+        return *this;
+    }
+    friend host_lanes operator*(const host_lanes& a, const host_lanes& b) {
+        host_lanes r;
+        for (int i = 0; i < 8; ++i) r.v[i] = a.v[i] * b.v[i];
+        return r;
+    }
+};
+#endif
+static_assert(sizeof(host_lanes) == kHostLanes * sizeof(float), "host_lanes holds kHostLanes floats");
+
+inline void load_lanes(host_lanes& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+
+/// acc[r][c] = sum over segments of (sum of code products in the segment) * (sA * sB).
+inline void host_micro_tile(const float* const (&a)[kHostMR], const float* const (&b)[kHostNR], const float* const (&sa)[kHostMR],
+                            const float* const (&sb)[kHostNR], std::size_t K, std::size_t g, std::size_t S, float (&acc)[kHostMR][kHostNR]) {
+    for (std::size_t r = 0; r < kHostMR; ++r)
+        for (std::size_t c = 0; c < kHostNR; ++c) acc[r][c] = 0.0f;
+    for (std::size_t s = 0; s < S; ++s) {
+        const std::size_t k0 = s * g, k1 = std::min(K, k0 + g);
+        // Lane-wise partial sums, a fixed-order reduction of the lanes, then the tail. Products of
+        // codes are exact, so a fused multiply-add or not gives the same sums.
+        host_lanes v[kHostMR][kHostNR];
+        std::memset(&v, 0, sizeof v);
+        float tail[kHostMR][kHostNR] = {};
+        std::size_t k = k0;
+        for (; k + kHostLanes <= k1; k += kHostLanes) {
+            host_lanes av[kHostMR], bv[kHostNR];
+            for (std::size_t r = 0; r < kHostMR; ++r) load_lanes(av[r], a[r] + k);
+            for (std::size_t c = 0; c < kHostNR; ++c) load_lanes(bv[c], b[c] + k);
+            for (std::size_t r = 0; r < kHostMR; ++r)
+                for (std::size_t c = 0; c < kHostNR; ++c) v[r][c] += av[r] * bv[c];
+        }
+        for (; k < k1; ++k)
+            for (std::size_t r = 0; r < kHostMR; ++r)
+                for (std::size_t c = 0; c < kHostNR; ++c) tail[r][c] += a[r][k] * b[c][k];
+        for (std::size_t r = 0; r < kHostMR; ++r)
+            for (std::size_t c = 0; c < kHostNR; ++c) {
+                const host_lanes& x = v[r][c];
+                const float p = (((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))) + tail[r][c];
+                const float scale = sa[r][s] * sb[c][s];
+                acc[r][c] += p * scale;
+            }
+    }
+}
+
+/// The host backend: out(i, j) = epilogue(acc(i, j)) for D float, bf16 or fp16.
+template <class RA, class RB, class CT, class DT>
+void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const matrix_ref<const CT>* C,
+                      const matrix_ref<DT>& D, const gemm_options& opt) {
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    if (M == 0 || N == 0) return;
+    const std::size_t P = static_cast<std::size_t>(opt.promotion_interval);
+    const std::size_t g = gemm_segment(P, A.layout.block_cols, B.layout.block_cols, K);
+    const std::size_t S = K == 0 ? 0 : (K + g - 1) / g;
+    const std::size_t ld = (K + kHostLanes - 1) / kHostLanes * kHostLanes;
+
+    // Decoded codes of both operands (unscaled), and the scale of every row over every segment.
+    std::vector<float> a_codes(M * ld), b_codes(N * ld), a_scales, b_scales;
+    parallel_for(ex, M, 64, [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(A, b0, e0, a_codes.data() + b0 * ld, ld); });
+    parallel_for(ex, N, 64, [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(B, b0, e0, b_codes.data() + b0 * ld, ld); });
+    if (S > 0) {
+        gemm_segment_scales(A, g, S, a_scales);
+        gemm_segment_scales(B, g, S, b_scales);
+    }
+    const std::vector<float> zeros(std::max<std::size_t>(ld, 1) + std::max<std::size_t>(S, 1), 0.0f);
+
+    const std::size_t tiles_m = (M + kHostTileM - 1) / kHostTileM, tiles_n = (N + kHostTileN - 1) / kHostTileN;
+    const float alpha = opt.alpha, beta = opt.beta;
+    const float* bias = opt.bias.empty() ? nullptr : opt.bias.data();
+    parallel_for(ex, tiles_m * tiles_n, 1, [&](std::size_t t0, std::size_t t1) {
+        for (std::size_t t = t0; t < t1; ++t) {
+            const std::size_t i0 = (t / tiles_n) * kHostTileM, j0 = (t % tiles_n) * kHostTileN;
+            const std::size_t i1 = std::min(M, i0 + kHostTileM), j1 = std::min(N, j0 + kHostTileN);
+            for (std::size_t i = i0; i < i1; i += kHostMR)
+                for (std::size_t j = j0; j < j1; j += kHostNR) {
+                    const float* a[kHostMR];
+                    const float* sa[kHostMR];
+                    const float* b[kHostNR];
+                    const float* sb[kHostNR];
+                    for (std::size_t r = 0; r < kHostMR; ++r) {
+                        const bool in = i + r < i1;
+                        a[r] = in ? a_codes.data() + (i + r) * ld : zeros.data();
+                        sa[r] = in && S ? a_scales.data() + (i + r) * S : zeros.data();
+                    }
+                    for (std::size_t c = 0; c < kHostNR; ++c) {
+                        const bool in = j + c < j1;
+                        b[c] = in ? b_codes.data() + (j + c) * ld : zeros.data();
+                        sb[c] = in && S ? b_scales.data() + (j + c) * S : zeros.data();
+                    }
+                    float acc[kHostMR][kHostNR];
+                    host_micro_tile(a, b, sa, sb, K, g, S, acc);
+                    for (std::size_t r = 0; r < kHostMR && i + r < i1; ++r)
+                        for (std::size_t c = 0; c < kHostNR && j + c < j1; ++c) {
+                            float v = alpha * acc[r][c];
+                            if (C) v += beta * load_as_float((*C)(i + r, j + c));
+                            if (bias) v += bias[j + c];
+                            D(i + r, j + c) = store_from_float<DT>(v);
+                        }
+                }
+        }
+    });
+}
+
+template <class RA, class BA, class RB, class BB, class CT, class DT>
+gemm_result scaled_gemm_host_entry(host_executor ex, const quantized_ref<RA, BA>& A_in, const quantized_ref<RB, BB>& B_in,
+                                   const matrix_ref<CT>* C_in, const matrix_ref<DT>& D, const gemm_options& opt) {
+    using C0 = std::remove_const_t<CT>;
+    static_assert(is_gemm_output_v<DT>, "octet::scaled_gemm: D must be float, octet::bf16 or octet::fp16 (or a quantized_ref)");
+    static_assert(is_gemm_output_v<C0>, "octet::scaled_gemm: C must be float, octet::bf16 or octet::fp16");
+    check_gemm_args(A_in, B_in, C_in, D, opt, C_in != nullptr);
+    constexpr const char* fn = "octet::scaled_gemm";
+    OCTET_REQUIRE(opt.backend == gemm_backend::automatic || opt.backend == gemm_backend::host, fn, "options.backend",
+                  message("is ", backend_name(opt.backend), ", a CUDA backend; call scaled_gemm with octet::on_stream(s) "
+                          "(octet/gemm/scaled_gemm.cuh) or choose gemm_backend::host"));
+    const quantized_cref<RA> A = A_in;
+    const quantized_cref<RB> B = B_in;
+    gemm_result result;
+    result.backend = gemm_backend::host;
+    if (C_in) {
+        const matrix_ref<const C0> C = *C_in;
+        host_scaled_gemm<RA, RB, C0, DT>(ex, A, B, &C, D, opt);
+    } else {
+        host_scaled_gemm<RA, RB, float, DT>(ex, A, B, nullptr, D, opt);
+    }
+    return result;
+}
+
+}  // namespace detail
+
+/// D = alpha * dequant(A) * dequant(B)^T + bias, on the host (D float, bf16 or fp16).
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D, const gemm_options& opt = {}) {
+    return detail::scaled_gemm_host_entry<RA, BA, RB, BB, const float, DT>(ex, A, B, nullptr, D, opt);
+}
+
+/// D = alpha * dequant(A) * dequant(B)^T + beta * C + bias, on the host. C may be D itself.
+template <class RA, class BA, class RB, class BB, class CT, class DT>
+gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C, matrix_ref<DT> D,
+                        const gemm_options& opt = {}) {
+    return detail::scaled_gemm_host_entry<RA, BA, RB, BB, CT, DT>(ex, A, B, &C, D, opt);
+}
+
+/// Quantized output: the float result alpha * A B^T + bias is quantized into D with recipe RD
+/// (octet::quantize's contract); the result's amax is returned in gemm_result::amax.
+template <class RA, class BA, class RB, class BB, class RD>
+gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D,
+                        const gemm_options& opt = {}) {
+    const std::size_t M = A.rows(), N = B.rows();
+    std::vector<float> tmp(M * N);
+    gemm_result r = scaled_gemm(ex, A, B, matrix_ref<float>(tmp.data(), M, N), opt);
+    r.amax = quantize<RD>(ex, matrix_ref<const float>(tmp.data(), M, N), D).amax;
+    return r;
+}
+
+}  // namespace octet

@@ -1,0 +1,484 @@
+// octet/gemm/sm90_wgmma.cuh: the fast FP8 GEMM for Hopper (sm_90a): wgmma (QGMMA in SASS) on operands
+// that TMA brings into a multi-stage shared-memory ring, warp-specialized, with DeepSeek-V3's
+// promotion of the tensor-core accumulator into float registers every 128 K elements.
+//
+// Serves E4M3/E5M2 operands (any mix) whose float scales change along K only at multiples of 128
+// (per-tensor, per-row, 1x128, 128x128, and any block whose K extent is a multiple of 128), with
+// promotion every 128. Requires 16-byte aligned operand rows (the padded layout of
+// quant_layout_of<R>::make); M, N and K are otherwise free: TMA zero-fills the ragged edges, so a
+// decode-like M = 1 reads no padding (the small-M tile is 64 x 64).
+//
+// Structure of one CTA (persistent: one CTA per SM walks the output tiles in groups of 8 tile-rows,
+// so that concurrently running tiles share A and B in L2):
+//   * warpgroup C (the last 128 threads) produces: it waits until a stage is free (empty mbarrier),
+//     one thread issues two TMA tile loads (A: BM x 128 bytes, B: BN x 128 bytes, 128-byte swizzle)
+//     that complete on the stage's full mbarrier, and the 128 threads write the stage's A scales
+//     (one per row) and B scales (one per column, or one per tile when B's scale blocks cover the
+//     whole tile, as 128x128 and per-tensor do), then arrive on the full mbarrier. It gives away
+//     registers (setmaxnreg.dec 40).
+//   * warpgroups 0..C-1 consume (setmaxnreg.inc 232): each owns 64 rows of the tile, waits for a
+//     stage, reads its scales, issues 4 wgmma m64nBNk32 (K = 128) into the tensor-core accumulator
+//     `frag` (the first with scale-d = 0, which restarts it), waits for them, releases the stage
+//     (one arrival per warp), then promotes: acc += frag * (sA[row] * sB[col]).
+//   * the epilogue writes alpha * acc + beta C + bias straight from registers, while the producer
+//     already loads the next tile's first stages.
+// Every mbarrier wait has a watchdog (about 17 s of clock): a protocol bug traps the kernel instead
+// of hanging the GPU.
+#pragma once
+
+#include <cuda.h>           // CUtensorMap and its enums (header only: octet does not link libcuda)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
+
+#include "octet/gemm/detail/device_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define OCTET_SM90A 1
+#else
+#define OCTET_SM90A 0
+#endif
+
+namespace octet {
+namespace detail {
+
+// ---- PTX wrappers (sm_90a) -------------------------------------------------------------------------
+
+OCTET_DEVICE void mbar_init(std::uint32_t bar, std::uint32_t count) {
+#if OCTET_SM90A
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+OCTET_DEVICE void mbar_fence_init() {
+#if OCTET_SM90A
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+OCTET_DEVICE void mbar_arrive(std::uint32_t bar) {
+#if OCTET_SM90A
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+OCTET_DEVICE void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+#if OCTET_SM90A
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/// Waits until the phase of parity `parity` has completed. Traps after about 2^35 clocks.
+OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+#if OCTET_SM90A
+    std::uint32_t done = 0, spins = 0;
+    long long start = 0;
+    while (true) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+        if (done) break;
+        if ((++spins & 0x3FFu) == 0) {
+            const long long now = clock64();
+            if (start == 0) start = now;
+            else if (now - start > (1ll << 35)) __trap();
+        }
+    }
+#endif
+}
+OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t inner, std::int32_t outer, std::uint32_t bar) {
+#if OCTET_SM90A
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<std::uint64_t>(map)), "r"(inner), "r"(outer), "r"(bar)
+        : "memory");
+#endif
+}
+OCTET_DEVICE void tma_prefetch_map(const CUtensorMap* map) {
+#if OCTET_SM90A
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+#endif
+}
+template <int N>
+OCTET_DEVICE void setmaxnreg_inc() {
+#if OCTET_SM90A
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+OCTET_DEVICE void setmaxnreg_dec() {
+#if OCTET_SM90A
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+OCTET_DEVICE void wgmma_fence() {
+#if OCTET_SM90A
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+OCTET_DEVICE void wgmma_commit() {
+#if OCTET_SM90A
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+OCTET_DEVICE void wgmma_wait_all() {
+#if OCTET_SM90A
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+/// Keeps the compiler from moving accesses of an accumulator register across wgmma fences.
+OCTET_DEVICE void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/// Shared-memory matrix descriptor of a K-major tile whose rows are 128 bytes, 128-byte swizzled
+/// (what TMA's SWIZZLE_128B writes): 8-row groups 1024 bytes apart (SBO), no leading offset.
+OCTET_DEVICE std::uint64_t sm90_smem_desc(std::uint32_t smem_addr) {
+    std::uint64_t d = 0;
+    d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFFu) >> 4);  // start address (bits 0-13)
+    d |= static_cast<std::uint64_t>(1024u >> 4) << 32;              // stride byte offset (bits 32-45)
+    d |= static_cast<std::uint64_t>(1u) << 62;                      // layout: 128-byte swizzle
+    return d;
+}
+
+/// wgmma m64n128k32, both operands from shared memory (K-major, 128-byte swizzle), f32 accumulate:
+/// d = a * b + (accumulate ? d : 0).
+template <class FA, class FB>
+OCTET_DEVICE void wgmma_m64n128k32(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t accumulate) {
+#if OCTET_SM90A
+#define OCTET_WGMMA(TA, TB)                                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32." TA "." TB " "                             \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"                                                 \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                                   \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>) OCTET_WGMMA("e4m3", "e4m3");
+    else if constexpr (std::is_same_v<FA, e4m3>) OCTET_WGMMA("e4m3", "e5m2");
+    else if constexpr (std::is_same_v<FB, e4m3>) OCTET_WGMMA("e5m2", "e4m3");
+    else OCTET_WGMMA("e5m2", "e5m2");
+#undef OCTET_WGMMA
+#endif
+}
+
+/// wgmma m64n64k32, both operands from shared memory (K-major, 128-byte swizzle), f32 accumulate:
+/// d = a * b + (accumulate ? d : 0).
+template <class FA, class FB>
+OCTET_DEVICE void wgmma_m64n64k32(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t accumulate) {
+#if OCTET_SM90A
+#define OCTET_WGMMA(TA, TB)                                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32." TA "." TB " "                             \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"                                                 \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                                   \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>) OCTET_WGMMA("e4m3", "e4m3");
+    else if constexpr (std::is_same_v<FA, e4m3>) OCTET_WGMMA("e4m3", "e5m2");
+    else if constexpr (std::is_same_v<FB, e4m3>) OCTET_WGMMA("e5m2", "e4m3");
+    else OCTET_WGMMA("e5m2", "e5m2");
+#undef OCTET_WGMMA
+#endif
+}
+
+// ---- the kernel -------------------------------------------------------------------------------------
+
+template <int BM_, int BN_, int Stages_>
+struct sm90_config {
+    static constexpr int BM = BM_, BN = BN_, BK = 128, stages = Stages_;
+    static constexpr int consumers = BM / 64;  ///< math warpgroups, 64 rows each
+    static constexpr int threads = (consumers + 1) * 128;
+    static constexpr int a_stage_bytes = BM * BK, b_stage_bytes = BN * BK;
+    static constexpr int smem_bytes = 1024 /* alignment slack */ + stages * (a_stage_bytes + b_stage_bytes) + stages * (BM + BN) * 4 +
+                                      2 * stages * 8;
+    static constexpr bool reconfigure_registers = consumers == 2;
+    static constexpr int producer_regs = 40, consumer_regs = 232;
+};
+using sm90_large = sm90_config<128, 128, 6>;  // 6 x 32 KB stages
+using sm90_small = sm90_config<64, 64, 8>;    // 8 x 16 KB stages, for small M and few tiles
+
+template <class CT, class DT>
+struct sm90_params {
+    std::uint32_t M, N, K, num_kb, tiles_m, tiles_n;
+    const float* sa;  ///< A's scales: value(row, kb) = sa[(kb * 128 / sa_bc) * sa_ld + row / sa_br]
+    std::uint32_t sa_ld, sa_br, sa_bc;
+    const float* sb;  ///< B's scales, the same with B's rows (= columns of D)
+    std::uint32_t sb_ld, sb_br, sb_bc;
+    device_epilogue<CT, DT> epi;
+};
+
+/// Tile t of a grouped raster: groups of 8 tile-rows, N fastest within a group's column sweep.
+OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::uint32_t tiles_n, std::uint32_t& mb, std::uint32_t& nb) {
+    constexpr std::uint32_t G = 8;
+    const std::uint32_t group = t / (G * tiles_n);
+    const std::uint32_t first = group * G;
+    const std::uint32_t gm = min(G, tiles_m - first);
+    const std::uint32_t in = t - group * G * tiles_n;
+    mb = first + in % gm;
+    nb = in / gm;
+}
+
+template <int BN, class FA, class FB>
+OCTET_DEVICE void sm90_wgmma(float (&frag)[BN / 2], std::uint64_t da, std::uint64_t db, std::uint32_t accumulate) {
+    if constexpr (BN == 128) wgmma_m64n128k32<FA, FB>(frag, da, db, accumulate);
+    else wgmma_m64n64k32<FA, FB>(frag, da, db, accumulate);
+}
+
+template <class FA, class FB, class Cfg, bool kScalarB, class CT, class DT>
+__global__ void __launch_bounds__(Cfg::threads, 1)
+    sm90_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                     const __grid_constant__ sm90_params<CT, DT> p) {
+#if OCTET_SM90A
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, S = Cfg::stages;
+    extern __shared__ __align__(1024) std::uint8_t gemm90_smem[];
+    std::uint8_t* smem = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(gemm90_smem) + 1023) & ~std::uintptr_t{1023});
+    std::uint8_t* const sA = smem;                               // (S, BM, 128) swizzled
+    std::uint8_t* const sB = smem + S * Cfg::a_stage_bytes;      // (S, BN, 128) swizzled
+    float* const sSA = reinterpret_cast<float*>(sB + S * Cfg::b_stage_bytes);  // (S, BM)
+    float* const sSB = sSA + S * BM;                                            // (S, BN)
+    std::uint64_t* const full = reinterpret_cast<std::uint64_t*>(sSB + S * BN);  // (S)
+    std::uint64_t* const empty = full + S;                                        // (S)
+
+    const std::uint32_t tid = threadIdx.x;
+    const std::uint32_t wg = tid / 128;
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(smem_u32(full + s), 128);                 // every producer thread arrives
+            mbar_init(smem_u32(empty + s), Cfg::consumers * 4);  // one arrival per consumer warp
+        }
+        mbar_fence_init();
+    }
+    if (tid == Cfg::consumers * 128) {
+        tma_prefetch_map(&tma_a);
+        tma_prefetch_map(&tma_b);
+    }
+    __syncthreads();
+
+    const std::uint32_t tiles = p.tiles_m * p.tiles_n;
+    if (wg == Cfg::consumers) {
+        // ---- producer warpgroup ----
+        if constexpr (Cfg::reconfigure_registers) setmaxnreg_dec<Cfg::producer_regs>();
+        const std::uint32_t ptid = tid - Cfg::consumers * 128;
+        std::uint32_t stage = 0, phase = 0;
+        for (std::uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+            std::uint32_t mb, nb;
+            sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
+            const std::uint32_t m0 = mb * BM, n0 = nb * BN;
+            for (std::uint32_t kb = 0; kb < p.num_kb; ++kb) {
+                mbar_wait(smem_u32(empty + stage), phase ^ 1u);
+                const std::uint32_t bar = smem_u32(full + stage);
+                if (ptid == 0) {
+                    tma_load_2d(smem_u32(sA + stage * Cfg::a_stage_bytes), &tma_a, static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(m0), bar);
+                    tma_load_2d(smem_u32(sB + stage * Cfg::b_stage_bytes), &tma_b, static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
+                }
+                const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
+                const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
+                for (std::uint32_t r = ptid; r < static_cast<std::uint32_t>(BM); r += 128) {
+                    const std::uint32_t row = m0 + r;
+                    sSA[stage * BM + r] = row < p.M ? __ldg(p.sa + a_col + row / p.sa_br) : 0.0f;
+                }
+                if constexpr (kScalarB) {
+                    if (ptid == 0) sSB[stage * BN] = __ldg(p.sb + b_col + n0 / p.sb_br);
+                } else {
+                    for (std::uint32_t c = ptid; c < static_cast<std::uint32_t>(BN); c += 128) {
+                        const std::uint32_t n = n0 + c;
+                        sSB[stage * BN + c] = n < p.N ? __ldg(p.sb + b_col + n / p.sb_br) : 0.0f;
+                    }
+                }
+                if (ptid == 0) mbar_arrive_expect_tx(bar, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
+                else mbar_arrive(bar);
+                if (++stage == static_cast<std::uint32_t>(S)) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+        }
+    } else {
+        // ---- consumer (math) warpgroups ----
+        if constexpr (Cfg::reconfigure_registers) setmaxnreg_inc<Cfg::consumer_regs>();
+        const std::uint32_t lane = tid % 32, warp = (tid / 32) % 4;
+        const std::uint32_t row_in_wg = warp * 16 + lane / 4;  // and row_in_wg + 8
+        const std::uint32_t col_in_8 = (lane % 4) * 2;          // and + 1, in each 8-column chunk
+        float acc[BN / 2], frag[BN / 2];
+        OCTET_UNROLL
+        for (int i = 0; i < BN / 2; ++i) frag[i] = 0.0f;
+        std::uint32_t stage = 0, phase = 0;
+        for (std::uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+            std::uint32_t mb, nb;
+            sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
+            OCTET_UNROLL
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+            for (std::uint32_t kb = 0; kb < p.num_kb; ++kb) {
+                mbar_wait(smem_u32(full + stage), phase);
+                const float sa0 = sSA[stage * BM + wg * 64 + row_in_wg];
+                const float sa1 = sSA[stage * BM + wg * 64 + row_in_wg + 8];
+                float sb[kScalarB ? 1 : BN / 4];
+                if constexpr (kScalarB) {
+                    sb[0] = sSB[stage * BN];
+                } else {
+                    OCTET_UNROLL
+                    for (int j = 0; j < BN / 8; ++j) {
+                        const float2 v = *reinterpret_cast<const float2*>(sSB + stage * BN + j * 8 + col_in_8);
+                        sb[2 * j] = v.x;
+                        sb[2 * j + 1] = v.y;
+                    }
+                }
+                const std::uint64_t da = sm90_smem_desc(smem_u32(sA + stage * Cfg::a_stage_bytes + wg * 64 * BK));
+                const std::uint64_t db = sm90_smem_desc(smem_u32(sB + stage * Cfg::b_stage_bytes));
+                OCTET_UNROLL
+                for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
+                wgmma_fence();
+                OCTET_UNROLL
+                for (int k = 0; k < BK / 32; ++k)  // 32 K-bytes per wgmma: +2 in the descriptor's address field
+                    sm90_wgmma<BN, FA, FB>(frag, da + 2u * k, db + 2u * k, k > 0 ? 1u : 0u);
+                wgmma_commit();
+                OCTET_UNROLL
+                for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
+                wgmma_wait_all();
+                OCTET_UNROLL
+                for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(smem_u32(empty + stage));  // this warp is done with the stage
+                // promotion: acc += frag * (sA * sB)
+                if constexpr (kScalarB) {
+                    const float s0 = sa0 * sb[0], s1 = sa1 * sb[0];
+                    OCTET_UNROLL
+                    for (int j = 0; j < BN / 8; ++j) {
+                        acc[4 * j + 0] += frag[4 * j + 0] * s0;
+                        acc[4 * j + 1] += frag[4 * j + 1] * s0;
+                        acc[4 * j + 2] += frag[4 * j + 2] * s1;
+                        acc[4 * j + 3] += frag[4 * j + 3] * s1;
+                    }
+                } else {
+                    OCTET_UNROLL
+                    for (int j = 0; j < BN / 8; ++j) {
+                        acc[4 * j + 0] += frag[4 * j + 0] * (sa0 * sb[2 * j]);
+                        acc[4 * j + 1] += frag[4 * j + 1] * (sa0 * sb[2 * j + 1]);
+                        acc[4 * j + 2] += frag[4 * j + 2] * (sa1 * sb[2 * j]);
+                        acc[4 * j + 3] += frag[4 * j + 3] * (sa1 * sb[2 * j + 1]);
+                    }
+                }
+                if (++stage == static_cast<std::uint32_t>(S)) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+            const std::uint32_t r0 = mb * BM + wg * 64 + row_in_wg;
+            OCTET_UNROLL
+            for (int j = 0; j < BN / 8; ++j) {
+                const std::uint32_t n = nb * BN + j * 8 + col_in_8;
+                p.epi.store2(r0, n, acc[4 * j + 0], acc[4 * j + 1]);
+                p.epi.store2(r0 + 8, n, acc[4 * j + 2], acc[4 * j + 3]);
+            }
+        }
+    }
+#endif
+}
+
+/// Writes 1 when this binary holds sm_90a code (wgmma, setmaxnreg) for the running device.
+__global__ void sm90a_probe_kernel(int* flag) {
+#if OCTET_SM90A
+    *flag = 1;
+#endif
+}
+
+inline bool sm90a_available() {
+    if (device_arch() != 90) return false;
+    return probe_once([](int* f) { sm90a_probe_kernel<<<1, 1>>>(f); });
+}
+
+// ---- host side: tensor maps and launch --------------------------------------------------------------
+
+using tensor_map_encode_fn = PFN_cuTensorMapEncodeTiled_v12000;
+
+/// cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda needed).
+inline tensor_map_encode_fn tensor_map_encoder() {
+    static const tensor_map_encode_fn fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        OCTET_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || p == nullptr)
+            throw error("octet::scaled_gemm: the CUDA driver has no cuTensorMapEncodeTiled (needs a CUDA 12 driver)");
+        return reinterpret_cast<tensor_map_encode_fn>(p);
+    }();
+    return fn;
+}
+
+/// A TMA map over an operand's codes: rows x K bytes, rows `row_bytes` apart, boxes of box_rows x 128
+/// bytes with the 128-byte swizzle (zero fill outside the matrix).
+inline CUtensorMap sm90_operand_map(const std::uint8_t* data, std::size_t rows, std::size_t K, std::size_t row_bytes, std::uint32_t box_rows) {
+    CUtensorMap map{};
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+    const cuuint32_t box[2] = {128u, box_rows};
+    const cuuint32_t elem[2] = {1u, 1u};
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data), dims, strides, box, elem,
+                                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw error(message("octet::scaled_gemm: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for a ", rows, " x ", K,
+                            " operand with row_bytes ", row_bytes));
+    return map;
+}
+
+/// Which sm90 tile to use: the large tile when it fills the GPU, else the small one.
+inline gemm_tile sm90_pick_tile(std::size_t M, std::size_t N, gemm_tile requested) {
+    if (requested != gemm_tile::automatic) return requested;
+    const double sms = static_cast<double>(cuda::multiprocessor_count());
+    auto waves = [&](std::size_t bm, std::size_t bn) {
+        return std::ceil(static_cast<double>(((M + bm - 1) / bm) * ((N + bn - 1) / bn)) / sms);
+    };
+    // time ~ waves x work per tile; a 64 x 64 tile does a quarter of the work at about 70% of the
+    // efficiency of a 128 x 128 tile (less reuse of each byte loaded).
+    const double large = waves(128, 128) * 4.0, small = waves(64, 64) * 1.0 / 0.7;
+    return small < large ? gemm_tile::m64n64 : gemm_tile::m128n128;
+}
+
+template <class RA, class RB, class Cfg, class CT, class DT>
+void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const device_epilogue<CT, DT>& epi) {
+    using FA = typename RA::format;
+    using FB = typename RB::format;
+    // B's scale is one value per tile when its blocks span whole tiles along N (128x128, per-tensor).
+    constexpr std::size_t b_rows = RB::granularity::rows;
+    constexpr bool scalar_b = b_rows == full || (b_rows % static_cast<std::size_t>(Cfg::BN) == 0);
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    sm90_params<CT, DT> p{};
+    p.M = static_cast<std::uint32_t>(M);
+    p.N = static_cast<std::uint32_t>(N);
+    p.K = static_cast<std::uint32_t>(K);
+    p.num_kb = static_cast<std::uint32_t>((K + Cfg::BK - 1) / Cfg::BK);
+    p.tiles_m = static_cast<std::uint32_t>((M + Cfg::BM - 1) / Cfg::BM);
+    p.tiles_n = static_cast<std::uint32_t>((N + Cfg::BN - 1) / Cfg::BN);
+    p.sa = reinterpret_cast<const float*>(A.scales);
+    p.sa_ld = static_cast<std::uint32_t>(A.layout.scale_ld);
+    p.sa_br = static_cast<std::uint32_t>(A.layout.block_rows);
+    p.sa_bc = static_cast<std::uint32_t>(A.layout.block_cols);
+    p.sb = reinterpret_cast<const float*>(B.scales);
+    p.sb_ld = static_cast<std::uint32_t>(B.layout.scale_ld);
+    p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
+    p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
+    p.epi = epi;
+    const CUtensorMap ma = sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
+    const CUtensorMap mb = sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
+
+    auto kernel = sm90_gemm_kernel<FA, FB, Cfg, scalar_b, CT, DT>;
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+    if constexpr (Cfg::reconfigure_registers) {
+        // setmaxnreg moves registers inside the CTA's allocation; the allocation must hold them all.
+        cudaFuncAttributes attr{};
+        OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+        OCTET_REQUIRE(attr.numRegs * Cfg::threads >= Cfg::producer_regs * 128 + Cfg::consumer_regs * 128 * Cfg::consumers,
+                      "octet::scaled_gemm", "options.backend",
+                      message("sm90_wgmma: the kernel was compiled with ", attr.numRegs, " registers per thread, too few for its ",
+                              "register reconfiguration; use gemm_backend::sm89_mma"));
+    }
+    const std::size_t tiles = static_cast<std::size_t>(p.tiles_m) * p.tiles_n;
+    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(tiles, static_cast<std::size_t>(cuda::multiprocessor_count())));
+    kernel<<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(ma, mb, p);
+    OCTET_CUDA_CHECK_LAUNCH();
+}
+
+template <class RA, class RB, class CT, class DT>
+void launch_sm90(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const device_epilogue<CT, DT>& epi,
+                 gemm_tile tile) {
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    if (M == 0 || N == 0) return;
+    OCTET_REQUIRE(M < (1u << 31) && N < (1u << 31) && K < (1u << 31), "octet::scaled_gemm", "A/B", "has a dimension of 2^31 or more");
+    if (sm90_pick_tile(M, N, tile) == gemm_tile::m64n64) launch_sm90_config<RA, RB, sm90_small>(stream, A, B, epi);
+    else launch_sm90_config<RA, RB, sm90_large>(stream, A, B, epi);
+}
+
+}  // namespace detail
+}  // namespace octet
