@@ -2,6 +2,8 @@
 // CUDA entry points are in the .cuh headers next to each .hpp.
 #pragma once
 
+#include "octet/attention/attention.hpp"
+#include "octet/attention/rules.hpp"
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
 #include "octet/core/check.hpp"

@@ -1,0 +1,944 @@
+// octet/attention/attention.cuh: FP8 attention forward and backward on a CUDA stream (sm_89+:
+// FP8 mma.sync; built for sm_90a and sm_89).
+//
+//   octet::attention_forward(octet::on_stream(s), shape, q, k, v, o, lse, opt);
+//   octet::attention_backward(octet::on_stream(s), shape, q, k, v, o, lse, dout, dq, dk, dv, workspace, bopt, device_stats);
+//
+// Same arguments, layout and numerics as the host overloads in attention.hpp (which see), with
+// device memory everywhere, plus: `shape.device_cu_seqlens_q/_k` (device copies of the offsets),
+// and for the backward a float workspace of attention_backward_workspace_for(shape).floats
+// (row arrays and the float dQ accumulator; its row arrays hold the per-row telemetry afterwards,
+// see attention_row_array) and, optionally, `device_stats`: one attention_stats in device memory
+// that receives the telemetry summary (with options.telemetry). Nothing is synchronized.
+//
+// Kernels (FlashAttention-2 structure, one 64-row tile per block of 4 warps, 16 rows per warp):
+//   forward:  block = (64-query tile, head, sequence); loops over 64-key tiles (double-buffered
+//             cp.async), S = Q K^T and O += P V on FP8 tensor cores, online softmax in registers.
+//   delta:    from_output: one warp per query row (rowsum(dO * O)); matched: block = (query tile,
+//             head, sequence) recomputing S^T and dP^T tile by tile with the very code the
+//             gradient kernel uses (tile_p_dp), so D_i = sum_j P_ij dP_ij is formed from the same
+//             bits as the dS it enters.
+//   gradient: block = (64-key tile, key/value head, sequence); loops over the query heads of its
+//             group and their 64-query tiles; dK and dV stay in registers, dQ goes to a float
+//             accumulator with atomics (converted to the output type at the end).
+// Head dims 64 and 128. P and dS reach the next product through registers (see detail/tiles.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "octet/attention/attention.hpp"
+#include "octet/attention/detail/tiles.cuh"
+#include "octet/cuda/check.cuh"
+#include "octet/cuda/executor.cuh"
+#include "octet/cuda/launch.cuh"
+
+namespace octet {
+namespace attn_kernel {
+
+// ================================================================================================
+// Forward
+// ================================================================================================
+
+template <class QR, class KR, class VR, class OT>
+struct fwd_params {
+    quantized_cref<QR> q;
+    quantized_cref<KR> k;
+    quantized_cref<VR> v;
+    OT* o;
+    std::size_t o_ld;
+    float* lse;
+    const std::int32_t* cu_q;
+    const std::int32_t* cu_k;
+    int hq, group, total_q;
+    float scale_log2;
+    bool causal;
+};
+
+template <int D>
+constexpr int fwd_smem_bytes() {
+    return kTile * D * 6 + 4 * kTile * 4;  // Q, K x2, V x2, V^T; k and v scales x2
+}
+
+/// The scale of token `tok`, head `h` (channels h*D .. h*D + D-1) of an FP8 operand.
+template <class R>
+__device__ __forceinline__ float token_scale(const quantized_cref<R>& x, std::size_t tok, int h, int D) {
+    return x.scale(tok / x.layout.block_rows, static_cast<std::size_t>(h) * D / x.layout.block_cols);
+}
+
+template <int D, class QR, class KR, class VR, class OT>
+__global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
+    using QF = typename QR::format;
+    using KF = typename KR::format;
+    using VF = typename VR::format;
+    extern __shared__ __align__(128) std::uint8_t smem[];
+    std::uint8_t* sQ = smem;                     // (64, D)
+    std::uint8_t* sK = sQ + kTile * D;           // 2 x (64, D)
+    std::uint8_t* sV = sK + 2 * kTile * D;       // 2 x (64, D)
+    std::uint8_t* sVt = sV + 2 * kTile * D;      // (D, 64), keys permuted
+    float* sKs = reinterpret_cast<float*>(sVt + kTile * D);  // 2 x 64 key scales
+    float* sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
+
+    const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
+    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+    if (qt * kTile >= lq) return;
+    const int hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
+    const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
+
+    load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+    if (ntiles > 0) {
+        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
+        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
+    }
+    cp_async_commit();
+    // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
+    auto fetch_scale = [&](int jt) -> float {
+        const int j = jt * kTile + (tid & 63);
+        if (j >= lk) return 0.0f;
+        return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
+    };
+    float scale_next = ntiles > 0 ? fetch_scale(0) : 0.0f;
+
+    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0), qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
+    float qf[2];
+    for (int r = 0; r < 2; ++r)
+        qf[r] = row[r] < lq ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2) : 0.0f;
+
+    float o[D / 8][4];
+    OCTET_UNROLL
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
+    std::uint32_t qa[D / 32][4];
+
+    for (int jt = 0; jt < ntiles; ++jt) {
+        const int st = jt & 1;
+        cp_async_wait_all();
+        (tid < 64 ? sKs : sVs)[st * kTile + (tid & 63)] = scale_next;
+        __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with tile jt - 1
+        if (jt == 0) {
+            OCTET_UNROLL
+            for (int ks = 0; ks < D / 32; ++ks) load_a<D>(qa[ks], sQ, warp * 16, ks, lane);
+        }
+        if (jt + 1 < ntiles) {
+            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
+            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
+            scale_next = fetch_scale(jt + 1);
+        }
+        cp_async_commit();
+        transpose_tile<D>(sV + st * kTile * D, sVt);
+
+        // S = Q K^T: (16, 64) per warp
+        float s[8][4];
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        OCTET_UNROLL
+        for (int ks = 0; ks < D / 32; ++ks) {
+            OCTET_UNROLL
+            for (int np = 0; np < 4; ++np) {
+                std::uint32_t bk[2][2];
+                load_b2<D>(bk, sK + st * kTile * D, 16 * np, ks, lane);
+                mma<QF, KF>(s[2 * np], qa[ks], bk[0]);
+                mma<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
+            }
+        }
+        const float* ksc = sKs + st * kTile;
+        const float* vsc = sVs + st * kTile;
+        float mt[2] = {attn::neg_inf(), attn::neg_inf()};
+        const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                const int col = attn_frag::c_col(lane, n, e), j = jt * kTile + col;
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r) {
+                    const float x = whole || attn::visible(row[r], j, lq, lk, p.causal) ? attn::score(s[n][2 * r + e], qf[r], ksc[col])
+                                                                                       : attn::neg_inf();
+                    s[n][2 * r + e] = x;
+                    mt[r] = attn::fmax(mt[r], x);
+                }
+            }
+        float mv = attn::fmax(vsc[lane], vsc[lane + 32]);
+        OCTET_UNROLL
+        for (int off = 16; off > 0; off >>= 1) mv = attn::fmax(mv, shfl_xor(mv, off));
+        float alpha[2];
+        OCTET_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            mt[r] = attn::fmax(mt[r], shfl_xor(mt[r], 1));
+            mt[r] = attn::fmax(mt[r], shfl_xor(mt[r], 2));
+            const float m_new = attn::fmax(m[r], mt[r]);
+            const float mu = attn::usable_max(m_new);
+            alpha[r] = attn::exp2(attn::sub(m[r], mu));
+            float rs = 0.0f;
+            OCTET_UNROLL
+            for (int n = 0; n < 8; ++n)
+                OCTET_UNROLL
+                for (int e = 0; e < 2; ++e) {
+                    const float pv = attn::exp2(attn::sub(s[n][2 * r + e], mu));
+                    rs = attn::add(rs, pv);
+                    s[n][2 * r + e] = attn::mul(pv, attn::scale_ratio(vsc[attn_frag::c_col(lane, n, e)], mv));
+                }
+            l[r] = attn::fma(l[r], alpha[r], rs);
+            m[r] = m_new;
+        }
+        // P codes as A fragments of the P V product (attn_frag::a_source)
+        std::uint32_t pa[2][4];
+        OCTET_UNROLL
+        for (int ks2 = 0; ks2 < 2; ++ks2)
+            OCTET_UNROLL
+            for (int reg = 0; reg < 4; ++reg) {
+                std::uint32_t c[4];
+                OCTET_UNROLL
+                for (int b = 0; b < 4; ++b) {
+                    const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                    c[b] = attn::encode_p(s[src.n][src.x]);
+                }
+                pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
+            }
+        __syncthreads();  // V^T ready
+        const float cv = attn::mul(mv, attn::p_scale);
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd) {
+            std::uint32_t bv[2][2];
+            load_bt(bv, sVt, 8 * nd, lane);
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma<e4m3, VF>(acc, pa[0], bv[0]);
+            mma<e4m3, VF>(acc, pa[1], bv[1]);
+            OCTET_UNROLL
+            for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, acc[x]));
+        }
+    }
+
+    cp_async_wait_all();  // nothing may be in flight at exit (ntiles == 0 leaves Q's copy)
+    OCTET_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        l[r] = attn::add(l[r], shfl_xor(l[r], 1));
+        l[r] = attn::add(l[r], shfl_xor(l[r], 2));
+        if (row[r] >= lq) continue;
+        const float inv = l[r] > 0.0f ? attn::div(1.0f, l[r]) : 0.0f;
+        OT* orow = p.o + static_cast<std::size_t>(q0 + row[r]) * p.o_ld + static_cast<std::size_t>(h) * D;
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) orow[attn_frag::c_col(lane, nd, e)] = detail::attention_store<OT>(attn::mul(o[nd][2 * r + e], inv));
+        if (t == 0) p.lse[static_cast<std::size_t>(h) * p.total_q + q0 + row[r]] = attn::log_sum_exp(m[r], l[r]);
+    }
+}
+
+// ================================================================================================
+// Backward: the shared tile of P and dP
+// ================================================================================================
+
+/// P^T and dP^T of one (64-key, 64-query) tile for this warp's 16 keys, exactly as both the matched
+/// delta kernel and the gradient kernel form them. Element [n][2r + e] is key row g + 8r of the
+/// warp, query column 8n + 2t + e of the tile.
+template <int D, class QF, class KF, class VF, class DF>
+__device__ __forceinline__ void tile_p_dp(const std::uint8_t* sK, const std::uint8_t* sV, const std::uint8_t* sQ, const std::uint8_t* sdO,
+                                          const float* sQf, const float* sLc, const float* sDOs, const float (&sk)[2], const float (&sv)[2],
+                                          int warp, int lane, int qrow0, int krow0, int lq, int lk, bool causal, float (&pp)[8][4],
+                                          float (&dp)[8][4]) {
+    OCTET_UNROLL
+    for (int n = 0; n < 8; ++n)
+        OCTET_UNROLL
+        for (int x = 0; x < 4; ++x) pp[n][x] = dp[n][x] = 0.0f;
+    OCTET_UNROLL
+    for (int ks = 0; ks < D / 32; ++ks) {
+        std::uint32_t ak[4], av[4];
+        load_a<D>(ak, sK, 16 * warp, ks, lane);
+        load_a<D>(av, sV, 16 * warp, ks, lane);
+        OCTET_UNROLL
+        for (int np = 0; np < 4; ++np) {
+            std::uint32_t bq[2][2], bd[2][2];
+            load_b2<D>(bq, sQ, 16 * np, ks, lane);
+            mma<KF, QF>(pp[2 * np], ak, bq[0]);
+            mma<KF, QF>(pp[2 * np + 1], ak, bq[1]);
+            load_b2<D>(bd, sdO, 16 * np, ks, lane);
+            mma<VF, DF>(dp[2 * np], av, bd[0]);
+            mma<VF, DF>(dp[2 * np + 1], av, bd[1]);
+        }
+    }
+    const bool whole = attn::tile_all_visible(qrow0, krow0, lq, lk, causal);  // no mask test inside
+    OCTET_UNROLL
+    for (int n = 0; n < 8; ++n)
+        OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            const int col = attn_frag::c_col(lane, n, e);
+            OCTET_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                const int j = krow0 + 16 * warp + attn_frag::c_row(lane, 2 * r);
+                const float x = attn::score(pp[n][2 * r + e], sQf[col], sk[r]);
+                pp[n][2 * r + e] = whole || attn::visible(qrow0 + col, j, lq, lk, causal) ? attn::exp2(attn::sub(x, sLc[col])) : 0.0f;
+                dp[n][2 * r + e] = attn::dprob(dp[n][2 * r + e], sDOs[col], sv[r]);
+            }
+        }
+}
+
+template <class QR, class KR, class VR, class DR>
+struct bwd_inputs {
+    quantized_cref<QR> q;
+    quantized_cref<KR> k;
+    quantized_cref<VR> v;
+    quantized_cref<DR> dout;
+    const float* lse;
+    const std::int32_t* cu_q;
+    const std::int32_t* cu_k;
+    int hq, group, total_q;
+    float scale, scale_log2;
+    bool causal;
+};
+
+/// Per-query row vectors of a query tile: the thread's share (tid & 63 is the row; tid < 64 loads
+/// L log2 e and D, tid >= 64 the q and dO scales).
+struct qrow_values {
+    float a = 0.0f, b = 0.0f;
+};
+template <int D, class QR, class KR, class VR, class DR>
+__device__ __forceinline__ qrow_values fetch_qrow(const bwd_inputs<QR, KR, VR, DR>& p, const float* delta, int q0, int lq, int h, int qt) {
+    qrow_values v;
+    const int tid = threadIdx.x, i = qt * kTile + (tid & 63);
+    const std::size_t r = static_cast<std::size_t>(h) * p.total_q + q0 + i;
+    if (tid < 64) {
+        v.a = i < lq ? attn::mul(p.lse[r], attn::log2e) : attn::pos_inf();
+        v.b = (i < lq && delta) ? delta[r] : 0.0f;
+    } else if (i < lq) {
+        v.a = token_scale(p.q, static_cast<std::size_t>(q0 + i), h, D);
+        v.b = token_scale(p.dout, static_cast<std::size_t>(q0 + i), h, D);
+    }
+    return v;
+}
+
+// ================================================================================================
+// Backward: D
+// ================================================================================================
+
+template <int D>
+constexpr int delta_smem_bytes() {
+    return kTile * D * 6 + (3 + 4 * 4) * kTile * 4;  // Q, dO, K x2, V x2; 3 row vectors, 4 x 64 reduction
+}
+
+template <int D, class QR, class KR, class VR, class DR>
+__global__ void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inputs<QR, KR, VR, DR> p, float* delta) {
+    extern __shared__ __align__(128) std::uint8_t smem[];
+    std::uint8_t* sQ = smem;
+    std::uint8_t* sdO = sQ + kTile * D;
+    std::uint8_t* sK = sdO + kTile * D;     // 2 stages
+    std::uint8_t* sV = sK + 2 * kTile * D;  // 2 stages
+    float* sQf = reinterpret_cast<float*>(sV + 2 * kTile * D);
+    float* sLc = sQf + kTile;
+    float* sDOs = sLc + kTile;
+    float* sRed = sDOs + kTile;  // (4, 64)
+
+    const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;
+    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+    if (qt * kTile >= lq) return;
+    const int hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
+
+    load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+    load_tile_async<D>(sdO, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+    if (ntiles > 0) {
+        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
+        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
+    }
+    cp_async_commit();
+    {
+        const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt);
+        if (tid < 64) sLc[tid] = v.a;
+        else {
+            sQf[tid - 64] = attn::query_factor(v.a, p.scale_log2);
+            sDOs[tid - 64] = v.b;
+        }
+    }
+    auto fetch_kv = [&](int jt, float (&sk)[2], float (&sv)[2]) {
+        for (int r = 0; r < 2; ++r) {
+            const int j = jt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+            sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+            sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+        }
+    };
+    float sk_next[2] = {0.0f, 0.0f}, sv_next[2] = {0.0f, 0.0f};
+    if (ntiles > 0) fetch_kv(0, sk_next, sv_next);
+
+    float dacc[8][2];
+    OCTET_UNROLL
+    for (int n = 0; n < 8; ++n) dacc[n][0] = dacc[n][1] = 0.0f;
+    for (int jt = 0; jt < ntiles; ++jt) {
+        const int st = jt & 1;
+        cp_async_wait_all();
+        __syncthreads();
+        const float sk[2] = {sk_next[0], sk_next[1]}, sv[2] = {sv_next[0], sv_next[1]};
+        if (jt + 1 < ntiles) {
+            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
+            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
+            fetch_kv(jt + 1, sk_next, sv_next);
+        }
+        cp_async_commit();
+        float pp[8][4], dp[8][4];
+        tile_p_dp<D, typename QR::format, typename KR::format, typename VR::format, typename DR::format>(
+            sK + st * kTile * D, sV + st * kTile * D, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile, jt * kTile, lq, lk, p.causal, pp,
+            dp);
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                float v = attn::add(attn::mul(pp[n][e], dp[n][e]), attn::mul(pp[n][2 + e], dp[n][2 + e]));
+                v = attn::add(v, shfl_xor(v, 4));
+                v = attn::add(v, shfl_xor(v, 8));
+                v = attn::add(v, shfl_xor(v, 16));
+                dacc[n][e] = attn::add(dacc[n][e], v);
+            }
+    }
+    cp_async_wait_all();
+    if (g == 0)
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = dacc[n][e];
+    __syncthreads();
+    if (tid < 64 && qt * kTile + tid < lq) {
+        const float s = attn::add(attn::add(attn::add(sRed[tid], sRed[kTile + tid]), sRed[2 * kTile + tid]), sRed[3 * kTile + tid]);
+        delta[static_cast<std::size_t>(h) * p.total_q + q0 + qt * kTile + tid] = s;
+    }
+}
+
+/// rowsum(dO * O) per (token, head), one warp per row; writes `out` and, when non-null, `copy`.
+template <int D, class DR, class OT>
+__global__ void __launch_bounds__(kThreads) delta_output_kernel(const quantized_cref<DR> dout, const OT* o, std::size_t o_ld, int hq,
+                                                                int total_q, float* out, float* copy) {
+    const int row = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= total_q * hq) return;
+    const int tok = row / hq, h = row % hq;
+    const float sd = token_scale(dout, static_cast<std::size_t>(tok), h, D);
+    float s = 0.0f;
+    for (int c = lane; c < D; c += 32) {
+        const float dv = attn::mul(decode<typename DR::format>(dout.code(tok, static_cast<std::size_t>(h) * D + c)), sd);
+        s = attn::add(s, attn::mul(dv, detail::attention_load(o[static_cast<std::size_t>(tok) * o_ld + static_cast<std::size_t>(h) * D + c])));
+    }
+    OCTET_UNROLL
+    for (int off = 16; off > 0; off >>= 1) s = attn::add(s, shfl_xor(s, off));
+    if (lane == 0) {
+        out[static_cast<std::size_t>(h) * total_q + tok] = s;
+        if (copy) copy[static_cast<std::size_t>(h) * total_q + tok] = s;
+    }
+}
+
+// ================================================================================================
+// Backward: gradients
+// ================================================================================================
+
+template <class GT>
+struct bwd_outputs {
+    const float* delta;  ///< [hq][total_q]
+    float* dq_accum;     ///< [total_q][hq * D]
+    GT* dk;
+    GT* dv;
+    std::size_t dk_ld, dv_ld;
+    float* tele;  ///< residual, abs_ds, p_dp, p_abs_dp row arrays (each `rows` long), or null
+    std::size_t rows;
+};
+
+template <int D>
+constexpr int grad_smem_bytes() {
+    // K, V, K^T; Q x2, dO x2; Q^T, dO^T; dS (64 x 64); 5 row vectors; (4, 64) reduction; (4, 4, 64) telemetry
+    return kTile * D * 9 + kTile * kTile + (5 + 4 + 16) * kTile * 4;
+}
+
+template <int D, bool Tele, class QR, class KR, class VR, class DR, class GT>
+__global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
+    using QF = typename QR::format;
+    using KF = typename KR::format;
+    using DF = typename DR::format;
+    extern __shared__ __align__(128) std::uint8_t smem[];
+    std::uint8_t* sK = smem;                 // (64, D)
+    std::uint8_t* sV = sK + kTile * D;       // (64, D)
+    std::uint8_t* sKt = sV + kTile * D;      // (D, 64) keys permuted
+    std::uint8_t* sQ = sKt + kTile * D;      // 2 x (64, D)
+    std::uint8_t* sdO = sQ + 2 * kTile * D;  // 2 x (64, D)
+    std::uint8_t* sQt = sdO + 2 * kTile * D;  // (D, 64) queries permuted
+    std::uint8_t* sdOt = sQt + kTile * D;     // (D, 64) queries permuted
+    std::uint8_t* sDS = sdOt + kTile * D;     // (64 queries, 64 keys permuted): dS codes for dQ
+    float* sLc = reinterpret_cast<float*>(sDS + kTile * kTile);
+    float* sDelta = sLc + kTile;
+    float* sQs = sDelta + kTile;
+    float* sQf = sQs + kTile;
+    float* sDOs = sQf + kTile;
+    float* sRed = sDOs + kTile;       // (4, 64): per-warp column amax of dS s_k
+    float* sTele = sRed + 4 * kTile;  // (4 warps, 4 sums, 64)
+
+    const int b = blockIdx.z, hk = blockIdx.y, kt = blockIdx.x;
+    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+    if (kt * kTile >= lk) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const int nqt = (lq + kTile - 1) / kTile;
+    const int qt_first = attn::first_query_tile_for(kt, lq, lk, p.causal);
+    const int per_head = nqt > qt_first ? nqt - qt_first : 0;
+    const int n_iter = per_head * p.group;
+
+    load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+    load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+    auto issue_q = [&](int it, int stage) {
+        const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+        load_tile_async<D>(sQ + stage * kTile * D, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        load_tile_async<D>(sdO + stage * kTile * D, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        return fetch_qrow<D>(p, out.delta, q0, lq, h, qt);
+    };
+    qrow_values next{};
+    if (n_iter > 0) next = issue_q(0, 0);
+    cp_async_commit();
+
+    float sk[2], sv[2];
+    OCTET_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+        sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+        sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+    }
+    float dk[D / 8][4], dv[D / 8][4];
+    OCTET_UNROLL
+    for (int n = 0; n < D / 8; ++n)
+        OCTET_UNROLL
+        for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
+    constexpr bool tele = Tele;  // a template parameter: the telemetry's registers would spill the rest
+
+    for (int it = 0; it < n_iter; ++it) {
+        const int st = it & 1;
+        const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+        cp_async_wait_all();
+        if (tid < 64) {
+            sLc[tid] = next.a;
+            sDelta[tid] = next.b;
+        } else {
+            sQs[tid - 64] = next.a;
+            sQf[tid - 64] = attn::query_factor(next.a, p.scale_log2);
+            sDOs[tid - 64] = next.b;
+        }
+        __syncthreads();  // S1: tiles and row vectors of this iteration visible; previous iteration done
+        if (it == 0) transpose_tile<D>(sK, sKt);
+        if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
+        cp_async_commit();
+        transpose_tile<D>(sQ + st * kTile * D, sQt);
+        transpose_tile<D>(sdO + st * kTile * D, sdOt);
+
+        float mdo = attn::fmax(sDOs[lane], sDOs[lane + 32]);
+        OCTET_UNROLL
+        for (int off = 16; off > 0; off >>= 1) mdo = attn::fmax(mdo, shfl_xor(mdo, off));
+
+        float pp[8][4], ds[8][4];
+        tile_p_dp<D, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * kTile * D, sdO + st * kTile * D, sQf, sLc, sDOs, sk, sv, warp, lane,
+                                                      qt * kTile, kt * kTile, lq, lk, p.causal, pp, ds);
+        // dS in place of dP (telemetry first: it needs dP)
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                const int col = attn_frag::c_col(lane, n, e);
+                const float dlt = sDelta[col];
+                if constexpr (tele) {
+                    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    OCTET_UNROLL
+                    for (int r = 0; r < 2; ++r) {
+                        const float pr = pp[n][2 * r + e], dpr = ds[n][2 * r + e];
+                        const float dsr = attn::dscore(pr, dpr, dlt);
+                        v[0] = attn::add(v[0], dsr);
+                        v[1] = attn::add(v[1], attn::fabs(dsr));
+                        v[2] = attn::add(v[2], attn::mul(pr, dpr));
+                        v[3] = attn::add(v[3], attn::mul(pr, attn::fabs(dpr)));
+                    }
+                    OCTET_UNROLL
+                    for (int k = 0; k < 4; ++k) {
+                        v[k] = attn::add(v[k], shfl_xor(v[k], 4));
+                        v[k] = attn::add(v[k], shfl_xor(v[k], 8));
+                        v[k] = attn::add(v[k], shfl_xor(v[k], 16));
+                        if (g == 0) sTele[(warp * 4 + k) * kTile + col] = v[k];
+                    }
+                }
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r) ds[n][2 * r + e] = attn::dscore(pp[n][2 * r + e], ds[n][2 * r + e], dlt);
+            }
+        // A fragments of P' (for dV, s_dO folded) and of dS s_q (for dK, one scale per key row)
+        std::uint32_t pa[2][4], da[2][4];
+        float dks[2], dki[2];
+        {
+            float amax[2] = {0.0f, 0.0f};
+            OCTET_UNROLL
+            for (int n = 0; n < 8; ++n)
+                OCTET_UNROLL
+                for (int e = 0; e < 2; ++e) {
+                    const float sq = sQs[attn_frag::c_col(lane, n, e)];
+                    OCTET_UNROLL
+                    for (int r = 0; r < 2; ++r) amax[r] = attn::fmax(amax[r], finite_abs(attn::mul(ds[n][2 * r + e], sq)));
+                }
+            OCTET_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 1));
+                amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 2));
+                dks[r] = attn::ds_scale(amax[r]);
+                dki[r] = attn::ds_inverse(dks[r]);
+            }
+            OCTET_UNROLL
+            for (int ks2 = 0; ks2 < 2; ++ks2)
+                OCTET_UNROLL
+                for (int reg = 0; reg < 4; ++reg) {
+                    std::uint32_t cp[4], cd[4];
+                    OCTET_UNROLL
+                    for (int b = 0; b < 4; ++b) {
+                        const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                        const int col = attn_frag::c_col(lane, src.n, src.x);
+                        cp[b] = attn::encode_p(attn::mul(pp[src.n][src.x], attn::scale_ratio(sDOs[col], mdo)));
+                        cd[b] = attn::encode_ds(attn::mul(ds[src.n][src.x], sQs[col]), dki[src.x >> 1]);
+                    }
+                    pa[ks2][reg] = pack4(cp[0], cp[1], cp[2], cp[3]);
+                    da[ks2][reg] = pack4(cd[0], cd[1], cd[2], cd[3]);
+                }
+        }
+        // dQ operand dS s_k: per-warp column amax
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                float a = attn::fmax(finite_abs(attn::mul(ds[n][e], sk[0])), finite_abs(attn::mul(ds[n][2 + e], sk[1])));
+                a = attn::fmax(a, shfl_xor(a, 4));
+                a = attn::fmax(a, shfl_xor(a, 8));
+                a = attn::fmax(a, shfl_xor(a, 16));
+                if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
+            }
+        __syncthreads();  // S2: Q^T, dO^T, K^T, column amax and telemetry partials visible
+
+        if constexpr (tele) {
+            for (int idx = tid; idx < 4 * kTile; idx += kThreads) {
+                const int k = idx / kTile, col = idx % kTile, i = qt * kTile + col;
+                if (i >= lq) continue;
+                const float v = attn::add(attn::add(attn::add(sTele[k * kTile + col], sTele[(4 + k) * kTile + col]), sTele[(8 + k) * kTile + col]),
+                                          sTele[(12 + k) * kTile + col]);
+                atomicAdd(out.tele + k * out.rows + static_cast<std::size_t>(h) * p.total_q + q0 + i, v);
+            }
+        }
+        // dS codes for dQ into sDS (queries as rows, keys permuted like K^T)
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                const int col = attn_frag::c_col(lane, n, e);
+                const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]), sRed[3 * kTile + col]);
+                const float inv = attn::ds_inverse(attn::ds_scale(a));
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r)
+                    sDS[attn_frag::ds_offset(col, warp, attn_frag::c_row(lane, 2 * r))] = attn::encode_ds(attn::mul(ds[n][2 * r + e], sk[r]), inv);
+            }
+        // dV += P'^T dO and dK += (dS s_q)^T Q
+        const float cdo = attn::mul(mdo, attn::p_scale);
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd) {
+            std::uint32_t bt[2][2];
+            load_bt(bt, sdOt, 8 * nd, lane);
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma<e4m3, DF>(acc, pa[0], bt[0]);
+            mma<e4m3, DF>(acc, pa[1], bt[1]);
+            OCTET_UNROLL
+            for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
+            load_bt(bt, sQt, 8 * nd, lane);
+            float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma<e4m3, QF>(acc2, da[0], bt[0]);
+            mma<e4m3, QF>(acc2, da[1], bt[1]);
+            OCTET_UNROLL
+            for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
+        }
+        __syncthreads();  // S3: dS codes visible
+
+        // dQ += scale * s_dS * (dS codes) K for this warp's 16 queries
+        {
+            std::uint32_t qa[2][4];
+            load_a<64>(qa[0], sDS, 16 * warp, 0, lane);
+            load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
+            float scq[2];
+            int rowi[2];
+            OCTET_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                const int col = 16 * warp + attn_frag::c_row(lane, 2 * r);
+                const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]), sRed[3 * kTile + col]);
+                scq[r] = attn::mul(p.scale, attn::ds_scale(a));
+                rowi[r] = qt * kTile + col;
+            }
+            float* dqh = out.dq_accum + static_cast<std::size_t>(h) * D;
+            const std::size_t ldq = static_cast<std::size_t>(p.hq) * D;
+            OCTET_UNROLL
+            for (int nd = 0; nd < D / 8; ++nd) {
+                std::uint32_t bt[2][2];
+                load_bt(bt, sKt, 8 * nd, lane);
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma<e4m3, KF>(acc, qa[0], bt[0]);
+                mma<e4m3, KF>(acc, qa[1], bt[1]);
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r) {
+                    if (rowi[r] >= lq) continue;
+                    float* dst = dqh + static_cast<std::size_t>(q0 + rowi[r]) * ldq + attn_frag::c_col(lane, nd, 0);
+                    atomicAdd(dst, attn::mul(scq[r], acc[2 * r]));
+                    atomicAdd(dst + 1, attn::mul(scq[r], acc[2 * r + 1]));
+                }
+            }
+        }
+    }
+
+    cp_async_wait_all();
+    OCTET_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+        if (j >= lk) continue;
+        GT* dkr = out.dk + static_cast<std::size_t>(k0 + j) * out.dk_ld + static_cast<std::size_t>(hk) * D;
+        GT* dvr = out.dv + static_cast<std::size_t>(k0 + j) * out.dv_ld + static_cast<std::size_t>(hk) * D;
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd)
+            OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                dkr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(attn::mul(dk[nd][2 * r + e], p.scale));
+                dvr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(dv[nd][2 * r + e]);
+            }
+    }
+}
+
+template <class GT>
+__global__ void dq_convert_kernel(const float* acc, GT* dq, std::size_t dq_ld, std::size_t rows, std::size_t cols) {
+    const std::size_t n = rows * cols, stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        dq[(i / cols) * dq_ld + i % cols] = detail::attention_store<GT>(acc[i]);
+}
+
+/// attention_stats over the row arrays (rows whose L is finite), into a zeroed struct.
+__global__ void __launch_bounds__(256) stats_kernel(const float* rows_base, std::size_t rows, const float* lse, bool have_o,
+                                                    attention_stats* st) {
+    __shared__ float red[8][8];
+    __shared__ unsigned cnt[8];
+    const float* res = rows_base + row_residual * rows;
+    const float* abs_ds = rows_base + row_abs_ds * rows;
+    const float* pdp = rows_base + row_p_dp * rows;
+    const float* pabs = rows_base + row_p_abs_dp * rows;
+    const float* dout = rows_base + row_delta_from_output * rows;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    unsigned count = 0;
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    for (std::size_t r = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
+        if (!(lse[r] < attn::pos_inf())) continue;
+        float tm[8];
+        detail::row_stats_terms(res[r], abs_ds[r], have_o ? attn::sub(dout[r], pdp[r]) : 0.0f, pabs[r], tm);
+        for (int k = 0; k < 4; ++k) acc[k] = fmaxf(acc[k], tm[k]);
+        for (int k = 4; k < 8; ++k) acc[k] += tm[k];
+        ++count;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int off = 16; off > 0; off >>= 1) {
+        for (int k = 0; k < 4; ++k) acc[k] = fmaxf(acc[k], shfl_xor(acc[k], off));
+        for (int k = 4; k < 8; ++k) acc[k] += shfl_xor(acc[k], off);
+        count += __shfl_xor_sync(0xFFFFFFFFu, count, off);
+    }
+    if (lane == 0) {
+        for (int k = 0; k < 8; ++k) red[warp][k] = acc[k];
+        cnt[warp] = count;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+            for (int k = 0; k < 4; ++k) acc[k] = fmaxf(acc[k], red[w][k]);
+            for (int k = 4; k < 8; ++k) acc[k] += red[w][k];
+            count += cnt[w];
+        }
+        if (count == 0) return;
+        atomicAdd(&st->rows, count);
+        // non-negative floats order like their bit patterns
+        atomicMax(reinterpret_cast<int*>(&st->residual_max), __float_as_int(acc[0]));
+        atomicMax(reinterpret_cast<int*>(&st->residual_rel_max), __float_as_int(acc[1]));
+        atomicMax(reinterpret_cast<int*>(&st->gap_max), __float_as_int(acc[2]));
+        atomicMax(reinterpret_cast<int*>(&st->gap_rel_max), __float_as_int(acc[3]));
+        atomicAdd(&st->residual_sumsq, acc[4]);
+        atomicAdd(&st->abs_ds_sumsq, acc[5]);
+        atomicAdd(&st->gap_sumsq, acc[6]);
+        atomicAdd(&st->p_abs_dp_sumsq, acc[7]);
+    }
+}
+
+// ================================================================================================
+// Launch helpers
+// ================================================================================================
+
+inline void require_fp8_device(const char* fn) {
+    int dev = 0, major = 0, minor = 0;
+    OCTET_CUDA_CHECK(cudaGetDevice(&dev));
+    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    OCTET_REQUIRE(major * 10 + minor >= 89, fn, "executor",
+                  detail::message("runs on a device of compute capability ", major, ".", minor,
+                                  "; FP8 attention needs FP8 tensor cores (sm_89 or newer); use the on_host() overload"));
+}
+
+template <class Kernel>
+void set_smem(Kernel kernel, int bytes) {
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <class R, class B>
+void check_device_operand(const quantized_ref<R, B>& x, const char* fn, const char* arg) {
+    if (x.layout.rows == 0) return;
+    cuda::require_device_accessible(x.data, fn, arg);
+    cuda::require_device_accessible(x.scales, fn, arg);
+    OCTET_REQUIRE(reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.layout.row_bytes % 16 == 0, fn, arg,
+                  detail::message("must have 16-byte aligned data and rows (row_bytes ", x.layout.row_bytes,
+                                  "); use the padded layout of quant_layout_of<Recipe>::make"));
+}
+
+inline void check_device_shape(const attention_shape& s, const char* fn) {
+    OCTET_REQUIRE(s.head_dim == 64 || s.head_dim == 128, fn, "shape.head_dim",
+                  detail::message("is ", s.head_dim, "; the CUDA kernels support head dims 64 and 128 (the host path takes any)"));
+    OCTET_REQUIRE(s.device_cu_seqlens_q != nullptr, fn, "shape.device_cu_seqlens_q",
+                  "is null; the stream overloads need device copies of the sequence offsets");
+    cuda::require_device_accessible(s.device_cu_seqlens_q, fn, "shape.device_cu_seqlens_q");
+    if (s.device_cu_seqlens_k) cuda::require_device_accessible(s.device_cu_seqlens_k, fn, "shape.device_cu_seqlens_k");
+    OCTET_REQUIRE(s.device_cu_seqlens_k != nullptr || s.cu_seqlens_k.empty() || s.cu_seqlens_k.data() == s.cu_seqlens_q.data(), fn,
+                  "shape.device_cu_seqlens_k", "is null but cu_seqlens_k differs from cu_seqlens_q; pass its device copy");
+}
+
+}  // namespace attn_kernel
+
+// =================================================================================================
+// Stream overloads
+// =================================================================================================
+
+/// The forward on a CUDA stream (see the header comment and attention.hpp).
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
+void attention_forward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
+                       const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<float> lse, const attention_options& opt = {}) {
+    static_assert(detail::is_attention_output_v<OT>, "octet::attention_forward: O must be float or octet::bf16");
+    constexpr const char* fn = "octet::attention_forward";
+    detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
+    attn_kernel::check_device_shape(shape, fn);
+    const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();
+    detail::check_operand(q, Tq, Hq, d, fn, "q");
+    detail::check_operand(k, Tk, Hk, d, fn, "k");
+    detail::check_operand(v, Tk, Hk, d, fn, "v");
+    detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
+    OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
+                  detail::message("has ", lse.size(), " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
+    const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
+    const int max_q = shape.max_seqlen_q();
+    if (max_q == 0) return;
+    attn_kernel::require_fp8_device(fn);
+    attn_kernel::check_device_operand(q, fn, "q");
+    attn_kernel::check_device_operand(k, fn, "k");
+    attn_kernel::check_device_operand(v, fn, "v");
+    cuda::require_device_accessible(o.data, fn, "o");
+    cuda::require_device_accessible(lse.data(), fn, "lse");
+
+    attn_kernel::fwd_params<QR, KR, VR, OT> p{q, k, v, o.data, o.ld, lse.data(), shape.device_cu_seqlens_q,
+                                              shape.device_cu_seqlens_k ? shape.device_cu_seqlens_k : shape.device_cu_seqlens_q,
+                                              Hq, Hq / Hk, Tq, attn::mul(scale, attn::log2e), opt.mask == attention_mask::causal};
+    const dim3 grid((max_q + attn_kernel::kTile - 1) / attn_kernel::kTile, Hq, shape.batch());
+    auto launch = [&](auto dim) {
+        constexpr int D = decltype(dim)::value;
+        auto kernel = attn_kernel::forward_kernel<D, QR, KR, VR, OT>;
+        constexpr int smem = attn_kernel::fwd_smem_bytes<D>();
+        attn_kernel::set_smem(kernel, smem);
+        kernel<<<grid, attn_kernel::kThreads, smem, ex.stream>>>(p);
+        OCTET_CUDA_CHECK_LAUNCH();
+    };
+    if (d == 64) launch(std::integral_constant<int, 64>{});
+    else launch(std::integral_constant<int, 128>{});
+}
+
+/// The backward on a CUDA stream (see the header comment and attention.hpp). `workspace` holds at
+/// least attention_backward_workspace_for(shape).floats floats of device memory.
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
+void attention_backward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
+                        const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<const float> lse, const quantized_ref<DR, DB>& dout,
+                        matrix_ref<GT> dq, matrix_ref<GT> dk, matrix_ref<GT> dv, span<float> workspace,
+                        const attention_backward_options& opt = {}, attention_stats* device_stats = nullptr) {
+    using O = std::remove_const_t<OT>;
+    static_assert(detail::is_attention_output_v<O>, "octet::attention_backward: O must be float or octet::bf16");
+    static_assert(detail::is_attention_output_v<GT>, "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
+    constexpr const char* fn = "octet::attention_backward";
+    detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
+    attn_kernel::check_device_shape(shape, fn);
+    const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();
+    detail::check_operand(q, Tq, Hq, d, fn, "q");
+    detail::check_operand(k, Tk, Hk, d, fn, "k");
+    detail::check_operand(v, Tk, Hk, d, fn, "v");
+    detail::check_operand(dout, Tq, Hq, d, fn, "dout");
+    const bool have_o = !o.empty();
+    OCTET_REQUIRE(have_o || opt.delta == delta_mode::matched || Tq == 0, fn, "o",
+                  "is empty; delta_mode::from_output computes D = rowsum(dO * O) and needs the forward's output");
+    if (have_o) detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
+    OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
+                  detail::message("has ", lse.size(), " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
+    detail::check_matrix(dq, Tq, static_cast<std::size_t>(Hq) * d, fn, "dq");
+    detail::check_matrix(dk, Tk, static_cast<std::size_t>(Hk) * d, fn, "dk");
+    detail::check_matrix(dv, Tk, static_cast<std::size_t>(Hk) * d, fn, "dv");
+    const attention_backward_workspace ws = attention_backward_workspace_for(shape);
+    OCTET_REQUIRE(workspace.size() >= ws.floats, fn, "workspace",
+                  detail::message("has ", workspace.size(), " floats but needs attention_backward_workspace_for(shape).floats = ", ws.floats));
+    const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
+    const bool tele = opt.telemetry;
+    if (device_stats) {
+        cuda::require_device_accessible(device_stats, fn, "device_stats");
+        OCTET_CUDA_CHECK(cudaMemsetAsync(device_stats, 0, sizeof(attention_stats), ex.stream));
+    }
+    if (Tq == 0 && Tk == 0) return;
+    attn_kernel::require_fp8_device(fn);
+    attn_kernel::check_device_operand(q, fn, "q");
+    attn_kernel::check_device_operand(k, fn, "k");
+    attn_kernel::check_device_operand(v, fn, "v");
+    attn_kernel::check_device_operand(dout, fn, "dout");
+    cuda::require_device_accessible(workspace.data(), fn, "workspace");
+    if (Tq > 0) cuda::require_device_accessible(lse.data(), fn, "lse");
+
+    float* wsp = workspace.data();
+    float* delta = wsp + ws.row_array(row_delta);
+    float* delta_out = wsp + ws.row_array(row_delta_from_output);
+    float* acc = wsp + ws.dq_accum;
+    const std::size_t dq_floats = static_cast<std::size_t>(Tq) * Hq * d;
+    OCTET_CUDA_CHECK(cudaMemsetAsync(wsp, 0, (ws.dq_accum + dq_floats) * sizeof(float), ex.stream));
+
+    attn_kernel::bwd_inputs<QR, KR, VR, DR> in{q, k, v, dout, lse.data(), shape.device_cu_seqlens_q,
+                                               shape.device_cu_seqlens_k ? shape.device_cu_seqlens_k : shape.device_cu_seqlens_q,
+                                               Hq, Hq / Hk, Tq, scale, attn::mul(scale, attn::log2e), opt.mask == attention_mask::causal};
+    attn_kernel::bwd_outputs<GT> out{delta, acc, dk.data, dv.data, dk.ld, dv.ld, tele ? wsp + ws.row_array(row_residual) : nullptr, ws.rows};
+    const int max_q = shape.max_seqlen_q(), max_k = shape.max_seqlen_k();
+    auto launch = [&](auto dim) {
+        constexpr int D = decltype(dim)::value;
+        using namespace attn_kernel;
+        // D: rowsum(dO * O) when it is the delta, or for the telemetry's gap; sum_j P dP when matched
+        if (have_o && Tq > 0 && (opt.delta == delta_mode::from_output || tele)) {
+            const int rows = Tq * Hq, per_block = kThreads / 32;
+            delta_output_kernel<D, DR, O><<<(rows + per_block - 1) / per_block, kThreads, 0, ex.stream>>>(
+                dout, o.data, o.ld, Hq, Tq, delta_out, opt.delta == delta_mode::from_output ? delta : nullptr);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
+        if (opt.delta == delta_mode::matched && max_q > 0) {
+            auto kernel = delta_matched_kernel<D, QR, KR, VR, DR>;
+            constexpr int smem = delta_smem_bytes<D>();
+            set_smem(kernel, smem);
+            kernel<<<dim3((max_q + kTile - 1) / kTile, Hq, shape.batch()), kThreads, smem, ex.stream>>>(in, delta);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
+        if (max_k > 0) {
+            auto kernel = tele ? grad_kernel<D, true, QR, KR, VR, DR, GT> : grad_kernel<D, false, QR, KR, VR, DR, GT>;
+            constexpr int smem = grad_smem_bytes<D>();
+            set_smem(kernel, smem);
+            kernel<<<dim3((max_k + kTile - 1) / kTile, Hk, shape.batch()), kThreads, smem, ex.stream>>>(in, out);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
+        if (dq_floats > 0) {
+            dq_convert_kernel<GT><<<cuda::grid_stride_blocks(dq_floats, 256), 256, 0, ex.stream>>>(acc, dq.data, dq.ld, Tq,
+                                                                                                 static_cast<std::size_t>(Hq) * d);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
+        if (tele && device_stats && ws.rows > 0) {
+            stats_kernel<<<cuda::grid_stride_blocks(ws.rows, 256, 2), 256, 0, ex.stream>>>(wsp, ws.rows, lse.data(), have_o, device_stats);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
+    };
+    if (d == 64) launch(std::integral_constant<int, 64>{});
+    else launch(std::integral_constant<int, 128>{});
+}
+
+}  // namespace octet

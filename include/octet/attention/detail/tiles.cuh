@@ -1,0 +1,166 @@
+// octet/attention/detail/tiles.cuh: the tile machinery of the FP8 attention kernels (sm_89+):
+// FP8 mma.sync, ldmatrix, cp.async, the shared-memory layouts and the FP8 tile transpose.
+//
+// The tensor-core operation is mma.sync.m16n8k32 with E4M3/E5M2 operands and float accumulators.
+// Its fragments (per lane: g = lane / 4, t = lane % 4):
+//   A (16 x 32, row): reg 0 = row g, reg 1 = row g + 8, reg 2 = row g, reg 3 = row g + 8; regs 0/1
+//     hold the first half of k, regs 2/3 the second half, 4 bytes each;
+//   B (32 x 8, col): reg 0 and reg 1 = column g, first and second half of k;
+//   C (16 x 8): c0, c1 = row g, columns 2t, 2t + 1; c2, c3 = row g + 8, same columns.
+// The hardware pairs A's byte b of (lane t, half h) with B's byte b of (lane t, half h); which k
+// index that is does not matter as long as A and B are filled with the same convention, which
+// this file does everywhere: slot (t, h, b) of k-step ks holds k = 32 ks + 16 h + 4 t + b when the
+// operand comes from shared memory with k contiguous (ldmatrix gives lane t bytes 4t..4t+3 of a
+// 16-byte row).
+//
+// P (and dS) go from the C fragments of one product to the A fragments of the next without shared
+// memory: the score tile's n8 tiles 4ks+2h and 4ks+2h+1 give lane t the keys
+// {8n + 2t, 8n + 2t + 1} of both, and these four keys fill slot (t, h). The value tile (V^T and the
+// other transposed operands) is stored with the keys of each 16-key group permuted to match:
+// position 4t + 2a + e holds key 8a + 2t + e (perm_pos), so B's slot (t, h) is again 4 contiguous
+// bytes. The transpose that builds these tiles (transpose_tile) reads 4 keys x 4 channels and
+// writes 4 channels x 4 keys with byte permutes.
+//
+// Shared-memory tiles are rows of 64 or 128 bytes whose 16-byte chunks are XOR-swizzled by row, so
+// that ldmatrix's 8-row reads and cp.async's 16-byte writes are free of bank conflicts.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "octet/attention/detail/fragments.hpp"
+#include "octet/format/float_format.hpp"
+
+namespace octet {
+namespace attn_kernel {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kTile = 64;      // queries or keys per tile (attn::tile_size)
+
+// ---- shared-memory layout ----------------------------------------------------------------------
+
+using attn_frag::perm_pos;
+using attn_frag::swz;
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) { return static_cast<std::uint32_t>(__cvta_generic_to_shared(p)); }
+
+// ---- cp.async ---------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+/// Starts copying rows [row0, row0 + 64) (those below row_end; the rest are zero-filled) of an FP8
+/// matrix with `row_bytes` bytes per row, columns [col0, col0 + D), into a swizzled 64 x D tile.
+template <int D>
+__device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::uint8_t* base, std::size_t row_bytes, int row0,
+                                                int row_end, int col0) {
+    constexpr int chunks = D / 16;
+    for (int c = threadIdx.x; c < kTile * chunks; c += kThreads) {
+        const int r = c / chunks, ch = c % chunks;
+        const bool valid = row0 + r < row_end;
+        const std::uint8_t* src = valid ? base + static_cast<std::size_t>(row0 + r) * row_bytes + col0 + 16 * ch : base;
+        cp_async16(tile + swz<D>(r, ch), src, valid);
+    }
+}
+
+// ---- ldmatrix ---------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/// A fragments (16 rows from row0, k-step ks) of a tile with k contiguous.
+template <int RowBytes>
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const std::uint8_t* tile, int row0, int ks, int lane) {
+    const attn_frag::row_chunk rc = attn_frag::a_address(lane, row0, ks);
+    ldsm_x4(a, smem_addr(tile + swz<RowBytes>(rc.row, rc.chunk)));
+}
+
+/// B fragments of two n8 tiles (columns n0..n0+15 = tile rows, k-step ks) of a tile with k contiguous:
+/// b[0] for columns n0..n0+7, b[1] for n0+8..n0+15.
+template <int RowBytes>
+__device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int ks, int lane) {
+    const attn_frag::row_chunk rc = attn_frag::b2_address(lane, n0, ks);
+    std::uint32_t r[4];
+    ldsm_x4(r, smem_addr(tile + swz<RowBytes>(rc.row, rc.chunk)));
+    b[0][0] = r[0];
+    b[0][1] = r[1];
+    b[1][0] = r[2];
+    b[1][1] = r[3];
+}
+
+/// B fragments of one n8 tile (tile rows n0..n0+7) for both k-steps of a 64-wide transposed tile:
+/// b[ks] for ks = 0, 1.
+__device__ __forceinline__ void load_bt(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int lane) {
+    const attn_frag::row_chunk rc = attn_frag::bt_address(lane, n0);
+    std::uint32_t r[4];
+    ldsm_x4(r, smem_addr(tile + swz<64>(rc.row, rc.chunk)));
+    b[0][0] = r[0];
+    b[0][1] = r[1];
+    b[1][0] = r[2];
+    b[1][1] = r[3];
+}
+
+// ---- FP8 mma.sync ------------------------------------------------------------------------------
+
+template <class A, class B>
+__device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+    static_assert((std::is_same_v<A, e4m3> || std::is_same_v<A, e5m2>) && (std::is_same_v<B, e4m3> || std::is_same_v<B, e5m2>),
+                  "attention kernels multiply E4M3 or E5M2 operands");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define OCTET_ATTN_MMA(TA, TB)                                                                                   \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                                 \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+    if constexpr (std::is_same_v<A, e4m3> && std::is_same_v<B, e4m3>) OCTET_ATTN_MMA("e4m3", "e4m3");
+    else if constexpr (std::is_same_v<A, e4m3>) OCTET_ATTN_MMA("e4m3", "e5m2");
+    else if constexpr (std::is_same_v<B, e4m3>) OCTET_ATTN_MMA("e5m2", "e4m3");
+    else OCTET_ATTN_MMA("e5m2", "e5m2");
+#undef OCTET_ATTN_MMA
+#else
+    // FP8 tensor cores need sm_89 or newer; the launchers refuse older devices, so this never runs.
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+// ---- bytes ------------------------------------------------------------------------------------------
+
+/// Four codes into a 32-bit fragment word, c0 in the lowest byte.
+__device__ __forceinline__ std::uint32_t pack4(std::uint32_t c0, std::uint32_t c1, std::uint32_t c2, std::uint32_t c3) {
+    return c0 | (c1 << 8) | (c2 << 16) | (c3 << 24);
+}
+
+/// Transposes a swizzled 64 x D tile (rows = tokens) into a swizzled D x 64 tile (rows = channels)
+/// whose 16-token groups are permuted by perm_pos. All threads of the block take part.
+template <int D>
+__device__ __forceinline__ void transpose_tile(const std::uint8_t* src, std::uint8_t* dst) {
+    for (int w = threadIdx.x; w < attn_frag::transpose_items<D>; w += kThreads) {
+        const attn_frag::transpose_item it = attn_frag::transpose_work<D>(w);
+        const int chunk = it.col / 16, inner = it.col % 16;
+        std::uint32_t out[4];
+        attn_frag::transpose_words(*reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0, chunk) + inner),
+                                   *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 1, chunk) + inner),
+                                   *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 8, chunk) + inner),
+                                   *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 9, chunk) + inner), out,
+                                   [](std::uint32_t a, std::uint32_t b, std::uint32_t sel) { return __byte_perm(a, b, sel); });
+        OCTET_UNROLL
+        for (int i = 0; i < 4; ++i) *reinterpret_cast<std::uint32_t*>(dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
+    }
+}
+
+// ---- warp reductions ------------------------------------------------------------------------------
+
+__device__ __forceinline__ float shfl_xor(float v, int m) { return __shfl_xor_sync(0xFFFFFFFFu, v, m); }
+
+}  // namespace attn_kernel
+}  // namespace octet
