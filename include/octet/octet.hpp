@@ -3,6 +3,7 @@
 #pragma once
 
 #include "octet/attention/attention.hpp"
+#include "octet/attention/bf16_inputs.hpp"
 #include "octet/attention/rules.hpp"
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
