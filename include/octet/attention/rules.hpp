@@ -57,6 +57,7 @@
 
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
+#include "octet/core/rounded.hpp"
 #include "octet/format/encode.hpp"
 #include "octet/quant/recipe.hpp"
 #include "octet/quant/scale.hpp"
@@ -97,43 +98,13 @@ using ds_recipe = recipe<e4m3, octet::tile<1, 64>, scale::amax_ratio<0>>;
 inline constexpr float log2e = 1.4426950408889634f;
 inline constexpr float ln2 = 0.6931471805599453f;
 
-// ---- explicitly rounded float operations (the same bits on host and device) ----------------
+// ---- explicitly rounded float operations (the same bits on host and device): core/rounded.hpp
+using rn::add;
+using rn::div;
+using rn::fma;
+using rn::mul;
+using rn::sub;
 
-OCTET_HD float mul(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-OCTET_HD float add(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-OCTET_HD float sub(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
-OCTET_HD float div(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-OCTET_HD float fma(float a, float b, float c) {
-#if OCTET_DEVICE_PASS
-    return __fmaf_rn(a, b, c);
-#else
-    return std::fma(a, b, c);
-#endif
-}
 /// max(a, b) where a NaN b is dropped and a NaN a is kept (a running max keeps a NaN it already has;
 /// fmaxf would drop it on either side).
 OCTET_HD float fmax(float a, float b) { return b > a ? b : a; }

@@ -22,6 +22,7 @@
 
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
+#include "octet/core/rounded.hpp"
 
 /// OCTET_HD, plus always-inline on host compilers: the optimizer's per-element rules must inline
 /// into their loops (which then vectorize) even in translation units where the inliner's budget
@@ -45,55 +46,14 @@
 namespace octet {
 namespace optim_detail {
 
-OCTET_OPTIM_HD float mul_rn(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-OCTET_OPTIM_HD float add_rn(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-OCTET_OPTIM_HD float sub_rn(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
-OCTET_OPTIM_HD float div_rn(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-OCTET_OPTIM_HD float sqrt_rn(float a) {
-#if OCTET_DEVICE_PASS
-    return __fsqrt_rn(a);
-#else
-    return std::sqrt(a);
-#endif
-}
-OCTET_OPTIM_HD float fma_rn(float a, float b, float c) {
-#if OCTET_DEVICE_PASS
-    return __fmaf_rn(a, b, c);
-#else
-    return std::fma(a, b, c);
-#endif
-}
-OCTET_OPTIM_HD float floor_rn(float a) {
-#if OCTET_DEVICE_PASS
-    return floorf(a);
-#else
-    return std::floor(a);
-#endif
-}
+// The IEEE operations themselves live in octet/core/rounded.hpp; the optimizer's names for them:
+OCTET_OPTIM_HD float mul_rn(float a, float b) { return rn::mul(a, b); }
+OCTET_OPTIM_HD float add_rn(float a, float b) { return rn::add(a, b); }
+OCTET_OPTIM_HD float sub_rn(float a, float b) { return rn::sub(a, b); }
+OCTET_OPTIM_HD float div_rn(float a, float b) { return rn::div(a, b); }
+OCTET_OPTIM_HD float sqrt_rn(float a) { return rn::sqrt(a); }
+OCTET_OPTIM_HD float fma_rn(float a, float b, float c) { return rn::fma(a, b, c); }
+OCTET_OPTIM_HD float floor_rn(float a) { return rn::floor(a); }
 OCTET_OPTIM_HD float abs_rn(float a) { return bits_to_float(float_to_bits(a) & 0x7FFFFFFFu); }
 OCTET_OPTIM_HD float max_rn(float a, float b) { return a > b ? a : b; }
 OCTET_OPTIM_HD float min_rn(float a, float b) { return a < b ? a : b; }
