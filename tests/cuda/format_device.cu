@@ -26,6 +26,7 @@
 #include "octet/format/convert.cuh"
 #include "support/format_reference.hpp"
 #include "support/random.hpp"
+#include "support/storage.hpp"
 
 // A named namespace: `using namespace octet` at global scope in a .cu file makes CUDA's own
 // ::round ambiguous with octet::round in nvcc's generated host stub.
@@ -117,23 +118,13 @@ __global__ void philox_kernel(philox_stream rng, std::uint32_t* out, std::size_t
     if (i < n) out[i] = rng.bits(i);
 }
 
-template <class In>
-std::vector<In> as_storage(const std::vector<float>& x) {
-    std::vector<In> v(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-        if constexpr (std::is_same_v<In, float>) v[i] = x[i];
-        else if constexpr (std::is_same_v<In, bf16>) v[i] = to_bf16(x[i]);
-        else v[i] = to_fp16(x[i]);
-    }
-    return v;
-}
 
 /// encode_array on the device against the host overload, at an element offset (to test
 /// unaligned pointers) and a ragged length.
 template <class Fmt, class Round, class Overflow, class In>
 void check_encode_array(std::size_t n, std::size_t offset, std::uint64_t salt) {
     auto g = octet_test::rng(salt);
-    const auto x = as_storage<In>(octet_test::with_edge_cases(g, n + offset, Fmt::max_finite / 4, true));
+    const auto x = octet_test::to_storage<In>(octet_test::with_edge_cases(g, n + offset, Fmt::max_finite / 4, true));
     std::vector<std::uint8_t> host(n);
     const philox_stream rng{octet_test::run_seed(), salt};
     encode_array<Fmt, Round, Overflow>(on_host(), span<const In>(x.data() + offset, n), as_span(host), rng);

@@ -17,6 +17,7 @@
 #include "octet/quant/delayed.cuh"
 #include "octet/quant/quantize.cuh"
 #include "support/random.hpp"
+#include "support/storage.hpp"
 
 namespace quant_device_test {
 using namespace octet;
@@ -36,16 +37,6 @@ struct device_copy {
     quantized_ref<Recipe> ref() { return quantized_ref<Recipe>(data.data(), scales.data(), layout, tensor_scale.data()); }
 };
 
-template <class In>
-std::vector<In> to_storage(const std::vector<float>& x) {
-    std::vector<In> v(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-        if constexpr (std::is_same_v<In, float>) v[i] = x[i];
-        else if constexpr (std::is_same_v<In, bf16>) v[i] = to_bf16(x[i]);
-        else v[i] = to_fp16(x[i]);
-    }
-    return v;
-}
 
 template <class Recipe>
 void compare(device_copy<Recipe>& d, quantized_tensor<Recipe>& h, const quant_stats& ds, const quant_stats& hs, const char* what) {
@@ -71,7 +62,7 @@ template <class Recipe, class In = float>
 void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool col_major = false, float scale = 10.0f,
                   bool pad = true) {
     auto g = octet_test::rng(salt);
-    const auto x = to_storage<In>(octet_test::with_edge_cases(g, rows * cols, scale, true));
+    const auto x = octet_test::to_storage<In>(octet_test::with_edge_cases(g, rows * cols, scale, true));
     // col_major: the same logical matrix stored transposed
     std::vector<In> stored = x;
     if (col_major)

@@ -14,6 +14,7 @@
 #include "octet/quant/quantize.hpp"
 #include "octet/reference/quantize.hpp"
 #include "support/random.hpp"
+#include "support/storage.hpp"
 
 namespace quant_recipes_test {
 using namespace octet;
@@ -23,25 +24,8 @@ struct shape {
 };
 const shape kShapes[] = {{1, 300}, {300, 1}, {129, 257}, {257, 33}, {64, 128}, {3, 5}, {0, 7}, {5, 0}, {130, 130}, {300, 700}};
 
-template <class In>
-std::vector<In> to_storage(const std::vector<float>& x) {
-    std::vector<In> v(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-        if constexpr (std::is_same_v<In, float>) v[i] = x[i];
-        else if constexpr (std::is_same_v<In, bf16>) v[i] = to_bf16(x[i]);
-        else v[i] = to_fp16(x[i]);
-    }
-    return v;
-}
-template <class In>
-std::vector<float> widen(const std::vector<In>& v) {
-    std::vector<float> x(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        if constexpr (std::is_same_v<In, float>) x[i] = v[i];
-        else x[i] = to_float(v[i]);
-    }
-    return x;
-}
+using octet_test::to_storage;
+using octet_test::widen;
 /// The reference's value of a code, with Inf and NaN.
 template <class Fmt>
 double ref_value(std::uint32_t code) {
