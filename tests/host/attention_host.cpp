@@ -155,7 +155,6 @@ TEST_CASE("float64 reference: a query that sees no key has O = 0, L = +Inf and n
 
 struct tolerances {
     double o, dq, dk, dv;  // against float64 on the dequantized operands (matched delta)
-    double o_end, grad_end;  // against float64 on the original data
 };
 
 template <class QR, class KR = QR, class VR = QR, class DR = QR, class OT = float, class GT = float>
@@ -174,12 +173,17 @@ void check_against_reference(const config& c, const tolerances& tol, const char*
     const auto rq = reference::attention(pr, qz.qd, qz.kd, qz.vd, qz.dd);
     const auto r0 = reference::attention(pr, widen(p.q), widen(p.k), widen(p.v), widen(p.dout));
     const double eo = rel_l2(widen(o), rq.o), eo0 = rel_l2(widen(o), r0.o);
+    // End to end (against float64 on the original data) the error is mostly what quantizing the
+    // inputs does to the exact function, e_base = relL2(exact(quantized inputs), exact(originals)),
+    // which depends on the recipe and the data, not on this code. The path's own error must not
+    // add more than twice its internal tolerance on top of it.
+    const double eo_base = rel_l2(rq.o, r0.o);
     bool inf_agree = false;
     const double el = max_abs_finite(widen(lse), rq.lse, inf_agree);
     CHECK(inf_agree);
     CHECK(el <= 1e-5);  // L comes from float scores and float sums, not from FP8 P: float level
     CHECK(eo <= tol.o);
-    CHECK(eo0 <= tol.o_end);
+    CHECK(eo0 <= eo_base + 2 * tol.o);
     for (delta_mode mode : {delta_mode::matched, delta_mode::from_output}) {
         const bool matched = mode == delta_mode::matched;
         attention_backward_options bo;
@@ -191,29 +195,31 @@ void check_against_reference(const config& c, const tolerances& tol, const char*
                            matrix_ref<GT>(dv.data(), p.tk, ck), bo);
         const double e[3] = {rel_l2(widen(dq), rq.dq), rel_l2(widen(dk), rq.dk), rel_l2(widen(dv), rq.dv)};
         const double e0[3] = {rel_l2(widen(dq), r0.dq), rel_l2(widen(dk), r0.dk), rel_l2(widen(dv), r0.dv)};
+        const double base[3] = {rel_l2(rq.dq, r0.dq), rel_l2(rq.dk, r0.dk), rel_l2(rq.dv, r0.dv)};
         MESSAGE(name << (matched ? std::string(" matched    ") : std::string(" from_output")) << ": relL2 vs float64 (dequantized | original) O " << eo << " | " << eo0
                      << ", dQ " << e[0] << " | " << e0[0] << ", dK " << e[1] << " | " << e0[1] << ", dV " << e[2] << " | " << e0[2]);
         INFO((matched ? std::string("matched") : std::string("from_output")) << ": dQ " << e[0] << " dK " << e[1] << " dV " << e[2]);
         if (matched) {
             CHECK(e[0] <= tol.dq);
             CHECK(e[1] <= tol.dk);
-            CHECK(e0[0] <= tol.grad_end);
-            CHECK(e0[1] <= tol.grad_end);
+            CHECK(e0[0] <= base[0] + 2 * tol.dq);
+            CHECK(e0[1] <= base[1] + 2 * tol.dk);
         } else {
             // the stale delta: dQ and dK are worse than matched's, bounded by 5x matched's tolerance
             CHECK(e[0] <= 5 * tol.dq);
             CHECK(e[1] <= 5 * tol.dk);
         }
         CHECK(e[2] <= tol.dv);  // dV does not involve D
-        CHECK(e0[2] <= tol.grad_end);
+        CHECK(e0[2] <= base[2] + 2 * tol.dv);
     }
 }
 
 // Measured maxima over 3 seeds (README): per-token V scales: O 0.028, dQ 0.022, dK 0.015, dV 0.028
-// (the fold of s_v into P costs the tile maximum its exactness); per-head V: O 0.009. End to end:
-// O 0.094, gradients 0.130 (E4M3's 3 mantissa bits on every input, amplified by the softmax).
-const tolerances kPerTokenV{0.04, 0.03, 0.025, 0.04, 0.13, 0.18};
-const tolerances kPerHeadV{0.015, 0.03, 0.025, 0.04, 0.13, 0.18};
+// (the fold of s_v into P costs the tile maximum its exactness); per-head V: O 0.009. End to end
+// the errors are 0.07-0.13, mostly E4M3's 3 mantissa bits on every input amplified by the softmax
+// (measured against the float64 function of the quantized inputs, see check_against_reference).
+const tolerances kPerTokenV{0.04, 0.03, 0.025, 0.04};
+const tolerances kPerHeadV{0.015, 0.03, 0.025, 0.04};
 
 TEST_CASE("host path vs float64: head dim 64, full and causal, GQA 4:2, ragged batch with an empty sequence") {
     config c;
