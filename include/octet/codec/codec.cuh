@@ -1,0 +1,709 @@
+// octet/codec/codec.cuh: the gradient codecs on a CUDA stream (device memory in and out).
+//
+//   octet::encode_gradient(octet::on_stream(s), cfg, x, msg, opt);          // x, msg, opt.feedback on the device
+//   octet::decode_gradient(octet::on_stream(s), msg, out);                  // validates first (synchronizes)
+//   octet::encode_gradient_transformed / decode_gradient_transformed        // as on the host
+//
+// Same contract and the same bytes as the host overloads in codec.hpp: every kernel calls the
+// same OCTET_HD rules (transform stages in the same order, make_block_scale, encode_scaled,
+// decode, the checksum terms), and products that feed an add use __fmul_rn, so nvcc cannot fuse
+// them into FMAs the host does not do. Message buffers must be 16-byte aligned (cudaMalloc's are).
+//
+// Encoding is one pass over x for E4M3/E5M2 with scale blocks up to a CTA tile (1024..32768
+// elements) and for MXFP8: each CTA transforms its tile in registers (hadamard.cuh), reduces the
+// block amax with shuffles (and shared memory when a scale block spans warps), writes scales and
+// codes with 8- or 16-byte stores and adds the checksum terms of the words it wrote. NVFP4 needs
+// the message's amax before any block scale (its second-level tensor scale), so a first pass
+// transforms and reduces that amax; scale blocks larger than a tile also take a first pass (the
+// block amax lands in the scale slots, and a last small kernel turns it into scales). The scales'
+// checksum and the header are written by two small kernels at the end.
+//
+// Decoding copies the 64-byte header to the host and validates it against the buffer's size,
+// then one kernel computes the checksum and checks every scale and padding byte; the result comes
+// back to the host, which throws octet::error on any problem before the decode kernel runs (so a
+// bad message never writes to `out`). Decoding therefore synchronizes the stream. It uses 16 bytes
+// of stream-ordered scratch (cudaMallocAsync).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "octet/codec/codec.hpp"
+#include "octet/codec/hadamard.cuh"
+#include "octet/cuda/check.cuh"
+#include "octet/cuda/executor.cuh"
+
+namespace octet {
+namespace detail {
+namespace codec_dev {
+
+enum encode_mode : int { mode_fused = 0, mode_tensor_amax = 1, mode_block_amax = 2, mode_encode_slots = 3 };
+enum decode_mode : int { decode_original = 0, decode_transformed = 1, decode_transformed_add = 2 };
+
+struct encode_args {
+    const float* x = nullptr;  ///< n elements (L when pre_rotated)
+    std::uint64_t n = 0, L = 0;
+    int log_b = 0;  ///< 0: identity
+    std::uint32_t scale_block = 0;
+    std::uint64_t seed = 0, first_index = 0;
+    philox_stream rng{};
+    bool stochastic = false, pre_rotated = false;
+    residual_view fb{};
+    std::uint8_t* msg = nullptr;
+    std::uint64_t scales_offset = 0, payload_offset = 0, payload_bytes = 0;
+    int mode = mode_fused;
+};
+
+struct decode_args {
+    const std::uint8_t* msg = nullptr;  ///< first message
+    std::uint64_t msg_stride = 0;       ///< bytes between messages (decode_transformed_add over `count` messages)
+    int count = 1;
+    std::uint64_t n = 0, L = 0;
+    int log_b = 0;
+    std::uint32_t scale_block = 0;
+    std::uint64_t seed = 0, first_index = 0;
+    std::uint64_t scales_offset = 0, payload_offset = 0;
+    float* out = nullptr;
+    int mode = decode_original;
+};
+
+__device__ __forceinline__ std::uint64_t warp_sum_u64(std::uint64_t v) {
+    OCTET_UNROLL
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v, int lanes) {
+    for (int o = 1; o < lanes; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+
+/// Residual elements [i0, i0+R) of a residual view (positions >= limit read as 0).
+template <int R>
+__device__ __forceinline__ void load_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit, float (&v)[R]) {
+    if (r.storage == residual_storage::f32) {
+        const float* p = reinterpret_cast<const float*>(r.data);
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j) v[j] = i0 + j < limit ? p[i0 + j] : 0.0f;
+    } else if (r.storage == residual_storage::bf16) {
+        const std::uint16_t* p = reinterpret_cast<const std::uint16_t*>(r.data);
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j) v[j] = i0 + j < limit ? to_float(bf16{p[i0 + j]}) : 0.0f;
+    } else {
+        // R divides 128 and i0 is a multiple of R: the R elements share one 132-byte block.
+        const std::uint8_t* base = r.data + (i0 / residual_block) * (residual_block + 4);
+        const float S = i0 < limit ? bits_to_float(*reinterpret_cast<const std::uint32_t*>(base)) : 0.0f;
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j) v[j] = i0 + j < limit ? residual_e4m3_value(base[4 + (i0 + j) % residual_block], S) : 0.0f;
+    }
+}
+
+/// Stores residual elements [i0, i0+R) (positions >= limit are skipped; non-finite values store 0).
+/// Every lane of the warp must call it (the e4m3 storage reduces a block amax across lanes).
+template <int R>
+__device__ __forceinline__ void store_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit, const float (&v)[R]) {
+    if (r.storage == residual_storage::f32) {
+        float* p = reinterpret_cast<float*>(r.data);
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j)
+            if (i0 + j < limit) p[i0 + j] = finite_or_zero(v[j]);
+    } else if (r.storage == residual_storage::bf16) {
+        std::uint16_t* p = reinterpret_cast<std::uint16_t*>(r.data);
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j)
+            if (i0 + j < limit) p[i0 + j] = to_bf16(finite_or_zero(v[j])).bits;
+    } else {
+        float amax = 0.0f;
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j)
+            if (i0 + j < limit) amax = fmaxf(amax, finite_abs(v[j]));
+        amax = warp_max(amax, static_cast<int>(residual_block) / R);
+        const block_scale s = make_block_scale<residual_recipe>(amax);
+        std::uint8_t* base = r.data + (i0 / residual_block) * (residual_block + 4);
+        if (i0 % residual_block == 0 && i0 < limit) *reinterpret_cast<std::uint32_t*>(base) = float_to_bits(s.value);
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j)
+            if (i0 + j < limit) base[4 + (i0 + j) % residual_block] = encode_scaled<residual_recipe>(finite_or_zero(v[j]), s.value);
+    }
+}
+
+/// The encode kernel (all modes); see the header comment for the passes.
+template <class Tr, int R>
+__global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
+    using RN = typename Tr::template recipe_with<round::nearest_even>;
+    using RS = typename Tr::template recipe_with<round::stochastic>;
+    using Fmt = typename RN::format;
+    constexpr bool fp4 = Fmt::bits <= 4;
+    extern __shared__ __align__(16) float smem[];
+    const bool cross = a.log_b > log2_of(R) + 5;
+    float* warp_part = smem + (cross ? blockDim.x * R : 0);
+    const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
+    const std::uint64_t i0 = static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float c = hadamard_norm(a.log_b);
+    const bool feedback = !a.fb.empty();
+
+    // 1. y = T(x + e), or y = y_in + T(e) for pre-rotated input.
+    float v[R];
+    if (a.pre_rotated) {
+        if (feedback) {
+            load_residual_dev<R>(a.fb, i0, a.n, v);
+            if (a.log_b) {
+                apply_signs<R>(v, a.seed, a.first_index, i0, a.n);
+                fwht_tile<R>(v, a.log_b, smem);
+                OCTET_UNROLL
+                for (int j = 0; j < R; ++j) v[j] = v[j] * c;
+            }
+            OCTET_UNROLL
+            for (int j = 0; j < R; ++j) v[j] = (i0 + j < a.L ? a.x[i0 + j] : 0.0f) + v[j];
+        } else {
+            load_floats<R>(a.x, i0, a.L, v);
+        }
+    } else {
+        load_floats<R>(a.x, i0, a.n, v);
+        if (feedback) {
+            float e[R];
+            load_residual_dev<R>(a.fb, i0, a.n, e);
+            OCTET_UNROLL
+            for (int j = 0; j < R; ++j) v[j] = v[j] + e[j];
+        }
+        if (a.log_b) {
+            apply_signs<R>(v, a.seed, a.first_index, i0, a.n);
+            fwht_tile<R>(v, a.log_b, smem);
+            OCTET_UNROLL
+            for (int j = 0; j < R; ++j) v[j] = v[j] * c;
+        }
+    }
+
+    // 2. Amax of each 8-element group, then of each scale block.
+    float a8[R / 8];
+    OCTET_UNROLL
+    for (int g = 0; g < R / 8; ++g) {
+        float m = 0.0f;
+        OCTET_UNROLL
+        for (int j = 8 * g; j < 8 * g + 8; ++j)
+            if (i0 + j < a.L) m = fmaxf(m, finite_abs(v[j]));
+        a8[g] = m;
+    }
+    const std::uint32_t Bs = a.scale_block;
+    if (a.mode == mode_tensor_amax || a.mode == mode_block_amax) {
+        float m = 0.0f;
+        OCTET_UNROLL
+        for (int g = 0; g < R / 8; ++g) m = fmaxf(m, a8[g]);
+        m = warp_max(m, 32);  // mode_block_amax: Bs > tile, so the whole warp is in one scale block
+        if (lane == 0 && i0 < a.L) {
+            unsigned* slot = a.mode == mode_tensor_amax ? reinterpret_cast<unsigned*>(a.msg + 40)
+                                                        : reinterpret_cast<unsigned*>(a.msg + a.scales_offset + 4 * (i0 / Bs));
+            atomicMax(slot, float_to_bits(m));
+        }
+        return;
+    }
+    if (a.mode == mode_encode_slots) {
+        const float m = bits_to_float(*reinterpret_cast<const std::uint32_t*>(a.msg + a.scales_offset + 4 * (i0 / Bs)));
+        OCTET_UNROLL
+        for (int g = 0; g < R / 8; ++g) a8[g] = m;
+    } else if (Bs <= static_cast<std::uint32_t>(R)) {
+        const int bs8 = static_cast<int>(Bs / 8);
+        OCTET_UNROLL
+        for (int k = 1; k < R / 8; k <<= 1)
+            if (k < bs8) {
+                OCTET_UNROLL
+                for (int g = 0; g < R / 8; ++g)
+                    if (!(g & k)) a8[g] = a8[g + k] = fmaxf(a8[g], a8[g + k]);
+            }
+    } else {
+        float m = 0.0f;
+        OCTET_UNROLL
+        for (int g = 0; g < R / 8; ++g) m = fmaxf(m, a8[g]);
+        m = warp_max(m, static_cast<int>(min(32u, Bs / R)));
+        if (Bs > 32u * R) {
+            const int wpb = static_cast<int>(Bs / (32u * R));
+            if (lane == 0) warp_part[warp] = m;
+            __syncthreads();
+            const int w0 = warp / wpb * wpb;
+            for (int w = w0; w < w0 + wpb; ++w) m = fmaxf(m, warp_part[w]);
+        }
+        OCTET_UNROLL
+        for (int g = 0; g < R / 8; ++g) a8[g] = m;
+    }
+
+    // 3. Scales and codes.
+    float ts = 1.0f;
+    if constexpr (RN::two_level) ts = make_tensor_scale<RN>(bits_to_float(*reinterpret_cast<const std::uint32_t*>(a.msg + 40)));
+    float S[R / 8];
+    OCTET_UNROLL
+    for (int g = 0; g < R / 8; ++g) {
+        const block_scale s = make_block_scale<RN>(a8[g], ts);
+        S[g] = s.value;
+        const std::uint64_t cg = i0 + 8 * g;
+        if (a.mode == mode_fused && cg % Bs == 0 && cg < a.L) {
+            if constexpr (Tr::scale_bytes == 4) *reinterpret_cast<std::uint32_t*>(a.msg + a.scales_offset + 4 * (cg / Bs)) = s.stored;
+            else a.msg[a.scales_offset + cg / Bs] = static_cast<std::uint8_t>(s.stored);
+        }
+    }
+    std::uint8_t code[R];
+    OCTET_UNROLL
+    for (int j = 0; j < R; ++j) {
+        const std::uint64_t cj = i0 + j;
+        std::uint8_t q = 0;
+        if (cj < a.L) {
+            if (a.stochastic) q = encode_scaled<RS>(v[j], S[j / 8], a.rng.bits(a.first_index + cj));
+            else q = encode_scaled<RN>(v[j], S[j / 8]);
+        }
+        code[j] = q;
+    }
+    std::uint8_t* payload = a.msg + a.payload_offset;
+    std::uint64_t term = 0;
+    if constexpr (!fp4) {
+        OCTET_UNROLL
+        for (int k = 0; k < R / 8; ++k) {
+            const std::uint64_t bo = i0 + 8 * k;
+            std::uint64_t w = 0;
+            OCTET_UNROLL
+            for (int b = 7; b >= 0; --b) w = (w << 8) | code[8 * k + b];
+            if (bo < a.payload_bytes) {
+                *reinterpret_cast<std::uint64_t*>(payload + bo) = w;
+                term += checksum_term(w, (a.payload_offset + bo) / 8);
+            }
+        }
+    } else if constexpr (R == 8) {
+        std::uint32_t w = 0;
+        OCTET_UNROLL
+        for (int b = 3; b >= 0; --b) w = (w << 8) | pack_fp4x2(code[2 * b], code[2 * b + 1]);
+        const std::uint64_t bo = i0 / 2;
+        if (bo < a.payload_bytes) *reinterpret_cast<std::uint32_t*>(payload + bo) = w;
+        const std::uint32_t hi = __shfl_down_sync(0xFFFFFFFFu, w, 1);
+        if ((lane & 1) == 0 && bo < a.payload_bytes) term = checksum_term(static_cast<std::uint64_t>(w) | (static_cast<std::uint64_t>(hi) << 32), (a.payload_offset + bo) / 8);
+    } else {
+        OCTET_UNROLL
+        for (int k = 0; k < R / 16; ++k) {
+            const std::uint64_t bo = i0 / 2 + 8 * k;
+            std::uint64_t w = 0;
+            OCTET_UNROLL
+            for (int b = 7; b >= 0; --b) w = (w << 8) | pack_fp4x2(code[16 * k + 2 * b], code[16 * k + 2 * b + 1]);
+            if (bo < a.payload_bytes) {
+                *reinterpret_cast<std::uint64_t*>(payload + bo) = w;
+                term += checksum_term(w, (a.payload_offset + bo) / 8);
+            }
+        }
+    }
+    term = warp_sum_u64(term);
+    if (lane == 0 && term != 0) atomicAdd(reinterpret_cast<unsigned long long*>(a.msg + 56), static_cast<unsigned long long>(term));
+
+    // 4. Error feedback: e <- T^-1 (y - dequantized), in the original coordinates.
+    if (feedback) {
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j) v[j] = i0 + j < a.L ? v[j] - mul_rn(decode<Fmt>(code[j]), S[j / 8]) : 0.0f;
+        if (a.log_b) {
+            fwht_tile<R>(v, a.log_b, smem);
+            OCTET_UNROLL
+            for (int j = 0; j < R; ++j) v[j] = v[j] * c;
+            apply_signs<R>(v, a.seed, a.first_index, i0);
+        }
+        store_residual_dev<R>(a.fb, i0, a.n, v);
+    }
+}
+
+/// Large scale blocks: the block amax in each f32 scale slot becomes the block's scale.
+template <class Tr>
+__global__ void slots_to_scales_kernel(std::uint8_t* msg, std::uint64_t scales_offset, std::uint64_t count) {
+    using RN = typename Tr::recipe;
+    for (std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < count;
+         k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+        std::uint32_t* slot = reinterpret_cast<std::uint32_t*>(msg + scales_offset + 4 * k);
+        *slot = make_block_scale<RN>(bits_to_float(*slot)).stored;
+    }
+}
+
+/// Adds the checksum terms of words [w0, w1) of msg (word 7, the checksum field, counts as 0) to *acc.
+__global__ void checksum_words_kernel(const std::uint8_t* msg, std::uint64_t w0, std::uint64_t w1, unsigned long long* acc) {
+    std::uint64_t t = 0;
+    for (std::uint64_t k = w0 + blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < w1;
+         k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+        t += checksum_term(k == wire_checksum_offset / 8 ? 0 : *reinterpret_cast<const std::uint64_t*>(msg + 8 * k), k);
+    t = warp_sum_u64(t);
+    if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(acc, static_cast<unsigned long long>(t));
+}
+
+/// Writes the header; the checksum slot holds the sum of every other word's term, the tensor-scale
+/// slot the NVFP4 amax bits.
+__global__ void finalize_header_kernel(std::uint8_t* msg, wire_format f, transform_kind t, std::uint32_t block_eff, std::uint32_t scale_block,
+                                       std::uint64_t seed, std::uint64_t first_index, std::uint64_t count, std::uint64_t total, bool stochastic) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const std::uint64_t acc = *reinterpret_cast<const std::uint64_t*>(msg + 56);
+    const float ts = f == wire_format::nvfp4 ? make_tensor_scale<recipes::nvfp4>(bits_to_float(*reinterpret_cast<const std::uint32_t*>(msg + 40))) : 1.0f;
+    write_header_fields(msg, f, t, block_eff, scale_block, seed, first_index, count, ts, total, stochastic);
+    std::uint64_t sum = acc;
+    for (int k = 0; k < 8; ++k) sum += checksum_term(k == 7 ? 0 : load_le64(msg + 8 * k), static_cast<std::uint64_t>(k));
+    store_le64(msg + 56, sum);
+}
+
+/// Dequantizes messages: original coordinates (inverse transform), or transformed coordinates
+/// stored or summed over `count` messages in order.
+template <class Tr, int R>
+__global__ void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a) {
+    using RN = typename Tr::recipe;
+    using Fmt = typename RN::format;
+    extern __shared__ __align__(16) float smem[];
+    const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
+    const std::uint64_t i0 = static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
+    float v[R];
+    for (int m = 0; m < a.count; ++m) {
+        const std::uint8_t* msg = a.msg + static_cast<std::uint64_t>(m) * a.msg_stride;
+        const float ts = RN::two_level ? bits_to_float(*reinterpret_cast<const std::uint32_t*>(msg + 40)) : 1.0f;
+        const std::uint8_t* scales = msg + a.scales_offset;
+        const std::uint8_t* payload = msg + a.payload_offset;
+        std::uint8_t code[R];
+        if (i0 + R <= a.L) {
+            if constexpr (Fmt::bits <= 4) {
+                OCTET_UNROLL
+                for (int b = 0; b < R / 2; ++b) {
+                    const std::uint8_t byte = payload[i0 / 2 + b];
+                    code[2 * b] = unpack_fp4(byte, 0), code[2 * b + 1] = unpack_fp4(byte, 1);
+                }
+            } else {
+                OCTET_UNROLL
+                for (int k = 0; k < R / 8; ++k) {
+                    const std::uint64_t w = *reinterpret_cast<const std::uint64_t*>(payload + i0 + 8 * k);
+                    OCTET_UNROLL
+                    for (int b = 0; b < 8; ++b) code[8 * k + b] = static_cast<std::uint8_t>(w >> (8 * b));
+                }
+            }
+        } else {
+            OCTET_UNROLL
+            for (int j = 0; j < R; ++j) {
+                const std::uint64_t cj = i0 + j;
+                code[j] = cj < a.L ? (Fmt::bits <= 4 ? unpack_fp4(payload[cj / 2], static_cast<int>(cj & 1u)) : payload[cj]) : std::uint8_t{0};
+            }
+        }
+        OCTET_UNROLL
+        for (int g = 0; g < R / 8; ++g) {
+            const std::uint64_t cg = i0 + 8 * g;
+            float S = 0.0f;
+            if (cg < a.L) {
+                const std::uint64_t k = cg / a.scale_block;
+                const std::uint32_t stored = Tr::scale_bytes == 4 ? *reinterpret_cast<const std::uint32_t*>(scales + 4 * k) : scales[k];
+                S = stored_scale_value<RN>(stored, ts);
+            }
+            OCTET_UNROLL
+            for (int j = 8 * g; j < 8 * g + 8; ++j) {
+                const float d = i0 + j < a.L ? mul_rn(decode<Fmt>(code[j]), S) : 0.0f;
+                v[j] = m == 0 ? d : v[j] + d;
+            }
+        }
+    }
+    if (a.mode == decode_original) {
+        if (a.log_b) {
+            fwht_tile<R>(v, a.log_b, smem);
+            const float c = hadamard_norm(a.log_b);
+            OCTET_UNROLL
+            for (int j = 0; j < R; ++j) v[j] = v[j] * c;
+            apply_signs<R>(v, a.seed, a.first_index, i0);
+        }
+        store_floats<R>(a.out, i0, a.n, v);
+    } else if (a.mode == decode_transformed) {
+        store_floats<R>(a.out, i0, a.L, v);
+    } else {
+        float w[R];
+        load_floats<R>(a.out, i0, a.L, w);
+        OCTET_UNROLL
+        for (int j = 0; j < R; ++j) w[j] = w[j] + v[j];
+        store_floats<R>(a.out, i0, a.L, w);
+    }
+}
+
+/// Checks `count` messages of one layout (stride bytes apart): adds every word's checksum term to
+/// acc[m] and sets bad[m] when a header word differs from expected[m] (if given; the tensor-scale
+/// word and the checksum word are not compared), a scale is invalid, or padding is not zero.
+struct validate_args {
+    const std::uint8_t* msgs = nullptr;
+    std::uint64_t stride = 0;
+    int count = 0;
+    const std::uint8_t* expected = nullptr;  ///< count x 64 header bytes, or null
+    std::uint64_t words = 0;                 ///< message bytes / 8
+    wire_format format = wire_format::e4m3;
+    std::uint64_t scales_offset = 0, scale_count = 0, scale_bytes = 0, payload_offset = 0, payload_used = 0;
+    bool odd_fp4 = false;
+    unsigned long long* acc = nullptr;
+    unsigned* bad = nullptr;
+};
+
+__global__ void validate_kernel(validate_args a) {
+    const int m = blockIdx.y;
+    const std::uint8_t* msg = a.msgs + static_cast<std::uint64_t>(m) * a.stride;
+    std::uint64_t t = 0;
+    unsigned bad = 0;
+    for (std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < a.words;
+         k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+        const std::uint64_t w = *reinterpret_cast<const std::uint64_t*>(msg + 8 * k);
+        t += checksum_term(k == 7 ? 0 : w, k);
+        const std::uint64_t b0 = 8 * k;
+        if (k < 8) {
+            if (a.expected && k != 5 && k != 7 && w != load_le64(a.expected + 64 * m + 8 * k)) bad = 1;
+            if (k == 5) {
+                const float ts = bits_to_float(static_cast<std::uint32_t>(w));
+                if ((w >> 32) != 0) bad = 1;
+                if (a.format == wire_format::nvfp4 ? !(ts > 0.0f && ts <= 3.40282347e38f) : float_to_bits(ts) != float_to_bits(1.0f)) bad = 1;
+            }
+        } else if (b0 < a.payload_offset) {
+            for (int i = 0; i < 8; ++i) {
+                const std::uint64_t pos = b0 + i - a.scales_offset;
+                const std::uint8_t byte = static_cast<std::uint8_t>(w >> (8 * i));
+                if (a.scale_bytes == 4) {
+                    if (i % 4 == 0 && pos / 4 < a.scale_count) {
+                        const float s = bits_to_float(static_cast<std::uint32_t>(w >> (8 * i)));
+                        if (!(s > 0.0f && s <= 3.40282347e38f)) bad = 1;
+                    } else if (pos >= 4 * a.scale_count && byte != 0) {
+                        bad = 1;
+                    }
+                } else if (pos < a.scale_count) {
+                    if (a.format == wire_format::mxfp8 ? byte == 0xFF : byte >= 0x7F) bad = 1;
+                } else if (byte != 0) {
+                    bad = 1;
+                }
+            }
+        } else {
+            for (int i = 0; i < 8; ++i) {
+                const std::uint64_t pos = b0 + i - a.payload_offset;
+                const std::uint8_t byte = static_cast<std::uint8_t>(w >> (8 * i));
+                if (pos >= a.payload_used && byte != 0) bad = 1;
+                if (a.odd_fp4 && pos == a.payload_used - 1 && (byte >> 4) != 0) bad = 1;
+            }
+        }
+    }
+    t = warp_sum_u64(t);
+    if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(a.acc + m, static_cast<unsigned long long>(t));
+    if (bad) atomicOr(a.bad + m, 1u);
+}
+
+/// flag[0] = rank_tag if any message failed, else 0; flag[1] = the last failing message's index + 1.
+__global__ void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t stride, int count, const unsigned long long* acc,
+                                       const unsigned* bad, int* flag, int rank_tag) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int f = 0;
+    for (int m = 0; m < count; ++m) {
+        const std::uint64_t stored = load_le64(msgs + static_cast<std::uint64_t>(m) * stride + 56);
+        if (bad[m] || stored != acc[m]) f = m + 1;
+    }
+    flag[0] = f ? rank_tag : 0;
+    flag[1] = f;
+}
+
+inline validate_args validation_of(const wire_layout& l, wire_format f, const std::uint8_t* msgs, std::uint64_t stride, int count,
+                                   const std::uint8_t* expected, unsigned long long* acc, unsigned* bad) {
+    validate_args v;
+    v.msgs = msgs;
+    v.stride = stride;
+    v.count = count;
+    v.expected = expected;
+    v.words = l.total_bytes / 8;
+    v.format = f;
+    v.scales_offset = l.scales_offset;
+    v.scale_count = l.scale_count;
+    v.scale_bytes = l.scale_bytes;
+    v.payload_offset = l.payload_offset;
+    v.payload_used = l.code_bits == 4 ? (l.coded + 1) / 2 : l.coded;
+    v.odd_fp4 = l.code_bits == 4 && (l.coded & 1u);
+    v.acc = acc;
+    v.bad = bad;
+    return v;
+}
+
+inline void launch_validate(cudaStream_t s, const validate_args& v) {
+    if (v.count == 0) return;
+    const unsigned bx = static_cast<unsigned>(std::min<std::uint64_t>(1024, (v.words + 255) / 256));
+    validate_kernel<<<dim3(std::max(1u, bx), static_cast<unsigned>(v.count)), 256, 0, s>>>(v);
+    OCTET_CUDA_CHECK_LAUNCH();
+}
+
+/// Every kernel of one encode (see the header comment), on stream s. No validation here.
+inline void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l, const float* x, bool pre_rotated,
+                          std::uint64_t first_index, const residual_view& fb, std::uint64_t random_stream, std::uint8_t* msg) {
+    OCTET_CUDA_CHECK(cudaMemsetAsync(msg, 0, l.payload_offset, s));
+    const int log_b = cfg.transform == transform_kind::hadamard ? log2_exact(l.block) : 0;
+    encode_args a;
+    a.x = x;
+    a.n = l.count;
+    a.L = l.coded;
+    a.log_b = log_b;
+    a.scale_block = l.scale_block;
+    a.seed = cfg.seed;
+    a.first_index = first_index;
+    a.rng = philox_stream{cfg.seed, codec_rounding_stream + random_stream};
+    a.stochastic = cfg.stochastic;
+    a.pre_rotated = pre_rotated;
+    a.fb = fb;
+    a.msg = msg;
+    a.scales_offset = l.scales_offset;
+    a.payload_offset = l.payload_offset;
+    a.payload_bytes = l.payload_bytes;
+    if (l.coded > 0) {
+        dispatch_wire_format(cfg.format, [&](auto tr) {
+            using Tr = decltype(tr);
+            dispatch_regs(log_b, [&](auto r) {
+                constexpr int R = decltype(r)::value;
+                const int threads = threads_for(log_b, R);
+                const std::uint64_t tile = static_cast<std::uint64_t>(threads) * R;
+                const std::size_t smem = smem_bytes(log_b, R, threads);
+                set_smem(encode_kernel<Tr, R>, smem);
+                const unsigned grid = static_cast<unsigned>((l.coded + tile - 1) / tile);
+                const bool large = l.scale_block > tile;
+                if (Tr::recipe::two_level) {
+                    encode_args p = a;
+                    p.mode = mode_tensor_amax;
+                    encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
+                    OCTET_CUDA_CHECK_LAUNCH();
+                }
+                if (large) {
+                    encode_args p = a;
+                    p.mode = mode_block_amax;
+                    encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
+                    OCTET_CUDA_CHECK_LAUNCH();
+                }
+                a.mode = large ? mode_encode_slots : mode_fused;
+                encode_kernel<Tr, R><<<grid, threads, smem, s>>>(a);
+                OCTET_CUDA_CHECK_LAUNCH();
+                if (large) {
+                    if constexpr (Tr::scale_bytes == 4) {
+                        const unsigned g = static_cast<unsigned>(std::min<std::uint64_t>(1024, (l.scale_count + 255) / 256));
+                        slots_to_scales_kernel<Tr><<<std::max(1u, g), 256, 0, s>>>(msg, l.scales_offset, l.scale_count);
+                        OCTET_CUDA_CHECK_LAUNCH();
+                    }
+                }
+            });
+        });
+    }
+    const std::uint64_t w0 = l.scales_offset / 8, w1 = l.payload_offset / 8;
+    if (w1 > w0) {
+        const unsigned g = static_cast<unsigned>(std::min<std::uint64_t>(1024, (w1 - w0 + 255) / 256));
+        checksum_words_kernel<<<std::max(1u, g), 256, 0, s>>>(msg, w0, w1, reinterpret_cast<unsigned long long*>(msg + 56));
+        OCTET_CUDA_CHECK_LAUNCH();
+    }
+    finalize_header_kernel<<<1, 32, 0, s>>>(msg, cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, first_index, l.count, l.total_bytes,
+                                            cfg.stochastic);
+    OCTET_CUDA_CHECK_LAUNCH();
+}
+
+/// Dequantize kernels for `count` messages of layout l (stride bytes apart).
+inline void launch_decode(cudaStream_t s, const wire_layout& l, wire_format f, transform_kind t, std::uint64_t seed, std::uint64_t first_index,
+                          const std::uint8_t* msgs, std::uint64_t stride, int count, float* out, int mode) {
+    if (l.coded == 0) return;
+    const int log_b = t == transform_kind::hadamard ? log2_exact(l.block) : 0;
+    decode_args a;
+    a.msg = msgs;
+    a.msg_stride = stride;
+    a.count = count;
+    a.n = l.count;
+    a.L = l.coded;
+    a.log_b = log_b;
+    a.scale_block = l.scale_block;
+    a.seed = seed;
+    a.first_index = first_index;
+    a.scales_offset = l.scales_offset;
+    a.payload_offset = l.payload_offset;
+    a.out = out;
+    a.mode = mode;
+    dispatch_wire_format(f, [&](auto tr) {
+        using Tr = decltype(tr);
+        dispatch_regs(log_b, [&](auto r) {
+            constexpr int R = decltype(r)::value;
+            const int threads = threads_for(log_b, R);
+            const std::uint64_t tile = static_cast<std::uint64_t>(threads) * R;
+            const std::size_t smem = smem_bytes(log_b, R, threads);
+            set_smem(decode_kernel<Tr, R>, smem);
+            decode_kernel<Tr, R><<<static_cast<unsigned>((l.coded + tile - 1) / tile), threads, smem, s>>>(a);
+            OCTET_CUDA_CHECK_LAUNCH();
+        });
+    });
+}
+
+inline void check_device_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out, const encode_options& opt, wire_layout& l,
+                                     const char* fn) {
+    check_encode_args(cfg, n, out, opt, l, fn);
+    cuda::require_device_accessible(out.data(), fn, "out");
+    OCTET_REQUIRE(is_aligned(out.data(), 16), fn, "out", "is not 16-byte aligned; device messages need 16-byte alignment (cudaMalloc gives 256)");
+    if (!opt.feedback.empty()) cuda::require_device_accessible(opt.feedback.data, fn, "options.feedback");
+    if (!opt.feedback.empty() && opt.feedback.storage != residual_storage::bf16)
+        OCTET_REQUIRE(is_aligned(opt.feedback.data, 4), fn, "options.feedback", "is not 4-byte aligned");
+}
+
+/// Validates a device message: header on the host, checksum and sections on the device. Throws.
+inline wire_header validate_device_message(cudaStream_t s, span<const std::uint8_t> msg, wire_layout& l, const char* fn) {
+    OCTET_REQUIRE(msg.size() >= wire_header_bytes, fn, "message",
+                  message("is truncated: ", msg.size(), " bytes, but a message has a 64-byte header"));
+    cuda::require_device_accessible(msg.data(), fn, "message");
+    OCTET_REQUIRE(is_aligned(msg.data(), 16), fn, "message", "is not 16-byte aligned; device messages need 16-byte alignment");
+    std::uint8_t head[wire_header_bytes];
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(head, msg.data(), wire_header_bytes, cudaMemcpyDeviceToHost, s));
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
+    // parse_header reads only the 64 header bytes and checks the fields against the buffer's size:
+    // give it the copied header with the device buffer's size.
+    const wire_header h = parse_header(span<const std::uint8_t>(head, msg.size()), l, fn);
+    void* scratch = nullptr;
+    OCTET_CUDA_CHECK(cudaMallocAsync(&scratch, 16, s));
+    OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, 16, s));
+    auto* acc = static_cast<unsigned long long*>(scratch);
+    auto* bad = reinterpret_cast<unsigned*>(static_cast<std::uint8_t*>(scratch) + 8);
+    launch_validate(s, validation_of(l, h.format, msg.data(), 0, 1, nullptr, acc, bad));
+    std::uint64_t back[2] = {0, 0};
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(back, scratch, 16, cudaMemcpyDeviceToHost, s));
+    OCTET_CUDA_CHECK(cudaFreeAsync(scratch, s));
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (back[0] != h.checksum) bad_message(fn, "fails its checksum: it was corrupted or truncated in transit");
+    if (static_cast<std::uint32_t>(back[1]) != 0) bad_message(fn, "has an invalid scale or non-zero padding");
+    return h;
+}
+
+}  // namespace codec_dev
+}  // namespace detail
+
+/// Encodes n = x.size() elements (device memory) into out (device memory, encoded_size bytes,
+/// 16-byte aligned). encode_result::amax is not measured on the device (-1).
+inline encode_result encode_gradient(stream_executor ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
+                                     const encode_options& opt = {}) {
+    constexpr const char* fn = "octet::encode_gradient";
+    wire_layout l;
+    detail::codec_dev::check_device_encode_args(cfg, x.size(), out, opt, l, fn);
+    if (!x.empty()) cuda::require_device_accessible(x.data(), fn, "x");
+    detail::codec_dev::launch_encode(ex.stream, cfg, l, x.data(), false, opt.first_index, opt.feedback, opt.random_stream, out.data());
+    return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
+}
+
+/// Encodes L transformed coordinates y (device memory) as the message of n elements.
+inline encode_result encode_gradient_transformed(stream_executor ex, const codec_config& cfg, span<const float> y, std::size_t n,
+                                                 span<std::uint8_t> out, const encode_options& opt = {}) {
+    constexpr const char* fn = "octet::encode_gradient_transformed";
+    wire_layout l;
+    detail::codec_dev::check_device_encode_args(cfg, n, out, opt, l, fn);
+    OCTET_REQUIRE(y.size() == l.coded, fn, "y", detail::message("has ", y.size(), " coordinates; ", n, " elements transform to ", l.coded));
+    if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
+    detail::codec_dev::launch_encode(ex.stream, cfg, l, y.data(), true, opt.first_index, opt.feedback, opt.random_stream, out.data());
+    return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
+}
+
+/// Validates a device message (synchronizes) and decodes it into out (device memory).
+inline wire_header decode_gradient(stream_executor ex, span<const std::uint8_t> message, span<float> out) {
+    constexpr const char* fn = "octet::decode_gradient";
+    wire_layout l;
+    const wire_header h = detail::codec_dev::validate_device_message(ex.stream, message, l, fn);
+    OCTET_REQUIRE(out.size() == h.count, fn, "out", detail::message("has ", out.size(), " elements; the message holds ", h.count));
+    if (!out.empty()) cuda::require_device_accessible(out.data(), fn, "out");
+    detail::codec_dev::launch_decode(ex.stream, l, h.format, h.transform, h.seed, h.first_index, message.data(), 0, 1, out.data(),
+                                     detail::codec_dev::decode_original);
+    return h;
+}
+
+/// Validates a device message (synchronizes) and writes (add: adds) its L transformed coordinates to y.
+inline wire_header decode_gradient_transformed(stream_executor ex, span<const std::uint8_t> message, span<float> y, bool add = false) {
+    constexpr const char* fn = "octet::decode_gradient_transformed";
+    wire_layout l;
+    const wire_header h = detail::codec_dev::validate_device_message(ex.stream, message, l, fn);
+    OCTET_REQUIRE(y.size() == l.coded, fn, "y", detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
+    if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
+    detail::codec_dev::launch_decode(ex.stream, l, h.format, h.transform, h.seed, h.first_index, message.data(), 0, 1, y.data(),
+                                     add ? detail::codec_dev::decode_transformed_add : detail::codec_dev::decode_transformed);
+    return h;
+}
+
+}  // namespace octet

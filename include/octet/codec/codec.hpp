@@ -1,0 +1,344 @@
+// octet/codec/codec.hpp: geometry-aware gradient codecs on the host (multi-threaded).
+//
+//   octet::codec_config cfg{octet::wire_format::e4m3, octet::transform_kind::hadamard, 1024};
+//   std::vector<std::uint8_t> msg(octet::encoded_size(cfg, g.size()));
+//   octet::encode_gradient(octet::on_host(), cfg, g, msg);                 // transform, scale, encode
+//   octet::decode_gradient(octet::on_host(), msg, g_hat);                  // validate, decode, invert
+//
+//   octet::error_feedback fb(g.size(), octet::residual_storage::bf16);
+//   octet::encode_gradient(octet::on_host(), cfg, g, msg, {0, fb.view()}); // with error feedback
+//
+// Stages (also public, for collectives that sum in rotated coordinates, see comm/allreduce.hpp):
+//   encode_gradient_transformed(ex, cfg, y, n, msg)   y: the L transformed coordinates of n elements
+//   decode_gradient_transformed(ex, msg, y, add)      y = (or +=) the L dequantized coordinates
+//
+// Encoding an n-element gradient x (cfg.transform T, L = transform_length(T, n, block)):
+//   1. with feedback: x' = x + e (residual e, in x's coordinates; see feedback.hpp), else x' = x;
+//   2. y = T x' (hadamard.hpp: L floats; the ragged tail is zero-padded in a local copy);
+//   3. per scale block of Bs coordinates: amax = largest finite |y_j|; the block's scale and codes
+//      come from the format's recipe rules (make_block_scale, encode_scaled in quant/scale.hpp,
+//      saturating; nearest-even, or stochastic with cfg.stochastic): code_j = encode(y_j / S).
+//      NVFP4's tensor scale is make_tensor_scale(largest finite |y| of the message);
+//   4. with feedback: e <- T^-1 (y - dequantize(codes)), restricted to the n real coordinates;
+//   5. header and checksum (wire.hpp).
+// Decoding validates the whole message first (wire.hpp), then y_hat_j = decode(code_j) * S and
+// x_hat = T^-1 y_hat. Identical bits on host and device (codec.cuh) for the same message, provided
+// the host compiler does not contract a*b+c into FMA (plain x86-64, or -ffp-contract=off; device
+// products that feed adds use __fmul_rn).
+//
+// Error bound (error_bound below; derived in the README): one encode/decode of x satisfies
+//   ||x_hat - x||_2 <= beta ||x||_2 + eta sqrt(L)
+//   beta = eps + alpha sqrt(Bs) + zeta sqrt(L) + 3 (log2 B + 1) 2^-24,
+// eps = 2^-(M+1) the format's relative rounding (M mantissa bits), alpha the per-block absolute term
+// (half the smallest subnormal times S / amax; for NVFP4 also the saturation an E4M3-rounded block
+// scale allows), zeta NVFP4's two-level underflow term, eta the scale floors (below 1e-40). Values:
+//   e4m3  eps 2^-4, alpha 2^-10/448                 e5m2  eps 2^-3, alpha 2^-17/57344
+//   mxfp8 eps 2^-4, alpha 2^-9/448 (scale < 2 amax/448)   nvfp4 eps 2^-2, alpha 2^-4, zeta 2^-10/448
+// Stochastic rounding errs by up to a whole step: eps and the subnormal terms double (NVFP4's alpha
+// becomes 0.0885). It is a worst case (every element at the worst point of its rounding interval);
+// measured errors are 2.5 to 5 times smaller (tests/host/codec_quality.cpp prints both).
+//
+// Non-finite inputs are data: amax ignores them; a NaN/Inf encodes by the format's contract
+// (saturating: Inf -> +-max finite, NaN -> NaN code; E2M1 has no NaN and gives +6 S). Under
+// Hadamard one non-finite element makes its whole block non-finite before quantization.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "octet/codec/feedback.hpp"
+#include "octet/codec/hadamard.hpp"
+#include "octet/codec/wire.hpp"
+#include "octet/core/check.hpp"
+#include "octet/core/executor.hpp"
+#include "octet/core/philox.hpp"
+#include "octet/core/span.hpp"
+#include "octet/format/encode.hpp"
+#include "octet/format/packed.hpp"
+#include "octet/quant/scale.hpp"
+#include "octet/quant/tensor.hpp"
+
+namespace octet {
+
+struct encode_options {
+    std::uint64_t first_index = 0;  ///< global index of x[0] (the sign pattern's position); shards pass their offset
+    residual_view feedback{};       ///< error-feedback residual of x's size (empty: none)
+    std::uint64_t random_stream = 0;  ///< added to the stochastic-rounding stream (ranks and stages use different ones)
+};
+
+struct encode_result {
+    std::size_t bytes = 0;  ///< message size
+    float amax = 0.0f;      ///< largest finite |y| over the transformed coordinates
+};
+
+/// The worst-case error of one encode/decode: ||x_hat - x|| <= relative * ||x|| + absolute.
+struct codec_bound {
+    double relative = 0.0;
+    double absolute = 0.0;
+    double of(double norm) const { return relative * norm + absolute; }
+};
+
+inline codec_bound error_bound(const codec_config& cfg, std::size_t n) {
+    const wire_layout l = wire_layout_of(cfg, n);
+    // Nearest rounding errs by at most half a step, stochastic rounding by less than one.
+    const double r = cfg.stochastic ? 2.0 : 1.0;
+    double eps = 0, alpha = 0, zeta = 0, eta = 0;
+    switch (cfg.format) {
+        case wire_format::e4m3: eps = r * 0x1p-4; alpha = r * 0x1p-10 / 448.0; eta = r * 0x1p-10 * 0x1p-126; break;
+        case wire_format::e5m2: eps = r * 0x1p-3; alpha = r * 0x1p-17 / 57344.0; eta = r * 0x1p-17 * 0x1p-126; break;
+        case wire_format::mxfp8: eps = r * 0x1p-4; alpha = r * 2.0 * 0x1p-10 / 448.0; eta = r * 0x1p-10 * 0x1p-127; break;
+        case wire_format::nvfp4:
+            // saturation under an E4M3 scale rounded down (2^-4 amax), or the subnormal step
+            // (0.25 r S with S <= (17/16) amax / 6), whichever is larger; zeta: the block scale's
+            // own E4M3 underflow relative to the tensor amax.
+            eps = r * 0x1p-2;
+            alpha = std::max(0x1p-4, 0.25 * r * (17.0 / 16.0) / 6.0);
+            zeta = 1.01 * 0x1p-10 / 448.0;
+            eta = r * 0.25 * 0x1p-125;
+            break;
+    }
+    const int k = cfg.transform == transform_kind::hadamard ? log2_exact(l.block) : 0;
+    codec_bound b;
+    b.relative = (eps + alpha * std::sqrt(static_cast<double>(l.scale_block)) + zeta * std::sqrt(static_cast<double>(l.coded))) *
+                     (1.0 + 0x1p-20) +
+                 3.0 * (k + 1) * 0x1p-24;
+    b.absolute = eta * std::sqrt(static_cast<double>(l.coded));
+    return b;
+}
+
+namespace detail {
+
+/// Largest finite |y_j|.
+inline float finite_amax(host_executor ex, const float* y, std::size_t n) {
+    std::mutex m;
+    float amax = 0.0f;
+    parallel_for(ex, n, 1 << 16, [&](std::size_t b, std::size_t e) {
+        float a = 0.0f;
+        for (std::size_t i = b; i < e; ++i) a = std::max(a, finite_abs(y[i]));
+        std::lock_guard<std::mutex> lock(m);
+        amax = std::max(amax, a);
+    });
+    return amax;
+}
+
+/// Scale blocks [k0, k1) of quantize_coded. A plain function: its pointers are locals that the
+/// byte stores cannot alias (as a lambda's captures could), so the loops vectorize.
+template <class Tr, class Round>
+void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t coded, const float* y, float tensor_scale,
+                     std::uint8_t* scales, std::uint8_t* payload, float* deq, philox_stream rng, std::uint64_t first_index) {
+    using R = typename Tr::template recipe_with<Round>;
+    using Fmt = typename R::format;
+    // Random bits only for stochastic rounding (a Philox block costs more than the encode itself).
+    auto random_bits = [rng, first_index](std::size_t j) -> std::uint32_t {
+        if constexpr (std::is_same_v<Round, round::stochastic>) return rng.bits(first_index + j);
+        else return (void)rng, (void)first_index, (void)j, 0u;
+    };
+    for (std::size_t k = k0; k < k1; ++k) {
+        const std::size_t b = k * Bs, e = std::min<std::size_t>(coded, b + Bs);
+        float amax = 0.0f;
+        for (std::size_t j = b; j < e; ++j) amax = std::max(amax, finite_abs(y[j]));
+        const block_scale s = make_block_scale<R>(amax, tensor_scale);
+        if constexpr (Tr::scale_bytes == 4) store_le32(scales + 4 * k, s.stored);
+        else scales[k] = static_cast<std::uint8_t>(s.stored);
+        if constexpr (Fmt::bits <= 4) {
+            // Bs is even, so a block owns whole bytes; an odd L leaves a zero high nibble at the end.
+            for (std::size_t j0 = b; j0 < e; j0 += 64) {
+                const std::size_t m = std::min<std::size_t>(64, e - j0);
+                std::uint8_t c[64 + 1];
+                for (std::size_t t = 0; t < m; ++t) c[t] = encode_scaled<R>(y[j0 + t], s.value, random_bits(j0 + t));
+                c[m] = 0;  // the high nibble after an odd last element
+                for (std::size_t t = 0; t < m; t += 2) payload[(j0 + t) / 2] = pack_fp4x2(c[t], c[t + 1]);
+            }
+            if (deq)
+                for (std::size_t j = b; j < e; ++j) deq[j] = mul_rn(decode<Fmt>(unpack_fp4(payload[j / 2], static_cast<int>(j & 1u))), s.value);
+        } else {
+            for (std::size_t j = b; j < e; ++j) payload[j] = encode_scaled<R>(y[j], s.value, random_bits(j));
+            if (deq)
+                for (std::size_t j = b; j < e; ++j) deq[j] = mul_rn(decode<Fmt>(payload[j]), s.value);
+        }
+    }
+}
+
+/// Scales and codes of L transformed coordinates; deq (if not null) receives the dequantized values.
+template <class Tr, class Round>
+void quantize_coded(host_executor ex, const wire_layout& l, const float* y, float tensor_scale, std::uint8_t* msg, float* deq,
+                    philox_stream rng, std::uint64_t first_index) {
+    std::uint8_t* scales = msg + l.scales_offset;
+    std::uint8_t* payload = msg + l.payload_offset;
+    const std::size_t Bs = l.scale_block, coded = l.coded;
+    parallel_for(ex, l.scale_count, std::max<std::size_t>(1, 16384 / Bs), [=](std::size_t lo, std::size_t hi) {
+        quantize_blocks<Tr, Round>(lo, hi, Bs, coded, y, tensor_scale, scales, payload, deq, rng, first_index);
+    });
+    const std::uint64_t scale_used = l.scale_count * l.scale_bytes;
+    std::memset(scales + scale_used, 0, l.scales_bytes - scale_used);
+    const std::uint64_t used = l.code_bits == 4 ? (l.coded + 1) / 2 : l.coded;
+    std::memset(payload + used, 0, l.payload_bytes - used);
+}
+
+/// Scale blocks [k0, k1) of dequantize_coded (a plain function for the same reason).
+template <class Tr>
+void dequantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t coded, const std::uint8_t* scales,
+                       const std::uint8_t* payload, float tensor_scale, float* y, bool add) {
+    using R = typename Tr::recipe;
+    using Fmt = typename R::format;
+    for (std::size_t k = k0; k < k1; ++k) {
+        const std::uint32_t stored = Tr::scale_bytes == 4 ? load_le32(scales + 4 * k) : scales[k];
+        const float S = stored_scale_value<R>(stored, tensor_scale);
+        const std::size_t b = k * Bs, e = std::min<std::size_t>(coded, b + Bs);
+        if (add) {
+            for (std::size_t j = b; j < e; ++j) {
+                const std::uint8_t c = Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
+                y[j] = y[j] + mul_rn(decode<Fmt>(c), S);
+            }
+        } else {
+            for (std::size_t j = b; j < e; ++j) {
+                const std::uint8_t c = Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
+                y[j] = mul_rn(decode<Fmt>(c), S);
+            }
+        }
+    }
+}
+
+/// y (or y +=) = the dequantized coordinates of a validated message.
+template <class Tr>
+void dequantize_coded(host_executor ex, const wire_layout& l, const std::uint8_t* msg, float tensor_scale, float* y, bool add) {
+    const std::uint8_t* scales = msg + l.scales_offset;
+    const std::uint8_t* payload = msg + l.payload_offset;
+    const std::size_t Bs = l.scale_block, coded = l.coded;
+    parallel_for(ex, l.scale_count, std::max<std::size_t>(1, 16384 / Bs), [=](std::size_t lo, std::size_t hi) {
+        dequantize_blocks<Tr>(lo, hi, Bs, coded, scales, payload, tensor_scale, y, add);
+    });
+}
+
+inline void check_feedback(const residual_view& fb, std::size_t n, const char* fn) {
+    if (fb.empty()) return;
+    OCTET_REQUIRE(fb.size == n, fn, "options.feedback", message("has ", fb.size, " elements but the gradient has ", n));
+    OCTET_REQUIRE(fb.storage == residual_storage::f32 || fb.storage == residual_storage::bf16 || fb.storage == residual_storage::e4m3, fn,
+                  "options.feedback", "has an unknown residual storage");
+}
+
+/// Steps 3-5 of encoding: y holds the L transformed coordinates (with the residual already added).
+inline encode_result encode_coded(host_executor ex, const codec_config& cfg, const wire_layout& l, std::vector<float>& y,
+                                  const encode_options& opt, span<std::uint8_t> out) {
+    encode_result res;
+    res.bytes = static_cast<std::size_t>(l.total_bytes);
+    res.amax = finite_amax(ex, y.data(), y.size());
+    const float ts = cfg.format == wire_format::nvfp4 ? make_tensor_scale<recipes::nvfp4>(res.amax) : 1.0f;
+    std::vector<float> deq(opt.feedback.empty() ? 0 : l.coded);
+    float* deq_ptr = opt.feedback.empty() ? nullptr : deq.data();
+    const philox_stream rng{cfg.seed, codec_rounding_stream + opt.random_stream};
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        if (cfg.stochastic) quantize_coded<decltype(tr), round::stochastic>(ex, l, y.data(), ts, out.data(), deq_ptr, rng, opt.first_index);
+        else quantize_coded<decltype(tr), round::nearest_even>(ex, l, y.data(), ts, out.data(), deq_ptr, rng, opt.first_index);
+    });
+    if (!opt.feedback.empty()) {
+        // r = y - dequantized, back to x's coordinates, kept as the next residual.
+        for (std::size_t j = 0; j < deq.size(); ++j) deq[j] = y[j] - deq[j];
+        std::vector<float> e(l.count);
+        transform_inverse(ex, cfg.transform, deq, e, cfg.block, cfg.seed, opt.first_index);
+        store_residual(opt.feedback, 0, e.size(), e.data());
+    }
+    write_header_fields(out.data(), cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, opt.first_index, l.count, ts, l.total_bytes,
+                        cfg.stochastic);
+    seal_wire_message(out);
+    return res;
+}
+
+inline void check_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out, const encode_options& opt, wire_layout& l,
+                              const char* fn) {
+    validate_config(cfg, fn);
+    OCTET_REQUIRE(n <= wire_max_elements, fn, "x", message("has ", n, " elements; a message holds at most 2^40"));
+    l = wire_layout_of(cfg, n);
+    OCTET_REQUIRE(out.size() == l.total_bytes, fn, "out",
+                  message("has ", out.size(), " bytes; the message for ", n, " elements is ", l.total_bytes, " bytes (encoded_size)"));
+    OCTET_REQUIRE(out.data() != nullptr, fn, "out", "is null");
+    OCTET_REQUIRE(opt.first_index <= wire_max_index - l.coded, fn, "options.first_index",
+                  message("is ", opt.first_index, "; first index + coordinates must stay below 2^62"));
+    check_feedback(opt.feedback, n, fn);
+}
+
+}  // namespace detail
+
+/// Encodes n = x.size() elements into out (exactly encoded_size(cfg, n) bytes).
+inline encode_result encode_gradient(host_executor ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
+                                     const encode_options& opt = {}) {
+    constexpr const char* fn = "octet::encode_gradient";
+    wire_layout l;
+    detail::check_encode_args(cfg, x.size(), out, opt, l, fn);
+    OCTET_REQUIRE(x.empty() || x.data() != nullptr, fn, "x", "is null with a non-zero size");
+    std::vector<float> y(l.coded);
+    if (opt.feedback.empty()) {
+        transform_forward(ex, cfg.transform, x, y, cfg.block, cfg.seed, opt.first_index);
+    } else {
+        std::vector<float> xf(x.size());
+        load_residual(opt.feedback, 0, x.size(), xf.data());
+        for (std::size_t i = 0; i < xf.size(); ++i) xf[i] = x[i] + xf[i];
+        transform_forward(ex, cfg.transform, xf, y, cfg.block, cfg.seed, opt.first_index);
+    }
+    return detail::encode_coded(ex, cfg, l, y, opt, out);
+}
+
+/// Encodes the L = transform_length(cfg.transform, n, cfg.block) coordinates y, already in cfg's
+/// transformed coordinates (for example a sum of dequantized messages), as the message of n
+/// elements. A feedback residual is in original coordinates (n elements) and is transformed first.
+inline encode_result encode_gradient_transformed(host_executor ex, const codec_config& cfg, span<const float> y_in, std::size_t n,
+                                                 span<std::uint8_t> out, const encode_options& opt = {}) {
+    constexpr const char* fn = "octet::encode_gradient_transformed";
+    wire_layout l;
+    detail::check_encode_args(cfg, n, out, opt, l, fn);
+    OCTET_REQUIRE(y_in.size() == l.coded, fn, "y", detail::message("has ", y_in.size(), " coordinates; ", n, " elements transform to ", l.coded));
+    OCTET_REQUIRE(y_in.empty() || y_in.data() != nullptr, fn, "y", "is null with a non-zero size");
+    std::vector<float> y(y_in.begin(), y_in.end());
+    if (!opt.feedback.empty()) {
+        std::vector<float> e(n), te(l.coded);
+        load_residual(opt.feedback, 0, n, e.data());
+        transform_forward(ex, cfg.transform, e, te, cfg.block, cfg.seed, opt.first_index);
+        for (std::size_t j = 0; j < y.size(); ++j) y[j] = y[j] + te[j];
+    }
+    return detail::encode_coded(ex, cfg, l, y, opt, out);
+}
+
+/// Validates a message and writes its L dequantized coordinates in the transformed space into y
+/// (add: y += them). Returns the header.
+inline wire_header decode_gradient_transformed(host_executor ex, span<const std::uint8_t> message, span<float> y, bool add = false) {
+    constexpr const char* fn = "octet::decode_gradient_transformed";
+    wire_layout l;
+    const wire_header h = read_wire_header(message, &l, fn);
+    OCTET_REQUIRE(y.size() == l.coded, fn, "y", detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
+    OCTET_REQUIRE(y.empty() || y.data() != nullptr, fn, "y", "is null with a non-zero size");
+    dispatch_wire_format(h.format, [&](auto tr) { detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), add); });
+    return h;
+}
+
+/// Validates a message and decodes its n elements into out (out.size() must be the header's count).
+inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> message, span<float> out) {
+    constexpr const char* fn = "octet::decode_gradient";
+    wire_layout l;
+    const wire_header h = read_wire_header(message, &l, fn);
+    OCTET_REQUIRE(out.size() == h.count, fn, "out", detail::message("has ", out.size(), " elements; the message holds ", h.count));
+    OCTET_REQUIRE(out.empty() || out.data() != nullptr, fn, "out", "is null with a non-zero size");
+    std::vector<float> y(l.coded);
+    dispatch_wire_format(h.format, [&](auto tr) { detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), false); });
+    transform_inverse(ex, h.transform, y, out, h.transform == transform_kind::hadamard ? h.block : hadamard_min_block, h.seed, h.first_index);
+    return h;
+}
+
+/// The configuration a message was encoded with (block: its effective block).
+inline codec_config config_of(const wire_header& h) {
+    codec_config c;
+    c.format = h.format;
+    c.transform = h.transform;
+    c.block = h.transform == transform_kind::hadamard ? h.block : 1024;
+    c.scale_block = h.scale_block;
+    c.seed = h.seed;
+    c.stochastic = h.stochastic;
+    return c;
+}
+
+}  // namespace octet
