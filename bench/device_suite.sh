@@ -42,6 +42,15 @@ else
   echo "suite: built in $(( $(date +%s) - start )) s"
 fi
 
+# Prebuilt binaries link the CUDA libraries (cuBLASLt, NCCL) by soname; where the machine keeps
+# them elsewhere than here, find them once and put their folders on the loader path.
+for lib in libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+  if ! ldconfig -p 2>/dev/null | grep -q "$lib"; then
+    found=$(find /usr/local /usr/lib /opt -xdev -name "$lib*" 2>/dev/null | head -1)
+    [ -n "$found" ] && export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+done
+
 declare -a rows
 status=0
 for t in "$BUILD"/tests/test_cuda_*; do
