@@ -5,15 +5,15 @@
 #
 #   bench/prepare_device.sh            # here, once: copies the doctest header into .device/deps,
 #                                      # and prebuilds .device/build (optional, saves device time)
-#   bench/device_suite.sh              # there, from the repository root (carry .device)
+#   bench/device_suite.sh              # there, from the repository root (carry .device/bin, .device/deps)
 #
-# Options (environment): OCTET_SUITE_BUILD=<dir> (default .device/build; reused when its
-# binaries run there, else rebuilt), OCTET_SUITE_OUT=<dir> (logs; default .device/out; when $OUT is
+# Options (environment): OCTET_SUITE_BUILD=<dir> (default .device/bin, the prebuilt binaries
+# prepare_device.sh leaves, else .device/build; reused when its binaries run there, else rebuilt), OCTET_SUITE_OUT=<dir> (logs; default .device/out; when $OUT is
 # set, as on the lent machine, the logs are also archived to $OUT/device_logs.tgz),
 # OCTET_SUITE_FILTER=<regex> (run only matching test/bench binaries).
 set -u
 cd "$(dirname "$0")/.."
-BUILD=${OCTET_SUITE_BUILD:-.device/build}
+if [ -z "${OCTET_SUITE_BUILD:-}" ] && [ -d .device/bin ]; then BUILD=.device/bin; else BUILD=${OCTET_SUITE_BUILD:-.device/build}; fi
 LOGS=${OCTET_SUITE_OUT:-.device/out}
 FILTER=${OCTET_SUITE_FILTER:-.}
 mkdir -p "$LOGS"

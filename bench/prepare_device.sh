@@ -3,7 +3,7 @@
 # call. Copies the doctest header into .device/deps (the GPU machine has no registry) and, unless
 # --no-build, prebuilds the CUDA tests and GPU benchmarks for sm_90a into .device/build so that
 # the device's time is spent running, not compiling (OCTET_SUITE_FILTER=<regex> limits the targets).
-# Then call, with `.device` carried:
+# Then call the device tool with carry [".device/bin", ".device/deps"] and the command:
 #   bench/device_suite.sh
 set -eu
 cd "$(dirname "$0")/.."
@@ -15,5 +15,9 @@ if [ "${1:-}" != "--no-build" ]; then
     -DOCTET_DOCTEST_DIR="$PWD/.device/deps" >/dev/null
   targets=$(cmake --build .device/build --target help | grep -oE '(test_cuda_|gpubench_)[A-Za-z0-9_]+' | sort -u | grep -E "${OCTET_SUITE_FILTER:-.}")
   cmake --build .device/build --target $targets
-  du -sh .device/build/tests .device/build/bench 2>/dev/null
+  # A slim copy of just the binaries: carry .device/bin and .device/deps (well under 64 MiB).
+  rm -rf .device/bin && mkdir -p .device/bin/tests .device/bin/bench
+  cp .device/build/tests/test_cuda_* .device/bin/tests/ 2>/dev/null || true
+  cp .device/build/bench/gpubench_* .device/bin/bench/ 2>/dev/null || true
+  du -sh .device/bin
 fi
