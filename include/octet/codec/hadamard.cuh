@@ -211,40 +211,38 @@ inline void launch_transform(cudaStream_t s, const float* in, float* out, std::u
 }  // namespace codec_dev
 }  // namespace detail
 
-/// y (L = transform_length(kind, x.size(), block) floats, device memory) = the transform of x.
-inline void transform_forward(stream_executor ex, transform_kind kind, span<const float> x, span<float> y, std::uint32_t block,
-                              std::uint64_t seed, std::uint64_t first_index = 0) {
-    constexpr const char* fn = "octet::transform_forward";
-    detail::check_transform_args(kind, block, fn);
-    const std::uint64_t n = x.size(), L = transform_length(kind, n, block);
-    OCTET_REQUIRE(y.size() == L, fn, "y", detail::message("has ", y.size(), " elements; the transform of ", n, " elements has ", L));
+namespace detail {
+namespace codec_dev {
+/// The stream forward (inverse == false: in = x, out = y) or inverse (in = y, out = x) transform.
+inline void transform_on_stream(cudaStream_t stream, transform_kind kind, const float* in, float* out, std::uint64_t n,
+                                std::uint64_t y_size, std::uint32_t block, std::uint64_t seed, std::uint64_t first_index,
+                                bool inverse, const char* fn) {
+    const std::uint64_t L = checked_transform_length(kind, block, n, y_size, fn);
     if (n == 0) return;
-    cuda::require_device_accessible(x.data(), fn, "x");
-    cuda::require_device_accessible(y.data(), fn, "y");
+    cuda::require_device_accessible(inverse ? out : in, fn, "x");
+    cuda::require_device_accessible(inverse ? in : out, fn, "y");
     if (kind == transform_kind::identity) {
-        OCTET_CUDA_CHECK(cudaMemcpyAsync(y.data(), x.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, ex.stream));
+        OCTET_CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
         return;
     }
     const int log_b = log2_exact(hadamard_effective_block(n, block));
-    detail::codec_dev::launch_transform(ex.stream, x.data(), y.data(), n, L, log_b, seed, first_index, false);
+    launch_transform(stream, in, out, n, L, log_b, seed, first_index, inverse);
+}
+}  // namespace codec_dev
+}  // namespace detail
+
+/// y (L = transform_length(kind, x.size(), block) floats, device memory) = the transform of x.
+inline void transform_forward(stream_executor ex, transform_kind kind, span<const float> x, span<float> y, std::uint32_t block,
+                              std::uint64_t seed, std::uint64_t first_index = 0) {
+    detail::codec_dev::transform_on_stream(ex.stream, kind, x.data(), y.data(), x.size(), y.size(), block, seed, first_index, false,
+                                           "octet::transform_forward");
 }
 
 /// x (n floats, device memory) = the inverse transform of y (L floats).
 inline void transform_inverse(stream_executor ex, transform_kind kind, span<const float> y, span<float> x, std::uint32_t block,
                               std::uint64_t seed, std::uint64_t first_index = 0) {
-    constexpr const char* fn = "octet::transform_inverse";
-    detail::check_transform_args(kind, block, fn);
-    const std::uint64_t n = x.size(), L = transform_length(kind, n, block);
-    OCTET_REQUIRE(y.size() == L, fn, "y", detail::message("has ", y.size(), " elements; the transform of ", n, " elements has ", L));
-    if (n == 0) return;
-    cuda::require_device_accessible(x.data(), fn, "x");
-    cuda::require_device_accessible(y.data(), fn, "y");
-    if (kind == transform_kind::identity) {
-        OCTET_CUDA_CHECK(cudaMemcpyAsync(x.data(), y.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, ex.stream));
-        return;
-    }
-    const int log_b = log2_exact(hadamard_effective_block(n, block));
-    detail::codec_dev::launch_transform(ex.stream, y.data(), x.data(), n, L, log_b, seed, first_index, true);
+    detail::codec_dev::transform_on_stream(ex.stream, kind, y.data(), x.data(), x.size(), y.size(), block, seed, first_index, true,
+                                           "octet::transform_inverse");
 }
 
 }  // namespace octet

@@ -221,16 +221,24 @@ inline void hadamard_block_inverse(const float* in, float* work, std::size_t cou
     flip_signs(work, out, count, global_first, words);
 }
 
+/// The arguments of a forward or inverse transform of n elements whose transformed side holds
+/// y_size floats (host and stream overloads); returns L = transform_length(kind, n, block).
+inline std::uint64_t checked_transform_length(transform_kind kind, std::uint32_t block, std::uint64_t n, std::uint64_t y_size,
+                                              const char* fn) {
+    check_transform_args(kind, block, fn);
+    const std::uint64_t L = transform_length(kind, n, block);
+    OCTET_REQUIRE(y_size == L, fn, "y", message("has ", y_size, " elements; the transform of ", n, " elements has ", L));
+    return L;
+}
+
 }  // namespace detail
 
 /// y (L = transform_length(kind, x.size(), block) floats) = the transform of x.
 inline void transform_forward(host_executor ex, transform_kind kind, span<const float> x, span<float> y, std::uint32_t block,
                               std::uint64_t seed, std::uint64_t first_index = 0) {
     constexpr const char* fn = "octet::transform_forward";
-    detail::check_transform_args(kind, block, fn);
     const std::uint64_t n = x.size();
-    const std::uint64_t L = transform_length(kind, n, block);
-    OCTET_REQUIRE(y.size() == L, fn, "y", detail::message("has ", y.size(), " elements; the transform of ", n, " elements has ", L));
+    const std::uint64_t L = detail::checked_transform_length(kind, block, n, y.size(), fn);
     OCTET_REQUIRE(n == 0 || (x.data() && y.data()), fn, "x/y", "is null with a non-zero size");
     if (n == 0) return;
     if (kind == transform_kind::identity) {
@@ -253,10 +261,8 @@ inline void transform_forward(host_executor ex, transform_kind kind, span<const 
 inline void transform_inverse(host_executor ex, transform_kind kind, span<const float> y, span<float> x, std::uint32_t block,
                               std::uint64_t seed, std::uint64_t first_index = 0) {
     constexpr const char* fn = "octet::transform_inverse";
-    detail::check_transform_args(kind, block, fn);
     const std::uint64_t n = x.size();
-    const std::uint64_t L = transform_length(kind, n, block);
-    OCTET_REQUIRE(y.size() == L, fn, "y", detail::message("has ", y.size(), " elements; the transform of ", n, " elements has ", L));
+    const std::uint64_t L = detail::checked_transform_length(kind, block, n, y.size(), fn);
     OCTET_REQUIRE(n == 0 || (x.data() && y.data()), fn, "x/y", "is null with a non-zero size");
     if (n == 0) return;
     if (kind == transform_kind::identity) {

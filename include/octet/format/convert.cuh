@@ -124,11 +124,8 @@ void encode_array(stream_executor ex, span<const In> in, span<std::uint8_t> out,
     using Storage = detail::storage_of_t<In>;
     static_assert(detail::is_encode_input_v<Storage>,
                   "octet::encode_array: input must be float, bf16 (octet::bf16 or __nv_bfloat16) or fp16 (octet::fp16 or __half)");
-    OCTET_REQUIRE(out.size() == in.size(), "octet::encode_array", "out",
-                  detail::message("has ", out.size(), " elements but 'in' has ", in.size(), "; pass one code per input"));
+    detail::check_encode_views(in.size(), in.data(), out.size(), out.data());
     if (in.empty()) return;
-    OCTET_REQUIRE(in.data() != nullptr, "octet::encode_array", "in", "is null with a non-zero size");
-    OCTET_REQUIRE(out.data() != nullptr, "octet::encode_array", "out", "is null with a non-zero size");
     cuda::require_device_accessible(in.data(), "octet::encode_array", "in");
     cuda::require_device_accessible(out.data(), "octet::encode_array", "out");
     const auto* src = reinterpret_cast<const Storage*>(in.data());
@@ -142,11 +139,8 @@ void encode_array(stream_executor ex, span<const In> in, span<std::uint8_t> out,
 
 template <class Fmt>
 void decode_array(stream_executor ex, span<const std::uint8_t> codes, span<float> out) {
-    OCTET_REQUIRE(out.size() == codes.size(), "octet::decode_array", "out",
-                  detail::message("has ", out.size(), " elements but 'codes' has ", codes.size(), "; pass one float per code"));
+    detail::check_decode_views(codes.size(), codes.data(), out.size(), out.data());
     if (codes.empty()) return;
-    OCTET_REQUIRE(codes.data() != nullptr && out.data() != nullptr, "octet::decode_array", "codes/out",
-                  "is null with a non-zero size");
     cuda::require_device_accessible(codes.data(), "octet::decode_array", "codes");
     cuda::require_device_accessible(out.data(), "octet::decode_array", "out");
     const bool vectorized = detail::is_aligned(codes.data(), 16) && detail::is_aligned(out.data(), 16);

@@ -34,15 +34,26 @@ OCTET_HD std::uint8_t encode_element(In x, const philox_stream& rng, std::uint64
         return encode<Fmt, Round, Overflow>(x);
     }
 }
+/// The argument checks of encode_array and decode_array (host and stream overloads).
+inline void check_encode_views(std::size_t n_in, const void* in, std::size_t n_out, const void* out) {
+    OCTET_REQUIRE(n_out == n_in, "octet::encode_array", "out",
+                  message("has ", n_out, " elements but 'in' has ", n_in, "; pass one code per input"));
+    OCTET_REQUIRE(n_in == 0 || in != nullptr, "octet::encode_array", "in", "is null with a non-zero size");
+    OCTET_REQUIRE(n_in == 0 || out != nullptr, "octet::encode_array", "out", "is null with a non-zero size");
+}
+inline void check_decode_views(std::size_t n_codes, const void* codes, std::size_t n_out, const void* out) {
+    OCTET_REQUIRE(n_out == n_codes, "octet::decode_array", "out",
+                  message("has ", n_out, " elements but 'codes' has ", n_codes, "; pass one float per code"));
+    OCTET_REQUIRE(n_codes == 0 || codes != nullptr, "octet::decode_array", "codes", "is null with a non-zero size");
+    OCTET_REQUIRE(n_codes == 0 || out != nullptr, "octet::decode_array", "out", "is null with a non-zero size");
+}
+
 }  // namespace detail
 
 template <class Fmt, class Round = round::nearest_even, class Overflow = overflow::saturate, class In>
 void encode_array(host_executor ex, span<const In> in, span<std::uint8_t> out, philox_stream rng = {}) {
     static_assert(detail::is_encode_input_v<In>, "octet::encode_array: input must be float, octet::bf16 or octet::fp16");
-    OCTET_REQUIRE(out.size() == in.size(), "octet::encode_array", "out",
-                  detail::message("has ", out.size(), " elements but 'in' has ", in.size(), "; pass one code per input"));
-    OCTET_REQUIRE(in.empty() || (in.data() != nullptr && out.data() != nullptr), "octet::encode_array", "in/out",
-                  "is null with a non-zero size");
+    detail::check_encode_views(in.size(), in.data(), out.size(), out.data());
     parallel_for(ex, in.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
         const In* __restrict src = in.data();
         std::uint8_t* __restrict dst = out.data();
@@ -52,8 +63,7 @@ void encode_array(host_executor ex, span<const In> in, span<std::uint8_t> out, p
 
 template <class Fmt>
 void decode_array(host_executor ex, span<const std::uint8_t> codes, span<float> out) {
-    OCTET_REQUIRE(out.size() == codes.size(), "octet::decode_array", "out",
-                  detail::message("has ", out.size(), " elements but 'codes' has ", codes.size(), "; pass one float per code"));
+    detail::check_decode_views(codes.size(), codes.data(), out.size(), out.data());
     parallel_for(ex, codes.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
         const std::uint8_t* __restrict src = codes.data();
         float* __restrict dst = out.data();

@@ -47,6 +47,14 @@ __global__ void __launch_bounds__(256) decode_moments_kernel(const typename Code
         decode_moments_block<Codec, K>(team, codes, meta, x, n, ctx, blk, vectorized);
 }
 
+/// The stream overloads' device-memory checks (the shapes are checked by check_moment_views).
+template <class Codec>
+void require_device_moment_views(const char* fn, const void* x, const void* codes, const void* meta) {
+    cuda::require_device_accessible(x, fn, "x");
+    cuda::require_device_accessible(codes, fn, "codes");
+    if (Codec::has_meta) cuda::require_device_accessible(meta, fn, "meta");
+}
+
 }  // namespace optim_detail
 
 template <class Codec, moment K>
@@ -55,9 +63,7 @@ void encode_moments(stream_executor ex, span<const float> x, span<typename Codec
     constexpr const char* fn = "octet::encode_moments";
     optim_detail::check_moment_views<Codec>(fn, x.size(), codes.size(), meta.size(), codes.data(), meta.data(), x.data());
     if (x.empty()) return;
-    cuda::require_device_accessible(x.data(), fn, "x");
-    cuda::require_device_accessible(codes.data(), fn, "codes");
-    if (Codec::has_meta) cuda::require_device_accessible(meta.data(), fn, "meta");
+    optim_detail::require_device_moment_views<Codec>(fn, x.data(), codes.data(), meta.data());
     const bool vec = detail::is_aligned(x.data(), 16) && detail::is_aligned(codes.data(), 16);
     const std::size_t blocks = (x.size() + optim_block - 1) / optim_block;
     optim_detail::encode_moments_kernel<Codec, K>
@@ -71,9 +77,7 @@ void decode_moments(stream_executor ex, span<const typename Codec::code_type> co
     constexpr const char* fn = "octet::decode_moments";
     optim_detail::check_moment_views<Codec>(fn, x.size(), codes.size(), meta.size(), codes.data(), meta.data(), x.data());
     if (x.empty()) return;
-    cuda::require_device_accessible(x.data(), fn, "x");
-    cuda::require_device_accessible(codes.data(), fn, "codes");
-    if (Codec::has_meta) cuda::require_device_accessible(meta.data(), fn, "meta");
+    optim_detail::require_device_moment_views<Codec>(fn, x.data(), codes.data(), meta.data());
     const bool vec = detail::is_aligned(x.data(), 16) && detail::is_aligned(codes.data(), 16);
     const std::size_t blocks = (x.size() + optim_block - 1) / optim_block;
     optim_detail::decode_moments_kernel<Codec, K>

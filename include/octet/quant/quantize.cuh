@@ -371,8 +371,7 @@ bool local_blocks(const quant_layout& L) {
     return divides(L.block_rows) && divides(L.block_cols) && L.block_cols % 4 == 0 && L.block_cols / 4 <= 32;
 }
 
-template <class T>
-void* device_alloc(std::size_t bytes, cudaStream_t s) {
+inline void* device_alloc(std::size_t bytes, cudaStream_t s) {
     void* p = nullptr;
     OCTET_CUDA_CHECK(cudaMallocAsync(&p, bytes, s));
     return p;
@@ -402,9 +401,12 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
     std::size_t grid_elems[2] = {0, 0};
     for (int c = 0; c < 2; ++c)
         if (!outs[c]->empty() && !local_blocks<Recipe>(outs[c]->layout)) grid_elems[c] = outs[c]->layout.scale_rows * outs[c]->layout.scale_cols;
-    const std::size_t scratch_floats = 1 + 2 * (grid_elems[0] + grid_elems[1]);
-    float* scratch = static_cast<float*>(device_alloc<float>(scratch_floats * sizeof(float), stream));
-    OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, scratch_floats * sizeof(float), stream));
+    // Scratch (tensor amax, amax and scale-value grids) only where a pass needs it: the common
+    // one-pass recipes (1x128, MX, 128x128) allocate nothing per call.
+    const bool measure_tensor = need_tensor_amax && opt.device_tensor_amax == nullptr;
+    const std::size_t scratch_floats = (measure_tensor || grid_elems[0] || grid_elems[1]) ? 1 + 2 * (grid_elems[0] + grid_elems[1]) : 0;
+    float* scratch = scratch_floats ? static_cast<float*>(device_alloc(scratch_floats * sizeof(float), stream)) : nullptr;
+    if (scratch) OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, scratch_floats * sizeof(float), stream));
     float* measured_tensor_amax = scratch;
     // Per-tensor recipes take their one scale from the tensor amax, never from an amax grid.
     float* amax_grid[2] = {grid_elems[0] && !Recipe::is_per_tensor ? scratch + 1 : nullptr,
@@ -414,7 +416,6 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
 
     const std::size_t tile_bytes = static_cast<std::size_t>(kQuantTile) * smem_pitch<In> * sizeof(In);
     // The tensor amax (two-level or per-tensor without an override) or the block amax grids.
-    const bool measure_tensor = need_tensor_amax && opt.device_tensor_amax == nullptr;
     if (measure_tensor || amax_grid[0] || amax_grid[1]) {
         auto kernel = block_amax_kernel<In>;
         OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile_bytes)));
@@ -465,7 +466,7 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     kernel<<<grid, kQuantThreads, smem, stream>>>(p);
     OCTET_CUDA_CHECK_LAUNCH();
-    OCTET_CUDA_CHECK(cudaFreeAsync(scratch, stream));
+    if (scratch) OCTET_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
 template <class Recipe, class Out>
@@ -531,12 +532,7 @@ void dequantize(stream_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref
     const quantized_cref<Recipe> q = q_in;
     const matrix_ref<O> out(reinterpret_cast<O*>(out_in.data), out_in.rows, out_in.cols, out_in.ld, out_in.order);
     constexpr const char* fn = "octet::dequantize";
-    OCTET_REQUIRE(out.rows == q.rows() && out.cols == q.cols(), fn, "out",
-                  detail::message("has shape ", out.rows, " x ", out.cols, " but the quantized copy is ", q.rows(), " x ", q.cols()));
-    detail::validate_input(out, fn);
-    if (out.empty()) return;
-    OCTET_REQUIRE(q.data != nullptr && q.scales != nullptr, fn, "q", "has a null data or scales pointer");
-    OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, "q", "is two-level (NVFP4) but has no tensor_scale");
+    if (!detail::validate_dequantize(q, out)) return;
     cuda::require_device_accessible(out.data, fn, "out");
     detail::require_device_copy(q, fn, "q");
     const std::size_t work = q.rows() * ((q.cols() + 3) / 4);

@@ -228,6 +228,19 @@ float tensor_amax_host(host_executor ex, matrix_ref<const In> x) {
     return amax;
 }
 
+/// The argument checks of dequantize (host and stream); false when there is nothing to do.
+template <class Recipe, class T>
+bool validate_dequantize(const quantized_cref<Recipe>& q, const matrix_ref<T>& out) {
+    constexpr const char* fn = "octet::dequantize";
+    OCTET_REQUIRE(out.rows == q.rows() && out.cols == q.cols(), fn, "out",
+                  message("has shape ", out.rows, " x ", out.cols, " but the quantized copy is ", q.rows(), " x ", q.cols()));
+    validate_input(out, fn);
+    if (out.empty()) return false;
+    OCTET_REQUIRE(q.data != nullptr && q.scales != nullptr, fn, "q", "has a null data or scales pointer");
+    OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, "q", "is two-level (NVFP4) but has no tensor_scale");
+    return true;
+}
+
 }  // namespace detail
 
 /// Quantize x into a row-wise copy and/or a column-wise (transposed) copy.
@@ -276,13 +289,7 @@ template <class Recipe, class Byte, class Out>
 void dequantize(host_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref<Out> out) {
     static_assert(detail::is_quant_input_v<Out>, "octet::dequantize: the output must be float, octet::bf16 or octet::fp16");
     const quantized_cref<Recipe> q = q_in;
-    constexpr const char* fn = "octet::dequantize";
-    OCTET_REQUIRE(out.rows == q.rows() && out.cols == q.cols(), fn, "out",
-                  detail::message("has shape ", out.rows, " x ", out.cols, " but the quantized copy is ", q.rows(), " x ", q.cols()));
-    detail::validate_input(out, fn);
-    if (out.empty()) return;
-    OCTET_REQUIRE(q.data != nullptr && q.scales != nullptr, fn, "q", "has a null data or scales pointer");
-    OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, "q", "is two-level (NVFP4) but has no tensor_scale");
+    if (!detail::validate_dequantize(q, out)) return;
     parallel_for(ex, out.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(out.cols, 1)), [&](std::size_t b, std::size_t e) {
         for (std::size_t i = b; i < e; ++i)
             for (std::size_t j = 0; j < out.cols; ++j) {
