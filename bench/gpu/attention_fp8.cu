@@ -25,7 +25,7 @@
 namespace attention_bench {
 
 using namespace octet;
-using qk_recipe = recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>>;
+using qk_recipe = recipe<e4m3, block<1, 128>, scale::amax_ratio<0>>;
 using v_recipe = recipe<e4m3, block<full, 128>, scale::amax_ratio<0>>;
 
 __global__ void fill_normal(float* x, std::size_t n, std::uint64_t seed, float scale) {
@@ -43,7 +43,8 @@ struct dcopy {
     quant_layout layout;
     cuda::device_buffer<std::uint8_t> data, scales;
     cuda::device_buffer<float> ts;
-    dcopy(std::size_t r, std::size_t c) : layout(quant_layout_of<Recipe>::make(r, c)), data(layout.data_bytes), scales(layout.scale_bytes), ts(1) {}
+    dcopy(std::size_t r, std::size_t c)
+        : layout(quant_layout_of<Recipe>::make(r, c)), data(layout.data_bytes), scales(layout.scale_bytes), ts(1) {}
     quantized_ref<Recipe> ref() { return quantized_ref<Recipe>(data.data(), scales.data(), layout, ts.data()); }
 };
 
@@ -104,25 +105,27 @@ int main() {
         cuda::device_buffer<float> workspace(ws.floats);
         for (bool causal : {false, true}) {
             if (elapsed_s() > 70.0) {  // keep the device suite short even if the kernels are slow
-                std::printf("attention_fp8: time budget reached before L=%d %s; stopping\n", L, causal ? "causal" : "full");
+                std::printf("attention_fp8: time budget reached before L=%d %s; stopping\n", L,
+                            causal ? "causal" : "full");
                 return 0;
             }
             const attention_mask mask = causal ? attention_mask::causal : attention_mask::full;
             const std::string tag = "L" + std::to_string(L) + (causal ? "_causal" : "_full");
             const double fwd_flops = 4.0 * total * L * H * D * (causal ? 0.5 : 1.0);
             auto fwd = [&] {
-                attention_forward(on_stream(), shape, q.ref(), k.ref(), v.ref(), matrix_ref<bf16>(o.data(), total, cols), span<float>(lse.data(), lse.size()),
-                                  {mask});
+                attention_forward(on_stream(), shape, q.ref(), k.ref(), v.ref(),
+                                  matrix_ref<bf16>(o.data(), total, cols), span<float>(lse.data(), lse.size()), {mask});
             };
             auto bwd = [&](delta_mode mode, bool tele) {
                 attention_backward_options bo;
                 bo.mask = mask;
                 bo.delta = mode;
                 bo.telemetry = tele;
-                attention_backward(on_stream(), shape, q.ref(), k.ref(), v.ref(), matrix_ref<const bf16>(o.data(), total, cols),
-                                   span<const float>(lse.data(), lse.size()), dout.ref(), matrix_ref<bf16>(dq.data(), total, cols),
-                                   matrix_ref<bf16>(dk.data(), total, cols), matrix_ref<bf16>(dv.data(), total, cols),
-                                   span<float>(workspace.data(), ws.floats), bo, tele ? stats.data() : nullptr);
+                attention_backward(
+                    on_stream(), shape, q.ref(), k.ref(), v.ref(), matrix_ref<const bf16>(o.data(), total, cols),
+                    span<const float>(lse.data(), lse.size()), dout.ref(), matrix_ref<bf16>(dq.data(), total, cols),
+                    matrix_ref<bf16>(dk.data(), total, cols), matrix_ref<bf16>(dv.data(), total, cols),
+                    span<float>(workspace.data(), ws.floats), bo, tele ? stats.data() : nullptr);
             };
             const double t_fwd = time_ms(fwd);
             octet_bench::result("attention_fp8_fwd_" + tag, "tflops", fwd_flops / (t_fwd * 1e9), "TFLOPS",
@@ -131,14 +134,16 @@ int main() {
                 fwd();
                 bwd(delta_mode::matched, false);
             });
-            octet_bench::result("attention_fp8_fwdbwd_matched_" + tag, "tflops", 3.5 * fwd_flops / (t_fb * 1e9), "TFLOPS",
-                                "goal: >= SDPA bf16 fwd+bwd (attention_peers.py)");
+            octet_bench::result("attention_fp8_fwdbwd_matched_" + tag, "tflops", 3.5 * fwd_flops / (t_fb * 1e9),
+                                "TFLOPS", "goal: >= SDPA bf16 fwd+bwd (attention_peers.py)");
             const double t_bm = time_ms([&] { bwd(delta_mode::matched, false); });
             const double t_bo = time_ms([&] { bwd(delta_mode::from_output, false); });
             const double t_bt = time_ms([&] { bwd(delta_mode::matched, true); });
             octet_bench::result("attention_fp8_bwd_matched_" + tag, "time", t_bm, "ms", "");
-            octet_bench::result("attention_fp8_bwd_from_output_" + tag, "time", t_bo, "ms", "matched/from_output = " + std::to_string(t_bm / t_bo));
-            octet_bench::result("attention_fp8_telemetry_" + tag, "overhead", t_bt / t_bm - 1.0, "x", "backward with telemetry / without - 1");
+            octet_bench::result("attention_fp8_bwd_from_output_" + tag, "time", t_bo, "ms",
+                                "matched/from_output = " + std::to_string(t_bm / t_bo));
+            octet_bench::result("attention_fp8_telemetry_" + tag, "overhead", t_bt / t_bm - 1.0, "x",
+                                "backward with telemetry / without - 1");
         }
     }
     return 0;

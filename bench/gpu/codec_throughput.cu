@@ -27,7 +27,8 @@ int main() {
     const double copy_ms = octet_bench::median_ms(
         [&] { OCTET_CUDA_CHECK(cudaMemcpyAsync(y.data(), x.data(), n * sizeof(float), cudaMemcpyDeviceToDevice)); });
     for (const std::uint32_t B : {256u, 512u, 1024u, 2048u, 4096u, 32768u}) {
-        const double ms = octet_bench::median_ms([&] { transform_forward(on_stream(), transform_kind::hadamard, x.cview(), y.view(), B, 1, 0); });
+        const double ms = octet_bench::median_ms(
+            [&] { transform_forward(on_stream(), transform_kind::hadamard, x.cview(), y.view(), B, 1, 0); });
         char name[64];
         std::snprintf(name, sizeof name, "hadamard_b%u", B);
         octet_bench::result(name, "time_vs_copy", ms / copy_ms, "x", B <= 4096 ? "goal <= 1.3" : "");
@@ -39,7 +40,8 @@ int main() {
             const codec_config cfg{f, t, 1024, 0, 9};
             const std::size_t bytes = encoded_size(cfg, n);
             cuda::device_buffer<std::uint8_t> msg(bytes);
-            const double enc = octet_bench::median_ms([&] { encode_gradient(on_stream(), cfg, x.cview(), msg.view()); }, 10);
+            const double enc =
+                octet_bench::median_ms([&] { encode_gradient(on_stream(), cfg, x.cview(), msg.view()); }, 10);
             const double moved = 4.0 * n + static_cast<double>(bytes);
             char name[64];
             std::snprintf(name, sizeof name, "encode_%s_%s", wire_format_name(f), transform_name(t));
@@ -49,7 +51,8 @@ int main() {
             wire_layout l = wire_layout_of(cfg, n);
             const double dec = octet_bench::median_ms(
                 [&] {
-                    detail::codec_dev::launch_decode(nullptr, l, f, t, cfg.seed, 0, msg.data(), 0, 1, y.data(), detail::codec_dev::decode_original);
+                    detail::codec_dev::launch_decode(nullptr, l, f, t, cfg.seed, 0, msg.data(), 0, 1, y.data(),
+                                                     detail::codec_dev::decode_original);
                 },
                 10);
             std::snprintf(name, sizeof name, "decode_%s_%s", wire_format_name(f), transform_name(t));
@@ -57,15 +60,18 @@ int main() {
             octet_bench::result(name, "fraction_of_copy", moved / (dec * 1e6) / copy, "x", "goal >= 0.8");
             if (f == wire_format::e4m3 && t == transform_kind::hadamard) {
                 // The full decode call: header copy, validation kernel, decode kernel.
-                const double full = octet_bench::median_ms([&] { decode_gradient(on_stream(), msg.cview(), y.view()); }, 10);
-                octet_bench::result("decode_e4m3_hadamard_validated", "bandwidth", moved / (full * 1e6), "GB/s", "validation + decode");
+                const double full =
+                    octet_bench::median_ms([&] { decode_gradient(on_stream(), msg.cview(), y.view()); }, 10);
+                octet_bench::result("decode_e4m3_hadamard_validated", "bandwidth", moved / (full * 1e6), "GB/s",
+                                    "validation + decode");
                 cuda::device_buffer<std::uint8_t> fb(residual_bytes(residual_storage::bf16, n));
                 fb.fill_bytes(0);
                 encode_options o;
                 o.feedback = residual_view{residual_storage::bf16, fb.data(), n};
-                const double fbms = octet_bench::median_ms([&] { encode_gradient(on_stream(), cfg, x.cview(), msg.view(), o); }, 10);
-                octet_bench::result("encode_e4m3_hadamard_feedback_bf16", "bandwidth", (moved + 4.0 * n) / (fbms * 1e6), "GB/s",
-                                    "reads x and the residual, writes message and residual");
+                const double fbms =
+                    octet_bench::median_ms([&] { encode_gradient(on_stream(), cfg, x.cview(), msg.view(), o); }, 10);
+                octet_bench::result("encode_e4m3_hadamard_feedback_bf16", "bandwidth", (moved + 4.0 * n) / (fbms * 1e6),
+                                    "GB/s", "reads x and the residual, writes message and residual");
             }
         }
     return 0;

@@ -36,7 +36,9 @@ int main() {
     report("encode_f32_to_e4m3_rn", ms, n * 5.0);
     ms = octet_bench::median_ms([&] { encode_array<e4m3>(on_stream(), xb.cview(), codes.view()); });
     report("encode_bf16_to_e4m3_rn", ms, n * 3.0);
-    ms = octet_bench::median_ms([&] { encode_array<e4m3, round::stochastic>(on_stream(), x.cview(), codes.view(), philox_stream{7, 0}); });
+    ms = octet_bench::median_ms([&] {
+        encode_array<e4m3, round::stochastic>(on_stream(), x.cview(), codes.view(), philox_stream{7, 0});
+    });
     report("encode_f32_to_e4m3_stochastic", ms, n * 5.0);
     ms = octet_bench::median_ms([&] { encode_array<e2m1>(on_stream(), xb.cview(), codes.view()); });
     report("encode_bf16_to_e2m1_rn_bytecodes", ms, n * 3.0);

@@ -38,24 +38,31 @@ __device__ __forceinline__ std::uint32_t hash32(std::uint32_t x) {
     return x;
 }
 __global__ void fill_codes(std::uint8_t* p, std::size_t n, std::uint32_t seed) {
-    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         std::uint8_t c = static_cast<std::uint8_t>(hash32(static_cast<std::uint32_t>(i) ^ seed));
         if ((c & 0x7F) == 0x7F) c ^= 1;  // no NaN codes
         p[i] = c;
     }
 }
 __global__ void fill_scales(float* p, std::size_t n, std::uint32_t seed) {
-    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-        p[i] = 0.25f + static_cast<float>(hash32(static_cast<std::uint32_t>(i) * 2654435761U ^ seed) & 0xFFFF) / 65536.0f;
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        p[i] =
+            0.25f + static_cast<float>(hash32(static_cast<std::uint32_t>(i) * 2654435761U ^ seed) & 0xFFFF) / 65536.0f;
 }
 __global__ void fill_bf16(octet::bf16* p, std::size_t n, std::uint32_t seed) {
-    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-        p[i] = octet::to_bf16(static_cast<float>(static_cast<int>(hash32(static_cast<std::uint32_t>(i) ^ seed) & 0xFFFF) - 32768) / 32768.0f);
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        p[i] = octet::to_bf16(
+            static_cast<float>(static_cast<int>(hash32(static_cast<std::uint32_t>(i) ^ seed) & 0xFFFF) - 32768) /
+            32768.0f);
 }
 /// out[0] = max |x - y|, out[1] = max |y| (bits of non-negative floats compare as integers).
 __global__ void max_diff(const octet::bf16* x, const octet::bf16* y, std::size_t n, unsigned* out) {
     float d = 0, m = 0;
-    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         const float a = octet::to_float(x[i]), b = octet::to_float(y[i]);
         d = fmaxf(d, fabsf(a - b));
         if (a != a) d = INFINITY;
@@ -65,8 +72,10 @@ __global__ void max_diff(const octet::bf16* x, const octet::bf16* y, std::size_t
     atomicMax(out + 1, __float_as_uint(m));
 }
 /// BLK128x128_32F layout for cuBLASLt from octet's column-major 128x128 grid.
-__global__ void to_blk128(const float* src, std::size_t src_ld, float* dst, std::size_t dst_ld, std::size_t rblocks, std::size_t kblocks) {
-    for (std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; t < rblocks * dst_ld; t += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+__global__ void to_blk128(const float* src, std::size_t src_ld, float* dst, std::size_t dst_ld, std::size_t rblocks,
+                          std::size_t kblocks) {
+    for (std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; t < rblocks * dst_ld;
+         t += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         const std::size_t rb = t / dst_ld, kb = t % dst_ld;
         dst[t] = kb < kblocks ? src[kb * src_ld + rb] : 0.0f;
     }
@@ -144,13 +153,16 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
     try {
         gemm_options o;
         o.backend = gemm_backend::sm90_wgmma;
-        ms_octet = time_graph(s, [&](cudaStream_t st) { scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o); });
+        ms_octet = time_graph(
+            s, [&](cudaStream_t st) { scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o); });
         const gemm_tile t = detail::sm90_pick_tile(M, N, gemm_tile::automatic);
         octet_bench::result(bench, "octet_sm90_tflops", tflops(ms_octet), "TFLOPS",
                             std::string("tile ") + (t == gemm_tile::m64n64 ? "64x64" : "128x128"));
         if (M <= 128) {
             o.tile = t == gemm_tile::m64n64 ? gemm_tile::m128n128 : gemm_tile::m64n64;
-            const double ms2 = time_graph(s, [&](cudaStream_t st) { scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o); });
+            const double ms2 = time_graph(s, [&](cudaStream_t st) {
+                scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o);
+            });
             octet_bench::result(bench, "octet_sm90_other_tile_tflops", tflops(ms2), "TFLOPS",
                                 std::string("tile ") + (o.tile == gemm_tile::m64n64 ? "64x64" : "128x128"));
             o.tile = gemm_tile::automatic;
@@ -166,8 +178,10 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
             gemm_options o;
             o.backend = gemm_backend::sm89_mma;
             cuda::device_buffer<bf16> d89(M * N);
-            const double ms = time_graph(s, [&](cudaStream_t st) { scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d89.data(), M, N), o); });
-            octet_bench::result(bench, "octet_sm89_mma_tflops", tflops(ms), "TFLOPS", "mma.sync fallback (FP16 HMMA on sm_90)");
+            const double ms = time_graph(
+                s, [&](cudaStream_t st) { scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d89.data(), M, N), o); });
+            octet_bench::result(bench, "octet_sm89_mma_tflops", tflops(ms), "TFLOPS",
+                                "mma.sync fallback (FP16 HMMA on sm_90)");
         } catch (const std::exception& e) {
             std::printf("octet sm89_mma failed on %s: %s\n", pr.name.c_str(), e.what());
             cudaGetLastError();
@@ -177,7 +191,7 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
     // cuBLASLt, same operands and scaling: cuBLASLt's A = octet's B (N x K, op T), B = octet's A.
     double ms_lt = 0;
     try {
-        auto& ctx = detail::cublaslt_ctx();
+        cuda::cublaslt_context ctx;  // the handle and workspace octet::with_cublaslt would lend
         const std::size_t kb = (K + 127) / 128, rb = (N + 127) / 128, ld_blk = (kb + 3) / 4 * 4;
         cuda::device_buffer<float> sb_blk(rb * ld_blk);
         to_blk128<<<256, 256>>>(sb.data(), lb.scale_ld, sb_blk.data(), ld_blk, rb, kb);
@@ -189,23 +203,28 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
         const void* pb = sa.data();
         desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, pa);
         desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, pb);
-        desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, static_cast<std::int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F));
+        desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                 static_cast<std::int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F));
         desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, static_cast<std::int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F));
         const detail::lt_layout l1(CUDA_R_8F_E4M3, K, N, static_cast<std::int64_t>(lb.row_bytes));
         const detail::lt_layout l2(CUDA_R_8F_E4M3, K, M, static_cast<std::int64_t>(la.row_bytes));
         const detail::lt_layout ld(CUDA_R_16BF, N, M, static_cast<std::int64_t>(N));
-        const detail::lt_preference pref(ctx.workspace_bytes);
+        const detail::lt_preference pref(ctx.workspace_bytes());
         cublasLtMatmulHeuristicResult_t h{};
         int found = 0;
-        detail::cublas_check(cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.d, l1.d, l2.d, ld.d, ld.d, pref.d, 1, &h, &found), "heuristic");
+        detail::cublas_check(
+            cublasLtMatmulAlgoGetHeuristic(ctx.handle(), desc.d, l1.d, l2.d, ld.d, ld.d, pref.d, 1, &h, &found),
+            "heuristic");
         if (found == 0) throw octet::error("cuBLASLt has no algorithm");
         const float alpha = 1.0f, beta = 0.0f;
         ms_lt = time_graph(s, [&](cudaStream_t st) {
-            detail::cublas_check(cublasLtMatmul(ctx.handle, desc.d, &alpha, b.data(), l1.d, a.data(), l2.d, &beta, d_lt.data(), ld.d, d_lt.data(), ld.d,
-                                                &h.algo, ctx.workspace, ctx.workspace_bytes, st),
-                                 "cublasLtMatmul");
+            detail::cublas_check(
+                cublasLtMatmul(ctx.handle(), desc.d, &alpha, b.data(), l1.d, a.data(), l2.d, &beta, d_lt.data(), ld.d,
+                               d_lt.data(), ld.d, &h.algo, ctx.workspace(), ctx.workspace_bytes(), st),
+                "cublasLtMatmul");
         });
-        octet_bench::result(bench, "cublaslt_fp8_blockwise_tflops", tflops(ms_lt), "TFLOPS", "VEC128_32F x BLK128x128_32F");
+        octet_bench::result(bench, "cublaslt_fp8_blockwise_tflops", tflops(ms_lt), "TFLOPS",
+                            "VEC128_32F x BLK128x128_32F");
     } catch (const std::exception& e) {
         std::printf("cuBLASLt failed on %s: %s\n", pr.name.c_str(), e.what());
         octet_bench::result(bench, "cublaslt_fp8_blockwise_tflops", 0, "TFLOPS", "FAILED");
@@ -220,7 +239,8 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
         float diff, ref;
         std::memcpy(&diff, &v[0], 4);
         std::memcpy(&ref, &v[1], 4);
-        octet_bench::result(bench, "octet_vs_cublaslt_max_diff", ref > 0 ? diff / ref : diff, "of max|D|", "sanity: bf16 rounding is 0.004");
+        octet_bench::result(bench, "octet_vs_cublaslt_max_diff", ref > 0 ? diff / ref : diff, "of max|D|",
+                            "sanity: bf16 rounding is 0.004");
     }
 
     // cuBLAS BF16 on bf16 operands of the same shape.
@@ -232,9 +252,10 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
         const float alpha = 1.0f, beta = 0.0f;
         const double ms = time_graph(s, [&](cudaStream_t st) {
             cublasSetStream(blas, st);
-            const cublasStatus_t r = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
-                                                  bb.data(), CUDA_R_16BF, static_cast<int>(K), ab.data(), CUDA_R_16BF, static_cast<int>(K), &beta,
-                                                  db.data(), CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            const cublasStatus_t r = cublasGemmEx(
+                blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
+                bb.data(), CUDA_R_16BF, static_cast<int>(K), ab.data(), CUDA_R_16BF, static_cast<int>(K), &beta,
+                db.data(), CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             if (r != CUBLAS_STATUS_SUCCESS) throw octet::error("cublasGemmEx failed");
         });
         octet_bench::result(bench, "cublas_bf16_tflops", tflops(ms), "TFLOPS", "");

@@ -46,7 +46,8 @@ inline double median_ms(const std::function<void()>& fn, int repeats = 20, int w
 inline double copy_bandwidth_gbs(std::size_t bytes = std::size_t{1} << 30) {
     octet::cuda::device_buffer<unsigned char> src(bytes), dst(bytes);
     src.fill_bytes(0x5A);
-    const double ms = median_ms([&] { OCTET_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice)); });
+    const double ms =
+        median_ms([&] { OCTET_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice)); });
     return 2.0 * static_cast<double>(bytes) / (ms * 1e6);
 }
 

@@ -29,8 +29,10 @@ __global__ void fill_normal(T* x, std::size_t n, float scale, std::uint64_t seed
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float u1 = fmaxf(rng.uniform(2 * i), 1e-7f), u2 = rng.uniform(2 * i + 1);
         const float z = scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-        if constexpr (std::is_same_v<T, float>) x[i] = z;
-        else x[i] = to_bf16(z);
+        if constexpr (std::is_same_v<T, float>)
+            x[i] = z;
+        else
+            x[i] = to_bf16(z);
     }
 }
 
@@ -41,7 +43,8 @@ void fill(cuda::device_buffer<T>& b, float scale, std::uint64_t seed) {
 }
 
 template <class MC, class VC, class M, class G>
-void run(const std::string& name, std::size_t n, double copy_gbs, nonfinite_policy policy, const std::string& filter) {
+void run(const std::string& name, std::size_t n, double copy_gbs, grad_nonfinite_policy policy,
+         const std::string& filter) {
     if (!filter.empty() && name.find(filter) == std::string::npos) return;
     using W = typename M::weight_type;
     cuda::device_buffer<W> params(n);
@@ -73,7 +76,7 @@ void run(const std::string& name, std::size_t n, double copy_gbs, nonfinite_poli
     double bytes = static_cast<double>(n) * (2.0 * sizeof(W) + sizeof(G) + 2.0 * sizeof(typename MC::code_type) +
                                              2.0 * sizeof(typename VC::code_type) + (M::has_compensation ? 4.0 : 0.0)) +
                    2.0 * meta_bytes;
-    if (policy == nonfinite_policy::skip_step) bytes += static_cast<double>(n) * sizeof(G);  // the counting pass
+    if (policy == grad_nonfinite_policy::skip_step) bytes += static_cast<double>(n) * sizeof(G);  // the counting pass
     const double gbs = bytes / (ms * 1e6);
     const auto cfg = memory_config_for<MC, VC, M>(static_cast<double>(n), static_cast<double>(sizeof(G)));
     const parameter_bytes bpp = bytes_per_parameter(cfg);
@@ -82,7 +85,8 @@ void run(const std::string& name, std::size_t n, double copy_gbs, nonfinite_poli
     octet_bench::result(bench, "bandwidth", gbs, "GB/s", "bytes moved by the step (read + write)");
     octet_bench::result(bench, "fraction_of_copy", gbs / copy_gbs, "x", "of cudaMemcpy D2D bandwidth");
     octet_bench::result(bench, "parameters_per_s", static_cast<double>(n) / (ms * 1e6), "G/s", "");
-    octet_bench::result(bench, "state_bytes_per_param", bpp.optimizer_state, "B", "both moments + meta (+ Kahan buffer)");
+    octet_bench::result(bench, "state_bytes_per_param", bpp.optimizer_state, "B",
+                        "both moments + meta (+ Kahan buffer)");
     octet_bench::result(bench, "total_bytes_per_param", bpp.total(), "B", "weights + gradients + optimizer state");
 }
 
@@ -98,14 +102,18 @@ int main(int argc, char** argv) {
     const double copy = octet_bench::copy_bandwidth_gbs();
     octet_bench::result("copy", "bandwidth", copy, "GB/s", "cudaMemcpy D2D, read+write");
     namespace sc = state_codec;
-    const auto zb = nonfinite_policy::zero_block;
+    const auto zb = grad_nonfinite_policy::zero_block;
     run<sc::fp32, sc::fp32, master::fp32, float>("fp32_fp32master_f32grad", n, copy, zb, filter);
     run<sc::bf16, sc::bf16, master::fp32, float>("bf16_fp32master_f32grad", n, copy, zb, filter);
     run<sc::dynamic8, sc::dynamic8, master::fp32, float>("dynamic8_fp32master_f32grad", n, copy, zb, filter);
-    run<sc::dynamic8, sc::dynamic8, master::fp32, float>("dynamic8_fp32master_f32grad_skipstep", n, copy, nonfinite_policy::skip_step, filter);
+    run<sc::dynamic8, sc::dynamic8, master::fp32, float>("dynamic8_fp32master_f32grad_skipstep", n, copy,
+                                                         grad_nonfinite_policy::skip_step, filter);
     run<sc::e4m3_scaled, sc::e4m3_scaled, master::fp32, float>("e4m3_scaled_fp32master_f32grad", n, copy, zb, filter);
-    run<sc::e4m3_expanded, sc::e4m3_expanded, master::fp32, float>("e4m3_expanded_fp32master_f32grad", n, copy, zb, filter);
-    run<sc::dynamic8, sc::dynamic8, master::bf16_stochastic, bf16>("dynamic8_bf16srmaster_bf16grad", n, copy, zb, filter);
-    run<sc::e4m3_expanded, sc::e4m3_expanded, master::bf16_kahan, bf16>("e4m3_expanded_kahanmaster_bf16grad", n, copy, zb, filter);
+    run<sc::e4m3_expanded, sc::e4m3_expanded, master::fp32, float>("e4m3_expanded_fp32master_f32grad", n, copy, zb,
+                                                                   filter);
+    run<sc::dynamic8, sc::dynamic8, master::bf16_stochastic, bf16>("dynamic8_bf16srmaster_bf16grad", n, copy, zb,
+                                                                   filter);
+    run<sc::e4m3_expanded, sc::e4m3_expanded, master::bf16_kahan, bf16>("e4m3_expanded_kahanmaster_bf16grad", n, copy,
+                                                                        zb, filter);
     return 0;
 }

@@ -15,22 +15,26 @@ struct dcopy {
     octet::cuda::device_buffer<std::uint8_t> data, scales;
     octet::cuda::device_buffer<float> ts;
     dcopy(std::size_t r, std::size_t c)
-        : layout(octet::quant_layout_of<Recipe>::make(r, c)), data(layout.data_bytes), scales(layout.scale_bytes), ts(1) {}
-    octet::quantized_ref<Recipe> ref() { return octet::quantized_ref<Recipe>(data.data(), scales.data(), layout, ts.data()); }
+        : layout(octet::quant_layout_of<Recipe>::make(r, c)),
+          data(layout.data_bytes),
+          scales(layout.scale_bytes),
+          ts(1) {}
+    octet::quantized_ref<Recipe> ref() {
+        return octet::quantized_ref<Recipe>(data.data(), scales.data(), layout, ts.data());
+    }
     double bytes() const { return static_cast<double>(layout.data_bytes + layout.scale_bytes); }
 };
 
 template <class Recipe>
-void run(const char* name, const octet::bf16* x, std::size_t rows, std::size_t cols, double copy_gbs, bool both, bool given_amax,
-         float* amax_dev) {
+void run(const char* name, const octet::bf16* x, std::size_t rows, std::size_t cols, double copy_gbs, bool both,
+         bool given_amax, float* amax_dev) {
     using namespace octet;
     dcopy<Recipe> q(rows, cols), qt(cols, rows);
     const matrix_ref<const bf16> xm(x, rows, cols);
     device_quantize_options opt;
     if (given_amax) opt.device_tensor_amax = amax_dev;
-    const double ms = octet_bench::median_ms([&] {
-        quantize<Recipe>(on_stream(), xm, q.ref(), both ? qt.ref() : quantized_ref<Recipe>{}, opt);
-    });
+    const double ms = octet_bench::median_ms(
+        [&] { quantize<Recipe>(on_stream(), xm, q.ref(), both ? qt.ref() : quantized_ref<Recipe>{}, opt); });
     const double bytes = 2.0 * rows * cols + q.bytes() + (both ? qt.bytes() : 0.0);
     const double gbs = bytes / (ms * 1e6);
     octet_bench::result(name, "bandwidth", gbs, "GB/s", "");
@@ -63,8 +67,10 @@ int main() {
     run<recipes::nvfp4>("quant_nvfp4_rowwise_bf16_8k_amaxpass", x.data(), rows, cols, copy, false, false, amax.data());
     run<recipes::nvfp4>("quant_nvfp4_rowwise_bf16_8k_given_amax", x.data(), rows, cols, copy, false, true, amax.data());
     run<recipes::blockwise_128x128>("quant_128x128_bf16_8k", x.data(), rows, cols, copy, false, false, amax.data());
-    run<recipes::tensorwise_e4m3>("quant_tensorwise_bf16_8k_current", x.data(), rows, cols, copy, false, false, amax.data());
-    run<recipes::tensorwise_e4m3>("quant_tensorwise_bf16_8k_delayed", x.data(), rows, cols, copy, false, true, amax.data());
+    run<recipes::tensorwise_e4m3>("quant_tensorwise_bf16_8k_current", x.data(), rows, cols, copy, false, false,
+                                  amax.data());
+    run<recipes::tensorwise_e4m3>("quant_tensorwise_bf16_8k_delayed", x.data(), rows, cols, copy, false, true,
+                                  amax.data());
     run<recipes::rowwise_e4m3>("quant_rowwise_pertoken_bf16_8k", x.data(), rows, cols, copy, false, false, amax.data());
 
     // row-wise + column-wise from one read, against two separate passes
@@ -76,7 +82,8 @@ int main() {
             quantize<recipes::blockwise_1x128>(on_stream(), xm, q.ref());
             quantize<recipes::blockwise_1x128>(on_stream(), xm, quantized_ref<recipes::blockwise_1x128>{}, qt.ref());
         });
-        octet_bench::result("quant_1x128_row+col_two_passes", "time", ms, "ms", "compare with quant_1x128_row+col_one_read time");
+        octet_bench::result("quant_1x128_row+col_two_passes", "time", ms, "ms",
+                            "compare with quant_1x128_row+col_one_read time");
     }
     return 0;
 }

@@ -45,28 +45,35 @@ int main() {
     auto report_line = [&](const char* name, double ms, double bytes_per_token) {
         const double tokens_per_s = static_cast<double>(n) / (ms * 1e-3);
         octet_bench::result(name, "throughput", tokens_per_s / 1e9, "Gtokens/s", "");
-        octet_bench::result(name, "fraction_of_copy", tokens_per_s * bytes_per_token / 1e9 / copy, "x", "bytes read+written per token");
+        octet_bench::result(name, "fraction_of_copy", tokens_per_s * bytes_per_token / 1e9 / copy, "x",
+                            "bytes read+written per token");
     };
-    double ms = octet_bench::median_ms([&] { octet::importance_ratios(octet::on_stream(), d_hi.cview(), d_old.cview(), d_r1.view()); });
+    double ms = octet_bench::median_ms(
+        [&] { octet::importance_ratios(octet::on_stream(), d_hi.cview(), d_old.cview(), d_r1.view()); });
     report_line("rl_importance_ratios", ms, 12);
     octet::importance_ratios(octet::on_stream(), d_lo.cview(), d_old.cview(), d_r2.view());
     ms = octet_bench::median_ms([&] {
-        octet::clipped_surrogate(octet::on_stream(), d_hi.cview(), d_old.cview(), d_adv.cview(), cfg, {{}, {}, d_out.view()}, stats.view());
+        octet::clipped_surrogate(octet::on_stream(), d_hi.cview(), d_old.cview(), d_adv.cview(), cfg,
+                                 {{}, {}, d_out.view()}, stats.view());
     });
     report_line("rl_clipped_surrogate_grad", ms, 16);
-    ms = octet_bench::median_ms(
-        [&] { octet::clipped_surrogate(octet::on_stream(), d_hi.cview(), d_old.cview(), d_adv.cview(), cfg, {}, stats.view()); });
+    ms = octet_bench::median_ms([&] {
+        octet::clipped_surrogate(octet::on_stream(), d_hi.cview(), d_old.cview(), d_adv.cview(), cfg, {}, stats.view());
+    });
     report_line("rl_clipped_surrogate_stats_only", ms, 12);
     ms = octet_bench::median_ms([&] {
-        octet::threshold_crossings(octet::on_stream(), d_lo.cview(), d_hi.cview(), d_old.cview(), d_adv.cview(), range, range, report.view());
+        octet::threshold_crossings(octet::on_stream(), d_lo.cview(), d_hi.cview(), d_old.cview(), d_adv.cview(), range,
+                                   range, report.view());
     });
     report_line("rl_crossings_from_logp", ms, 16);
     ms = octet_bench::median_ms([&] {
-        octet::threshold_crossings_from_ratios(octet::on_stream(), d_r2.cview(), d_r1.cview(), d_adv.cview(), range, range, report.view());
+        octet::threshold_crossings_from_ratios(octet::on_stream(), d_r2.cview(), d_r1.cview(), d_adv.cview(), range,
+                                               range, report.view());
     });
     report_line("rl_crossings_from_ratios", ms, 12);
     const octet::crossing_report c = report.download()[0];
-    std::printf("check: %llu tokens classified, %llu negative pushed below\n", static_cast<unsigned long long>(c.tokens()),
+    std::printf("check: %llu tokens classified, %llu negative pushed below\n",
+                static_cast<unsigned long long>(c.tokens()),
                 static_cast<unsigned long long>(c.by_sign[0].pushed_out_low));
     return 0;
 }

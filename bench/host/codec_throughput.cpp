@@ -75,8 +75,8 @@ void decode_bench(benchmark::State& state, octet::wire_format f, octet::transfor
     state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kN * sizeof(float)));
 }
 
-#define OCTET_CODEC_BENCH(fmt, tr)                                                                                       \
-    BENCHMARK_CAPTURE(encode_bench, fmt##_##tr, octet::wire_format::fmt, octet::transform_kind::tr, 1);                \
+#define OCTET_CODEC_BENCH(fmt, tr)                                                                      \
+    BENCHMARK_CAPTURE(encode_bench, fmt##_##tr, octet::wire_format::fmt, octet::transform_kind::tr, 1); \
     BENCHMARK_CAPTURE(decode_bench, fmt##_##tr, octet::wire_format::fmt, octet::transform_kind::tr, 1);
 OCTET_CODEC_BENCH(e4m3, identity)
 OCTET_CODEC_BENCH(e4m3, hadamard)
@@ -85,8 +85,10 @@ OCTET_CODEC_BENCH(mxfp8, identity)
 OCTET_CODEC_BENCH(mxfp8, hadamard)
 OCTET_CODEC_BENCH(nvfp4, identity)
 OCTET_CODEC_BENCH(nvfp4, hadamard)
-BENCHMARK_CAPTURE(encode_bench, e4m3_hadamard_all_threads, octet::wire_format::e4m3, octet::transform_kind::hadamard, 0);
-BENCHMARK_CAPTURE(decode_bench, e4m3_hadamard_all_threads, octet::wire_format::e4m3, octet::transform_kind::hadamard, 0);
+BENCHMARK_CAPTURE(encode_bench, e4m3_hadamard_all_threads, octet::wire_format::e4m3, octet::transform_kind::hadamard,
+                  0);
+BENCHMARK_CAPTURE(decode_bench, e4m3_hadamard_all_threads, octet::wire_format::e4m3, octet::transform_kind::hadamard,
+                  0);
 
 }  // namespace
 

@@ -34,8 +34,9 @@ void host_gemm(benchmark::State& state) {
         octet::scaled_gemm(octet::on_host(threads), a.cref(), b.cref(), octet::matrix_ref<octet::bf16>(d.data(), n, n));
         benchmark::DoNotOptimize(d.data());
     }
-    state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(n) * n * n * static_cast<double>(state.iterations()) * 1e-9,
-                                                   benchmark::Counter::kIsRate);
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(2.0 * static_cast<double>(n) * n * n * static_cast<double>(state.iterations()) * 1e-9,
+                           benchmark::Counter::kIsRate);
 }
 
 }  // namespace
@@ -48,6 +49,11 @@ BENCHMARK_TEMPLATE(host_gemm, blockwise_1x128, blockwise_128x128)
     ->Args({1024, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_TEMPLATE(host_gemm, nvfp4, nvfp4)->Name("scaled_gemm_host/nvfp4")->Args({512, 1})->Args({512, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(host_gemm, nvfp4, nvfp4)
+    ->Name("scaled_gemm_host/nvfp4")
+    ->Args({512, 1})
+    ->Args({512, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 BENCHMARK_MAIN();

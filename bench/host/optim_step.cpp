@@ -32,8 +32,9 @@ std::vector<float> normal_vec(std::size_t n, float sd, unsigned seed) {
 
 template <class MC, class VC, class M>
 double step_bytes(std::size_t grad_bytes) {
-    return 2.0 * sizeof(typename M::weight_type) + static_cast<double>(grad_bytes) + 2.0 * state_bytes_per_element<MC>() +
-           2.0 * state_bytes_per_element<VC>() + (M::has_compensation ? 4.0 : 0.0);
+    return 2.0 * sizeof(typename M::weight_type) + static_cast<double>(grad_bytes) +
+           2.0 * state_bytes_per_element<MC>() + 2.0 * state_bytes_per_element<VC>() +
+           (M::has_compensation ? 4.0 : 0.0);
 }
 
 template <class MC, class VC, class M, class G>
@@ -44,18 +45,21 @@ void octet_step(benchmark::State& state) {
     const auto gf = normal_vec(kN, 1e-3f, 2);
     std::vector<G> g(kN);
     for (std::size_t i = 0; i < kN; ++i) {
-        if constexpr (std::is_same_v<G, float>) g[i] = gf[i];
-        else g[i] = to_bf16(gf[i]);
+        if constexpr (std::is_same_v<G, float>)
+            g[i] = gf[i];
+        else
+            g[i] = to_bf16(gf[i]);
     }
     adamw_hyper h;
-    h.on_nonfinite = nonfinite_policy::zero_block;
+    h.on_nonfinite = grad_nonfinite_policy::zero_block;
     std::uint64_t t = 1;
     for (auto _ : state) {
         adamw_step(on_host(threads), st.ref(), as_cspan(g), h, t++, 1e-4f);
         benchmark::ClobberMemory();
     }
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
-    state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * kN * step_bytes<MC, VC, M>(sizeof(G))));
+    state.SetBytesProcessed(
+        static_cast<std::int64_t>(static_cast<double>(state.iterations()) * kN * step_bytes<MC, VC, M>(sizeof(G))));
 }
 
 /// The textbook fused float AdamW loop (same formula, plain C++ operators).
@@ -168,11 +172,22 @@ BENCHMARK(plain_fused_f32)->Unit(benchmark::kMillisecond);
 BENCHMARK(plain_multipass_f32)->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(octet_step, sc::fp32, sc::fp32, master::fp32, float)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(octet_step, sc::bf16, sc::bf16, master::fp32, float)->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(octet_step, sc::e4m3_scaled, sc::e4m3_scaled, master::fp32, float)->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(octet_step, sc::e4m3_expanded, sc::e4m3_expanded, master::fp32, float)->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(octet_step, sc::dynamic8, sc::dynamic8, master::fp32, float)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(octet_step, sc::dynamic8, sc::dynamic8, master::bf16_stochastic, bf16)->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(octet_step, sc::e4m3_expanded, sc::e4m3_expanded, master::bf16_kahan, bf16)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(octet_step, sc::e4m3_scaled, sc::e4m3_scaled, master::fp32, float)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(octet_step, sc::e4m3_expanded, sc::e4m3_expanded, master::fp32, float)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(octet_step, sc::dynamic8, sc::dynamic8, master::fp32, float)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(octet_step, sc::dynamic8, sc::dynamic8, master::bf16_stochastic, bf16)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(octet_step, sc::e4m3_expanded, sc::e4m3_expanded, master::bf16_kahan, bf16)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(unfused_codec_step, sc::dynamic8)->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(unfused_codec_step, sc::e4m3_scaled)->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(codec_encode, sc::e4m3_scaled, moment::first)->Unit(benchmark::kMillisecond);

@@ -23,7 +23,13 @@ constexpr std::size_t kTokens = std::size_t{1} << 20;
 
 struct tokens {
     std::vector<float> logp_new, logp_old, logp_low, adv, ratio_high, ratio_low;
-    tokens() : logp_new(kTokens), logp_old(kTokens), logp_low(kTokens), adv(kTokens), ratio_high(kTokens), ratio_low(kTokens) {
+    tokens()
+        : logp_new(kTokens),
+          logp_old(kTokens),
+          logp_low(kTokens),
+          adv(kTokens),
+          ratio_high(kTokens),
+          ratio_low(kTokens) {
         std::mt19937_64 g(std::random_device{}());
         std::uniform_real_distribution<float> lp(-20.0f, 0.0f);
         std::normal_distribution<float> d(0.0f, 0.2f), a(0.0f, 1.0f);
@@ -58,8 +64,8 @@ void clipped_surrogate(benchmark::State& state) {
     octet::surrogate_config cfg;
     cfg.range = octet::clip_range::asymmetric(0.2f, 0.28f);
     for (auto _ : state) {
-        const auto s = octet::clipped_surrogate(octet::on_host(static_cast<int>(state.range(0))), t.logp_new, t.logp_old, t.adv, cfg,
-                                                {{}, {}, grad});
+        const auto s = octet::clipped_surrogate(octet::on_host(static_cast<int>(state.range(0))), t.logp_new,
+                                                t.logp_old, t.adv, cfg, {{}, {}, grad});
         benchmark::DoNotOptimize(s);
         benchmark::DoNotOptimize(grad.data());
     }
@@ -70,7 +76,8 @@ void crossings_from_logp(benchmark::State& state) {
     const auto& t = tokens::get();
     const auto range = octet::clip_range::asymmetric(0.2f, 0.28f);
     for (auto _ : state) {
-        const auto c = octet::threshold_crossings(octet::on_host(static_cast<int>(state.range(0))), t.logp_low, t.logp_new, t.logp_old, t.adv, range);
+        const auto c = octet::threshold_crossings(octet::on_host(static_cast<int>(state.range(0))), t.logp_low,
+                                                  t.logp_new, t.logp_old, t.adv, range);
         benchmark::DoNotOptimize(c);
     }
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kTokens));
@@ -80,7 +87,8 @@ void crossings_from_ratios(benchmark::State& state) {
     const auto& t = tokens::get();
     const auto range = octet::clip_range::asymmetric(0.2f, 0.28f);
     for (auto _ : state) {
-        const auto c = octet::threshold_crossings_from_ratios(octet::on_host(static_cast<int>(state.range(0))), t.ratio_low, t.ratio_high, t.adv, range);
+        const auto c = octet::threshold_crossings_from_ratios(octet::on_host(static_cast<int>(state.range(0))),
+                                                              t.ratio_low, t.ratio_high, t.adv, range);
         benchmark::DoNotOptimize(c);
     }
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kTokens));

@@ -29,7 +29,9 @@
 namespace {
 using namespace octet;
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 /// Median over `reps` of the slowest rank's time of fn().
 template <class Fn>
@@ -130,7 +132,8 @@ int main(int argc, char** argv) {
             for (int c = 0; c < C; ++c) {
                 const codec_config& cfg = codecs[c];
                 std::vector<std::size_t> sizes(P), off(P + 1, 0);
-                for (int r = 0; r < P; ++r) sizes[r] = encoded_size(cfg, allreduce_shard(cfg, n, P, r).count), off[r + 1] = off[r] + sizes[r];
+                for (int r = 0; r < P; ++r)
+                    sizes[r] = encoded_size(cfg, allreduce_shard(cfg, n, P, r).count), off[r + 1] = off[r] + sizes[r];
                 std::vector<std::uint8_t> sendb(off[P], 1), recvb(P * sizes[me]), gath(off[P]);
                 std::vector<std::size_t> rc(P, sizes[me]), ro(P);
                 for (int r = 0; r < P; ++r) ro[r] = static_cast<std::size_t>(r) * sizes[me];
@@ -139,7 +142,8 @@ int main(int argc, char** argv) {
                     comm.alltoallv(sendb.data(), sizes.data(), off.data(), recvb.data(), rc.data(), ro.data());
                     comm.allgatherv(recvb.data(), sizes[me], gath.data(), sizes.data(), off.data());
                 }));
-                double sent = static_cast<double>(off[P] - sizes[me]) + static_cast<double>(P - 1) * sizes[me], sent_max = 0;
+                double sent = static_cast<double>(off[P] - sizes[me]) + static_cast<double>(P - 1) * sizes[me],
+                       sent_max = 0;
                 MPI_Allreduce(&sent, &sent_max, 1, MPI_DOUBLE, MPI_MAX, comm.get());
                 xb[c].push_back(sent_max);
                 wire[c].push_back(static_cast<double>(off[P]) / static_cast<double>(n));
@@ -165,15 +169,19 @@ int main(int argc, char** argv) {
                 const fit work = least_squares(cn[c], ct[c]);
                 const double b = wire[c].back();
                 const double breakeven = 2.0 * (P - 1) / P * (4.0 - b) / work.inv_bw;
-                std::printf("\n%s/%s: %.3f wire bytes per element; codec work %.3g ms + %.2f ns/element; exchange %.3g ms + bytes / %.2f GB/s;"
-                            " compression pays below %.2f GB/s per rank\n",
-                            wire_format_name(codecs[c].format), transform_name(codecs[c].transform), b, 1e3 * work.a, 1e9 * work.inv_bw,
-                            1e3 * link.a, 1e-9 / link.inv_bw, 1e-9 * breakeven);
-                std::printf("  %-6s %-10s %-12s %-10s %-9s %s\n", "log2n", "float ms", "compressed", "model ms", "model err", "pays here");
+                std::printf(
+                    "\n%s/%s: %.3f wire bytes per element; codec work %.3g ms + %.2f ns/element; exchange %.3g ms + "
+                    "bytes / %.2f GB/s;"
+                    " compression pays below %.2f GB/s per rank\n",
+                    wire_format_name(codecs[c].format), transform_name(codecs[c].transform), b, 1e3 * work.a,
+                    1e9 * work.inv_bw, 1e3 * link.a, 1e-9 / link.inv_bw, 1e-9 * breakeven);
+                std::printf("  %-6s %-10s %-12s %-10s %-9s %s\n", "log2n", "float ms", "compressed", "model ms",
+                            "model err", "pays here");
                 for (std::size_t li = 0; li < logs.size(); ++li) {
                     const double model = t_sync + work.a + work.inv_bw * cn[c][li] + link.a + link.inv_bw * xb[c][li];
-                    std::printf("  %-6d %-10.3f %-12.3f %-10.3f %+-8.0f%% %s\n", logs[li], 1e3 * tf[li], 1e3 * tc[c][li], 1e3 * model,
-                                100.0 * (model - tc[c][li]) / tc[c][li], tc[c][li] < tf[li] ? "yes" : "no");
+                    std::printf("  %-6d %-10.3f %-12.3f %-10.3f %+-8.0f%% %s\n", logs[li], 1e3 * tf[li],
+                                1e3 * tc[c][li], 1e3 * model, 100.0 * (model - tc[c][li]) / tc[c][li],
+                                tc[c][li] < tf[li] ? "yes" : "no");
                 }
             }
         }

@@ -16,23 +16,29 @@ namespace {
 template <class Fmt>
 void print_facts() {
     std::printf("  %-9s %4d %4d %4d %14.6g %12.6g %12.6g   %-3s  %-5s  ", octet::format_name<Fmt>(), Fmt::bits,
-                Fmt::exponent_bits, Fmt::bias, static_cast<double>(Fmt::max_finite), static_cast<double>(Fmt::min_normal),
-                static_cast<double>(Fmt::min_subnormal), Fmt::has_inf ? "yes" : "no", Fmt::is_signed ? "yes" : "no");
-    if (Fmt::has_nan) std::printf("0x%02x\n", static_cast<unsigned>(Fmt::nan_code));
-    else std::printf("none\n");
+                Fmt::exponent_bits, Fmt::bias, static_cast<double>(Fmt::max_finite),
+                static_cast<double>(Fmt::min_normal), static_cast<double>(Fmt::min_subnormal),
+                Fmt::has_inf ? "yes" : "no", Fmt::is_signed ? "yes" : "no");
+    if (Fmt::has_nan)
+        std::printf("0x%02x\n", static_cast<unsigned>(Fmt::nan_code));
+    else
+        std::printf("none\n");
 }
 
 template <class Fmt>
 void print_roundings(float x) {
     using namespace octet;
     const auto show = [](std::uint8_t c) { return static_cast<double>(decode<Fmt>(c)); };
-    std::printf("  %-9s x=%-9g nearest=%-9g toward0=%-9g up=%-9g down=%-9g\n", format_name<Fmt>(), static_cast<double>(x),
-                show(encode<Fmt, round::nearest_even>(x)), show(encode<Fmt, round::toward_zero>(x)),
-                show(encode<Fmt, round::up>(x)), show(encode<Fmt, round::down>(x)));
+    std::printf("  %-9s x=%-9g nearest=%-9g toward0=%-9g up=%-9g down=%-9g\n", format_name<Fmt>(),
+                static_cast<double>(x), show(encode<Fmt, round::nearest_even>(x)),
+                show(encode<Fmt, round::toward_zero>(x)), show(encode<Fmt, round::up>(x)),
+                show(encode<Fmt, round::down>(x)));
 }
 
 /// Round to the grid {k * 0.1}: nearest, or stochastic with a uniform u in [0, 1).
-double to_grid_nearest(double v) { return std::round(v * 10.0) / 10.0; }
+double to_grid_nearest(double v) {
+    return std::round(v * 10.0) / 10.0;
+}
 double to_grid_stochastic(double v, double u) {
     const double lo = std::floor(v * 10.0) / 10.0;
     return (v - lo) * 10.0 > u ? lo + 0.1 : lo;
@@ -79,15 +85,18 @@ int main() {
     }
     std::printf("  exact            %.2f\n", 1.0 + steps * 0.03);
     std::printf("  round to nearest %.2f   (1.03 rounds back to 1.0 every step: the updates vanish)\n", nearest);
-    std::printf("  stochastic       %.2f   (each step rounds up with probability 0.3: right in expectation)\n", stochastic);
+    std::printf("  stochastic       %.2f   (each step rounds up with probability 0.3: right in expectation)\n",
+                stochastic);
     std::printf("  compensated      %.2f   (the dropped remainder is carried into the next step)\n", compensated);
 
-    std::printf("\nThe same in bf16: a weight of 1.0 receiving 1000 updates of 1e-3 (bf16 ulp at 1.0 is 2^-7 = 0.0078)\n");
+    std::printf(
+        "\nThe same in bf16: a weight of 1.0 receiving 1000 updates of 1e-3 (bf16 ulp at 1.0 is 2^-7 = 0.0078)\n");
     bf16 w_nearest = to_bf16(1.0f), w_stochastic = to_bf16(1.0f), w_kahan = to_bf16(1.0f);
     float kahan_c = 0.0f;
     for (int i = 0; i < 1000; ++i) {
         w_nearest = to_bf16(to_float(w_nearest) + 1e-3f);
-        w_stochastic = to_bf16_stochastic(to_float(w_stochastic) + 1e-3f, rng.bits(1000u + static_cast<std::uint64_t>(i)));
+        w_stochastic =
+            to_bf16_stochastic(to_float(w_stochastic) + 1e-3f, rng.bits(1000u + static_cast<std::uint64_t>(i)));
         const float y = 1e-3f - kahan_c;  // Kahan: compensation buffer in float beside the bf16 weight
         const bf16 t = to_bf16(to_float(w_kahan) + y);
         kahan_c = (to_float(t) - to_float(w_kahan)) - y;
@@ -95,7 +104,8 @@ int main() {
     }
     std::printf("  exact                  %.4f\n", 1.0 + 1000 * 1e-3);
     std::printf("  bf16 round to nearest  %.4f   (stalled at the start)\n", static_cast<double>(to_float(w_nearest)));
-    std::printf("  bf16 stochastic        %.4f   (Philox, seed 2026: reproducible)\n", static_cast<double>(to_float(w_stochastic)));
+    std::printf("  bf16 stochastic        %.4f   (Philox, seed 2026: reproducible)\n",
+                static_cast<double>(to_float(w_stochastic)));
     std::printf("  bf16 + Kahan buffer    %.4f   (exact to bf16 resolution; residual in the buffer %.2e)\n",
                 static_cast<double>(to_float(w_kahan)), static_cast<double>(-kahan_c));
     return 0;

@@ -38,7 +38,8 @@ row_result run(const std::vector<float>& x, std::size_t rows, std::size_t cols, 
         }
     const double bits = 8.0 * (q.layout().data_bytes + q.layout().scale_bytes) / static_cast<double>(rows * cols) +
                         (Recipe::two_level ? 32.0 / static_cast<double>(rows * cols) : 0.0);
-    return {bits, r.rowwise.sqnr_db(), r.rowwise.saturated_fraction(), r.rowwise.flushed_fraction(), std::sqrt(num / den)};
+    return {bits, r.rowwise.sqnr_db(), r.rowwise.saturated_fraction(), r.rowwise.flushed_fraction(),
+            std::sqrt(num / den)};
 }
 
 template <class Recipe>
@@ -75,7 +76,8 @@ int main() {
     const double small = mags[mags.size() / 10];
 
     std::printf("A %zu x %zu heavy-tailed tensor (Student-t, 3 dof) with 40 outliers of +-2000\n\n", rows, cols);
-    std::printf("  %-24s %6s %9s %11s %10s %12s\n", "recipe", "bits", "SQNR dB", "saturated", "flushed", "small-10% err");
+    std::printf("  %-24s %6s %9s %11s %10s %12s\n", "recipe", "bits", "SQNR dB", "saturated", "flushed",
+                "small-10% err");
     print<r::tensorwise_e4m3>("tensorwise E4M3", x, rows, cols, small);
     print<r::tensorwise_e5m2>("tensorwise E5M2", x, rows, cols, small);
     print<r::rowwise_e4m3>("rowwise E4M3", x, rows, cols, small);
@@ -99,8 +101,9 @@ int main() {
     print_row<r::mxfp4>("MXFP4 (32 per scale)", row);
     print_row<r::nvfp4>("NVFP4 (16 per scale)", row);
     print_row<r::blockwise_1x128>("1x128 E4M3", row);
-    std::printf("\nFP4 has 8 magnitudes from 0.5 to 6: one scale for 100 cannot also hold 0.1, so a coarse scale\n"
-                "flushes it; a finer block gives the 0.1s a scale of their own. E4M3's wider exponent range\n"
-                "keeps 0.1 even next to 100 (0.1 / (100/448) = 0.448 is above E4M3's smallest subnormal).\n");
+    std::printf(
+        "\nFP4 has 8 magnitudes from 0.5 to 6: one scale for 100 cannot also hold 0.1, so a coarse scale\n"
+        "flushes it; a finer block gives the 0.1s a scale of their own. E4M3's wider exponent range\n"
+        "keeps 0.1 even next to 100 (0.1 / (100/448) = 0.448 is above E4M3's smallest subnormal).\n");
     return 0;
 }

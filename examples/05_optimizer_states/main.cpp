@@ -71,8 +71,10 @@ template <class Opt>
 std::vector<float> forward_weights(const Opt& opt) {  // what a forward pass reads: floats or the bf16 values
     std::vector<float> w(kDim);
     for (std::size_t j = 0; j < kDim; ++j) {
-        if constexpr (std::is_same_v<typename Opt::state_type::weight_type, float>) w[j] = opt.state.params[j];
-        else w[j] = octet::to_float(opt.state.params[j]);
+        if constexpr (std::is_same_v<typename Opt::state_type::weight_type, float>)
+            w[j] = opt.state.params[j];
+        else
+            w[j] = octet::to_float(opt.state.params[j]);
     }
     return w;
 }
@@ -82,7 +84,8 @@ void train(Opt& opt, const problem& p, int from, int to) {
     std::vector<float> grad;
     for (int t = from; t < to; ++t) {
         loss_and_grad(p, forward_weights(opt), &grad);
-        const double lr = std::ldexp(1.0, -10) * 0.5 * (1 + std::cos(3.14159265358979 * t / kSteps));  // cosine schedule
+        const double lr =
+            std::ldexp(1.0, -10) * 0.5 * (1 + std::cos(3.14159265358979 * t / kSteps));  // cosine schedule
         opt.step(octet::on_host(), octet::as_cspan(grad), static_cast<float>(lr));
     }
 }
@@ -103,8 +106,8 @@ double run(const problem& p, const char* codec, const char* master, double l0, d
         for (std::size_t j = 0; j < kDim; ++j) moved += opt.state.params[j].bits != octet::to_bf16(p.w0[j]).bits;
         note = std::to_string(moved) + " of " + std::to_string(kDim) + " weights moved";
     }
-    std::printf("| %-13s | %-15s | %9.5f | %7.1f%% | %6.3f | %6.3f | %s |\n", codec, master, loss, lf > 0 ? 100 * (l0 - loss) / (l0 - lf) : 100.0,
-                bpp.optimizer_state, bpp.total(), note.c_str());
+    std::printf("| %-13s | %-15s | %9.5f | %7.1f%% | %6.3f | %6.3f | %s |\n", codec, master, loss,
+                lf > 0 ? 100 * (l0 - loss) / (l0 - lf) : 100.0, bpp.optimizer_state, bpp.total(), note.c_str());
     return loss;
 }
 
@@ -122,8 +125,8 @@ int main() {
     namespace sc = octet::state_codec;
     const problem p = make_problem(2026);
     const double l0 = loss_and_grad(p, p.w0, nullptr);
-    std::printf("least squares, %zu weights, %zu samples, %d AdamW steps (lr 2^-10, cosine); start loss %.5f\n\n", kDim, kSamples,
-                kSteps, l0);
+    std::printf("least squares, %zu weights, %zu samples, %d AdamW steps (lr 2^-10, cosine); start loss %.5f\n\n", kDim,
+                kSamples, kSteps, l0);
     std::printf("| moments       | master weights  | final loss | kept     | state B/param | total B/param | note |\n");
     std::printf("|---------------|-----------------|-----------|----------|--------|--------|------|\n");
     const double lf = run<sc::fp32, octet::master::fp32>(p, "fp32", "fp32", l0, 0.0);
@@ -134,9 +137,10 @@ int main() {
     run_codec<sc::e4m3_scaled>(p, "e4m3_scaled", l0, lf);
     run_codec<sc::e4m3_expanded>(p, "e4m3_expanded", l0, lf);
     run_codec<sc::dynamic8>(p, "dynamic8", l0, lf);
-    std::printf("\n'kept': share of float AdamW's loss reduction (bf16 nearest's few percent are only the rounding of\n"
-                "the start to bf16: no weight moves, because every update is below half an ulp of its weight and is\n"
-                "rounded away; stochastic rounding and the Kahan buffer keep those updates).\n\n");
+    std::printf(
+        "\n'kept': share of float AdamW's loss reduction (bf16 nearest's few percent are only the rounding of\n"
+        "the start to bf16: no weight moves, because every update is below half an ulp of its weight and is\n"
+        "rounded away; stochastic rounding and the Kahan buffer keep those updates).\n\n");
 
     // The ledger of a 7B-parameter model (bf16 gradients, 40 GB of activations, 8 GB of temporaries).
     auto ledger_for = [](octet::state_codec_id moments, octet::master_weights_id master, bool bf16_copy) {
@@ -151,9 +155,12 @@ int main() {
     };
     const auto base = ledger_for(octet::state_codec_id::fp32, octet::master_weights_id::fp32, true);
     const auto lean = ledger_for(octet::state_codec_id::dynamic8, octet::master_weights_id::bf16_kahan, false);
-    std::printf("7B parameters, fp32 master + bf16 copy, fp32 moments (GB):\n%s\n", base.to_markdown(1e9, "GB").c_str());
-    std::printf("7B parameters, bf16 + Kahan master, dynamic8 moments (GB):\n%s\n", lean.to_markdown(1e9, "GB").c_str());
-    std::printf("total %.1f GB -> %.1f GB (%.0f%% less)\n\n", base.total() / 1e9, lean.total() / 1e9, 100 * (1 - lean.total() / base.total()));
+    std::printf("7B parameters, fp32 master + bf16 copy, fp32 moments (GB):\n%s\n",
+                base.to_markdown(1e9, "GB").c_str());
+    std::printf("7B parameters, bf16 + Kahan master, dynamic8 moments (GB):\n%s\n",
+                lean.to_markdown(1e9, "GB").c_str());
+    std::printf("total %.1f GB -> %.1f GB (%.0f%% less)\n\n", base.total() / 1e9, lean.total() / 1e9,
+                100 * (1 - lean.total() / base.total()));
 
     // Checkpoint: train half, save, resume in a fresh optimizer, finish; same bits as straight through.
     using opt_t = octet::adamw_optimizer<sc::dynamic8, sc::dynamic8, octet::master::bf16_kahan>;

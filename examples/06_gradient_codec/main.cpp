@@ -53,7 +53,8 @@ int main() {
     struct named {
         const char* name;
         std::vector<float> x;
-    } grads[] = {{"layer (low rank + outlier channels)", layer_gradient(g)}, {"embedding (heavy tails)", embedding_gradient(g)}};
+    } grads[] = {{"layer (low rank + outlier channels)", layer_gradient(g)},
+                 {"embedding (heavy tails)", embedding_gradient(g)}};
 
     std::printf("codec                  transform  rel.L2    cosine      worst128  small10%%  bytes     bits/elt\n");
     for (const auto& grad : grads) {
@@ -66,14 +67,16 @@ int main() {
                 std::vector<float> back(grad.x.size());
                 decode_gradient(on_host(), msg, back);
                 const codec_metrics m = measure_codec(grad.x, back, msg.size());
-                std::printf("%-22s %-10s %-9.5f %-11.7f %-9.4f %-9.4f %-9zu %.3f\n", wire_format_name(f), transform_name(t), m.relative_l2,
-                            m.cosine, m.worst_block, m.small_decile, m.bytes, m.bits_per_element);
+                std::printf("%-22s %-10s %-9.5f %-11.7f %-9.4f %-9.4f %-9zu %.3f\n", wire_format_name(f),
+                            transform_name(t), m.relative_l2, m.cosine, m.worst_block, m.small_decile, m.bytes,
+                            m.bits_per_element);
             }
     }
 
     // The 100-and-0.1 case: blocks of 16 where one element is 100 and the others are +-0.1.
-    std::printf("\n-- 100 and 0.1: one 100 and fifteen +-0.1 per 16 elements; error of the small components in the\n"
-                "   mean of K decoded steps (a bias that does not shrink with K is a direction lost for good)\n");
+    std::printf(
+        "\n-- 100 and 0.1: one 100 and fifteen +-0.1 per 16 elements; error of the small components in the\n"
+        "   mean of K decoded steps (a bias that does not shrink with K is a direction lost for good)\n");
     std::vector<float> x(4096);
     std::bernoulli_distribution coin(0.5);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = i % 16 == 5 ? 100.0f : (coin(g) ? 0.1f : -0.1f);
@@ -84,8 +87,8 @@ int main() {
                 error_feedback fb(x.size());
                 std::vector<double> sum(x.size(), 0.0);
                 std::vector<float> back(x.size());
-                std::printf("%-7s %-10s %-12s %-10s", wire_format_name(f), transform_name(t), mode == 1 ? "stochastic" : "nearest",
-                            mode == 2 ? "f32" : "none");
+                std::printf("%-7s %-10s %-12s %-10s", wire_format_name(f), transform_name(t),
+                            mode == 1 ? "stochastic" : "nearest", mode == 2 ? "f32" : "none");
                 for (int k = 0; k < 1024; ++k) {
                     codec_config cfg{f, t, 256, 0, static_cast<std::uint64_t>(k) + 1, mode == 1};
                     std::vector<std::uint8_t> msg(encoded_size(cfg, x.size()));

@@ -23,18 +23,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "octet/octet.hpp"
 #include "octet/monitor/checks.hpp"
 #include "octet/monitor/memory_ledger.hpp"
 #include "octet/monitor/recovery.hpp"
 #include "octet/monitor/run_report.hpp"
 #include "octet/monitor/signals.hpp"
+#include "octet/octet.hpp"
 #include "octet/rl/calibration.hpp"
 #include "octet/rl/crossings.hpp"
 #include "octet/rl/surrogate.hpp"
@@ -61,10 +61,10 @@ struct model {
 };
 
 struct batch {
-    std::vector<float> h;              // (P, H) prompt hidden states
-    std::vector<int> y;                // (N) sampled tokens, completion g of prompt p at p * G + g
-    std::vector<float> reward, adv;    // (N)
-    std::vector<float> logp_old;       // (N) behaviour policy, high precision
+    std::vector<float> h;            // (P, H) prompt hidden states
+    std::vector<int> y;              // (N) sampled tokens, completion g of prompt p at p * G + g
+    std::vector<float> reward, adv;  // (N)
+    std::vector<float> logp_old;     // (N) behaviour policy, high precision
 };
 
 /// log-softmax of W h for every prompt, in double ("high precision"), as (P, V) floats.
@@ -92,7 +92,8 @@ std::vector<float> log_softmax_low(const std::vector<float>& w, const std::vecto
         float amax = 0;
         for (int k = 0; k < H; ++k) amax = std::max(amax, std::fabs(w[v * H + k]));
         float scale = amax > 0 ? octet::e4m3::max_finite / amax : 1.0f;
-        for (int k = 0; k < H; ++k) wq[v * H + k] = octet::decode<octet::e4m3>(octet::encode<octet::e4m3>(w[v * H + k] * scale)) / scale;
+        for (int k = 0; k < H; ++k)
+            wq[v * H + k] = octet::decode<octet::e4m3>(octet::encode<octet::e4m3>(w[v * H + k] * scale)) / scale;
     }
     std::vector<float> out(static_cast<std::size_t>(P) * V);
     for (int p = 0; p < P; ++p) {
@@ -203,10 +204,14 @@ void smallest_case() {
     const std::vector<float> low{0.799f}, high{0.801f}, adv{-1.0f};
     const octet::clip_range r = octet::clip_range::symmetric(0.2f);
     const octet::crossing_report c = octet::threshold_crossings_from_ratios(octet::on_host(), low, high, adv, r);
-    const octet::token_surrogate tl = octet::surrogate_token(0.799f, -1.0f, r), th = octet::surrogate_token(0.801f, -1.0f, r);
+    const octet::token_surrogate tl = octet::surrogate_token(0.799f, -1.0f, r),
+                                 th = octet::surrogate_token(0.801f, -1.0f, r);
     std::printf("1. The smallest case: ratio 0.799 (low precision) against 0.801 (high) at lower bound 0.8, A = -1\n");
-    std::printf("   high: gradient %.3f (penalised)   low: gradient %.3f (clipped)   branch changes: %llu, negative pushed out: %.0f%%\n\n",
-                th.gradient, tl.gradient, static_cast<unsigned long long>(c.branch_changed()), 100 * c.negative_pushed_out_fraction());
+    std::printf(
+        "   high: gradient %.3f (penalised)   low: gradient %.3f (clipped)   branch changes: %llu, negative pushed "
+        "out: %.0f%%\n\n",
+        th.gradient, tl.gradient, static_cast<unsigned long long>(c.branch_changed()),
+        100 * c.negative_pushed_out_fraction());
 }
 
 }  // namespace
@@ -217,9 +222,14 @@ int main() {
     smallest_case();
 
     // ---- 2. diagnostics and calibrated clipping over a run -----------------------------------
-    std::printf("2. GRPO run, %d tokens per step; trainer log-probs from an E4M3 LM head (bf16 activations and log-probs)\n", N);
-    std::printf("   clip range [%.2f, %.2f]; lower-bound clip fraction of negative-advantage tokens:\n\n", nominal.lower, nominal.upper);
-    std::printf("| step | reward | high (reference) | low, nominal | low, calibrated | calibrated bounds | neg. pushed out nominal / calibrated | branch changes |\n");
+    std::printf(
+        "2. GRPO run, %d tokens per step; trainer log-probs from an E4M3 LM head (bf16 activations and log-probs)\n",
+        N);
+    std::printf("   clip range [%.2f, %.2f]; lower-bound clip fraction of negative-advantage tokens:\n\n",
+                nominal.lower, nominal.upper);
+    std::printf(
+        "| step | reward | high (reference) | low, nominal | low, calibrated | calibrated bounds | neg. pushed out "
+        "nominal / calibrated | branch changes |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");
     model m = initial_model(tch, seed);
     // references every 10 steps, or earlier when the low-precision nominal fractions drift by more
@@ -246,8 +256,10 @@ int main() {
         const bool refresh = cal.reference_due(step);
         if (refresh) cal.set_reference(step, r_high, high_seconds);
         const octet::clip_range bounds = cal.update(step, r_low);
-        const octet::crossing_report c_nom = octet::threshold_crossings(octet::on_host(), logp_low, logp_high, b.logp_old, b.adv, nominal);
-        const octet::crossing_report c_cal = octet::threshold_crossings(octet::on_host(), logp_low, logp_high, b.logp_old, b.adv, nominal, bounds);
+        const octet::crossing_report c_nom =
+            octet::threshold_crossings(octet::on_host(), logp_low, logp_high, b.logp_old, b.adv, nominal);
+        const octet::crossing_report c_cal =
+            octet::threshold_crossings(octet::on_host(), logp_low, logp_high, b.logp_old, b.adv, nominal, bounds);
         diag_seconds += seconds_since(td);
 
         // the update: low-precision log-probabilities, calibrated bounds
@@ -266,46 +278,56 @@ int main() {
             below_lo += n.below_low;
             below_cal += c_cal[octet::advantage_sign::negative].below_low;
             pushed_nom += n.pushed_out_low + n.pushed_out_high;
-            pushed_cal += c_cal[octet::advantage_sign::negative].pushed_out_low + c_cal[octet::advantage_sign::negative].pushed_out_high;
+            pushed_cal += c_cal[octet::advantage_sign::negative].pushed_out_low +
+                          c_cal[octet::advantage_sign::negative].pushed_out_high;
         }
         if (step % 4 == 3 || step == 0)
-            std::printf("| %d%s | %.3f | %.4f | %.4f | %.4f | [%.4f, %.4f] | %.4f / %.4f | %llu |\n", step, refresh ? " (ref)" : "", mean(b.reward),
-                        c_nom.negative_clip_fraction_high(),
-                        c_nom.negative_clip_fraction_low(), c_cal.negative_clip_fraction_low(), bounds.lower, bounds.upper,
-                        c_nom.negative_pushed_out_fraction(), c_cal.negative_pushed_out_fraction(),
+            std::printf("| %d%s | %.3f | %.4f | %.4f | %.4f | [%.4f, %.4f] | %.4f / %.4f | %llu |\n", step,
+                        refresh ? " (ref)" : "", mean(b.reward), c_nom.negative_clip_fraction_high(),
+                        c_nom.negative_clip_fraction_low(), c_cal.negative_clip_fraction_low(), bounds.lower,
+                        bounds.upper, c_nom.negative_pushed_out_fraction(), c_cal.negative_pushed_out_fraction(),
                         static_cast<unsigned long long>(c_nom.branch_changed()));
     }
-    const double p_hi = static_cast<double>(below_hi) / neg, p_lo = static_cast<double>(below_lo) / neg, p_cal = static_cast<double>(below_cal) / neg;
+    const double p_hi = static_cast<double>(below_hi) / neg, p_lo = static_cast<double>(below_lo) / neg,
+                 p_cal = static_cast<double>(below_cal) / neg;
     const double se = octet::binomial_standard_error(p_hi, static_cast<double>(neg));
-    std::printf("\n   steps %d..%d, %llu negative-advantage tokens: lower-bound clip fraction\n", warmup, steps - 1, static_cast<unsigned long long>(neg));
+    std::printf("\n   steps %d..%d, %llu negative-advantage tokens: lower-bound clip fraction\n", warmup, steps - 1,
+                static_cast<unsigned long long>(neg));
     std::printf("     high precision (reference)  %.5f\n", p_hi);
     std::printf("     low precision, nominal      %.5f  (%+.1f binomial SE of %.5f)\n", p_lo, (p_lo - p_hi) / se, se);
     std::printf("     low precision, calibrated   %.5f  (%+.1f SE)\n", p_cal, (p_cal - p_hi) / se);
     std::printf("   negative-advantage tokens pushed outside the region: nominal %.4f, calibrated %.4f\n",
                 static_cast<double>(pushed_nom) / neg, static_cast<double>(pushed_cal) / neg);
     std::printf("   (calibration restores the fraction, not each token: the remaining crossings go both ways)\n\n");
-    std::printf("   Crossings at step %d, low precision against high, nominal bounds for both:\n\n%s\n", steps - 1, last_nom.to_markdown().c_str());
-    std::printf("   The same tokens with the calibrated bounds [%.4f, %.4f] for the low-precision ratios:\n\n%s\n", last_bounds.lower,
-                last_bounds.upper, last_cal.to_markdown().c_str());
+    std::printf("   Crossings at step %d, low precision against high, nominal bounds for both:\n\n%s\n", steps - 1,
+                last_nom.to_markdown().c_str());
+    std::printf("   The same tokens with the calibrated bounds [%.4f, %.4f] for the low-precision ratios:\n\n%s\n",
+                last_bounds.lower, last_bounds.upper, last_cal.to_markdown().c_str());
     const octet::calibration_cost& cc = cal.cost();
-    std::printf("   calibration cost: %llu updates, %.3f ms each; %llu references (%llu early, on drift): %.1f ms of high-precision\n"
-                "   forwards, %.3f ms to measure\n",
-                static_cast<unsigned long long>(cc.updates), 1e3 * cc.seconds_per_update(), static_cast<unsigned long long>(cc.references),
-                static_cast<unsigned long long>(cal.drift_refreshes()), 1e3 * cc.reference_forward_seconds, 1e3 * cc.reference_seconds);
+    std::printf(
+        "   calibration cost: %llu updates, %.3f ms each; %llu references (%llu early, on drift): %.1f ms of "
+        "high-precision\n"
+        "   forwards, %.3f ms to measure\n",
+        static_cast<unsigned long long>(cc.updates), 1e3 * cc.seconds_per_update(),
+        static_cast<unsigned long long>(cc.references), static_cast<unsigned long long>(cal.drift_refreshes()),
+        1e3 * cc.reference_forward_seconds, 1e3 * cc.reference_seconds);
     std::printf("   = %.2f%% of the run's step time (diagnostics, both crossing reports: %.2f%%)\n\n",
                 100 * cc.total_seconds() / step_seconds, 100 * diag_seconds / step_seconds);
 
     // ---- 3. monitors, a scripted failure, the recovery log and the run report ----------------
-    std::printf("3. The same run with monitors and a scripted failure (transient NaN at step 7, activation outlier at 12,\n");
+    std::printf(
+        "3. The same run with monitors and a scripted failure (transient NaN at step 7, activation outlier at 12,\n");
     std::printf("   corrupted optimizer state at 16 that a repeat does not fix; checkpoints every 5 steps)\n\n");
     model state = initial_model(tch, seed), before, checkpoint = state;
     octet::calibrated_clipping cal2(cal_cfg);
     octet::check_registry reg;
     // bf16 log-probabilities put row sums of exp(logp) within about 0.4% of 1: warn at 0.5%, trip at 2%
-    const auto c_rowsum = reg.add("lm_head.softmax_row_sum", octet::check_kind::softmax_row_sum, octet::threshold::above(5e-3, 2e-2), "lm_head");
+    const auto c_rowsum = reg.add("lm_head.softmax_row_sum", octet::check_kind::softmax_row_sum,
+                                  octet::threshold::above(5e-3, 2e-2), "lm_head");
     const auto c_drift = reg.add("lm_head.activation_amax_drift", octet::check_kind::amax_drift, "lm_head");
     const auto c_nonfinite = reg.add("rl.non_finite_tokens", octet::check_kind::non_finite, "rl.loss");
-    const auto c_cross = reg.add("rl.clip_crossings", octet::check_kind::clip_crossings, octet::threshold::above(0.02, 0.1), "lm_head");
+    const auto c_cross =
+        reg.add("rl.clip_crossings", octet::check_kind::clip_crossings, octet::threshold::above(0.02, 0.1), "lm_head");
     const auto c_state = reg.add("optimizer.state_norm", octet::check_kind::custom, octet::threshold::above(1e2, 1e3));
     octet::memory_ledger ledger;
     ledger.set(octet::memory_category::weights, 2.0 * V * H * sizeof(float));  // weights + behaviour copy
@@ -319,7 +341,8 @@ int main() {
     auto run_step = [&](std::int64_t step) {
         const auto t0 = std::chrono::steady_clock::now();
         const int attempt = ++attempts[step];
-        const float outlier = step == 12 && attempt == 1 ? 8.0f : 1.0f;  // scripted: one batch of activations 8x too large
+        const float outlier =
+            step == 12 && attempt == 1 ? 8.0f : 1.0f;  // scripted: one batch of activations 8x too large
         const batch b = rollout(state, tch, seed, step, outlier);
         const std::vector<float> all_high = log_softmax_high(state.w, b.h);
         std::vector<float> all_low = high_precision_head ? all_high : log_softmax_low(state.w, b.h);
@@ -333,30 +356,36 @@ int main() {
         });
         float amax = 0;
         for (float x : b.h) amax = std::max(amax, std::fabs(x));
-        if (!amax_history.empty()) reg.measure(c_drift, step, [&] { return octet::amax_drift(amax, amax_history); });
-        else reg.record(c_drift, step, 1.0);
+        if (!amax_history.empty())
+            reg.measure(c_drift, step, [&] { return octet::amax_drift(amax, amax_history); });
+        else
+            reg.record(c_drift, step, 1.0);
         std::vector<float> r_high(N), r_low(N);
         octet::importance_ratios(octet::on_host(), logp_high, b.logp_old, r_high);
         octet::importance_ratios(octet::on_host(), logp, b.logp_old, r_low);
         if (cal2.reference_due(step)) cal2.set_reference(step, r_high);
         const octet::clip_range bounds = high_precision_head ? nominal : cal2.update(step, r_low);
         reg.measure(c_cross, step, [&] {
-            return octet::threshold_crossings(octet::on_host(), logp, logp_high, b.logp_old, b.adv, nominal, bounds).negative_pushed_out_fraction();
+            return octet::threshold_crossings(octet::on_host(), logp, logp_high, b.logp_old, b.adv, nominal, bounds)
+                .negative_pushed_out_fraction();
         });
         octet::surrogate_config cfg;
         cfg.range = bounds;
         std::vector<float> dlogp(N);
-        const octet::surrogate_stats s = octet::clipped_surrogate(octet::on_host(), logp, b.logp_old, b.adv, cfg, {{}, {}, dlogp});
+        const octet::surrogate_stats s =
+            octet::clipped_surrogate(octet::on_host(), logp, b.logp_old, b.adv, cfg, {{}, {}, dlogp});
         reg.record(c_nonfinite, step, static_cast<double>(s.non_finite));
         update(state, b, all_high, dlogp);
-        if (step == 16 && attempt <= 2) state.m[5] = 1e6f;  // scripted: a corrupted optimizer state (persists over one repeat)
+        if (step == 16 && attempt <= 2)
+            state.m[5] = 1e6f;  // scripted: a corrupted optimizer state (persists over one repeat)
         reg.measure(c_state, step, [&] {
             double ss = 0;
             for (float x : state.m) ss += static_cast<double>(x) * x;
             return std::sqrt(ss);
         });
         state.completed = step;
-        if (reg.latest(c_drift, step)->status == octet::check_status::ok) {  // the delayed-scaling history takes healthy steps only
+        if (reg.latest(c_drift, step)->status ==
+            octet::check_status::ok) {  // the delayed-scaling history takes healthy steps only
             amax_history.push_back(amax);
             if (amax_history.size() > 16) amax_history.erase(amax_history.begin());
         }
@@ -366,7 +395,8 @@ int main() {
     octet::recovery_callbacks cb;
     cb.raise_precision = [&](const std::string&, int) {
         high_precision_head = true;
-        ledger.allocate(octet::memory_category::temporaries, 2.0 * V * H * sizeof(double));  // the double-precision head
+        ledger.allocate(octet::memory_category::temporaries,
+                        2.0 * V * H * sizeof(double));  // the double-precision head
         return 2.0 * V * H * sizeof(double);
     };
     cb.restore_precision = [&](const std::string&) {
@@ -398,7 +428,8 @@ int main() {
     }
     report.set_wall_seconds(seconds_since(run_start));
     std::printf("%s\n", report.to_markdown(reg, policy.log(), ledger).c_str());
-    std::printf("(The raised LM head costs no extra time here: on a CPU the simulated E4M3 path is the slower one.)\n\n");
+    std::printf(
+        "(The raised LM head costs no extra time here: on a CPU the simulated E4M3 path is the slower one.)\n\n");
     std::printf("### Run report (JSON)\n\n%s", report.to_json(reg, policy.log(), ledger).c_str());
     return policy.log().gave_up() ? 1 : 0;
 }

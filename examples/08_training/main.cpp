@@ -33,9 +33,9 @@ constexpr std::size_t kIn = 128, kHidden = 256, kClasses = 16, kBatch = 256, kTr
 constexpr std::int64_t kInjectStep = 180;
 constexpr float kLr = 3e-3f;
 
-using act_recipe = recipes::blockwise_1x128;                           // activations, E4M3 1x128
-using weight_recipe = recipes::blockwise_128x128;                      // weights, E4M3 128x128
-using grad_recipe = recipe<e5m2, tile<1, 128>, scale::amax_ratio<0>>;  // gradients, E5M2 1x128
+using act_recipe = recipes::blockwise_1x128;                            // activations, E4M3 1x128
+using weight_recipe = recipes::blockwise_128x128;                       // weights, E4M3 128x128
+using grad_recipe = recipe<e5m2, block<1, 128>, scale::amax_ratio<0>>;  // gradients, E5M2 1x128
 
 struct dataset {
     std::vector<float> x;  // kTrain x kIn
@@ -122,8 +122,8 @@ struct step_result {
 
 /// Forward, loss and backward for one batch; writes the gradient of every parameter.
 /// fp8: the octet path; layer1_fp32: layer 1 raised to float32 (the recovery action).
-step_result train_step(const std::vector<float>& params, const float* x, const int* y, std::vector<float>& grad, bool fp8,
-                       bool layer1_fp32) {
+step_result train_step(const std::vector<float>& params, const float* x, const int* y, std::vector<float>& grad,
+                       bool fp8, bool layer1_fp32) {
     const float* W1 = params.data() + param_layout::w1;
     const float* b1 = params.data() + param_layout::b1;
     const float* W2 = params.data() + param_layout::w2;
@@ -137,7 +137,8 @@ step_result train_step(const std::vector<float>& params, const float* x, const i
     if (fp8) {
         quantize_options o;
         o.collect_stats = true;
-        r.x_stats = quantize<act_recipe>(on_host(), matrix_ref<const float>(x, kBatch, kIn), xq.ref(), xq_t.ref(), o).rowwise;
+        r.x_stats =
+            quantize<act_recipe>(on_host(), matrix_ref<const float>(x, kBatch, kIn), xq.ref(), xq_t.ref(), o).rowwise;
     }
     if (fp8 && !layer1_fp32) {
         quantize<weight_recipe>(on_host(), matrix_ref<const float>(W1, kHidden, kIn), w1q.ref());
@@ -187,8 +188,9 @@ step_result train_step(const std::vector<float>& params, const float* x, const i
         for (std::size_t c = 0; c < kClasses; ++c) db2[c] += dlogits[i * kClasses + c];
     if (fp8) {
         quantized_tensor<grad_recipe> dyq(kBatch, kClasses), dyq_t(kClasses, kBatch);
-        quantize<grad_recipe>(on_host(), matrix_ref<const float>(dlogits.data(), kBatch, kClasses), dyq.ref(), dyq_t.ref());
-        fp8_product(dyq_t, hq_t, dW2, kClasses, kHidden);  // wgrad: dY^T H, K = batch
+        quantize<grad_recipe>(on_host(), matrix_ref<const float>(dlogits.data(), kBatch, kClasses), dyq.ref(),
+                              dyq_t.ref());
+        fp8_product(dyq_t, hq_t, dW2, kClasses, kHidden);     // wgrad: dY^T H, K = batch
         fp8_product(dyq, w2q_t, dh.data(), kBatch, kHidden);  // dgrad: dY W2, W2's column-wise copy
     } else {
         const auto dyt = transpose(dlogits.data(), kBatch, kClasses);
@@ -202,7 +204,8 @@ step_result train_step(const std::vector<float>& params, const float* x, const i
         for (std::size_t j = 0; j < kHidden; ++j) db1[j] += dh[i * kHidden + j];
     if (fp8 && !layer1_fp32) {
         quantized_tensor<grad_recipe> dhq_t(kHidden, kBatch);
-        quantize<grad_recipe>(on_host(), matrix_ref<const float>(dh.data(), kBatch, kHidden), quantized_ref<grad_recipe>{}, dhq_t.ref());
+        quantize<grad_recipe>(on_host(), matrix_ref<const float>(dh.data(), kBatch, kHidden),
+                              quantized_ref<grad_recipe>{}, dhq_t.ref());
         fp8_product(dhq_t, xq_t, dW1, kHidden, kIn);  // wgrad: dH^T X, K = batch
     } else {
         const auto dht = transpose(dh.data(), kBatch, kHidden);
@@ -231,19 +234,21 @@ int main() {
     using clock = std::chrono::steady_clock;
     const dataset data = make_data();
     const std::size_t train_rows = kTrain - 8 * kBatch;  // the last 8 batches are held out
-    std::printf("octet %s demo: a 128-256-16 MLP, %zu training samples (heavy-tailed inputs, 4 outlier channels),\n"
-                "batch %zu, %zu steps of AdamW (lr %.0e), trained twice from the same start:\n"
-                "  float32: float products, float AdamW state, float master weights\n"
-                "  octet:   FP8 products (E4M3 1x128 activations, E4M3 128x128 weights, E5M2 1x128 gradients),\n"
-                "           8-bit AdamW state (dynamic8), bf16 master weights with stochastic rounding\n\n",
-                OCTET_VERSION_STRING, train_rows, kBatch, kSteps, static_cast<double>(kLr));
+    std::printf(
+        "octet %s demo: a 128-256-16 MLP, %zu training samples (heavy-tailed inputs, 4 outlier channels),\n"
+        "batch %zu, %zu steps of AdamW (lr %.0e), trained twice from the same start:\n"
+        "  float32: float products, float AdamW state, float master weights\n"
+        "  octet:   FP8 products (E4M3 1x128 activations, E4M3 128x128 weights, E5M2 1x128 gradients),\n"
+        "           8-bit AdamW state (dynamic8), bf16 master weights with stochastic rounding\n\n",
+        OCTET_VERSION_STRING, train_rows, kBatch, kSteps, static_cast<double>(kLr));
 
     const auto init = initial_params();
     adamw_hyper hyper;
     hyper.weight_decay = 0.0f;
     hyper.seed = 2026;
     adamw_optimizer<state_codec::fp32, state_codec::fp32, master::fp32> ref_opt(param_layout::size, hyper);
-    adamw_optimizer<state_codec::dynamic8, state_codec::dynamic8, master::bf16_stochastic> fp8_opt(param_layout::size, hyper);
+    adamw_optimizer<state_codec::dynamic8, state_codec::dynamic8, master::bf16_stochastic> fp8_opt(param_layout::size,
+                                                                                                   hyper);
     ref_opt.state.set_params(as_cspan(init));
     fp8_opt.state.set_params(as_cspan(init));
     std::vector<float> ref_params = init, fp8_params = init, grad(param_layout::size);
@@ -251,7 +256,8 @@ int main() {
     // Monitors and the recovery policy of the octet run.
     check_registry checks;
     // Normal batches flush about 1e-4 of fc1's inputs to zero: warn at 2e-3, trip at 1e-2.
-    const auto underflow = checks.add("fc1.input.underflow", check_kind::underflow_rate, threshold::above(2e-3, 1e-2), "fc1");
+    const auto underflow =
+        checks.add("fc1.input.underflow", check_kind::underflow_rate, threshold::above(2e-3, 1e-2), "fc1");
     const auto non_finite = checks.add("gradients.non_finite", check_kind::non_finite, "backward");
     bool fc1_raised = false;
     recovery_callbacks cb;
@@ -298,9 +304,10 @@ int main() {
         report.record_step(step, r.loss, static_cast<double>(kBatch), secs);
 
         if (step % 30 == 0 || step == static_cast<std::int64_t>(kSteps) - 1 || step == kInjectStep)
-            std::printf("  %5lld %12.4f %12.4f %14.3f %14.3f%s\n", static_cast<long long>(step), r_ref.loss, r.loss,
-                        evaluate(ref_params, data), evaluate(fp8_params, data),
-                        step == kInjectStep ? "   <- injected bad batch" : (fc1_raised ? "   (fc1 raised to fp32)" : ""));
+            std::printf(
+                "  %5lld %12.4f %12.4f %14.3f %14.3f%s\n", static_cast<long long>(step), r_ref.loss, r.loss,
+                evaluate(ref_params, data), evaluate(fp8_params, data),
+                step == kInjectStep ? "   <- injected bad batch" : (fc1_raised ? "   (fc1 raised to fp32)" : ""));
         const auto outcome = policy.after_step(step, checks, secs);
         if (outcome.stop) break;
         step = outcome.next_step;

@@ -8,19 +8,28 @@
 #include <stdexcept>
 #include <string>
 
+// The one home of the version: CMakeLists.txt reads these three lines (keep their form).
 #define OCTET_VERSION_MAJOR 0
 #define OCTET_VERSION_MINOR 1
 #define OCTET_VERSION_PATCH 0
-#define OCTET_VERSION_STRING "0.1.0"
+#define OCTET_STRINGIFY_IMPL(x) #x
+#define OCTET_STRINGIFY(x) OCTET_STRINGIFY_IMPL(x)
+/// "MAJOR.MINOR.PATCH", a string literal built from the three numbers above.
+#define OCTET_VERSION_STRING             \
+    OCTET_STRINGIFY(OCTET_VERSION_MAJOR) \
+    "." OCTET_STRINGIFY(OCTET_VERSION_MINOR) "." OCTET_STRINGIFY(OCTET_VERSION_PATCH)
 
 #if defined(__CUDACC__)
 #define OCTET_HD __host__ __device__ __forceinline__
-#define OCTET_HD_NOINLINE __host__ __device__
 #define OCTET_DEVICE __device__ __forceinline__
-#define OCTET_GLOBAL __global__
+/// Every kernel a header defines is an OCTET_KERNEL: internal linkage, so that any number of
+/// translation units of one program (or of several shared libraries) can include the header.
+/// Each translation unit is its own device program under whole-program compilation, so its
+/// launches must reach its own copy; nvcc 13 gives template kernels' host stubs this linkage
+/// by default (-static-global-template-stub), and this gives it to every kernel, with any nvcc.
+#define OCTET_KERNEL static __global__
 #else
 #define OCTET_HD inline
-#define OCTET_HD_NOINLINE inline
 #endif
 
 #if defined(__CUDA_ARCH__)

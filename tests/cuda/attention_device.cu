@@ -7,15 +7,37 @@
 // with E5M2 dO per tensor, power-of-two UE8M0 scales, per tensor), float and bf16 outputs, both
 // delta modes with telemetry. Outputs are poisoned (NaN bytes) before each call.
 //
-// Tolerances. The two paths quantize at the same points with the same element rules, but the
-// tensor cores sum the FP8 products in another order (and Hopper's FP8 accumulation keeps fewer
-// bits than float), so a score can differ in its last bits and an FP8 code of P or dS can then
-// round the other way. Each output must therefore be (a) much closer to the host path than either
-// is to float64: relL2(device, host) <= 0.5 * relL2(host, float64), and (b) as accurate as the
-// host path: relL2(device, float64) <= 1.2 * relL2(host, float64) + 1e-3. A wrong index, scale or
-// tile gives errors of 10% or more and fails both. The matched residual must stay at float level
-// (<= 1e-3 relative, and a warning above 1e-5; the host measures ~4e-7: near that level shows the
-// delta kernel and the gradient kernel formed bit-identical P and dP).
+// Tolerances, derived from what the kernels and the host path share (rules.hpp): the same
+// quantization points, tiles and element rules; they differ only in (i) the order and precision
+// of the sums inside the FP8 products and (ii) exp2 (host polynomial, device ex2.approx: 2 ulps
+// each). (i): the host sums exact products in float, (n + 2) u sum |terms| for n terms (u = 2^-24);
+// the tensor cores align each k32 step's products to the largest and keep about 14 bits
+// (DeepSeek-V3's measurement of Hopper FP8 accumulation), so each product is cut by at most
+// 2^-14 of the step's largest term; taken as independent, n such cuts stay within
+// tc(m, n) = 8 2^-14 m sqrt(n / 3) (8 standard deviations, which also covers the one-sided bias
+// of truncation), m = the largest |term|. This tensor-core model is the one assumption not derived
+// from the code: the test prints the worst ratio per output so that the first GPU run measures it.
+// (The GEMM contract's worst case, ceil(n/32) 2^-12 sum |terms|, gives bounds looser than the old
+// 1% relative checks for these score sums, so it cannot tighten them.) A float64 model of the
+// problem (model_bounds below) turns this into per-element bounds:
+//   * score x_ij (log2 units): |dx_ij| <= scale log2e (tc(max_c |q_ic k_jc|, D) + (D + 2) u sum_c |q_ic k_jc|) + 8 u
+//   |x_ij|
+//   * P (and u = P s_v / m_v): relative <= ln2 (dx_ij + max_j dx_ij) + 2^-20
+//   * L_i: |dL_i| <= ln2 max_j dx_ij + max_j dP_ij / P_ij + 128 u + 2^-20 (1 + |L_i|)
+//   * O_ic: |O_ic| (max_j dP/P + 128 u) (row sum, rescaling) + the P V sums (tc and float terms
+//     over the terms P_ij |v_jc|) + the FP8 code of P_ij flipping: only where [y (1 - d), y (1 + d)]
+//     straddles an E4M3 rounding boundary (found with the encoder; y = 256 u), adding one code
+//     step times |v_jc| in O's units; bf16 outputs add one bf16 ulp.
+//   * D: from_output 2 D u sum_c |dO_ic O_ic| (the same inputs, another order: a pure float-order
+//     bound); matched max_j dP/P sum_j P |dP| + sum_j P_ij |d dP_ij| (dP's tc and float terms) +
+//     2 Lk u sum_j P |dP|.
+//   * dV_jc: the P'^T dO sums (tc and float terms over P_ij |dO_ic|) + the flips of P' codes.
+// Each element is checked against its bound and the worst ratio is reported per 64 x 64 tile
+// (tokens x channels of a head). dQ and dK quantize dS = P (dP - D) with a dynamic scale per tile
+// row, where dP - D cancels; their per-element bound is not modelled here: each 64 x 64 tile must
+// be much closer to the host than the host is to float64 (relL2 <= 0.5 x, per tile, not only
+// overall). The matched residual must stay at float level (<= 1e-5, what the host's bound allows:
+// the delta and gradient kernels form bit-identical P and dP with the same code), checked, not warned.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -40,7 +62,9 @@ struct device_operand {
     cuda::device_buffer<float> tensor_scale;
     explicit device_operand(quantized_tensor<R>& h)
         : layout(h.layout()), data(h.data()), scales(h.scales()), tensor_scale(std::vector<float>{h.tensor_scale()}) {}
-    quantized_cref<R> cref() const { return quantized_cref<R>(data.data(), scales.data(), layout, tensor_scale.data()); }
+    quantized_cref<R> cref() const {
+        return quantized_cref<R>(data.data(), scales.data(), layout, tensor_scale.data());
+    }
 };
 
 template <class T>
@@ -56,7 +80,8 @@ std::size_t count_nan(const std::vector<T>& v) {
     return n;
 }
 
-void check_close(const std::string& what, const std::vector<double>& dev, const std::vector<double>& host, const std::vector<double>& ref) {
+void check_close(const std::string& what, const std::vector<double>& dev, const std::vector<double>& host,
+                 const std::vector<double>& ref) {
     const double dh = rel_l2(dev, host), hr = rel_l2(host, ref), dr = rel_l2(dev, ref);
     MESSAGE(what << ": relL2 device-host " << dh << ", host-f64 " << hr << ", device-f64 " << dr);
     INFO(what << ": relL2 device-host " << dh << ", host-f64 " << hr << ", device-f64 " << dr);
@@ -64,10 +89,211 @@ void check_close(const std::string& what, const std::vector<double>& dev, const 
     CHECK(dr <= 1.2 * hr + 1e-3);
 }
 
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24
+/// The tensor cores' error per sum of n exact FP8 products, relative to the sum of |terms| (the
+/// GEMM contract's model of Hopper's truncating FP8 accumulator), plus the host's float sum.
+/// The tensor cores' part: n products each cut by at most 2^-14 of the largest term m (8 sigma).
+double tc(double m, double n) {
+    return 8 * std::ldexp(1.0, -14) * m * std::sqrt(n / 3);
+}
+
+/// |flip| of an E4M3 code of y whose relative perturbation is at most d: 0 when y (1 - d) and
+/// y (1 + d) encode alike, else the largest code step between them.
+double flip_step(double y, double d) {
+    const float lo = static_cast<float>(y * (1 - d)), hi = static_cast<float>(y * (1 + d));
+    const double a = decode<e4m3>(encode<e4m3>(lo)), b = decode<e4m3>(encode<e4m3>(hi));
+    return std::fabs(b - a);
+}
+
+/// Per-element bounds on |device - host| from the float64 model described at the top.
+struct perturbation_model {
+    std::vector<double> lse_tol, o_tol, dv_tol, delta_out_tol, delta_matched_tol;
+    std::size_t o_flips = 0, dv_flips = 0;
+};
+
+template <class QR, class KR, class VR, class DR, class OT>
+perturbation_model model_bounds(const problem& p, const quantized<QR, KR, VR, DR>& qz, const std::vector<double>& lse,
+                                const std::vector<double>& o_host, const std::vector<double>& p_abs_dp) {
+    const config& c = p.cfg;
+    const int D = c.d, G = c.hq / c.hkv;
+    const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D));
+    const double slog2 = scale * 1.4426950408889634;
+    const std::size_t cq = static_cast<std::size_t>(c.hq) * D, ck = static_cast<std::size_t>(c.hkv) * D;
+    perturbation_model m;
+    m.lse_tol.assign(static_cast<std::size_t>(c.hq) * p.tq, 0.0);
+    m.o_tol.assign(p.tq * cq, 0.0);
+    m.dv_tol.assign(p.tk * ck, 0.0);
+    m.delta_out_tol.assign(m.lse_tol.size(), 0.0);
+    m.delta_matched_tol.assign(m.lse_tol.size(), 0.0);
+    std::vector<double> dv_max(m.dv_tol.size(), 0.0), dv_count(m.dv_tol.size(), 0.0);  // the P'^T dO terms
+    const auto vq = qz.v.cref();
+    const auto dq_ = qz.dout.cref();
+    auto v_scale = [&](int tok, int hk) {
+        return static_cast<double>(
+            vq.scale(tok / vq.layout.block_rows, static_cast<std::size_t>(hk) * D / vq.layout.block_cols));
+    };
+    auto do_scale = [&](int tok, int h) {
+        return static_cast<double>(
+            dq_.scale(tok / dq_.layout.block_rows, static_cast<std::size_t>(h) * D / dq_.layout.block_cols));
+    };
+    const double float_sum = 66 * kU;  // the host's float sums of 64 products per tile
+    for (std::size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
+        const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+        for (int h = 0; h < c.hq; ++h) {
+            const int hk = h / G;
+            // the largest s_v and s_dO of each 64-token tile (the kernels fold s / max into P)
+            std::vector<double> mv((lk + 63) / 64, 0.0), mdo((lq + 63) / 64, 0.0);
+            for (int j = 0; j < lk; ++j) mv[j / 64] = std::max(mv[j / 64], v_scale(k0 + j, hk));
+            for (int i = 0; i < lq; ++i) mdo[i / 64] = std::max(mdo[i / 64], do_scale(q0 + i, h));
+            for (int i = 0; i < lq; ++i) {
+                const std::size_t r = static_cast<std::size_t>(h) * p.tq + q0 + i;
+                const double L = lse[r];
+                if (!std::isfinite(L)) continue;
+                const double* qi = &qz.qd[(static_cast<std::size_t>(q0 + i) * c.hq + h) * D];
+                const double* doi = &qz.dd[(static_cast<std::size_t>(q0 + i) * c.hq + h) * D];
+                std::vector<double> x(lk, -INFINITY), dx(lk, 0.0), ddp(lk, 0.0);
+                double dx_max = 0;
+                for (int j = 0; j < lk; ++j) {
+                    if (c.causal && j > i + (lk - lq)) continue;
+                    const double* kj = &qz.kd[(static_cast<std::size_t>(k0 + j) * c.hkv + hk) * D];
+                    const double* vj = &qz.vd[(static_cast<std::size_t>(k0 + j) * c.hkv + hk) * D];
+                    double s = 0, t = 0, tmax = 0, dpt = 0, dpmax = 0;
+                    for (int e = 0; e < D; ++e) {
+                        s += qi[e] * kj[e];
+                        t += std::fabs(qi[e] * kj[e]);
+                        tmax = std::max(tmax, std::fabs(qi[e] * kj[e]));
+                        dpt += std::fabs(doi[e] * vj[e]);
+                        dpmax = std::max(dpmax, std::fabs(doi[e] * vj[e]));
+                    }
+                    x[j] = slog2 * s;
+                    dx[j] = slog2 * (tc(tmax, D) + (D + 2) * kU * t) + 8 * kU * std::fabs(x[j]);
+                    ddp[j] = tc(dpmax, D) + (D + 2) * kU * dpt + 4 * kU * dpt;  // dprob's two roundings
+                    dx_max = std::max(dx_max, dx[j]);
+                }
+                const double Lc = L * 1.4426950408889634;
+                double dp_rel_max = 0;
+                std::vector<double> oabs(D, 0.0), omax(D, 0.0), flip_o(D, 0.0);
+                double n_keys = 0, p_ddp = 0;
+                double mu = -INFINITY;
+                for (int j = 0; j < lk; ++j) {
+                    if (j % 64 == 0) {  // the running max after this key tile
+                        for (int jj = j; jj < std::min(lk, j + 64); ++jj) mu = std::max(mu, x[jj]);
+                    }
+                    if (!std::isfinite(x[j])) continue;
+                    const double P = std::exp2(x[j] - Lc);
+                    n_keys += 1;
+                    p_ddp += P * ddp[j];
+                    const double dp_rel = 0.6931471805599453 * (dx[j] + dx_max) + std::ldexp(1.0, -20);
+                    dp_rel_max = std::max(dp_rel_max, dp_rel);
+                    const double* vj = &qz.vd[(static_cast<std::size_t>(k0 + j) * c.hkv + hk) * D];
+                    const double sv = v_scale(k0 + j, hk), ratio = sv / mv[j / 64];
+                    // forward P code: u = exp2(x - mu) * ratio, times 256
+                    const double step = flip_step(256 * std::exp2(x[j] - mu) * ratio, dp_rel);
+                    if (step > 0) ++m.o_flips;
+                    const double to_o = step / 256 * (mv[j / 64] / sv) * std::exp2(mu - Lc);
+                    for (int e = 0; e < D; ++e) {
+                        oabs[e] += P * std::fabs(vj[e]);
+                        omax[e] = std::max(omax[e], P * std::fabs(vj[e]));
+                        flip_o[e] += to_o * std::fabs(vj[e]);
+                    }
+                    // dV: P' = P s_dO / m_dO (backward P from L: perturbed by dx and exp2 only)
+                    const double dp_rel_b = 0.6931471805599453 * dx[j] + std::ldexp(1.0, -20);
+                    const double ratio_do = do_scale(q0 + i, h) / mdo[i / 64];
+                    const double step_b = flip_step(256 * P * ratio_do, dp_rel_b);
+                    if (step_b > 0) ++m.dv_flips;
+                    const std::size_t dv0 = (static_cast<std::size_t>(k0 + j) * c.hkv + hk) * D;
+                    for (int e = 0; e < D; ++e) {
+                        const double dabs = std::fabs(doi[e]);
+                        m.dv_tol[dv0 + e] += (float_sum + std::ldexp(1.0, -19)) * 1.07 * P * dabs +
+                                             step_b / 256 * (mdo[i / 64] / do_scale(q0 + i, h)) * dabs;
+                        dv_max[dv0 + e] = std::max(dv_max[dv0 + e], 1.07 * P * dabs);
+                        dv_count[dv0 + e] += 1;
+                    }
+                }
+                // l: positive terms summed in another order within each 64-key tile: 128 u relative
+                m.lse_tol[r] =
+                    0.6931471805599453 * dx_max + dp_rel_max + 128 * kU + std::ldexp(1.0, -20) * (1 + std::fabs(L));
+                const bool bf16_out = std::is_same_v<OT, bf16>;
+                double do_o = 0;
+                for (int e = 0; e < D; ++e) {
+                    const std::size_t idx = static_cast<std::size_t>(q0 + i) * cq + static_cast<std::size_t>(h) * D + e;
+                    const double ov = std::fabs(o_host[idx]);
+                    m.o_tol[idx] =
+                        ov * (dp_rel_max + 128 * kU + std::ldexp(1.0, -20) + (bf16_out ? std::ldexp(1.0, -7) : 0.0)) +
+                        tc(1.07 * omax[e], n_keys) + (float_sum + std::ldexp(1.0, -19)) * 1.07 * oabs[e] + flip_o[e];
+                    do_o += std::fabs(doi[e]) * ov;
+                }
+                m.delta_out_tol[r] = 2 * D * kU * do_o + 1e-30;
+                const double pdp = p_abs_dp.empty() ? 0.0 : p_abs_dp[r];
+                m.delta_matched_tol[r] = dp_rel_max * pdp + p_ddp + 2 * lk * kU * pdp + 1e-30;
+            }
+        }
+    }
+    for (std::size_t k = 0; k < m.dv_tol.size(); ++k) m.dv_tol[k] += tc(dv_max[k], dv_count[k]);
+    return m;
+}
+
+/// Checks |dev - host| <= tol element by element and reports the worst ratio per 64 x 64 tile
+/// (64 rows of `cols`-wide rows, 64 columns).
+void check_bounded(const std::string& what, const std::vector<double>& dev, const std::vector<double>& host,
+                   const std::vector<double>& tol, std::size_t cols) {
+    REQUIRE(dev.size() == host.size());
+    REQUIRE(tol.size() == host.size());
+    const std::size_t rows = cols ? host.size() / cols : 0;
+    double worst = 0;
+    std::size_t worst_r = 0, worst_c = 0, bad = 0, tiles_over = 0;
+    for (std::size_t r0 = 0; r0 < rows; r0 += 64)
+        for (std::size_t c0 = 0; c0 < cols; c0 += 64) {
+            double tile_worst = 0;
+            for (std::size_t r = r0; r < std::min(rows, r0 + 64); ++r)
+                for (std::size_t cc = c0; cc < std::min(cols, c0 + 64); ++cc) {
+                    const std::size_t i = r * cols + cc;
+                    const double ratio = std::fabs(dev[i] - host[i]) / (tol[i] + 1e-300);
+                    if (!(ratio <= 1.0)) ++bad;
+                    if (!(ratio <= tile_worst)) tile_worst = ratio;
+                    if (!(ratio <= worst)) {
+                        worst = ratio;
+                        worst_r = r;
+                        worst_c = cc;
+                    }
+                }
+            tiles_over += !(tile_worst <= 1.0);
+        }
+    MESSAGE(what << ": worst |device - host| / derived bound " << worst << " at (" << worst_r << ", " << worst_c
+                 << "); elements over " << bad << ", tiles over " << tiles_over);
+    INFO(what << ": worst ratio " << worst << " at row " << worst_r << " column " << worst_c);
+    CHECK(bad == 0);
+}
+
+/// Per 64 x 64 tile: the device must be much closer to the host than the host is to float64.
+void check_tiles_close(const std::string& what, const std::vector<double>& dev, const std::vector<double>& host,
+                       const std::vector<double>& ref, std::size_t cols) {
+    const std::size_t rows = cols ? host.size() / cols : 0;
+    double worst = 0;
+    std::size_t bad = 0;
+    for (std::size_t r0 = 0; r0 < rows; r0 += 64)
+        for (std::size_t c0 = 0; c0 < cols; c0 += 64) {
+            double dh = 0, hr = 0;
+            for (std::size_t r = r0; r < std::min(rows, r0 + 64); ++r)
+                for (std::size_t cc = c0; cc < std::min(cols, c0 + 64); ++cc) {
+                    const std::size_t i = r * cols + cc;
+                    dh += (dev[i] - host[i]) * (dev[i] - host[i]);
+                    hr += (host[i] - ref[i]) * (host[i] - ref[i]);
+                }
+            if (hr == 0 && dh == 0) continue;
+            const double ratio = std::sqrt(dh / (hr + 1e-300));
+            worst = std::max(worst, ratio);
+            bad += !(ratio <= 0.5);
+        }
+    MESSAGE(what << ": worst tile relL2(device, host) / relL2(host, f64) " << worst << "; tiles over 0.5: " << bad);
+    CHECK(bad == 0);
+}
+
 template <class OT, class GT, class QR, class KR = QR, class VR = QR, class DR = QR>
 void run(const config& c, const char* name_c) {
     const std::string name(name_c);
-    INFO("case " << name << ": d=" << c.d << " hq=" << c.hq << " hkv=" << c.hkv << (c.causal ? std::string(" causal") : std::string(" full")));
+    INFO("case " << name << ": d=" << c.d << " hq=" << c.hq << " hkv=" << c.hkv
+                 << (c.causal ? std::string(" causal") : std::string(" full")));
     MESSAGE("case " << name);
     const problem p = make_problem(c);
     quantized<QR, KR, VR, DR> qz(p);
@@ -79,9 +305,10 @@ void run(const config& c, const char* name_c) {
     // host path and float64 reference (on the dequantized operands)
     std::vector<OT> o_h(p.tq * cq);
     std::vector<float> lse_h(R);
-    attention_forward(on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<OT>(o_h.data(), p.tq, cq), span<float>(lse_h.data(), R),
-                      {mask});
+    attention_forward(on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<OT>(o_h.data(), p.tq, cq),
+                      span<float>(lse_h.data(), R), {mask});
     const auto ref = reference::attention(p.reference_problem(), qz.qd, qz.kd, qz.vd, qz.dd);
+    perturbation_model model;
 
     // device forward
     cuda::device_buffer<std::int32_t> dcu_q(p.cu_q), dcu_k(p.cu_k);
@@ -96,8 +323,8 @@ void run(const config& c, const char* name_c) {
     cuda::device_buffer<float> lse_d(R);
     o_d.fill_bytes(0xFF);
     lse_d.fill_bytes(0xFF);
-    attention_forward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(), matrix_ref<OT>(o_d.data(), p.tq, cq), span<float>(lse_d.data(), R),
-                      {mask});
+    attention_forward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(), matrix_ref<OT>(o_d.data(), p.tq, cq),
+                      span<float>(lse_d.data(), R), {mask});
     OCTET_CUDA_CHECK(cudaDeviceSynchronize());
     const auto o_dev = o_d.download();
     const auto lse_dev = lse_d.download();
@@ -108,10 +335,27 @@ void run(const config& c, const char* name_c) {
     const double lse_err = max_abs_finite(widen(lse_dev), widen(lse_h), inf_agree);
     MESSAGE("L: max |device - host| " << lse_err);
     CHECK(inf_agree);
-    // Scores differ by the tensor cores' summation: Hopper aligns FP8 products to the largest and
-    // keeps ~14 bits (DeepSeek-V3 report), ~1e-4 of a score. 1e-2 in L is 1% in P, a sixth of an
-    // E4M3 step; a wrong tile or scale moves L by far more.
-    CHECK(lse_err <= 1e-2);
+    // the derived per-element bounds (the backward's sum_j P |dP| comes from the host telemetry below)
+    {
+        attention_backward_options probe;
+        probe.mask = mask;
+        probe.telemetry = true;
+        std::vector<GT> gq(p.tq * cq), gk(p.tk * ck), gv(p.tk * ck);
+        attention_row_telemetry rows_probe;
+        attention_backward(on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                           matrix_ref<const OT>(o_h.data(), p.tq, cq), span<const float>(lse_h.data(), R),
+                           qz.dout.cref(), matrix_ref<GT>(gq.data(), p.tq, cq), matrix_ref<GT>(gk.data(), p.tk, ck),
+                           matrix_ref<GT>(gv.data(), p.tk, ck), probe, &rows_probe);
+        model = model_bounds<QR, KR, VR, DR, OT>(p, qz, widen(lse_h), widen(o_h), widen(rows_probe.p_abs_dp));
+    }
+    MESSAGE("P codes that may round the other way: forward " << model.o_flips << ", dV " << model.dv_flips);
+    {
+        std::vector<double> ld = widen(lse_dev), lh = widen(lse_h);
+        for (std::size_t i = 0; i < R; ++i)
+            if (!std::isfinite(lh[i])) ld[i] = lh[i] = 0;  // +Inf rows: inf_agree above
+        check_bounded("L", ld, lh, model.lse_tol, static_cast<std::size_t>(p.tq));
+    }
+    check_bounded("O", widen(o_dev), widen(o_h), model.o_tol, cq);
 
     // backward, both delta modes, fed the host's O and L so that it is checked on its own
     cuda::device_buffer<OT> o_in(o_h);
@@ -128,10 +372,10 @@ void run(const config& c, const char* name_c) {
         bo.telemetry = true;
         std::vector<GT> dq_h(p.tq * cq), dk_h(p.tk * ck), dv_h(p.tk * ck);
         attention_row_telemetry rows_h;
-        const attention_stats st_h =
-            attention_backward(on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const OT>(o_h.data(), p.tq, cq),
-                               span<const float>(lse_h.data(), R), qz.dout.cref(), matrix_ref<GT>(dq_h.data(), p.tq, cq),
-                               matrix_ref<GT>(dk_h.data(), p.tk, ck), matrix_ref<GT>(dv_h.data(), p.tk, ck), bo, &rows_h);
+        const attention_stats st_h = attention_backward(
+            on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const OT>(o_h.data(), p.tq, cq),
+            span<const float>(lse_h.data(), R), qz.dout.cref(), matrix_ref<GT>(dq_h.data(), p.tq, cq),
+            matrix_ref<GT>(dk_h.data(), p.tk, ck), matrix_ref<GT>(dv_h.data(), p.tk, ck), bo, &rows_h);
 
         cuda::device_buffer<GT> g_q(p.tq * cq), g_k(p.tk * ck), g_v(p.tk * ck);
         g_q.fill_bytes(0xFF);
@@ -139,9 +383,10 @@ void run(const config& c, const char* name_c) {
         g_v.fill_bytes(0xFF);
         workspace.fill_bytes(0xFF);
         stats_d.fill_bytes(0xFF);
-        attention_backward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(), matrix_ref<const OT>(o_in.data(), p.tq, cq),
-                           span<const float>(lse_in.data(), R), ddo.cref(), matrix_ref<GT>(g_q.data(), p.tq, cq),
-                           matrix_ref<GT>(g_k.data(), p.tk, ck), matrix_ref<GT>(g_v.data(), p.tk, ck), span<float>(workspace.data(), ws.floats), bo,
+        attention_backward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(),
+                           matrix_ref<const OT>(o_in.data(), p.tq, cq), span<const float>(lse_in.data(), R), ddo.cref(),
+                           matrix_ref<GT>(g_q.data(), p.tq, cq), matrix_ref<GT>(g_k.data(), p.tk, ck),
+                           matrix_ref<GT>(g_v.data(), p.tk, ck), span<float>(workspace.data(), ws.floats), bo,
                            stats_d.data());
         OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         const auto dq_dev = g_q.download(), dk_dev = g_k.download(), dv_dev = g_v.download();
@@ -151,22 +396,39 @@ void run(const config& c, const char* name_c) {
         check_close(matched ? "dQ (matched)" : "dQ (from_output)", widen(dq_dev), widen(dq_h), ref.dq);
         check_close(matched ? "dK (matched)" : "dK (from_output)", widen(dk_dev), widen(dk_h), ref.dk);
         check_close(matched ? "dV (matched)" : "dV (from_output)", widen(dv_dev), widen(dv_h), ref.dv);
+        check_tiles_close(matched ? "dQ tiles (matched)" : "dQ tiles (from_output)", widen(dq_dev), widen(dq_h), ref.dq,
+                          cq);
+        check_tiles_close(matched ? "dK tiles (matched)" : "dK tiles (from_output)", widen(dk_dev), widen(dk_h), ref.dk,
+                          ck);
+        {
+            std::vector<double> tol = model.dv_tol;  // dV's P' codes do not depend on the delta mode
+            if (std::is_same_v<GT, bf16>)
+                for (std::size_t i = 0; i < tol.size(); ++i)
+                    tol[i] += std::ldexp(std::fabs(static_cast<double>(detail::attention_load(dv_h[i]))), -7);
+            check_bounded(matched ? "dV (matched)" : "dV (from_output)", widen(dv_dev), widen(dv_h), tol, ck);
+        }
 
         // the delta the device used, and its telemetry
         const auto wsv = workspace.download();
         std::vector<double> delta_dev(wsv.begin() + ws.row_array(row_delta), wsv.begin() + ws.row_array(row_delta) + R);
         const double derr = rel_l2(delta_dev, widen(rows_h.delta));
         MESSAGE("D: relL2 device-host " << derr << " (host vs exact " << rel_l2(widen(rows_h.delta), ref.delta) << ")");
-        CHECK(derr <= 2e-2);  // D sums products that can cancel; tensor-core rounding of dP shows here first
+        {
+            std::vector<double> dd = delta_dev, dh = widen(rows_h.delta);
+            for (std::size_t i = 0; i < R; ++i)
+                if (!std::isfinite(lse_h[i])) dd[i] = dh[i] = 0;  // rows that see no key
+            check_bounded(matched ? "D (matched)" : "D (from_output)", dd, dh,
+                          matched ? model.delta_matched_tol : model.delta_out_tol, static_cast<std::size_t>(p.tq));
+        }
         const attention_stats st_d = stats_d.download()[0];
-        MESSAGE("telemetry rows " << st_d.rows << "/" << st_h.rows << ": residual_rel device " << st_d.residual_rel() << " host "
-                                  << st_h.residual_rel() << "; gap_rel device " << st_d.gap_rel() << " host " << st_h.gap_rel());
+        MESSAGE("telemetry rows " << st_d.rows << "/" << st_h.rows << ": residual_rel device " << st_d.residual_rel()
+                                  << " host " << st_h.residual_rel() << "; gap_rel device " << st_d.gap_rel()
+                                  << " host " << st_h.gap_rel());
         CHECK(st_d.rows == st_h.rows);
         if (matched) {
-            // float level when the delta and gradient kernels formed the same P and dP bits (they run
-            // the same code on the same tiles); 1e-3 still means 20x below from_output's stale delta
-            WARN_LE(st_d.residual_rel(), 1e-5);
-            CHECK(st_d.residual_rel() <= 1e-3);
+            // float level: the delta and gradient kernels form the same P and dP bits (the same code
+            // on the same tiles), so only float sums of dS remain (the host's bound, ~170 ulps)
+            CHECK(st_d.residual_rel() <= 1e-5);
         } else if (st_h.rows > 0) {
             CHECK(st_d.residual_rel() >= 0.3 * st_h.residual_rel());
             CHECK(st_d.residual_rel() <= 3.0 * st_h.residual_rel());
@@ -180,8 +442,8 @@ void run(const config& c, const char* name_c) {
 
 // Three type combinations keep the compile short (each instantiates every kernel for both head
 // dims): 1 x 128 blocks serve head dim 64 too (one scale per token and pair of heads).
-using per_token = recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>>;
-using per_token_pow2 = recipe<e4m3, tile<1, 128>, scale::pow2_ceil, scale_storage::ue8m0>;
+using per_token = recipe<e4m3, block<1, 128>, scale::amax_ratio<0>>;
+using per_token_pow2 = recipe<e4m3, block<1, 128>, scale::pow2_ceil, scale_storage::ue8m0>;
 using per_head = recipe<e4m3, block<full, 128>, scale::amax_ratio<0>>;
 
 TEST_SUITE("gpu") {
@@ -204,7 +466,8 @@ TEST_SUITE("gpu") {
         c.salt = 502;
         run<bf16, bf16, per_token>(c, "d128 causal bf16");
     }
-    TEST_CASE("attention on the device: causal with fewer keys than queries; UE8M0 Q, per-head K, per-tensor V, E5M2 dO") {
+    TEST_CASE(
+        "attention on the device: causal with fewer keys than queries; UE8M0 Q, per-head K, per-tensor V, E5M2 dO") {
         config c;
         c.lens_q = {50, 100, 7};
         c.lens_k = {120, 60, 0};
@@ -213,7 +476,8 @@ TEST_SUITE("gpu") {
         c.d = 128;
         c.causal = true;
         c.salt = 503;
-        run<float, float, per_token_pow2, per_head, recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(c, "d128 cross-length causal mixed recipes");
+        run<float, float, per_token_pow2, per_head, recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(
+            c, "d128 cross-length causal mixed recipes");
     }
     TEST_CASE("attention on the device: head dim 64, causal, mixed recipes") {
         config c;
@@ -223,7 +487,8 @@ TEST_SUITE("gpu") {
         c.d = 64;
         c.causal = true;
         c.salt = 504;
-        run<float, float, per_token_pow2, per_head, recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(c, "d64 causal mixed recipes");
+        run<float, float, per_token_pow2, per_head, recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(
+            c, "d64 causal mixed recipes");
     }
     TEST_CASE("attention on the device: longer sequences (several tiles per block), causal, GQA 8:2") {
         config c;
@@ -259,14 +524,15 @@ TEST_SUITE("cuda") {
         quantized<per_token> qz(p);
         const std::size_t cq = 2 * 64, R = 2 * static_cast<std::size_t>(p.tq);
         std::vector<float> o(p.tq * cq), lse(R), dq(p.tq * cq), dk(p.tk * 64), dv(p.tk * 64);
-        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), R),
-                          {attention_mask::causal});
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), R), {attention_mask::causal});
         attention_backward_options bo;
         bo.mask = attention_mask::causal;
         bo.telemetry = true;
-        const auto st = attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>(o.data(), p.tq, cq),
-                                           span<const float>(lse.data(), R), qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
-                                           matrix_ref<float>(dk.data(), p.tk, 64), matrix_ref<float>(dv.data(), p.tk, 64), bo);
+        const auto st = attention_backward(
+            on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>(o.data(), p.tq, cq),
+            span<const float>(lse.data(), R), qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
+            matrix_ref<float>(dk.data(), p.tk, 64), matrix_ref<float>(dv.data(), p.tk, 64), bo);
         const auto ref = reference::attention(p.reference_problem(), qz.qd, qz.kd, qz.vd, qz.dd);
         // the host tests' per-token tolerances (measured maxima 0.028 / 0.022 / 0.015 / 0.028)
         CHECK(rel_l2(widen(o), ref.o) <= 0.04);
@@ -275,6 +541,58 @@ TEST_SUITE("cuda") {
         CHECK(rel_l2(widen(dv), ref.dv) <= 0.04);
         CHECK(st.residual_rel() <= 1e-5);
     }
+    TEST_CASE("the derived device tolerances: their size on a sample problem (run on the CPU)") {
+        // What the gpu suite allows, computed on the host alone. Under the tensor-core model (14 bits
+        // below each k32 step's largest product) the score sums dominate: scores with outlier
+        // products may move by ~1e-2 in log2 units, so O's and L's element bounds are of the order of
+        // the host's own error; they localize (every element, every tile) rather than tighten.
+        // D from_output depends on no tensor-core sum and is bounded at float level.
+        config c;
+        c.lens_q = {37, 130, 0, 64, 1};
+        c.hq = 4;
+        c.hkv = 2;
+        c.d = 64;
+        c.causal = true;
+        c.salt = 530;
+        const problem p = make_problem(c);
+        quantized<per_token> qz(p);
+        const std::size_t cq = static_cast<std::size_t>(c.hq) * c.d, ck = static_cast<std::size_t>(c.hkv) * c.d;
+        const std::size_t R = static_cast<std::size_t>(c.hq) * p.tq;
+        std::vector<float> o(p.tq * cq), lse(R), dq(p.tq * cq), dk(p.tk * ck), dv(p.tk * ck);
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), R), {attention_mask::causal});
+        attention_backward_options bo;
+        bo.mask = attention_mask::causal;
+        bo.telemetry = true;
+        attention_row_telemetry rows;
+        attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                           matrix_ref<const float>(o.data(), p.tq, cq), span<const float>(lse.data(), R),
+                           qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
+                           matrix_ref<float>(dk.data(), p.tk, ck), matrix_ref<float>(dv.data(), p.tk, ck), bo, &rows);
+        const auto ref = reference::attention(p.reference_problem(), qz.qd, qz.kd, qz.vd, qz.dd);
+        const auto m = model_bounds<per_token, per_token, per_token, per_token, float>(p, qz, widen(lse), widen(o),
+                                                                                       widen(rows.p_abs_dp));
+        const std::vector<double> zero_o(m.o_tol.size(), 0.0), zero_v(m.dv_tol.size(), 0.0);
+        const double o_bound = rel_l2(m.o_tol, zero_o) / rel_l2(widen(o), zero_o), o_host = rel_l2(widen(o), ref.o);
+        const double v_bound = rel_l2(m.dv_tol, zero_v) / rel_l2(widen(dv), zero_v), v_host = rel_l2(widen(dv), ref.dv);
+        double l_max = 0;
+        for (double t : m.lse_tol) l_max = std::max(l_max, t);
+        double d_rel = 0, d_norm = 0;
+        for (std::size_t r = 0; r < R; ++r) {
+            if (!std::isfinite(lse[r])) continue;
+            d_rel += m.delta_out_tol[r] * m.delta_out_tol[r];
+            d_norm += static_cast<double>(rows.delta_from_output[r]) * rows.delta_from_output[r];
+        }
+        d_rel = std::sqrt(d_rel / d_norm);
+        MESSAGE("O: bound " << o_bound << " of ||O|| (host to float64: " << o_host << "), " << m.o_flips
+                            << " P codes may flip; dV: bound " << v_bound << " (host: " << v_host << "), " << m.dv_flips
+                            << " flips; L: largest bound " << l_max << "; D from_output: bound " << d_rel
+                            << " of ||D||");
+        CHECK(o_bound <= 3 * o_host);  // a wrong tile, index or scale (errors of 10% and more) still fails
+        CHECK(v_bound <= 3 * v_host);
+        CHECK(l_max <= 0.1);
+        CHECK(d_rel <= 1e-4);  // float level; the old check was relL2 2e-2
+    }
     TEST_CASE("attention stream overloads reject what the kernels do not support before touching the device") {
         config c;
         c.lens_q = {5};
@@ -282,11 +600,11 @@ TEST_SUITE("cuda") {
         c.hkv = 1;
         c.d = 96;
         const problem p = make_problem(c);
-        quantized<recipe<e4m3, tile<1, 96>, scale::amax_ratio<0>>> qz(p);
+        quantized<recipe<e4m3, block<1, 96>, scale::amax_ratio<0>>> qz(p);
         std::vector<float> o(5 * 96), lse(5);
         const auto shape = p.shape();
-        CHECK_THROWS_WITH_AS(attention_forward(on_stream(), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), 5, 96),
-                                               span<float>(lse.data(), 5)),
+        CHECK_THROWS_WITH_AS(attention_forward(on_stream(), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                                               matrix_ref<float>(o.data(), 5, 96), span<float>(lse.data(), 5)),
                              doctest::Contains("argument 'shape.head_dim'"), octet::error);
         c.d = 64;
         const problem p64 = make_problem(c);

@@ -16,8 +16,8 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -75,8 +75,8 @@ TEST_SUITE("cuda") {
             CAPTURE(log_b);
             CHECK(threads % 32 == 0);
             CHECK(threads <= (R == 8 ? max_threads<8> : (R == 16 ? max_threads<16> : max_threads<32>)));
-            CHECK(tile % (1L << log_b) == 0);   // a tile holds whole transform blocks
-            CHECK(tile % 128 == 0);             // and whole e4m3 residual blocks
+            CHECK(tile % (1L << log_b) == 0);  // a tile holds whole transform blocks
+            CHECK(tile % 128 == 0);            // and whole e4m3 residual blocks
             CHECK(tile >= 1024);
             CHECK(log_b - log2_of(R) - 5 <= log2_of(R));  // cross-warp bits fit in registers
             CHECK(smem_bytes(log_b, R, threads) <= 227 * 1024);
@@ -85,11 +85,13 @@ TEST_SUITE("cuda") {
     TEST_CASE("codec kernels: argument errors come before any device work") {
         using namespace octet;
         std::vector<std::uint8_t> msg(encoded_size({}, 10));
-        CHECK_THROWS_WITH_AS(encode_gradient(on_stream(), {wire_format::e4m3, transform_kind::hadamard, 3}, span<const float>(nullptr, 10),
-                                             span<std::uint8_t>(msg.data(), msg.size())),
-                             doctest::Contains("argument 'config.block'"), octet::error);
-        CHECK_THROWS_WITH_AS(encode_gradient(on_stream(), {}, span<const float>(nullptr, 10), span<std::uint8_t>(msg.data(), 5)),
-                             doctest::Contains("argument 'out'"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            encode_gradient(on_stream(), {wire_format::e4m3, transform_kind::hadamard, 3},
+                            span<const float>(nullptr, 10), span<std::uint8_t>(msg.data(), msg.size())),
+            doctest::Contains("argument 'config.block'"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            encode_gradient(on_stream(), {}, span<const float>(nullptr, 10), span<std::uint8_t>(msg.data(), 5)),
+            doctest::Contains("argument 'out'"), octet::error);
     }
 }
 
@@ -98,7 +100,8 @@ TEST_SUITE("gpu") {
         using namespace codec_device_test;
         auto g = octet_test::rng(31);
         for (std::uint32_t B = 16; B <= 32768; B *= 2)
-            for (const std::size_t n : {std::size_t{B} * 3, std::size_t{B} + 7, std::size_t{B} / 2 + 1, std::size_t{100003}}) {
+            for (const std::size_t n :
+                 {std::size_t{B} * 3, std::size_t{B} + 7, std::size_t{B} / 2 + 1, std::size_t{100003}}) {
                 const std::uint64_t seed = g(), first = g() % 1000;  // often not a multiple of 32
                 const std::vector<float> x = random_gradient(g, n);
                 const std::size_t L = transform_length(transform_kind::hadamard, n, B);
@@ -108,7 +111,8 @@ TEST_SUITE("gpu") {
                 cuda::device_buffer<float> dx(x);
                 guarded<float> dy(L, 0xFF), dback(n, 0xFF);
                 transform_forward(on_stream(), transform_kind::hadamard, dx.cview(), dy.view(), B, seed, first);
-                transform_inverse(on_stream(), transform_kind::hadamard, span<const float>(dy.buf.data(), L), dback.view(), B, seed, first);
+                transform_inverse(on_stream(), transform_kind::hadamard, span<const float>(dy.buf.data(), L),
+                                  dback.view(), B, seed, first);
                 CAPTURE(B);
                 CAPTURE(n);
                 CHECK(same_bits(dy.body(), y_host));
@@ -156,7 +160,8 @@ TEST_SUITE("gpu") {
                 const std::size_t bytes = encoded_size(cfg, n);
                 // Host.
                 std::vector<std::uint8_t> m_host(bytes);
-                error_feedback fb_host(n, c.feedback < 0 ? residual_storage::f32 : static_cast<residual_storage>(c.feedback));
+                error_feedback fb_host(
+                    n, c.feedback < 0 ? residual_storage::f32 : static_cast<residual_storage>(c.feedback));
                 if (c.feedback >= 0) {
                     std::vector<float> e0 = random_gradient(g, n);
                     store_residual(fb_host.view(), 0, n, e0.data());
@@ -169,16 +174,20 @@ TEST_SUITE("gpu") {
                 ho.first_index = first;
                 ho.random_stream = 3;
                 if (c.feedback >= 0) ho.feedback = fb_host.view();
-                if (c.pre_rotated) encode_gradient_transformed(on_host(), cfg, y_in, n, m_host, ho);
-                else encode_gradient(on_host(), cfg, x, m_host, ho);
+                if (c.pre_rotated)
+                    encode_gradient_transformed(on_host(), cfg, y_in, n, m_host, ho);
+                else
+                    encode_gradient(on_host(), cfg, x, m_host, ho);
                 // Device.
                 cuda::device_buffer<float> dx(c.pre_rotated ? y_in : x);
                 guarded<std::uint8_t> dm(bytes, 0xCD);
                 cuda::device_buffer<std::uint8_t> dfb(fb_before.size() ? fb_before : std::vector<std::uint8_t>(1));
                 encode_options dop = ho;
                 if (c.feedback >= 0) dop.feedback = residual_view{fb_host.storage(), dfb.data(), n};
-                if (c.pre_rotated) encode_gradient_transformed(on_stream(), cfg, dx.cview(), n, dm.view(), dop);
-                else encode_gradient(on_stream(), cfg, dx.cview(), dm.view(), dop);
+                if (c.pre_rotated)
+                    encode_gradient_transformed(on_stream(), cfg, dx.cview(), n, dm.view(), dop);
+                else
+                    encode_gradient(on_stream(), cfg, dx.cview(), dm.view(), dop);
                 CAPTURE(std::string(wire_format_name(c.f)));
                 CAPTURE(std::string(transform_name(c.t)));
                 CAPTURE(c.block);
@@ -206,7 +215,8 @@ TEST_SUITE("gpu") {
                 CHECK(dout.canary_intact(0xEE));
                 CHECK(dyt.canary_intact(0xEE));
                 decode_gradient_transformed(on_host(), m_host, yt_host, true);
-                decode_gradient_transformed(on_stream(), span<const std::uint8_t>(dm.buf.data(), bytes), dyt.view(), true);
+                decode_gradient_transformed(on_stream(), span<const std::uint8_t>(dm.buf.data(), bytes), dyt.view(),
+                                            true);
                 CHECK(same_bits(dyt.body(), yt_host));
             }
     }
@@ -226,11 +236,13 @@ TEST_SUITE("gpu") {
             const std::size_t at = trial < 8 ? static_cast<std::size_t>(trial) * 8 + 1 : g() % c.size();
             c[at] ^= static_cast<std::uint8_t>(1u << (g() % 8));
             dm.upload(c);
-            CHECK_THROWS_WITH_AS(decode_gradient(on_stream(), dm.cview(), out.view()), doctest::Contains("argument 'message'"), octet::error);
+            CHECK_THROWS_WITH_AS(decode_gradient(on_stream(), dm.cview(), out.view()),
+                                 doctest::Contains("argument 'message'"), octet::error);
         }
         dm.upload(m);
-        CHECK_THROWS_WITH_AS(decode_gradient(on_stream(), span<const std::uint8_t>(dm.data(), m.size() - 16), out.view()),
-                             doctest::Contains("truncated"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            decode_gradient(on_stream(), span<const std::uint8_t>(dm.data(), m.size() - 16), out.view()),
+            doctest::Contains("truncated"), octet::error);
         const std::vector<float> untouched = out.body();
         for (float v : untouched) {
             std::uint32_t u;

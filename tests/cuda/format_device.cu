@@ -52,8 +52,10 @@ template <class Fmt, class Round, class Overflow>
 OCTET_HD std::uint64_t weighted_code(std::uint32_t u) {
     const float x = bits_to_float(u);
     std::uint32_t code;
-    if constexpr (std::is_same_v<Round, sr>) code = encode<Fmt, Round, Overflow>(x, static_cast<std::uint32_t>(mix64(u)));
-    else code = encode<Fmt, Round, Overflow>(x);
+    if constexpr (std::is_same_v<Round, sr>)
+        code = encode<Fmt, Round, Overflow>(x, static_cast<std::uint32_t>(mix64(u)));
+    else
+        code = encode<Fmt, Round, Overflow>(x);
     return (code + 1ull) * mix64(u + 0x1234567ull);
 }
 
@@ -61,7 +63,8 @@ template <class Fmt, class Round, class Overflow>
 __global__ void all_floats_sum_kernel(unsigned long long* sum) {
     std::uint64_t local = 0;
     const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-    for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32); i += stride)
+    for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
+         i += stride)
         local += weighted_code<Fmt, Round, Overflow>(static_cast<std::uint32_t>(i));
     atomicAdd(sum, static_cast<unsigned long long>(local));
 }
@@ -75,7 +78,8 @@ std::uint64_t all_floats_sum_host() {
         pool.emplace_back([&, t] {
             const std::uint64_t b = (1ull << 32) * t / threads, e = (1ull << 32) * (t + 1) / threads;
             std::uint64_t local = 0;
-            for (std::uint64_t i = b; i < e; ++i) local += weighted_code<Fmt, Round, Overflow>(static_cast<std::uint32_t>(i));
+            for (std::uint64_t i = b; i < e; ++i)
+                local += weighted_code<Fmt, Round, Overflow>(static_cast<std::uint32_t>(i));
             partial[t] = local;
         });
     for (auto& th : pool) th.join();
@@ -101,7 +105,8 @@ template <class Fmt>
 __global__ void hardware_vs_software_kernel(unsigned long long* mismatches, unsigned* first) {
     const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
     unsigned long long bad = 0;
-    for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32); i += stride) {
+    for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
+         i += stride) {
         const std::uint32_t u = static_cast<std::uint32_t>(i);
         const std::uint8_t hw = encode<Fmt, rn, sat>(bits_to_float(u));  // cvt.rn.satfinite on sm_89+
         const std::uint32_t sw = detail::encode_bits<Fmt, rn, sat>(u, 0u);
@@ -118,7 +123,6 @@ __global__ void philox_kernel(philox_stream rng, std::uint32_t* out, std::size_t
     if (i < n) out[i] = rng.bits(i);
 }
 
-
 /// encode_array on the device against the host overload, at an element offset (to test
 /// unaligned pointers) and a ragged length.
 template <class Fmt, class Round, class Overflow, class In>
@@ -132,15 +136,15 @@ void check_encode_array(std::size_t n, std::size_t offset, std::uint64_t salt) {
     cuda::device_buffer<In> d_in(x);
     cuda::device_buffer<std::uint8_t> d_out(n + 3);
     d_out.fill_bytes(0xA5);
-    encode_array<Fmt, Round, Overflow>(on_stream(), span<const In>(d_in.data() + offset, n), span<std::uint8_t>(d_out.data() + (offset % 4), n),
-                                       rng);
+    encode_array<Fmt, Round, Overflow>(on_stream(), span<const In>(d_in.data() + offset, n),
+                                       span<std::uint8_t>(d_out.data() + (offset % 4), n), rng);
     OCTET_CUDA_CHECK(cudaDeviceSynchronize());
     const auto all = d_out.download();
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) bad += all[i + offset % 4] != host[i];
     INFO(format_name<Fmt>() << " " << rounding_name<Round>() << " n=" << n << " offset=" << offset);
     CHECK(bad == 0);
-    for (std::size_t i = 0; i < offset % 4; ++i) CHECK(all[i] == 0xA5);  // nothing written before the view
+    for (std::size_t i = 0; i < offset % 4; ++i) CHECK(all[i] == 0xA5);               // nothing written before the view
     for (std::size_t i = n + offset % 4; i < all.size(); ++i) CHECK(all[i] == 0xA5);  // nor after it
 }
 
@@ -162,13 +166,15 @@ TEST_SUITE("cuda") {
     TEST_CASE("stream overloads reject bad arguments before touching the device") {
         std::vector<float> x(10);
         std::vector<std::uint8_t> y(9);
-        CHECK_THROWS_WITH_AS(encode_array<e4m3>(on_stream(), as_cspan(x), as_span(y)), doctest::Contains("argument 'out'"),
-                             octet::error);
-        CHECK_THROWS_WITH_AS(encode_array<e4m3>(on_stream(), span<const float>(nullptr, 4), span<std::uint8_t>(y.data(), 4)),
-                             doctest::Contains("argument 'in'"), octet::error);
+        CHECK_THROWS_WITH_AS(encode_array<e4m3>(on_stream(), as_cspan(x), as_span(y)),
+                             doctest::Contains("argument 'out'"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            encode_array<e4m3>(on_stream(), span<const float>(nullptr, 4), span<std::uint8_t>(y.data(), 4)),
+            doctest::Contains("argument 'in'"), octet::error);
         std::vector<float> f(9);
-        CHECK_THROWS_AS(decode_array<e4m3>(on_stream(), span<const std::uint8_t>(y.data(), 9), span<float>(f.data(), 8)),
-                        octet::error);
+        CHECK_THROWS_AS(
+            decode_array<e4m3>(on_stream(), span<const std::uint8_t>(y.data(), 9), span<float>(f.data(), 8)),
+            octet::error);
     }
 }
 
@@ -179,11 +185,14 @@ TEST_SUITE("gpu") {
             cuda::device_buffer<unsigned> first(1);
             bad.fill_bytes(0);
             first.fill_bytes(0xFF);
-            if (which == 0) hardware_vs_software_kernel<e4m3><<<1024, 256>>>(bad.data(), first.data());
-            else hardware_vs_software_kernel<e5m2><<<1024, 256>>>(bad.data(), first.data());
+            if (which == 0)
+                hardware_vs_software_kernel<e4m3><<<1024, 256>>>(bad.data(), first.data());
+            else
+                hardware_vs_software_kernel<e5m2><<<1024, 256>>>(bad.data(), first.data());
             OCTET_CUDA_CHECK_LAUNCH();
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
-            INFO((which == 0 ? "e4m3" : "e5m2") << ": first mismatch at float bits 0x" << std::hex << first.download()[0]);
+            INFO((which == 0 ? "e4m3" : "e5m2")
+                 << ": first mismatch at float bits 0x" << std::hex << first.download()[0]);
             CHECK(bad.download()[0] == 0);
         }
     }
@@ -209,7 +218,8 @@ TEST_SUITE("gpu") {
 
     TEST_CASE("encode_array kernels equal the host path: ragged, unaligned, float/bf16/fp16, stochastic") {
         std::uint64_t salt = 100;
-        for (std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{17}, std::size_t{4096}, std::size_t{1000003}})
+        for (std::size_t n :
+             {std::size_t{1}, std::size_t{15}, std::size_t{17}, std::size_t{4096}, std::size_t{1000003}})
             for (std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
                 check_encode_array<e4m3, rn, sat, float>(n, offset, ++salt);
                 check_encode_array<e4m3, rn, sat, bf16>(n, offset, ++salt);
@@ -230,13 +240,16 @@ TEST_SUITE("gpu") {
         OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         const auto dev = d_out.download();
         std::size_t bad = 0;
-        for (std::size_t i = 0; i < codes.size(); ++i) bad += float_to_bits(dev[i]) != float_to_bits(decode<e4m3>(codes[i]));
+        for (std::size_t i = 0; i < codes.size(); ++i)
+            bad += float_to_bits(dev[i]) != float_to_bits(decode<e4m3>(codes[i]));
         CHECK(bad == 0);
-        decode_array<e2m1>(on_stream(), span<const std::uint8_t>(d_codes.data() + 1, 1000), span<float>(d_out.data() + 3, 1000));
+        decode_array<e2m1>(on_stream(), span<const std::uint8_t>(d_codes.data() + 1, 1000),
+                           span<float>(d_out.data() + 3, 1000));
         OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         const auto dev2 = d_out.download();
         bad = 0;
-        for (std::size_t i = 0; i < 1000; ++i) bad += float_to_bits(dev2[i + 3]) != float_to_bits(decode<e2m1>(codes[i + 1]));
+        for (std::size_t i = 0; i < 1000; ++i)
+            bad += float_to_bits(dev2[i + 3]) != float_to_bits(decode<e2m1>(codes[i + 1]));
         CHECK(bad == 0);
     }
 

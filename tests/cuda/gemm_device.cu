@@ -31,7 +31,15 @@
 namespace gemm_device_test {
 using namespace octet;
 
-using e5m2_1x128 = recipe<e5m2, tile<1, 128>, scale::amax_ratio<0>>;
+using e5m2_1x128 = recipe<e5m2, block<1, 128>, scale::amax_ratio<0>>;
+
+/// The executor of the GPU tests: the default stream with a cuBLASLt lent, so that the cublaslt
+/// backend can be requested and automatic selection may fall back to it. One per process, created
+/// on first use (by a test that has a GPU), freed at exit.
+stream_executor gpu() {
+    static cuda::cublaslt_context lt;
+    return with_cublaslt(on_stream(), lt);
+}
 
 /// A quantized copy in device memory, uploaded from a host copy.
 template <class R>
@@ -69,8 +77,10 @@ std::vector<float> exact_values(std::mt19937_64& g, std::size_t rows, std::size_
 
 template <class T>
 float to_f(T v) {
-    if constexpr (std::is_same_v<T, float>) return v;
-    else return to_float(v);
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else
+        return to_float(v);
 }
 
 /// Sums of magnitudes T = sum_k |a_ik| |b_jk| via the host backend on the operands' absolute values
@@ -95,11 +105,13 @@ struct tally {
 /// Runs `backend` on device copies and compares with the host backend element by element.
 /// exact: require bitwise equality; else |gpu - host| <= bound(backend) + bound(host).
 template <class RA, class RB, class DT = float>
-void compare_with_host(gemm_backend backend, const quantized_tensor<RA>& ha, const quantized_tensor<RB>& hb, bool exact, tally& t,
-                       gemm_options opt = {}, bool with_c = false, layout d_layout = layout::row_major) {
+void compare_with_host(gemm_backend backend, const quantized_tensor<RA>& ha, const quantized_tensor<RB>& hb, bool exact,
+                       tally& t, gemm_options opt = {}, bool with_c = false,
+                       storage_order d_layout = storage_order::row_major) {
     const std::size_t M = ha.layout().rows, N = hb.layout().rows, K = ha.layout().cols;
-    INFO(backend_name(backend) << ": A " << recipe_description<RA>() << ", B " << recipe_description<RB>() << ", M=" << M << " N=" << N
-                               << " K=" << K << (exact ? " (exact inputs)" : "") << ", seed " << octet_test::run_seed());
+    INFO(backend_name(backend) << ": A " << recipe_description<RA>() << ", B " << recipe_description<RB>()
+                               << ", M=" << M << " N=" << N << " K=" << K << (exact ? " (exact inputs)" : "")
+                               << ", seed " << octet_test::run_seed());
     auto g = octet_test::rng(M * 7919 + N * 31 + K);
     std::normal_distribution<float> nd(0.0f, 2.0f);
     std::vector<DT> c(M * N);
@@ -110,7 +122,7 @@ void compare_with_host(gemm_backend backend, const quantized_tensor<RA>& ha, con
         opt.beta = exact ? 2.0f : 0.75f;
         opt.bias = as_cspan(bias);
     }
-    const bool d_row = d_layout == layout::row_major;
+    const bool d_row = d_layout == storage_order::row_major;
     const std::size_t ld = d_row ? N : M;
 
     // host result
@@ -118,8 +130,10 @@ void compare_with_host(gemm_backend backend, const quantized_tensor<RA>& ha, con
     gemm_options host_opt = opt;
     host_opt.backend = gemm_backend::host;
     const matrix_ref<DT> HD(hd.data(), M, N, ld, d_layout);
-    if (with_c) scaled_gemm(on_host(), ha.cref(), hb.cref(), matrix_ref<const DT>(c.data(), M, N, ld, d_layout), HD, host_opt);
-    else scaled_gemm(on_host(), ha.cref(), hb.cref(), HD, host_opt);
+    if (with_c)
+        scaled_gemm(on_host(), ha.cref(), hb.cref(), matrix_ref<const DT>(c.data(), M, N, ld, d_layout), HD, host_opt);
+    else
+        scaled_gemm(on_host(), ha.cref(), hb.cref(), HD, host_opt);
 
     // device result
     const device_copy<RA> da(ha);
@@ -132,8 +146,10 @@ void compare_with_host(gemm_backend backend, const quantized_tensor<RA>& ha, con
     if (with_c) dev_opt.bias = dbias.cview();
     const matrix_ref<DT> DD(dd.data(), M, N, ld, d_layout);
     gemm_result r;
-    if (with_c) r = scaled_gemm(on_stream(), da.cref(), db.cref(), matrix_ref<const DT>(dc.data(), M, N, ld, d_layout), DD, dev_opt);
-    else r = scaled_gemm(on_stream(), da.cref(), db.cref(), DD, dev_opt);
+    if (with_c)
+        r = scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<const DT>(dc.data(), M, N, ld, d_layout), DD, dev_opt);
+    else
+        r = scaled_gemm(gpu(), da.cref(), db.cref(), DD, dev_opt);
     OCTET_CUDA_CHECK(cudaDeviceSynchronize());
     CHECK(r.backend == backend);
     const std::vector<DT> got = dd.download();
@@ -148,7 +164,8 @@ void compare_with_host(gemm_backend backend, const quantized_tensor<RA>& ha, con
             const float gv = to_f(got[o]), hv = to_f(hd[o]);
             if (exact) {
                 if (std::memcmp(&got[o], &hd[o], sizeof(DT)) != 0 && bad++ < 5)
-                    FAIL_CHECK("D(" << i << "," << j << "): GPU " << gv << " host " << hv << " (must be equal: exact inputs)");
+                    FAIL_CHECK("D(" << i << "," << j << "): GPU " << gv << " host " << hv
+                                    << " (must be equal: exact inputs)");
                 continue;
             }
             const double bc = with_c ? std::fabs(static_cast<double>(opt.beta) * to_f(c[o])) : 0.0;
@@ -159,7 +176,8 @@ void compare_with_host(gemm_backend backend, const quantized_tensor<RA>& ha, con
                                    gemm_error_bound(nh, opt.alpha, T[i * N + j], bc, bb, std::fabs(hv)) + bias_round;
             const double diff = std::fabs(static_cast<double>(gv) - hv);
             if (!(diff <= allowed) && bad++ < 5)
-                FAIL_CHECK("D(" << i << "," << j << "): GPU " << gv << " host " << hv << " |diff| " << diff << " > allowed " << allowed);
+                FAIL_CHECK("D(" << i << "," << j << "): GPU " << gv << " host " << hv << " |diff| " << diff
+                                << " > allowed " << allowed);
             if (allowed > 0) t.worst = std::max(t.worst, diff / allowed);
         }
     CHECK(bad == 0);
@@ -171,8 +189,8 @@ struct shape {
 
 /// Exact-input and random-input comparisons of one backend for one recipe pair over several shapes.
 template <class RA, class RB>
-void backend_pair(gemm_backend backend, const char* name, const std::vector<shape>& shapes, std::size_t a_block, std::size_t b_block,
-                  gemm_options opt = {}) {
+void backend_pair(gemm_backend backend, const char* name, const std::vector<shape>& shapes, std::size_t a_block,
+                  std::size_t b_block, gemm_options opt = {}) {
     tally t;
     std::uint64_t salt = 1000;
     for (const shape& s : shapes) {
@@ -189,12 +207,14 @@ void backend_pair(gemm_backend backend, const char* name, const std::vector<shap
     t.message(std::string(backend_name(backend)) + " " + name);
 }
 
-bool has_arch(int arch) { return detail::device_arch() >= arch; }
+bool has_arch(int arch) {
+    return detail::device_arch() >= arch;
+}
 
 // Ragged shapes, M = 1 and decode-like M, K not a multiple of 128, several K blocks (pipeline
 // wrap-around), more tiles than SMs (persistent loop), and one larger square.
-const std::vector<shape> kShapes = {{1, 256, 512},   {64, 7168 / 8, 1024}, {129, 257, 640}, {37, 300, 1000},
-                                    {1000, 1000, 1152}, {2048, 2048, 512}, {256, 128, 2048}};
+const std::vector<shape> kShapes = {{1, 256, 512},      {64, 7168 / 8, 1024}, {129, 257, 640}, {37, 300, 1000},
+                                    {1000, 1000, 1152}, {2048, 2048, 512},    {256, 128, 2048}};
 
 TEST_SUITE("gpu") {
     TEST_CASE("sm90_wgmma against the host: every pair it serves, both tiles") {
@@ -202,25 +222,28 @@ TEST_SUITE("gpu") {
             MESSAGE("skipped: needs an sm_90 GPU and sm_90a code");
             return;
         }
-        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, "1x128 x 128x128", kShapes, 128, 128);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, "1x128 x 128x128",
+                                                                           kShapes, 128, 128);
         gemm_options small;
         small.tile = gemm_tile::m64n64;
-        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, "1x128 x 128x128 (64x64 tile)", kShapes, 128,
-                                                                           128, small);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
+            gemm_backend::sm90_wgmma, "1x128 x 128x128 (64x64 tile)", kShapes, 128, 128, small);
         gemm_options large;
         large.tile = gemm_tile::m128n128;
-        backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::sm90_wgmma, "1x128 x 1x128 (weight gradient)",
-                                                                         {{130, 250, 384}, {1, 64, 256}, {512, 512, 1024}}, 128, 128, large);
-        backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::sm90_wgmma, "1x128 x 1x128 (64x64 tile)",
-                                                                         {{130, 250, 384}, {1, 64, 256}}, 128, 128, small);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(
+            gemm_backend::sm90_wgmma, "1x128 x 1x128 (weight gradient)",
+            {{130, 250, 384}, {1, 64, 256}, {512, 512, 1024}}, 128, 128, large);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(
+            gemm_backend::sm90_wgmma, "1x128 x 1x128 (64x64 tile)", {{130, 250, 384}, {1, 64, 256}}, 128, 128, small);
         backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(gemm_backend::sm90_wgmma, "tensor x tensor",
                                                                          {{100, 200, 300}, {513, 257, 1024}}, 128, 128);
-        backend_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(gemm_backend::sm90_wgmma, "row x row", {{100, 200, 300}, {513, 257, 1024}},
-                                                                   128, 128);
-        backend_pair<e5m2_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, "E5M2 1x128 x E4M3 128x128 (data gradient)",
+        backend_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(gemm_backend::sm90_wgmma, "row x row",
+                                                                   {{100, 200, 300}, {513, 257, 1024}}, 128, 128);
+        backend_pair<e5m2_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma,
+                                                             "E5M2 1x128 x E4M3 128x128 (data gradient)",
                                                              {{77, 190, 640}, {300, 300, 256}}, 128, 128);
-        backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(gemm_backend::sm90_wgmma, "E4M3 x E5M2 tensor", {{64, 64, 128}}, 128,
-                                                                         128);
+        backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(gemm_backend::sm90_wgmma, "E4M3 x E5M2 tensor",
+                                                                         {{64, 64, 128}}, 128, 128);
     }
 
     TEST_CASE("sm89_mma against the host: every pair it serves, promotion intervals") {
@@ -228,18 +251,23 @@ TEST_SUITE("gpu") {
             MESSAGE("skipped: needs an sm_89+ GPU");
             return;
         }
-        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm89_mma, "1x128 x 128x128", kShapes, 128, 128);
-        backend_pair<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm89_mma, "MXFP8 x MXFP8", {{1, 96, 320}, {129, 257, 640}}, 32, 32);
-        backend_pair<recipes::mxfp8_e4m3, recipes::mxfp8_e5m2>(gemm_backend::sm89_mma, "MXFP8 E4M3 x E5M2", {{70, 33, 160}}, 32, 32);
-        backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::sm89_mma, "1x128 x 1x128", {{130, 250, 384}}, 128, 128);
-        backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(gemm_backend::sm89_mma, "E4M3 x E5M2 tensor", {{100, 200, 300}}, 128,
-                                                                         128);
-        backend_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(gemm_backend::sm89_mma, "row x row", {{3, 5, 7}, {513, 257, 1024}}, 128, 128);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm89_mma, "1x128 x 128x128",
+                                                                           kShapes, 128, 128);
+        backend_pair<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm89_mma, "MXFP8 x MXFP8",
+                                                               {{1, 96, 320}, {129, 257, 640}}, 32, 32);
+        backend_pair<recipes::mxfp8_e4m3, recipes::mxfp8_e5m2>(gemm_backend::sm89_mma, "MXFP8 E4M3 x E5M2",
+                                                               {{70, 33, 160}}, 32, 32);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::sm89_mma, "1x128 x 1x128",
+                                                                         {{130, 250, 384}}, 128, 128);
+        backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(gemm_backend::sm89_mma, "E4M3 x E5M2 tensor",
+                                                                         {{100, 200, 300}}, 128, 128);
+        backend_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(gemm_backend::sm89_mma, "row x row",
+                                                                   {{3, 5, 7}, {513, 257, 1024}}, 128, 128);
         for (int P : {32, 64, 256}) {
             gemm_options opt;
             opt.promotion_interval = P;
-            backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(gemm_backend::sm89_mma, "tensor x tensor, promotion interval",
-                                                                             {{65, 70, 1000}}, 128, 128, opt);
+            backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(
+                gemm_backend::sm89_mma, "tensor x tensor, promotion interval", {{65, 70, 1000}}, 128, 128, opt);
         }
     }
 
@@ -257,18 +285,20 @@ TEST_SUITE("gpu") {
         if (detail::device_arch() == 90) {
             // Hopper modes; cuBLASLt's shape rules for them are not documented: an aligned shape must
             // work, a ragged one may be refused (reported, not failed).
-            backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::cublaslt, "1x128 x 128x128", {{256, 384, 1024}}, 128,
-                                                                               128);
-            backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::cublaslt, "1x128 x 1x128", {{256, 384, 1024}}, 128,
-                                                                             128);
-            backend_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(gemm_backend::cublaslt, "row x row", {{256, 384, 1024}}, 128, 128);
+            backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
+                gemm_backend::cublaslt, "1x128 x 128x128", {{256, 384, 1024}}, 128, 128);
+            backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::cublaslt, "1x128 x 1x128",
+                                                                             {{256, 384, 1024}}, 128, 128);
+            backend_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(gemm_backend::cublaslt, "row x row",
+                                                                       {{256, 384, 1024}}, 128, 128);
             for (const shape& s : std::vector<shape>{{1, 256, 512}, {129, 264, 640}}) {
                 const auto qa = quantized<recipes::blockwise_1x128>(exact_values(g, s.M, s.K, 128), s.M, s.K);
                 const auto qb = quantized<recipes::blockwise_128x128>(exact_values(g, s.N, s.K, 128), s.N, s.K);
                 try {
                     compare_with_host(gemm_backend::cublaslt, qa, qb, true, t);
                 } catch (const octet::error& e) {
-                    MESSAGE("cuBLASLt refused a ragged 1x128 x 128x128 shape M=" << s.M << " N=" << s.N << " K=" << s.K << ": " << e.what());
+                    MESSAGE("cuBLASLt refused a ragged 1x128 x 128x128 shape M=" << s.M << " N=" << s.N << " K=" << s.K
+                                                                                 << ": " << e.what());
                 }
             }
         }
@@ -277,7 +307,8 @@ TEST_SUITE("gpu") {
         // octet's own kernels against cuBLASLt on the same operands (same scaling).
         if (detail::device_arch() == 90 && detail::sm90a_available()) {
             const auto qa = quantized<recipes::blockwise_1x128>(octet_test::with_edge_cases(g, 512 * 1024), 512, 1024);
-            const auto qb = quantized<recipes::blockwise_128x128>(octet_test::with_edge_cases(g, 768 * 1024), 768, 1024);
+            const auto qb =
+                quantized<recipes::blockwise_128x128>(octet_test::with_edge_cases(g, 768 * 1024), 768, 1024);
             const device_copy<recipes::blockwise_1x128> da(qa);
             const device_copy<recipes::blockwise_128x128> db(qb);
             cuda::device_buffer<float> d1(512 * 768), d2(512 * 768);
@@ -286,21 +317,26 @@ TEST_SUITE("gpu") {
             gemm_options o1, o2;
             o1.backend = gemm_backend::sm90_wgmma;
             o2.backend = gemm_backend::cublaslt;
-            scaled_gemm(on_stream(), da.cref(), db.cref(), matrix_ref<float>(d1.data(), 512, 768), o1);
-            scaled_gemm(on_stream(), da.cref(), db.cref(), matrix_ref<float>(d2.data(), 512, 768), o2);
+            scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<float>(d1.data(), 512, 768), o1);
+            scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<float>(d2.data(), 512, 768), o2);
             const auto x = d1.download(), y = d2.download();
             const auto T = abs_products(qa, qb);
-            const gemm_numerics n1 = gemm_numerics_of<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, 1024);
-            const gemm_numerics n2 = gemm_numerics_of<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::cublaslt, 1024);
+            const gemm_numerics n1 =
+                gemm_numerics_of<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, 1024);
+            const gemm_numerics n2 =
+                gemm_numerics_of<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::cublaslt, 1024);
             int bad = 0;
             double worst = 0;
             for (std::size_t i = 0; i < x.size(); ++i) {
-                const double allowed = gemm_error_bound(n1, 1.0, T[i], 0, 0, std::fabs(y[i])) + gemm_error_bound(n2, 1.0, T[i], 0, 0, std::fabs(y[i]));
+                const double allowed = gemm_error_bound(n1, 1.0, T[i], 0, 0, std::fabs(y[i])) +
+                                       gemm_error_bound(n2, 1.0, T[i], 0, 0, std::fabs(y[i]));
                 const double diff = std::fabs(static_cast<double>(x[i]) - y[i]);
-                if (!(diff <= allowed) && bad++ < 5) FAIL_CHECK("element " << i << ": sm90 " << x[i] << " cublaslt " << y[i]);
+                if (!(diff <= allowed) && bad++ < 5)
+                    FAIL_CHECK("element " << i << ": sm90 " << x[i] << " cublaslt " << y[i]);
                 worst = std::max(worst, diff / allowed);
             }
-            MESSAGE("sm90_wgmma vs cublaslt (1x128 x 128x128, 512x768x1024): largest |difference| / allowed = " << worst);
+            MESSAGE(
+                "sm90_wgmma vs cublaslt (1x128 x 128x128, 512x768x1024): largest |difference| / allowed = " << worst);
         }
     }
 
@@ -319,7 +355,7 @@ TEST_SUITE("gpu") {
         const device_copy<recipes::nvfp4> db(hb);
         cuda::device_buffer<float> d(M * N);
         d.fill_bytes(0xFF);
-        const gemm_result r = scaled_gemm(on_stream(), da.cref(), db.cref(), matrix_ref<float>(d.data(), M, N));
+        const gemm_result r = scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<float>(d.data(), M, N));
         CHECK(r.backend == gemm_backend::cublaslt);
         const auto got = d.download();
         const auto ref = reference::gemm(ha.cref(), hb.cref());
@@ -330,10 +366,11 @@ TEST_SUITE("gpu") {
         for (std::size_t i = 0; i < M * N; ++i) {
             // + 2^-23 relative: the path applies the tensor scales in alpha, not inside each scale
             const double T = ref.abs_products[i];
-            const double allowed = gemm_error_bound(ng, 1, T, 0, 0, std::fabs(host[i])) + gemm_error_bound(nh, 1, T, 0, 0, std::fabs(host[i])) +
-                                   std::ldexp(T, -22);
+            const double allowed = gemm_error_bound(ng, 1, T, 0, 0, std::fabs(host[i])) +
+                                   gemm_error_bound(nh, 1, T, 0, 0, std::fabs(host[i])) + std::ldexp(T, -22);
             const double diff = std::fabs(static_cast<double>(got[i]) - host[i]);
-            if (!(diff <= allowed) && bad++ < 5) FAIL_CHECK("element " << i << ": GPU " << got[i] << " host " << host[i]);
+            if (!(diff <= allowed) && bad++ < 5)
+                FAIL_CHECK("element " << i << ": GPU " << got[i] << " host " << host[i]);
             worst = std::max(worst, diff / allowed);
         }
         MESSAGE("NVFP4 dequantizing path vs host: largest |difference| / allowed = " << worst);
@@ -354,17 +391,22 @@ TEST_SUITE("gpu") {
             opt.alpha = -0.5f;
             const auto ea = quantized<recipes::blockwise_1x128>(exact_values(g, M, K, 128), M, K);
             const auto eb = quantized<recipes::blockwise_128x128>(exact_values(g, N, K, 128), N, K);
-            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, float>(b, ea, eb, true, t, opt, true);
-            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(b, ea, eb, true, t, opt, true);
-            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, fp16>(b, ea, eb, true, t, opt, true, layout::col_major);
+            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, float>(b, ea, eb, true, t, opt,
+                                                                                           true);
+            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(b, ea, eb, true, t, opt,
+                                                                                          true);
+            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, fp16>(b, ea, eb, true, t, opt, true,
+                                                                                          storage_order::col_major);
             const auto ra = quantized<recipes::blockwise_1x128>(octet_test::with_edge_cases(g, M * K), M, K);
             const auto rb = quantized<recipes::blockwise_128x128>(octet_test::with_edge_cases(g, N * K), N, K);
-            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(b, ra, rb, false, t, opt, true);
+            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(b, ra, rb, false, t, opt,
+                                                                                          true);
         }
         if (detail::device_arch() == 90) {
             const auto ra = quantized<recipes::blockwise_1x128>(octet_test::with_edge_cases(g, M * K), M, K);
             const auto rb = quantized<recipes::blockwise_128x128>(octet_test::with_edge_cases(g, N * K), N, K);
-            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(gemm_backend::cublaslt, ra, rb, false, t, {}, true);
+            compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(gemm_backend::cublaslt, ra,
+                                                                                          rb, false, t, {}, true);
         }
         t.message("epilogue cases");
 
@@ -380,11 +422,13 @@ TEST_SUITE("gpu") {
         gemm_options o;
         o.beta = 1.0f;
         for (int rep = 0; rep < 2; ++rep)
-            scaled_gemm(on_stream(), da.cref(), db.cref(), matrix_ref<const float>(d.data(), M, N), matrix_ref<float>(d.data(), M, N), o);
+            scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<const float>(d.data(), M, N),
+                        matrix_ref<float>(d.data(), M, N), o);
         const auto twice = d.download();
         int bad = 0;
         for (std::size_t i = 0; i < M * N; ++i)
-            if (twice[i] != 2 * once[i] && bad++ < 3) FAIL_CHECK("in-place element " << i << ": " << twice[i] << " vs " << 2 * once[i]);
+            if (twice[i] != 2 * once[i] && bad++ < 3)
+                FAIL_CHECK("in-place element " << i << ": " << twice[i] << " vs " << 2 * once[i]);
         CHECK(bad == 0);
     }
 
@@ -406,7 +450,8 @@ TEST_SUITE("gpu") {
         cuda::device_buffer<float> amax(1);
         data.fill_bytes(0xCD);
         scales.fill_bytes(0xCD);
-        scaled_gemm(on_stream(), da.cref(), db.cref(), quantized_ref<recipes::blockwise_1x128>(data.data(), scales.data(), L), {}, amax.data());
+        scaled_gemm(gpu(), da.cref(), db.cref(), quantized_ref<recipes::blockwise_1x128>(data.data(), scales.data(), L),
+                    {}, amax.data());
         OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         CHECK(data.download() == hq.data());
         CHECK(scales.download() == hq.scales());
@@ -425,29 +470,32 @@ TEST_SUITE("gpu") {
         const device_copy<recipes::blockwise_1x128> da(qa);
         const device_copy<recipes::blockwise_128x128> db(qb);
         cuda::device_buffer<float> d(M * N);
-        const gemm_result r = scaled_gemm(on_stream(), da.cref(), db.cref(), matrix_ref<float>(d.data(), M, N));
-        CHECK(r.backend == (detail::device_arch() == 90 && detail::sm90a_available() ? gemm_backend::sm90_wgmma : gemm_backend::sm89_mma));
+        const gemm_result r = scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<float>(d.data(), M, N));
+        CHECK(r.backend == (detail::device_arch() == 90 && detail::sm90a_available() ? gemm_backend::sm90_wgmma
+                                                                                     : gemm_backend::sm89_mma));
         // MX runs on sm89_mma automatically
         const auto ma = quantized<recipes::mxfp8_e4m3>(octet_test::with_edge_cases(g, M * K), M, K);
         const device_copy<recipes::mxfp8_e4m3> dma(ma);
-        CHECK(scaled_gemm(on_stream(), dma.cref(), dma.cref(), matrix_ref<float>(d.data(), M, M)).backend == gemm_backend::sm89_mma);
+        CHECK(scaled_gemm(gpu(), dma.cref(), dma.cref(), matrix_ref<float>(d.data(), M, M)).backend ==
+              gemm_backend::sm89_mma);
 
         // Unpadded rows (K = 200 -> 200-byte rows) are not 16-byte aligned.
         const auto ua = quantized<recipes::blockwise_1x128>(octet_test::with_edge_cases(g, M * K), M, K, /*pad=*/false);
         const device_copy<recipes::blockwise_1x128> dua(ua);
-        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), dua.cref(), db.cref(), matrix_ref<float>(d.data(), M, N)),
+        CHECK_THROWS_WITH_AS(scaled_gemm(gpu(), dua.cref(), db.cref(), matrix_ref<float>(d.data(), M, N)),
                              doctest::Contains("argument 'A' needs 16-byte aligned rows"), octet::error);
         // Host memory on a stream.
         std::vector<float> host_d(M * N);
-        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), da.cref(), db.cref(), matrix_ref<float>(host_d.data(), M, N)),
+        CHECK_THROWS_WITH_AS(scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<float>(host_d.data(), M, N)),
                              doctest::Contains("argument 'D' points to host memory"), octet::error);
         // NVFP4 on sm89_mma is refused with the backends that serve it.
         const auto fa = quantized<recipes::nvfp4>(octet_test::with_edge_cases(g, M * K), M, K);
         const device_copy<recipes::nvfp4> dfa(fa);
         gemm_options o;
         o.backend = gemm_backend::sm89_mma;
-        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), dfa.cref(), dfa.cref(), matrix_ref<float>(d.data(), M, M), o),
-                             doctest::Contains("Backends that serve it here: host (octet::on_host()), cublaslt"), octet::error);
+        CHECK_THROWS_WITH_AS(scaled_gemm(gpu(), dfa.cref(), dfa.cref(), matrix_ref<float>(d.data(), M, M), o),
+                             doctest::Contains("Backends that serve it here: host (octet::on_host()), cublaslt"),
+                             octet::error);
     }
 }
 
@@ -456,8 +504,8 @@ TEST_SUITE("cuda") {
         using R = recipes::blockwise_1x128;
         quantized_tensor<R> a(8, 256), b(16, 128);
         std::vector<float> d(8 * 16);
-        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16)), doctest::Contains("argument 'B' has K = 128"),
-                             octet::error);
+        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16)),
+                             doctest::Contains("argument 'B' has K = 128"), octet::error);
         quantized_tensor<R> b2(16, 256);
         gemm_options o;
         o.backend = gemm_backend::host;
@@ -472,7 +520,33 @@ TEST_SUITE("cuda") {
         o.backend = gemm_backend::cublaslt;
         CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), f.cref(), f.cref(), matrix_ref<float>(d.data(), 8, 8), o),
                              doctest::Contains("which cannot run e2m1, 1x32 blocks, ue8m0 scales"), octet::error);
-        CHECK(gemm_has_cublaslt);
+        // A quantized D of the wrong shape is reported under scaled_gemm before anything is enqueued.
+        quantized_tensor<R> dq_wrong(16, 8);
+        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b2.cref(), dq_wrong.ref()),
+                             doctest::Contains("octet::scaled_gemm: argument 'D' has shape 16 x 8 but must be 8 x 16"),
+                             octet::error);
+        // cuBLASLt is a property of the executor: one that carries none is refused, with the way to
+        // lend one, before any GPU is needed.
+        quantized_tensor<recipes::nvfp4> n4(8, 256);
+        CHECK((on_stream().cublaslt.matmul == nullptr));
+        CHECK_THROWS_WITH_AS(
+            scaled_gemm(on_stream(), n4.cref(), n4.cref(), matrix_ref<float>(d.data(), 8, 8), o),
+            doctest::Contains(
+                "the executor carries no cuBLASLt (pass octet::with_cublaslt(octet::on_stream(s), handle"),
+            octet::error);
+        CHECK_THROWS_WITH_AS(
+            scaled_gemm(on_stream(), n4.cref(), n4.cref(), matrix_ref<float>(d.data(), 8, 8)),
+            doctest::Contains("cublaslt may, if the executor carries a cuBLASLt (octet::with_cublaslt"), octet::error);
+        int not_a_handle = 0;
+        const stream_executor lent =
+            with_cublaslt(on_stream(), reinterpret_cast<cublasLtHandle_t>(&not_a_handle), nullptr, 0);
+        CHECK(lent.cublaslt.handle == &not_a_handle);
+        CHECK((lent.cublaslt.matmul != nullptr));
+        CHECK_THROWS_WITH_AS(with_cublaslt(on_stream(), nullptr, nullptr, 0),
+                             doctest::Contains("argument 'handle' is null"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            with_cublaslt(on_stream(), reinterpret_cast<cublasLtHandle_t>(&not_a_handle), nullptr, 1024),
+            doctest::Contains("argument 'workspace' is null"), octet::error);
     }
 }
 

@@ -47,11 +47,14 @@ struct device_state {
             shift = s;
             buf = cuda::device_buffer<T>(n + 2 * kPad + s);
             buf.fill_bytes(0xA5);
-            if (n) OCTET_CUDA_CHECK(cudaMemcpy(buf.data() + kPad + s, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+            if (n)
+                OCTET_CUDA_CHECK(cudaMemcpy(buf.data() + kPad + s, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
         }
         span<T> view() { return span<T>(n ? buf.data() + kPad + shift : nullptr, n); }
         void download(std::vector<T>& host) {
-            if (n) OCTET_CUDA_CHECK(cudaMemcpy(host.data(), buf.data() + kPad + shift, n * sizeof(T), cudaMemcpyDeviceToHost));
+            if (n)
+                OCTET_CUDA_CHECK(
+                    cudaMemcpy(host.data(), buf.data() + kPad + shift, n * sizeof(T), cudaMemcpyDeviceToHost));
         }
         /// Bytes outside the view still hold the poison.
         bool pad_intact() {
@@ -87,10 +90,12 @@ struct device_state {
         v_codes.download(h.v_codes);
         v_meta.download(h.v_meta);
     }
-    ref_type ref() { return ref_type{params.view(), comp.view(), m_codes.view(), m_meta.view(), v_codes.view(), v_meta.view(), 0}; }
+    ref_type ref() {
+        return ref_type{params.view(), comp.view(), m_codes.view(), m_meta.view(), v_codes.view(), v_meta.view(), 0};
+    }
     bool pads_intact() {
-        return params.pad_intact() && comp.pad_intact() && m_codes.pad_intact() && m_meta.pad_intact() && v_codes.pad_intact() &&
-               v_meta.pad_intact();
+        return params.pad_intact() && comp.pad_intact() && m_codes.pad_intact() && m_meta.pad_intact() &&
+               v_codes.pad_intact() && v_meta.pad_intact();
     }
 };
 
@@ -102,8 +107,8 @@ std::size_t count_differences(const State& a, const State& b) {
         for (std::size_t i = 0; i < x.size(); ++i) d += std::memcmp(&x[i], &y[i], bytes) != 0;
         return d;
     };
-    return diff(a.params, b.params) + diff(a.compensation, b.compensation) + diff(a.m_codes, b.m_codes) + diff(a.m_meta, b.m_meta) +
-           diff(a.v_codes, b.v_codes) + diff(a.v_meta, b.v_meta);
+    return diff(a.params, b.params) + diff(a.compensation, b.compensation) + diff(a.m_codes, b.m_codes) +
+           diff(a.m_meta, b.m_meta) + diff(a.v_codes, b.v_codes) + diff(a.v_meta, b.v_meta);
 }
 
 /// Gradients with scales spanning 1e-4 .. 1e1, and (when asked) NaN, -Inf and 1e19 sprinkled in.
@@ -116,9 +121,12 @@ std::vector<float> gradients(std::mt19937_64& g, std::size_t n, bool nonfinite) 
         x = d(g) * std::pow(10.0f, e(g));
         if (nonfinite) {
             const int p = pick(g);
-            if (p == 0) x = NAN;
-            else if (p == 1) x = -INFINITY;
-            else if (p == 2) x = 1e19f;
+            if (p == 0)
+                x = NAN;
+            else if (p == 1)
+                x = -INFINITY;
+            else if (p == 2)
+                x = 1e19f;
         }
     }
     return v;
@@ -126,7 +134,8 @@ std::vector<float> gradients(std::mt19937_64& g, std::size_t n, bool nonfinite) 
 
 template <class G>
 std::vector<G> as_grad(const std::vector<float>& x) {
-    if constexpr (std::is_same_v<G, float>) return x;
+    if constexpr (std::is_same_v<G, float>)
+        return x;
     else {
         std::vector<G> out(x.size());
         for (std::size_t i = 0; i < x.size(); ++i) out[i] = to_bf16(x[i]);
@@ -135,7 +144,7 @@ std::vector<G> as_grad(const std::vector<float>& x) {
 }
 
 template <class MC, class VC, class M, class G>
-void check_step_against_host(std::size_t n, nonfinite_policy policy, std::size_t shift, std::uint64_t salt) {
+void check_step_against_host(std::size_t n, grad_nonfinite_policy policy, std::size_t shift, std::uint64_t salt) {
     auto g = octet_test::rng(salt);
     adamw_hyper h;
     h.on_nonfinite = policy;
@@ -156,9 +165,10 @@ void check_step_against_host(std::size_t n, nonfinite_policy policy, std::size_t
         const adamw_report hr = adamw_step(on_host(), host.ref(), span<const G>(gh.data(), n), h, t, lr);
         cuda::device_buffer<G> gd(n + shift);
         if (n) OCTET_CUDA_CHECK(cudaMemcpy(gd.data() + shift, gh.data(), n * sizeof(G), cudaMemcpyHostToDevice));
-        report.fill_bytes(0x5C);  // the call must reset it
+        report.fill_bytes(0x5C);                                                       // the call must reset it
         using DG = std::conditional_t<std::is_same_v<G, bf16>, __nv_bfloat16, float>;  // CUDA's type on the device side
-        adamw_step(on_stream(), dev.ref(), span<const DG>(reinterpret_cast<const DG*>(gd.data() + shift), n), h, t, lr, report.data());
+        adamw_step(on_stream(), dev.ref(), span<const DG>(reinterpret_cast<const DG*>(gd.data() + shift), n), h, t, lr,
+                   report.data());
         OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         const adamw_report dr = report.download()[0];
         INFO("n=" << n << " shift=" << shift << " step " << t << " policy " << static_cast<int>(policy));
@@ -173,10 +183,11 @@ void check_step_against_host(std::size_t n, nonfinite_policy policy, std::size_t
 
 template <class MC, class VC, class M, class G>
 void check_step_config(std::uint64_t salt) {
-    for (std::size_t n : {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{1000}, std::size_t{256 * 37 + 5}, std::size_t{100003}})
-        for (auto policy : {nonfinite_policy::skip_step, nonfinite_policy::zero_block})
+    for (std::size_t n : {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{1000},
+                          std::size_t{256 * 37 + 5}, std::size_t{100003}})
+        for (auto policy : {grad_nonfinite_policy::skip_step, grad_nonfinite_policy::zero_block})
             check_step_against_host<MC, VC, M, G>(n, policy, 0, salt++);
-    check_step_against_host<MC, VC, M, G>(5000, nonfinite_policy::zero_block, 3, salt++);  // unaligned views
+    check_step_against_host<MC, VC, M, G>(5000, grad_nonfinite_policy::zero_block, 3, salt++);  // unaligned views
 }
 
 template <class Codec, moment K>
@@ -192,7 +203,8 @@ void check_moments(std::size_t n, std::uint64_t salt) {
     const std::size_t groups = state_meta_count<Codec>(n);
     std::vector<typename Codec::code_type> hc(n);
     std::vector<typename Codec::meta_type> hm(groups);
-    encode_moments<Codec, K>(on_host(), as_cspan(x), as_span(hc), as_span(hm));
+    const philox_stream rng{salt, 3};  // bits for stochastic codecs: the same rule on both sides
+    encode_moments<Codec, K>(on_host(), as_cspan(x), as_span(hc), as_span(hm), rng);
     std::vector<float> hx(n);
     decode_moments<Codec, K>(on_host(), as_cspan(hc), as_cspan(hm), as_span(hx));
 
@@ -203,7 +215,7 @@ void check_moments(std::size_t n, std::uint64_t salt) {
     dc.fill_bytes(0xA5);
     dm.fill_bytes(0xA5);
     dy.fill_bytes(0xA5);
-    encode_moments<Codec, K>(on_stream(), dx.cview(), dc.view(), dm.view());
+    encode_moments<Codec, K>(on_stream(), dx.cview(), dc.view(), dm.view(), rng);
     decode_moments<Codec, K>(on_stream(), dc.cview(), dm.cview(), dy.view());
     OCTET_CUDA_CHECK(cudaDeviceSynchronize());
     const auto c = dc.download();
@@ -227,14 +239,15 @@ TEST_SUITE("cuda") {
         adamw_report* no_report = nullptr;
         CHECK_THROWS_WITH_AS(adamw_step(on_stream(), st.ref(), as_cspan(short_g), h, 1, 1e-3f, no_report),
                              doctest::Contains("argument 'grads'"), octet::error);
-        CHECK_THROWS_WITH_AS(adamw_step(on_stream(), st.ref(), as_cspan(gr), h, 0, 1e-3f, no_report), doctest::Contains("argument 'step'"),
-                             octet::error);
-        CHECK_THROWS_WITH_AS(adamw_step(on_stream(), st.ref(), as_cspan(gr), h, 1, 1e-3f, no_report), doctest::Contains("argument 'report'"),
-                             octet::error);
+        CHECK_THROWS_WITH_AS(adamw_step(on_stream(), st.ref(), as_cspan(gr), h, 0, 1e-3f, no_report),
+                             doctest::Contains("argument 'step'"), octet::error);
+        CHECK_THROWS_WITH_AS(adamw_step(on_stream(), st.ref(), as_cspan(gr), h, 1, 1e-3f, no_report),
+                             doctest::Contains("argument 'report'"), octet::error);
         std::vector<std::uint8_t> codes(300);
         std::vector<state_codec::dynamic8::meta_type> meta(1);
         std::vector<float> x(300);
-        CHECK_THROWS_WITH_AS((encode_moments<state_codec::dynamic8, moment::first>(on_stream(), as_cspan(x), as_span(codes), as_span(meta))),
+        CHECK_THROWS_WITH_AS((encode_moments<state_codec::dynamic8, moment::first>(on_stream(), as_cspan(x),
+                                                                                   as_span(codes), as_span(meta))),
                              doctest::Contains("argument 'meta'"), octet::error);
     }
 
@@ -260,6 +273,10 @@ TEST_SUITE("gpu") {
     TEST_CASE("adamw_step: bf16 moments, bf16 nearest master, bf16 gradients") {
         check_step_config<state_codec::bf16, state_codec::bf16, master::bf16_nearest, bf16>(200);
     }
+    TEST_CASE("adamw_step: bf16_stochastic moments, bf16 stochastic master, float gradients") {
+        check_step_config<state_codec::bf16_stochastic, state_codec::bf16_stochastic, master::bf16_stochastic, float>(
+            250);
+    }
     TEST_CASE("adamw_step: e4m3_scaled moments, fp32 master, float gradients") {
         check_step_config<state_codec::e4m3_scaled, state_codec::e4m3_scaled, master::fp32, float>(300);
     }
@@ -280,7 +297,7 @@ TEST_SUITE("gpu") {
         const std::size_t n = 256 * 40 + 17;
         adamw_hyper h;
         h.seed = 42;
-        h.on_nonfinite = nonfinite_policy::zero_block;
+        h.on_nonfinite = grad_nonfinite_policy::zero_block;
         adamw_state<MC, MC, M> host(n), from_device(n);
         std::vector<float> w0(n, 0.75f);
         host.set_params(as_cspan(w0));
@@ -294,7 +311,8 @@ TEST_SUITE("gpu") {
             cuda::device_buffer<float> gd(gh);
             for (int s = 0; s < 3; ++s) {
                 const std::size_t b = cuts[s], len = cuts[s + 1] - cuts[s];
-                adamw_step(on_stream(), dev.ref().shard(b, len), span<const float>(gd.data() + b, len), h, t, 1e-3f, report.data());
+                adamw_step(on_stream(), dev.ref().shard(b, len), span<const float>(gd.data() + b, len), h, t, 1e-3f,
+                           report.data());
             }
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         }
@@ -309,7 +327,7 @@ TEST_SUITE("gpu") {
         const std::size_t n = 256 * 300 + 99;
         adamw_hyper h;
         h.seed = 7;
-        h.on_nonfinite = nonfinite_policy::zero_block;
+        h.on_nonfinite = grad_nonfinite_policy::zero_block;
         adamw_state<MC, MC, M> init(n), a(n), b(n);
         std::vector<float> w0(n);
         std::normal_distribution<float> d(0.0f, 1.0f);
@@ -325,9 +343,18 @@ TEST_SUITE("gpu") {
             dev.upload(init, 0);
             auto r = dev.ref();
             report.fill_bytes(0);
-            const optim_detail::adamw_block_args<MC, MC, M, float> args{
-                r.params.data(), r.compensation.data(), r.m_codes.data(), r.m_meta.data(), r.v_codes.data(), r.v_meta.data(), gd.data(), n, 0,
-                make_adamw_coeffs(h, 1, 1e-3f), h.on_nonfinite, true};
+            const optim_detail::adamw_block_args<MC, MC, M, float> args{r.params.data(),
+                                                                        r.compensation.data(),
+                                                                        r.m_codes.data(),
+                                                                        r.m_meta.data(),
+                                                                        r.v_codes.data(),
+                                                                        r.v_meta.data(),
+                                                                        gd.data(),
+                                                                        n,
+                                                                        0,
+                                                                        make_adamw_coeffs(h, 1, 1e-3f),
+                                                                        h.on_nonfinite,
+                                                                        true};
             optim_detail::adamw_step_kernel<<<grids[k], threads[k]>>>(args, report.data(), false);
             OCTET_CUDA_CHECK_LAUNCH();
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
@@ -343,6 +370,8 @@ TEST_SUITE("gpu") {
         for (std::size_t n : {std::size_t{1}, std::size_t{129}, std::size_t{1000}, std::size_t{65536 + 300}}) {
             check_moments<state_codec::fp32, moment::first>(n, salt++);
             check_moments<state_codec::bf16, moment::second>(n, salt++);
+            check_moments<state_codec::bf16_stochastic, moment::first>(n, salt++);
+            check_moments<state_codec::bf16_stochastic, moment::second>(n, salt++);
             check_moments<state_codec::e4m3_scaled, moment::first>(n, salt++);
             check_moments<state_codec::e4m3_scaled, moment::second>(n, salt++);
             check_moments<state_codec::e4m3_expanded, moment::first>(n, salt++);

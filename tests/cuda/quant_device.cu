@@ -29,17 +29,22 @@ struct device_copy {
     cuda::device_buffer<std::uint8_t> data, scales;
     cuda::device_buffer<float> tensor_scale;
     device_copy(std::size_t rows, std::size_t cols, bool pad = true)
-        : layout(quant_layout_of<Recipe>::make(rows, cols, pad)), data(layout.data_bytes), scales(layout.scale_bytes), tensor_scale(1) {
+        : layout(quant_layout_of<Recipe>::make(rows, cols, pad)),
+          data(layout.data_bytes),
+          scales(layout.scale_bytes),
+          tensor_scale(1) {
         data.fill_bytes(0xCD);
         scales.fill_bytes(0xCD);
         tensor_scale.fill_bytes(0xCD);
     }
-    quantized_ref<Recipe> ref() { return quantized_ref<Recipe>(data.data(), scales.data(), layout, tensor_scale.data()); }
+    quantized_ref<Recipe> ref() {
+        return quantized_ref<Recipe>(data.data(), scales.data(), layout, tensor_scale.data());
+    }
 };
 
-
 template <class Recipe>
-void compare(device_copy<Recipe>& d, quantized_tensor<Recipe>& h, const quant_stats& ds, const quant_stats& hs, const char* what) {
+void compare(device_copy<Recipe>& d, quantized_tensor<Recipe>& h, const quant_stats& ds, const quant_stats& hs,
+             const char* what) {
     INFO(what << " " << h.layout().rows << "x" << h.layout().cols);
     const auto data = d.data.download();
     const auto scales = d.scales.download();
@@ -53,6 +58,7 @@ void compare(device_copy<Recipe>& d, quantized_tensor<Recipe>& h, const quant_st
     CHECK(ds.saturated == hs.saturated);
     CHECK(ds.flushed_to_zero == hs.flushed_to_zero);
     CHECK(ds.non_finite == hs.non_finite);
+    CHECK(ds.lost_to_nan == hs.lost_to_nan);
     CHECK(ds.amax == hs.amax);
     CHECK(ds.signal_energy == doctest::Approx(hs.signal_energy).epsilon(1e-9));
     CHECK(ds.noise_energy == doctest::Approx(hs.noise_energy).epsilon(1e-6));
@@ -68,8 +74,9 @@ void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool c
     if (col_major)
         for (std::size_t i = 0; i < rows; ++i)
             for (std::size_t j = 0; j < cols; ++j) stored[j * rows + i] = x[i * cols + j];
-    const matrix_ref<const In> hx = col_major ? matrix_ref<const In>(stored.data(), rows, cols, rows, layout::col_major)
-                                              : matrix_ref<const In>(stored.data(), rows, cols);
+    const matrix_ref<const In> hx =
+        col_major ? matrix_ref<const In>(stored.data(), rows, cols, rows, storage_order::col_major)
+                  : matrix_ref<const In>(stored.data(), rows, cols);
     quantized_tensor<Recipe> h(rows, cols, pad), ht(cols, rows, pad);
     quantize_options hopt;
     hopt.collect_stats = true;
@@ -77,8 +84,9 @@ void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool c
     const auto hr = quantize<Recipe>(on_host(), hx, h.ref(), ht.ref(), hopt);
 
     cuda::device_buffer<In> dx(stored);
-    const matrix_ref<const In> dxm = col_major ? matrix_ref<const In>(dx.data(), rows, cols, rows, layout::col_major)
-                                               : matrix_ref<const In>(dx.data(), rows, cols);
+    const matrix_ref<const In> dxm = col_major
+                                         ? matrix_ref<const In>(dx.data(), rows, cols, rows, storage_order::col_major)
+                                         : matrix_ref<const In>(dx.data(), rows, cols);
     device_copy<Recipe> d(rows, cols, pad), dt(cols, rows, pad);
     cuda::device_buffer<quant_stats> stats(2);
     device_quantize_options dopt;
@@ -124,6 +132,14 @@ TEST_SUITE("cuda") {
                              doctest::Contains("argument 'rowwise'"), octet::error);
         CHECK_THROWS_WITH_AS(quantize<R>(on_stream(), matrix_ref<const float>(x.data(), 4, 256, 3), wrong.ref()),
                              doctest::Contains("argument 'x'"), octet::error);
+        // a half-given output is an error naming it, not a skipped copy (checked before any device call)
+        quantized_tensor<R> ok(4, 256), okt(256, 4);
+        auto no_data = ok.ref();
+        no_data.data = nullptr;
+        CHECK_THROWS_WITH_AS(quantize<R>(on_stream(), matrix_ref<const float>(x.data(), 4, 256), no_data, okt.ref()),
+                             doctest::Contains("argument 'rowwise' has a null data pointer"), octet::error);
+        CHECK_THROWS_WITH_AS(quantize<R>(on_stream(), matrix_ref<const float>(x.data(), 4, 256), quantized_ref<R>{}),
+                             doctest::Contains("are both absent"), octet::error);
     }
 }
 
@@ -143,13 +159,34 @@ TEST_SUITE("gpu") {
         check_all_shapes<r::nvfp4>(1000);
     }
 
+    TEST_CASE(
+        "nan_policy::propagate: device equals host (NaN scales, zero codes, lost_to_nan) on the tile and grid paths") {
+        using namespace quant_device_test;
+        using namespace octet;
+        namespace r = octet::recipes;
+        check_all_shapes<r::mxfp8_e4m3_nan>(1100);
+        check_all_shapes<r::mxfp6_e3m2_nan>(1200);
+        check_all_shapes<r::mxfp4_nan>(1300);
+        check_all_shapes<r::nvfp4_nan>(1400);
+        using propagate = nan_policy::propagate;
+        check_all_shapes<recipe<e4m3, block<96, 96>, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
+                                overflow::saturate, propagate>>(1500);
+        check_all_shapes<recipe<e4m3, per_tensor, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
+                                overflow::saturate, propagate>>(1600);
+        check_all_shapes<recipe<e2m1, block<16, 16>, scale::pow2_ceil, scale_storage::ue8m0, round::nearest_even,
+                                overflow::saturate, propagate>>(1700);
+        check_device<r::mxfp4_nan, octet::bf16>(129, 300, 1800, true);
+    }
+
     TEST_CASE("custom recipes: odd blocks (grid path), stochastic, other rules") {
         using namespace quant_device_test;
         using namespace octet;
         check_all_shapes<recipe<e4m3, block<96, 96>, scale::amax_ratio<0>>>(2000);
         check_all_shapes<recipe<e5m2, block<16, 16>, scale::pow2_ceil, scale_storage::ue8m0>>(2100);
-        check_all_shapes<recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::stochastic>>(2200);
-        check_all_shapes<recipe<e3m2, tile<1, 32>, scale::pow2_nearest, scale_storage::ue8m0, round::toward_zero>>(2300);
+        check_all_shapes<recipe<e4m3, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::stochastic>>(
+            2200);
+        check_all_shapes<recipe<e3m2, block<1, 32>, scale::pow2_nearest, scale_storage::ue8m0, round::toward_zero>>(
+            2300);
     }
 
     TEST_CASE("bf16/fp16 inputs, column-major inputs, a large matrix") {

@@ -51,16 +51,22 @@ batch random_batch(std::mt19937_64& g, std::size_t n) {
         b.logp_new[i] = old + d;
         b.adv[i] = u(g) < 0.05f ? 0.0f : a(g);
         const float q = u(g);
-        if (q < 0.001f) b.logp_new[i] = NAN;
-        else if (q < 0.002f) b.logp_old[i] = -INFINITY;
-        else if (q < 0.003f) b.adv[i] = NAN;
-        else if (q < 0.004f) b.logp_new[i] = INFINITY;
+        if (q < 0.001f)
+            b.logp_new[i] = NAN;
+        else if (q < 0.002f)
+            b.logp_old[i] = -INFINITY;
+        else if (q < 0.003f)
+            b.adv[i] = NAN;
+        else if (q < 0.004f)
+            b.logp_new[i] = INFINITY;
         b.logp_low[i] = to_float(to_bf16(b.logp_new[i]));
     }
     return b;
 }
 
-std::uint32_t bits(float x) { return float_to_bits(x); }
+std::uint32_t bits(float x) {
+    return float_to_bits(x);
+}
 
 template <class T>
 octet::cuda::device_buffer<T> poisoned(std::size_t n) {
@@ -122,28 +128,35 @@ TEST_SUITE("cuda") {
         std::vector<float> a(10), b9(9);
         std::vector<surrogate_stats> st(1);
         surrogate_config cfg;
-        CHECK_THROWS_WITH_AS(importance_ratios(on_stream(), as_cspan(a), as_cspan(b9), as_span(a)), doctest::Contains("argument 'logp_old'"),
-                             octet::error);
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(b9), cfg, {}, as_span(st)),
-                             doctest::Contains("argument 'advantages'"), octet::error);
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg, {}, span<surrogate_stats>()),
-                             doctest::Contains("argument 'stats'"), octet::error);
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg, {{}, {}, as_span(b9)}, as_span(st)),
-                             doctest::Contains("argument 'out.grad'"), octet::error);
-        cfg.on_non_finite = non_finite_policy::raise;
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg, {}, as_span(st)),
-                             doctest::Contains("argument 'cfg.on_non_finite'"), octet::error);
-        cfg.on_non_finite = non_finite_policy::count;
-        cfg.aggregation = loss_aggregation::sequence_mean;
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg, {}, as_span(st)),
-                             doctest::Contains("argument 'sequence_offsets'"), octet::error);
-        std::vector<crossing_report> rep(2);
-        CHECK_THROWS_WITH_AS(threshold_crossings(on_stream(), as_cspan(a), as_cspan(a), as_cspan(b9), as_cspan(a), clip_range{}, clip_range{}, as_span(rep)),
+        CHECK_THROWS_WITH_AS(importance_ratios(on_stream(), as_cspan(a), as_cspan(b9), as_span(a)),
                              doctest::Contains("argument 'logp_old'"), octet::error);
-        CHECK_THROWS_WITH_AS(threshold_crossings(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), as_cspan(a), clip_range{}, clip_range{}, as_span(rep)),
+        CHECK_THROWS_WITH_AS(
+            clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(b9), cfg, {}, as_span(st)),
+            doctest::Contains("argument 'advantages'"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg, {}, span<surrogate_stats>()),
+            doctest::Contains("argument 'stats'"), octet::error);
+        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg,
+                                               {{}, {}, as_span(b9)}, as_span(st)),
+                             doctest::Contains("argument 'out.grad'"), octet::error);
+        cfg.on_nonfinite = token_nonfinite_policy::raise;
+        CHECK_THROWS_WITH_AS(
+            clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg, {}, as_span(st)),
+            doctest::Contains("argument 'cfg.on_nonfinite'"), octet::error);
+        cfg.on_nonfinite = token_nonfinite_policy::count;
+        cfg.aggregation = loss_aggregation::sequence_mean;
+        CHECK_THROWS_WITH_AS(
+            clipped_surrogate(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), cfg, {}, as_span(st)),
+            doctest::Contains("argument 'sequence_offsets'"), octet::error);
+        std::vector<crossing_report> rep(2);
+        CHECK_THROWS_WITH_AS(threshold_crossings(on_stream(), as_cspan(a), as_cspan(a), as_cspan(b9), as_cspan(a),
+                                                 clip_range{}, clip_range{}, as_span(rep)),
+                             doctest::Contains("argument 'logp_old'"), octet::error);
+        CHECK_THROWS_WITH_AS(threshold_crossings(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), as_cspan(a),
+                                                 clip_range{}, clip_range{}, as_span(rep)),
                              doctest::Contains("argument 'report' has 2 elements"), octet::error);
-        CHECK_THROWS_WITH_AS(threshold_crossings_from_ratios(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a), clip_range{2.0f, 1.0f}, clip_range{},
-                                                             as_span(rep)),
+        CHECK_THROWS_WITH_AS(threshold_crossings_from_ratios(on_stream(), as_cspan(a), as_cspan(a), as_cspan(a),
+                                                             clip_range{2.0f, 1.0f}, clip_range{}, as_span(rep)),
                              doctest::Contains("argument 'range'"), octet::error);
     }
 }
@@ -173,23 +186,27 @@ TEST_SUITE("gpu") {
             const batch b = random_batch(g, n);
             std::vector<std::int64_t> offsets{0};
             while (offsets.back() < static_cast<std::int64_t>(n))
-                offsets.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(n), offsets.back() + std::uniform_int_distribution<int>(0, 700)(g)));
+                offsets.push_back(std::min<std::int64_t>(
+                    static_cast<std::int64_t>(n), offsets.back() + std::uniform_int_distribution<int>(0, 700)(g)));
             octet::cuda::device_buffer<float> dn(b.logp_new), dold(b.logp_old), dadv(b.adv);
             octet::cuda::device_buffer<std::int64_t> doff(offsets);
             for (const clip_range range : {clip_range::symmetric(0.2f), clip_range::asymmetric(0.2f, 0.28f)})
-                for (loss_aggregation agg : {loss_aggregation::token_mean, loss_aggregation::sequence_mean, loss_aggregation::sum}) {
+                for (loss_aggregation agg :
+                     {loss_aggregation::token_mean, loss_aggregation::sequence_mean, loss_aggregation::sum}) {
                     INFO("n " << n << ", upper " << range.upper << ", aggregation " << static_cast<int>(agg));
                     surrogate_config cfg;
                     cfg.range = range;
                     cfg.aggregation = agg;
                     const bool by_seq = agg == loss_aggregation::sequence_mean;
                     std::vector<float> hr(n), ho(n), hg(n);
-                    const surrogate_stats hs = clipped_surrogate(on_host(), b.logp_new, b.logp_old, b.adv, cfg, {hr, ho, hg},
-                                                                 by_seq ? span<const std::int64_t>(offsets) : span<const std::int64_t>());
+                    const surrogate_stats hs =
+                        clipped_surrogate(on_host(), b.logp_new, b.logp_old, b.adv, cfg, {hr, ho, hg},
+                                          by_seq ? span<const std::int64_t>(offsets) : span<const std::int64_t>());
                     auto dr = poisoned<float>(n), dob = poisoned<float>(n), dg = poisoned<float>(n);
                     octet::cuda::device_buffer<surrogate_stats> dst(1);
                     dst.fill_bytes(0xFF);
-                    clipped_surrogate(on_stream(), dn.cview(), dold.cview(), dadv.cview(), cfg, {dr.view(), dob.view(), dg.view()}, dst.view(),
+                    clipped_surrogate(on_stream(), dn.cview(), dold.cview(), dadv.cview(), cfg,
+                                      {dr.view(), dob.view(), dg.view()}, dst.view(),
                                       by_seq ? doff.cview() : span<const std::int64_t>());
                     OCTET_CUDA_CHECK(cudaDeviceSynchronize());
                     const auto r = dr.download(), o = dob.download(), gr = dg.download();
@@ -213,11 +230,14 @@ TEST_SUITE("gpu") {
                     CHECK(ds.positive == hs.positive);
                     CHECK(std::llabs(static_cast<long long>(ds.below - hs.below)) <= static_cast<long long>(slack));
                     CHECK(std::llabs(static_cast<long long>(ds.above - hs.above)) <= static_cast<long long>(slack));
-                    CHECK(std::llabs(static_cast<long long>(ds.clipped_low - hs.clipped_low)) <= static_cast<long long>(slack));
-                    CHECK(std::llabs(static_cast<long long>(ds.clipped_high - hs.clipped_high)) <= static_cast<long long>(slack));
+                    CHECK(std::llabs(static_cast<long long>(ds.clipped_low - hs.clipped_low)) <=
+                          static_cast<long long>(slack));
+                    CHECK(std::llabs(static_cast<long long>(ds.clipped_high - hs.clipped_high)) <=
+                          static_cast<long long>(slack));
                     CHECK(ds.limited == hs.limited);
                     // double sums of the same terms in another order: relative 1e-12 of the sum of magnitudes
-                    CHECK(std::fabs(ds.objective - hs.objective) <= 1e-12 * (std::fabs(hs.objective) + 1.0) * (slack + 1));
+                    CHECK(std::fabs(ds.objective - hs.objective) <=
+                          1e-12 * (std::fabs(hs.objective) + 1.0) * (slack + 1));
                     CHECK(std::fabs(ds.ratio_sum - hs.ratio_sum) <= 1e-12 * hs.ratio_sum * (slack + 1) + 1e-6 * slack);
                 }
         }
@@ -225,16 +245,19 @@ TEST_SUITE("gpu") {
 
     TEST_CASE("threshold_crossings kernel equals the host path, from ratios and from log-probabilities") {
         auto g = octet_test::rng(504);
-        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{33}, std::size_t{1000003}, (std::size_t{1} << 24) + 5}) {
+        for (std::size_t n :
+             {std::size_t{0}, std::size_t{1}, std::size_t{33}, std::size_t{1000003}, (std::size_t{1} << 24) + 5}) {
             INFO("n " << n);
             const batch b = random_batch(g, n);
             const clip_range range = clip_range::asymmetric(0.2f, 0.28f), low_range{0.79f, 1.3f};
             octet::cuda::device_buffer<float> dlow(b.logp_low), dhigh(b.logp_new), dold(b.logp_old), dadv(b.adv);
             octet::cuda::device_buffer<crossing_report> drep(1);
             // from log-probabilities
-            const crossing_report h = threshold_crossings(on_host(), b.logp_low, b.logp_new, b.logp_old, b.adv, range, low_range);
+            const crossing_report h =
+                threshold_crossings(on_host(), b.logp_low, b.logp_new, b.logp_old, b.adv, range, low_range);
             drep.fill_bytes(0xFF);
-            threshold_crossings(on_stream(), dlow.cview(), dhigh.cview(), dold.cview(), dadv.cview(), range, low_range, drep.view());
+            threshold_crossings(on_stream(), dlow.cview(), dhigh.cview(), dold.cview(), dadv.cview(), range, low_range,
+                                drep.view());
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
             // ratios that differ by an ulp can change a count near a bound, one token each
             std::vector<float> hl(n), hh(n);
@@ -244,14 +267,16 @@ TEST_SUITE("gpu") {
             importance_ratios(on_stream(), dlow.cview(), dold.cview(), dl.view());
             importance_ratios(on_stream(), dhigh.cview(), dold.cview(), dh.view());
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::uint64_t slack = ratio_mismatches(dl.download(), hl).size() + ratio_mismatches(dh.download(), hh).size();
+            const std::uint64_t slack =
+                ratio_mismatches(dl.download(), hl).size() + ratio_mismatches(dh.download(), hh).size();
             check_crossings_equal(drep.download()[0], h, slack);
             CHECK(h.tokens() + h.non_finite == n);
             // from the host's ratios: exact
             octet::cuda::device_buffer<float> dhl(hl), dhh(hh);
             const crossing_report hr = threshold_crossings_from_ratios(on_host(), hl, hh, b.adv, range, low_range);
             drep.fill_bytes(0xFF);
-            threshold_crossings_from_ratios(on_stream(), dhl.cview(), dhh.cview(), dadv.cview(), range, low_range, drep.view());
+            threshold_crossings_from_ratios(on_stream(), dhl.cview(), dhh.cview(), dadv.cview(), range, low_range,
+                                            drep.view());
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
             check_crossings_equal(drep.download()[0], hr, 0);
             if (n > 1000) CHECK(hr.region_changed() > 0);
@@ -262,15 +287,18 @@ TEST_SUITE("gpu") {
         std::vector<float> a(16, -1.0f);
         octet::cuda::device_buffer<float> d(16);
         octet::cuda::device_buffer<surrogate_stats> st(1);
-        CHECK_THROWS_WITH_AS(importance_ratios(on_stream(), as_cspan(a), d.cview(), d.view()), doctest::Contains("argument 'logp_new' points to host memory"),
-                             octet::error);
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), d.cview(), d.cview(), as_cspan(a), surrogate_config{}, {}, st.view()),
-                             doctest::Contains("argument 'advantages' points to host memory"), octet::error);
+        CHECK_THROWS_WITH_AS(importance_ratios(on_stream(), as_cspan(a), d.cview(), d.view()),
+                             doctest::Contains("argument 'logp_new' points to host memory"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            clipped_surrogate(on_stream(), d.cview(), d.cview(), as_cspan(a), surrogate_config{}, {}, st.view()),
+            doctest::Contains("argument 'advantages' points to host memory"), octet::error);
         std::vector<surrogate_stats> hst(1);
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_stream(), d.cview(), d.cview(), d.cview(), surrogate_config{}, {}, as_span(hst)),
-                             doctest::Contains("argument 'stats' points to host memory"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            clipped_surrogate(on_stream(), d.cview(), d.cview(), d.cview(), surrogate_config{}, {}, as_span(hst)),
+            doctest::Contains("argument 'stats' points to host memory"), octet::error);
         std::vector<crossing_report> hrep(1);
-        CHECK_THROWS_WITH_AS(threshold_crossings(on_stream(), d.cview(), d.cview(), d.cview(), d.cview(), clip_range{}, clip_range{}, as_span(hrep)),
+        CHECK_THROWS_WITH_AS(threshold_crossings(on_stream(), d.cview(), d.cview(), d.cview(), d.cview(), clip_range{},
+                                                 clip_range{}, as_span(hrep)),
                              doctest::Contains("argument 'report' points to host memory"), octet::error);
     }
 }

@@ -22,7 +22,9 @@ std::vector<double> widen_bf16(const std::vector<bf16>& x) {
     for (std::size_t i = 0; i < x.size(); ++i) v[i] = to_float(x[i]);
     return v;
 }
-std::vector<double> widen_f(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+std::vector<double> widen_f(const std::vector<float>& x) {
+    return std::vector<double>(x.begin(), x.end());
+}
 
 template <int D>
 void check(bool causal, std::uint64_t salt) {
@@ -37,7 +39,9 @@ void check(bool causal, std::uint64_t salt) {
     const auto shape = p.shape();
     const auto q = to_bf16_vec(p.q), k = to_bf16_vec(p.k), v = to_bf16_vec(p.v), dout = to_bf16_vec(p.dout);
     const std::size_t qc = static_cast<std::size_t>(c.hq) * D, kc = static_cast<std::size_t>(c.hkv) * D;
-    const auto mq = [&](const std::vector<bf16>& x, std::size_t rows, std::size_t cols) { return matrix_ref<const bf16>(x.data(), rows, cols); };
+    const auto mq = [&](const std::vector<bf16>& x, std::size_t rows, std::size_t cols) {
+        return matrix_ref<const bf16>(x.data(), rows, cols);
+    };
     attention_options fo;
     fo.mask = causal ? attention_mask::causal : attention_mask::full;
     attention_backward_options bo;
@@ -45,11 +49,13 @@ void check(bool causal, std::uint64_t salt) {
     bo.delta = delta_mode::matched;
 
     // through the bf16 entry points
-    std::vector<float> o(p.tq * qc), lse(static_cast<std::size_t>(c.hq) * p.tq), dq(p.tq * qc), dk(p.tk * kc), dv(p.tk * kc);
-    attention_forward(on_host(), shape, mq(q, p.tq, qc), mq(k, p.tk, kc), mq(v, p.tk, kc), matrix_ref<float>(o.data(), p.tq, qc),
-                      as_span(lse), fo);
-    attention_backward(on_host(), shape, mq(q, p.tq, qc), mq(k, p.tk, kc), mq(v, p.tk, kc), matrix_ref<const float>(o.data(), p.tq, qc),
-                       as_cspan(lse), mq(dout, p.tq, qc), matrix_ref<float>(dq.data(), p.tq, qc), matrix_ref<float>(dk.data(), p.tk, kc),
+    std::vector<float> o(p.tq * qc), lse(static_cast<std::size_t>(c.hq) * p.tq), dq(p.tq * qc), dk(p.tk * kc),
+        dv(p.tk * kc);
+    attention_forward(on_host(), shape, mq(q, p.tq, qc), mq(k, p.tk, kc), mq(v, p.tk, kc),
+                      matrix_ref<float>(o.data(), p.tq, qc), as_span(lse), fo);
+    attention_backward(on_host(), shape, mq(q, p.tq, qc), mq(k, p.tk, kc), mq(v, p.tk, kc),
+                       matrix_ref<const float>(o.data(), p.tq, qc), as_cspan(lse), mq(dout, p.tq, qc),
+                       matrix_ref<float>(dq.data(), p.tq, qc), matrix_ref<float>(dk.data(), p.tk, kc),
                        matrix_ref<float>(dv.data(), p.tk, kc), bo);
 
     // by hand: quantize with the documented recipes, call the FP8 path
@@ -62,10 +68,11 @@ void check(bool causal, std::uint64_t salt) {
     quantize<typename R::v>(on_host(), mq(v, p.tk, kc), vq.ref());
     quantize<typename R::dout>(on_host(), mq(dout, p.tq, qc), dq8.ref());
     std::vector<float> o2(o.size()), lse2(lse.size()), dq2(dq.size()), dk2(dk.size()), dv2(dv.size());
-    attention_forward(on_host(), shape, qq.cref(), kq.cref(), vq.cref(), matrix_ref<float>(o2.data(), p.tq, qc), as_span(lse2), fo);
-    attention_backward(on_host(), shape, qq.cref(), kq.cref(), vq.cref(), matrix_ref<const float>(o2.data(), p.tq, qc), as_cspan(lse2),
-                       dq8.cref(), matrix_ref<float>(dq2.data(), p.tq, qc), matrix_ref<float>(dk2.data(), p.tk, kc),
-                       matrix_ref<float>(dv2.data(), p.tk, kc), bo);
+    attention_forward(on_host(), shape, qq.cref(), kq.cref(), vq.cref(), matrix_ref<float>(o2.data(), p.tq, qc),
+                      as_span(lse2), fo);
+    attention_backward(on_host(), shape, qq.cref(), kq.cref(), vq.cref(), matrix_ref<const float>(o2.data(), p.tq, qc),
+                       as_cspan(lse2), dq8.cref(), matrix_ref<float>(dq2.data(), p.tq, qc),
+                       matrix_ref<float>(dk2.data(), p.tk, kc), matrix_ref<float>(dv2.data(), p.tk, kc), bo);
     CHECK(o == o2);
     CHECK(dq == dq2);
     CHECK(dk == dk2);
@@ -80,7 +87,8 @@ void check(bool causal, std::uint64_t salt) {
         return widen_f(y);
     };
     const auto pr = p.reference_problem();
-    const auto rq = reference::attention(pr, deq(qq, p.tq, qc), deq(kq, p.tk, kc), deq(vq, p.tk, kc), deq(dq8, p.tq, qc));
+    const auto rq =
+        reference::attention(pr, deq(qq, p.tq, qc), deq(kq, p.tk, kc), deq(vq, p.tk, kc), deq(dq8, p.tq, qc));
     const auto r0 = reference::attention(pr, widen_bf16(q), widen_bf16(k), widen_bf16(v), widen_bf16(dout));
     using attention_test::rel_l2;
     INFO("D=" << D << " causal=" << causal);

@@ -21,9 +21,9 @@ struct config {
     std::vector<std::int32_t> lens_k;  ///< empty: same as lens_q
     int hq = 2, hkv = 1, d = 64;
     bool causal = false;
-    float q_std = 1.5f;     ///< query entries ~ N(0, q_std^2): sharper or flatter attention
-    float k_mean = 1.0f;    ///< keys share a mean direction of this norm per channel (as real keys do)
-    float scale = 0.0f;     ///< softmax scale (0: 1/sqrt(d))
+    float q_std = 1.5f;   ///< query entries ~ N(0, q_std^2): sharper or flatter attention
+    float k_mean = 1.0f;  ///< keys share a mean direction of this norm per channel (as real keys do)
+    float scale = 0.0f;   ///< softmax scale (0: 1/sqrt(d))
     std::uint64_t salt = 1;
 };
 
@@ -71,7 +71,8 @@ inline problem make_problem(const config& c) {
     p.tk = p.cu_k.back();
     auto g = octet_test::rng(c.salt);
     std::normal_distribution<float> n(0.0f, 1.0f);
-    const std::size_t nq = static_cast<std::size_t>(p.tq) * c.hq * c.d, nk = static_cast<std::size_t>(p.tk) * c.hkv * c.d;
+    const std::size_t nq = static_cast<std::size_t>(p.tq) * c.hq * c.d,
+                      nk = static_cast<std::size_t>(p.tk) * c.hkv * c.d;
     p.q.resize(nq);
     p.dout.resize(nq);
     p.k.resize(nk);
@@ -112,7 +113,8 @@ struct quantized {
     std::vector<double> qd, kd, vd, dd;
 
     template <class R>
-    static std::vector<double> quantize_one(const std::vector<float>& x, std::size_t rows, std::size_t cols, octet::quantized_tensor<R>& out) {
+    static std::vector<double> quantize_one(const std::vector<float>& x, std::size_t rows, std::size_t cols,
+                                            octet::quantized_tensor<R>& out) {
         out = octet::quantized_tensor<R>(rows, cols);
         octet::quantize<R>(octet::on_host(), octet::matrix_ref<const float>(x.data(), rows, cols), out.ref());
         std::vector<float> y(rows * cols);
@@ -120,7 +122,8 @@ struct quantized {
         return std::vector<double>(y.begin(), y.end());
     }
     explicit quantized(const problem& p) {
-        const std::size_t cq = static_cast<std::size_t>(p.cfg.hq) * p.cfg.d, ck = static_cast<std::size_t>(p.cfg.hkv) * p.cfg.d;
+        const std::size_t cq = static_cast<std::size_t>(p.cfg.hq) * p.cfg.d,
+                          ck = static_cast<std::size_t>(p.cfg.hkv) * p.cfg.d;
         qd = quantize_one(p.q, p.tq, cq, q);
         kd = quantize_one(p.k, p.tk, ck, k);
         vd = quantize_one(p.v, p.tk, ck, v);
@@ -128,7 +131,9 @@ struct quantized {
     }
 };
 
-inline std::vector<double> widen(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+inline std::vector<double> widen(const std::vector<float>& x) {
+    return std::vector<double>(x.begin(), x.end());
+}
 inline std::vector<double> widen(const std::vector<octet::bf16>& x) {
     std::vector<double> y(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) y[i] = octet::to_float(x[i]);

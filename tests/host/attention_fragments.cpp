@@ -30,7 +30,8 @@ std::vector<std::uint8_t> store_tile(const std::vector<std::uint8_t>& m, int row
     std::vector<std::uint8_t> s(static_cast<std::size_t>(rows) * RowBytes);
     for (int r = 0; r < rows; ++r)
         for (int ch = 0; ch < RowBytes / 16; ++ch)
-            for (int i = 0; i < 16; ++i) s[swz<RowBytes>(r, ch) + i] = m[static_cast<std::size_t>(r) * RowBytes + 16 * ch + i];
+            for (int i = 0; i < 16; ++i)
+                s[swz<RowBytes>(r, ch) + i] = m[static_cast<std::size_t>(r) * RowBytes + 16 * ch + i];
     return s;
 }
 
@@ -74,7 +75,9 @@ std::vector<std::uint8_t> random_codes(std::mt19937_64& g, std::size_t n) {
     for (auto& x : v) x = static_cast<std::uint8_t>(d(g) | (s(g) ? 0x80 : 0));
     return v;
 }
-double val(const std::vector<std::uint8_t>& m, int row, int cols, int col) { return decode<e4m3>(m[static_cast<std::size_t>(row) * cols + col]); }
+double val(const std::vector<std::uint8_t>& m, int row, int cols, int col) {
+    return decode<e4m3>(m[static_cast<std::size_t>(row) * cols + col]);
+}
 
 /// The kernels' transpose of a 64 x D tile into a D x 64 tile with permuted token groups.
 template <int D>
@@ -88,7 +91,8 @@ std::vector<std::uint8_t> transpose(const std::vector<std::uint8_t>& src) {
                         word(src, swz<D>(it.r0 + 8, chunk) + inner), word(src, swz<D>(it.r0 + 9, chunk) + inner), out,
                         [](std::uint32_t a, std::uint32_t b, std::uint32_t s) { return byte_perm_emulated(a, b, s); });
         for (int i = 0; i < 4; ++i)
-            for (int by = 0; by < 4; ++by) dst[swz<64>(it.col + i, it.gq) + 4 * it.t + by] = static_cast<std::uint8_t>(out[i] >> (8 * by));
+            for (int by = 0; by < 4; ++by)
+                dst[swz<64>(it.col + i, it.gq) + 4 * it.t + by] = static_cast<std::uint8_t>(out[i] >> (8 * by));
     }
     return dst;
 }
@@ -105,7 +109,8 @@ void check_tiles(std::uint64_t salt) {
     const auto sVt = transpose<D>(sV);
     std::size_t misplaced = 0;
     for (int j = 0; j < 64; ++j)
-        for (int c = 0; c < D; ++c) misplaced += sVt[swz<64>(c, j / 16) + perm_pos(j % 16)] != V[static_cast<std::size_t>(j) * D + c];
+        for (int c = 0; c < D; ++c)
+            misplaced += sVt[swz<64>(c, j / 16) + perm_pos(j % 16)] != V[static_cast<std::size_t>(j) * D + c];
     CHECK(misplaced == 0);
     std::vector<int> hits(static_cast<std::size_t>(D) * 64, 0);
     for (int w = 0; w < transpose_items<D>; ++w) {
@@ -123,12 +128,15 @@ void check_tiles(std::uint64_t salt) {
     for (int warp = 0; warp < 4; ++warp) {
         // S = Q K^T for rows 16 warp .. +15
         regs4 qa[D / 32];
-        for (int ks = 0; ks < D / 32; ++ks) ldsm<D>(sQ, [&](int L) { return a_address(L, 16 * warp, ks); }, qa[ks]);
+        for (int ks = 0; ks < D / 32; ++ks)
+            ldsm<D>(
+                sQ, [&](int L) { return a_address(L, 16 * warp, ks); }, qa[ks]);
         double s[8][32][4] = {};
         for (int ks = 0; ks < D / 32; ++ks)
             for (int np = 0; np < 4; ++np) {
                 regs4 r;
-                ldsm<D>(sK, [&](int L) { return b2_address(L, 16 * np, ks); }, r);
+                ldsm<D>(
+                    sK, [&](int L) { return b2_address(L, 16 * np, ks); }, r);
                 std::uint32_t b0[32][2], b1[32][2];
                 for (int L = 0; L < 32; ++L) {
                     b0[L][0] = r[L][0];
@@ -143,7 +151,8 @@ void check_tiles(std::uint64_t salt) {
             for (int n = 0; n < 8; ++n)
                 for (int x = 0; x < 4; ++x) {
                     double want = 0;
-                    for (int c = 0; c < D; ++c) want += val(Q, 16 * warp + c_row(L, x), D, c) * val(K, c_col(L, n, x), D, c);
+                    for (int c = 0; c < D; ++c)
+                        want += val(Q, 16 * warp + c_row(L, x), D, c) * val(K, c_col(L, n, x), D, c);
                     bad_s += s[n][L][x] != want;
                 }
 
@@ -167,7 +176,8 @@ void check_tiles(std::uint64_t salt) {
                 }
         for (int nd = 0; nd < D / 8; ++nd) {
             regs4 r;
-            ldsm<64>(sVt, [&](int L) { return bt_address(L, 8 * nd); }, r);
+            ldsm<64>(
+                sVt, [&](int L) { return bt_address(L, 8 * nd); }, r);
             std::uint32_t b[2][32][2];
             for (int L = 0; L < 32; ++L)
                 for (int ks = 0; ks < 2; ++ks) {
@@ -200,10 +210,13 @@ void check_tiles(std::uint64_t salt) {
     const auto sKt = transpose<D>(sK);
     for (int warp = 0; warp < 4; ++warp) {
         regs4 da[2];
-        for (int ks = 0; ks < 2; ++ks) ldsm<64>(sDS, [&](int L) { return a_address(L, 16 * warp, ks); }, da[ks]);
+        for (int ks = 0; ks < 2; ++ks)
+            ldsm<64>(
+                sDS, [&](int L) { return a_address(L, 16 * warp, ks); }, da[ks]);
         for (int nd = 0; nd < D / 8; ++nd) {
             regs4 r;
-            ldsm<64>(sKt, [&](int L) { return bt_address(L, 8 * nd); }, r);
+            ldsm<64>(
+                sKt, [&](int L) { return bt_address(L, 8 * nd); }, r);
             std::uint32_t b[2][32][2];
             for (int L = 0; L < 32; ++L)
                 for (int ks = 0; ks < 2; ++ks) {
@@ -227,7 +240,8 @@ void check_tiles(std::uint64_t salt) {
     CHECK(bad_dq == 0);
 }
 
-TEST_CASE("attention fragments: S = Q K^T, O = P V (P from S's fragments, V transposed) and dQ = dS K match plain products") {
+TEST_CASE(
+    "attention fragments: S = Q K^T, O = P V (P from S's fragments, V transposed) and dQ = dS K match plain products") {
     check_tiles<64>(61);
     check_tiles<128>(62);
 }
@@ -242,7 +256,8 @@ TEST_CASE("attention fragments: swizzles are bijections and 8-row ldmatrix reads
         for (int r0 = 0; r0 < 64; r0 += 8)
             for (int c = 0; c < chunks; ++c) {
                 int groups = 0;
-                for (int r = r0; r < r0 + 8; ++r) groups |= 1 << (((rb == 64 ? swz<64>(r, c) : swz<128>(r, c)) / 16) % 8);
+                for (int r = r0; r < r0 + 8; ++r)
+                    groups |= 1 << (((rb == 64 ? swz<64>(r, c) : swz<128>(r, c)) / 16) % 8);
                 CHECK(groups == 0xFF);
             }
     }

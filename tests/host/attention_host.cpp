@@ -23,11 +23,11 @@ using namespace octet;
 using namespace attention_test;
 
 template <std::size_t D>
-using per_token = recipe<e4m3, tile<1, D>, scale::amax_ratio<0>>;
+using per_token = recipe<e4m3, block<1, D>, scale::amax_ratio<0>>;
 template <std::size_t D>
 using per_head = recipe<e4m3, block<full, D>, scale::amax_ratio<0>>;
 template <std::size_t D>
-using per_token_pow2 = recipe<e4m3, tile<1, D>, scale::pow2_ceil, scale_storage::ue8m0>;
+using per_token_pow2 = recipe<e4m3, block<1, D>, scale::pow2_ceil, scale_storage::ue8m0>;
 
 // ---- exp2 ------------------------------------------------------------------------------------
 
@@ -49,13 +49,16 @@ TEST_CASE("attention exp2 rule: within 2 float ulps of 2^y, exact at 0, edges") 
     CHECK(attn::exp2(-127.0f) == 0.0f);
     CHECK(std::isnan(attn::exp2(NAN)));
     CHECK(attn::exp2(3.0f) == 8.0f);
-    // P scale: 1 maps to 256, exact; 2^-18 is the smallest P that survives (half the smallest subnormal rounds to even 0)
+    // P scale: 1 maps to 256, exact; 2^-18 is the smallest P that survives (half the smallest subnormal rounds to even
+    // 0)
     CHECK(decode<e4m3>(attn::encode_p(1.0f)) == 256.0f);
     CHECK(decode<e4m3>(attn::encode_p(std::ldexp(1.0f, -17))) == std::ldexp(1.0f, -9));
     CHECK(decode<e4m3>(attn::encode_p(std::ldexp(1.0f, -18))) == 0.0f);
 }
 
-TEST_CASE("attention P encoding equals encode_scaled bit for bit; dS encoding by a reciprocal differs from it by at most one code, rarely") {
+TEST_CASE(
+    "attention P encoding equals encode_scaled bit for bit; dS encoding by a reciprocal differs from it by at most one "
+    "code, rarely") {
     auto g = octet_test::rng(12);
     const auto x = octet_test::with_edge_cases(g, 100000, 3.0f, true);
     const auto amaxes = octet_test::log_uniform(g, 100000, -140.0f, 120.0f);
@@ -66,7 +69,9 @@ TEST_CASE("attention P encoding equals encode_scaled bit for bit; dS encoding by
         float amax = std::fabs(amaxes[i]);
         if (i % 1000 == 0) amax = 0.0f;
         const float s = attn::ds_scale(amax);
-        const float y = std::fabs(x[i]) <= amax || !std::isfinite(x[i]) ? x[i] : std::copysign(amax, x[i]);  // |y| <= amax, as in a tile
+        const float y = std::fabs(x[i]) <= amax || !std::isfinite(x[i])
+                            ? x[i]
+                            : std::copysign(amax, x[i]);  // |y| <= amax, as in a tile
         const std::uint8_t a = attn::encode_ds(y, attn::ds_inverse(s)), b = encode_scaled<attn::ds_recipe>(y, s);
         bad_ds += a != b;
         // one code apart: adjacent magnitudes with the same sign (E4M3 codes are monotone in magnitude)
@@ -119,14 +124,17 @@ TEST_CASE("float64 reference: gradients equal central finite differences, D equa
         check_grad(q, r.dq);
         check_grad(k, r.dk);
         check_grad(v, r.dv);
-        MESSAGE("reference vs finite differences (" << (causal ? std::string("causal") : std::string("full")) << "): max error " << worst << " of max |grad| " << scale);
+        MESSAGE("reference vs finite differences (" << (causal ? std::string("causal") : std::string("full"))
+                                                    << "): max error " << worst << " of max |grad| " << scale);
         CHECK(worst <= 1e-7 * scale);  // central differences with h = 1e-6: truncation ~1e-12, cancellation ~1e-10
         // D_i = sum_j P_ij dP_ij equals rowsum(dO_i * O_i) in exact arithmetic
         const int tq = p.tq, H = c.hq, d = c.d;
         for (int t = 0; t < tq; ++t)
             for (int hh = 0; hh < H; ++hh) {
                 double s = 0;
-                for (int e = 0; e < d; ++e) s += w[(static_cast<std::size_t>(t) * H + hh) * d + e] * r.o[(static_cast<std::size_t>(t) * H + hh) * d + e];
+                for (int e = 0; e < d; ++e)
+                    s += w[(static_cast<std::size_t>(t) * H + hh) * d + e] *
+                         r.o[(static_cast<std::size_t>(t) * H + hh) * d + e];
                 CHECK(r.delta[static_cast<std::size_t>(hh) * tq + t] == doctest::Approx(s).epsilon(1e-12).scale(1.0));
             }
     }
@@ -164,11 +172,13 @@ void check_against_reference(const config& c, const tolerances& tol, const char*
     const problem p = make_problem(c);
     quantized<QR, KR, VR, DR> qz(p);
     const auto shape = p.shape();
-    const std::size_t cq = static_cast<std::size_t>(c.hq) * c.d, ck = static_cast<std::size_t>(c.hkv) * c.d, R = static_cast<std::size_t>(c.hq) * p.tq;
+    const std::size_t cq = static_cast<std::size_t>(c.hq) * c.d, ck = static_cast<std::size_t>(c.hkv) * c.d,
+                      R = static_cast<std::size_t>(c.hq) * p.tq;
     const auto mask = c.causal ? attention_mask::causal : attention_mask::full;
     std::vector<OT> o(p.tq * cq);
     std::vector<float> lse(R);
-    attention_forward(on_host(), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<OT>(o.data(), p.tq, cq), span<float>(lse.data(), R), {mask});
+    attention_forward(on_host(), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<OT>(o.data(), p.tq, cq),
+                      span<float>(lse.data(), R), {mask});
     const auto pr = p.reference_problem();
     const auto rq = reference::attention(pr, qz.qd, qz.kd, qz.vd, qz.dd);
     const auto r0 = reference::attention(pr, widen(p.q), widen(p.k), widen(p.v), widen(p.dout));
@@ -190,15 +200,18 @@ void check_against_reference(const config& c, const tolerances& tol, const char*
         bo.mask = mask;
         bo.delta = mode;
         std::vector<GT> dq(p.tq * cq), dk(p.tk * ck), dv(p.tk * ck);
-        attention_backward(on_host(), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const OT>(o.data(), p.tq, cq),
-                           span<const float>(lse.data(), R), qz.dout.cref(), matrix_ref<GT>(dq.data(), p.tq, cq), matrix_ref<GT>(dk.data(), p.tk, ck),
+        attention_backward(on_host(), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                           matrix_ref<const OT>(o.data(), p.tq, cq), span<const float>(lse.data(), R), qz.dout.cref(),
+                           matrix_ref<GT>(dq.data(), p.tq, cq), matrix_ref<GT>(dk.data(), p.tk, ck),
                            matrix_ref<GT>(dv.data(), p.tk, ck), bo);
         const double e[3] = {rel_l2(widen(dq), rq.dq), rel_l2(widen(dk), rq.dk), rel_l2(widen(dv), rq.dv)};
         const double e0[3] = {rel_l2(widen(dq), r0.dq), rel_l2(widen(dk), r0.dk), rel_l2(widen(dv), r0.dv)};
         const double base[3] = {rel_l2(rq.dq, r0.dq), rel_l2(rq.dk, r0.dk), rel_l2(rq.dv, r0.dv)};
-        MESSAGE(name << (matched ? std::string(" matched    ") : std::string(" from_output")) << ": relL2 vs float64 (dequantized | original) O " << eo << " | " << eo0
-                     << ", dQ " << e[0] << " | " << e0[0] << ", dK " << e[1] << " | " << e0[1] << ", dV " << e[2] << " | " << e0[2]);
-        INFO((matched ? std::string("matched") : std::string("from_output")) << ": dQ " << e[0] << " dK " << e[1] << " dV " << e[2]);
+        MESSAGE(name << (matched ? std::string(" matched    ") : std::string(" from_output"))
+                     << ": relL2 vs float64 (dequantized | original) O " << eo << " | " << eo0 << ", dQ " << e[0]
+                     << " | " << e0[0] << ", dK " << e[1] << " | " << e0[1] << ", dV " << e[2] << " | " << e0[2]);
+        INFO((matched ? std::string("matched") : std::string("from_output"))
+             << ": dQ " << e[0] << " dK " << e[1] << " dV " << e[2]);
         if (matched) {
             CHECK(e[0] <= tol.dq);
             CHECK(e[1] <= tol.dk);
@@ -241,7 +254,8 @@ TEST_CASE("host path vs float64: head dim 128, causal, GQA 4:1, bf16 outputs") {
     c.d = 128;
     c.causal = true;
     c.salt = 32;
-    check_against_reference<per_token<128>, per_token<128>, per_token<128>, per_token<128>, bf16, bf16>(c, kPerTokenV, "d128 causal bf16");
+    check_against_reference<per_token<128>, per_token<128>, per_token<128>, per_token<128>, bf16, bf16>(
+        c, kPerTokenV, "d128 causal bf16");
 }
 
 TEST_CASE("host path vs float64: recipes (per head, E5M2 dO per tensor, UE8M0 powers of two, per tensor)") {
@@ -252,12 +266,14 @@ TEST_CASE("host path vs float64: recipes (per head, E5M2 dO per tensor, UE8M0 po
     c.d = 128;
     c.salt = 33;
     check_against_reference<per_head<128>>(c, kPerHeadV, "d128 per-head");
-    check_against_reference<per_head<128>, per_head<128>, per_head<128>, recipes::tensorwise_e5m2>(c, kPerHeadV, "d128 per-head, dO E5M2");
+    check_against_reference<per_head<128>, per_head<128>, per_head<128>, recipes::tensorwise_e5m2>(
+        c, kPerHeadV, "d128 per-head, dO E5M2");
     check_against_reference<per_token_pow2<128>>(c, kPerTokenV, "d128 per-token UE8M0");
     check_against_reference<recipes::tensorwise_e4m3>(c, kPerHeadV, "d128 per-tensor");
 }
 
-TEST_CASE("host path vs float64: causal with fewer keys than queries (rows that see no key) and a sequence without keys") {
+TEST_CASE(
+    "host path vs float64: causal with fewer keys than queries (rows that see no key) and a sequence without keys") {
     config c;
     c.lens_q = {50, 100, 7};
     c.lens_k = {120, 60, 0};
@@ -272,12 +288,13 @@ TEST_CASE("host path vs float64: causal with fewer keys than queries (rows that 
     quantized<per_token<64>> qz(p);
     const std::size_t cq = 2 * 64, R = 2 * static_cast<std::size_t>(p.tq);
     std::vector<float> o(p.tq * cq, 1.0f), lse(R), dq(p.tq * cq, 1.0f), dk(p.tk * 64), dv(p.tk * 64);
-    attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), R),
-                      {attention_mask::causal});
+    attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                      matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), R), {attention_mask::causal});
     attention_backward_options bo;
     bo.mask = attention_mask::causal;
-    attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>(o.data(), p.tq, cq),
-                       span<const float>(lse.data(), R), qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq), matrix_ref<float>(dk.data(), p.tk, 64),
+    attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                       matrix_ref<const float>(o.data(), p.tq, cq), span<const float>(lse.data(), R), qz.dout.cref(),
+                       matrix_ref<float>(dq.data(), p.tq, cq), matrix_ref<float>(dk.data(), p.tk, 64),
                        matrix_ref<float>(dv.data(), p.tk, 64), bo);
     int empty_rows = 0;
     for (int t = 0; t < p.tq; ++t) {
@@ -308,8 +325,8 @@ TEST_CASE("host path: a NaN code in a key row makes the rows that see it NaN, an
     quantized<per_token<64>> qz(p);
     qz.k.data()[static_cast<std::size_t>(25) * qz.k.layout().row_bytes + 3] = 0x7F;  // key 5 of sequence 1
     std::vector<float> o(p.tq * 64), lse(p.tq);
-    attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, 64), span<float>(lse.data(), p.tq),
-                      {attention_mask::causal});
+    attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                      matrix_ref<float>(o.data(), p.tq, 64), span<float>(lse.data(), p.tq), {attention_mask::causal});
     for (int t = 0; t < p.tq; ++t) {
         const bool sees = t >= 25;  // sequence 1, queries 5..19
         INFO("token " << t);
@@ -330,7 +347,8 @@ TEST_CASE("attention arguments: bad shapes, heads, offsets and scale grids throw
     const std::size_t cq = 4 * 64;
     std::vector<float> o(p.tq * cq), lse(4 * p.tq), dq(p.tq * cq), dk(p.tk * 128), dv(p.tk * 128);
     auto fwd = [&](const attention_shape& s) {
-        attention_forward(on_host(), s, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()));
+        attention_forward(on_host(), s, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq),
+                          span<float>(lse.data(), lse.size()));
     };
     CHECK_NOTHROW(fwd(p.shape()));
 
@@ -361,47 +379,86 @@ TEST_CASE("attention arguments: bad shapes, heads, offsets and scale grids throw
     // a scale grid too small for its data
     auto small = qz.k.cref();
     small.layout.scale_bytes = 4;
-    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), small, qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq),
-                                           span<float>(lse.data(), lse.size())),
+    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), small, qz.v.cref(),
+                                           matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size())),
                          doctest::Contains("argument 'k'"), octet::error);
     // scale blocks that split a head (MX's 1 x 32)
     quantized<recipes::mxfp8_e4m3> mx(p);
-    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), mx.q.cref(), mx.k.cref(), mx.v.cref(), matrix_ref<float>(o.data(), p.tq, cq),
-                                           span<float>(lse.data(), lse.size())),
+    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), mx.q.cref(), mx.k.cref(), mx.v.cref(),
+                                           matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size())),
                          doctest::Contains("split a head"), octet::error);
     // outputs
-    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq),
-                                           span<float>(lse.data(), lse.size() - 1)),
-                         doctest::Contains("argument 'lse'"), octet::error);
-    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq - 64),
-                                           span<float>(lse.data(), lse.size())),
-                         doctest::Contains("argument 'o'"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size() - 1)),
+        doctest::Contains("argument 'lse'"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq - 64), span<float>(lse.data(), lse.size())),
+        doctest::Contains("argument 'o'"), octet::error);
     attention_options bad_scale;
     bad_scale.softmax_scale = INFINITY;
-    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<float>(o.data(), p.tq, cq),
-                                           span<float>(lse.data(), lse.size()), bad_scale),
-                         doctest::Contains("argument 'options.softmax_scale'"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()), bad_scale),
+        doctest::Contains("argument 'options.softmax_scale'"), octet::error);
 
     // backward: from_output needs O; dK shape must follow heads_kv
     attention_backward_options bo;
     bo.delta = delta_mode::from_output;
-    CHECK_THROWS_WITH_AS(attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
-                                            span<const float>(lse.data(), lse.size()), qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
-                                            matrix_ref<float>(dk.data(), p.tk, 128), matrix_ref<float>(dv.data(), p.tk, 128), bo),
-                         doctest::Contains("argument 'o'"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
+                           span<const float>(lse.data(), lse.size()), qz.dout.cref(),
+                           matrix_ref<float>(dq.data(), p.tq, cq), matrix_ref<float>(dk.data(), p.tk, 128),
+                           matrix_ref<float>(dv.data(), p.tk, 128), bo),
+        doctest::Contains("argument 'o'"), octet::error);
     bo.delta = delta_mode::matched;
-    CHECK_NOTHROW(attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
-                                     span<const float>(lse.data(), lse.size()), qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
-                                     matrix_ref<float>(dk.data(), p.tk, 128), matrix_ref<float>(dv.data(), p.tk, 128), bo));
-    CHECK_THROWS_WITH_AS(attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
-                                            span<const float>(lse.data(), lse.size()), qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
-                                            matrix_ref<float>(dk.data(), p.tk, cq), matrix_ref<float>(dv.data(), p.tk, 128), bo),
-                         doctest::Contains("argument 'dk'"), octet::error);
+    CHECK_NOTHROW(attention_backward(
+        on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
+        span<const float>(lse.data(), lse.size()), qz.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
+        matrix_ref<float>(dk.data(), p.tk, 128), matrix_ref<float>(dv.data(), p.tk, 128), bo));
+    CHECK_THROWS_WITH_AS(
+        attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
+                           span<const float>(lse.data(), lse.size()), qz.dout.cref(),
+                           matrix_ref<float>(dq.data(), p.tq, cq), matrix_ref<float>(dk.data(), p.tk, cq),
+                           matrix_ref<float>(dv.data(), p.tk, 128), bo),
+        doctest::Contains("argument 'dk'"), octet::error);
     quantized<per_token<64>> other(make_problem(config{{10, 7}, {}, 4, 2, 64}));
-    CHECK_THROWS_WITH_AS(attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
-                                            span<const float>(lse.data(), lse.size()), other.dout.cref(), matrix_ref<float>(dq.data(), p.tq, cq),
-                                            matrix_ref<float>(dk.data(), p.tk, 128), matrix_ref<float>(dv.data(), p.tk, 128), bo),
-                         doctest::Contains("argument 'dout'"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
+                           span<const float>(lse.data(), lse.size()), other.dout.cref(),
+                           matrix_ref<float>(dq.data(), p.tq, cq), matrix_ref<float>(dk.data(), p.tk, 128),
+                           matrix_ref<float>(dv.data(), p.tk, 128), bo),
+        doctest::Contains("argument 'dout'"), octet::error);
+
+    // null outputs are named as null, before any ld is looked at
+    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                                           matrix_ref<float>(nullptr, p.tq, cq), span<float>(lse.data(), lse.size())),
+                         doctest::Contains("argument 'o' is null"), octet::error);
+    CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                                           matrix_ref<float>(o.data(), p.tq, cq), span<float>(nullptr, lse.size())),
+                         doctest::Contains("argument 'lse' is null"), octet::error);
+    auto bwd = [&](matrix_ref<const float> o_in, span<const float> l, float* dq_p, float* dk_p, float* dv_p) {
+        attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), o_in, l, qz.dout.cref(),
+                           matrix_ref<float>(dq_p, p.tq, cq), matrix_ref<float>(dk_p, p.tk, 128),
+                           matrix_ref<float>(dv_p, p.tk, 128), bo);
+    };
+    const span<const float> L(lse.data(), lse.size());
+    CHECK_THROWS_WITH_AS(bwd({}, L, nullptr, dk.data(), dv.data()), doctest::Contains("argument 'dq' is null"),
+                         octet::error);
+    CHECK_THROWS_WITH_AS(bwd({}, L, dq.data(), nullptr, dv.data()), doctest::Contains("argument 'dk' is null"),
+                         octet::error);
+    CHECK_THROWS_WITH_AS(bwd({}, L, dq.data(), dk.data(), nullptr), doctest::Contains("argument 'dv' is null"),
+                         octet::error);
+    CHECK_THROWS_WITH_AS(bwd({}, span<const float>(nullptr, lse.size()), dq.data(), dk.data(), dv.data()),
+                         doctest::Contains("argument 'lse' is null"), octet::error);
+    CHECK_THROWS_WITH_AS(bwd(matrix_ref<const float>(nullptr, p.tq, cq), L, dq.data(), dk.data(), dv.data()),
+                         doctest::Contains("argument 'o' is null"), octet::error);
+    // a real ld problem still says ld
+    CHECK_THROWS_WITH_AS(
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq, 64), span<float>(lse.data(), lse.size())),
+        doctest::Contains("argument 'o' has ld 64 below its 256 columns"), octet::error);
 }
 
 }  // namespace attention_host_test

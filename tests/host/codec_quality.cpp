@@ -37,10 +37,14 @@ using namespace octet;
 enum class data_kind { gaussian, student2, lognormal, low_rank };
 const char* kind_name(data_kind k) {
     switch (k) {
-        case data_kind::gaussian: return "gaussian";
-        case data_kind::student2: return "student-t(2)";
-        case data_kind::lognormal: return "lognormal(3)";
-        default: return "low-rank+outliers";
+        case data_kind::gaussian:
+            return "gaussian";
+        case data_kind::student2:
+            return "student-t(2)";
+        case data_kind::lognormal:
+            return "lognormal(3)";
+        default:
+            return "low-rank+outliers";
     }
 }
 
@@ -83,11 +87,13 @@ double norm(const std::vector<float>& v) {
 }
 double dist(const std::vector<float>& a, const std::vector<float>& b) {
     double s = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    for (std::size_t i = 0; i < a.size(); ++i)
+        s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
     return std::sqrt(s);
 }
 
-std::vector<float> roundtrip(const codec_config& cfg, const std::vector<float>& x, std::size_t* bytes = nullptr, residual_view fb = {}) {
+std::vector<float> roundtrip(const codec_config& cfg, const std::vector<float>& x, std::size_t* bytes = nullptr,
+                             residual_view fb = {}) {
     std::vector<std::uint8_t> msg(encoded_size(cfg, x.size()));
     encode_options o;
     o.feedback = fb;
@@ -141,7 +147,8 @@ TEST_CASE("codec: scales and codes equal the float64 reference quantizer, bit fo
                     CAPTURE(sb);
                     REQUIRE(ref.scale.size() == l.scale_count);
                     std::size_t scale_mismatch = 0, code_mismatch = 0;
-                    for (std::size_t k = 0; k < l.scale_count; ++k) scale_mismatch += stored_scale(msg, l, k) != ref.stored_scale[k];
+                    for (std::size_t k = 0; k < l.scale_count; ++k)
+                        scale_mismatch += stored_scale(msg, l, k) != ref.stored_scale[k];
                     for (std::size_t j = 0; j < l.coded; ++j) code_mismatch += code_at(msg, l, j) != ref.codes[j];
                     CHECK(scale_mismatch == 0);
                     CHECK(code_mismatch == 0);
@@ -175,9 +182,9 @@ TEST_CASE("codec: with the identity transform the codes equal octet::quantize's,
         CAPTURE(std::string(wire_format_name(f)));
         CHECK(bad == 0);
     };
-    check(wire_format::e4m3, 128, recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>>{});
-    check(wire_format::e4m3, 32, recipe<e4m3, tile<1, 32>, scale::amax_ratio<0>>{});
-    check(wire_format::e5m2, 128, recipe<e5m2, tile<1, 128>, scale::amax_ratio<0>>{});
+    check(wire_format::e4m3, 128, recipe<e4m3, block<1, 128>, scale::amax_ratio<0>>{});
+    check(wire_format::e4m3, 32, recipe<e4m3, block<1, 32>, scale::amax_ratio<0>>{});
+    check(wire_format::e5m2, 128, recipe<e5m2, block<1, 128>, scale::amax_ratio<0>>{});
     check(wire_format::mxfp8, 0, recipes::mxfp8_e4m3_ceil{});
     check(wire_format::nvfp4, 0, recipes::nvfp4{});
 }
@@ -185,8 +192,8 @@ TEST_CASE("codec: with the identity transform the codes equal octet::quantize's,
 TEST_CASE("codec: error against float64 within the stated bound; Hadamard against identity at equal bytes") {
     auto g = octet_test::rng(13);
     const std::size_t n = 1 << 16;  // a multiple of every block: equal bytes for both transforms
-    std::printf("\n%-7s %-18s %-9s %-9s %-10s %-8s %-9s %-8s %-6s\n", "format", "gradient", "transform", "rel.L2", "cosine", "worst128",
-                "small10%", "bound", "bits");
+    std::printf("\n%-7s %-18s %-9s %-9s %-10s %-8s %-9s %-8s %-6s\n", "format", "gradient", "transform", "rel.L2",
+                "cosine", "worst128", "small10%", "bound", "bits");
     for (const data_kind k : {data_kind::gaussian, data_kind::student2, data_kind::lognormal, data_kind::low_rank}) {
         const std::vector<float> x = make_gradient(g, n, k);
         for (const wire_format f : all_formats) {
@@ -202,8 +209,9 @@ TEST_CASE("codec: error against float64 within the stated bound; Hadamard agains
                 CAPTURE(std::string(kind_name(k)));
                 CAPTURE(std::string(transform_name(t)));
                 CHECK(dist(back, x) <= bound.of(norm(x)));
-                std::printf("%-7s %-18s %-9s %-9.5f %-10.7f %-8.4f %-9.4f %-8.4f %-6.3f\n", wire_format_name(f), kind_name(k), transform_name(t),
-                            m.relative_l2, m.cosine, m.worst_block, m.small_decile, bound.relative, m.bits_per_element);
+                std::printf("%-7s %-18s %-9s %-9.5f %-10.7f %-8.4f %-9.4f %-8.4f %-6.3f\n", wire_format_name(f),
+                            kind_name(k), transform_name(t), m.relative_l2, m.cosine, m.worst_block, m.small_decile,
+                            bound.relative, m.bits_per_element);
                 // Stochastic rounding: a wider bound (a whole step instead of half).
                 codec_config sr = cfg;
                 sr.stochastic = true;
@@ -225,7 +233,9 @@ TEST_CASE("codec: the 100-and-0.1 case") {
     auto small_error = [&](const std::vector<float>& y) {
         double e = 0, s = 0;
         for (std::size_t i = 0; i < n; ++i)
-            if (i % 16 != 5) e += (static_cast<double>(y[i]) - x[i]) * (static_cast<double>(y[i]) - x[i]), s += static_cast<double>(x[i]) * x[i];
+            if (i % 16 != 5)
+                e += (static_cast<double>(y[i]) - x[i]) * (static_cast<double>(y[i]) - x[i]),
+                    s += static_cast<double>(x[i]) * x[i];
         return std::sqrt(e / s);
     };
 
@@ -242,8 +252,8 @@ TEST_CASE("codec: the 100-and-0.1 case") {
         // 0.1s are not erased but drowned (error of the order of the value itself), in NVFP4 and E4M3.
         const std::vector<float> nvh = roundtrip({wire_format::nvfp4, transform_kind::hadamard, 256}, x);
         const std::vector<float> e4h = roundtrip({wire_format::e4m3, transform_kind::hadamard, 256, 16}, x);
-        MESSAGE("small components, one step: nvfp4 identity ", small_error(nv), ", nvfp4 hadamard ", small_error(nvh), ", e4m3 identity ",
-                small_error(e4), ", e4m3 hadamard ", small_error(e4h));
+        MESSAGE("small components, one step: nvfp4 identity ", small_error(nv), ", nvfp4 hadamard ", small_error(nvh),
+                ", e4m3 identity ", small_error(e4), ", e4m3 hadamard ", small_error(e4h));
         CHECK(small_error(nv) == 1.0);
         CHECK(small_error(e4) <= 0x1p-4);
     }
@@ -272,7 +282,8 @@ TEST_CASE("codec: the 100-and-0.1 case") {
             CHECK(std::sqrt(d) <= rounding);
             std::vector<float> mean(n);
             for (std::size_t i = 0; i < n; ++i) mean[i] = static_cast<float>(sum[i] / K);
-            MESSAGE("nvfp4 ", std::string(transform_name(t)), " with feedback: small components' error of the mean of ", K, " steps ", small_error(mean));
+            MESSAGE("nvfp4 ", std::string(transform_name(t)), " with feedback: small components' error of the mean of ",
+                    K, " steps ", small_error(mean));
         }
     }
     SUBCASE("stochastic rounding is unbiased") {
@@ -342,9 +353,12 @@ TEST_CASE("error feedback: residual storages round as documented") {
                 if (std::isfinite(v[j])) amax = std::max(amax, std::fabs(static_cast<double>(v[j])));
             const double err = std::fabs(static_cast<double>(back[i]) - v[i]);
             CAPTURE(std::string(residual_storage_name(s)));
-            if (s == residual_storage::f32) CHECK(err == 0.0);
-            else if (s == residual_storage::bf16) CHECK(err <= 0x1p-8 * std::fabs(v[i]));  // half of bf16's 2^-7 spacing
-            else CHECK(err <= 0x1p-4 * std::fabs(v[i]) + 0x1p-10 * amax / 448 * (1 + 1e-6));
+            if (s == residual_storage::f32)
+                CHECK(err == 0.0);
+            else if (s == residual_storage::bf16)
+                CHECK(err <= 0x1p-8 * std::fabs(v[i]));  // half of bf16's 2^-7 spacing
+            else
+                CHECK(err <= 0x1p-4 * std::fabs(v[i]) + 0x1p-10 * amax / 448 * (1 + 1e-6));
         }
     }
     error_feedback e4(300, residual_storage::e4m3);
@@ -355,5 +369,6 @@ TEST_CASE("error feedback: residual storages round as documented") {
     error_feedback wrong(11);
     encode_options o;
     o.feedback = wrong.view();
-    CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {}, x, msg, o), doctest::Contains("argument 'options.feedback'"), octet::error);
+    CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {}, x, msg, o), doctest::Contains("argument 'options.feedback'"),
+                         octet::error);
 }

@@ -61,7 +61,8 @@ TEST_CASE("hadamard: equals the float64 matrix definition; the inverse recovers 
             std::vector<float> y(L, std::numeric_limits<float>::quiet_NaN());
             transform_forward(on_host(), transform_kind::hadamard, x, y, B, seed, first);
             const std::vector<double> x64(x.begin(), x.end());
-            const std::vector<double> y64 = reference::transform_forward_f64(transform_kind::hadamard, x64, B, seed, first);
+            const std::vector<double> y64 =
+                reference::transform_forward_f64(transform_kind::hadamard, x64, B, seed, first);
             const int k = log2_exact(Be);
             const double nx = norm64(x64);
             CAPTURE(B);
@@ -77,7 +78,8 @@ TEST_CASE("hadamard: equals the float64 matrix definition; the inverse recovers 
             transform_inverse(on_host(), transform_kind::hadamard, y, back, B, seed, first);
             CHECK(dist(back, x64) <= 2 * (k + 2) * u * nx * 1.02);
             // The float64 inverse of the float64 forward is the identity (the definition is consistent).
-            const std::vector<double> back64 = reference::transform_inverse_f64(transform_kind::hadamard, y64, n, B, seed, first);
+            const std::vector<double> back64 =
+                reference::transform_inverse_f64(transform_kind::hadamard, y64, n, B, seed, first);
             double e = 0;
             for (std::size_t i = 0; i < n; ++i) e += (back64[i] - x64[i]) * (back64[i] - x64[i]);
             CHECK(std::sqrt(e) <= 1e-12 * nx);
@@ -116,7 +118,8 @@ TEST_CASE("hadamard: the transform matrix is orthogonal (checked in float64)") {
             col[i].assign(y.begin(), y.end());
             // Entry (j, i) is c * H[j][i] * d_i exactly (the sums of one +-1 are exact).
             const double c = static_cast<double>(hadamard_norm(log2_exact(B)));
-            for (std::uint32_t j = 0; j < B; ++j) CHECK(col[i][j] == c * reference::hadamard_entry(j, i) * reference::hadamard_sign(seed, i));
+            for (std::uint32_t j = 0; j < B; ++j)
+                CHECK(col[i][j] == c * reference::hadamard_entry(j, i) * reference::hadamard_sign(seed, i));
         }
         double worst = 0;
         for (std::uint32_t i = 0; i < B; ++i)
@@ -155,7 +158,8 @@ TEST_CASE("hadamard: large blocks against a float64 reference, ragged tails, ide
         std::vector<float> back(n);
         transform_inverse(on_host(), transform_kind::hadamard, y, back, B, 7, 0);
         double e = 0;
-        for (std::size_t i = 0; i < n; ++i) e += (back[i] - static_cast<double>(x[i])) * (back[i] - static_cast<double>(x[i]));
+        for (std::size_t i = 0; i < n; ++i)
+            e += (back[i] - static_cast<double>(x[i])) * (back[i] - static_cast<double>(x[i]));
         CHECK(std::sqrt(e) <= 2 * (log2_exact(B) + 2) * u * nx * 1.02);
     }
     // Short messages use a short block: 40 elements with B = 4096 transform in a block of 64.
@@ -180,7 +184,8 @@ TEST_CASE("hadamard: shards transform as the whole vector; thread count does not
     CHECK(whole == one);
     // Shard [3B, 7B) with first_index = 1000 + 3B gives the same coordinates bit for bit.
     std::vector<float> part(4 * B);
-    transform_forward(on_host(), transform_kind::hadamard, span<const float>(x.data() + 3 * B, 4 * B), part, B, 99, 1000 + 3 * B);
+    transform_forward(on_host(), transform_kind::hadamard, span<const float>(x.data() + 3 * B, 4 * B), part, B, 99,
+                      1000 + 3 * B);
     CHECK(std::equal(part.begin(), part.end(), whole.begin() + 3 * B));
     // A different seed is a different rotation.
     std::vector<float> other(whole.size());
@@ -198,11 +203,16 @@ TEST_CASE("hadamard: non-finite inputs poison their own block only; bad argument
     for (std::size_t i = B; i < 3 * B; ++i) CHECK_FALSE(std::isfinite(y[i]));
 
     std::vector<float> z(100);
-    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 1000, 0, 0), doctest::Contains("argument 'block'"), octet::error);
-    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 8, 0, 0), doctest::Contains("argument 'block'"), octet::error);
-    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 65536, 0, 0), doctest::Contains("argument 'block'"), octet::error);
-    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 64, 0, 0), doctest::Contains("argument 'y'"), octet::error);
-    CHECK_THROWS_WITH_AS(transform_inverse(on_host(), transform_kind::hadamard, z, x, 64, 0, 0), doctest::Contains("argument 'y'"), octet::error);
-    CHECK_THROWS_WITH_AS(transform_forward(on_host(), static_cast<transform_kind>(7), x, z, 64, 0, 0), doctest::Contains("argument 'kind'"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 1000, 0, 0),
+                         doctest::Contains("argument 'block'"), octet::error);
+    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 8, 0, 0),
+                         doctest::Contains("argument 'block'"), octet::error);
+    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 65536, 0, 0),
+                         doctest::Contains("argument 'block'"), octet::error);
+    CHECK_THROWS_WITH_AS(transform_forward(on_host(), transform_kind::hadamard, x, z, 64, 0, 0),
+                         doctest::Contains("argument 'y'"), octet::error);
+    CHECK_THROWS_WITH_AS(transform_inverse(on_host(), transform_kind::hadamard, z, x, 64, 0, 0),
+                         doctest::Contains("argument 'y'"), octet::error);
+    CHECK_THROWS_WITH_AS(transform_forward(on_host(), static_cast<transform_kind>(7), x, z, 64, 0, 0),
+                         doctest::Contains("argument 'kind'"), octet::error);
 }

@@ -25,7 +25,8 @@
 namespace {
 using namespace octet;
 
-std::vector<std::uint8_t> make_message(const codec_config& cfg, std::size_t n, std::mt19937_64& g, std::uint64_t first = 0) {
+std::vector<std::uint8_t> make_message(const codec_config& cfg, std::size_t n, std::mt19937_64& g,
+                                       std::uint64_t first = 0) {
     std::vector<float> x(n);
     std::normal_distribution<float> d(0.0f, 1.0f);
     for (auto& v : x) v = d(g);
@@ -99,7 +100,8 @@ TEST_CASE("wire: header fields and layout") {
     CHECK(encoded_size(id, 0) == 64);
     // Sections are 16-byte multiples for every format and size.
     for (const wire_format f : {wire_format::e4m3, wire_format::e5m2, wire_format::mxfp8, wire_format::nvfp4})
-        for (std::size_t n = 0; n < 200; n += 13) CHECK(encoded_size({f, transform_kind::identity, 16, 0, 0}, n) % 16 == 0);
+        for (std::size_t n = 0; n < 200; n += 13)
+            CHECK(encoded_size({f, transform_kind::identity, 16, 0, 0}, n) % 16 == 0);
 }
 
 TEST_CASE("wire: truncated, overlong and bit-flipped messages raise octet::error") {
@@ -147,7 +149,8 @@ TEST_CASE("wire: each invalid field is rejected with its own message") {
     has(error_after(e4, [](auto& m) { m[9] = 2; }), "unknown transform");
     has(error_after(e4, [](auto& m) { m[10] = 3; }), "Hadamard block of 2^3");
     has(error_after(e4, [](auto& m) { m[10] = 16; }), "Hadamard block of 2^16");
-    has(error_after(e4, [](auto& m) { m[10] = 12; }), "Hadamard block of 4096 for 200 elements");  // not the effective block
+    has(error_after(e4, [](auto& m) { m[10] = 12; }),
+        "Hadamard block of 4096 for 200 elements");  // not the effective block
     has(error_after(mx, [](auto& m) { m[10] = 5; }), "block size with the identity transform");
     has(error_after(e4, [](auto& m) { m[11] = 3; }), "scale block of 2^3");
     has(error_after(mx, [](auto& m) { m[11] = 4; }), "must be 32");
@@ -155,10 +158,13 @@ TEST_CASE("wire: each invalid field is rejected with its own message") {
     has(error_after(e4, [](auto& m) { m[44] = 1; }), "reserved");
     has(error_after(e4, [](auto& m) { put64(m, 32, (std::uint64_t{1} << 40) + 1); }), "at most 2^40");
     has(error_after(e4, [](auto& m) { put64(m, 32, ~std::uint64_t{0}); }), "at most 2^40");
-    has(error_after(e4, [](auto& m) { put64(m, 32, std::uint64_t{1} << 40); }), "total size field");  // huge but valid count
-    has(error_after(e4, [](auto& m) { put64(m, 32, 100); }), "total size field");  // (199 would be valid: same coded length)
+    has(error_after(e4, [](auto& m) { put64(m, 32, std::uint64_t{1} << 40); }),
+        "total size field");  // huge but valid count
+    has(error_after(e4, [](auto& m) { put64(m, 32, 100); }),
+        "total size field");  // (199 would be valid: same coded length)
     has(error_after(e4, [](auto& m) { put64(m, 48, 1); }), "total size field");
-    has(error_after(e4, [](auto& m) { put64(m, 24, ~std::uint64_t{0} - 9); }), "first index");  // found by the fuzzer: indices wrapped
+    has(error_after(e4, [](auto& m) { put64(m, 24, ~std::uint64_t{0} - 9); }),
+        "first index");  // found by the fuzzer: indices wrapped
     has(error_after(e4, [](auto& m) { put64(m, 24, (std::uint64_t{1} << 62) - 255); }), "first index");
     has(error_after(e4, [](auto& m) { put32(m, 40, 0x40000000u); }), "tensor scale other than 1");
     has(error_after(nv, [](auto& m) { put32(m, 40, 0x7FC00000u); }), "NVFP4 tensor scale");
@@ -173,7 +179,8 @@ TEST_CASE("wire: each invalid field is rejected with its own message") {
         wire_layout l;
         read_wire_header(e4, &l);
         has(error_after(e4, [&](auto& m) { m[l.scales_offset + l.scale_count * 4] = 1; }), "padding after its scales");
-        has(error_after(mx, [&](auto& m) { m[m.size() - 1] = 1; }), "padding after its payload");  // 200 codes padded to 208
+        has(error_after(mx, [&](auto& m) { m[m.size() - 1] = 1; }),
+            "padding after its payload");  // 200 codes padded to 208
         read_wire_header(nv, &l);
         CHECK(l.coded % 2 == 1);
         has(error_after(nv, [&](auto& m) { m[l.payload_offset + l.coded / 2] |= 0x30; }), "padding nibble");
@@ -186,19 +193,20 @@ TEST_CASE("wire: each invalid field is rejected with its own message") {
     std::vector<std::uint8_t> small(10);
     CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {}, x, small), doctest::Contains("argument 'out'"), octet::error);
     std::vector<std::uint8_t> ok(encoded_size({}, 200));
-    CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {wire_format::e4m3, transform_kind::hadamard, 100}, x, ok), doctest::Contains("argument 'config.block'"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {wire_format::e4m3, transform_kind::hadamard, 100}, x, ok),
+                         doctest::Contains("argument 'config.block'"), octet::error);
     CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {wire_format::mxfp8, transform_kind::identity, 64, 16}, x, ok),
                          doctest::Contains("argument 'config.scale_block'"), octet::error);
     CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {wire_format::e4m3, transform_kind::identity, 64, 24}, x, ok),
                          doctest::Contains("argument 'config.scale_block'"), octet::error);
-    CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {static_cast<wire_format>(9)}, x, ok), doctest::Contains("argument 'config.format'"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(encode_gradient(on_host(), {static_cast<wire_format>(9)}, x, ok),
+                         doctest::Contains("argument 'config.format'"), octet::error);
 }
 
 TEST_CASE("wire: random buffers never decode by accident") {
     auto g = octet_test::rng(24);
-    const std::vector<std::uint8_t> valid = make_message({wire_format::mxfp8, transform_kind::hadamard, 32, 0, 1}, 64, g);
+    const std::vector<std::uint8_t> valid =
+        make_message({wire_format::mxfp8, transform_kind::hadamard, 32, 0, 1}, 64, g);
     std::size_t accepted = 0;
     for (int trial = 0; trial < 20000; ++trial) {
         std::vector<std::uint8_t> m(g() % 2 ? valid.size() : 16 * (g() % 40));
@@ -210,11 +218,75 @@ TEST_CASE("wire: random buffers never decode by accident") {
             if (m.size() % 8 == 0) seal_wire_message(m);
         }
         const std::string e = decode_error(m);
-        if (e.empty()) ++accepted;
-        else CHECK(e.find("argument 'message'") != std::string::npos);
+        if (e.empty())
+            ++accepted;
+        else
+            CHECK(e.find("argument 'message'") != std::string::npos);
     }
     // A random payload with a copied header and a resealed checksum can be a valid message (any
     // code is a value); nothing else can. Those decode without reading out of bounds.
     MESSAGE("random buffers accepted as valid messages: ", accepted, " of 20000");
     CHECK(accepted < 20000 / 4 + 1);
+}
+
+TEST_CASE("wire: non-finite payload codes are counted and reported, not hidden") {
+    auto g = octet_test::rng(0x4E46);
+    // the classifier against the formats' own decode (all 256 codes)
+    for (int c = 0; c < 256; ++c) {
+        const auto code = static_cast<std::uint8_t>(c);
+        CHECK(detail::non_finite_code(wire_format::e4m3, code) == !std::isfinite(decode<e4m3>(code)));
+        CHECK(detail::non_finite_code(wire_format::mxfp8, code) == !std::isfinite(decode<e4m3>(code)));
+        CHECK(detail::non_finite_code(wire_format::e5m2, code) == !std::isfinite(decode<e5m2>(code)));
+        CHECK_FALSE(detail::non_finite_code(wire_format::nvfp4, code));
+    }
+    for (wire_format f : {wire_format::e4m3, wire_format::e5m2, wire_format::mxfp8}) {
+        for (transform_kind t : {transform_kind::identity, transform_kind::hadamard}) {
+            INFO(wire_format_name(f) << (t == transform_kind::hadamard ? " hadamard" : " identity"));
+            const codec_config cfg{f, t, 64};
+            const std::size_t n = 300;
+            auto m = make_message(cfg, n, g);
+            wire_layout l;
+            CHECK(read_wire_header(m, &l).non_finite_codes == 0);
+            // a crafted message: valid checksums and scales, NaN codes at coordinates 5 and 200 (and an
+            // E5M2 infinity at 7), resealed so that only the codes are unusual
+            const std::uint8_t nan_code = f == wire_format::e5m2 ? 0x7E : 0x7F;
+            m[l.payload_offset + 5] = nan_code;
+            m[l.payload_offset + 200] = static_cast<std::uint8_t>(nan_code | 0x80);
+            std::uint64_t expected = 2;
+            if (f == wire_format::e5m2) {
+                m[l.payload_offset + 7] = 0xFC;  // -Inf
+                expected = 3;
+            }
+            seal_wire_message(m);
+            const wire_header h = read_wire_header(m);
+            CHECK(h.non_finite_codes == expected);
+            std::vector<float> out(n);
+            const wire_header hd = decode_gradient(on_host(), m, out);
+            CHECK(hd.non_finite_codes == expected);  // decode reports it too
+            std::size_t bad = 0;
+            for (float v : out) bad += std::isfinite(v) ? 0 : 1;
+            if (t == transform_kind::identity) {
+                CHECK(std::isnan(out[5]));
+                CHECK(std::isnan(out[200]));
+                CHECK(bad == expected);
+            } else {
+                CHECK(bad >= 2 * 64);  // Hadamard spreads each one over its block of 64
+            }
+            std::vector<float> y(l.coded);
+            CHECK(decode_gradient_transformed(on_host(), m, y).non_finite_codes == expected);
+        }
+    }
+    // the encoder writes a NaN code for a NaN input, and the count says so
+    {
+        const codec_config cfg{wire_format::e4m3, transform_kind::identity, 64};
+        std::vector<float> x(256, 0.5f);
+        x[17] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<std::uint8_t> m(encoded_size(cfg, x.size()));
+        encode_gradient(on_host(), cfg, x, m);
+        CHECK(read_wire_header(m).non_finite_codes == 1);
+    }
+    // NVFP4 has no non-finite codes: every message counts 0
+    const codec_config fp4{wire_format::nvfp4, transform_kind::identity, 64};
+    const auto m4 = make_message(fp4, 100, g);
+    CHECK(read_wire_header(m4).non_finite_codes == 0);
 }

@@ -25,10 +25,10 @@ using octet_test::ref_kind;
 
 namespace {
 
-using e3m4 = float_format<3, 4>;                               // custom IEEE-like, bias 3, with Inf
-using e4m3_b11 = float_format<4, 3, 11, specials::nan_only>;   // E4M3 with bias 11
+using e3m4 = float_format<3, 4>;                                 // custom IEEE-like, bias 3, with Inf
+using e4m3_b11 = float_format<4, 3, 11, specials::nan_only>;     // E4M3 with bias 11
 using ue4m4 = float_format<4, 4, 7, specials::nan_only, false>;  // custom unsigned 8-bit
-using e3m0 = float_format<3, 0, 3, specials::finite>;          // custom mantissa-free, all finite
+using e3m0 = float_format<3, 0, 3, specials::finite>;            // custom mantissa-free, all finite
 
 /// Inputs that probe every rounding interval of Fmt: both neighbours, the midpoint and its float
 /// neighbours, one float ulp inside each end, random interior points; then the regions below
@@ -45,8 +45,8 @@ std::vector<float> dense_points(std::mt19937_64& g) {
     for (std::size_t i = 0; i + 1 < vals.size(); ++i) {
         const float lo = static_cast<float>(vals[i]), hi = static_cast<float>(vals[i + 1]);
         const float mid = static_cast<float>((vals[i] + vals[i + 1]) / 2);
-        for (float p : {lo, hi, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY), std::nextafter(lo, INFINITY),
-                        std::nextafter(hi, 0.0f)})
+        for (float p : {lo, hi, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY),
+                        std::nextafter(lo, INFINITY), std::nextafter(hi, 0.0f)})
             pts.push_back(p);
         for (int k = 0; k < 6; ++k) pts.push_back(static_cast<float>(vals[i] + u(g) * (vals[i + 1] - vals[i])));
     }
@@ -76,11 +76,12 @@ void check_encode_against_reference(const std::vector<float>& inputs, const char
         const std::uint32_t expected = octet_test::reference_encode<Fmt, Round, Overflow>(x);
         const std::uint32_t got = encode<Fmt, Round, Overflow>(x);
         if (got != expected && mismatches++ < 5)
-            FAIL_CHECK(format_name<Fmt>() << " " << rounding_name<Round>() << " " << what << ": x=" << x << " (bits 0x" << std::hex
-                                          << float_to_bits(x) << ") got 0x" << got << " expected 0x" << expected);
+            FAIL_CHECK(format_name<Fmt>()
+                       << " " << rounding_name<Round>() << " " << what << ": x=" << x << " (bits 0x" << std::hex
+                       << float_to_bits(x) << ") got 0x" << got << " expected 0x" << expected);
     }
-    CHECK_MESSAGE(mismatches == 0, format_name<Fmt>() << " " << rounding_name<Round>() << " " << what << ": " << mismatches
-                                                      << " mismatches of " << inputs.size());
+    CHECK_MESSAGE(mismatches == 0, format_name<Fmt>() << " " << rounding_name<Round>() << " " << what << ": "
+                                                      << mismatches << " mismatches of " << inputs.size());
 }
 
 template <class Fmt, class Overflow>
@@ -94,7 +95,8 @@ void check_all_deterministic_modes(const std::vector<float>& inputs, const char*
 template <class Fmt>
 void check_all_modes(const std::vector<float>& inputs, const char* what) {
     check_all_deterministic_modes<Fmt, overflow::saturate>(inputs, what);
-    if constexpr (Fmt::has_nan || Fmt::has_inf) check_all_deterministic_modes<Fmt, overflow::to_nonfinite>(inputs, what);
+    if constexpr (Fmt::has_nan || Fmt::has_inf)
+        check_all_deterministic_modes<Fmt, overflow::to_nonfinite>(inputs, what);
 }
 
 std::vector<float> all_bf16_and_fp16() {
@@ -153,9 +155,17 @@ TEST_CASE_TEMPLATE("decode matches the field definition for every code", Fmt, OC
         const float got = decode<Fmt>(static_cast<std::uint8_t>(c));
         INFO("code 0x" << std::hex << c);
         switch (r.kind) {
-            case ref_kind::nan: CHECK(float_to_bits(got) == 0x7FFFFFFFu); CHECK(is_nan_code<Fmt>(static_cast<std::uint8_t>(c))); break;
-            case ref_kind::pos_inf: CHECK(got == INFINITY); CHECK(is_inf_code<Fmt>(static_cast<std::uint8_t>(c))); break;
-            case ref_kind::neg_inf: CHECK(got == -INFINITY); break;
+            case ref_kind::nan:
+                CHECK(float_to_bits(got) == 0x7FFFFFFFu);
+                CHECK(is_nan_code<Fmt>(static_cast<std::uint8_t>(c)));
+                break;
+            case ref_kind::pos_inf:
+                CHECK(got == INFINITY);
+                CHECK(is_inf_code<Fmt>(static_cast<std::uint8_t>(c)));
+                break;
+            case ref_kind::neg_inf:
+                CHECK(got == -INFINITY);
+                break;
             case ref_kind::finite:
                 CHECK(static_cast<double>(got) == r.value);
                 CHECK(std::signbit(got) == std::signbit(r.value));
@@ -179,7 +189,8 @@ TEST_CASE_TEMPLATE("encode(decode(c)) == c for every finite code", Fmt, OCTET_AL
     }
 }
 
-TEST_CASE_TEMPLATE("encode matches the float64 oracle on dense points, all roundings and overflows", Fmt, OCTET_ALL_FORMATS) {
+TEST_CASE_TEMPLATE("encode matches the float64 oracle on dense points, all roundings and overflows", Fmt,
+                   OCTET_ALL_FORMATS) {
     auto g = octet_test::rng(1);
     check_all_modes<Fmt>(dense_points<Fmt>(g), "dense");
 }
@@ -220,7 +231,8 @@ TEST_CASE("bf16 and fp16 storage conversions against double rounding") {
             CHECK((m == 0 ? std::isinf(f) : std::isnan(f)));
             continue;
         }
-        const double mag = e == 0 ? std::ldexp(static_cast<double>(m), -24) : std::ldexp(1.0 + m / 1024.0, static_cast<int>(e) - 15);
+        const double mag =
+            e == 0 ? std::ldexp(static_cast<double>(m), -24) : std::ldexp(1.0 + m / 1024.0, static_cast<int>(e) - 15);
         CHECK(static_cast<double>(f) == ((b & 0x8000u) ? -mag : mag));
         CHECK(to_fp16(f).bits == b);  // round trip
     }
@@ -238,7 +250,8 @@ TEST_CASE("bf16 and fp16 storage conversions against double rounding") {
         const std::uint32_t u = float_to_bits(x);
         const float lo = bits_to_float(u & 0xFFFF0000u), hi = bits_to_float((u & 0xFFFF0000u) + 0x10000u);
         // beyond the largest bf16 the upper neighbour is 2^128 of an unbounded exponent (it rounds to Inf)
-        const double hi_d = std::isinf(hi) ? std::copysign(std::ldexp(1.0, 128), static_cast<double>(x)) : static_cast<double>(hi);
+        const double hi_d =
+            std::isinf(hi) ? std::copysign(std::ldexp(1.0, 128), static_cast<double>(x)) : static_cast<double>(hi);
         const double dl = std::fabs(static_cast<double>(x) - lo), dh = std::fabs(hi_d - x);
         const float expected = dl < dh ? lo : dh < dl ? hi : (((u >> 16) & 1u) ? hi : lo);
         CHECK(float_to_bits(to_float(to_bf16(x))) == float_to_bits(expected));
@@ -249,7 +262,8 @@ TEST_CASE("bf16 and fp16 storage conversions against double rounding") {
             const float dn = to_float(fp16{static_cast<std::uint16_t>(to_fp16(x).bits - 1)});
             const double dh2 = std::fabs(static_cast<double>(h) - x);
             if (std::isfinite(up)) CHECK(dh2 <= std::fabs(static_cast<double>(up) - x));
-            if (std::isfinite(dn) && (to_fp16(x).bits & 0x7FFFu) != 0) CHECK(dh2 <= std::fabs(static_cast<double>(dn) - x));
+            if (std::isfinite(dn) && (to_fp16(x).bits & 0x7FFFu) != 0)
+                CHECK(dh2 <= std::fabs(static_cast<double>(dn) - x));
         }
     }
 }
@@ -353,12 +367,14 @@ TEST_CASE("Philox4x32-10 known-answer vectors (Random123 kat_vectors)") {
     CHECK(a.v[1] == 0xe169c58du);
     CHECK(a.v[2] == 0xbc57ac4cu);
     CHECK(a.v[3] == 0x9b00dbd8u);
-    const philox4 b = philox4x32_10(philox4{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+    const philox4 b =
+        philox4x32_10(philox4{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
     CHECK(b.v[0] == 0x408f276du);
     CHECK(b.v[1] == 0x41c83b0eu);
     CHECK(b.v[2] == 0xa20bc7c6u);
     CHECK(b.v[3] == 0x6d5451fdu);
-    const philox4 c = philox4x32_10(philox4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+    const philox4 c =
+        philox4x32_10(philox4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
     CHECK(c.v[0] == 0xd16cfe09u);
     CHECK(c.v[1] == 0x94fdccebu);
     CHECK(c.v[2] == 0x5001e420u);
@@ -383,7 +399,8 @@ TEST_CASE("encode_array and decode_array on the host: any thread count gives the
     CHECK(one == scalar);
     std::vector<float> back(x.size());
     decode_array<e4m3>(on_host(), as_cspan(one), as_span(back));
-    for (std::size_t i = 0; i < x.size(); i += 997) CHECK(float_to_bits(back[i]) == float_to_bits(decode<e4m3>(one[i])));
+    for (std::size_t i = 0; i < x.size(); i += 997)
+        CHECK(float_to_bits(back[i]) == float_to_bits(decode<e4m3>(one[i])));
 
     std::vector<std::uint8_t> short_out(10);
     CHECK_THROWS_AS(encode_array<e4m3>(on_host(), as_cspan(x), as_span(short_out)), octet::error);

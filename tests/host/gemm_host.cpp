@@ -12,8 +12,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "octet/gemm/scaled_gemm.hpp"
@@ -23,7 +23,7 @@
 namespace gemm_host_test {
 using namespace octet;
 
-using e5m2_1x128 = recipe<e5m2, tile<1, 128>, scale::amax_ratio<0>>;
+using e5m2_1x128 = recipe<e5m2, block<1, 128>, scale::amax_ratio<0>>;
 using e5m2_rowwise = recipe<e5m2, per_row, scale::amax_ratio<0>>;
 
 template <class R>
@@ -35,8 +35,10 @@ quantized_tensor<R> quantized(const std::vector<float>& x, std::size_t rows, std
 
 template <class T>
 double as_double(T v) {
-    if constexpr (std::is_same_v<T, float>) return v;
-    else return to_float(v);
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else
+        return to_float(v);
 }
 
 struct worst_ratio {
@@ -46,10 +48,11 @@ struct worst_ratio {
 
 /// Runs the host backend on fresh random operands and checks every element against the reference.
 template <class RA, class RB, class DT = float>
-void check_pair(std::size_t M, std::size_t N, std::size_t K, std::uint64_t salt, worst_ratio& worst, gemm_options opt = {},
-                bool with_c = false, layout d_layout = layout::row_major, int threads = 0) {
-    INFO("A: " << recipe_description<RA>() << ", B: " << recipe_description<RB>() << ", M=" << M << " N=" << N << " K=" << K
-               << " P=" << opt.promotion_interval << " seed=" << octet_test::run_seed());
+void check_pair(std::size_t M, std::size_t N, std::size_t K, std::uint64_t salt, worst_ratio& worst,
+                gemm_options opt = {}, bool with_c = false, storage_order d_layout = storage_order::row_major,
+                int threads = 0) {
+    INFO("A: " << recipe_description<RA>() << ", B: " << recipe_description<RB>() << ", M=" << M << " N=" << N
+               << " K=" << K << " P=" << opt.promotion_interval << " seed=" << octet_test::run_seed());
     auto g = octet_test::rng(salt);
     const auto xa = octet_test::with_edge_cases(g, M * K, 2.0f);
     const auto xb = octet_test::with_edge_cases(g, N * K, 0.5f);
@@ -65,10 +68,14 @@ void check_pair(std::size_t M, std::size_t N, std::size_t K, std::uint64_t salt,
 
     std::vector<DT> d(M * N);
     for (auto& v : d) v = detail::store_from_float<DT>(NAN);  // poison: every element must be written
-    const matrix_ref<DT> D = d_layout == layout::row_major ? matrix_ref<DT>(d.data(), M, N, N) : matrix_ref<DT>(d.data(), M, N, M, layout::col_major);
+    const matrix_ref<DT> D = d_layout == storage_order::row_major
+                                 ? matrix_ref<DT>(d.data(), M, N, N)
+                                 : matrix_ref<DT>(d.data(), M, N, M, storage_order::col_major);
     gemm_result r;
-    if (with_c) r = scaled_gemm(on_host(threads), qa.cref(), qb.cref(), matrix_ref<const float>(c.data(), M, N), D, opt);
-    else r = scaled_gemm(on_host(threads), qa.cref(), qb.cref(), D, opt);
+    if (with_c)
+        r = scaled_gemm(on_host(threads), qa.cref(), qb.cref(), matrix_ref<const float>(c.data(), M, N), D, opt);
+    else
+        r = scaled_gemm(on_host(threads), qa.cref(), qb.cref(), D, opt);
     CHECK(r.backend == gemm_backend::host);
 
     const auto ref = reference::gemm(qa.cref(), qb.cref());
@@ -89,9 +96,12 @@ void check_pair(std::size_t M, std::size_t N, std::size_t K, std::uint64_t salt,
             }
             const double err = std::fabs(got - exact);
             if (!(err <= bound) && bad++ < 3)
-                FAIL_CHECK("D(" << i << "," << j << ") = " << got << ", exact " << exact << ", error " << err << " > bound " << bound);
+                FAIL_CHECK("D(" << i << "," << j << ") = " << got << ", exact " << exact << ", error " << err
+                                << " > bound " << bound);
             if (bound > 0) worst.ratio = std::max(worst.ratio, err / bound);
-            if (T > 0) worst.rel = std::max(worst.rel, std::fabs(got - exact) / (std::fabs(opt.alpha) * T + std::fabs(bc) + std::fabs(bb)));
+            if (T > 0)
+                worst.rel = std::max(
+                    worst.rel, std::fabs(got - exact) / (std::fabs(opt.alpha) * T + std::fabs(bc) + std::fabs(bb)));
         }
 }
 
@@ -99,7 +109,8 @@ struct shape {
     std::size_t M, N, K;
 };
 // Ragged everything, M = 1 (decode), K = 1, K below one block, K not a multiple of 16, and square.
-const shape kShapes[] = {{1, 67, 300}, {37, 129, 1000}, {128, 128, 256}, {5, 3, 16}, {1, 1, 1}, {64, 41, 385}, {17, 200, 130}, {3, 7, 1}};
+const shape kShapes[] = {{1, 67, 300}, {37, 129, 1000}, {128, 128, 256}, {5, 3, 16},
+                         {1, 1, 1},    {64, 41, 385},   {17, 200, 130},  {3, 7, 1}};
 
 template <class RA, class RB>
 void all_shapes(const char* name, std::uint64_t salt) {
@@ -132,9 +143,11 @@ TEST_CASE("the epilogue: alpha, beta C, bias; bf16, fp16 and column-major D; thr
     check_pair<recipes::blockwise_1x128, recipes::blockwise_128x128, float>(33, 70, 260, 1, w, opt, true);
     check_pair<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(33, 70, 260, 2, w, opt, true);
     check_pair<recipes::blockwise_1x128, recipes::blockwise_128x128, fp16>(33, 70, 260, 3, w, opt, true);
-    check_pair<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3, bf16>(19, 9, 100, 4, w, opt, true, layout::col_major);
-    check_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3, float>(65, 66, 67, 5, w, opt, false, layout::row_major, 1);
-    check_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3, float>(65, 66, 67, 5, w, opt, false, layout::row_major, 3);
+    check_pair<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3, bf16>(19, 9, 100, 4, w, opt, true, storage_order::col_major);
+    check_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3, float>(65, 66, 67, 5, w, opt, false,
+                                                                    storage_order::row_major, 1);
+    check_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3, float>(65, 66, 67, 5, w, opt, false,
+                                                                    storage_order::row_major, 3);
     MESSAGE("epilogue cases: worst |error| / bound = " << w.ratio);
 
     // The same problem on 1, 2 and 5 threads gives the same bits (each element has one fixed order).
@@ -153,7 +166,8 @@ TEST_CASE("the epilogue: alpha, beta C, bias; bf16, fp16 and column-major D; thr
     std::vector<float> acc = d1, expect(M * N);
     gemm_options o2;
     o2.beta = 1.0f;
-    scaled_gemm(on_host(), qa.cref(), qb.cref(), matrix_ref<const float>(acc.data(), M, N), matrix_ref<float>(acc.data(), M, N), o2);
+    scaled_gemm(on_host(), qa.cref(), qb.cref(), matrix_ref<const float>(acc.data(), M, N),
+                matrix_ref<float>(acc.data(), M, N), o2);
     for (std::size_t i = 0; i < M * N; ++i) expect[i] = d1[i] + d1[i];
     CHECK(std::memcmp(acc.data(), expect.data(), acc.size() * 4) == 0);
 }
@@ -182,7 +196,8 @@ TEST_CASE("exact inputs give exact results") {
         const auto ref = reference::gemm(qa.cref(), qb.cref());
         int bad = 0;
         for (std::size_t i = 0; i < M * N; ++i)
-            if (static_cast<double>(d[i]) != ref.product[i] && bad++ < 3) FAIL_CHECK("element " << i << ": " << d[i] << " vs " << ref.product[i]);
+            if (static_cast<double>(d[i]) != ref.product[i] && bad++ < 3)
+                FAIL_CHECK("element " << i << ": " << d[i] << " vs " << ref.product[i]);
         CHECK(bad == 0);
     }
 }
@@ -192,8 +207,8 @@ TEST_CASE("non-finite codes propagate to their row or column only") {
     const std::size_t M = 9, N = 11, K = 256;
     auto xa = octet_test::with_edge_cases(g, M * K);
     auto xb = octet_test::with_edge_cases(g, N * K);
-    xa[4 * K + 17] = NAN;  // row 4 of A
-    xb[6 * K + 200] = NAN; // row 6 of B = column 6 of D
+    xa[4 * K + 17] = NAN;   // row 4 of A
+    xb[6 * K + 200] = NAN;  // row 6 of B = column 6 of D
     const auto qa = quantized<recipes::blockwise_1x128>(xa, M, K);
     const auto qb = quantized<recipes::blockwise_128x128>(xb, N, K);
     std::vector<float> d(M * N);
@@ -214,7 +229,8 @@ TEST_CASE("quantized output: the float result quantized with the output recipe, 
     scaled_gemm(on_host(), qa.cref(), qb.cref(), matrix_ref<float>(d.data(), M, N), opt);
     quantized_tensor<recipes::blockwise_1x128> qd(M, N), expect(M, N);
     const gemm_result r = scaled_gemm(on_host(), qa.cref(), qb.cref(), qd.ref(), opt);
-    const quantize_result qr = quantize<recipes::blockwise_1x128>(on_host(), matrix_ref<const float>(d.data(), M, N), expect.ref());
+    const quantize_result qr =
+        quantize<recipes::blockwise_1x128>(on_host(), matrix_ref<const float>(d.data(), M, N), expect.ref());
     CHECK(qd.data() == expect.data());
     CHECK(qd.scales() == expect.scales());
     float amax = 0;
@@ -234,7 +250,7 @@ TEST_CASE("the promotion interval: any value on the host, every result within it
     MESSAGE("promotion intervals: worst |error| / bound = " << w.ratio);
     CHECK(detail::gemm_segment(128, 128, 128, 1000) == 128);
     CHECK(detail::gemm_segment(128, 32, 32, 1000) == 32);
-    CHECK(detail::gemm_segment(128, 1000, 1000, 1000) == 128);   // per-tensor: blocks span K
+    CHECK(detail::gemm_segment(128, 1000, 1000, 1000) == 128);  // per-tensor: blocks span K
     CHECK(detail::gemm_segment(100000, 1000, 1000, 1000) == 1000);
     CHECK(detail::gemm_segment(48, 128, 128, 1000) == 16);
 }
@@ -266,7 +282,8 @@ TEST_CASE("a truncating 13-bit accumulator model stays within the tensor-core bo
         opt.promotion_interval = static_cast<int>(L);
         // The L = K model keeps the 1x128 scales (it models "scale inside the MMA"): products use
         // dequantized values directly so that only the accumulator differs between the two runs.
-        gemm_numerics nm = gemm_numerics_of<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(gemm_backend::sm89_mma, K, opt);
+        gemm_numerics nm =
+            gemm_numerics_of<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(gemm_backend::sm89_mma, K, opt);
         for (std::size_t i = 0; i < M; ++i)
             for (std::size_t j = 0; j < N; ++j) {
                 float acc = 0.0f;
@@ -274,7 +291,8 @@ TEST_CASE("a truncating 13-bit accumulator model stays within the tensor-core bo
                     double part = 0.0;
                     for (std::size_t s = k0; s < std::min(K, k0 + L); s += 32) {
                         double step = part;
-                        for (std::size_t k = s; k < std::min(K, s + 32); ++k) step += static_cast<double>(ca.value(i, k)) * cb.value(j, k);
+                        for (std::size_t k = s; k < std::min(K, s + 32); ++k)
+                            step += static_cast<double>(ca.value(i, k)) * cb.value(j, k);
                         part = truncate13(step);
                     }
                     acc += static_cast<float>(part);
@@ -286,8 +304,8 @@ TEST_CASE("a truncating 13-bit accumulator model stays within the tensor-core bo
             }
         mean_err[v] /= static_cast<double>(M * N);
     }
-    MESSAGE("13-bit truncating accumulator model, K = 4096: mean |error| / T = " << mean_err[0] << " promoting every 128, "
-                                                                                 << mean_err[1] << " without promotion");
+    MESSAGE("13-bit truncating accumulator model, K = 4096: mean |error| / T = "
+            << mean_err[0] << " promoting every 128, " << mean_err[1] << " without promotion");
     CHECK(mean_err[1] > 2 * mean_err[0]);
 }
 
@@ -297,16 +315,19 @@ TEST_CASE("backend support is stated, with the backends that would serve a pair"
     CHECK(gemm_backend_support<R1, R2>(gemm_backend::sm90_wgmma, 7168).empty());
     CHECK(gemm_backend_support<R1, R2>(gemm_backend::cublaslt, 7168).empty());
     CHECK(gemm_backend_support<R1, R2>(gemm_backend::sm89_mma, 7168).empty());
-    CHECK(gemm_backend_support<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm90_wgmma, 4096).find("float scales") != std::string::npos);
+    CHECK(gemm_backend_support<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm90_wgmma, 4096)
+              .find("float scales") != std::string::npos);
     CHECK(gemm_backend_support<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm89_mma, 4096).empty());
-    CHECK(gemm_backend_support<recipes::nvfp4, recipes::nvfp4>(gemm_backend::sm90_wgmma, 4096).find("E4M3/E5M2") != std::string::npos);
+    CHECK(gemm_backend_support<recipes::nvfp4, recipes::nvfp4>(gemm_backend::sm90_wgmma, 4096).find("E4M3/E5M2") !=
+          std::string::npos);
     CHECK(gemm_backend_support<recipes::nvfp4, recipes::nvfp4>(gemm_backend::cublaslt, 4096).empty());
     CHECK(gemm_backend_support<R2, R2>(gemm_backend::cublaslt, 4096).find("1x128 x 128x128") != std::string::npos);
-    CHECK(gemm_backend_support<recipes::tensorwise_e5m2, recipes::tensorwise_e5m2>(gemm_backend::cublaslt, 4096).find("E5M2 x E5M2") !=
-          std::string::npos);
+    CHECK(gemm_backend_support<recipes::tensorwise_e5m2, recipes::tensorwise_e5m2>(gemm_backend::cublaslt, 4096)
+              .find("E5M2 x E5M2") != std::string::npos);
     gemm_options p64;
     p64.promotion_interval = 64;
-    CHECK(gemm_backend_support<R1, R2>(gemm_backend::sm90_wgmma, 4096, p64).find("multiple of 128") != std::string::npos);
+    CHECK(gemm_backend_support<R1, R2>(gemm_backend::sm90_wgmma, 4096, p64).find("multiple of 128") !=
+          std::string::npos);
     CHECK(gemm_backend_support<R1, R2>(gemm_backend::sm89_mma, 4096, p64).empty());
     CHECK(gemm_backends_serving<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(4096, {}) == "host, sm89_mma");
     CHECK(gemm_backends_serving<R1, R2>(4096, {}) == "host, sm89_mma, sm90_wgmma, cublaslt");
@@ -320,37 +341,67 @@ TEST_CASE("bad arguments raise octet::error naming the argument") {
     quantized_tensor<R> a(8, 256), b(16, 256), b_short(16, 128);
     std::vector<float> d(8 * 16), c(8 * 16), bias(15);
     const matrix_ref<float> D(d.data(), 8, 16);
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b_short.cref(), D), doctest::Contains("argument 'B' has K = 128"), octet::error);
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 16, 8)), doctest::Contains("argument 'D'"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b_short.cref(), D),
+                         doctest::Contains("argument 'B' has K = 128"), octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 16, 8)),
+                         doctest::Contains("argument 'D'"), octet::error);
     gemm_options opt;
     opt.bias = as_cspan(bias);
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt), doctest::Contains("argument 'options.bias'"), octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt),
+                         doctest::Contains("argument 'options.bias'"), octet::error);
     opt = {};
     opt.beta = 1.0f;
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt), doctest::Contains("argument 'options.beta'"), octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt),
+                         doctest::Contains("argument 'options.beta'"), octet::error);
     opt = {};
     opt.promotion_interval = 0;
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt), doctest::Contains("argument 'options.promotion_interval'"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt),
+                         doctest::Contains("argument 'options.promotion_interval'"), octet::error);
     opt = {};
     opt.backend = gemm_backend::sm90_wgmma;
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt), doctest::Contains("on_stream"), octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), D, opt), doctest::Contains("on_stream"),
+                         octet::error);
     CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), matrix_ref<const float>(c.data(), 8, 8), D),
                          doctest::Contains("argument 'C'"), octet::error);
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16, 4)), doctest::Contains("has ld 4"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16, 4)),
+                         doctest::Contains("has ld 4"), octet::error);
 
     // A scale layout that does not fit the recipe: a 1x128 view whose grid claims 128-row blocks.
     quant_layout wrong = a.layout();
     wrong.block_rows = 128;
     wrong.scale_rows = 1;
     const quantized_cref<R> bad_a(a.cref().data, a.cref().scales, wrong);
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), bad_a, b.cref(), D), doctest::Contains("argument 'A' has a scale grid that does not fit"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), bad_a, b.cref(), D),
+                         doctest::Contains("argument 'A' has a scale grid that does not fit"), octet::error);
     // A view with a null scale pointer.
     const quantized_cref<R> null_b(b.cref().data, nullptr, b.layout());
-    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), null_b, D), doctest::Contains("argument 'B' has a null scales pointer"), octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), null_b, D),
+                         doctest::Contains("argument 'B' has a null scales pointer"), octet::error);
+
+    // A quantized D is checked with everything else, before the GEMM runs: under octet::scaled_gemm,
+    // not octet::quantize (which used to see it only after the product was computed).
+    quantized_tensor<R> d_wrong(16, 8), d_ok(8, 16);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), d_wrong.ref()),
+                         doctest::Contains("octet::scaled_gemm: argument 'D' has shape 16 x 8 but must be 8 x 16"),
+                         octet::error);
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), quantized_ref<R>{}),
+                         doctest::Contains("octet::scaled_gemm: argument 'D' is absent"), octet::error);
+    auto d_null = d_ok.ref();
+    d_null.data = nullptr;
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), d_null),
+                         doctest::Contains("octet::scaled_gemm: argument 'D' has a null data"), octet::error);
+    // and before D: A and B, the options and the backend
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b_short.cref(), d_wrong.ref()),
+                         doctest::Contains("argument 'B' has K = 128"), octet::error);
+    opt = {};
+    opt.backend = gemm_backend::sm89_mma;
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), d_ok.ref(), opt), doctest::Contains("on_stream"),
+                         octet::error);
+    opt = {};
+    opt.beta = 0.5f;
+    CHECK_THROWS_WITH_AS(scaled_gemm(on_host(), a.cref(), b.cref(), d_ok.ref(), opt),
+                         doctest::Contains("argument 'options.beta'"), octet::error);
+    CHECK_NOTHROW(scaled_gemm(on_host(), a.cref(), b.cref(), d_ok.ref()));
 
     // Empty problems are fine: M = 0 writes nothing, K = 0 gives beta C + bias.
     quantized_tensor<R> a0(0, 256), ak0(8, 0), bk0(16, 0);

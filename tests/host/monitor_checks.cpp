@@ -49,10 +49,70 @@ TEST_CASE("threshold logic: above, below, NaN, patience") {
     CHECK(reg.record(id, 5, 5.0) == check_status::warn);
 }
 
+TEST_CASE("patience counts steps: repeating a step does not add to the run of trips") {
+    check_registry reg;
+    const auto id = reg.add("noisy", check_kind::custom, threshold::above(1.0, 2.0, /*patience=*/2));
+    CHECK(reg.record(id, 10, 5.0) == check_status::warn);  // 1st tripping step
+    CHECK(reg.record(id, 10, 5.0) == check_status::warn);  // the same step again (a repeat): still the 1st
+    CHECK(reg.record(id, 10, 5.0) == check_status::warn);
+    CHECK(reg.record(id, 11, 5.0) == check_status::trip);  // 2nd tripping step
+    CHECK(reg.record(id, 11, 5.0) == check_status::trip);  // repeating it keeps it the 2nd
+    CHECK(reg.record(id, 11, 0.0) == check_status::ok);    // a clean repeat replaces the trip ...
+    CHECK(reg.record(id, 12, 5.0) == check_status::warn);  // ... so the run starts again
+    // a repeat that trips after a clean first attempt counts as that step's trip (once)
+    CHECK(reg.record(id, 13, 0.0) == check_status::ok);
+    CHECK(reg.record(id, 13, 5.0) == check_status::trip);  // steps 12 and 13 trip
+    CHECK(reg.history(id).size() == 9);
+    // random interleavings: the status after each sample equals the count over steps (oracle:
+    // the latest value of every step so far, counted back from the newest step)
+    auto rng = octet_test::rng(402);
+    for (int trial = 0; trial < 20; ++trial) {
+        check_registry r;
+        const int patience = 1 + static_cast<int>(rng() % 4);
+        const auto c = r.add("c", check_kind::custom, threshold::above(1.0, 2.0, patience));
+        std::vector<bool> trips_of_step;  // the latest sample of each step
+        for (int k = 0; k < 60; ++k) {
+            const bool repeat = !trips_of_step.empty() && rng() % 3 == 0;
+            const bool trip = rng() % 4 != 0;
+            if (repeat)
+                trips_of_step.back() = trip;
+            else
+                trips_of_step.push_back(trip);
+            const auto step = static_cast<std::int64_t>(trips_of_step.size()) - 1;
+            int run = 0;
+            for (auto it = trips_of_step.rbegin(); it != trips_of_step.rend() && *it; ++it) ++run;
+            const check_status want = !trip             ? check_status::ok
+                                      : run >= patience ? check_status::trip
+                                                        : check_status::warn;
+            CHECK(r.record(c, step, trip ? 5.0 : 0.0) == want);
+        }
+    }
+}
+
+TEST_CASE("named kinds measure non-negative values: negative limits are rejected") {
+    check_registry reg;
+    for (check_kind k : {check_kind::saturation_rate, check_kind::underflow_rate, check_kind::clip_crossings,
+                         check_kind::non_finite, check_kind::softmax_row_sum, check_kind::optimizer_decode_error}) {
+        CHECK_THROWS_WITH_AS(reg.add(std::string("neg.") + check_kind_name(k), k, threshold::above(-0.5, -0.1)),
+                             doctest::Contains("argument 'limits'"), octet::error);
+        CHECK_THROWS_WITH_AS(reg.add(std::string("negtrip.") + check_kind_name(k), k, threshold::above(-1.0, 0.5)),
+                             doctest::Contains("never negative"), octet::error);
+    }
+    CHECK(reg.size() == 0);
+    // zero limits are fine (non_finite's default), and a value of 0 does not trip them
+    const auto sat = reg.add("sat", check_kind::saturation_rate, threshold::above(0.0, 0.0));
+    CHECK(reg.record(sat, 0, 0.0) == check_status::ok);
+    CHECK(reg.record(sat, 1, 1e-6) == check_status::trip);
+    // custom checks may measure anything
+    const auto logit = reg.add("logit.min", check_kind::custom, threshold::below(-5.0, -10.0));
+    CHECK(reg.record(logit, 0, -7.0) == check_status::warn);
+}
+
 TEST_CASE("every named kind has a name and a default threshold") {
-    const check_kind kinds[] = {check_kind::softmax_row_sum, check_kind::stored_o_vs_pv, check_kind::saturation_rate, check_kind::underflow_rate,
-                                check_kind::amax_drift,      check_kind::non_finite,     check_kind::optimizer_decode_error, check_kind::clip_crossings,
-                                check_kind::custom};
+    const check_kind kinds[] = {
+        check_kind::softmax_row_sum,        check_kind::stored_o_vs_pv, check_kind::saturation_rate,
+        check_kind::underflow_rate,         check_kind::amax_drift,     check_kind::non_finite,
+        check_kind::optimizer_decode_error, check_kind::clip_crossings, check_kind::custom};
     CHECK(sizeof kinds / sizeof kinds[0] == check_kind_count);
     for (check_kind k : kinds) CHECK(std::string(check_kind_name(k)) != "unknown");
     CHECK(default_threshold(check_kind::non_finite).classify(0) == check_status::ok);
@@ -75,7 +135,8 @@ TEST_CASE("registry: names, per-step values, attempts, latest sample, costs") {
     CHECK(reg.find("grad.non_finite") == nf);
     CHECK(reg.contains("attn.l0.row_sum"));
     CHECK(reg.spec(rs).operation == "attention.l0");
-    CHECK_THROWS_WITH_AS(reg.add("grad.non_finite", check_kind::custom), doctest::Contains("already registered"), octet::error);
+    CHECK_THROWS_WITH_AS(reg.add("grad.non_finite", check_kind::custom), doctest::Contains("already registered"),
+                         octet::error);
     CHECK_THROWS_WITH_AS(reg.add("", check_kind::custom), doctest::Contains("argument 'name'"), octet::error);
     CHECK_THROWS_WITH_AS(reg.find("nope"), doctest::Contains("'nope' is not a registered check"), octet::error);
     CHECK_THROWS_WITH_AS(reg.record(7, 0, 1.0), doctest::Contains("argument 'id' is 7 but 2 checks"), octet::error);
@@ -109,7 +170,8 @@ TEST_CASE("registry: names, per-step values, attempts, latest sample, costs") {
     });
     CHECK(st == check_status::trip);
     CHECK(reg.history(rs).back().seconds >= 0.002);
-    CHECK(reg.describe(rs, reg.history(rs).back()).find("check 'attn.l0.row_sum' (softmax_row_sum) = 0.02 > 0.01") != std::string::npos);
+    CHECK(reg.describe(rs, reg.history(rs).back()).find("check 'attn.l0.row_sum' (softmax_row_sum) = 0.02 > 0.01") !=
+          std::string::npos);
     // NaN values stick as the worst
     reg.record(rs, 3, NAN);
     reg.record(rs, 4, 1e-6);
@@ -142,7 +204,8 @@ TEST_CASE("signals: softmax row-sum residual and stored-O mismatch against analy
     CHECK(softmax_row_sum_residual(p, rows, cols) == doctest::Approx(0.03).epsilon(1e-3));
     p[9 * cols] = NAN;
     CHECK(std::isnan(softmax_row_sum_residual(p, rows, cols)));
-    CHECK_THROWS_WITH_AS(softmax_row_sum_residual(p, rows, cols + 1), doctest::Contains("argument 'probs'"), octet::error);
+    CHECK_THROWS_WITH_AS(softmax_row_sum_residual(p, rows, cols + 1), doctest::Contains("argument 'probs'"),
+                         octet::error);
     CHECK(softmax_row_sum_residual(span<const float>(), 0, 5) == 0.0);
 
     const std::vector<float> pv{3.0f, 4.0f, 0.0f}, o{3.0f, 4.0f, 0.5f};
@@ -157,14 +220,23 @@ TEST_CASE("signals: softmax row-sum residual and stored-O mismatch against analy
 
 TEST_CASE("signals: saturation, underflow, amax drift, non-finite, decode error") {
     // E4M3: max finite 448, smallest subnormal 2^-9 (values below 2^-10 round to zero, 2^-10 ties to even 0)
-    const std::vector<float> x{1.0f, -500.0f, 448.0f, 460.0f, INFINITY, NAN, 0.0f, std::ldexp(1.0f, -11), -std::ldexp(1.0f, -12),
-                               std::ldexp(1.0f, -9), std::ldexp(1.0f, -10)};
+    const std::vector<float> x{1.0f,
+                               -500.0f,
+                               448.0f,
+                               460.0f,
+                               INFINITY,
+                               NAN,
+                               0.0f,
+                               std::ldexp(1.0f, -11),
+                               -std::ldexp(1.0f, -12),
+                               std::ldexp(1.0f, -9),
+                               std::ldexp(1.0f, -10)};
     // saturation: |x| > 448 among 10 non-NaN values: -500, 460, Inf
     CHECK(saturation_rate<e4m3>(x) == doctest::Approx(3.0 / 10.0));
     // underflow: non-zero finite values = 1, -500, 448, 460, 2^-11, -2^-12, 2^-9, 2^-10 (8); lost: 2^-11, -2^-12, 2^-10
     CHECK(underflow_rate<e4m3>(x) == doctest::Approx(3.0 / 8.0));
     CHECK(underflow_rate<e4m3, round::up>(x) == doctest::Approx(1.0 / 8.0));  // rounding up keeps the positive ones
-    CHECK(decode<e4m3>(encode<e4m3>(std::ldexp(1.0f, -10))) == 0.0f);      // the tie goes to the even code 0
+    CHECK(decode<e4m3>(encode<e4m3>(std::ldexp(1.0f, -10))) == 0.0f);         // the tie goes to the even code 0
     CHECK(saturation_rate<e4m3>(span<const float>()) == 0.0);
 
     const std::vector<float> hist{1.0f, 4.0f, -8.0f, 2.0f};
@@ -174,7 +246,8 @@ TEST_CASE("signals: saturation, underflow, amax drift, non-finite, decode error"
     CHECK(amax_drift(0.0, zeros) == 0.0);
     CHECK(std::isinf(amax_drift(1.0, zeros)));
     CHECK(std::isnan(amax_drift(1.0, nan_hist)));
-    CHECK_THROWS_WITH_AS(amax_drift(1.0, span<const float>()), doctest::Contains("argument 'history' is empty"), octet::error);
+    CHECK_THROWS_WITH_AS(amax_drift(1.0, span<const float>()), doctest::Contains("argument 'history' is empty"),
+                         octet::error);
 
     CHECK(count_non_finite(x) == 2.0);
     const std::vector<float> orig{3.0f, 4.0f}, dec{3.0f, 4.5f};

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,11 @@ namespace {
 
 struct fake_state {
     std::vector<double> w = std::vector<double>(64, 0.5), m = std::vector<double>(64, 0.0);
-    std::int64_t completed = -1;     // the last completed step
-    std::uint64_t data_cursor = 0;   // samples consumed
-    bool operator==(const fake_state& o) const { return w == o.w && m == o.m && completed == o.completed && data_cursor == o.data_cursor; }
+    std::int64_t completed = -1;    // the last completed step
+    std::uint64_t data_cursor = 0;  // samples consumed
+    bool operator==(const fake_state& o) const {
+        return w == o.w && m == o.m && completed == o.completed && data_cursor == o.data_cursor;
+    }
     double bytes() const { return static_cast<double>((w.size() + m.size()) * sizeof(double)); }
 };
 
@@ -156,9 +159,10 @@ fake_state clean_run(std::int64_t steps, const std::set<std::int64_t>& raised) {
 
 TEST_CASE("a scripted failure takes each action, accounts for its cost, and loses no state") {
     harness h;
-    h.script = {{"matmul.saturation", 5, {1}, 0.01},     // saturation: raise matmul's precision for steps 6, 7, 8
-                {"grad.non_finite", 12, {1}, 3.0},       // transient NaNs: repeat step 12, clean the second time
-                {"loss.spike", 18, {1, 2}, 50.0}};       // persistent: repeat fails, reload the step-14 checkpoint, replay 15..18
+    h.script = {
+        {"matmul.saturation", 5, {1}, 0.01},  // saturation: raise matmul's precision for steps 6, 7, 8
+        {"grad.non_finite", 12, {1}, 3.0},    // transient NaNs: repeat step 12, clean the second time
+        {"loss.spike", 18, {1, 2}, 50.0}};    // persistent: repeat fails, reload the step-14 checkpoint, replay 15..18
     recovery_policy policy(h.cfg, h.callbacks());
     const recovery_log log = h.train(25, policy);
 
@@ -287,14 +291,17 @@ TEST_CASE("escalation: within the window the next action, after it the first aga
 
 TEST_CASE("recovery policy: configuration and callback errors") {
     recovery_callbacks none;
-    CHECK_THROWS_WITH_AS(recovery_policy(recovery_config{}, none), doctest::Contains("argument 'cb.raise_precision'"), octet::error);
+    CHECK_THROWS_WITH_AS(recovery_policy(recovery_config{}, none), doctest::Contains("argument 'cb.raise_precision'"),
+                         octet::error);
     recovery_config c;
     c.ladder = {};
     harness h;
-    CHECK_THROWS_WITH_AS(recovery_policy(c, h.callbacks()), doctest::Contains("argument 'cfg.ladder' is empty"), octet::error);
+    CHECK_THROWS_WITH_AS(recovery_policy(c, h.callbacks()), doctest::Contains("argument 'cfg.ladder' is empty"),
+                         octet::error);
     c = recovery_config{};
     c.raise_steps = 0;
-    CHECK_THROWS_WITH_AS(recovery_policy(c, h.callbacks()), doctest::Contains("argument 'cfg.raise_steps'"), octet::error);
+    CHECK_THROWS_WITH_AS(recovery_policy(c, h.callbacks()), doctest::Contains("argument 'cfg.raise_steps'"),
+                         octet::error);
     // a ladder without reload needs no reload callback when reloads are off
     recovery_callbacks only_repeat;
     only_repeat.repeat_step = [](std::int64_t) { return 0.0; };
@@ -312,7 +319,9 @@ TEST_CASE("recovery policy: configuration and callback errors") {
     rc.ladder = {recovery_action::reload_checkpoint};
     recovery_policy p(rc, bad);
     reg.record(id, 10, 5.0);
-    CHECK_THROWS_WITH_AS(p.after_step(10, reg, 1.0), doctest::Contains("returned checkpoint step 50 at step 10"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        p.after_step(10, reg, 1.0),
+        doctest::Contains("returned checkpoint step 50 at failing step 10; the state has been reloaded"), octet::error);
     CHECK_THROWS_WITH_AS(p.after_step(11, reg, -1.0), doctest::Contains("argument 'step_seconds'"), octet::error);
 }
 
@@ -320,7 +329,8 @@ TEST_CASE("a ladder that runs out gives up and says so") {
     harness h;
     h.cfg.ladder = {recovery_action::raise_precision};
     h.cfg.raise_steps = 5;
-    h.script = {{"matmul.saturation", 3, {1}, 0.01}, {"matmul.saturation", 5, {1}, 0.01}};  // the second while still raised
+    h.script = {{"matmul.saturation", 3, {1}, 0.01},
+                {"matmul.saturation", 5, {1}, 0.01}};  // the second while still raised
     recovery_policy policy(h.cfg, h.callbacks());
     const recovery_log log = h.train(20, policy);
     REQUIRE(log.size() == 2);
@@ -329,4 +339,103 @@ TEST_CASE("a ladder that runs out gives up and says so") {
     CHECK(log.entries()[1].step == 5);
     CHECK(log.entries()[1].reason.find("no action left in the ladder") != std::string::npos);
     CHECK(policy.raised("matmul"));  // giving up leaves the run as it is
+}
+
+TEST_CASE("a raise whose callback throws is not logged and does not use up the check's level") {
+    harness h;
+    h.script = {{"matmul.saturation", 5, {1}, 0.01}, {"matmul.saturation", 6, {1}, 0.01}};
+    recovery_callbacks cb = h.callbacks();
+    int calls = 0;
+    cb.raise_precision = [&, inner = cb.raise_precision](const std::string& op, int k) {
+        if (calls++ == 0) throw std::runtime_error("no memory for a high-precision copy");
+        return inner(op, k);
+    };
+    recovery_policy policy(h.cfg, cb);
+    for (std::int64_t step = 0; step < 5; ++step)
+        CHECK(policy.after_step((h.run(step), step), h.reg, 1.0).action == recovery_action::none);
+    h.run(5);
+    CHECK_THROWS_WITH_AS(policy.after_step(5, h.reg, 1.0), "no memory for a high-precision copy", std::runtime_error);
+    CHECK(policy.log().size() == 0);
+    CHECK_FALSE(policy.raised("matmul"));
+    // the next trip (within the window) takes the same first action again, not the second
+    h.run(6);
+    const step_outcome o = policy.after_step(6, h.reg, 1.0);
+    CHECK(o.action == recovery_action::raise_precision);
+    REQUIRE(policy.log().size() == 1);
+    CHECK(policy.log().entries()[0].step == 6);
+    CHECK(policy.raised("matmul"));
+}
+
+TEST_CASE("when a repeat wins over a raise, only the repeating check moves up its ladder") {
+    harness h;
+    h.script = {{"matmul.saturation", 3, {1}, 0.01},  // would raise ...
+                {"grad.non_finite", 3, {1}, 2.0},  // ... but the repeat of the non-finite check wins (and cures both)
+                {"matmul.saturation", 6, {1}, 0.01},  // saturation again: its first action, raise (not repeat)
+                {"grad.non_finite", 7, {1}, 1.0}};    // the non-finite check's second trip: its second action, reload
+    recovery_policy policy(h.cfg, h.callbacks());
+    const recovery_log log = h.train(12, policy);
+    REQUIRE(log.size() == 3);
+    CHECK(log.entries()[0].action == recovery_action::repeat_step);
+    CHECK(log.entries()[0].step == 3);
+    CHECK(log.entries()[1].action == recovery_action::raise_precision);
+    CHECK(log.entries()[1].step == 6);
+    CHECK(log.entries()[2].action == recovery_action::reload_checkpoint);
+    CHECK(log.entries()[2].step == 7);
+    CHECK(log.entries()[2].resume_step == 5);
+}
+
+TEST_CASE("a reload ends the active raises first: the reloaded run never sees them") {
+    harness h;
+    std::vector<std::string> events;
+    recovery_callbacks cb = h.callbacks();
+    cb.restore_precision = [&, inner = cb.restore_precision](const std::string& op) {
+        events.push_back("restore " + op + (h.raised_ops.count(op) ? " (raised)" : " (not raised)"));
+        inner(op);
+    };
+    cb.reload_checkpoint = [&, inner = cb.reload_checkpoint] {
+        events.push_back("reload");
+        return inner();
+    };
+    // K = 3: matmul raised for steps 7, 8, 9; step 9 trips a reload (non-finite ladder: reload
+    // first) before the raise has run out; the checkpoint holds step 4
+    h.cfg.non_finite_ladder = {recovery_action::reload_checkpoint};
+    h.script = {{"matmul.saturation", 6, {1}, 0.01}, {"grad.non_finite", 9, {1}, 1.0}};
+    recovery_policy policy(h.cfg, cb);
+    const recovery_log log = h.train(15, policy);
+    REQUIRE(log.size() == 2);
+    CHECK(log.entries()[1].action == recovery_action::reload_checkpoint);
+    CHECK(log.entries()[1].resume_step == 5);
+    CHECK(events ==
+          std::vector<std::string>{"restore matmul (raised)", "reload"});  // once, on the state that raised it
+    CHECK_FALSE(policy.raised("matmul"));
+    // only the abandoned steps 7, 8, 9 ran raised; the replays of 5..9 and the rest did not
+    std::vector<std::int64_t> hp_steps;
+    for (const auto& [step, hp] : h.precision_of_step)
+        if (hp) hp_steps.push_back(step);
+    CHECK(hp_steps == std::vector<std::int64_t>{7, 8, 9});
+    CHECK(h.state == clean_run(15, {}));  // the reloaded run is the low-precision run, bit for bit
+}
+
+TEST_CASE("a reload to a checkpoint that is not before the failing step is logged and reported") {
+    harness h;
+    h.cfg.non_finite_ladder = {recovery_action::reload_checkpoint};
+    recovery_callbacks cb = h.callbacks();
+    cb.reload_checkpoint = [&] {
+        h.state.completed = 12;  // the user's state now holds step 12
+        return reload_result{12, 8.0};
+    };
+    recovery_policy policy(h.cfg, cb);
+    h.script = {{"matmul.saturation", 9, {1}, 0.01}, {"grad.non_finite", 12, {1}, 1.0}};
+    for (std::int64_t step = 0; step < 12; ++step) policy.after_step((h.run(step), step), h.reg, 1.0);
+    h.run(12);
+    CHECK_THROWS_WITH_AS(
+        policy.after_step(12, h.reg, 1.0),
+        doctest::Contains(
+            "returned checkpoint step 12 at failing step 12; the state has been reloaded and now holds step 12"),
+        octet::error);
+    REQUIRE(policy.log().size() == 2);  // the raise at 9, and the reload that did happen
+    CHECK(policy.log().entries()[1].action == recovery_action::reload_checkpoint);
+    CHECK(policy.log().entries()[1].reason.find("invalid: the checkpoint holds step 12") != std::string::npos);
+    CHECK(h.restored == std::vector<std::string>{"matmul"});  // the raise ended before the reload
+    CHECK_FALSE(policy.raised("matmul"));
 }

@@ -23,7 +23,9 @@ namespace {
 
 const double u = std::ldexp(1.0, -24);  // float unit roundoff
 
-reference::adamw_hyper widen(const adamw_hyper& h) { return {h.beta1, h.beta2, h.eps, h.weight_decay}; }
+reference::adamw_hyper widen(const adamw_hyper& h) {
+    return {h.beta1, h.beta2, h.eps, h.weight_decay};
+}
 
 std::vector<float> normal_vec(std::mt19937_64& g, std::size_t n, float sd = 1.0f) {
     std::normal_distribution<float> d(0.0f, sd);
@@ -45,8 +47,8 @@ bool same_bits(const State& a, const State& b) {
     auto eq = [](const auto& x, const auto& y) {
         return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
     };
-    return eq(a.params, b.params) && eq(a.compensation, b.compensation) && eq(a.m_codes, b.m_codes) && eq(a.m_meta, b.m_meta) &&
-           eq(a.v_codes, b.v_codes) && eq(a.v_meta, b.v_meta);
+    return eq(a.params, b.params) && eq(a.compensation, b.compensation) && eq(a.m_codes, b.m_codes) &&
+           eq(a.m_meta, b.m_meta) && eq(a.v_codes, b.v_codes) && eq(a.v_meta, b.v_meta);
 }
 
 }  // namespace
@@ -85,7 +87,8 @@ TEST_CASE("float step against the float64 reference, with a bound carried throug
             const double dd = (ref.v[i] > 0 ? dv[i] / (2 * ref.v[i]) : 0) + 3 * u;
             const double ddir = (dm[i] / bc1) / d + std::abs(dir) * (dd + u);
             // w' = fma(-lr/bc1, dir, w decay): step size and decay constants, the product, the fma
-            bound[i] = bound[i] * (1 - lr * h.weight_decay) + lr * (ddir + 2 * u * std::abs(dir)) + 3 * u * std::abs(ref.w[i]);
+            bound[i] =
+                bound[i] * (1 - lr * h.weight_decay) + lr * (ddir + 2 * u * std::abs(dir)) + 3 * u * std::abs(ref.w[i]);
         }
         for (std::size_t i = 0; i < n; ++i) {
             const double e = std::abs(static_cast<double>(st.params[i]) - ref.w[i]);
@@ -95,8 +98,8 @@ TEST_CASE("float step against the float64 reference, with a bound carried throug
             CHECK(std::abs(st.v_codes[i] - ref.v[i]) <= 2 * dv[i] + 1e-300);
         }
     }
-    MESSAGE("fp32 step vs float64 after 60 steps: worst error / (2 x carried bound) = " << worst_ratio << ", worst "
-                                                                                        << worst_ulps << " float ulps of the weight");
+    MESSAGE("fp32 step vs float64 after 60 steps: worst error / (2 x carried bound) = "
+            << worst_ratio << ", worst " << worst_ulps << " float ulps of the weight");
     CHECK(worst_ratio <= 1.0);
     // elements that never had a gradient only decay: w = w0 (1 - lr wd)^t, m = v = 0
     for (std::size_t i = 0; i < n; ++i)
@@ -125,8 +128,9 @@ TEST_CASE("bf16 gradients: the step reads them exactly") {
     CHECK(same_bits(a, b));
 }
 
-TEST_CASE_TEMPLATE("the fused step is decode -> AdamW -> encode (float64 in the middle)", Codec, state_codec::bf16, state_codec::e4m3_scaled,
-                   state_codec::e4m3_expanded, state_codec::dynamic8) {
+TEST_CASE_TEMPLATE("the fused step is decode -> AdamW -> encode (float64 in the middle)", Codec, state_codec::bf16,
+                   state_codec::bf16_stochastic, state_codec::e4m3_scaled, state_codec::e4m3_expanded,
+                   state_codec::dynamic8) {
     auto g = octet_test::rng(12);
     const std::size_t n = 5000;
     const adamw_hyper h;
@@ -169,16 +173,21 @@ TEST_CASE_TEMPLATE("the fused step is decode -> AdamW -> encode (float64 in the 
     // and float64 land on opposite sides of a rounding boundary (then one code apart)
     std::vector<float> mr(ref.m.begin(), ref.m.end()), vr(ref.v.begin(), ref.v.end());
     adamw_state<Codec> enc(n);
-    encode_moments<Codec, moment::first>(on_host(), as_cspan(mr), as_span(enc.m_codes), as_span(enc.m_meta));
-    encode_moments<Codec, moment::second>(on_host(), as_cspan(vr), as_span(enc.v_codes), as_span(enc.v_meta));
+    const philox_stream step_bits{h.seed, 21};  // a stochastic codec's bits: the step's stream (state_codec.hpp)
+    encode_moments<Codec, moment::first>(on_host(), as_cspan(mr), as_span(enc.m_codes), as_span(enc.m_meta), step_bits);
+    encode_moments<Codec, moment::second>(on_host(), as_cspan(vr), as_span(enc.v_codes), as_span(enc.v_meta),
+                                          step_bits);
     auto code_int = [](auto c) -> int {
-        if constexpr (std::is_same_v<decltype(c), bf16>) return static_cast<std::int16_t>(c.bits);
-        else return static_cast<int>(c & 0x7F) * ((c & 0x80) ? -1 : 1);
+        if constexpr (std::is_same_v<decltype(c), bf16>)
+            return static_cast<std::int16_t>(c.bits);
+        else
+            return static_cast<int>(c & 0x7F) * ((c & 0x80) ? -1 : 1);
     };
     std::size_t differ = 0, far = 0;
     for (std::size_t i = 0; i < n; ++i) {
         for (int k = 0; k < 2; ++k) {
-            const int a = code_int(k ? st.v_codes[i] : st.m_codes[i]), b = code_int(k ? enc.v_codes[i] : enc.m_codes[i]);
+            const int a = code_int(k ? st.v_codes[i] : st.m_codes[i]),
+                      b = code_int(k ? enc.v_codes[i] : enc.m_codes[i]);
             differ += a != b;
             far += std::abs(a - b) > 1 && !((a == 0) != (b == 0) && std::abs(a) + std::abs(b) == 1);
         }
@@ -206,13 +215,13 @@ TEST_CASE("results do not depend on the thread count") {
     CHECK(same_bits(a, b));
 }
 
-TEST_CASE_TEMPLATE("a flat split on block boundaries gives the same bits as unsharded", Master, master::fp32, master::bf16_stochastic,
-                   master::bf16_kahan) {
+TEST_CASE_TEMPLATE("a flat split on block boundaries gives the same bits as unsharded", Master, master::fp32,
+                   master::bf16_stochastic, master::bf16_kahan) {
     auto g = octet_test::rng(14);
     const std::size_t n = 256 * 37 + 100;  // ragged last shard
     adamw_hyper h;
     h.seed = 5;
-    h.on_nonfinite = nonfinite_policy::zero_block;
+    h.on_nonfinite = grad_nonfinite_policy::zero_block;
     using St = adamw_state<state_codec::e4m3_scaled, state_codec::dynamic8, Master>;
     St whole(n), parts(n);
     const auto w0 = normal_vec(g, n);
@@ -230,13 +239,46 @@ TEST_CASE_TEMPLATE("a flat split on block boundaries gives the same bits as unsh
         std::uint64_t zeroed = 0;
         for (int s = 0; s < 3; ++s) {
             const auto shard = parts.ref().shard(bounds[s], bounds[s + 1] - bounds[s]);
-            const auto rs = adamw_step(on_host(), shard, span<const float>(gr.data() + bounds[s], bounds[s + 1] - bounds[s]), h, t, 1e-3f);
+            const auto rs = adamw_step(
+                on_host(), shard, span<const float>(gr.data() + bounds[s], bounds[s + 1] - bounds[s]), h, t, 1e-3f);
             zeroed += rs.blocks_zeroed;
         }
         CHECK(zeroed == rw.blocks_zeroed);
     }
     CHECK(same_bits(whole, parts));
     CHECK_THROWS_WITH_AS(parts.ref().shard(100, 256), doctest::Contains("argument 'begin'"), octet::error);
+}
+
+TEST_CASE(
+    "bf16_stochastic moments: shards and thread counts give the same bits; m, v and the weights draw different bits") {
+    auto g = octet_test::rng(18);
+    const std::size_t n = 256 * 9 + 40;
+    adamw_hyper h;
+    h.seed = 77;
+    using St = adamw_state<state_codec::bf16_stochastic, state_codec::bf16_stochastic, master::bf16_stochastic>;
+    St whole(n), parts(n), threads(n);
+    const auto w0 = normal_vec(g, n);
+    for (St* s : {&whole, &parts, &threads}) s->set_params(as_cspan(w0));
+    for (std::uint64_t t = 1; t <= 3; ++t) {
+        const auto gr = normal_vec(g, n, 0.1f);
+        adamw_step(on_host(1), whole.ref(), as_cspan(gr), h, t, 1e-3f);
+        adamw_step(on_host(3), threads.ref(), as_cspan(gr), h, t, 1e-3f);
+        const std::size_t cut = 256 * 4;
+        adamw_step(on_host(), parts.ref().shard(0, cut), span<const float>(gr.data(), cut), h, t, 1e-3f);
+        adamw_step(on_host(), parts.ref().shard(cut, n - cut), span<const float>(gr.data() + cut, n - cut), h, t,
+                   1e-3f);
+    }
+    CHECK(same_bits(whole, parts));
+    CHECK(same_bits(whole, threads));
+    // the three streams are disjoint: the words for element i differ between m, v and the weights
+    const philox_stream rng{h.seed, 3};
+    std::size_t same = 0;
+    for (std::uint64_t i = 0; i < n; ++i) {
+        const std::uint32_t wm = rng.block(moment_random_block<moment::first>(i)).v[i & 3];
+        const std::uint32_t wv = rng.block(moment_random_block<moment::second>(i)).v[i & 3];
+        same += (wm == wv) + (wm == rng.bits(i)) + (wv == rng.bits(i));
+    }
+    CHECK(same == 0);
 }
 
 TEST_CASE("non-finite gradients: skip the step, or zero the offending block's moments") {
@@ -255,7 +297,7 @@ TEST_CASE("non-finite gradients: skip the step, or zero the offending block's mo
 
     SUBCASE("skip_step: nothing is written") {
         St st = base;
-        h.on_nonfinite = nonfinite_policy::skip_step;
+        h.on_nonfinite = grad_nonfinite_policy::skip_step;
         const auto r = adamw_step(on_host(), st.ref(), as_cspan(gr), h, 4, 1e-3f);
         CHECK(r.skipped == 1);
         CHECK(r.nonfinite_gradients == 3);
@@ -265,7 +307,7 @@ TEST_CASE("non-finite gradients: skip the step, or zero the offending block's mo
     }
     SUBCASE("zero_block: offending blocks keep their weights and restart their moments") {
         St st = base, clean = base;
-        h.on_nonfinite = nonfinite_policy::zero_block;
+        h.on_nonfinite = grad_nonfinite_policy::zero_block;
         const auto r = adamw_step(on_host(), st.ref(), as_cspan(gr), h, 4, 1e-3f);
         CHECK(r.skipped == 0);
         CHECK(r.nonfinite_gradients == 3);
@@ -295,8 +337,9 @@ TEST_CASE("non-finite gradients: skip the step, or zero the offending block's mo
     }
 }
 
-TEST_CASE_TEMPLATE("zero and tiny second moments do not blow up the update", Codec, state_codec::fp32, state_codec::bf16,
-                   state_codec::e4m3_scaled, state_codec::e4m3_expanded, state_codec::dynamic8) {
+TEST_CASE_TEMPLATE("zero and tiny second moments do not blow up the update", Codec, state_codec::fp32,
+                   state_codec::bf16, state_codec::bf16_stochastic, state_codec::e4m3_scaled,
+                   state_codec::e4m3_expanded, state_codec::dynamic8) {
     // Every group mixes elements with no gradient, gradients of 1e-30 and of 1e3, and elements
     // whose gradient arrives only late. Exact Adam bounds the direction:
     //   |m_hat| / sqrt(v_hat) <= C_t = (1-b1)/sqrt(1-b2) sqrt(sum_j<t (b1^2/b2)^j) sqrt(1-b2^t)/(1-b1^t)
@@ -324,7 +367,8 @@ TEST_CASE_TEMPLATE("zero and tiny second moments do not blow up the update", Cod
         const auto before = st.params;
         adamw_step(on_host(), st.ref(), as_cspan(gr), h, t, lr);
         sum += std::pow(b1 * b1 / b2, static_cast<double>(t - 1));
-        const double ct = (1 - b1) / std::sqrt(1 - b2) * std::sqrt(sum) * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+        const double ct =
+            (1 - b1) / std::sqrt(1 - b2) * std::sqrt(sum) * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
         for (std::size_t i = 0; i < n; ++i) {
             const double step = std::abs(static_cast<double>(st.params[i]) - before[i]);
             CHECK(std::isfinite(st.params[i]));
@@ -347,27 +391,36 @@ TEST_CASE("master weights: updates below half a bf16 ulp survive with stochastic
         std::vector<typename M::weight_type> w(n);
         std::vector<bf16> c(n, bf16{0});
         for (auto& x : w) {
-            if constexpr (std::is_same_v<typename M::weight_type, float>) x = 1.0f;
-            else x = to_bf16(1.0f);
+            if constexpr (std::is_same_v<typename M::weight_type, float>)
+                x = 1.0f;
+            else
+                x = to_bf16(1.0f);
         }
         const philox_stream rng{7, 0};
         for (int s = 0; s < steps; ++s)
             for (std::size_t i = 0; i < n; ++i) {
                 no_compensation none;
                 auto& comp = [&]() -> auto& {
-                    if constexpr (M::has_compensation) return c[i];
-                    else return none;
-                }();
+                    if constexpr (M::has_compensation)
+                        return c[i];
+                    else
+                        return none;
+                }
+                ();
                 const float target = M::load(w[i], comp) + delta;
                 M::store(target, w[i], comp, rng.bits(static_cast<std::uint64_t>(s) * n + i));
             }
         double mean = 0, mean_hi = 0;
         for (std::size_t i = 0; i < n; ++i) {
             no_compensation none;
-            if constexpr (M::has_compensation) mean += M::load(w[i], c[i]);
-            else mean += M::load(w[i], none);
-            if constexpr (std::is_same_v<typename M::weight_type, float>) mean_hi += w[i];
-            else mean_hi += to_float(w[i]);
+            if constexpr (M::has_compensation)
+                mean += M::load(w[i], c[i]);
+            else
+                mean += M::load(w[i], none);
+            if constexpr (std::is_same_v<typename M::weight_type, float>)
+                mean_hi += w[i];
+            else
+                mean_hi += to_float(w[i]);
         }
         return std::make_pair(mean / n, mean_hi / n);
     };
@@ -376,8 +429,8 @@ TEST_CASE("master weights: updates below half a bf16 ulp survive with stochastic
     const auto [sr, sr_hi] = run(master::bf16_stochastic{});
     const auto [kh, kh_hi] = run(master::bf16_kahan{});
     MESSAGE("after 200 updates of 2^-10 from 1.0 (exact " << expect << "): fp32 " << f32 << ", bf16 nearest " << rn
-                                                            << ", bf16 stochastic (mean of 4096) " << sr << ", bf16 Kahan " << kh
-                                                            << " (bf16 part " << kh_hi << ")");
+                                                          << ", bf16 stochastic (mean of 4096) " << sr
+                                                          << ", bf16 Kahan " << kh << " (bf16 part " << kh_hi << ")");
     CHECK(f32 == doctest::Approx(expect).epsilon(1e-6));
     CHECK(rn == 1.0);  // every update lost
     // SR: each rounding has variance <= ulp^2 / 4; the mean of 4096 independent runs of 200
@@ -417,8 +470,10 @@ TEST_CASE_TEMPLATE("small learning rates: bf16 nearest stalls inside the fused s
     mean /= n;
     const double moved_ref = 1.5 - mean_ref, moved = 1.5 - mean;
     MESSAGE("moved " << moved << " (fp32 master: " << moved_ref << ")");
-    if (std::is_same_v<Master, master::bf16_nearest>) CHECK(moved == 0.0);
-    else CHECK(moved == doctest::Approx(moved_ref).epsilon(0.02));  // 2%: SR noise of the mean is ~0.1%
+    if (std::is_same_v<Master, master::bf16_nearest>)
+        CHECK(moved == 0.0);
+    else
+        CHECK(moved == doctest::Approx(moved_ref).epsilon(0.02));  // 2%: SR noise of the mean is ~0.1%
 }
 
 TEST_CASE("stochastic rounding is reproducible from (seed, step, element) and changes with the seed") {
@@ -474,7 +529,8 @@ TEST_CASE("bytes per parameter and the memory ledger") {
     c.activation_bytes = 15;
     CHECK(optimizer_memory_ledger(c).total() == 55);
     CHECK(setup.scaled({{memory_category::weights, 0.5}}).total() == 90);
-    CHECK_THROWS_AS(bytes_per_parameter(optimizer_memory_config{1, state_codec_id::fp32, state_codec_id::fp32, master_weights_id::fp32, -1}),
+    CHECK_THROWS_AS(bytes_per_parameter(optimizer_memory_config{1, state_codec_id::fp32, state_codec_id::fp32,
+                                                                master_weights_id::fp32, -1}),
                     octet::error);
 }
 
@@ -482,22 +538,30 @@ TEST_CASE("the step rejects bad arguments") {
     adamw_state<state_codec::dynamic8> st(1000);
     std::vector<float> gr(1000), short_g(999);
     adamw_hyper h;
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(short_g), h, 1, 1e-3f), doctest::Contains("argument 'grads'"), octet::error);
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 0, 1e-3f), doctest::Contains("argument 'step'"), octet::error);
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, -1.0f), doctest::Contains("argument 'lr'"), octet::error);
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, NAN), doctest::Contains("argument 'lr'"), octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(short_g), h, 1, 1e-3f),
+                         doctest::Contains("argument 'grads'"), octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 0, 1e-3f),
+                         doctest::Contains("argument 'step'"), octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, -1.0f), doctest::Contains("argument 'lr'"),
+                         octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, NAN), doctest::Contains("argument 'lr'"),
+                         octet::error);
     h.eps = 0;
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, 1e-3f), doctest::Contains("argument 'hyper.eps'"), octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, 1e-3f),
+                         doctest::Contains("argument 'hyper.eps'"), octet::error);
     h = {};
     h.beta2 = 1.0f;
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, 1e-3f), doctest::Contains("argument 'hyper.beta2'"), octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, 1e-3f),
+                         doctest::Contains("argument 'hyper.beta2'"), octet::error);
     h = {};
     auto r = st.ref();
     r.m_meta = r.m_meta.subspan(0, 3);
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), r, as_cspan(gr), h, 1, 1e-3f), doctest::Contains("argument 'state.m_meta'"), octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), r, as_cspan(gr), h, 1, 1e-3f),
+                         doctest::Contains("argument 'state.m_meta'"), octet::error);
     r = st.ref();
     r.element_offset = 128;
-    CHECK_THROWS_WITH_AS(adamw_step(on_host(), r, as_cspan(gr), h, 1, 1e-3f), doctest::Contains("argument 'state.element_offset'"), octet::error);
+    CHECK_THROWS_WITH_AS(adamw_step(on_host(), r, as_cspan(gr), h, 1, 1e-3f),
+                         doctest::Contains("argument 'state.element_offset'"), octet::error);
     // an empty state is fine
     adamw_state<state_codec::dynamic8> empty(0);
     CHECK(adamw_step(on_host(), empty.ref(), span<const float>(), h, 1, 1e-3f).nonfinite_gradients == 0);

@@ -4,19 +4,55 @@
 // octet::error with the state untouched, and the atomic save (a failed save loses nothing).
 #include <doctest/doctest.h>
 
+#include <dirent.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <string>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <thread>
 #include <vector>
 
 #include "octet/optim/checkpoint.hpp"
 #include "octet/optim/optimizer.hpp"
 #include "support/random.hpp"
+
+// The largest single allocation while `tracking` is set: checks that loading a tiny state does
+// not allocate a megabyte per section. (Replacing the global operator new is allowed in a
+// program; each test file is its own program.)
+static std::atomic<bool> tracking{false};
+static std::atomic<std::size_t> largest_allocation{0};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // GCC pairs the replaced new/delete with malloc/free itself
+#endif
+void* operator new(std::size_t size) {
+    if (tracking.load(std::memory_order_relaxed)) {
+        std::size_t seen = largest_allocation.load();
+        while (size > seen && !largest_allocation.compare_exchange_weak(seen, size)) {
+        }
+    }
+    if (void* p = std::malloc(size ? size : 1)) return p;
+    throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+    std::free(p);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 using namespace octet;
 
@@ -26,6 +62,20 @@ namespace {
 std::string scratch(const char* name) {
     static int counter = 0;
     return "/tmp/octet_optim_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + name;
+}
+
+/// The files in path's folder whose names start with path's name (temporaries included), sorted.
+std::vector<std::string> files_starting_with(const std::string& path) {
+    const std::size_t slash = path.find_last_of('/');
+    const std::string folder = path.substr(0, slash), name = path.substr(slash + 1);
+    std::vector<std::string> out;
+    if (DIR* d = ::opendir(folder.c_str())) {
+        while (const dirent* e = ::readdir(d))
+            if (std::string(e->d_name).compare(0, name.size(), name) == 0) out.push_back(folder + "/" + e->d_name);
+        ::closedir(d);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
 }
 
 std::vector<unsigned char> read_all(const std::string& path) {
@@ -59,8 +109,8 @@ bool same_bits(const State& a, const State& b) {
     auto eq = [](const auto& x, const auto& y) {
         return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
     };
-    return eq(a.params, b.params) && eq(a.compensation, b.compensation) && eq(a.m_codes, b.m_codes) && eq(a.m_meta, b.m_meta) &&
-           eq(a.v_codes, b.v_codes) && eq(a.v_meta, b.v_meta);
+    return eq(a.params, b.params) && eq(a.compensation, b.compensation) && eq(a.m_codes, b.m_codes) &&
+           eq(a.m_meta, b.m_meta) && eq(a.v_codes, b.v_codes) && eq(a.v_meta, b.v_meta);
 }
 
 using opt_t = adamw_optimizer<state_codec::e4m3_expanded, state_codec::dynamic8, master::bf16_kahan>;
@@ -69,7 +119,7 @@ opt_t trained(std::size_t n, int steps, std::uint64_t salt) {
     auto g = octet_test::rng(salt);
     adamw_hyper h;
     h.seed = 11;
-    h.on_nonfinite = nonfinite_policy::zero_block;
+    h.on_nonfinite = grad_nonfinite_policy::zero_block;
     opt_t opt(n, h);
     opt.state.set_params(as_cspan(normal_vec(g, n)));
     for (int t = 0; t < steps; ++t) opt.step(on_host(), as_cspan(normal_vec(g, n, 0.01f)), 1e-3f);
@@ -103,12 +153,12 @@ TEST_CASE("the file is little-endian with the stated layout") {
     const auto f = read_all(path);
     REQUIRE(f.size() > 200);
     CHECK(std::memcmp(f.data(), "OCTETADW", 8) == 0);
-    CHECK((f[8] == 1 && f[9] == 0 && f[10] == 0 && f[11] == 0));                              // version 1, LE
+    CHECK((f[8] == 1 && f[9] == 0 && f[10] == 0 && f[11] == 0));                                // version 1, LE
     CHECK((f[24] == static_cast<unsigned char>(state_codec_id::e4m3_expanded) && f[25] == 0));  // m codec id
     CHECK((f[28] == static_cast<unsigned char>(state_codec_id::dynamic8) && f[29] == 0));
     CHECK((f[32] == static_cast<unsigned char>(master_weights_id::bf16_kahan)));
     CHECK((f[40] == (n & 0xFF) && f[41] == (n >> 8) && f[42] == 0));  // elements, u64 LE
-    CHECK(f[56] == 3);                                               // steps taken
+    CHECK(f[56] == 3);                                                // steps taken
     std::uint32_t beta1 = 0;
     for (int i = 3; i >= 0; --i) beta1 = (beta1 << 8) | f[72 + i];
     CHECK(bits_to_float(beta1) == opt.hyper.beta1);
@@ -121,16 +171,17 @@ TEST_CASE("the file is little-endian with the stated layout") {
     CHECK(info.elements == n);
     CHECK(info.steps == 3);
     CHECK(info.hyper.seed == 11);
-    CHECK(info.hyper.on_nonfinite == nonfinite_policy::zero_block);
+    CHECK(info.hyper.on_nonfinite == grad_nonfinite_policy::zero_block);
     CHECK(info.octet_major == version_major);
     std::remove(path.c_str());
 }
 
-TEST_CASE_TEMPLATE("resume is bit-exact: N steps, save, load, M steps == N + M steps", Cfg,
-                   adamw_optimizer<state_codec::fp32>,
-                   adamw_optimizer<state_codec::dynamic8, state_codec::dynamic8, master::bf16_stochastic>,
-                   adamw_optimizer<state_codec::e4m3_scaled, state_codec::e4m3_expanded, master::bf16_kahan>,
-                   adamw_optimizer<state_codec::bf16, state_codec::bf16, master::bf16_nearest>) {
+TEST_CASE_TEMPLATE(
+    "resume is bit-exact: N steps, save, load, M steps == N + M steps", Cfg, adamw_optimizer<state_codec::fp32>,
+    adamw_optimizer<state_codec::dynamic8, state_codec::dynamic8, master::bf16_stochastic>,
+    adamw_optimizer<state_codec::e4m3_scaled, state_codec::e4m3_expanded, master::bf16_kahan>,
+    adamw_optimizer<state_codec::bf16, state_codec::bf16, master::bf16_nearest>,
+    adamw_optimizer<state_codec::bf16_stochastic, state_codec::bf16_stochastic, master::bf16_stochastic>) {
     auto g = octet_test::rng(22);
     const std::size_t n = 2000;
     const auto w0 = normal_vec(g, n);
@@ -174,8 +225,8 @@ TEST_CASE("truncated and corrupted files raise octet::error and leave the state 
         CHECK(same_bits(target.state, before));
     };
     // truncation anywhere: header, section header, payload, checksum, trailer
-    for (std::size_t len : {std::size_t{0}, std::size_t{5}, std::size_t{95}, std::size_t{96}, std::size_t{110}, std::size_t{500},
-                            good.size() / 2, good.size() - 13, good.size() - 1}) {
+    for (std::size_t len : {std::size_t{0}, std::size_t{5}, std::size_t{95}, std::size_t{96}, std::size_t{110},
+                            std::size_t{500}, good.size() / 2, good.size() - 13, good.size() - 1}) {
         INFO("truncated to " << len << " bytes");
         expect_failure(std::vector<unsigned char>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(len)),
                        len < 8 ? "truncated" : "truncated");
@@ -226,7 +277,8 @@ TEST_CASE("a checkpoint of another configuration or size is refused") {
     opt_t opt = trained(500, 2, 26);
     opt.save(path);
     adamw_optimizer<state_codec::dynamic8, state_codec::dynamic8, master::bf16_kahan> other_codec(500);
-    CHECK_THROWS_WITH_AS(other_codec.load(path), doctest::Contains("e4m3_expanded/dynamic8 with bf16_kahan"), octet::error);
+    CHECK_THROWS_WITH_AS(other_codec.load(path), doctest::Contains("e4m3_expanded/dynamic8 with bf16_kahan"),
+                         octet::error);
     adamw_optimizer<state_codec::e4m3_expanded, state_codec::dynamic8, master::bf16_stochastic> other_master(500);
     CHECK_THROWS_WITH_AS(other_master.load(path), doctest::Contains("master weights"), octet::error);
     opt_t other_size(512);
@@ -236,7 +288,8 @@ TEST_CASE("a checkpoint of another configuration or size is refused") {
     const std::string shard_path = scratch("shard");
     save_adamw_checkpoint(shard_path, shard, opt.hyper, opt.steps);
     CHECK(read_adamw_checkpoint_info(shard_path).element_offset == 256);
-    CHECK_THROWS_WITH_AS(load_adamw_checkpoint(shard_path, opt.state.ref().shard(0, 244)), doctest::Contains("at offset 256"), octet::error);
+    CHECK_THROWS_WITH_AS(load_adamw_checkpoint(shard_path, opt.state.ref().shard(0, 244)),
+                         doctest::Contains("at offset 256"), octet::error);
     load_adamw_checkpoint(shard_path, shard);
     std::remove(path.c_str());
     std::remove(shard_path.c_str());
@@ -247,17 +300,158 @@ TEST_CASE("saving is atomic: a failed save leaves the previous checkpoint intact
     opt_t opt = trained(600, 3, 27);
     opt.save(path);
     const auto saved = read_all(path);
-    CHECK(access((path + ".tmp").c_str(), F_OK) != 0);  // no temporary left behind
-    // make the next save fail: its temporary file cannot be created (a directory is in the way)
-    REQUIRE(::mkdir((path + ".tmp").c_str(), 0700) == 0);
+    // make the next save fail half-way, as a full disk does: files may not grow past 1000 bytes
     opt.step(on_host(), as_cspan(std::vector<float>(600, 0.1f)), 1e-3f);
-    CHECK_THROWS_WITH_AS(opt.save(path), doctest::Contains("argument 'path'"), octet::error);
-    ::rmdir((path + ".tmp").c_str());
-    CHECK(read_all(path) == saved);  // the old checkpoint, byte for byte
+    {
+        const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+        rlimit old_limit{};
+        REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+        rlimit small = old_limit;
+        small.rlim_cur = 1000;
+        REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+        CHECK_THROWS_WITH_AS(opt.save(path), doctest::Contains("disk full or I/O error"), octet::error);
+        REQUIRE(::setrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+        std::signal(SIGXFSZ, old_handler);
+    }
+    CHECK(read_all(path) == saved);                                      // the old checkpoint, byte for byte
+    CHECK(files_starting_with(path) == std::vector<std::string>{path});  // and the partial temporary is gone
     opt_t reloaded(600);
     reloaded.load(path);
     CHECK(reloaded.steps == 3);
     // a save into a folder that does not exist fails cleanly too
     CHECK_THROWS_AS(opt.save("/nonexistent_octet_dir/x.ckpt"), octet::error);
+    std::remove(path.c_str());
+}
+
+TEST_CASE("concurrent saves to one path: each writes its own temporary, the file is always one whole checkpoint") {
+    char folder_template[] = "/tmp/octet_ckpt_concurrent_XXXXXX";
+    REQUIRE(::mkdtemp(folder_template) != nullptr);
+    const std::string folder = folder_template, path = folder + "/state.ckpt";
+    opt_t a = trained(700, 3, 30), b = trained(700, 5, 31);
+    std::atomic<int> failures{0};
+    auto saver = [&](opt_t& opt) {
+        for (int k = 0; k < 25; ++k) {
+            try {
+                opt.save(path);
+            } catch (const octet::error&) {
+                failures += 1;
+            }
+        }
+    };
+    std::thread ta(saver, std::ref(a)), tb(saver, std::ref(b));
+    ta.join();
+    tb.join();
+    CHECK(failures == 0);
+    CHECK(files_starting_with(path) == std::vector<std::string>{path});  // no temporaries left over
+    opt_t loaded(700);
+    loaded.load(path);  // verifies every checksum
+    CHECK((same_bits(loaded.state, a.state) || same_bits(loaded.state, b.state)));
+    CHECK((loaded.steps == 3 || loaded.steps == 5));
+    std::remove(path.c_str());
+    ::rmdir(folder.c_str());
+}
+
+TEST_CASE("a save to a bare file name flushes the current folder") {
+    char folder_template[] = "/tmp/octet_ckpt_cwd_XXXXXX";
+    REQUIRE(::mkdtemp(folder_template) != nullptr);
+    char old_cwd[4096];
+    REQUIRE(::getcwd(old_cwd, sizeof old_cwd) != nullptr);
+    REQUIRE(::chdir(folder_template) == 0);
+    opt_t opt = trained(300, 2, 32);
+    CHECK_NOTHROW(opt.save("bare.ckpt"));
+    opt_t loaded(300);
+    loaded.load("bare.ckpt");
+    CHECK(same_bits(loaded.state, opt.state));
+    std::remove("bare.ckpt");
+    REQUIRE(::chdir(old_cwd) == 0);
+    ::rmdir(folder_template);
+}
+
+TEST_CASE("a folder is reported as a folder, not as a truncated file") {
+    char folder_template[] = "/tmp/octet_ckpt_dir_XXXXXX";
+    REQUIRE(::mkdtemp(folder_template) != nullptr);
+    const std::string folder = folder_template;
+    opt_t opt = trained(300, 2, 33);
+    const auto before = opt.state;
+    CHECK_THROWS_WITH_AS(opt.load(folder), doctest::Contains("is a directory"), octet::error);
+    CHECK(same_bits(opt.state, before));
+    CHECK_THROWS_WITH_AS(read_adamw_checkpoint_info(folder), doctest::Contains("is a directory"), octet::error);
+    CHECK_THROWS_WITH_AS(opt.save(folder), doctest::Contains("is a directory"), octet::error);
+    CHECK(files_starting_with(folder) == std::vector<std::string>{folder});  // the save left no temporary beside it
+    ::rmdir(folder.c_str());
+}
+
+TEST_CASE("every header field is range-checked at load (the header CRC recomputed each time)") {
+    const std::size_t n = 512;
+    opt_t opt = trained(n, 3, 34);
+    const std::string path = scratch("fields");
+    opt.save(path);
+    const auto good = read_all(path);
+    opt_t target = trained(n, 1, 35);
+    const auto before = target.state;
+    auto with = [&](std::size_t at, std::uint32_t value, int bytes) {
+        auto bad = good;
+        for (int i = 0; i < bytes; ++i)
+            bad[at + static_cast<std::size_t>(i)] = static_cast<unsigned char>(value >> (8 * i));
+        const std::uint32_t c = crc32(bad.data(), 92);
+        for (int i = 0; i < 4; ++i) bad[92 + i] = static_cast<unsigned char>(c >> (8 * i));
+        return bad;
+    };
+    struct field {
+        std::size_t at;
+        std::uint32_t value;
+        int bytes;
+        const char* says;
+    };
+    const field fields[] = {{12, 1, 4, "reserved"},
+                            {22, 5, 2, "reserved"},
+                            {24, 99, 4, "unknown first-moment codec id 99"},
+                            {28, 0, 4, "unknown second-moment codec id 0"},
+                            {32, 7, 4, "unknown master-weights id 7"},
+                            {36, 0, 4, "unknown non-finite policy id 0"},
+                            {36, 3, 4, "unknown non-finite policy id 3"},
+                            {48, 100, 4, "offsets are multiples of 256"},
+                            {72, float_to_bits(1.0f), 4, "beta1 1"},
+                            {76, float_to_bits(-0.5f), 4, "must lie in [0, 1)"},
+                            {76, 0x7FC00000u, 4, "must lie in [0, 1)"},
+                            {80, float_to_bits(0.0f), 4, "has eps 0"},
+                            {80, 0x7F800000u, 4, "has eps inf"},
+                            {84, float_to_bits(-1.0f), 4, "has weight_decay -1"}};
+    for (const field& f : fields) {
+        INFO("byte " << f.at << " = " << f.value);
+        write_all(path, with(f.at, f.value, f.bytes));
+        CHECK_THROWS_WITH_AS(target.load(path), doctest::Contains(f.says), octet::error);
+        CHECK_THROWS_WITH_AS(read_adamw_checkpoint_info(path), doctest::Contains(f.says), octet::error);
+        CHECK(same_bits(target.state, before));
+    }
+    // the same edits with in-range values load (the check is not stricter than the format)
+    write_all(path, with(36, static_cast<std::uint32_t>(grad_nonfinite_policy::skip_step), 4));
+    CHECK(read_adamw_checkpoint_info(path).hyper.on_nonfinite == grad_nonfinite_policy::skip_step);
+    write_all(path, with(84, float_to_bits(0.0f), 4));
+    CHECK(read_adamw_checkpoint_info(path).hyper.weight_decay == 0.0f);
+    std::remove(path.c_str());
+}
+
+TEST_CASE("section reads and writes allocate by what the section holds, not 1 MiB each") {
+    using small_t = adamw_optimizer<state_codec::fp32>;
+    small_t opt(256);
+    const std::string path = scratch("small");
+    tracking = true;
+    opt.save(path);
+    small_t loaded(256);
+    loaded.load(path);
+    tracking = false;
+    MESSAGE("largest allocation while saving and loading a 256-element state: " << largest_allocation.load()
+                                                                                << " bytes");
+    CHECK(largest_allocation.load() <= 4096);  // a section of 256 floats is 1 KiB
+    CHECK(same_bits(loaded.state, opt.state));
+    // a large state still streams in chunks of at most 1 MiB
+    small_t big(600000);
+    big.save(path);
+    largest_allocation = 0;
+    tracking = true;
+    big.load(path);
+    tracking = false;
+    CHECK(largest_allocation.load() <= (std::size_t{1} << 20) + 4096);
     std::remove(path.c_str());
 }

@@ -35,8 +35,7 @@ moments realistic_moments(std::uint64_t salt, std::size_t tensors = 64, std::siz
     std::vector<double> scale(n);
     for (std::size_t t = 0; t < tensors; ++t) {
         const double ts = std::pow(10.0, decade(g));
-        for (std::size_t i = 0; i < per; ++i)
-            scale[t * per + i] = ts * (u01(g) < 0.02 ? 1e-4 : std::exp(normal(g)));
+        for (std::size_t i = 0; i < per; ++i) scale[t * per + i] = ts * (u01(g) < 0.02 ? 1e-4 : std::exp(normal(g)));
     }
     moments mo{std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
     for (int step = 0; step < 64; ++step)
@@ -48,7 +47,9 @@ moments realistic_moments(std::uint64_t salt, std::size_t tensors = 64, std::siz
     return mo;
 }
 
-std::vector<float> to_float_vec(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+std::vector<float> to_float_vec(const std::vector<double>& x) {
+    return std::vector<float>(x.begin(), x.end());
+}
 std::vector<float> sqrt_of(const std::vector<float>& x) {
     std::vector<float> y(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) y[i] = static_cast<float>(std::sqrt(static_cast<double>(x[i])));
@@ -56,10 +57,11 @@ std::vector<float> sqrt_of(const std::vector<float>& x) {
 }
 
 template <class Codec, moment K>
-std::vector<float> round_trip(const std::vector<float>& x, std::vector<typename Codec::meta_type>* meta_out = nullptr) {
+std::vector<float> round_trip(const std::vector<float>& x, std::vector<typename Codec::meta_type>* meta_out = nullptr,
+                              const philox_stream& rng = {}) {
     std::vector<typename Codec::code_type> codes(x.size());
     std::vector<typename Codec::meta_type> meta(state_meta_count<Codec>(x.size()));
-    encode_moments<Codec, K>(on_host(), as_cspan(x), as_span(codes), as_span(meta));
+    encode_moments<Codec, K>(on_host(), as_cspan(x), as_span(codes), as_span(meta), rng);
     std::vector<float> y(x.size());
     decode_moments<Codec, K>(on_host(), as_cspan(codes), as_cspan(meta), as_span(y));
     if (meta_out) *meta_out = meta;
@@ -97,10 +99,10 @@ double worst_excess(const std::vector<double>& exact, const std::vector<float>& 
 }
 
 // E4M3 facts used by the bounds (read from the format's traits).
-const double e4m3_max = e4m3::max_finite_d;                // 448
-const double e4m3_half_ulp_rel = std::ldexp(1.0, -4);      // 3 mantissa bits: half an ulp <= 2^-4 |x| in the normal range
-const double e4m3_min_sub = e4m3::min_subnormal_d;         // 2^-9
-const double float_slack = 4 * std::ldexp(1.0, -24);       // scale multiply, its reciprocal, the decode multiply
+const double e4m3_max = e4m3::max_finite_d;            // 448
+const double e4m3_half_ulp_rel = std::ldexp(1.0, -4);  // 3 mantissa bits: half an ulp <= 2^-4 |x| in the normal range
+const double e4m3_min_sub = e4m3::min_subnormal_d;     // 2^-9
+const double float_slack = 4 * std::ldexp(1.0, -24);   // scale multiply, its reciprocal, the decode multiply
 
 }  // namespace
 
@@ -121,8 +123,10 @@ TEST_CASE("log2_rn and exp2_rn against float64 (all binades, subnormals included
         const float y = ys(g);
         const double r = std::exp2(static_cast<double>(y));
         const double p = od::exp2_rn(y);
-        if (r >= std::ldexp(1.0, -126)) worst_exp = std::max(worst_exp, std::abs(p - r) / r);
-        else worst_sub = std::max(worst_sub, std::abs(p - r) / std::ldexp(1.0, -149));
+        if (r >= std::ldexp(1.0, -126))
+            worst_exp = std::max(worst_exp, std::abs(p - r) / r);
+        else
+            worst_sub = std::max(worst_sub, std::abs(p - r) / std::ldexp(1.0, -149));
     }
     MESSAGE("log2_rn worst excess over (2 ulp + 5e-8): " << worst_log << "; exp2_rn worst relative error " << worst_exp
                                                          << "; subnormal results within " << worst_sub << " x 2^-149");
@@ -179,13 +183,14 @@ TEST_CASE("dynamic8 encodes to the nearest entry (brute force over the table)") 
             const int size = second ? 256 : 128;
             int best = 0;
             for (int j = 1; j < size; ++j)
-                if (std::abs(static_cast<double>(vals[j]) - a) < std::abs(static_cast<double>(vals[best]) - a)) best = j;
+                if (std::abs(static_cast<double>(vals[j]) - a) < std::abs(static_cast<double>(vals[best]) - a))
+                    best = j;
             // skip inputs within a float ulp of a midpoint (the rounded midpoint decides those)
             const double lo = best > 0 ? (static_cast<double>(vals[best - 1]) + vals[best]) / 2 : -1;
             const double hi = best + 1 < size ? (static_cast<double>(vals[best]) + vals[best + 1]) / 2 : 1e30;
             if (std::abs(a - lo) <= std::ldexp(lo, -23) || std::abs(a - hi) <= std::ldexp(hi, -23)) continue;
             if (second) {
-                if (x < 0) continue;  // second moments are non-negative
+                if (x < 0) continue;                               // second moments are non-negative
                 const int want = (best == 0 && x > 0) ? 1 : best;  // the floor: non-zero never encodes to 0
                 bad += state_codec::dynamic8::encode<moment::second>(x, enc, ctx) != want;
             } else {
@@ -201,7 +206,8 @@ TEST_CASE("dynamic8 encodes to the nearest entry (brute force over the table)") 
 }
 
 TEST_CASE_TEMPLATE("zero is exact and a zeroed buffer is the zero state", Codec, state_codec::fp32, state_codec::bf16,
-                   state_codec::e4m3_scaled, state_codec::e4m3_expanded, state_codec::dynamic8) {
+                   state_codec::bf16_stochastic, state_codec::e4m3_scaled, state_codec::e4m3_expanded,
+                   state_codec::dynamic8) {
     const std::size_t n = 1000;  // ragged: not a multiple of any group
     std::vector<float> zeros(n, 0.0f);
     for (float x : round_trip<Codec, moment::first>(zeros)) CHECK(x == 0.0f);
@@ -216,8 +222,9 @@ TEST_CASE_TEMPLATE("zero is exact and a zeroed buffer is the zero state", Codec,
     CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
 }
 
-TEST_CASE_TEMPLATE("second moments: never negative, non-zero never decodes to zero", Codec, state_codec::fp32, state_codec::bf16,
-                   state_codec::e4m3_scaled, state_codec::e4m3_expanded, state_codec::dynamic8) {
+TEST_CASE_TEMPLATE("second moments: never negative, non-zero never decodes to zero", Codec, state_codec::fp32,
+                   state_codec::bf16, state_codec::bf16_stochastic, state_codec::e4m3_scaled,
+                   state_codec::e4m3_expanded, state_codec::dynamic8) {
     // Groups whose magnitudes span 2^-140 .. 2^60 (far beyond every 8-bit codec's range), exact
     // zeros, and float subnormals.
     auto g = octet_test::rng(3);
@@ -264,24 +271,69 @@ TEST_CASE("codec error on realistic moments against float64, with per-element bo
             sh[i] = std::sqrt(vh[i]);
             dh[i] = static_cast<float>(mh[i] / (std::sqrt(static_cast<double>(vh[i])) + eps));
         }
-        const error_stats em = measure(mo.m, mh), ev = measure(mo.v, vh), es = measure(sqrt_v, sh), ed = measure(dir, dh);
-        MESSAGE(name << ": m rel-RMS " << em.rel_rms << " median " << em.median_rel << " p99 " << em.p99_rel << " | v rel-RMS "
-                     << ev.rel_rms << " median " << ev.median_rel << " p99 " << ev.p99_rel << " | sqrt(v) p99 " << es.p99_rel
-                     << " | update m/(sqrt v+eps) rel-RMS " << ed.rel_rms << " median " << ed.median_rel);
+        const error_stats em = measure(mo.m, mh), ev = measure(mo.v, vh), es = measure(sqrt_v, sh),
+                          ed = measure(dir, dh);
+        MESSAGE(name << ": m rel-RMS " << em.rel_rms << " median " << em.median_rel << " p99 " << em.p99_rel
+                     << " | v rel-RMS " << ev.rel_rms << " median " << ev.median_rel << " p99 " << ev.p99_rel
+                     << " | sqrt(v) p99 " << es.p99_rel << " | update m/(sqrt v+eps) rel-RMS " << ed.rel_rms
+                     << " median " << ed.median_rel);
         return std::make_pair(em, ed);
     };
 
     SUBCASE("fp32: exact") {
-        const auto mh = round_trip<state_codec::fp32, moment::first>(m), vh = round_trip<state_codec::fp32, moment::second>(v);
+        const auto mh = round_trip<state_codec::fp32, moment::first>(m),
+                   vh = round_trip<state_codec::fp32, moment::second>(v);
         CHECK(mh == m);
         CHECK(vh == v);
     }
     SUBCASE("bf16: |err| <= 2^-8 |x| (nearest-even, 8 significant bits)") {
-        const auto mh = round_trip<state_codec::bf16, moment::first>(m), vh = round_trip<state_codec::bf16, moment::second>(v);
+        const auto mh = round_trip<state_codec::bf16, moment::first>(m),
+                   vh = round_trip<state_codec::bf16, moment::second>(v);
         report("bf16", mh, vh);
         // unit roundoff 2^-8, plus the float rounding of the input (2^-24)
-        CHECK(worst_excess(mo.m, mh, [&](std::size_t i) { return std::ldexp(std::abs(mo.m[i]), -8) * (1 + 1e-6); }) <= 0);
-        CHECK(worst_excess(mo.v, vh, [&](std::size_t i) { return std::ldexp(std::abs(mo.v[i]), -8) * (1 + 1e-6); }) <= 0);
+        CHECK(worst_excess(mo.m, mh, [&](std::size_t i) { return std::ldexp(std::abs(mo.m[i]), -8) * (1 + 1e-6); }) <=
+              0);
+        CHECK(worst_excess(mo.v, vh, [&](std::size_t i) { return std::ldexp(std::abs(mo.v[i]), -8) * (1 + 1e-6); }) <=
+              0);
+    }
+    SUBCASE("bf16_stochastic: |err| < 2^-7 |x| (one ulp), unbiased over draws") {
+        using C = state_codec::bf16_stochastic;
+        const auto mh = round_trip<C, moment::first>(m, nullptr, philox_stream{7, 1}),
+                   vh = round_trip<C, moment::second>(v, nullptr, philox_stream{7, 1});
+        report("bf16_stochastic", mh, vh);
+        CHECK(worst_excess(mo.m, mh, [&](std::size_t i) { return std::ldexp(std::abs(mo.m[i]), -7) * (1 + 1e-6); }) <=
+              0);
+        CHECK(worst_excess(mo.v, vh, [&](std::size_t i) { return std::ldexp(std::abs(mo.v[i]), -7) * (1 + 1e-6); }) <=
+              0);
+        // each code is one of the two bf16 neighbours of the float input
+        std::size_t elsewhere = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            const float lo = to_float(bf16{static_cast<std::uint16_t>(float_to_bits(m[i]) >> 16)});  // toward zero
+            const float hi = to_float(bf16{static_cast<std::uint16_t>((float_to_bits(m[i]) >> 16) + 1)});
+            elsewhere += !(mh[i] == lo || (mh[i] == hi && lo != m[i]));
+        }
+        CHECK(elsewhere == 0);
+        // unbiased: the mean over 400 streams of the decoded value of x lands on x (float64 oracle)
+        // to within 4 standard errors of a Bernoulli draw of one ulp
+        std::vector<float> probe(256);
+        auto g = octet_test::rng(44);
+        std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+        for (auto& x : probe) x = mant(g);
+        std::vector<double> mean(probe.size(), 0.0);
+        const int draws = 400;
+        for (int d = 0; d < draws; ++d) {
+            const auto y =
+                round_trip<C, moment::second>(probe, nullptr, philox_stream{11, static_cast<std::uint64_t>(d)});
+            for (std::size_t i = 0; i < probe.size(); ++i) mean[i] += y[i] / static_cast<double>(draws);
+        }
+        double worst_z = 0;
+        for (std::size_t i = 0; i < probe.size(); ++i) {
+            const double ulp = std::ldexp(1.0, -7), p = std::fmod(static_cast<double>(probe[i]) - 1.0, ulp) / ulp;
+            const double se = ulp * std::sqrt(std::max(p * (1 - p), 1e-12) / draws);
+            if (p > 0.05 && p < 0.95) worst_z = std::max(worst_z, std::abs(mean[i] - probe[i]) / se);
+        }
+        MESSAGE("bf16_stochastic: largest |mean - x| over 256 inputs, 400 draws: " << worst_z << " standard errors");
+        CHECK(worst_z < 4.5);
     }
     SUBCASE("e4m3_scaled: |err| <= 2^-4 |x| + half a subnormal step of the group (a full one for the v floor)") {
         using C = state_codec::e4m3_scaled;
@@ -289,13 +341,15 @@ TEST_CASE("codec error on realistic moments against float64, with per-element bo
         const auto mh = round_trip<C, moment::first>(m, &mm), vh = round_trip<C, moment::second>(v, &vm);
         report("e4m3_scaled", mh, vh);
         CHECK(worst_excess(mo.m, mh, [&](std::size_t i) {
-                  return (e4m3_half_ulp_rel * std::abs(mo.m[i]) + e4m3_min_sub / 2 * mm[i / 128].scale) * (1 + float_slack);
+                  return (e4m3_half_ulp_rel * std::abs(mo.m[i]) + e4m3_min_sub / 2 * mm[i / 128].scale) *
+                         (1 + float_slack);
               }) <= 0);
         // the second moment is coded as sqrt(v): the bound holds for sqrt(v), with a full subnormal
         // step for the floor; 2^-24 more for the float rounding of sqrt(v) and of the square
         const auto sh = sqrt_of(vh);
         CHECK(worst_excess(sqrt_v, sh, [&](std::size_t i) {
-                  return (e4m3_half_ulp_rel * sqrt_v[i] + e4m3_min_sub * vm[i / 128].scale) * (1 + float_slack) + std::ldexp(sqrt_v[i], -23);
+                  return (e4m3_half_ulp_rel * sqrt_v[i] + e4m3_min_sub * vm[i / 128].scale) * (1 + float_slack) +
+                         std::ldexp(sqrt_v[i], -23);
               }) <= 0);
         // the group scale maps the group's absmax to 448
         float absmax0 = 0;
@@ -311,15 +365,19 @@ TEST_CASE("codec error on realistic moments against float64, with per-element bo
         // half ulp shrunk by the k-th root; 1e-5 covers log2_rn/exp2_rn (a few 1e-7) and float
         // rounding of the exponent arithmetic (ulps of |log2 x| <= 130, times k / k). k = 1 is
         // the scaled codec with scale 2^(c - s): add its subnormal term.
-        auto bound = [&](const std::vector<C::meta_type>& meta, const std::vector<double>& x, std::size_t i, bool second) {
+        auto bound = [&](const std::vector<C::meta_type>& meta, const std::vector<double>& x, std::size_t i,
+                         bool second) {
             const C::meta_type& mt = meta[i / 128];
             double b = (std::pow(2.0, std::log2(1.0 + e4m3_half_ulp_rel) / mt.k) - 1.0 + 1e-5) * std::abs(x[i]);
-            if (mt.k == 1.0f) b += (second ? 1.0 : 0.5) * e4m3_min_sub * std::exp2(mt.centre_log2 - mt.scale_log2) * (1 + 1e-5);
+            if (mt.k == 1.0f)
+                b += (second ? 1.0 : 0.5) * e4m3_min_sub * std::exp2(mt.centre_log2 - mt.scale_log2) * (1 + 1e-5);
             return b;
         };
         CHECK(worst_excess(mo.m, mh, [&](std::size_t i) { return bound(mm, mo.m, i, false); }) <= 0);
         const auto sh = sqrt_of(vh);
-        CHECK(worst_excess(sqrt_v, sh, [&](std::size_t i) { return bound(vm, sqrt_v, i, true) + std::ldexp(sqrt_v[i], -23); }) <= 0);
+        CHECK(worst_excess(sqrt_v, sh, [&](std::size_t i) {
+                  return bound(vm, sqrt_v, i, true) + std::ldexp(sqrt_v[i], -23);
+              }) <= 0);
         std::size_t expanded_m = 0, expanded_v = 0, out_of_range = 0;
         for (const auto& mt : mm) {
             out_of_range += !(mt.k >= 1.0f && mt.k <= 256.0f);
@@ -330,8 +388,8 @@ TEST_CASE("codec error on realistic moments against float64, with per-element bo
             expanded_v += mt.k > 1.0f;
         }
         CHECK(out_of_range == 0);
-        MESSAGE("e4m3_expanded: k > 1 in " << expanded_m << " of " << mm.size() << " first-moment groups and " << expanded_v << " of "
-                                           << vm.size() << " second-moment groups");
+        MESSAGE("e4m3_expanded: k > 1 in " << expanded_m << " of " << mm.size() << " first-moment groups and "
+                                           << expanded_v << " of " << vm.size() << " second-moment groups");
         (void)em;
     }
     SUBCASE("dynamic8: |err| <= half the gap between the neighbouring map entries, times the block absmax") {
@@ -348,14 +406,17 @@ TEST_CASE("codec error on realistic moments against float64, with per-element bo
         };
         CHECK(worst_excess(mo.m, mh, [&](std::size_t i) {
                   const double am = mm[i / 256].absmax;
-                  return gap_bound(od::dynamic_map_signed.values, 128, std::abs(mo.m[i]) / am) * am * (1 + float_slack) + 1e-6 * std::abs(mo.m[i]);
+                  return gap_bound(od::dynamic_map_signed.values, 128, std::abs(mo.m[i]) / am) * am *
+                             (1 + float_slack) +
+                         1e-6 * std::abs(mo.m[i]);
               }) <= 0);
         const auto sh = sqrt_of(vh);  // coded as sqrt(v)
         CHECK(worst_excess(sqrt_v, sh, [&](std::size_t i) {
                   const double am = vm[i / 256].absmax;
                   const double a = sqrt_v[i] / am;  // below the smallest entry the floor rounds up: a full entry
-                  const double b = a < od::dynamic_map_unsigned.values[1] ? od::dynamic_map_unsigned.values[1]
-                                                                           : gap_bound(od::dynamic_map_unsigned.values, 256, a);
+                  const double b = a < od::dynamic_map_unsigned.values[1]
+                                       ? od::dynamic_map_unsigned.values[1]
+                                       : gap_bound(od::dynamic_map_unsigned.values, 256, a);
                   return b * am * (1 + float_slack) + 1e-6 * sqrt_v[i];
               }) <= 0);
     }
@@ -377,15 +438,15 @@ TEST_CASE("dynamic range expansion pays where groups are narrow") {
     double k_mean = 0;
     for (const auto& mt : meta) k_mean += mt.k / meta.size();
     const error_stats e = measure(x, ex), s = measure(x, sc);
-    MESSAGE("narrow groups (mean k " << k_mean << "): relative RMS " << e.rel_rms << " expanded vs " << s.rel_rms << " scaled; median "
-                                      << e.median_rel << " vs " << s.median_rel);
+    MESSAGE("narrow groups (mean k " << k_mean << "): relative RMS " << e.rel_rms << " expanded vs " << s.rel_rms
+                                     << " scaled; median " << e.median_rel << " vs " << s.median_rel);
     CHECK(k_mean > 2.0);
     CHECK(e.rel_rms <= 0.5 * s.rel_rms);
     CHECK(e.median_rel <= 0.5 * s.median_rel);
 }
 
-TEST_CASE_TEMPLATE("ragged tails and thread counts do not change codes", Codec, state_codec::e4m3_scaled, state_codec::e4m3_expanded,
-                   state_codec::dynamic8) {
+TEST_CASE_TEMPLATE("ragged tails and thread counts do not change codes", Codec, state_codec::e4m3_scaled,
+                   state_codec::e4m3_expanded, state_codec::dynamic8) {
     const moments mo = realistic_moments(5, 4, 1000);
     const auto x = to_float_vec(mo.m);  // 4000 elements: ragged for groups of 128 and 256
     std::vector<typename Codec::code_type> a(x.size()), b(x.size());
@@ -406,12 +467,14 @@ TEST_CASE("moment codecs reject bad views") {
     std::vector<float> x(300);
     std::vector<std::uint8_t> codes(300), short_codes(299);
     std::vector<state_codec::dynamic8::meta_type> meta(2), short_meta(1);
-    CHECK_THROWS_WITH_AS((encode_moments<state_codec::dynamic8, moment::first>(on_host(), as_cspan(x), as_span(short_codes), as_span(meta))),
+    CHECK_THROWS_WITH_AS((encode_moments<state_codec::dynamic8, moment::first>(on_host(), as_cspan(x),
+                                                                               as_span(short_codes), as_span(meta))),
                          doctest::Contains("argument 'codes'"), octet::error);
-    CHECK_THROWS_WITH_AS((encode_moments<state_codec::dynamic8, moment::first>(on_host(), as_cspan(x), as_span(codes), as_span(short_meta))),
+    CHECK_THROWS_WITH_AS((encode_moments<state_codec::dynamic8, moment::first>(on_host(), as_cspan(x), as_span(codes),
+                                                                               as_span(short_meta))),
                          doctest::Contains("argument 'meta'"), octet::error);
-    CHECK_THROWS_AS((decode_moments<state_codec::dynamic8, moment::first>(on_host(), span<const std::uint8_t>(nullptr, 300),
-                                                                          as_cspan(meta), as_span(x))),
+    CHECK_THROWS_AS((decode_moments<state_codec::dynamic8, moment::first>(
+                        on_host(), span<const std::uint8_t>(nullptr, 300), as_cspan(meta), as_span(x))),
                     octet::error);
     CHECK(state_meta_count<state_codec::dynamic8>(257) == 2);
     CHECK(state_meta_count<state_codec::e4m3_scaled>(257) == 3);

@@ -103,14 +103,14 @@ std::size_t differences(const State& a, const State& b) {
         for (std::size_t i = 0; i < x.size(); ++i) d += std::memcmp(&x[i], &y[i], sizeof x[i]) != 0;
         return d;
     };
-    return diff(a.params, b.params) + diff(a.compensation, b.compensation) + diff(a.m_codes, b.m_codes) + diff(a.m_meta, b.m_meta) +
-           diff(a.v_codes, b.v_codes) + diff(a.v_meta, b.v_meta);
+    return diff(a.params, b.params) + diff(a.compensation, b.compensation) + diff(a.m_codes, b.m_codes) +
+           diff(a.m_meta, b.m_meta) + diff(a.v_codes, b.v_codes) + diff(a.v_meta, b.v_meta);
 }
 
 template <class MC, class VC, class M, class G>
 void check_config(std::uint64_t salt) {
     for (std::size_t n : {std::size_t{5}, std::size_t{256}, std::size_t{1000}, std::size_t{256 * 9 + 130}}) {
-        for (auto policy : {nonfinite_policy::skip_step, nonfinite_policy::zero_block}) {
+        for (auto policy : {grad_nonfinite_policy::skip_step, grad_nonfinite_policy::zero_block}) {
             auto g = octet_test::rng(salt++);
             adamw_hyper h;
             h.on_nonfinite = policy;
@@ -128,21 +128,33 @@ void check_config(std::uint64_t salt) {
                 for (std::size_t i = 0; i < n; ++i) {
                     float x = d(g) * std::pow(10.0f, e(g));
                     if (t == 3 && i % 97 == 5) x = (i % 2) ? NAN : -INFINITY;
-                    if constexpr (std::is_same_v<G, float>) gr[i] = x;
-                    else gr[i] = to_bf16(x);
+                    if constexpr (std::is_same_v<G, float>)
+                        gr[i] = x;
+                    else
+                        gr[i] = to_bf16(x);
                 }
                 const float lr = 1e-3f * static_cast<float>(t);
                 const adamw_report hr = adamw_step(on_host(), host.ref(), as_cspan(gr), h, t, lr);
                 // the kernel's path: the same prepass decision, then every block as a warp
                 adamw_report wr;
-                if (policy == nonfinite_policy::skip_step) wr.nonfinite_gradients = count_nonfinite(on_host(), as_cspan(gr));
-                if (policy == nonfinite_policy::skip_step && wr.nonfinite_gradients) {
+                if (policy == grad_nonfinite_policy::skip_step)
+                    wr.nonfinite_gradients = count_nonfinite(on_host(), as_cspan(gr));
+                if (policy == grad_nonfinite_policy::skip_step && wr.nonfinite_gradients) {
                     wr.skipped = 1;
                 } else {
                     auto r = warp.ref();
-                    const optim_detail::adamw_block_args<MC, VC, M, G> args{r.params.data(), r.compensation.data(), r.m_codes.data(),
-                                                                            r.m_meta.data(), r.v_codes.data(), r.v_meta.data(),
-                                                                            gr.data(), n, 0, make_adamw_coeffs(h, t, lr), policy, false};
+                    const optim_detail::adamw_block_args<MC, VC, M, G> args{r.params.data(),
+                                                                            r.compensation.data(),
+                                                                            r.m_codes.data(),
+                                                                            r.m_meta.data(),
+                                                                            r.v_codes.data(),
+                                                                            r.v_meta.data(),
+                                                                            gr.data(),
+                                                                            n,
+                                                                            0,
+                                                                            make_adamw_coeffs(h, t, lr),
+                                                                            policy,
+                                                                            false};
                     std::uint64_t bad[32] = {}, zeroed[32] = {};
                     run_warp([&](thread_team team) {
                         const codec_context ctx = host_codec_context();
@@ -179,13 +191,14 @@ void check_moments(std::uint64_t salt) {
         for (auto& v : x) v = v * v;
     std::vector<typename Codec::code_type> hc(n), wc(n);
     std::vector<typename Codec::meta_type> hm(state_meta_count<Codec>(n)), wm(hm.size());
-    encode_moments<Codec, K>(on_host(), as_cspan(x), as_span(hc), as_span(hm));
+    const philox_stream rng{salt, 9};  // bits for stochastic codecs
+    encode_moments<Codec, K>(on_host(), as_cspan(x), as_span(hc), as_span(hm), rng);
     std::vector<float> hx(n), wx(n);
     decode_moments<Codec, K>(on_host(), as_cspan(hc), as_cspan(hm), as_span(hx));
     run_warp([&](thread_team team) {
         const codec_context ctx = host_codec_context();
         for (std::size_t blk = 0; blk < (n + 255) / 256; ++blk)
-            optim_detail::encode_moments_block<Codec, K>(team, x.data(), wc.data(), wm.data(), n, ctx, blk, false);
+            optim_detail::encode_moments_block<Codec, K>(team, x.data(), wc.data(), wm.data(), n, ctx, blk, false, rng);
     });
     run_warp([&](thread_team team) {
         const codec_context ctx = host_codec_context();
@@ -193,7 +206,8 @@ void check_moments(std::uint64_t salt) {
             optim_detail::decode_moments_block<Codec, K>(team, wc.data(), wm.data(), wx.data(), n, ctx, blk, false);
     });
     std::size_t bad = 0;
-    for (std::size_t i = 0; i < n; ++i) bad += std::memcmp(&hc[i], &wc[i], sizeof hc[i]) != 0 || std::memcmp(&hx[i], &wx[i], 4) != 0;
+    for (std::size_t i = 0; i < n; ++i)
+        bad += std::memcmp(&hc[i], &wc[i], sizeof hc[i]) != 0 || std::memcmp(&hx[i], &wx[i], 4) != 0;
     for (std::size_t i = 0; i < hm.size(); ++i) bad += std::memcmp(&hm[i], &wm[i], sizeof hm[i]) != 0;
     CHECK(bad == 0);
 }
@@ -209,6 +223,8 @@ TEST_CASE("the warp decomposition (32 members x 8 elements) gives the host path'
     check_config<sc::e4m3_expanded, sc::e4m3_expanded, master::bf16_kahan, bf16>(1300);
     check_config<sc::dynamic8, sc::dynamic8, master::bf16_stochastic, float>(1400);
     check_config<sc::e4m3_scaled, sc::dynamic8, master::bf16_stochastic, bf16>(1500);
+    check_config<sc::bf16_stochastic, sc::bf16_stochastic, master::bf16_stochastic, float>(1600);
+    check_config<sc::bf16_stochastic, sc::dynamic8, master::fp32, bf16>(1700);
 }
 
 TEST_CASE("the warp decomposition of encode_moments / decode_moments gives the host path's bits") {
@@ -219,4 +235,6 @@ TEST_CASE("the warp decomposition of encode_moments / decode_moments gives the h
     check_moments<sc::dynamic8, moment::first>(2004);
     check_moments<sc::dynamic8, moment::second>(2005);
     check_moments<sc::bf16, moment::second>(2006);
+    check_moments<sc::bf16_stochastic, moment::first>(2007);
+    check_moments<sc::bf16_stochastic, moment::second>(2008);
 }

@@ -16,7 +16,8 @@ using R = recipes::tensorwise_e4m3;
 /// record, update. Returns the quantize result.
 quantize_result step(delayed_scaling& ds, float amax, std::size_t n = 256) {
     std::vector<float> x(n);
-    for (std::size_t i = 0; i < n; ++i) x[i] = amax * static_cast<float>(i + 1) / static_cast<float>(n) * (i % 2 ? -1.0f : 1.0f);
+    for (std::size_t i = 0; i < n; ++i)
+        x[i] = amax * static_cast<float>(i + 1) / static_cast<float>(n) * (i % 2 ? -1.0f : 1.0f);
     quantized_tensor<R> q(1, n);
     quantize_options opt;
     opt.collect_stats = true;
@@ -72,6 +73,7 @@ TEST_CASE("delayed scaling: a step that did not quantize the tensor leaves the s
 }
 
 TEST_CASE("delayed scaling: bad configurations are refused") {
-    CHECK_THROWS_WITH_AS(delayed_scaling({0, 0, amax_reduction::max}), doctest::Contains("history_length"), octet::error);
+    CHECK_THROWS_WITH_AS(delayed_scaling({0, 0, amax_reduction::max}), doctest::Contains("history_length"),
+                         octet::error);
     CHECK_THROWS_WITH_AS(delayed_scaling({4, -1, amax_reduction::max}), doctest::Contains("margin_bits"), octet::error);
 }

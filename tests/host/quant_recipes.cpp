@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "octet/quant/delayed.hpp"
 #include "octet/quant/quantize.hpp"
 #include "octet/reference/quantize.hpp"
 #include "support/random.hpp"
@@ -22,7 +23,8 @@ using namespace octet;
 struct shape {
     std::size_t rows, cols;
 };
-const shape kShapes[] = {{1, 300}, {300, 1}, {129, 257}, {257, 33}, {64, 128}, {3, 5}, {0, 7}, {5, 0}, {130, 130}, {300, 700}};
+const shape kShapes[] = {{1, 300}, {300, 1}, {129, 257}, {257, 33},  {64, 128},
+                         {3, 5},   {0, 7},   {5, 0},     {130, 130}, {300, 700}};
 
 using octet_test::to_storage;
 using octet_test::widen;
@@ -31,10 +33,14 @@ template <class Fmt>
 double ref_value(std::uint32_t code) {
     const auto r = reference::decode_code<Fmt>(code);
     switch (r.kind) {
-        case reference::code_kind::nan: return std::nan("");
-        case reference::code_kind::pos_inf: return INFINITY;
-        case reference::code_kind::neg_inf: return -INFINITY;
-        default: return r.value;
+        case reference::code_kind::nan:
+            return std::nan("");
+        case reference::code_kind::pos_inf:
+            return INFINITY;
+        case reference::code_kind::neg_inf:
+            return -INFINITY;
+        default:
+            return r.value;
     }
 }
 
@@ -47,8 +53,8 @@ std::vector<float> transpose(const std::vector<float>& x, std::size_t rows, std:
 
 /// Compares one quantized copy with the reference; returns the number of mismatches.
 template <class Recipe>
-std::size_t compare_copy(const quantized_tensor<Recipe>& q, const reference::quantized_matrix& ref, const std::vector<float>& x,
-                         const quant_stats& stats, bool check_stats, const char* what) {
+std::size_t compare_copy(const quantized_tensor<Recipe>& q, const reference::quantized_matrix& ref,
+                         const std::vector<float>& x, const quant_stats& stats, bool check_stats, const char* what) {
     using Fmt = typename Recipe::format;
     const auto c = q.cref();
     const quant_layout& L = q.layout();
@@ -59,10 +65,13 @@ std::size_t compare_copy(const quantized_tensor<Recipe>& q, const reference::qua
     for (std::size_t bi = 0; bi < L.scale_rows; ++bi)
         for (std::size_t bj = 0; bj < L.scale_cols; ++bj) {
             const std::size_t k = bi * ref.scale_cols + bj;
-            if (c.stored_scale(bi, bj) != ref.stored_scale[k] || static_cast<double>(c.scale(bi, bj)) != ref.scale_value[k]) {
+            const double got = c.scale(bi, bj);
+            const bool same_value = got == ref.scale_value[k] || (std::isnan(got) && std::isnan(ref.scale_value[k]));
+            if (c.stored_scale(bi, bj) != ref.stored_scale[k] || !same_value) {
                 if (bad++ < 3)
-                    FAIL_CHECK("scale (" << bi << "," << bj << "): stored 0x" << std::hex << c.stored_scale(bi, bj) << " expected 0x"
-                                         << ref.stored_scale[k] << std::dec << " value " << c.scale(bi, bj) << " vs " << ref.scale_value[k]);
+                    FAIL_CHECK("scale (" << bi << "," << bj << "): stored 0x" << std::hex << c.stored_scale(bi, bj)
+                                         << " expected 0x" << ref.stored_scale[k] << std::dec << " value "
+                                         << c.scale(bi, bj) << " vs " << ref.scale_value[k]);
             }
         }
     quant_stats expect;
@@ -73,12 +82,18 @@ std::size_t compare_copy(const quantized_tensor<Recipe>& q, const reference::qua
             const std::uint8_t want = ref.codes[i * L.cols + j];
             const float xv = x[i * L.cols + j];
             if (code != want && bad++ < 3)
-                FAIL_CHECK("code (" << i << "," << j << ") x=" << xv << ": got 0x" << std::hex << +code << " expected 0x" << +want);
+                FAIL_CHECK("code (" << i << "," << j << ") x=" << xv << ": got 0x" << std::hex << +code
+                                    << " expected 0x" << +want);
             // statistics and error bound from the reference's view of the element
             const double S = ref.scale_of(i, j);
             ++expect.elements;
             if (!std::isfinite(xv)) {
                 ++expect.non_finite;
+                continue;
+            }
+            expect.amax = std::max(expect.amax, std::fabs(xv));
+            if (std::isnan(S)) {  // a NaN block (nan_policy::propagate)
+                ++expect.lost_to_nan;
                 continue;
             }
             const double dec = ref_value<Fmt>(want) * S;
@@ -88,14 +103,14 @@ std::size_t compare_copy(const quantized_tensor<Recipe>& q, const reference::qua
                                         (std::fabs(v) == Fmt::overflow_threshold_d && (Fmt::max_code & 1u)));
             expect.saturated += sat;
             expect.flushed_to_zero += (xv != 0.0f && back == 0.0);
-            expect.amax = std::max(expect.amax, std::fabs(xv));
             expect.signal_energy += static_cast<double>(xv) * xv;
             expect.noise_energy += (xv - back) * (xv - back);
             if (!sat && S != 0 && std::fabs(v) >= Fmt::min_subnormal_d / 2) {
                 const auto nb = reference::neighbours<Fmt>(std::fabs(v));
                 const double gap = nb.exact ? 0 : nb.hi_value - nb.lo_value;
                 const double bound = (directed ? 1.0 : 0.5) * gap * S + std::ldexp(std::fabs(xv), -22);
-                if (std::fabs(xv - back) > bound && bad++ < 3) FAIL_CHECK("error bound at (" << i << "," << j << ") x=" << xv);
+                if (std::fabs(xv - back) > bound && bad++ < 3)
+                    FAIL_CHECK("error bound at (" << i << "," << j << ") x=" << xv);
             }
         }
         for (std::size_t j = L.cols; j < L.ld; ++j)
@@ -104,6 +119,7 @@ std::size_t compare_copy(const quantized_tensor<Recipe>& q, const reference::qua
     if (check_stats) {
         CHECK(stats.elements == expect.elements);
         CHECK(stats.non_finite == expect.non_finite);
+        CHECK(stats.lost_to_nan == expect.lost_to_nan);
         CHECK(stats.saturated == expect.saturated);
         CHECK(stats.flushed_to_zero == expect.flushed_to_zero);
         CHECK(static_cast<double>(stats.amax) == expect.amax);
@@ -123,11 +139,14 @@ void check_recipe(std::size_t rows, std::size_t cols, std::uint64_t salt, float 
     quantize_options opt;
     opt.collect_stats = true;
     opt.rng = rng;
-    const auto result = quantize<Recipe>(on_host(), matrix_ref<const In>(stored.data(), rows, cols), q.ref(), qt.ref(), opt);
-    const auto ref = reference::quantize<Recipe>(x, rows, cols, -1.0, [&](std::size_t i, std::size_t j) { return rng.bits(i * cols + j); });
+    const auto result =
+        quantize<Recipe>(on_host(), matrix_ref<const In>(stored.data(), rows, cols), q.ref(), qt.ref(), opt);
+    const auto ref = reference::quantize<Recipe>(x, rows, cols, -1.0,
+                                                 [&](std::size_t i, std::size_t j) { return rng.bits(i * cols + j); });
     const philox_stream rng_t{rng.seed, rng.offset + 1};
-    const auto ref_t = reference::quantize<Recipe>(transpose(x, rows, cols), cols, rows, -1.0,
-                                                   [&](std::size_t i, std::size_t j) { return rng_t.bits(i * rows + j); });
+    const auto ref_t =
+        reference::quantize<Recipe>(transpose(x, rows, cols), cols, rows, -1.0,
+                                    [&](std::size_t i, std::size_t j) { return rng_t.bits(i * rows + j); });
     INFO(std::string(format_name<typename Recipe::format>()) << " rows=" << rows << " cols=" << cols);
     CHECK(static_cast<double>(result.amax) == ref.amax);
     if (Recipe::two_level) {
@@ -146,7 +165,8 @@ void check_recipe(std::size_t rows, std::size_t cols, std::uint64_t salt, float 
             const double want = ref_value<typename Recipe::format>(ref.codes[i * cols + j]) * ref.scale_of(i, j);
             const float w = static_cast<float>(want);
             const bool same = y[i * cols + j] == w || (std::isnan(y[i * cols + j]) && std::isnan(w));
-            if (!same && bad++ < 3) FAIL_CHECK("dequantize (" << i << "," << j << "): " << y[i * cols + j] << " expected " << w);
+            if (!same && bad++ < 3)
+                FAIL_CHECK("dequantize (" << i << "," << j << "): " << y[i * cols + j] << " expected " << w);
         }
     CHECK(bad == 0);
 }
@@ -175,19 +195,36 @@ TEST_CASE("named recipes against the float64 reference") {
     check_all_shapes<rcp::mxfp4>(1100);
     check_all_shapes<rcp::mxfp8_e4m3_ceil>(1200);
     check_all_shapes<rcp::nvfp4>(1300);
+    check_all_shapes<rcp::mxfp8_e4m3_nan>(1400);
+    check_all_shapes<rcp::mxfp8_e5m2_nan>(1500);
+    check_all_shapes<rcp::mxfp6_e2m3_nan>(1600);
+    check_all_shapes<rcp::mxfp6_e3m2_nan>(1700);
+    check_all_shapes<rcp::mxfp4_nan>(1800);
+    check_all_shapes<rcp::nvfp4_nan>(1900);
 }
 
 TEST_CASE("custom recipes: other rules, storages, roundings, overflows and block shapes") {
     using namespace octet;
-    check_all_shapes<recipe<e4m3, tile<1, 64>, scale::pow2_ceil>>(2000);
-    check_all_shapes<recipe<e4m3, tile<1, 32>, scale::pow2_nearest, scale_storage::ue8m0>>(2100);
+    check_all_shapes<recipe<e4m3, block<1, 64>, scale::pow2_ceil>>(2000);
+    check_all_shapes<recipe<e4m3, block<1, 32>, scale::pow2_nearest, scale_storage::ue8m0>>(2100);
     check_all_shapes<recipe<e5m2, per_row, scale::amax_ratio<3>>>(2200);
-    check_all_shapes<recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::stochastic>>(2300);
-    check_all_shapes<recipe<e5m2, per_row, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even, overflow::to_nonfinite>>(2400);
+    check_all_shapes<recipe<e4m3, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::stochastic>>(2300);
+    check_all_shapes<
+        recipe<e5m2, per_row, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even, overflow::to_nonfinite>>(
+        2400);
     check_all_shapes<recipe<e4m3fnuz, block<16, 16>, scale::amax_ratio<0>>>(2500);
     check_all_shapes<recipe<e2m1, block<32, 32>, scale::pow2_floor, scale_storage::ue8m0, round::toward_zero>>(2600);
-    check_all_shapes<recipe<e2m3, tile<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, round::stochastic>>(2700);
-    check_all_shapes<recipe<float_format<3, 4>, tile<1, 32>, scale::pow2_ceil, scale_storage::f32, round::up, overflow::to_nonfinite>>(2800);
+    check_all_shapes<recipe<e2m3, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, round::stochastic>>(2700);
+    check_all_shapes<recipe<float_format<3, 4>, block<1, 32>, scale::pow2_ceil, scale_storage::f32, round::up,
+                            overflow::to_nonfinite>>(2800);
+    // nan_policy::propagate with float scales, 2-D blocks, per tensor and stochastic rounding
+    using propagate = nan_policy::propagate;
+    check_all_shapes<recipe<e4m3, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
+                            overflow::saturate, propagate>>(2900);
+    check_all_shapes<recipe<e4m3, per_tensor, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
+                            overflow::saturate, propagate>>(2950);
+    check_all_shapes<recipe<e2m1, block<16, 16>, scale::pow2_ceil, scale_storage::ue8m0, round::stochastic,
+                            overflow::saturate, propagate>>(2970);
 }
 
 TEST_CASE("bf16 and fp16 inputs are quantized from their exact float values") {
@@ -206,7 +243,8 @@ TEST_CASE("a column-major input, thread counts and both copies give the same bit
     const auto xt = transpose(x, rows, cols);  // x stored column-major == x^T row-major
     quantized_tensor<R> a(rows, cols), b(rows, cols), c(rows, cols), at(cols, rows), bt(cols, rows);
     quantize<R>(on_host(1), matrix_ref<const float>(x.data(), rows, cols), a.ref(), at.ref());
-    quantize<R>(on_host(5), matrix_ref<const float>(xt.data(), rows, cols, rows, layout::col_major), b.ref(), bt.ref());
+    quantize<R>(on_host(5), matrix_ref<const float>(xt.data(), rows, cols, rows, storage_order::col_major), b.ref(),
+                bt.ref());
     quantize<R>(on_host(3), matrix_ref<const float>(x.data(), rows, cols), c.ref());
     CHECK(a.data() == b.data());
     CHECK(a.scales() == b.scales());
@@ -233,7 +271,8 @@ TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing
         std::vector<float> x(128);
         for (std::size_t j = 0; j < 128; ++j) x[j] = 1e-42f * static_cast<float>(j % 7);
         quantized_tensor<rcp::blockwise_1x128> q(1, 128);
-        const auto r = quantize<rcp::blockwise_1x128>(on_host(), matrix_ref<const float>(x.data(), 1, 128), q.ref(), {}, {true});
+        const auto r =
+            quantize<rcp::blockwise_1x128>(on_host(), matrix_ref<const float>(x.data(), 1, 128), q.ref(), {}, {true});
         const float s = q.cref().scale(0, 0);
         CHECK(s == std::ldexp(1.0f, -126));
         CHECK(std::isfinite(1.0f / s));
@@ -247,7 +286,8 @@ TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing
         x[6] = -INFINITY;
         x[7] = NAN;
         quantized_tensor<rcp::mxfp8_e4m3> q(1, 32);
-        const auto r = quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 32), q.ref(), {}, {true});
+        const auto r =
+            quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 32), q.ref(), {}, {true});
         CHECK(q.cref().scale(0, 0) == std::ldexp(1.0f, 1 - 8));  // floor(log2 2) - emax(8)
         CHECK(q.cref().code(0, 5) == 0x7E);                      // saturate: +max
         CHECK(q.cref().code(0, 6) == 0xFE);
@@ -260,7 +300,7 @@ TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing
     }
     SUBCASE("NVFP4: a block far below the tensor amax underflows its E4M3 scale to zero codes, counted") {
         std::vector<float> x(32, 0.0f);
-        for (std::size_t j = 0; j < 16; ++j) x[j] = 1e6f;     // sets the tensor scale
+        for (std::size_t j = 0; j < 16; ++j) x[j] = 1e6f;    // sets the tensor scale
         for (std::size_t j = 16; j < 32; ++j) x[j] = 1e-3f;  // 1e-3/6 / (1e6/2688) ~ 4.5e-7 < E4M3's 2^-10 half-min
         quantized_tensor<rcp::nvfp4> q(1, 32);
         const auto r = quantize<rcp::nvfp4>(on_host(), matrix_ref<const float>(x.data(), 1, 32), q.ref(), {}, {true});
@@ -274,8 +314,10 @@ TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing
         x[0] = 500.0f;  // floor(log2 500) = 8 = emax: scale 1, and 500 > 464 clamps to 448
         quantized_tensor<rcp::mxfp8_e4m3> f(1, 32);
         quantized_tensor<rcp::mxfp8_e4m3_ceil> c(1, 32);
-        const auto rf = quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 32), f.ref(), {}, {true});
-        const auto rc = quantize<rcp::mxfp8_e4m3_ceil>(on_host(), matrix_ref<const float>(x.data(), 1, 32), c.ref(), {}, {true});
+        const auto rf =
+            quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 32), f.ref(), {}, {true});
+        const auto rc =
+            quantize<rcp::mxfp8_e4m3_ceil>(on_host(), matrix_ref<const float>(x.data(), 1, 32), c.ref(), {}, {true});
         CHECK(rf.rowwise.saturated == 1);
         CHECK(f.cref().value(0, 0) == 448.0f);
         CHECK(rc.rowwise.saturated == 0);
@@ -292,8 +334,8 @@ TEST_CASE("a single coarse scale erases small values that finer granularity keep
     x[0] = 100.0f;
     quantized_tensor<rcp::mxfp4> q(1, 64);
     const auto r = quantize<rcp::mxfp4>(on_host(), matrix_ref<const float>(x.data(), 1, 64), q.ref(), {}, {true});
-    CHECK(q.cref().value(0, 1) == 0.0f);     // same block as 100: flushed
-    CHECK(q.cref().value(0, 40) > 0.09f);    // own block: kept
+    CHECK(q.cref().value(0, 1) == 0.0f);   // same block as 100: flushed
+    CHECK(q.cref().value(0, 40) > 0.09f);  // own block: kept
     CHECK(r.rowwise.flushed_to_zero == 31);
 }
 
@@ -303,10 +345,12 @@ TEST_CASE("bad arguments raise octet::error naming the argument") {
     std::vector<float> x(4 * 256, 1.0f);
     const matrix_ref<const float> xm(x.data(), 4, 256);
     quantized_tensor<R> ok(4, 256), wrong(4, 255), t(256, 4);
-    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, wrong.ref()), doctest::Contains("argument 'rowwise'"), octet::error);
-    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, ok.ref(), ok.ref()), doctest::Contains("argument 'columnwise'"), octet::error);
-    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, quantized_ref<R>{}, quantized_ref<R>{}), doctest::Contains("rowwise/columnwise"),
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, wrong.ref()), doctest::Contains("argument 'rowwise'"),
                          octet::error);
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, ok.ref(), ok.ref()), doctest::Contains("argument 'columnwise'"),
+                         octet::error);
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, quantized_ref<R>{}, quantized_ref<R>{}),
+                         doctest::Contains("rowwise/columnwise"), octet::error);
     auto small = ok.ref();
     small.layout.scale_bytes -= 4;
     CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, small), doctest::Contains("scale_bytes"), octet::error);
@@ -321,9 +365,164 @@ TEST_CASE("bad arguments raise octet::error naming the argument") {
     CHECK_THROWS_WITH_AS(quantize<rcp::nvfp4>(on_host(), xm, no_ts), doctest::Contains("tensor_scale"), octet::error);
     quantize_options bad;
     bad.tensor_amax = NAN;
-    CHECK_THROWS_WITH_AS(quantize<rcp::tensorwise_e4m3>(on_host(), xm, quantized_tensor<rcp::tensorwise_e4m3>(4, 256).ref(), {}, bad),
-                         doctest::Contains("tensor_amax"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        quantize<rcp::tensorwise_e4m3>(on_host(), xm, quantized_tensor<rcp::tensorwise_e4m3>(4, 256).ref(), {}, bad),
+        doctest::Contains("tensor_amax"), octet::error);
     std::vector<float> y(4 * 255);
-    CHECK_THROWS_WITH_AS(dequantize(on_host(), ok.cref(), matrix_ref<float>(y.data(), 4, 255)), doctest::Contains("argument 'out'"),
+    CHECK_THROWS_WITH_AS(dequantize(on_host(), ok.cref(), matrix_ref<float>(y.data(), 4, 255)),
+                         doctest::Contains("argument 'out'"), octet::error);
+}
+
+namespace quant_recipes_test {
+/// One row of four blocks: all NaN; one NaN among finite values; NaN beside +Inf and -Inf; finite.
+/// Checked bit for bit against the float64 reference, and for what dequantize then gives.
+template <class Recipe>
+void check_nan_blocks(std::uint64_t salt) {
+    using namespace octet;
+    using Fmt = typename Recipe::format;
+    constexpr std::size_t C = Recipe::granularity::cols;
+    const std::size_t cols = 4 * C;
+    auto g = octet_test::rng(salt);
+    std::vector<float> x = octet_test::with_edge_cases(g, cols, 3.0f, false);
+    for (std::size_t j = 0; j < C; ++j) x[j] = NAN;
+    x[C + 5] = NAN;
+    x[2 * C + 1] = NAN;
+    x[2 * C + 2] = INFINITY;
+    x[2 * C + 3] = -INFINITY;
+    INFO(format_name<Fmt>() << " block 1x" << C << (Recipe::propagates_nan ? ", propagate" : ", per_element"));
+    quantized_tensor<Recipe> q(1, cols);
+    quantize_options opt;
+    opt.collect_stats = true;
+    const auto r = quantize<Recipe>(on_host(), matrix_ref<const float>(x.data(), 1, cols), q.ref(), {}, opt);
+    const auto ref = reference::quantize<Recipe>(x, 1, cols, -1.0, [](std::size_t, std::size_t) { return 0u; });
+    CHECK(compare_copy(q, ref, x, r.rowwise, true, "NaN blocks") == 0);
+    std::vector<float> y(cols);
+    dequantize(on_host(), q.cref(), matrix_ref<float>(y.data(), 1, cols));
+    const auto c = q.cref();
+    CHECK(r.rowwise.non_finite == C + 1 + 3);
+    if constexpr (Recipe::propagates_nan) {
+        const std::uint32_t nan_scale =
+            std::is_same_v<typename Recipe::scale_storage_type, scale_storage::ue8m0> ? 0xFFu : 0x7Fu;
+        for (std::size_t b = 0; b < 3; ++b) CHECK(c.stored_scale(0, b) == nan_scale);
+        for (std::size_t j = 0; j < 3 * C; ++j) {
+            CHECK(std::isnan(y[j]));
+            CHECK(c.code(0, j) == 0);
+        }
+        CHECK(r.rowwise.lost_to_nan == (C - 1) + (C - 3));
+    } else {
+        CHECK(r.rowwise.lost_to_nan == 0);
+        // per element: a NaN is the format's NaN code, or +max_finite times the scale where there is none
+        for (std::size_t j = 0; j < 3 * C; ++j) {
+            if (x[j] != x[j])
+                CHECK(std::isnan(y[j]) == Fmt::has_nan);
+            else if (std::isfinite(x[j]))
+                CHECK(std::isfinite(y[j]));
+        }
+        if constexpr (!Fmt::has_nan) CHECK(y[0] == static_cast<float>(Fmt::max_finite) * c.scale(0, 0));
+    }
+    // the clean block is untouched by its neighbours' NaNs
+    for (std::size_t j = 3 * C; j < cols; ++j) CHECK(std::isfinite(y[j]));
+    CHECK(std::isfinite(c.scale(0, 3)));
+    CHECK(r.amax == ref.amax);  // the finite amax, what delayed scaling records
+}
+}  // namespace quant_recipes_test
+
+TEST_CASE("NaN inside MX, FP6 and NVFP4 blocks: per_element keeps today's codes, propagate makes the whole block NaN") {
+    check_nan_blocks<rcp::mxfp4>(5100);
+    check_nan_blocks<rcp::mxfp4_nan>(5101);
+    check_nan_blocks<rcp::mxfp6_e3m2>(5102);
+    check_nan_blocks<rcp::mxfp6_e3m2_nan>(5103);
+    check_nan_blocks<rcp::mxfp6_e2m3_nan>(5104);
+    check_nan_blocks<rcp::nvfp4>(5105);
+    check_nan_blocks<rcp::nvfp4_nan>(5106);
+    check_nan_blocks<rcp::mxfp8_e4m3>(5107);
+    check_nan_blocks<rcp::mxfp8_e4m3_nan>(5108);
+    check_nan_blocks<rcp::mxfp8_e5m2_nan>(5109);
+    // the defect this policy answers: an all-NaN MXFP4 block dequantizes to 6.0 under per_element
+    std::vector<float> x(32, NAN);
+    octet::quantized_tensor<rcp::mxfp4> a(1, 32);
+    octet::quantized_tensor<rcp::mxfp4_nan> b(1, 32);
+    octet::quantize<rcp::mxfp4>(octet::on_host(), octet::matrix_ref<const float>(x.data(), 1, 32), a.ref());
+    octet::quantize<rcp::mxfp4_nan>(octet::on_host(), octet::matrix_ref<const float>(x.data(), 1, 32), b.ref());
+    CHECK(a.cref().value(0, 7) == 6.0f);
+    CHECK(std::isnan(b.cref().value(0, 7)));
+    // a UE8M0 scale code 0xFF decodes to NaN, whoever wrote it
+    CHECK(std::isnan(octet::stored_scale_value<rcp::mxfp8_e4m3>(0xFFu)));
+}
+
+TEST_CASE("a given tensor amax: zero refused for non-zero data, a stale smaller one saturates and is counted") {
+    using namespace octet;
+    auto g = octet_test::rng(5200);
+    const std::size_t rows = 33, cols = 96;
+    std::vector<float> x = octet_test::with_edge_cases(g, rows * cols, 2.0f, false);
+    const matrix_ref<const float> xm(x.data(), rows, cols);
+    quantized_tensor<rcp::nvfp4> n(rows, cols);
+    quantized_tensor<rcp::tensorwise_e4m3> t(rows, cols);
+    quantize_options zero;
+    zero.tensor_amax = 0.0f;
+    CHECK_THROWS_WITH_AS(quantize<rcp::nvfp4>(on_host(), xm, n.ref(), {}, zero),
+                         doctest::Contains("argument 'options.tensor_amax'"), octet::error);
+    CHECK_THROWS_WITH_AS(quantize<rcp::tensorwise_e4m3>(on_host(), xm, t.ref(), {}, zero),
+                         doctest::Contains("is 0 but x holds non-zero"), octet::error);
+    // ... but all-zero data with a zero amax is fine (scale 1, zero codes)
+    std::vector<float> z(rows * cols, 0.0f);
+    quantize<rcp::nvfp4>(on_host(), matrix_ref<const float>(z.data(), rows, cols), n.ref(), {}, zero);
+    CHECK(n.cref().value(3, 5) == 0.0f);
+    // a delayed-scaling history of all-zero steps asks the quantizer to measure
+    delayed_scaling ds;
+    ds.record(0.0f);
+    ds.update();
+    CHECK(ds.amax_for_scale() < 0.0f);
+
+    // stale: a quarter of the true amax; what lies above saturates, counted as the reference counts it
+    const auto ref_measured =
+        reference::quantize<rcp::tensorwise_e4m3>(x, rows, cols, -1.0, [](std::size_t, std::size_t) { return 0u; });
+    const double stale = ref_measured.amax / 4;
+    quantize_options opt;
+    opt.collect_stats = true;
+    opt.tensor_amax = static_cast<float>(stale);
+    const auto rt = quantize<rcp::tensorwise_e4m3>(on_host(), xm, t.ref(), {}, opt);
+    const auto rn = quantize<rcp::nvfp4>(on_host(), xm, n.ref(), {}, opt);
+    const auto ref_t =
+        reference::quantize<rcp::tensorwise_e4m3>(x, rows, cols, stale, [](std::size_t, std::size_t) { return 0u; });
+    const auto ref_n =
+        reference::quantize<rcp::nvfp4>(x, rows, cols, stale, [](std::size_t, std::size_t) { return 0u; });
+    CHECK(compare_copy(t, ref_t, x, rt.rowwise, true, "stale per-tensor") == 0);
+    CHECK(compare_copy(n, ref_n, x, rn.rowwise, true, "stale NVFP4") == 0);
+    CHECK(rt.rowwise.saturated > 0);
+    CHECK(rn.rowwise.saturated > 0);
+}
+
+TEST_CASE("an output is absent only when it is {}; a half-given one is an error naming it") {
+    using namespace octet;
+    using R = rcp::mxfp4;
+    std::vector<float> x(8 * 64, 1.5f);
+    const matrix_ref<const float> xm(x.data(), 8, 64);
+    quantized_tensor<R> row(8, 64), col(64, 8);
+    auto no_data = row.ref();
+    no_data.data = nullptr;  // scales and layout still valid
+    CHECK_FALSE(no_data.absent());
+    CHECK(quantized_ref<R>{}.absent());
+    // beside a valid column-wise copy: not skipped silently
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, no_data, col.ref()),
+                         doctest::Contains("argument 'rowwise' has a null data pointer"), octet::error);
+    // alone: names the half-given copy, not "both absent"
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, no_data),
+                         doctest::Contains("argument 'rowwise' has a null data pointer"), octet::error);
+    auto col_no_scales = col.ref();
+    col_no_scales.scales = nullptr;
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, row.ref(), col_no_scales),
+                         doctest::Contains("argument 'columnwise' has a null scales pointer"), octet::error);
+    auto layout_only = quantized_ref<R>{};
+    layout_only.layout = row.layout();
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, layout_only), doctest::Contains("argument 'rowwise'"),
                          octet::error);
+    // both absent: the message says so
+    CHECK_THROWS_WITH_AS(quantize<R>(on_host(), xm, quantized_ref<R>{}), doctest::Contains("are both absent"),
+                         octet::error);
+    // and a valid column-wise copy alone is fine
+    CHECK_NOTHROW(quantize<R>(on_host(), xm, quantized_ref<R>{}, col.ref()));
+    // dequantize with a null output names 'out'
+    CHECK_THROWS_WITH_AS(dequantize(on_host(), row.cref(), matrix_ref<float>(nullptr, 8, 64)),
+                         doctest::Contains("argument 'out' is null"), octet::error);
 }

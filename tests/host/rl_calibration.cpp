@@ -18,7 +18,9 @@ using namespace octet;
 
 namespace {
 
-double normal_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double normal_cdf(double x) {
+    return 0.5 * std::erfc(-x / std::sqrt(2.0));
+}
 
 /// One batch: log-ratio d ~ N(0, sigma) exactly at high precision; the low-precision new
 /// log-probabilities are the high-precision ones stored in bf16. Log-probabilities lie in
@@ -43,10 +45,12 @@ ratios draw(std::mt19937_64& g, std::size_t n, double sigma) {
 }
 
 double fraction_below(const std::vector<float>& r, float b) {
-    return static_cast<double>(std::count_if(r.begin(), r.end(), [&](float x) { return x < b; })) / static_cast<double>(r.size());
+    return static_cast<double>(std::count_if(r.begin(), r.end(), [&](float x) { return x < b; })) /
+           static_cast<double>(r.size());
 }
 double fraction_above(const std::vector<float>& r, float b) {
-    return static_cast<double>(std::count_if(r.begin(), r.end(), [&](float x) { return x > b; })) / static_cast<double>(r.size());
+    return static_cast<double>(std::count_if(r.begin(), r.end(), [&](float x) { return x > b; })) /
+           static_cast<double>(r.size());
 }
 
 }  // namespace
@@ -86,10 +90,10 @@ TEST_CASE("calibrated bounds reproduce the reference clip fractions within sampl
     const double cal_lo = fraction_below(eval.low, b.lower), cal_hi = fraction_above(eval.low, b.upper);
     const double nom_lo = fraction_below(eval.low, nominal.lower), nom_hi = fraction_above(eval.low, nominal.upper);
     const double hp_lo = fraction_below(eval.high, nominal.lower), hp_hi = fraction_above(eval.high, nominal.upper);
-    MESSAGE("lower: true ", p_below, ", high precision ", hp_lo, ", low precision nominal ", nom_lo, ", calibrated ", cal_lo,
-            " (bound ", b.lower, "), SE ", se_lo);
-    MESSAGE("upper: true ", p_above, ", high precision ", hp_hi, ", low precision nominal ", nom_hi, ", calibrated ", cal_hi,
-            " (bound ", b.upper, "), SE ", se_hi);
+    MESSAGE("lower: true ", p_below, ", high precision ", hp_lo, ", low precision nominal ", nom_lo, ", calibrated ",
+            cal_lo, " (bound ", b.lower, "), SE ", se_lo);
+    MESSAGE("upper: true ", p_above, ", high precision ", hp_hi, ", low precision nominal ", nom_hi, ", calibrated ",
+            cal_hi, " (bound ", b.upper, "), SE ", se_hi);
     // The sanity of the setup: the high-precision fractions are the analytic ones (evaluation SE
     // only). "Within" checks use 5 SE: a false alarm about once in 1.7 million checks, so that CI,
     // which draws a fresh seed every run, does not flake (4 SE failed once in about 50 runs).
@@ -126,8 +130,10 @@ TEST_CASE("quantile rule: exactly round(p m) ratios fall outside each raw bound"
         const clip_range b = cal.update(1, low);  // smoothing 0: the raw bounds
         const std::size_t k_lo = static_cast<std::size_t>(std::llround(0.1 * static_cast<double>(low.size())));
         const std::size_t k_hi = static_cast<std::size_t>(std::llround(0.05 * static_cast<double>(low.size())));
-        CHECK(static_cast<std::size_t>(std::count_if(low.begin(), low.end(), [&](float x) { return x < b.lower; })) == k_lo);
-        CHECK(static_cast<std::size_t>(std::count_if(low.begin(), low.end(), [&](float x) { return x > b.upper; })) == k_hi);
+        CHECK(static_cast<std::size_t>(std::count_if(low.begin(), low.end(), [&](float x) { return x < b.lower; })) ==
+              k_lo);
+        CHECK(static_cast<std::size_t>(std::count_if(low.begin(), low.end(), [&](float x) { return x > b.upper; })) ==
+              k_hi);
         CHECK(cal.last_step().raw.lower == b.lower);
     }
     // the raw bound is the one nearest the nominal bound among those that match: unchanged when
@@ -162,8 +168,10 @@ TEST_CASE("smoothing is an exponential average of the raw bounds") {
     // raw: lower in (1.2, 1.3] -> just above 1.2 (nearest 0.8); upper in [1.6, 1.7) -> 1.6 (nearest 1.2)
     CHECK(cal.last_step().raw.lower == std::nextafter(1.2f, 2.0f));
     CHECK(cal.last_step().raw.upper == 1.6f);
-    CHECK(second.lower == static_cast<float>(0.75 * static_cast<double>(first.lower) + 0.25 * static_cast<double>(cal.last_step().raw.lower)));
-    CHECK(second.upper == static_cast<float>(0.75 * static_cast<double>(first.upper) + 0.25 * static_cast<double>(1.6f)));
+    CHECK(second.lower == static_cast<float>(0.75 * static_cast<double>(first.lower) +
+                                             0.25 * static_cast<double>(cal.last_step().raw.lower)));
+    CHECK(second.upper ==
+          static_cast<float>(0.75 * static_cast<double>(first.upper) + 0.25 * static_cast<double>(1.6f)));
     CHECK(cal.last_step().below_nominal == 0.0);  // b has nothing below the nominal 0.8
     CHECK(cal.last_step().above_nominal == 6.0 / 8.0);
 }
@@ -193,7 +201,7 @@ TEST_CASE("the reference is refreshed every N steps and the cost is accounted") 
     CHECK(c.update_seconds > 0);  // measured (it did sort 2000 values 13 times)
     CHECK(c.total_seconds() == doctest::Approx(c.update_seconds + c.reference_seconds + forward));
     CHECK(c.seconds_per_update() == doctest::Approx(c.update_seconds / 13));
-    CHECK(cal.reference_due(3) );  // a step before the reference (after a reload) needs a new one
+    CHECK(cal.reference_due(3));  // a step before the reference (after a reload) needs a new one
 }
 
 TEST_CASE("calibration: non-finite ratios are skipped; argument errors") {
@@ -202,7 +210,8 @@ TEST_CASE("calibration: non-finite ratios are skipped; argument errors") {
     const std::vector<float> low{0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
     CHECK_THROWS_WITH_AS(cal.update(0, low), doctest::Contains("call set_reference first"), octet::error);
     const std::vector<float> nans(4, NAN);
-    CHECK_THROWS_WITH_AS(cal.set_reference(0, nans), doctest::Contains("argument 'ratio_high' has no finite ratio"), octet::error);
+    CHECK_THROWS_WITH_AS(cal.set_reference(0, nans), doctest::Contains("argument 'ratio_high' has no finite ratio"),
+                         octet::error);
     std::vector<float> ref_nan = ref;
     ref_nan.push_back(NAN);
     ref_nan.push_back(INFINITY);
@@ -218,10 +227,14 @@ TEST_CASE("calibration: non-finite ratios are skipped; argument errors") {
     const clip_range kept = cal.update(2, nans);  // nothing finite: bounds kept, counted
     CHECK(kept.lower == dirty.lower);
     CHECK(cal.cost().skipped_updates == 1);
-    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range::symmetric(0.2f), 0, 0.5}), doctest::Contains("argument 'cfg.refresh_every'"), octet::error);
-    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range::symmetric(0.2f), 5, 1.0}), doctest::Contains("argument 'cfg.smoothing'"), octet::error);
-    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range{1.2f, 0.8f}, 5, 0.5}), doctest::Contains("argument 'cfg.nominal'"), octet::error);
-    CHECK_THROWS_WITH_AS(cal.set_reference(3, ref, -1.0), doctest::Contains("argument 'forward_seconds'"), octet::error);
+    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range::symmetric(0.2f), 0, 0.5}),
+                         doctest::Contains("argument 'cfg.refresh_every'"), octet::error);
+    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range::symmetric(0.2f), 5, 1.0}),
+                         doctest::Contains("argument 'cfg.smoothing'"), octet::error);
+    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range{1.2f, 0.8f}, 5, 0.5}),
+                         doctest::Contains("argument 'cfg.nominal'"), octet::error);
+    CHECK_THROWS_WITH_AS(cal.set_reference(3, ref, -1.0), doctest::Contains("argument 'forward_seconds'"),
+                         octet::error);
     CHECK(binomial_standard_error(0.25, 10000) == doctest::Approx(std::sqrt(0.25 * 0.75 / 10000)));
 }
 
@@ -255,6 +268,6 @@ TEST_CASE("drift: the reference is refreshed early when the low-precision nomina
     plain.update(0, calm.low);
     plain.update(1, r.low);
     CHECK_FALSE(plain.reference_due(2));
-    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range::symmetric(0.2f), 5, 0.5, -1.0}), doctest::Contains("argument 'cfg.drift_tolerance'"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range::symmetric(0.2f), 5, 0.5, -1.0}),
+                         doctest::Contains("argument 'cfg.drift_tolerance'"), octet::error);
 }

@@ -52,10 +52,14 @@ ratio_batch crowded_batch(std::mt19937_64& g, std::size_t n, clip_range r) {
         float lo = u(g) < 0.5f ? to_float(to_bf16(hi)) : hi * (1 + 0.5f * rel(g));
         float ad = u(g) < 0.05f ? 0.0f : a(g);
         const float q = u(g);
-        if (q < 0.0025f) lo = NAN;
-        else if (q < 0.005f) hi = INFINITY;
-        else if (q < 0.0075f) ad = NAN;
-        else if (q < 0.01f) ad = -INFINITY;
+        if (q < 0.0025f)
+            lo = NAN;
+        else if (q < 0.005f)
+            hi = INFINITY;
+        else if (q < 0.0075f)
+            ad = NAN;
+        else if (q < 0.01f)
+            ad = -INFINITY;
         b.low.push_back(lo);
         b.high.push_back(hi);
         b.adv.push_back(ad);
@@ -63,7 +67,9 @@ ratio_batch crowded_batch(std::mt19937_64& g, std::size_t n, clip_range r) {
     return b;
 }
 
-std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+std::vector<double> widen(const std::vector<float>& v) {
+    return std::vector<double>(v.begin(), v.end());
+}
 
 }  // namespace
 
@@ -121,14 +127,16 @@ TEST_CASE("crossing counts equal a brute-force count on random batches") {
         const std::size_t n = 60000 + std::uniform_int_distribution<std::size_t>(0, 4095)(g);
         const ratio_batch b = crowded_batch(g, n, range);
         for (const clip_range low_range : {range, clip_range{range.lower * 0.99f, range.upper * 1.01f}}) {
-            const crossing_report c = threshold_crossings_from_ratios(on_host(), b.low, b.high, b.adv, range, low_range);
-            const auto want = reference::brute_force_crossings(widen(b.low), widen(b.high), widen(b.adv), range.lower, range.upper,
-                                                               low_range.lower, low_range.upper);
+            const crossing_report c =
+                threshold_crossings_from_ratios(on_host(), b.low, b.high, b.adv, range, low_range);
+            const auto want = reference::brute_force_crossings(widen(b.low), widen(b.high), widen(b.adv), range.lower,
+                                                               range.upper, low_range.lower, low_range.upper);
             check_equal(c, want);
             CHECK(c.region_changed() > 100);  // the batch really crowds the bounds
             CHECK(c.non_finite > 0);
             // single-threaded gives the same exact counts
-            const crossing_report c1 = threshold_crossings_from_ratios(on_host(1), b.low, b.high, b.adv, range, low_range);
+            const crossing_report c1 =
+                threshold_crossings_from_ratios(on_host(1), b.low, b.high, b.adv, range, low_range);
             check_equal(c1, want);
         }
     }
@@ -155,7 +163,8 @@ TEST_CASE("crossing counts from log-probabilities equal a brute-force count (bf1
         rl[i] = reference::importance_ratio(low[i], old[i]);
         rh[i] = reference::importance_ratio(high[i], old[i]);
     }
-    check_equal(c, reference::brute_force_crossings(rl, rh, widen(adv), range.lower, range.upper, range.lower, range.upper));
+    check_equal(
+        c, reference::brute_force_crossings(rl, rh, widen(adv), range.lower, range.upper, range.lower, range.upper));
     CHECK(c.non_finite == 2);
     CHECK(c[advantage_sign::negative].pushed_out_low > 0);  // bf16 rounding does push tokens across
     CHECK(c.negative_pushed_below_fraction() <= c.negative_pushed_out_fraction());
@@ -168,15 +177,18 @@ TEST_CASE("crossings: empty batches, non-finite inputs and argument errors") {
     CHECK(e.tokens() == 0);
     CHECK(e.negative_pushed_out_fraction() == 0.0);
     const std::vector<float> a(5, -1.0f), b4(4, -1.0f), adv(5, 1.0f);
-    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, b4, a, adv, clip_range{}), doctest::Contains("argument 'logp_high' has 4 elements"),
-                         octet::error);
-    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, b4, adv, clip_range{}), doctest::Contains("argument 'logp_old'"), octet::error);
-    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, a, b4, clip_range{}), doctest::Contains("argument 'advantages'"), octet::error);
-    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, a, adv, clip_range{1.5f, 0.5f}), doctest::Contains("argument 'range'"), octet::error);
-    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, a, adv, clip_range{}, clip_range{NAN, 1.2f}), doctest::Contains("argument 'low_range'"),
-                         octet::error);
-    CHECK_THROWS_WITH_AS(threshold_crossings_from_ratios(on_host(), a, b4, adv, clip_range{}), doctest::Contains("argument 'ratio_high'"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, b4, a, adv, clip_range{}),
+                         doctest::Contains("argument 'logp_high' has 4 elements"), octet::error);
+    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, b4, adv, clip_range{}),
+                         doctest::Contains("argument 'logp_old'"), octet::error);
+    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, a, b4, clip_range{}),
+                         doctest::Contains("argument 'advantages'"), octet::error);
+    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, a, adv, clip_range{1.5f, 0.5f}),
+                         doctest::Contains("argument 'range'"), octet::error);
+    CHECK_THROWS_WITH_AS(threshold_crossings(on_host(), a, a, a, adv, clip_range{}, clip_range{NAN, 1.2f}),
+                         doctest::Contains("argument 'low_range'"), octet::error);
+    CHECK_THROWS_WITH_AS(threshold_crossings_from_ratios(on_host(), a, b4, adv, clip_range{}),
+                         doctest::Contains("argument 'ratio_high'"), octet::error);
     // all-non-finite: nothing classified, everything counted
     const std::vector<float> nan5(5, NAN);
     const crossing_report c = threshold_crossings(on_host(), nan5, a, a, adv, clip_range{});

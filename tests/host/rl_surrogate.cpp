@@ -18,7 +18,9 @@ using namespace octet;
 namespace {
 
 /// Half a float ulp of x's binade: the largest error of one correct rounding to float.
-double half_ulp(double x) { return std::ldexp(0.5, std::ilogb(x) - 23); }
+double half_ulp(double x) {
+    return std::ldexp(0.5, std::ilogb(x) - 23);
+}
 
 struct batch {
     std::vector<float> logp_new, logp_old, adv;
@@ -34,8 +36,10 @@ batch random_batch(std::mt19937_64& g, std::size_t n) {
         const float old = lp(g);
         float d = step(g);
         const float p = u(g);
-        if (p < 0.005f) d = 25.0f + 10.0f * u(g);
-        else if (p < 0.01f) d = -25.0f - 10.0f * u(g);
+        if (p < 0.005f)
+            d = 25.0f + 10.0f * u(g);
+        else if (p < 0.01f)
+            d = -25.0f - 10.0f * u(g);
         b.logp_old.push_back(old);
         b.logp_new.push_back(old + d);
         b.adv.push_back(u(g) < 0.05f ? 0.0f : a(g));
@@ -64,7 +68,8 @@ TEST_CASE("importance ratios are the float64 ratio rounded once to float") {
     CHECK(importance_ratio(-1e-40f, 0.0f) == 1.0f);  // float subnormal difference
     CHECK(importance_ratio(0.0f, -100.0f) == static_cast<float>(std::exp(20.0)));
     CHECK(importance_ratio(-100.0f, 0.0f) == static_cast<float>(std::exp(-20.0)));
-    CHECK(importance_ratio(0.0f, -100.0f, INFINITY) == static_cast<float>(std::exp(100.0)));  // limit disabled: overflows to Inf in float
+    CHECK(importance_ratio(0.0f, -100.0f, INFINITY) ==
+          static_cast<float>(std::exp(100.0)));  // limit disabled: overflows to Inf in float
     CHECK(std::isinf(importance_ratio(0.0f, -100.0f, INFINITY)));
     // non-finite log-probabilities give NaN, never a number
     CHECK(std::isnan(importance_ratio(NAN, -1.0f)));
@@ -130,10 +135,12 @@ TEST_CASE("clipped surrogate against the float64 reference on random batches, ev
     // ragged sequences for GRPO, some empty
     std::vector<std::int64_t> offsets{0};
     while (offsets.back() < static_cast<std::int64_t>(n))
-        offsets.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(n), offsets.back() + std::uniform_int_distribution<int>(0, 300)(g)));
+        offsets.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(n),
+                                                 offsets.back() + std::uniform_int_distribution<int>(0, 300)(g)));
 
     for (const clip_range range : {clip_range::symmetric(0.2f), clip_range::asymmetric(0.2f, 0.28f)}) {
-        for (loss_aggregation agg : {loss_aggregation::token_mean, loss_aggregation::sequence_mean, loss_aggregation::sum}) {
+        for (loss_aggregation agg :
+             {loss_aggregation::token_mean, loss_aggregation::sequence_mean, loss_aggregation::sum}) {
             CAPTURE(range.upper);
             CAPTURE(static_cast<int>(agg));
             surrogate_config cfg;
@@ -141,14 +148,16 @@ TEST_CASE("clipped surrogate against the float64 reference on random batches, ev
             cfg.aggregation = agg;
             std::vector<float> ratio(n), obj(n), grad(n, NAN);
             const bool by_seq = agg == loss_aggregation::sequence_mean;
-            const surrogate_stats s = clipped_surrogate(on_host(), b.logp_new, b.logp_old, b.adv, cfg, {ratio, obj, grad},
-                                                        by_seq ? span<const std::int64_t>(offsets) : span<const std::int64_t>());
+            const surrogate_stats s =
+                clipped_surrogate(on_host(), b.logp_new, b.logp_old, b.adv, cfg, {ratio, obj, grad},
+                                  by_seq ? span<const std::int64_t>(offsets) : span<const std::int64_t>());
             // per-token reference; weights w_t exact in double
             std::vector<double> ref_obj(n), w(n, agg == loss_aggregation::sum ? 1.0 : 1.0 / static_cast<double>(n));
             if (by_seq)
                 for (std::size_t q = 0; q + 1 < offsets.size(); ++q)
                     for (std::int64_t t = offsets[q]; t < offsets[q + 1]; ++t)
-                        w[static_cast<std::size_t>(t)] = 1.0 / (static_cast<double>(offsets.size() - 1) * static_cast<double>(offsets[q + 1] - offsets[q]));
+                        w[static_cast<std::size_t>(t)] = 1.0 / (static_cast<double>(offsets.size() - 1) *
+                                                                static_cast<double>(offsets[q + 1] - offsets[q]));
             std::uint64_t clipped_low = 0, clipped_high = 0, limited = 0, below = 0, above = 0;
             double abs_weighted = 0;
             for (std::size_t i = 0; i < n; ++i) {
@@ -157,7 +166,8 @@ TEST_CASE("clipped surrogate against the float64 reference on random batches, ev
                 // objective: with the exact double ratio; |error| <= 2^-23 |J| (ratio rounding + product rounding)
                 const auto exact = reference::surrogate_token(r, b.adv[i], range.lower, range.upper, lim);
                 ref_obj[i] = exact.objective;
-                REQUIRE(std::fabs(obj[i] - exact.objective) <= std::ldexp(std::fabs(exact.objective), -23) * 1.0001 + 1e-45);
+                REQUIRE(std::fabs(obj[i] - exact.objective) <=
+                        std::ldexp(std::fabs(exact.objective), -23) * 1.0001 + 1e-45);
                 // branch and gradient: the contract decides on the float ratio, so the reference does too
                 const double rf = static_cast<float>(r);
                 REQUIRE(ratio[i] == static_cast<float>(rf));
@@ -229,12 +239,14 @@ TEST_CASE("non-finite log-probabilities and advantages: counted and masked, or o
     const surrogate_stats sc = clipped_surrogate(on_host(), c.logp_new, c.logp_old, c.adv, cfg);
     CHECK(sc.objective == s.objective);
 
-    cfg.on_non_finite = non_finite_policy::raise;
+    cfg.on_nonfinite = token_nonfinite_policy::raise;
     CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), b.logp_new, b.logp_old, b.adv, cfg),
-                         doctest::Contains("argument 'logp_new' has the non-finite value nan at index 7"), octet::error);
+                         doctest::Contains("argument 'logp_new' has the non-finite value nan at index 7"),
+                         octet::error);
     b.logp_new[7] = b.logp_new[2000] = -1.0f;
     CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), b.logp_new, b.logp_old, b.adv, cfg),
-                         doctest::Contains("argument 'logp_old' has the non-finite value -inf at index 100"), octet::error);
+                         doctest::Contains("argument 'logp_old' has the non-finite value -inf at index 100"),
+                         octet::error);
     b.logp_old[100] = -1.0f;
     CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), b.logp_new, b.logp_old, b.adv, cfg),
                          doctest::Contains("argument 'advantages'"), octet::error);
@@ -243,34 +255,43 @@ TEST_CASE("non-finite log-probabilities and advantages: counted and masked, or o
 TEST_CASE("argument errors name the argument") {
     std::vector<float> a(10, -1.0f), b9(9, -1.0f), adv(10, 1.0f);
     surrogate_config cfg;
-    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, b9, adv, cfg), doctest::Contains("argument 'logp_old' has 9 elements"), octet::error);
-    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, b9, cfg), doctest::Contains("argument 'advantages'"), octet::error);
+    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, b9, adv, cfg),
+                         doctest::Contains("argument 'logp_old' has 9 elements"), octet::error);
+    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, b9, cfg), doctest::Contains("argument 'advantages'"),
+                         octet::error);
     std::vector<float> out9(9);
-    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg, {{}, {}, out9}), doctest::Contains("argument 'out.grad'"), octet::error);
-    CHECK_THROWS_WITH_AS(importance_ratios(on_host(), a, a, out9), doctest::Contains("argument 'ratios'"), octet::error);
+    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg, {{}, {}, out9}),
+                         doctest::Contains("argument 'out.grad'"), octet::error);
+    CHECK_THROWS_WITH_AS(importance_ratios(on_host(), a, a, out9), doctest::Contains("argument 'ratios'"),
+                         octet::error);
     std::vector<float> out10(10);
-    CHECK_THROWS_WITH_AS(importance_ratios(on_host(), a, a, out10, -1.0f), doctest::Contains("argument 'log_ratio_limit'"), octet::error);
+    CHECK_THROWS_WITH_AS(importance_ratios(on_host(), a, a, out10, -1.0f),
+                         doctest::Contains("argument 'log_ratio_limit'"), octet::error);
     cfg.range = clip_range{1.2f, 0.8f};
-    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg), doctest::Contains("argument 'cfg.range'"), octet::error);
+    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg), doctest::Contains("argument 'cfg.range'"),
+                         octet::error);
     cfg.range = clip_range{};
     cfg.log_ratio_limit = 0.0f;
-    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg), doctest::Contains("argument 'cfg.log_ratio_limit'"), octet::error);
+    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg),
+                         doctest::Contains("argument 'cfg.log_ratio_limit'"), octet::error);
     cfg.log_ratio_limit = NAN;
     CHECK_THROWS_AS(clipped_surrogate(on_host(), a, a, adv, cfg), octet::error);
     cfg.log_ratio_limit = 20.0f;
     // sequence offsets
     cfg.aggregation = loss_aggregation::sequence_mean;
-    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg), doctest::Contains("argument 'sequence_offsets'"), octet::error);
+    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg), doctest::Contains("argument 'sequence_offsets'"),
+                         octet::error);
     for (std::vector<std::int64_t> bad : {std::vector<std::int64_t>{1, 10}, {0, 9}, {0, 6, 4, 10}, {0}}) {
-        CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg, {}, bad), doctest::Contains("argument 'sequence_offsets'"), octet::error);
+        CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg, {}, bad),
+                             doctest::Contains("argument 'sequence_offsets'"), octet::error);
         CHECK_THROWS_AS(validate_sequence_offsets(bad, 10), octet::error);
     }
     const std::vector<std::int64_t> good{0, 4, 4, 10};
     CHECK_NOTHROW(validate_sequence_offsets(good, 10));
     CHECK_NOTHROW(clipped_surrogate(on_host(), a, a, adv, cfg, {}, good));
     cfg.aggregation = loss_aggregation::token_mean;
-    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg, {}, good), doctest::Contains("only used by loss_aggregation::sequence_mean"),
-                         octet::error);
+    CHECK_THROWS_WITH_AS(clipped_surrogate(on_host(), a, a, adv, cfg, {}, good),
+                         doctest::Contains("only used by loss_aggregation::sequence_mean"), octet::error);
     // empty batch: nothing to do, zero statistics
     const std::vector<float> none;
     const surrogate_stats s = clipped_surrogate(on_host(), none, none, none, cfg);
@@ -286,13 +307,14 @@ TEST_CASE("GRPO group advantages against the float64 reference") {
         std::normal_distribution<double> d(0.5, 2.0);
         std::vector<float> rewards(group * 300);
         for (auto& r : rewards) r = static_cast<float>(d(g));
-        for (std::size_t k = 0; k < group; ++k) rewards[k] = 3.0f;                                   // one all-equal group
+        for (std::size_t k = 0; k < group; ++k) rewards[k] = 3.0f;  // one all-equal group
         for (bool scale : {true, false}) {
             group_advantage_config cfg;
             cfg.scale_by_std = scale;
             std::vector<float> adv(rewards.size());
             group_advantages(on_host(), rewards, group, adv, cfg);
-            const std::vector<double> ref = reference::group_advantages(std::vector<double>(rewards.begin(), rewards.end()), group, cfg.eps, scale);
+            const std::vector<double> ref =
+                reference::group_advantages(std::vector<double>(rewards.begin(), rewards.end()), group, cfg.eps, scale);
             for (std::size_t i = 0; i < adv.size(); ++i)  // one rounding of a double result: half an ulp
                 REQUIRE(std::fabs(adv[i] - ref[i]) <= (ref[i] == 0 ? 0.0 : half_ulp(std::fabs(ref[i])) * 1.0001));
             for (std::size_t k = 0; k < group; ++k) CHECK(adv[k] == 0.0f);
@@ -307,8 +329,11 @@ TEST_CASE("GRPO group advantages against the float64 reference") {
     group_advantages(on_host(), r, 4, out);
     for (int i = 0; i < 4; ++i) CHECK(std::isnan(out[i]));
     for (int i = 4; i < 8; ++i) CHECK(std::isfinite(out[i]));
-    CHECK_THROWS_WITH_AS(group_advantages(on_host(), r, 3, out), doctest::Contains("not a multiple of group_size 3"), octet::error);
-    CHECK_THROWS_WITH_AS(group_advantages(on_host(), r, 0, out), doctest::Contains("argument 'group_size'"), octet::error);
+    CHECK_THROWS_WITH_AS(group_advantages(on_host(), r, 3, out), doctest::Contains("not a multiple of group_size 3"),
+                         octet::error);
+    CHECK_THROWS_WITH_AS(group_advantages(on_host(), r, 0, out), doctest::Contains("argument 'group_size'"),
+                         octet::error);
     std::vector<float> out7(7);
-    CHECK_THROWS_WITH_AS(group_advantages(on_host(), r, 4, out7), doctest::Contains("argument 'advantages'"), octet::error);
+    CHECK_THROWS_WITH_AS(group_advantages(on_host(), r, 4, out7), doctest::Contains("argument 'advantages'"),
+                         octet::error);
 }

@@ -162,9 +162,10 @@ TEST_CASE("compressed all-reduce: the sum within the stated bound, bit-identical
                     CAPTURE(static_cast<int>(k));
                     CHECK(err <= bound);
                     if (me == 0 && n == 100003 && k == kind::gaussian)
-                        MESSAGE(std::string(wire_format_name(f)), " ", std::string(transform_name(t)), ": relative error ", err / norm_of_sum, ", bound ",
-                                bound / norm_of_sum, ", bytes sent ", rep.bytes_sent, " (float ring: ",
-                                2.0 * (P - 1) / P * 4.0 * static_cast<double>(n), ")");
+                        MESSAGE(std::string(wire_format_name(f)), " ", std::string(transform_name(t)),
+                                ": relative error ", err / norm_of_sum, ", bound ", bound / norm_of_sum,
+                                ", bytes sent ", rep.bytes_sent,
+                                " (float ring: ", 2.0 * (P - 1) / P * 4.0 * static_cast<double>(n), ")");
 
                     // Every rank holds the same bits, and they are the single-process simulation's.
                     const std::uint64_t h = hash_bits(data);
@@ -211,7 +212,8 @@ TEST_CASE("compressed all-reduce: bad input raises octet::error on every rank, a
         std::vector<float> d = fresh();
         allreduce_options opt;
         opt.expected_ranks = P + 1;
-        expect_all_ranks_throw(comm, "expected_ranks", [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
+        expect_all_ranks_throw(comm, "expected_ranks",
+                               [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
     }
     SUBCASE("a different seed on one rank (mismatched headers)") {
         std::vector<float> d = fresh();
@@ -228,7 +230,8 @@ TEST_CASE("compressed all-reduce: bad input raises octet::error on every rank, a
     SUBCASE("a different size on one rank") {
         std::vector<float> d = fresh();
         const std::size_t m = me == 0 ? n - 1 : n;
-        expect_all_ranks_throw(comm, "gradient size", [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), m)); });
+        expect_all_ranks_throw(comm, "gradient size",
+                               [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), m)); });
     }
     SUBCASE("an invalid config on one rank only") {
         std::vector<float> d = fresh();
@@ -241,7 +244,8 @@ TEST_CASE("compressed all-reduce: bad input raises octet::error on every rank, a
         error_feedback fb(me == 0 ? n + 1 : n);
         allreduce_options opt;
         opt.feedback = fb.view();
-        expect_all_ranks_throw(comm, "options.feedback", [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
+        expect_all_ranks_throw(comm, "options.feedback",
+                               [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
     }
     SUBCASE("a corrupted stage-1 buffer (one flipped payload bit)") {
         std::vector<float> d = fresh();
@@ -250,7 +254,8 @@ TEST_CASE("compressed all-reduce: bad input raises octet::error on every rank, a
             opt.tamper = [](int peer, span<std::uint8_t> m) {
                 if (peer == 1) m[m.size() - 40] ^= 0x10;
             };
-        expect_all_ranks_throw(comm, "checksum", [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
+        expect_all_ranks_throw(comm, "checksum",
+                               [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
     }
     SUBCASE("a corrupted stage-1 header (a size field that says the buffer is truncated)") {
         std::vector<float> d = fresh();
@@ -260,7 +265,8 @@ TEST_CASE("compressed all-reduce: bad input raises octet::error on every rank, a
                 m[48] ^= 0x01;  // total bytes
                 seal_wire_message(m);
             };
-        expect_all_ranks_throw(comm, "total size", [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
+        expect_all_ranks_throw(comm, "total size",
+                               [&] { compressed_allreduce(comm, cfg, span<float>(d.data(), n), opt); });
     }
     // After every failure the communicator still works: a valid call completes with the right sum.
     std::vector<float> d = fresh();
@@ -272,6 +278,7 @@ TEST_CASE("compressed all-reduce: bad input raises octet::error on every rank, a
         for (std::size_t i = 0; i < n; ++i) exact[i] += g[i];
     }
     compressed_allreduce(comm, cfg, span<float>(d.data(), n));
-    for (std::size_t i = 0; i < n; ++i) err += (d[i] - exact[i]) * (d[i] - exact[i]), norm_of_sum += exact[i] * exact[i];
+    for (std::size_t i = 0; i < n; ++i)
+        err += (d[i] - exact[i]) * (d[i] - exact[i]), norm_of_sum += exact[i] * exact[i];
     CHECK(std::sqrt(err) <= allreduce_error_bound(cfg, n, P, sum_of_norms, std::sqrt(norm_of_sum)));
 }

@@ -41,7 +41,8 @@ struct host_run {
     std::vector<std::vector<std::uint8_t>> fb1, fb2;
 };
 host_run simulate(const codec_config& cfg, const std::vector<std::vector<float>>& g, bool feedback, residual_storage st,
-                  const std::vector<std::vector<std::uint8_t>>& fb1_in, const std::vector<std::vector<std::uint8_t>>& fb2_in) {
+                  const std::vector<std::vector<std::uint8_t>>& fb1_in,
+                  const std::vector<std::vector<std::uint8_t>>& fb2_in) {
     const int P = static_cast<int>(g.size());
     const std::size_t n = g[0].size();
     host_run h;
@@ -75,7 +76,8 @@ struct world {
     int P = 0;
     std::vector<ncclComm_t> comms;
     std::vector<cudaStream_t> streams;
-    explicit world(int devices) : P(devices), comms(static_cast<std::size_t>(devices)), streams(static_cast<std::size_t>(devices)) {
+    explicit world(int devices)
+        : P(devices), comms(static_cast<std::size_t>(devices)), streams(static_cast<std::size_t>(devices)) {
         std::vector<int> ids(static_cast<std::size_t>(devices));
         for (int d = 0; d < devices; ++d) ids[d] = d;
         REQUIRE(ncclCommInitAll(comms.data(), devices, ids.data()) == ncclSuccess);
@@ -123,13 +125,15 @@ TEST_SUITE("cuda") {
     TEST_CASE("nccl all-reduce: workspace sizes") {
         using namespace octet;
         const codec_config cfg{wire_format::e4m3, transform_kind::hadamard, 1024, 0, 0};
-        const std::size_t a = compressed_allreduce_workspace(cfg, 1 << 20, 4), b = compressed_allreduce_workspace(cfg, 1 << 21, 4);
+        const std::size_t a = compressed_allreduce_workspace(cfg, 1 << 20, 4),
+                          b = compressed_allreduce_workspace(cfg, 1 << 21, 4);
         CHECK(a % 256 == 0);
         CHECK(b > a);
         // Stage-1 messages, P received, the reduced coordinates and P gather slots: about 2.3 x the
         // encoded gradient plus 4 bytes per shard coordinate.
         CHECK(a >= 2 * encoded_size(cfg, 1 << 20));
-        CHECK_THROWS_WITH_AS(compressed_allreduce_workspace(cfg, 10, 0), doctest::Contains("argument 'world'"), octet::error);
+        CHECK_THROWS_WITH_AS(compressed_allreduce_workspace(cfg, 10, 0), doctest::Contains("argument 'world'"),
+                             octet::error);
     }
 }
 
@@ -146,9 +150,11 @@ TEST_SUITE("gpu") {
                 for (const std::size_t n : {std::size_t{1} << 20, std::size_t{100003}, std::size_t{300}}) {
                     ++salt;
                     const codec_config cfg{f, transform_kind::hadamard, 1024, 0, 1000 + salt, feedback};
-                    const residual_storage st = feedback ? static_cast<residual_storage>(salt % 3) : residual_storage::f32;
+                    const residual_storage st =
+                        feedback ? static_cast<residual_storage>(salt % 3) : residual_storage::f32;
                     std::vector<std::vector<float>> g(static_cast<std::size_t>(P));
-                    std::vector<std::vector<std::uint8_t>> fb1(static_cast<std::size_t>(P)), fb2(static_cast<std::size_t>(P));
+                    std::vector<std::vector<std::uint8_t>> fb1(static_cast<std::size_t>(P)),
+                        fb2(static_cast<std::size_t>(P));
                     for (int r = 0; r < P; ++r) {
                         g[r] = gradient_of(r, n, salt);
                         // Start from non-zero residuals so that the feedback path is exercised at once.
@@ -161,7 +167,8 @@ TEST_SUITE("gpu") {
                     }
                     const host_run expect = simulate(cfg, g, feedback, st, fb1, fb2);
                     std::vector<std::vector<float>> got(static_cast<std::size_t>(P));
-                    std::vector<std::vector<std::uint8_t>> got1(static_cast<std::size_t>(P)), got2(static_cast<std::size_t>(P));
+                    std::vector<std::vector<std::uint8_t>> got1(static_cast<std::size_t>(P)),
+                        got2(static_cast<std::size_t>(P));
                     const auto errors = w.run([&](int r) {
                         nccl_communicator comm(w.comms[r], w.streams[r]);
                         cuda::device_buffer<float> data(g[r]);
@@ -206,7 +213,9 @@ TEST_SUITE("gpu") {
                 cuda::device_buffer<std::uint8_t> ws(small_workspace && r == P - 1 ? need / 2 : need);
                 allreduce_options opt;
                 if (corrupt && r == 0)
-                    opt.tamper = [](int, span<std::uint8_t> m) { OCTET_CUDA_CHECK(cudaMemset(m.data() + m.size() - 24, 0x5A, 1)); };
+                    opt.tamper = [](int, span<std::uint8_t> m) {
+                        OCTET_CUDA_CHECK(cudaMemset(m.data() + m.size() - 24, 0x5A, 1));
+                    };
                 compressed_allreduce(comm, cfg, data.view(), ws.view(), opt);
             });
         };

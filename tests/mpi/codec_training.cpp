@@ -81,7 +81,8 @@ std::vector<float> random_params(std::uint64_t seed, float scale) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> p(kParams);
     for (std::size_t i = 0; i < kParams; ++i) {
-        const float fan = i < static_cast<std::size_t>(kIn * kHidden + kHidden) ? std::sqrt(1.0f / kIn) : std::sqrt(1.0f / kHidden);
+        const float fan =
+            i < static_cast<std::size_t>(kIn * kHidden + kHidden) ? std::sqrt(1.0f / kIn) : std::sqrt(1.0f / kHidden);
         p[i] = nd(g) * fan * scale;
     }
     return p;
@@ -181,21 +182,42 @@ TEST_CASE("data-parallel training: compressed all-reduce with error feedback con
     const double spread = std::fabs(base.final - base2.final);
     const double margin = std::max(2.0 * spread, 0.05 * base.final);
     if (comm.rank() == 0)
-        std::printf("float: initial loss %.5f, final %.5f; other data order %.5f; margin %.5f\n", base.initial, base.final, base2.final,
-                    margin);
+        std::printf("float: initial loss %.5f, final %.5f; other data order %.5f; margin %.5f\n", base.initial,
+                    base.final, base2.final, margin);
 
     const run_config runs[] = {
-        {"e4m3 hadamard + feedback(f32)", true, {wire_format::e4m3, transform_kind::hadamard, 256}, true, residual_storage::f32},
-        {"e4m3 identity + feedback(f32)", true, {wire_format::e4m3, transform_kind::identity, 256}, true, residual_storage::f32},
-        {"mxfp8 hadamard + feedback(bf16)", true, {wire_format::mxfp8, transform_kind::hadamard, 256}, true, residual_storage::bf16},
-        {"nvfp4 hadamard + feedback(bf16)", true, {wire_format::nvfp4, transform_kind::hadamard, 256}, true, residual_storage::bf16},
-        {"nvfp4 identity + feedback(e4m3)", true, {wire_format::nvfp4, transform_kind::identity, 256}, true, residual_storage::e4m3},
+        {"e4m3 hadamard + feedback(f32)",
+         true,
+         {wire_format::e4m3, transform_kind::hadamard, 256},
+         true,
+         residual_storage::f32},
+        {"e4m3 identity + feedback(f32)",
+         true,
+         {wire_format::e4m3, transform_kind::identity, 256},
+         true,
+         residual_storage::f32},
+        {"mxfp8 hadamard + feedback(bf16)",
+         true,
+         {wire_format::mxfp8, transform_kind::hadamard, 256},
+         true,
+         residual_storage::bf16},
+        {"nvfp4 hadamard + feedback(bf16)",
+         true,
+         {wire_format::nvfp4, transform_kind::hadamard, 256},
+         true,
+         residual_storage::bf16},
+        {"nvfp4 identity + feedback(e4m3)",
+         true,
+         {wire_format::nvfp4, transform_kind::identity, 256},
+         true,
+         residual_storage::e4m3},
     };
     for (const run_config& rc : runs) {
         const run_result r = train(comm, d, rc);
         if (comm.rank() == 0)
-            std::printf("%-34s final %.5f (%+.2f%% vs float), bytes sent per rank %.3g (float ring %.3g)\n", rc.name.c_str(), r.final,
-                        100.0 * (r.final - base.final) / base.final, static_cast<double>(r.bytes_sent), static_cast<double>(base.bytes_sent));
+            std::printf("%-34s final %.5f (%+.2f%% vs float), bytes sent per rank %.3g (float ring %.3g)\n",
+                        rc.name.c_str(), r.final, 100.0 * (r.final - base.final) / base.final,
+                        static_cast<double>(r.bytes_sent), static_cast<double>(base.bytes_sent));
         CAPTURE(rc.name);
         CHECK(r.final <= base.final + margin);
         CHECK(r.final < 0.1 * r.initial);
@@ -204,7 +226,9 @@ TEST_CASE("data-parallel training: compressed all-reduce with error feedback con
         for (int q = 0; q < P; ++q) CHECK(all[q] == r.param_hash);
     }
     // For reference (not a claim): NVFP4 without error feedback.
-    const run_result nofb = train(comm, d, {"nvfp4 hadamard, no feedback", true, {wire_format::nvfp4, transform_kind::hadamard, 256}, false});
+    const run_result nofb = train(
+        comm, d, {"nvfp4 hadamard, no feedback", true, {wire_format::nvfp4, transform_kind::hadamard, 256}, false});
     if (comm.rank() == 0)
-        std::printf("%-34s final %.5f (%+.2f%% vs float)\n", "nvfp4 hadamard, no feedback", nofb.final, 100.0 * (nofb.final - base.final) / base.final);
+        std::printf("%-34s final %.5f (%+.2f%% vs float)\n", "nvfp4 hadamard, no feedback", nofb.final,
+                    100.0 * (nofb.final - base.final) / base.final);
 }

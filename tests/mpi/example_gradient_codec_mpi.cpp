@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
         }
         std::vector<float> exact_f(exact.begin(), exact.end());
         if (me == 0)
-            std::printf("%d ranks, %zu elements per gradient (%zu bytes as float)\n%-8s %-9s %-10s %-11s %-12s %s\n", P, n, 4 * n, "codec",
-                        "transform", "rel.L2", "cosine", "bytes sent", "ms");
+            std::printf("%d ranks, %zu elements per gradient (%zu bytes as float)\n%-8s %-9s %-10s %-11s %-12s %s\n", P,
+                        n, 4 * n, "codec", "transform", "rel.L2", "cosine", "bytes sent", "ms");
 
         std::vector<float> data = mine;
         comm.barrier();
@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         codec_metrics m = measure_codec(exact_f, data, 0);
         if (me == 0)
-            std::printf("%-8s %-9s %-10.6f %-11.8f %-12.0f %.2f   (MPI_Allreduce; ring bytes)\n", "float", "-", m.relative_l2, m.cosine,
-                        2.0 * (P - 1) / P * 4.0 * static_cast<double>(n), ms);
+            std::printf("%-8s %-9s %-10.6f %-11.8f %-12.0f %.2f   (MPI_Allreduce; ring bytes)\n", "float", "-",
+                        m.relative_l2, m.cosine, 2.0 * (P - 1) / P * 4.0 * static_cast<double>(n), ms);
 
         for (const wire_format f : {wire_format::e4m3, wire_format::e5m2, wire_format::mxfp8, wire_format::nvfp4})
             for (const transform_kind t : {transform_kind::identity, transform_kind::hadamard}) {
@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
                 ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
                 m = measure_codec(exact_f, data, 0);
                 if (me == 0)
-                    std::printf("%-8s %-9s %-10.6f %-11.8f %-12zu %.2f\n", wire_format_name(f), transform_name(t), m.relative_l2, m.cosine,
-                                rep.bytes_sent, ms);
+                    std::printf("%-8s %-9s %-10.6f %-11.8f %-12zu %.2f\n", wire_format_name(f), transform_name(t),
+                                m.relative_l2, m.cosine, rep.bytes_sent, ms);
             }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

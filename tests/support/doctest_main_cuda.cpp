@@ -2,8 +2,8 @@
 // those in TEST_SUITE("gpu") need a device: without one, the gpu run prints why and returns 77,
 // which CTest reports as "skipped" (SKIP_RETURN_CODE), never as passed.
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
 #include <cuda_runtime.h>
+#include <doctest/doctest.h>
 
 #include <cstdio>
 #include <cstring>

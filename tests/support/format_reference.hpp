@@ -8,11 +8,15 @@ namespace octet_test {
 using octet::reference::code_kind;
 using ref_kind = octet::reference::code_kind;
 template <class Fmt>
-auto reference_decode(std::uint32_t code) { return octet::reference::decode_code<Fmt>(code); }
+auto reference_decode(std::uint32_t code) {
+    return octet::reference::decode_code<Fmt>(code);
+}
 template <class Fmt>
 using reference_table = octet::reference::format_table<Fmt>;
 template <class Fmt>
-auto reference_neighbours(double m) { return octet::reference::neighbours<Fmt>(m); }
+auto reference_neighbours(double m) {
+    return octet::reference::neighbours<Fmt>(m);
+}
 template <class Fmt, class Round, class Overflow>
 std::uint32_t reference_encode(float x, std::uint32_t random_bits = 0) {
     return octet::reference::encode_code<Fmt, Round, Overflow>(x, random_bits);

@@ -13,9 +13,12 @@ template <class In>
 std::vector<In> to_storage(const std::vector<float>& x) {
     std::vector<In> v(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) {
-        if constexpr (std::is_same_v<In, float>) v[i] = x[i];
-        else if constexpr (std::is_same_v<In, octet::bf16>) v[i] = octet::to_bf16(x[i]);
-        else v[i] = octet::to_fp16(x[i]);
+        if constexpr (std::is_same_v<In, float>)
+            v[i] = x[i];
+        else if constexpr (std::is_same_v<In, octet::bf16>)
+            v[i] = octet::to_bf16(x[i]);
+        else
+            v[i] = octet::to_fp16(x[i]);
     }
     return v;
 }
@@ -25,8 +28,10 @@ template <class In>
 std::vector<float> widen(const std::vector<In>& v) {
     std::vector<float> x(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) {
-        if constexpr (std::is_same_v<In, float>) x[i] = v[i];
-        else x[i] = octet::to_float(v[i]);
+        if constexpr (std::is_same_v<In, float>)
+            x[i] = v[i];
+        else
+            x[i] = octet::to_float(v[i]);
     }
     return x;
 }

@@ -52,9 +52,9 @@ enum mode : int {
     mode_count
 };
 
-const char* const mode_names[mode_count] = {"e4m3 satfinite", "e4m3 nosat", "e5m2 satfinite", "e5m2 nosat",
-                                            "e2m1 nearest", "e2m3 nearest", "e3m2 nearest", "ue8m0 rz satfinite",
-                                            "ue8m0 rz nosat", "ue8m0 ru satfinite", "ue8m0 ru nosat"};
+const char* const mode_names[mode_count] = {
+    "e4m3 satfinite", "e4m3 nosat",         "e5m2 satfinite", "e5m2 nosat",         "e2m1 nearest",  "e2m3 nearest",
+    "e3m2 nearest",   "ue8m0 rz satfinite", "ue8m0 rz nosat", "ue8m0 ru satfinite", "ue8m0 ru nosat"};
 
 using rn = round::nearest_even;
 using rz = round::toward_zero;
@@ -85,28 +85,39 @@ void sweep(std::uint64_t begin, std::uint64_t end, std::array<mode_result, mode_
         for (std::size_t i = 0; i < kBatch; ++i) x[i] = bits_to_float(u0 + static_cast<std::uint32_t>(i));
         std::uint64_t* nb = bad.data();
         std::uint32_t* nf = first.data();
-        compare_batch(x, u0, [](float v) { return encode<e4m3, rn, sat>(v); },
-                      [](float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }, e4m3_sat, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<e4m3, rn, nosat>(v); },
-                      [](float v) { return __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E4M3); }, e4m3_nosat, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<e5m2, rn, sat>(v); },
-                      [](float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2); }, e5m2_sat, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<e5m2, rn, nosat>(v); },
-                      [](float v) { return __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E5M2); }, e5m2_nosat, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<e2m1, rn>(v); },
-                      [](float v) { return __nv_cvt_float_to_fp4(v, __NV_E2M1, cudaRoundNearest); }, e2m1_rn, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<e2m3, rn>(v); },
-                      [](float v) { return __nv_cvt_float_to_fp6(v, __NV_E2M3, cudaRoundNearest); }, e2m3_rn, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<e3m2, rn>(v); },
-                      [](float v) { return __nv_cvt_float_to_fp6(v, __NV_E3M2, cudaRoundNearest); }, e3m2_rn, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<ue8m0, rz, sat>(v); },
-                      [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_SATFINITE, cudaRoundZero); }, ue8m0_rz_sat, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<ue8m0, rz, nosat>(v); },
-                      [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_NOSAT, cudaRoundZero); }, ue8m0_rz_nosat, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<ue8m0, ru, sat>(v); },
-                      [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_SATFINITE, cudaRoundPosInf); }, ue8m0_ru_sat, nb, nf);
-        compare_batch(x, u0, [](float v) { return encode<ue8m0, ru, nosat>(v); },
-                      [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_NOSAT, cudaRoundPosInf); }, ue8m0_ru_nosat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<e4m3, rn, sat>(v); },
+            [](float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }, e4m3_sat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<e4m3, rn, nosat>(v); },
+            [](float v) { return __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E4M3); }, e4m3_nosat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<e5m2, rn, sat>(v); },
+            [](float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2); }, e5m2_sat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<e5m2, rn, nosat>(v); },
+            [](float v) { return __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E5M2); }, e5m2_nosat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<e2m1, rn>(v); },
+            [](float v) { return __nv_cvt_float_to_fp4(v, __NV_E2M1, cudaRoundNearest); }, e2m1_rn, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<e2m3, rn>(v); },
+            [](float v) { return __nv_cvt_float_to_fp6(v, __NV_E2M3, cudaRoundNearest); }, e2m3_rn, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<e3m2, rn>(v); },
+            [](float v) { return __nv_cvt_float_to_fp6(v, __NV_E3M2, cudaRoundNearest); }, e3m2_rn, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<ue8m0, rz, sat>(v); },
+            [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_SATFINITE, cudaRoundZero); }, ue8m0_rz_sat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<ue8m0, rz, nosat>(v); },
+            [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_NOSAT, cudaRoundZero); }, ue8m0_rz_nosat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<ue8m0, ru, sat>(v); },
+            [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_SATFINITE, cudaRoundPosInf); }, ue8m0_ru_sat, nb, nf);
+        compare_batch(
+            x, u0, [](float v) { return encode<ue8m0, ru, nosat>(v); },
+            [](float v) { return __nv_cvt_float_to_e8m0(v, __NV_NOSAT, cudaRoundPosInf); }, ue8m0_ru_nosat, nb, nf);
     }
     for (int m = 0; m < mode_count; ++m) {
         if (bad[m] == 0) continue;
@@ -153,15 +164,21 @@ TEST_CASE("decode is identical to the CUDA toolkit for every code") {
         const float tk_e5m2 = toolkit_half_to_float(__nv_cvt_fp8_to_halfraw(code, __NV_E5M2));
         // The toolkit's NaN is a half NaN widened; octet returns the canonical float NaN. Compare
         // NaN-ness for NaN codes and bits for the rest.
-        if (std::isnan(tk_e4m3)) CHECK(std::isnan(decode<e4m3>(code)));
-        else CHECK(float_to_bits(decode<e4m3>(code)) == float_to_bits(tk_e4m3));
-        if (std::isnan(tk_e5m2)) CHECK(std::isnan(decode<e5m2>(code)));
-        else CHECK(float_to_bits(decode<e5m2>(code)) == float_to_bits(tk_e5m2));
+        if (std::isnan(tk_e4m3))
+            CHECK(std::isnan(decode<e4m3>(code)));
+        else
+            CHECK(float_to_bits(decode<e4m3>(code)) == float_to_bits(tk_e4m3));
+        if (std::isnan(tk_e5m2))
+            CHECK(std::isnan(decode<e5m2>(code)));
+        else
+            CHECK(float_to_bits(decode<e5m2>(code)) == float_to_bits(tk_e5m2));
 
         const __nv_bfloat16_raw b = __nv_cvt_e8m0_to_bf16raw(code);
         const float tk_e8m0 = octet::to_float(octet::bf16{b.x});
-        if (std::isnan(tk_e8m0)) CHECK(std::isnan(decode<ue8m0>(code)));
-        else CHECK(float_to_bits(decode<ue8m0>(code)) == float_to_bits(tk_e8m0));
+        if (std::isnan(tk_e8m0))
+            CHECK(std::isnan(decode<ue8m0>(code)));
+        else
+            CHECK(float_to_bits(decode<ue8m0>(code)) == float_to_bits(tk_e8m0));
 
         if (c < 64) {
             CHECK(float_to_bits(decode<e2m3>(code)) ==
@@ -170,7 +187,8 @@ TEST_CASE("decode is identical to the CUDA toolkit for every code") {
                   float_to_bits(toolkit_half_to_float(__nv_cvt_fp6_to_halfraw(code, __NV_E3M2))));
         }
         if (c < 16)
-            CHECK(float_to_bits(decode<e2m1>(code)) == float_to_bits(toolkit_half_to_float(__nv_cvt_fp4_to_halfraw(code, __NV_E2M1))));
+            CHECK(float_to_bits(decode<e2m1>(code)) ==
+                  float_to_bits(toolkit_half_to_float(__nv_cvt_fp4_to_halfraw(code, __NV_E2M1))));
     }
 }
 

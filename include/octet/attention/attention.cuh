@@ -2,7 +2,8 @@
 // FP8 mma.sync; built for sm_90a and sm_89).
 //
 //   octet::attention_forward(octet::on_stream(s), shape, q, k, v, o, lse, opt);
-//   octet::attention_backward(octet::on_stream(s), shape, q, k, v, o, lse, dout, dq, dk, dv, workspace, bopt, device_stats);
+//   octet::attention_backward(octet::on_stream(s), shape, q, k, v, o, lse, dout, dq, dk, dv, workspace, bopt,
+//   device_stats);
 //
 // Same arguments, layout and numerics as the host overloads in attention.hpp (which see), with
 // device memory everywhere, plus: `shape.device_cu_seqlens_q/_k` (device copies of the offsets),
@@ -69,15 +70,15 @@ __device__ __forceinline__ float token_scale(const quantized_cref<R>& x, std::si
 }
 
 template <int D, class QR, class KR, class VR, class OT>
-__global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
+OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
     using QF = typename QR::format;
     using KF = typename KR::format;
     using VF = typename VR::format;
     extern __shared__ __align__(128) std::uint8_t smem[];
-    std::uint8_t* sQ = smem;                     // (64, D)
-    std::uint8_t* sK = sQ + kTile * D;           // 2 x (64, D)
-    std::uint8_t* sV = sK + 2 * kTile * D;       // 2 x (64, D)
-    std::uint8_t* sVt = sV + 2 * kTile * D;      // (D, 64), keys permuted
+    std::uint8_t* sQ = smem;                                 // (64, D)
+    std::uint8_t* sK = sQ + kTile * D;                       // 2 x (64, D)
+    std::uint8_t* sV = sK + 2 * kTile * D;                   // 2 x (64, D)
+    std::uint8_t* sVt = sV + 2 * kTile * D;                  // (D, 64), keys permuted
     float* sKs = reinterpret_cast<float*>(sVt + kTile * D);  // 2 x 64 key scales
     float* sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
 
@@ -98,14 +99,18 @@ __global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<Q
     auto fetch_scale = [&](int jt) -> float {
         const int j = jt * kTile + (tid & 63);
         if (j >= lk) return 0.0f;
-        return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
+        return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
+                        : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
     };
     float scale_next = ntiles > 0 ? fetch_scale(0) : 0.0f;
 
-    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0), qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
+    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
+                        qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
     float qf[2];
     for (int r = 0; r < 2; ++r)
-        qf[r] = row[r] < lq ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2) : 0.0f;
+        qf[r] = row[r] < lq
+                    ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2)
+                    : 0.0f;
 
     float o[D / 8][4];
     OCTET_UNROLL
@@ -123,8 +128,10 @@ __global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<Q
             for (int ks = 0; ks < D / 32; ++ks) load_a<D>(qa[ks], sQ, warp * 16, ks, lane);
         }
         if (jt + 1 < ntiles) {
-            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
-            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
+            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile,
+                               k0 + lk, hk * D);
+            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile,
+                               k0 + lk, hk * D);
             scale_next = fetch_scale(jt + 1);
         }
         cp_async_commit();
@@ -149,18 +156,18 @@ __global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<Q
         float mt[2] = {attn::neg_inf(), attn::neg_inf()};
         const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
         OCTET_UNROLL
-        for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < 8; ++n) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            const int col = attn_frag::c_col(lane, n, e), j = jt * kTile + col;
             OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const int col = attn_frag::c_col(lane, n, e), j = jt * kTile + col;
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) {
-                    const float x = whole || attn::visible(row[r], j, lq, lk, p.causal) ? attn::score(s[n][2 * r + e], qf[r], ksc[col])
-                                                                                       : attn::neg_inf();
-                    s[n][2 * r + e] = x;
-                    mt[r] = attn::fmax(mt[r], x);
-                }
+            for (int r = 0; r < 2; ++r) {
+                const float x = whole || attn::visible(row[r], j, lq, lk, p.causal)
+                                    ? attn::score(s[n][2 * r + e], qf[r], ksc[col])
+                                    : attn::neg_inf();
+                s[n][2 * r + e] = x;
+                mt[r] = attn::fmax(mt[r], x);
             }
+        }
         float mv = attn::fmax(vsc[lane], vsc[lane + 32]);
         OCTET_UNROLL
         for (int off = 16; off > 0; off >>= 1) mv = attn::fmax(mv, shfl_xor(mv, off));
@@ -174,30 +181,28 @@ __global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<Q
             alpha[r] = attn::exp2(attn::sub(m[r], mu));
             float rs = 0.0f;
             OCTET_UNROLL
-            for (int n = 0; n < 8; ++n)
-                OCTET_UNROLL
-                for (int e = 0; e < 2; ++e) {
-                    const float pv = attn::exp2(attn::sub(s[n][2 * r + e], mu));
-                    rs = attn::add(rs, pv);
-                    s[n][2 * r + e] = attn::mul(pv, attn::scale_ratio(vsc[attn_frag::c_col(lane, n, e)], mv));
-                }
+            for (int n = 0; n < 8; ++n) OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                const float pv = attn::exp2(attn::sub(s[n][2 * r + e], mu));
+                rs = attn::add(rs, pv);
+                s[n][2 * r + e] = attn::mul(pv, attn::scale_ratio(vsc[attn_frag::c_col(lane, n, e)], mv));
+            }
             l[r] = attn::fma(l[r], alpha[r], rs);
             m[r] = m_new;
         }
         // P codes as A fragments of the P V product (attn_frag::a_source)
         std::uint32_t pa[2][4];
         OCTET_UNROLL
-        for (int ks2 = 0; ks2 < 2; ++ks2)
+        for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
+        for (int reg = 0; reg < 4; ++reg) {
+            std::uint32_t c[4];
             OCTET_UNROLL
-            for (int reg = 0; reg < 4; ++reg) {
-                std::uint32_t c[4];
-                OCTET_UNROLL
-                for (int b = 0; b < 4; ++b) {
-                    const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
-                    c[b] = attn::encode_p(s[src.n][src.x]);
-                }
-                pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
+            for (int b = 0; b < 4; ++b) {
+                const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                c[b] = attn::encode_p(s[src.n][src.x]);
             }
+            pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
+        }
         __syncthreads();  // V^T ready
         const float cv = attn::mul(mv, attn::p_scale);
         OCTET_UNROLL
@@ -221,9 +226,9 @@ __global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<Q
         const float inv = l[r] > 0.0f ? attn::div(1.0f, l[r]) : 0.0f;
         OT* orow = p.o + static_cast<std::size_t>(q0 + row[r]) * p.o_ld + static_cast<std::size_t>(h) * D;
         OCTET_UNROLL
-        for (int nd = 0; nd < D / 8; ++nd)
-            OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) orow[attn_frag::c_col(lane, nd, e)] = detail::attention_store<OT>(attn::mul(o[nd][2 * r + e], inv));
+        for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e)
+            orow[attn_frag::c_col(lane, nd, e)] = detail::attention_store<OT>(attn::mul(o[nd][2 * r + e], inv));
         if (t == 0) p.lse[static_cast<std::size_t>(h) * p.total_q + q0 + row[r]] = attn::log_sum_exp(m[r], l[r]);
     }
 }
@@ -236,14 +241,14 @@ __global__ void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<Q
 /// delta kernel and the gradient kernel form them. Element [n][2r + e] is key row g + 8r of the
 /// warp, query column 8n + 2t + e of the tile.
 template <int D, class QF, class KF, class VF, class DF>
-__device__ __forceinline__ void tile_p_dp(const std::uint8_t* sK, const std::uint8_t* sV, const std::uint8_t* sQ, const std::uint8_t* sdO,
-                                          const float* sQf, const float* sLc, const float* sDOs, const float (&sk)[2], const float (&sv)[2],
-                                          int warp, int lane, int qrow0, int krow0, int lq, int lk, bool causal, float (&pp)[8][4],
-                                          float (&dp)[8][4]) {
+__device__ __forceinline__ void tile_p_dp(const std::uint8_t* sK, const std::uint8_t* sV, const std::uint8_t* sQ,
+                                          const std::uint8_t* sdO, const float* sQf, const float* sLc,
+                                          const float* sDOs, const float (&sk)[2], const float (&sv)[2], int warp,
+                                          int lane, int qrow0, int krow0, int lq, int lk, bool causal,
+                                          float (&pp)[8][4], float (&dp)[8][4]) {
     OCTET_UNROLL
-    for (int n = 0; n < 8; ++n)
-        OCTET_UNROLL
-        for (int x = 0; x < 4; ++x) pp[n][x] = dp[n][x] = 0.0f;
+    for (int n = 0; n < 8; ++n) OCTET_UNROLL
+    for (int x = 0; x < 4; ++x) pp[n][x] = dp[n][x] = 0.0f;
     OCTET_UNROLL
     for (int ks = 0; ks < D / 32; ++ks) {
         std::uint32_t ak[4], av[4];
@@ -262,18 +267,18 @@ __device__ __forceinline__ void tile_p_dp(const std::uint8_t* sK, const std::uin
     }
     const bool whole = attn::tile_all_visible(qrow0, krow0, lq, lk, causal);  // no mask test inside
     OCTET_UNROLL
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 8; ++n) OCTET_UNROLL
+    for (int e = 0; e < 2; ++e) {
+        const int col = attn_frag::c_col(lane, n, e);
         OCTET_UNROLL
-        for (int e = 0; e < 2; ++e) {
-            const int col = attn_frag::c_col(lane, n, e);
-            OCTET_UNROLL
-            for (int r = 0; r < 2; ++r) {
-                const int j = krow0 + 16 * warp + attn_frag::c_row(lane, 2 * r);
-                const float x = attn::score(pp[n][2 * r + e], sQf[col], sk[r]);
-                pp[n][2 * r + e] = whole || attn::visible(qrow0 + col, j, lq, lk, causal) ? attn::exp2(attn::sub(x, sLc[col])) : 0.0f;
-                dp[n][2 * r + e] = attn::dprob(dp[n][2 * r + e], sDOs[col], sv[r]);
-            }
+        for (int r = 0; r < 2; ++r) {
+            const int j = krow0 + 16 * warp + attn_frag::c_row(lane, 2 * r);
+            const float x = attn::score(pp[n][2 * r + e], sQf[col], sk[r]);
+            pp[n][2 * r + e] =
+                whole || attn::visible(qrow0 + col, j, lq, lk, causal) ? attn::exp2(attn::sub(x, sLc[col])) : 0.0f;
+            dp[n][2 * r + e] = attn::dprob(dp[n][2 * r + e], sDOs[col], sv[r]);
         }
+    }
 }
 
 template <class QR, class KR, class VR, class DR>
@@ -296,7 +301,8 @@ struct qrow_values {
     float a = 0.0f, b = 0.0f;
 };
 template <int D, class QR, class KR, class VR, class DR>
-__device__ __forceinline__ qrow_values fetch_qrow(const bwd_inputs<QR, KR, VR, DR>& p, const float* delta, int q0, int lq, int h, int qt) {
+__device__ __forceinline__ qrow_values fetch_qrow(const bwd_inputs<QR, KR, VR, DR>& p, const float* delta, int q0,
+                                                  int lq, int h, int qt) {
     qrow_values v;
     const int tid = threadIdx.x, i = qt * kTile + (tid & 63);
     const std::size_t r = static_cast<std::size_t>(h) * p.total_q + q0 + i;
@@ -320,7 +326,7 @@ constexpr int delta_smem_bytes() {
 }
 
 template <int D, class QR, class KR, class VR, class DR>
-__global__ void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inputs<QR, KR, VR, DR> p, float* delta) {
+OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inputs<QR, KR, VR, DR> p, float* delta) {
     extern __shared__ __align__(128) std::uint8_t smem[];
     std::uint8_t* sQ = smem;
     std::uint8_t* sdO = sQ + kTile * D;
@@ -347,13 +353,14 @@ __global__ void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_input
     cp_async_commit();
     {
         const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt);
-        if (tid < 64) sLc[tid] = v.a;
+        if (tid < 64)
+            sLc[tid] = v.a;
         else {
             sQf[tid - 64] = attn::query_factor(v.a, p.scale_log2);
             sDOs[tid - 64] = v.b;
         }
     }
-    auto fetch_kv = [&](int jt, float (&sk)[2], float (&sv)[2]) {
+    auto fetch_kv = [&](int jt, float(&sk)[2], float(&sv)[2]) {
         for (int r = 0; r < 2; ++r) {
             const int j = jt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
             sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
@@ -372,51 +379,55 @@ __global__ void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_input
         __syncthreads();
         const float sk[2] = {sk_next[0], sk_next[1]}, sv[2] = {sv_next[0], sv_next[1]};
         if (jt + 1 < ntiles) {
-            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
-            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile, k0 + lk, hk * D);
+            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile,
+                               k0 + lk, hk * D);
+            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile,
+                               k0 + lk, hk * D);
             fetch_kv(jt + 1, sk_next, sv_next);
         }
         cp_async_commit();
         float pp[8][4], dp[8][4];
         tile_p_dp<D, typename QR::format, typename KR::format, typename VR::format, typename DR::format>(
-            sK + st * kTile * D, sV + st * kTile * D, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile, jt * kTile, lq, lk, p.causal, pp,
-            dp);
+            sK + st * kTile * D, sV + st * kTile * D, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile,
+            jt * kTile, lq, lk, p.causal, pp, dp);
         OCTET_UNROLL
-        for (int n = 0; n < 8; ++n)
-            OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                float v = attn::add(attn::mul(pp[n][e], dp[n][e]), attn::mul(pp[n][2 + e], dp[n][2 + e]));
-                v = attn::add(v, shfl_xor(v, 4));
-                v = attn::add(v, shfl_xor(v, 8));
-                v = attn::add(v, shfl_xor(v, 16));
-                dacc[n][e] = attn::add(dacc[n][e], v);
-            }
+        for (int n = 0; n < 8; ++n) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            float v = attn::add(attn::mul(pp[n][e], dp[n][e]), attn::mul(pp[n][2 + e], dp[n][2 + e]));
+            v = attn::add(v, shfl_xor(v, 4));
+            v = attn::add(v, shfl_xor(v, 8));
+            v = attn::add(v, shfl_xor(v, 16));
+            dacc[n][e] = attn::add(dacc[n][e], v);
+        }
     }
     cp_async_wait_all();
-    if (g == 0)
-        OCTET_UNROLL
-        for (int n = 0; n < 8; ++n)
-            OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = dacc[n][e];
+    if (g == 0) OCTET_UNROLL
+    for (int n = 0; n < 8; ++n) OCTET_UNROLL
+    for (int e = 0; e < 2; ++e) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = dacc[n][e];
     __syncthreads();
     if (tid < 64 && qt * kTile + tid < lq) {
-        const float s = attn::add(attn::add(attn::add(sRed[tid], sRed[kTile + tid]), sRed[2 * kTile + tid]), sRed[3 * kTile + tid]);
+        const float s =
+            attn::add(attn::add(attn::add(sRed[tid], sRed[kTile + tid]), sRed[2 * kTile + tid]), sRed[3 * kTile + tid]);
         delta[static_cast<std::size_t>(h) * p.total_q + q0 + qt * kTile + tid] = s;
     }
 }
 
 /// rowsum(dO * O) per (token, head), one warp per row; writes `out` and, when non-null, `copy`.
 template <int D, class DR, class OT>
-__global__ void __launch_bounds__(kThreads) delta_output_kernel(const quantized_cref<DR> dout, const OT* o, std::size_t o_ld, int hq,
-                                                                int total_q, float* out, float* copy) {
+OCTET_KERNEL void __launch_bounds__(kThreads)
+    delta_output_kernel(const quantized_cref<DR> dout, const OT* o, std::size_t o_ld, int hq, int total_q, float* out,
+                        float* copy) {
     const int row = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= total_q * hq) return;
     const int tok = row / hq, h = row % hq;
     const float sd = token_scale(dout, static_cast<std::size_t>(tok), h, D);
     float s = 0.0f;
     for (int c = lane; c < D; c += 32) {
-        const float dv = attn::mul(decode<typename DR::format>(dout.code(tok, static_cast<std::size_t>(h) * D + c)), sd);
-        s = attn::add(s, attn::mul(dv, detail::attention_load(o[static_cast<std::size_t>(tok) * o_ld + static_cast<std::size_t>(h) * D + c])));
+        const float dv =
+            attn::mul(decode<typename DR::format>(dout.code(tok, static_cast<std::size_t>(h) * D + c)), sd);
+        s = attn::add(
+            s, attn::mul(dv, detail::attention_load(
+                                 o[static_cast<std::size_t>(tok) * o_ld + static_cast<std::size_t>(h) * D + c])));
     }
     OCTET_UNROLL
     for (int off = 16; off > 0; off >>= 1) s = attn::add(s, shfl_xor(s, off));
@@ -448,16 +459,17 @@ constexpr int grad_smem_bytes() {
 }
 
 template <int D, bool Tele, class QR, class KR, class VR, class DR, class GT>
-__global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
+OCTET_KERNEL void __launch_bounds__(kThreads, 1)
+    grad_kernel(const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
     using QF = typename QR::format;
     using KF = typename KR::format;
     using DF = typename DR::format;
     extern __shared__ __align__(128) std::uint8_t smem[];
-    std::uint8_t* sK = smem;                 // (64, D)
-    std::uint8_t* sV = sK + kTile * D;       // (64, D)
-    std::uint8_t* sKt = sV + kTile * D;      // (D, 64) keys permuted
-    std::uint8_t* sQ = sKt + kTile * D;      // 2 x (64, D)
-    std::uint8_t* sdO = sQ + 2 * kTile * D;  // 2 x (64, D)
+    std::uint8_t* sK = smem;                  // (64, D)
+    std::uint8_t* sV = sK + kTile * D;        // (64, D)
+    std::uint8_t* sKt = sV + kTile * D;       // (D, 64) keys permuted
+    std::uint8_t* sQ = sKt + kTile * D;       // 2 x (64, D)
+    std::uint8_t* sdO = sQ + 2 * kTile * D;   // 2 x (64, D)
     std::uint8_t* sQt = sdO + 2 * kTile * D;  // (D, 64) queries permuted
     std::uint8_t* sdOt = sQt + kTile * D;     // (D, 64) queries permuted
     std::uint8_t* sDS = sdOt + kTile * D;     // (64 queries, 64 keys permuted): dS codes for dQ
@@ -483,7 +495,8 @@ __global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, 
     auto issue_q = [&](int it, int stage) {
         const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
         load_tile_async<D>(sQ + stage * kTile * D, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-        load_tile_async<D>(sdO + stage * kTile * D, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        load_tile_async<D>(sdO + stage * kTile * D, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq,
+                           h * D);
         return fetch_qrow<D>(p, out.delta, q0, lq, h, qt);
     };
     qrow_values next{};
@@ -499,9 +512,8 @@ __global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, 
     }
     float dk[D / 8][4], dv[D / 8][4];
     OCTET_UNROLL
-    for (int n = 0; n < D / 8; ++n)
-        OCTET_UNROLL
-        for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
+    for (int n = 0; n < D / 8; ++n) OCTET_UNROLL
+    for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
     constexpr bool tele = Tele;  // a template parameter: the telemetry's registers would spill the rest
 
     for (int it = 0; it < n_iter; ++it) {
@@ -528,50 +540,49 @@ __global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, 
         for (int off = 16; off > 0; off >>= 1) mdo = attn::fmax(mdo, shfl_xor(mdo, off));
 
         float pp[8][4], ds[8][4];
-        tile_p_dp<D, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * kTile * D, sdO + st * kTile * D, sQf, sLc, sDOs, sk, sv, warp, lane,
-                                                      qt * kTile, kt * kTile, lq, lk, p.causal, pp, ds);
+        tile_p_dp<D, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * kTile * D, sdO + st * kTile * D, sQf, sLc, sDOs,
+                                                      sk, sv, warp, lane, qt * kTile, kt * kTile, lq, lk, p.causal, pp,
+                                                      ds);
         // dS in place of dP (telemetry first: it needs dP)
         OCTET_UNROLL
-        for (int n = 0; n < 8; ++n)
-            OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const int col = attn_frag::c_col(lane, n, e);
-                const float dlt = sDelta[col];
-                if constexpr (tele) {
-                    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    OCTET_UNROLL
-                    for (int r = 0; r < 2; ++r) {
-                        const float pr = pp[n][2 * r + e], dpr = ds[n][2 * r + e];
-                        const float dsr = attn::dscore(pr, dpr, dlt);
-                        v[0] = attn::add(v[0], dsr);
-                        v[1] = attn::add(v[1], attn::fabs(dsr));
-                        v[2] = attn::add(v[2], attn::mul(pr, dpr));
-                        v[3] = attn::add(v[3], attn::mul(pr, attn::fabs(dpr)));
-                    }
-                    OCTET_UNROLL
-                    for (int k = 0; k < 4; ++k) {
-                        v[k] = attn::add(v[k], shfl_xor(v[k], 4));
-                        v[k] = attn::add(v[k], shfl_xor(v[k], 8));
-                        v[k] = attn::add(v[k], shfl_xor(v[k], 16));
-                        if (g == 0) sTele[(warp * 4 + k) * kTile + col] = v[k];
-                    }
+        for (int n = 0; n < 8; ++n) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            const int col = attn_frag::c_col(lane, n, e);
+            const float dlt = sDelta[col];
+            if constexpr (tele) {
+                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r) {
+                    const float pr = pp[n][2 * r + e], dpr = ds[n][2 * r + e];
+                    const float dsr = attn::dscore(pr, dpr, dlt);
+                    v[0] = attn::add(v[0], dsr);
+                    v[1] = attn::add(v[1], abs_float(dsr));
+                    v[2] = attn::add(v[2], attn::mul(pr, dpr));
+                    v[3] = attn::add(v[3], attn::mul(pr, abs_float(dpr)));
                 }
                 OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) ds[n][2 * r + e] = attn::dscore(pp[n][2 * r + e], ds[n][2 * r + e], dlt);
+                for (int k = 0; k < 4; ++k) {
+                    v[k] = attn::add(v[k], shfl_xor(v[k], 4));
+                    v[k] = attn::add(v[k], shfl_xor(v[k], 8));
+                    v[k] = attn::add(v[k], shfl_xor(v[k], 16));
+                    if (g == 0) sTele[(warp * 4 + k) * kTile + col] = v[k];
+                }
             }
+            OCTET_UNROLL
+            for (int r = 0; r < 2; ++r) ds[n][2 * r + e] = attn::dscore(pp[n][2 * r + e], ds[n][2 * r + e], dlt);
+        }
         // A fragments of P' (for dV, s_dO folded) and of dS s_q (for dK, one scale per key row)
         std::uint32_t pa[2][4], da[2][4];
         float dks[2], dki[2];
         {
             float amax[2] = {0.0f, 0.0f};
             OCTET_UNROLL
-            for (int n = 0; n < 8; ++n)
+            for (int n = 0; n < 8; ++n) OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                const float sq = sQs[attn_frag::c_col(lane, n, e)];
                 OCTET_UNROLL
-                for (int e = 0; e < 2; ++e) {
-                    const float sq = sQs[attn_frag::c_col(lane, n, e)];
-                    OCTET_UNROLL
-                    for (int r = 0; r < 2; ++r) amax[r] = attn::fmax(amax[r], finite_abs(attn::mul(ds[n][2 * r + e], sq)));
-                }
+                for (int r = 0; r < 2; ++r) amax[r] = attn::fmax(amax[r], finite_abs(attn::mul(ds[n][2 * r + e], sq)));
+            }
             OCTET_UNROLL
             for (int r = 0; r < 2; ++r) {
                 amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 1));
@@ -580,55 +591,55 @@ __global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, 
                 dki[r] = attn::ds_inverse(dks[r]);
             }
             OCTET_UNROLL
-            for (int ks2 = 0; ks2 < 2; ++ks2)
+            for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
+            for (int reg = 0; reg < 4; ++reg) {
+                std::uint32_t cp[4], cd[4];
                 OCTET_UNROLL
-                for (int reg = 0; reg < 4; ++reg) {
-                    std::uint32_t cp[4], cd[4];
-                    OCTET_UNROLL
-                    for (int b = 0; b < 4; ++b) {
-                        const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
-                        const int col = attn_frag::c_col(lane, src.n, src.x);
-                        cp[b] = attn::encode_p(attn::mul(pp[src.n][src.x], attn::scale_ratio(sDOs[col], mdo)));
-                        cd[b] = attn::encode_ds(attn::mul(ds[src.n][src.x], sQs[col]), dki[src.x >> 1]);
-                    }
-                    pa[ks2][reg] = pack4(cp[0], cp[1], cp[2], cp[3]);
-                    da[ks2][reg] = pack4(cd[0], cd[1], cd[2], cd[3]);
+                for (int b = 0; b < 4; ++b) {
+                    const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                    const int col = attn_frag::c_col(lane, src.n, src.x);
+                    cp[b] = attn::encode_p(attn::mul(pp[src.n][src.x], attn::scale_ratio(sDOs[col], mdo)));
+                    cd[b] = attn::encode_ds(attn::mul(ds[src.n][src.x], sQs[col]), dki[src.x >> 1]);
                 }
+                pa[ks2][reg] = pack4(cp[0], cp[1], cp[2], cp[3]);
+                da[ks2][reg] = pack4(cd[0], cd[1], cd[2], cd[3]);
+            }
         }
         // dQ operand dS s_k: per-warp column amax
         OCTET_UNROLL
-        for (int n = 0; n < 8; ++n)
-            OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                float a = attn::fmax(finite_abs(attn::mul(ds[n][e], sk[0])), finite_abs(attn::mul(ds[n][2 + e], sk[1])));
-                a = attn::fmax(a, shfl_xor(a, 4));
-                a = attn::fmax(a, shfl_xor(a, 8));
-                a = attn::fmax(a, shfl_xor(a, 16));
-                if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
-            }
+        for (int n = 0; n < 8; ++n) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            float a = attn::fmax(finite_abs(attn::mul(ds[n][e], sk[0])), finite_abs(attn::mul(ds[n][2 + e], sk[1])));
+            a = attn::fmax(a, shfl_xor(a, 4));
+            a = attn::fmax(a, shfl_xor(a, 8));
+            a = attn::fmax(a, shfl_xor(a, 16));
+            if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
+        }
         __syncthreads();  // S2: Q^T, dO^T, K^T, column amax and telemetry partials visible
 
         if constexpr (tele) {
             for (int idx = tid; idx < 4 * kTile; idx += kThreads) {
                 const int k = idx / kTile, col = idx % kTile, i = qt * kTile + col;
                 if (i >= lq) continue;
-                const float v = attn::add(attn::add(attn::add(sTele[k * kTile + col], sTele[(4 + k) * kTile + col]), sTele[(8 + k) * kTile + col]),
+                const float v = attn::add(attn::add(attn::add(sTele[k * kTile + col], sTele[(4 + k) * kTile + col]),
+                                                    sTele[(8 + k) * kTile + col]),
                                           sTele[(12 + k) * kTile + col]);
                 atomicAdd(out.tele + k * out.rows + static_cast<std::size_t>(h) * p.total_q + q0 + i, v);
             }
         }
         // dS codes for dQ into sDS (queries as rows, keys permuted like K^T)
         OCTET_UNROLL
-        for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < 8; ++n) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            const int col = attn_frag::c_col(lane, n, e);
+            const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
+                                       sRed[3 * kTile + col]);
+            const float inv = attn::ds_inverse(attn::ds_scale(a));
             OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const int col = attn_frag::c_col(lane, n, e);
-                const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]), sRed[3 * kTile + col]);
-                const float inv = attn::ds_inverse(attn::ds_scale(a));
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r)
-                    sDS[attn_frag::ds_offset(col, warp, attn_frag::c_row(lane, 2 * r))] = attn::encode_ds(attn::mul(ds[n][2 * r + e], sk[r]), inv);
-            }
+            for (int r = 0; r < 2; ++r)
+                sDS[attn_frag::ds_offset(col, warp, attn_frag::c_row(lane, 2 * r))] =
+                    attn::encode_ds(attn::mul(ds[n][2 * r + e], sk[r]), inv);
+        }
         // dV += P'^T dO and dK += (dS s_q)^T Q
         const float cdo = attn::mul(mdo, attn::p_scale);
         OCTET_UNROLL
@@ -659,7 +670,8 @@ __global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, 
             OCTET_UNROLL
             for (int r = 0; r < 2; ++r) {
                 const int col = 16 * warp + attn_frag::c_row(lane, 2 * r);
-                const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]), sRed[3 * kTile + col]);
+                const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
+                                           sRed[3 * kTile + col]);
                 scq[r] = attn::mul(p.scale, attn::ds_scale(a));
                 rowi[r] = qt * kTile + col;
             }
@@ -691,25 +703,24 @@ __global__ void __launch_bounds__(kThreads, 1) grad_kernel(const bwd_inputs<QR, 
         GT* dkr = out.dk + static_cast<std::size_t>(k0 + j) * out.dk_ld + static_cast<std::size_t>(hk) * D;
         GT* dvr = out.dv + static_cast<std::size_t>(k0 + j) * out.dv_ld + static_cast<std::size_t>(hk) * D;
         OCTET_UNROLL
-        for (int nd = 0; nd < D / 8; ++nd)
-            OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                dkr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(attn::mul(dk[nd][2 * r + e], p.scale));
-                dvr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(dv[nd][2 * r + e]);
-            }
+        for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            dkr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(attn::mul(dk[nd][2 * r + e], p.scale));
+            dvr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(dv[nd][2 * r + e]);
+        }
     }
 }
 
 template <class GT>
-__global__ void dq_convert_kernel(const float* acc, GT* dq, std::size_t dq_ld, std::size_t rows, std::size_t cols) {
+OCTET_KERNEL void dq_convert_kernel(const float* acc, GT* dq, std::size_t dq_ld, std::size_t rows, std::size_t cols) {
     const std::size_t n = rows * cols, stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         dq[(i / cols) * dq_ld + i % cols] = detail::attention_store<GT>(acc[i]);
 }
 
 /// attention_stats over the row arrays (rows whose L is finite), into a zeroed struct.
-__global__ void __launch_bounds__(256) stats_kernel(const float* rows_base, std::size_t rows, const float* lse, bool have_o,
-                                                    attention_stats* st) {
+OCTET_KERNEL void __launch_bounds__(256)
+    stats_kernel(const float* rows_base, std::size_t rows, const float* lse, bool have_o, attention_stats* st) {
     __shared__ float red[8][8];
     __shared__ unsigned cnt[8];
     const float* res = rows_base + row_residual * rows;
@@ -768,9 +779,10 @@ inline void require_fp8_device(const char* fn) {
     OCTET_CUDA_CHECK(cudaGetDevice(&dev));
     OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    OCTET_REQUIRE(major * 10 + minor >= 89, fn, "executor",
-                  detail::message("runs on a device of compute capability ", major, ".", minor,
-                                  "; FP8 attention needs FP8 tensor cores (sm_89 or newer); use the on_host() overload"));
+    OCTET_REQUIRE(
+        major * 10 + minor >= 89, fn, "executor",
+        detail::message("runs on a device of compute capability ", major, ".", minor,
+                        "; FP8 attention needs FP8 tensor cores (sm_89 or newer); use the on_host() overload"));
 }
 
 template <class Kernel>
@@ -790,13 +802,15 @@ void check_device_operand(const quantized_ref<R, B>& x, const char* fn, const ch
 
 inline void check_device_shape(const attention_shape& s, const char* fn) {
     OCTET_REQUIRE(s.head_dim == 64 || s.head_dim == 128, fn, "shape.head_dim",
-                  detail::message("is ", s.head_dim, "; the CUDA kernels support head dims 64 and 128 (the host path takes any)"));
+                  detail::message("is ", s.head_dim,
+                                  "; the CUDA kernels support head dims 64 and 128 (the host path takes any)"));
     OCTET_REQUIRE(s.device_cu_seqlens_q != nullptr, fn, "shape.device_cu_seqlens_q",
                   "is null; the stream overloads need device copies of the sequence offsets");
     cuda::require_device_accessible(s.device_cu_seqlens_q, fn, "shape.device_cu_seqlens_q");
     if (s.device_cu_seqlens_k) cuda::require_device_accessible(s.device_cu_seqlens_k, fn, "shape.device_cu_seqlens_k");
-    OCTET_REQUIRE(s.device_cu_seqlens_k != nullptr || s.cu_seqlens_k.empty() || s.cu_seqlens_k.data() == s.cu_seqlens_q.data(), fn,
-                  "shape.device_cu_seqlens_k", "is null but cu_seqlens_k differs from cu_seqlens_q; pass its device copy");
+    OCTET_REQUIRE(
+        s.device_cu_seqlens_k != nullptr || s.cu_seqlens_k.empty() || s.cu_seqlens_k.data() == s.cu_seqlens_q.data(),
+        fn, "shape.device_cu_seqlens_k", "is null but cu_seqlens_k differs from cu_seqlens_q; pass its device copy");
 }
 
 }  // namespace attn_kernel
@@ -807,8 +821,9 @@ inline void check_device_shape(const attention_shape& s, const char* fn) {
 
 /// The forward on a CUDA stream (see the header comment and attention.hpp).
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
-void attention_forward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
-                       const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<float> lse, const attention_options& opt = {}) {
+void attention_forward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                       const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
+                       span<float> lse, const attention_options& opt = {}) {
     static_assert(detail::is_attention_output_v<OT>, "octet::attention_forward: O must be float or octet::bf16");
     constexpr const char* fn = "octet::attention_forward";
     detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
@@ -819,7 +834,8 @@ void attention_forward(stream_executor ex, const attention_shape& shape, const q
     detail::check_operand(v, Tk, Hk, d, fn, "v");
     detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
     OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
-                  detail::message("has ", lse.size(), " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
+                  detail::message("has ", lse.size(),
+                                  " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
     const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
     const int max_q = shape.max_seqlen_q();
     if (max_q == 0) return;
@@ -830,9 +846,20 @@ void attention_forward(stream_executor ex, const attention_shape& shape, const q
     cuda::require_device_accessible(o.data, fn, "o");
     cuda::require_device_accessible(lse.data(), fn, "lse");
 
-    attn_kernel::fwd_params<QR, KR, VR, OT> p{q, k, v, o.data, o.ld, lse.data(), shape.device_cu_seqlens_q,
-                                              shape.device_cu_seqlens_k ? shape.device_cu_seqlens_k : shape.device_cu_seqlens_q,
-                                              Hq, Hq / Hk, Tq, attn::mul(scale, attn::log2e), opt.mask == attention_mask::causal};
+    attn_kernel::fwd_params<QR, KR, VR, OT> p{
+        q,
+        k,
+        v,
+        o.data,
+        o.ld,
+        lse.data(),
+        shape.device_cu_seqlens_q,
+        shape.device_cu_seqlens_k ? shape.device_cu_seqlens_k : shape.device_cu_seqlens_q,
+        Hq,
+        Hq / Hk,
+        Tq,
+        attn::mul(scale, attn::log2e),
+        opt.mask == attention_mask::causal};
     const dim3 grid((max_q + attn_kernel::kTile - 1) / attn_kernel::kTile, Hq, shape.batch());
     auto launch = [&](auto dim) {
         constexpr int D = decltype(dim)::value;
@@ -842,20 +869,24 @@ void attention_forward(stream_executor ex, const attention_shape& shape, const q
         kernel<<<grid, attn_kernel::kThreads, smem, ex.stream>>>(p);
         OCTET_CUDA_CHECK_LAUNCH();
     };
-    if (d == 64) launch(std::integral_constant<int, 64>{});
-    else launch(std::integral_constant<int, 128>{});
+    if (d == 64)
+        launch(std::integral_constant<int, 64>{});
+    else
+        launch(std::integral_constant<int, 128>{});
 }
 
 /// The backward on a CUDA stream (see the header comment and attention.hpp). `workspace` holds at
 /// least attention_backward_workspace_for(shape).floats floats of device memory.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
-void attention_backward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
-                        const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<const float> lse, const quantized_ref<DR, DB>& dout,
-                        matrix_ref<GT> dq, matrix_ref<GT> dk, matrix_ref<GT> dv, span<float> workspace,
-                        const attention_backward_options& opt = {}, attention_stats* device_stats = nullptr) {
+void attention_backward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                        const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
+                        span<const float> lse, const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq, matrix_ref<GT> dk,
+                        matrix_ref<GT> dv, span<float> workspace, const attention_backward_options& opt = {},
+                        attention_stats* device_stats = nullptr) {
     using O = std::remove_const_t<OT>;
     static_assert(detail::is_attention_output_v<O>, "octet::attention_backward: O must be float or octet::bf16");
-    static_assert(detail::is_attention_output_v<GT>, "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
+    static_assert(detail::is_attention_output_v<GT>,
+                  "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
     constexpr const char* fn = "octet::attention_backward";
     detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
     attn_kernel::check_device_shape(shape, fn);
@@ -869,13 +900,15 @@ void attention_backward(stream_executor ex, const attention_shape& shape, const 
                   "is empty; delta_mode::from_output computes D = rowsum(dO * O) and needs the forward's output");
     if (have_o) detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
     OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
-                  detail::message("has ", lse.size(), " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
+                  detail::message("has ", lse.size(),
+                                  " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
     detail::check_matrix(dq, Tq, static_cast<std::size_t>(Hq) * d, fn, "dq");
     detail::check_matrix(dk, Tk, static_cast<std::size_t>(Hk) * d, fn, "dk");
     detail::check_matrix(dv, Tk, static_cast<std::size_t>(Hk) * d, fn, "dv");
     const attention_backward_workspace ws = attention_backward_workspace_for(shape);
     OCTET_REQUIRE(workspace.size() >= ws.floats, fn, "workspace",
-                  detail::message("has ", workspace.size(), " floats but needs attention_backward_workspace_for(shape).floats = ", ws.floats));
+                  detail::message("has ", workspace.size(),
+                                  " floats but needs attention_backward_workspace_for(shape).floats = ", ws.floats));
     const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
     const bool tele = opt.telemetry;
     if (device_stats) {
@@ -898,10 +931,22 @@ void attention_backward(stream_executor ex, const attention_shape& shape, const 
     const std::size_t dq_floats = static_cast<std::size_t>(Tq) * Hq * d;
     OCTET_CUDA_CHECK(cudaMemsetAsync(wsp, 0, (ws.dq_accum + dq_floats) * sizeof(float), ex.stream));
 
-    attn_kernel::bwd_inputs<QR, KR, VR, DR> in{q, k, v, dout, lse.data(), shape.device_cu_seqlens_q,
-                                               shape.device_cu_seqlens_k ? shape.device_cu_seqlens_k : shape.device_cu_seqlens_q,
-                                               Hq, Hq / Hk, Tq, scale, attn::mul(scale, attn::log2e), opt.mask == attention_mask::causal};
-    attn_kernel::bwd_outputs<GT> out{delta, acc, dk.data, dv.data, dk.ld, dv.ld, tele ? wsp + ws.row_array(row_residual) : nullptr, ws.rows};
+    attn_kernel::bwd_inputs<QR, KR, VR, DR> in{
+        q,
+        k,
+        v,
+        dout,
+        lse.data(),
+        shape.device_cu_seqlens_q,
+        shape.device_cu_seqlens_k ? shape.device_cu_seqlens_k : shape.device_cu_seqlens_q,
+        Hq,
+        Hq / Hk,
+        Tq,
+        scale,
+        attn::mul(scale, attn::log2e),
+        opt.mask == attention_mask::causal};
+    attn_kernel::bwd_outputs<GT> out{
+        delta, acc, dk.data, dv.data, dk.ld, dv.ld, tele ? wsp + ws.row_array(row_residual) : nullptr, ws.rows};
     const int max_q = shape.max_seqlen_q(), max_k = shape.max_seqlen_k();
     auto launch = [&](auto dim) {
         constexpr int D = decltype(dim)::value;
@@ -928,17 +973,20 @@ void attention_backward(stream_executor ex, const attention_shape& shape, const 
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (dq_floats > 0) {
-            dq_convert_kernel<GT><<<cuda::grid_stride_blocks(dq_floats, 256), 256, 0, ex.stream>>>(acc, dq.data, dq.ld, Tq,
-                                                                                                 static_cast<std::size_t>(Hq) * d);
+            dq_convert_kernel<GT><<<cuda::grid_stride_blocks(dq_floats, 256), 256, 0, ex.stream>>>(
+                acc, dq.data, dq.ld, Tq, static_cast<std::size_t>(Hq) * d);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (tele && device_stats && ws.rows > 0) {
-            stats_kernel<<<cuda::grid_stride_blocks(ws.rows, 256, 2), 256, 0, ex.stream>>>(wsp, ws.rows, lse.data(), have_o, device_stats);
+            stats_kernel<<<cuda::grid_stride_blocks(ws.rows, 256, 2), 256, 0, ex.stream>>>(wsp, ws.rows, lse.data(),
+                                                                                           have_o, device_stats);
             OCTET_CUDA_CHECK_LAUNCH();
         }
     };
-    if (d == 64) launch(std::integral_constant<int, 64>{});
-    else launch(std::integral_constant<int, 128>{});
+    if (d == 64)
+        launch(std::integral_constant<int, 64>{});
+    else
+        launch(std::integral_constant<int, 128>{});
 }
 
 }  // namespace octet

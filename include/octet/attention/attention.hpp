@@ -5,7 +5,8 @@
 //   octet::attention_forward(octet::on_host(), shape, q, k, v, o, lse, {octet::attention_mask::causal});
 //   octet::attention_backward_options bo;  bo.mask = octet::attention_mask::causal;
 //   bo.delta = octet::delta_mode::matched;  bo.telemetry = true;
-//   octet::attention_stats st = octet::attention_backward(octet::on_host(), shape, q, k, v, o, lse, dout, dq, dk, dv, bo);
+//   octet::attention_stats st = octet::attention_backward(octet::on_host(), shape, q, k, v, o, lse, dout, dq, dk, dv,
+//   bo);
 //
 // Layout (FlashAttention's varlen convention): a batch of sequences packed along tokens. Q, dO, O,
 // dQ are [total_q, heads_q * head_dim] matrices (token t, head h, channel c at column h * head_dim + c),
@@ -15,7 +16,7 @@
 // log-sum-exp L, natural log, of the scaled scores) is [heads_q][total_q].
 //
 // Operands: Q, K, V and dO are FP8 (E4M3 or E5M2) copies made by octet::quantize with any recipe
-// whose scale blocks do not split a head: the block width must be a multiple of head_dim (tile<1, D>
+// whose scale blocks do not split a head: the block width must be a multiple of head_dim (block<1, D>
 // gives one scale per token and head, block<R, D> per R tokens and head, block<full, D> per head,
 // per_row / per_tensor span all heads). Scale storage may be f32, ue8m0 or e4m3 (two-level).
 // Outputs O, dQ, dK, dV are float or octet::bf16; L is float.
@@ -110,13 +111,25 @@ struct attention_stats {
 
     double residual_rms() const { return rows ? std::sqrt(static_cast<double>(residual_sumsq) / rows) : 0.0; }
     double gap_rms() const { return rows ? std::sqrt(static_cast<double>(gap_sumsq) / rows) : 0.0; }
-    double residual_rel() const { return abs_ds_sumsq > 0 ? std::sqrt(static_cast<double>(residual_sumsq) / abs_ds_sumsq) : 0.0; }
-    double gap_rel() const { return p_abs_dp_sumsq > 0 ? std::sqrt(static_cast<double>(gap_sumsq) / p_abs_dp_sumsq) : 0.0; }
+    double residual_rel() const {
+        return abs_ds_sumsq > 0 ? std::sqrt(static_cast<double>(residual_sumsq) / abs_ds_sumsq) : 0.0;
+    }
+    double gap_rel() const {
+        return p_abs_dp_sumsq > 0 ? std::sqrt(static_cast<double>(gap_sumsq) / p_abs_dp_sumsq) : 0.0;
+    }
 };
 
 /// Per-row telemetry arrays, each [heads_q][total_q] (the device keeps the same six arrays in its
 /// workspace, in this order; see attention_backward_workspace).
-enum attention_row_array : int { row_delta = 0, row_delta_from_output, row_residual, row_abs_ds, row_p_dp, row_p_abs_dp, row_array_count };
+enum attention_row_array : int {
+    row_delta = 0,
+    row_delta_from_output,
+    row_residual,
+    row_abs_ds,
+    row_p_dp,
+    row_p_abs_dp,
+    row_array_count
+};
 
 struct attention_row_telemetry {
     std::vector<float> delta;              ///< D_i the backward used
@@ -139,7 +152,8 @@ inline attention_backward_workspace attention_backward_workspace_for(const atten
     attention_backward_workspace w;
     w.rows = static_cast<std::size_t>(std::max(s.heads_q, 0)) * static_cast<std::size_t>(std::max(s.total_q(), 0));
     w.dq_accum = row_array_count * w.rows;
-    w.floats = w.dq_accum + static_cast<std::size_t>(std::max(s.total_q(), 0)) * std::max(s.heads_q, 0) * std::max(s.head_dim, 0);
+    w.floats = w.dq_accum +
+               static_cast<std::size_t>(std::max(s.total_q(), 0)) * std::max(s.heads_q, 0) * std::max(s.head_dim, 0);
     return w;
 }
 
@@ -153,32 +167,40 @@ inline constexpr bool is_attention_output_v = std::is_same_v<T, float> || std::i
 
 template <class T>
 OCTET_HD T attention_store(float v) {
-    if constexpr (std::is_same_v<T, float>) return v;
-    else return to_bf16(v);
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else
+        return to_bf16(v);
 }
 template <class T>
 OCTET_HD float attention_load(T v) {
-    if constexpr (std::is_same_v<T, float>) return v;
-    else return to_float(v);
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else
+        return to_float(v);
 }
 
-inline void check_offsets(span<const std::int32_t> cu, std::int64_t total, const char* fn, const char* arg, const char* tensor) {
-    OCTET_REQUIRE(cu.size() >= 2, fn, arg, message("has ", cu.size(), " entries; pass batch + 1 >= 2 cumulative sequence offsets"));
+inline void check_offsets(span<const std::int32_t> cu, std::int64_t total, const char* fn, const char* arg,
+                          const char* tensor) {
+    OCTET_REQUIRE(cu.size() >= 2, fn, arg,
+                  message("has ", cu.size(), " entries; pass batch + 1 >= 2 cumulative sequence offsets"));
     OCTET_REQUIRE(cu[0] == 0, fn, arg, message("starts at ", cu[0], "; cumulative sequence offsets start at 0"));
     for (std::size_t b = 1; b < cu.size(); ++b)
         OCTET_REQUIRE(cu[b] >= cu[b - 1], fn, arg,
                       message("is out of order: entry ", b, " (", cu[b], ") is below entry ", b - 1, " (", cu[b - 1],
                               "); offsets must be non-decreasing"));
     OCTET_REQUIRE(cu[cu.size() - 1] == total, fn, arg,
-                  message("ends at ", cu[cu.size() - 1], " but ", tensor, " has ", total, " tokens; the last offset is the token count"));
+                  message("ends at ", cu[cu.size() - 1], " but ", tensor, " has ", total,
+                          " tokens; the last offset is the token count"));
 }
 
 inline void check_shape(const attention_shape& s, std::size_t q_rows, std::size_t k_rows, const char* fn) {
     OCTET_REQUIRE(s.head_dim > 0, fn, "shape.head_dim", message("is ", s.head_dim, "; it must be positive"));
     OCTET_REQUIRE(s.heads_q > 0, fn, "shape.heads_q", message("is ", s.heads_q, "; it must be positive"));
-    OCTET_REQUIRE(s.heads_kv > 0 && s.heads_q % s.heads_kv == 0, fn, "shape.heads_kv",
-                  message("is ", s.heads_kv, " but must divide heads_q = ", s.heads_q,
-                          " (grouped-query attention shares each key/value head among heads_q / heads_kv query heads)"));
+    OCTET_REQUIRE(
+        s.heads_kv > 0 && s.heads_q % s.heads_kv == 0, fn, "shape.heads_kv",
+        message("is ", s.heads_kv, " but must divide heads_q = ", s.heads_q,
+                " (grouped-query attention shares each key/value head among heads_q / heads_kv query heads)"));
     check_offsets(s.cu_seqlens_q, static_cast<std::int64_t>(q_rows), fn, "shape.cu_seqlens_q", "q");
     if (!s.cu_seqlens_k.empty()) {
         OCTET_REQUIRE(s.cu_seqlens_k.size() == s.cu_seqlens_q.size(), fn, "shape.cu_seqlens_k",
@@ -187,41 +209,58 @@ inline void check_shape(const attention_shape& s, std::size_t q_rows, std::size_
         check_offsets(s.cu_seqlens_k, static_cast<std::int64_t>(k_rows), fn, "shape.cu_seqlens_k", "k");
     } else {
         OCTET_REQUIRE(k_rows == q_rows, fn, "shape.cu_seqlens_k",
-                      message("is empty (keys share the query offsets) but k has ", k_rows, " tokens and q has ", q_rows,
-                              "; pass cu_seqlens_k"));
+                      message("is empty (keys share the query offsets) but k has ", k_rows, " tokens and q has ",
+                              q_rows, "; pass cu_seqlens_k"));
     }
 }
 
 inline float resolve_scale(float scale, int head_dim, const char* fn) {
-    OCTET_REQUIRE(std::isfinite(scale), fn, "options.softmax_scale", "is not finite; pass a finite scale (0 for 1/sqrt(head_dim))");
+    OCTET_REQUIRE(std::isfinite(scale), fn, "options.softmax_scale",
+                  "is not finite; pass a finite scale (0 for 1/sqrt(head_dim))");
     return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
 }
 
 /// Checks one FP8 operand: [tokens, heads * head_dim], scale blocks that keep a head whole.
 template <class R, class B>
-void check_operand(const quantized_ref<R, B>& x, std::size_t tokens, int heads, int head_dim, const char* fn, const char* arg) {
+void check_operand(const quantized_ref<R, B>& x, std::size_t tokens, int heads, int head_dim, const char* fn,
+                   const char* arg) {
     static_assert(is_attention_format_v<typename R::format>,
                   "octet::attention: Q, K, V and dO must be FP8 (a recipe with element format e4m3 or e5m2)");
     const std::size_t cols = static_cast<std::size_t>(heads) * head_dim;
     OCTET_REQUIRE(x.layout.cols == cols, fn, arg,
-                  message("has ", x.layout.cols, " columns but heads * head_dim = ", heads, " * ", head_dim, " = ", cols,
-                          "; it must be [tokens, heads * head_dim] (do the head dims disagree?)"));
-    OCTET_REQUIRE(x.layout.rows == tokens, fn, arg, message("has ", x.layout.rows, " rows but the sequence offsets end at ", tokens));
+                  message("has ", x.layout.cols, " columns but heads * head_dim = ", heads, " * ", head_dim, " = ",
+                          cols, "; it must be [tokens, heads * head_dim] (do the head dims disagree?)"));
+    OCTET_REQUIRE(x.layout.rows == tokens, fn, arg,
+                  message("has ", x.layout.rows, " rows but the sequence offsets end at ", tokens));
     validate_output(x, tokens, cols, fn, arg);
     if (tokens == 0) return;
     OCTET_REQUIRE(x.layout.block_cols % static_cast<std::size_t>(head_dim) == 0, fn, arg,
                   message("has scale blocks ", x.layout.block_cols, " columns wide, which split a head of ", head_dim,
-                          " channels; use a recipe whose blocks span whole heads (tile<1, ", head_dim, ">, block<R, ", head_dim,
-                          ">, per_row, per_tensor)"));
+                          " channels; use a recipe whose blocks span whole heads (block<1, ", head_dim, ">, block<R, ",
+                          head_dim, ">, per_row, per_tensor)"));
+}
+
+/// L: heads_q * total_q floats, [heads][tokens].
+template <class T>
+void check_lse(span<T> lse, std::size_t needed, const char* fn) {
+    OCTET_REQUIRE(lse.size() >= needed, fn, "lse",
+                  message("has ", lse.size(), " floats but needs heads_q * total_q = ", needed));
+    OCTET_REQUIRE(needed == 0 || lse.data() != nullptr, fn, "lse",
+                  message("is null; pass heads_q * total_q = ", needed, " floats"));
 }
 
 template <class T>
 void check_matrix(const matrix_ref<T>& m, std::size_t rows, std::size_t cols, const char* fn, const char* arg) {
     OCTET_REQUIRE(m.rows == rows && m.cols == cols, fn, arg,
-                  message("has shape ", m.rows, " x ", m.cols, " but must be ", rows, " x ", cols, " ([tokens, heads * head_dim])"));
-    OCTET_REQUIRE(m.order == layout::row_major, fn, arg, "must be row-major");
-    OCTET_REQUIRE(rows == 0 || cols == 0 || (m.data != nullptr && m.ld >= cols), fn, arg,
-                  message("is null or has ld ", m.ld, " below its ", cols, " columns"));
+                  message("has shape ", m.rows, " x ", m.cols, " but must be ", rows, " x ", cols,
+                          " ([tokens, heads * head_dim])"));
+    OCTET_REQUIRE(m.order == storage_order::row_major, fn, arg, "must be row-major");
+    // a null pointer first: its ld says nothing about it
+    OCTET_REQUIRE(rows == 0 || cols == 0 || m.data != nullptr, fn, arg,
+                  message("is null with shape ", rows, " x ", cols, "; pass ", rows, " x ", cols,
+                          " writable floats (row-major)"));
+    OCTET_REQUIRE(rows == 0 || cols == 0 || m.ld >= cols, fn, arg,
+                  message("has ld ", m.ld, " below its ", cols, " columns"));
 }
 
 /// Decoded codes [tokens][heads][head_dim] and scales [tokens][heads] of an operand (host).
@@ -260,7 +299,7 @@ inline float dot_codes(const float* a, const float* b, int n) {
 
 /// attention_stats from one row's sums (host; the device's finalize kernel applies the same rule).
 OCTET_HD void row_stats_terms(float residual, float abs_ds, float gap, float p_abs_dp, float (&t)[8]) {
-    const float r = attn::fabs(residual), g = attn::fabs(gap);
+    const float r = abs_float(residual), g = abs_float(gap);
     t[0] = r;
     t[1] = abs_ds > 0.0f ? attn::div(r, abs_ds) : 0.0f;
     t[2] = g;
@@ -292,8 +331,9 @@ inline void accumulate_row_stats(attention_stats& st, float residual, float abs_
 
 /// O = softmax(scale * Q K^T) V with FP8 Q, K, V and P, and the log-sum-exp L (host path).
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
-void attention_forward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
-                       const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<float> lse, const attention_options& opt = {}) {
+void attention_forward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                       const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
+                       span<float> lse, const attention_options& opt = {}) {
     static_assert(detail::is_attention_output_v<OT>, "octet::attention_forward: O must be float or octet::bf16");
     constexpr const char* fn = "octet::attention_forward";
     detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
@@ -302,8 +342,7 @@ void attention_forward(host_executor ex, const attention_shape& shape, const qua
     detail::check_operand(k, Tk, Hk, d, fn, "k");
     detail::check_operand(v, Tk, Hk, d, fn, "v");
     detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
-    OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
-                  detail::message("has ", lse.size(), " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
+    detail::check_lse(lse, static_cast<std::size_t>(Hq) * Tq, fn);
     const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
     const float scale_log2 = attn::mul(scale, attn::log2e);
     const bool causal = opt.mask == attention_mask::causal;
@@ -340,9 +379,10 @@ void attention_forward(host_executor ex, const attention_shape& shape, const qua
                     float mv = 0.0f, mt = attn::neg_inf();
                     for (int j = j0; j < j1; ++j) mv = attn::fmax(mv, V.s(k0 + j, hk));
                     for (int j = j0; j < j1; ++j) {
-                        x[j - j0] = attn::visible(i, j, lq, lk, causal)
-                                        ? attn::score(detail::dot_codes(qrow, K.row(k0 + j, hk), d), qf, K.s(k0 + j, hk))
-                                        : attn::neg_inf();
+                        x[j - j0] =
+                            attn::visible(i, j, lq, lk, causal)
+                                ? attn::score(detail::dot_codes(qrow, K.row(k0 + j, hk), d), qf, K.s(k0 + j, hk))
+                                : attn::neg_inf();
                         mt = attn::fmax(mt, x[j - j0]);
                     }
                     const float m_new = attn::fmax(m, mt), mu = attn::usable_max(m_new);
@@ -384,12 +424,13 @@ void attention_forward(host_executor ex, const attention_shape& shape, const qua
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
 attention_stats attention_backward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
                                    const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
-                                   span<const float> lse, const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq, matrix_ref<GT> dk,
-                                   matrix_ref<GT> dv, const attention_backward_options& opt = {},
+                                   span<const float> lse, const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq,
+                                   matrix_ref<GT> dk, matrix_ref<GT> dv, const attention_backward_options& opt = {},
                                    attention_row_telemetry* rows = nullptr) {
     using O = std::remove_const_t<OT>;
     static_assert(detail::is_attention_output_v<O>, "octet::attention_backward: O must be float or octet::bf16");
-    static_assert(detail::is_attention_output_v<GT>, "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
+    static_assert(detail::is_attention_output_v<GT>,
+                  "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
     constexpr const char* fn = "octet::attention_backward";
     detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
     const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();
@@ -401,8 +442,7 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
     OCTET_REQUIRE(have_o || opt.delta == delta_mode::matched, fn, "o",
                   "is empty; delta_mode::from_output computes D = rowsum(dO * O) and needs the forward's output");
     if (!o.empty()) detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
-    OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
-                  detail::message("has ", lse.size(), " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
+    detail::check_lse(lse, static_cast<std::size_t>(Hq) * Tq, fn);
     detail::check_matrix(dq, Tq, static_cast<std::size_t>(Hq) * d, fn, "dq");
     detail::check_matrix(dk, Tk, static_cast<std::size_t>(Hk) * d, fn, "dk");
     detail::check_matrix(dv, Tk, static_cast<std::size_t>(Hk) * d, fn, "dv");
@@ -452,7 +492,8 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
                     const float* dorow = DO.row(q0 + i, h);
                     const float sd = DO.s(q0 + i, h);
                     const O* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
-                    for (int c = 0; c < d; ++c) s = attn::add(s, attn::mul(attn::mul(dorow[c], sd), detail::attention_load(orow[c])));
+                    for (int c = 0; c < d; ++c)
+                        s = attn::add(s, attn::mul(attn::mul(dorow[c], sd), detail::attention_load(orow[c])));
                     delta_out[r] = s;
                 }
                 if (opt.delta == delta_mode::matched) {
@@ -472,8 +513,8 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
     });
 
     // ---- pass 2: gradients, per (sequence, key/value head) ------------------------------------
-    std::vector<float> dq_acc(static_cast<std::size_t>(Tq) * Hq * d, 0.0f), dk_acc(static_cast<std::size_t>(Tk) * Hk * d, 0.0f),
-        dv_acc(dk_acc.size(), 0.0f);
+    std::vector<float> dq_acc(static_cast<std::size_t>(Tq) * Hq * d, 0.0f),
+        dk_acc(static_cast<std::size_t>(Tk) * Hk * d, 0.0f), dv_acc(dk_acc.size(), 0.0f);
     parallel_for(ex, static_cast<std::size_t>(B) * Hk, 1, [&](std::size_t ub, std::size_t ue) {
         constexpr int T = attn::tile_size;
         std::vector<float> P(T * T), dS(T * T), codes(T * T), tmp(d);
@@ -496,9 +537,9 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
                                 dS[a * T + c] = ds;
                                 if (tele) {
                                     row_res[r] = attn::add(row_res[r], ds);
-                                    row_abs[r] = attn::add(row_abs[r], attn::fabs(ds));
+                                    row_abs[r] = attn::add(row_abs[r], abs_float(ds));
                                     row_pdp[r] = attn::add(row_pdp[r], attn::mul(p, dp));
-                                    row_pabs[r] = attn::add(row_pabs[r], attn::mul(p, attn::fabs(dp)));
+                                    row_pabs[r] = attn::add(row_pabs[r], attn::mul(p, abs_float(dp)));
                                 }
                             }
                         // dV += P^T dO with s_do folded into P over the query tile
@@ -508,7 +549,8 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
                         for (int c = 0; c < nj; ++c) {
                             std::fill(tmp.begin(), tmp.end(), 0.0f);
                             for (int a = 0; a < ni; ++a) {
-                                const float pq = decode<e4m3>(attn::encode_p(attn::mul(P[a * T + c], attn::scale_ratio(DO.s(q0 + i0 + a, h), mdo))));
+                                const float pq = decode<e4m3>(attn::encode_p(
+                                    attn::mul(P[a * T + c], attn::scale_ratio(DO.s(q0 + i0 + a, h), mdo))));
                                 const float* dorow = DO.row(q0 + i0 + a, h);
                                 for (int e = 0; e < d; ++e) tmp[e] = attn::add(tmp[e], attn::mul(pq, dorow[e]));
                             }
@@ -567,7 +609,8 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
             for (int e = 0; e < d; ++e) {
                 const std::size_t src = (static_cast<std::size_t>(t) * Hk + h) * d + e;
                 const std::size_t off = static_cast<std::size_t>(h) * d + e;
-                dk.data[static_cast<std::size_t>(t) * dk.ld + off] = detail::attention_store<GT>(attn::mul(dk_acc[src], scale));
+                dk.data[static_cast<std::size_t>(t) * dk.ld + off] =
+                    detail::attention_store<GT>(attn::mul(dk_acc[src], scale));
                 dv.data[static_cast<std::size_t>(t) * dv.ld + off] = detail::attention_store<GT>(dv_acc[src]);
             }
 
@@ -575,7 +618,8 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
     if (tele) {
         for (std::size_t r = 0; r < R; ++r)
             if (lse[r] < attn::pos_inf())
-                detail::accumulate_row_stats(st, row_res[r], row_abs[r], have_o && !o.empty() ? attn::sub(delta_out[r], row_pdp[r]) : 0.0f,
+                detail::accumulate_row_stats(st, row_res[r], row_abs[r],
+                                             have_o && !o.empty() ? attn::sub(delta_out[r], row_pdp[r]) : 0.0f,
                                              row_pabs[r]);
         if (rows) {
             rows->delta = delta;

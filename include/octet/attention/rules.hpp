@@ -13,7 +13,7 @@
 //
 // The quantization points (what the README calls the numerics contract of FP8 attention):
 //   * Q, K, V, dO arrive quantized (octet::quantize with any recipe whose blocks do not split a
-//     head: tile<1, head_dim>, block<R, head_dim>, per_row, per_tensor, ...). Element values are
+//     head: block<1, head_dim>, block<R, head_dim>, per_row, per_tensor, ...). Element values are
 //     decode(code) * S with S the block's scale, exactly as quantized_ref::value says.
 //   * S = Q K^T is the product of the codes (exact products, float sums), then scaled:
 //     x_ij = (acc_ij * (s_q(i) * scale * log2 e)) * s_k(j), the score in log2 units.
@@ -93,7 +93,7 @@ inline constexpr float p_scale = 0.00390625f;  // 2^-8
 /// granularity and scale rule of this recipe are not used: the scale is not derived from an amax).
 using p_recipe = recipe<e4m3, per_tensor, scale::pow2_ceil>;
 /// The rule dS's scale follows: E4M3, one float scale amax / 448 per row of a 64-wide tile.
-using ds_recipe = recipe<e4m3, octet::tile<1, 64>, scale::amax_ratio<0>>;
+using ds_recipe = recipe<e4m3, octet::block<1, 64>, scale::amax_ratio<0>>;
 
 inline constexpr float log2e = 1.4426950408889634f;
 inline constexpr float ln2 = 0.6931471805599453f;
@@ -107,13 +107,18 @@ using rn::sub;
 
 /// max(a, b) where a NaN b is dropped and a NaN a is kept (a running max keeps a NaN it already has;
 /// fmaxf would drop it on either side).
-OCTET_HD float fmax(float a, float b) { return b > a ? b : a; }
-OCTET_HD float fabs(float a) { return bits_to_float(float_to_bits(a) & 0x7FFFFFFFu); }
-OCTET_HD float neg_inf() { return bits_to_float(0xFF800000u); }
-OCTET_HD float pos_inf() { return bits_to_float(0x7F800000u); }
+OCTET_HD float fmax(float a, float b) {
+    return b > a ? b : a;
+}
+OCTET_HD float neg_inf() {
+    return bits_to_float(0xFF800000u);
+}
+OCTET_HD float pos_inf() {
+    return bits_to_float(0x7F800000u);
+}
 
-/// 2^y. Host: y = n + f with n = round(y), |f| <= 1/2, 2^f by its Taylor polynomial of degree 7
-/// (truncation below 5e-9; measured error under 2 float ulps for y in [-126, 0],
+/// 2^y. Host: rn::exp2, y = n + f with n = round(y), |f| <= 1/2, 2^f by its Taylor polynomial of
+/// degree 7 (truncation below 5e-9; measured error under 2 float ulps for y in [-126, 0],
 /// tests/host/attention_host.cpp); y < -126 (and -Inf) gives 0; y > 127 gives +Inf; NaN gives NaN;
 /// exp2(0) == 1 exactly. Device: ex2.approx.ftz (2 ulps; results below 2^-126 flush to 0; -Inf
 /// gives 0, NaN gives NaN).
@@ -126,56 +131,62 @@ OCTET_HD float exp2(float y) {
     if (y != y) return y;
     if (y < -126.0f) return 0.0f;
     if (y > 127.0f) return pos_inf();
-    const float n = std::nearbyint(y);
-    const float f = sub(y, n);  // exact
-    float p = 1.5252733804059841e-05f;
-    p = fma(p, f, 1.5403530393381608e-04f);
-    p = fma(p, f, 1.3333558146428443e-03f);
-    p = fma(p, f, 9.6181291076284772e-03f);
-    p = fma(p, f, 5.5504108664821580e-02f);
-    p = fma(p, f, 2.4022650695910071e-01f);
-    p = fma(p, f, 6.9314718055994531e-01f);
-    p = fma(p, f, 1.0f);
-    // p in [0.70, 1.42]; multiply by 2^n through the exponent field (n in [-126, 127]; the result
-    // may be subnormal for n = -126 and f < 0, so go through two exact power-of-two multiplies).
-    const int e = static_cast<int>(n);
-    const int e1 = e / 2, e2 = e - e1;
-    return mul(mul(p, bits_to_float(static_cast<std::uint32_t>(e1 + 127) << 23)), bits_to_float(static_cast<std::uint32_t>(e2 + 127) << 23));
+    return rn::exp2(y);  // the shared polynomial (core/rounded.hpp); on [-126, 127] its clamps do nothing
 #endif
 }
 
 // ---- the element rules -----------------------------------------------------------------------
 
 /// The per-query factor of the score: s_q(i) * softmax_scale * log2 e.
-OCTET_HD float query_factor(float q_scale, float scale_log2) { return mul(q_scale, scale_log2); }
+OCTET_HD float query_factor(float q_scale, float scale_log2) {
+    return mul(q_scale, scale_log2);
+}
 
 /// The score in log2 units from the FP8 product acc_ij = sum_c q_code * k_code.
-OCTET_HD float score(float acc, float query_factor, float k_scale) { return mul(mul(acc, query_factor), k_scale); }
+OCTET_HD float score(float acc, float query_factor, float k_scale) {
+    return mul(mul(acc, query_factor), k_scale);
+}
 
 /// dP_ij from the FP8 product acc_ij = sum_c do_code * v_code.
-OCTET_HD float dprob(float acc, float do_scale, float v_scale) { return mul(mul(acc, do_scale), v_scale); }
+OCTET_HD float dprob(float acc, float do_scale, float v_scale) {
+    return mul(mul(acc, do_scale), v_scale);
+}
 
 /// dS_ij = P_ij * (dP_ij - D_i).
-OCTET_HD float dscore(float p, float dp, float delta) { return mul(p, sub(dp, delta)); }
+OCTET_HD float dscore(float p, float dp, float delta) {
+    return mul(p, sub(dp, delta));
+}
 
 /// The running maximum that exponents are taken against: 0 while a row has seen no key (so that
 /// exp2(-Inf - 0) = 0 instead of NaN).
-OCTET_HD float usable_max(float m) { return m == neg_inf() ? 0.0f : m; }
+OCTET_HD float usable_max(float m) {
+    return m == neg_inf() ? 0.0f : m;
+}
 
 /// The E4M3 code of P (or of P times a scale ratio in [0, 1]) for a P V or P^T dO product:
 /// encode_scaled<p_recipe>(u, p_scale), written as a multiplication by 256 (the same bits: the
 /// scale is a power of two).
-OCTET_HD std::uint8_t encode_p(float u) { return encode<e4m3>(mul(u, 256.0f)); }
+OCTET_HD std::uint8_t encode_p(float u) {
+    return encode<e4m3>(mul(u, 256.0f));
+}
 
 /// The ratio s / m (in [0, 1]) that folds a per-token scale into P; exactly 1 when s == m.
-OCTET_HD float scale_ratio(float s, float m) { return s == m ? 1.0f : div(s, m); }
+OCTET_HD float scale_ratio(float s, float m) {
+    return s == m ? 1.0f : div(s, m);
+}
 
 /// The dynamic scale S of a dS tile row from its largest finite |value| (ds_recipe's rule), and
 /// the reciprocal the codes are formed with.
-OCTET_HD float ds_scale(float amax) { return make_block_scale<ds_recipe>(amax).value; }
-OCTET_HD float ds_inverse(float scale) { return div(1.0f, scale); }
+OCTET_HD float ds_scale(float amax) {
+    return make_block_scale<ds_recipe>(amax).value;
+}
+OCTET_HD float ds_inverse(float scale) {
+    return div(1.0f, scale);
+}
 /// The E4M3 code of a dS value: encode<e4m3>(x * inverse), inverse = ds_inverse(S).
-OCTET_HD std::uint8_t encode_ds(float x, float inverse) { return encode<e4m3>(mul(x, inverse)); }
+OCTET_HD std::uint8_t encode_ds(float x, float inverse) {
+    return encode<e4m3>(mul(x, inverse));
+}
 
 /// The log-sum-exp L_i = ln sum_j exp(scale * S_ij), from the running max m (log2 units) and the
 /// row sum l of exp2(x - m). A row that saw no key (l == 0) gets L = +Inf, so that the backward's

@@ -34,6 +34,7 @@
 #include "octet/codec/hadamard.cuh"
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
+#include "octet/cuda/warp.cuh"
 
 namespace octet {
 namespace detail {
@@ -74,14 +75,11 @@ __device__ __forceinline__ std::uint64_t warp_sum_u64(std::uint64_t v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
 }
-__device__ __forceinline__ float warp_max(float v, int lanes) {
-    for (int o = 1; o < lanes; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-    return v;
-}
 
 /// Residual elements [i0, i0+R) of a residual view (positions >= limit read as 0).
 template <int R>
-__device__ __forceinline__ void load_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit, float (&v)[R]) {
+__device__ __forceinline__ void load_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit,
+                                                  float (&v)[R]) {
     if (r.storage == residual_storage::f32) {
         const float* p = reinterpret_cast<const float*>(r.data);
         OCTET_UNROLL
@@ -95,14 +93,16 @@ __device__ __forceinline__ void load_residual_dev(const residual_view& r, std::u
         const std::uint8_t* base = r.data + (i0 / residual_block) * (residual_block + 4);
         const float S = i0 < limit ? bits_to_float(*reinterpret_cast<const std::uint32_t*>(base)) : 0.0f;
         OCTET_UNROLL
-        for (int j = 0; j < R; ++j) v[j] = i0 + j < limit ? residual_e4m3_value(base[4 + (i0 + j) % residual_block], S) : 0.0f;
+        for (int j = 0; j < R; ++j)
+            v[j] = i0 + j < limit ? residual_e4m3_value(base[4 + (i0 + j) % residual_block], S) : 0.0f;
     }
 }
 
 /// Stores residual elements [i0, i0+R) (positions >= limit are skipped; non-finite values store 0).
 /// Every lane of the warp must call it (the e4m3 storage reduces a block amax across lanes).
 template <int R>
-__device__ __forceinline__ void store_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit, const float (&v)[R]) {
+__device__ __forceinline__ void store_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit,
+                                                   const float (&v)[R]) {
     if (r.storage == residual_storage::f32) {
         float* p = reinterpret_cast<float*>(r.data);
         OCTET_UNROLL
@@ -118,19 +118,20 @@ __device__ __forceinline__ void store_residual_dev(const residual_view& r, std::
         OCTET_UNROLL
         for (int j = 0; j < R; ++j)
             if (i0 + j < limit) amax = fmaxf(amax, finite_abs(v[j]));
-        amax = warp_max(amax, static_cast<int>(residual_block) / R);
+        amax = cuda::warp_max(amax, static_cast<unsigned>(residual_block / R));
         const block_scale s = make_block_scale<residual_recipe>(amax);
         std::uint8_t* base = r.data + (i0 / residual_block) * (residual_block + 4);
         if (i0 % residual_block == 0 && i0 < limit) *reinterpret_cast<std::uint32_t*>(base) = float_to_bits(s.value);
         OCTET_UNROLL
         for (int j = 0; j < R; ++j)
-            if (i0 + j < limit) base[4 + (i0 + j) % residual_block] = encode_scaled<residual_recipe>(finite_or_zero(v[j]), s.value);
+            if (i0 + j < limit)
+                base[4 + (i0 + j) % residual_block] = encode_scaled<residual_recipe>(finite_or_zero(v[j]), s.value);
     }
 }
 
 /// The encode kernel (all modes); see the header comment for the passes.
 template <class Tr, int R>
-__global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
+OCTET_KERNEL void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
     using RN = typename Tr::template recipe_with<round::nearest_even>;
     using RS = typename Tr::template recipe_with<round::stochastic>;
     using Fmt = typename RN::format;
@@ -139,7 +140,8 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
     const bool cross = a.log_b > log2_of(R) + 5;
     float* warp_part = smem + (cross ? blockDim.x * R : 0);
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
-    const std::uint64_t i0 = static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
+    const std::uint64_t i0 =
+        static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float c = hadamard_norm(a.log_b);
     const bool feedback = !a.fb.empty();
@@ -191,10 +193,11 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
         float m = 0.0f;
         OCTET_UNROLL
         for (int g = 0; g < R / 8; ++g) m = fmaxf(m, a8[g]);
-        m = warp_max(m, 32);  // mode_block_amax: Bs > tile, so the whole warp is in one scale block
+        m = cuda::warp_max(m, 32);  // mode_block_amax: Bs > tile, so the whole warp is in one scale block
         if (lane == 0 && i0 < a.L) {
-            unsigned* slot = a.mode == mode_tensor_amax ? reinterpret_cast<unsigned*>(a.msg + 40)
-                                                        : reinterpret_cast<unsigned*>(a.msg + a.scales_offset + 4 * (i0 / Bs));
+            unsigned* slot = a.mode == mode_tensor_amax
+                                 ? reinterpret_cast<unsigned*>(a.msg + 40)
+                                 : reinterpret_cast<unsigned*>(a.msg + a.scales_offset + 4 * (i0 / Bs));
             atomicMax(slot, float_to_bits(m));
         }
         return;
@@ -216,7 +219,7 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
         float m = 0.0f;
         OCTET_UNROLL
         for (int g = 0; g < R / 8; ++g) m = fmaxf(m, a8[g]);
-        m = warp_max(m, static_cast<int>(min(32u, Bs / R)));
+        m = cuda::warp_max(m, min(32u, Bs / R));
         if (Bs > 32u * R) {
             const int wpb = static_cast<int>(Bs / (32u * R));
             if (lane == 0) warp_part[warp] = m;
@@ -230,7 +233,8 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
 
     // 3. Scales and codes.
     float ts = 1.0f;
-    if constexpr (RN::two_level) ts = make_tensor_scale<RN>(bits_to_float(*reinterpret_cast<const std::uint32_t*>(a.msg + 40)));
+    if constexpr (RN::two_level)
+        ts = make_tensor_scale<RN>(bits_to_float(*reinterpret_cast<const std::uint32_t*>(a.msg + 40)));
     float S[R / 8];
     OCTET_UNROLL
     for (int g = 0; g < R / 8; ++g) {
@@ -238,8 +242,10 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
         S[g] = s.value;
         const std::uint64_t cg = i0 + 8 * g;
         if (a.mode == mode_fused && cg % Bs == 0 && cg < a.L) {
-            if constexpr (Tr::scale_bytes == 4) *reinterpret_cast<std::uint32_t*>(a.msg + a.scales_offset + 4 * (cg / Bs)) = s.stored;
-            else a.msg[a.scales_offset + cg / Bs] = static_cast<std::uint8_t>(s.stored);
+            if constexpr (Tr::scale_bytes == 4)
+                *reinterpret_cast<std::uint32_t*>(a.msg + a.scales_offset + 4 * (cg / Bs)) = s.stored;
+            else
+                a.msg[a.scales_offset + cg / Bs] = static_cast<std::uint8_t>(s.stored);
         }
     }
     std::uint8_t code[R];
@@ -248,8 +254,10 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
         const std::uint64_t cj = i0 + j;
         std::uint8_t q = 0;
         if (cj < a.L) {
-            if (a.stochastic) q = encode_scaled<RS>(v[j], S[j / 8], a.rng.bits(a.first_index + cj));
-            else q = encode_scaled<RN>(v[j], S[j / 8]);
+            if (a.stochastic)
+                q = encode_scaled<RS>(v[j], S[j / 8], a.rng.bits(a.first_index + cj));
+            else
+                q = encode_scaled<RN>(v[j], S[j / 8]);
         }
         code[j] = q;
     }
@@ -274,7 +282,9 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
         const std::uint64_t bo = i0 / 2;
         if (bo < a.payload_bytes) *reinterpret_cast<std::uint32_t*>(payload + bo) = w;
         const std::uint32_t hi = __shfl_down_sync(0xFFFFFFFFu, w, 1);
-        if ((lane & 1) == 0 && bo < a.payload_bytes) term = checksum_term(static_cast<std::uint64_t>(w) | (static_cast<std::uint64_t>(hi) << 32), (a.payload_offset + bo) / 8);
+        if ((lane & 1) == 0 && bo < a.payload_bytes)
+            term = checksum_term(static_cast<std::uint64_t>(w) | (static_cast<std::uint64_t>(hi) << 32),
+                                 (a.payload_offset + bo) / 8);
     } else {
         OCTET_UNROLL
         for (int k = 0; k < R / 16; ++k) {
@@ -289,7 +299,8 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
         }
     }
     term = warp_sum_u64(term);
-    if (lane == 0 && term != 0) atomicAdd(reinterpret_cast<unsigned long long*>(a.msg + 56), static_cast<unsigned long long>(term));
+    if (lane == 0 && term != 0)
+        atomicAdd(reinterpret_cast<unsigned long long*>(a.msg + 56), static_cast<unsigned long long>(term));
 
     // 4. Error feedback: e <- T^-1 (y - dequantized), in the original coordinates.
     if (feedback) {
@@ -307,7 +318,7 @@ __global__ void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a) {
 
 /// Large scale blocks: the block amax in each f32 scale slot becomes the block's scale.
 template <class Tr>
-__global__ void slots_to_scales_kernel(std::uint8_t* msg, std::uint64_t scales_offset, std::uint64_t count) {
+OCTET_KERNEL void slots_to_scales_kernel(std::uint8_t* msg, std::uint64_t scales_offset, std::uint64_t count) {
     using RN = typename Tr::recipe;
     for (std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < count;
          k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
@@ -317,7 +328,8 @@ __global__ void slots_to_scales_kernel(std::uint8_t* msg, std::uint64_t scales_o
 }
 
 /// Adds the checksum terms of words [w0, w1) of msg (word 7, the checksum field, counts as 0) to *acc.
-__global__ void checksum_words_kernel(const std::uint8_t* msg, std::uint64_t w0, std::uint64_t w1, unsigned long long* acc) {
+OCTET_KERNEL void checksum_words_kernel(const std::uint8_t* msg, std::uint64_t w0, std::uint64_t w1,
+                                        unsigned long long* acc) {
     std::uint64_t t = 0;
     for (std::uint64_t k = w0 + blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < w1;
          k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
@@ -328,26 +340,32 @@ __global__ void checksum_words_kernel(const std::uint8_t* msg, std::uint64_t w0,
 
 /// Writes the header; the checksum slot holds the sum of every other word's term, the tensor-scale
 /// slot the NVFP4 amax bits.
-__global__ void finalize_header_kernel(std::uint8_t* msg, wire_format f, transform_kind t, std::uint32_t block_eff, std::uint32_t scale_block,
-                                       std::uint64_t seed, std::uint64_t first_index, std::uint64_t count, std::uint64_t total, bool stochastic) {
+OCTET_KERNEL void finalize_header_kernel(std::uint8_t* msg, wire_format f, transform_kind t, std::uint32_t block_eff,
+                                         std::uint32_t scale_block, std::uint64_t seed, std::uint64_t first_index,
+                                         std::uint64_t count, std::uint64_t total, bool stochastic) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const std::uint64_t acc = *reinterpret_cast<const std::uint64_t*>(msg + 56);
-    const float ts = f == wire_format::nvfp4 ? make_tensor_scale<recipes::nvfp4>(bits_to_float(*reinterpret_cast<const std::uint32_t*>(msg + 40))) : 1.0f;
+    const float ts =
+        f == wire_format::nvfp4
+            ? make_tensor_scale<recipes::nvfp4>(bits_to_float(*reinterpret_cast<const std::uint32_t*>(msg + 40)))
+            : 1.0f;
     write_header_fields(msg, f, t, block_eff, scale_block, seed, first_index, count, ts, total, stochastic);
     std::uint64_t sum = acc;
-    for (int k = 0; k < 8; ++k) sum += checksum_term(k == 7 ? 0 : load_le64(msg + 8 * k), static_cast<std::uint64_t>(k));
+    for (int k = 0; k < 8; ++k)
+        sum += checksum_term(k == 7 ? 0 : load_le64(msg + 8 * k), static_cast<std::uint64_t>(k));
     store_le64(msg + 56, sum);
 }
 
 /// Dequantizes messages: original coordinates (inverse transform), or transformed coordinates
 /// stored or summed over `count` messages in order.
 template <class Tr, int R>
-__global__ void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a) {
+OCTET_KERNEL void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a) {
     using RN = typename Tr::recipe;
     using Fmt = typename RN::format;
     extern __shared__ __align__(16) float smem[];
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
-    const std::uint64_t i0 = static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
+    const std::uint64_t i0 =
+        static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
     float v[R];
     for (int m = 0; m < a.count; ++m) {
         const std::uint8_t* msg = a.msg + static_cast<std::uint64_t>(m) * a.msg_stride;
@@ -374,7 +392,9 @@ __global__ void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a) {
             OCTET_UNROLL
             for (int j = 0; j < R; ++j) {
                 const std::uint64_t cj = i0 + j;
-                code[j] = cj < a.L ? (Fmt::bits <= 4 ? unpack_fp4(payload[cj / 2], static_cast<int>(cj & 1u)) : payload[cj]) : std::uint8_t{0};
+                code[j] = cj < a.L
+                              ? (Fmt::bits <= 4 ? unpack_fp4(payload[cj / 2], static_cast<int>(cj & 1u)) : payload[cj])
+                              : std::uint8_t{0};
             }
         }
         OCTET_UNROLL
@@ -383,7 +403,8 @@ __global__ void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a) {
             float S = 0.0f;
             if (cg < a.L) {
                 const std::uint64_t k = cg / a.scale_block;
-                const std::uint32_t stored = Tr::scale_bytes == 4 ? *reinterpret_cast<const std::uint32_t*>(scales + 4 * k) : scales[k];
+                const std::uint32_t stored =
+                    Tr::scale_bytes == 4 ? *reinterpret_cast<const std::uint32_t*>(scales + 4 * k) : scales[k];
                 S = stored_scale_value<RN>(stored, ts);
             }
             OCTET_UNROLL
@@ -427,12 +448,13 @@ struct validate_args {
     bool odd_fp4 = false;
     unsigned long long* acc = nullptr;
     unsigned* bad = nullptr;
+    unsigned long long* non_finite = nullptr;  ///< if set: += the message's non-finite payload codes (count == 1 only)
 };
 
-__global__ void validate_kernel(validate_args a) {
+OCTET_KERNEL void validate_kernel(validate_args a) {
     const int m = blockIdx.y;
     const std::uint8_t* msg = a.msgs + static_cast<std::uint64_t>(m) * a.stride;
-    std::uint64_t t = 0;
+    std::uint64_t t = 0, nf = 0;
     unsigned bad = 0;
     for (std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < a.words;
          k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
@@ -444,7 +466,9 @@ __global__ void validate_kernel(validate_args a) {
             if (k == 5) {
                 const float ts = bits_to_float(static_cast<std::uint32_t>(w));
                 if ((w >> 32) != 0) bad = 1;
-                if (a.format == wire_format::nvfp4 ? !(ts > 0.0f && ts <= 3.40282347e38f) : float_to_bits(ts) != float_to_bits(1.0f)) bad = 1;
+                if (a.format == wire_format::nvfp4 ? !(ts > 0.0f && ts <= 3.40282347e38f)
+                                                   : float_to_bits(ts) != float_to_bits(1.0f))
+                    bad = 1;
             }
         } else if (b0 < a.payload_offset) {
             for (int i = 0; i < 8; ++i) {
@@ -469,17 +493,19 @@ __global__ void validate_kernel(validate_args a) {
                 const std::uint8_t byte = static_cast<std::uint8_t>(w >> (8 * i));
                 if (pos >= a.payload_used && byte != 0) bad = 1;
                 if (a.odd_fp4 && pos == a.payload_used - 1 && (byte >> 4) != 0) bad = 1;
+                if (pos < a.payload_used && non_finite_code(a.format, byte)) nf += 1;  // NVFP4: never
             }
         }
     }
     t = warp_sum_u64(t);
     if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(a.acc + m, static_cast<unsigned long long>(t));
     if (bad) atomicOr(a.bad + m, 1u);
+    if (a.non_finite && nf != 0) atomicAdd(a.non_finite, static_cast<unsigned long long>(nf));
 }
 
 /// flag[0] = rank_tag if any message failed, else 0; flag[1] = the last failing message's index + 1.
-__global__ void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t stride, int count, const unsigned long long* acc,
-                                       const unsigned* bad, int* flag, int rank_tag) {
+OCTET_KERNEL void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t stride, int count,
+                                         const unsigned long long* acc, const unsigned* bad, int* flag, int rank_tag) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int f = 0;
     for (int m = 0; m < count; ++m) {
@@ -490,8 +516,8 @@ __global__ void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t s
     flag[1] = f;
 }
 
-inline validate_args validation_of(const wire_layout& l, wire_format f, const std::uint8_t* msgs, std::uint64_t stride, int count,
-                                   const std::uint8_t* expected, unsigned long long* acc, unsigned* bad) {
+inline validate_args validation_of(const wire_layout& l, wire_format f, const std::uint8_t* msgs, std::uint64_t stride,
+                                   int count, const std::uint8_t* expected, unsigned long long* acc, unsigned* bad) {
     validate_args v;
     v.msgs = msgs;
     v.stride = stride;
@@ -517,9 +543,15 @@ inline void launch_validate(cudaStream_t s, const validate_args& v) {
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
+// The launchers are templates on the wire format (Tr = wire_traits<cfg.format>; callers dispatch
+// with dispatch_wire_format), and the public stream functions are templates too: a translation unit
+// compiles the encode and decode kernels only if it calls them (all formats x 3 tile shapes x each
+// architecture take minutes), not merely because it includes this header.
+
 /// Every kernel of one encode (see the header comment), on stream s. No validation here.
-inline void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l, const float* x, bool pre_rotated,
-                          std::uint64_t first_index, const residual_view& fb, std::uint64_t random_stream, std::uint8_t* msg) {
+template <class Tr>
+void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l, const float* x, bool pre_rotated,
+                   std::uint64_t first_index, const residual_view& fb, std::uint64_t random_stream, std::uint8_t* msg) {
     OCTET_CUDA_CHECK(cudaMemsetAsync(msg, 0, l.payload_offset, s));
     const int log_b = cfg.transform == transform_kind::hadamard ? log2_exact(l.block) : 0;
     encode_args a;
@@ -539,55 +571,56 @@ inline void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_la
     a.payload_offset = l.payload_offset;
     a.payload_bytes = l.payload_bytes;
     if (l.coded > 0) {
-        dispatch_wire_format(cfg.format, [&](auto tr) {
-            using Tr = decltype(tr);
-            dispatch_regs(log_b, [&](auto r) {
-                constexpr int R = decltype(r)::value;
-                const int threads = threads_for(log_b, R);
-                const std::uint64_t tile = static_cast<std::uint64_t>(threads) * R;
-                const std::size_t smem = smem_bytes(log_b, R, threads);
-                set_smem(encode_kernel<Tr, R>, smem);
-                const unsigned grid = static_cast<unsigned>((l.coded + tile - 1) / tile);
-                const bool large = l.scale_block > tile;
-                if (Tr::recipe::two_level) {
-                    encode_args p = a;
-                    p.mode = mode_tensor_amax;
-                    encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
-                    OCTET_CUDA_CHECK_LAUNCH();
-                }
-                if (large) {
-                    encode_args p = a;
-                    p.mode = mode_block_amax;
-                    encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
-                    OCTET_CUDA_CHECK_LAUNCH();
-                }
-                a.mode = large ? mode_encode_slots : mode_fused;
-                encode_kernel<Tr, R><<<grid, threads, smem, s>>>(a);
+        dispatch_regs(log_b, [&](auto r) {
+            constexpr int R = decltype(r)::value;
+            const int threads = threads_for(log_b, R);
+            const std::uint64_t tile = static_cast<std::uint64_t>(threads) * R;
+            const std::size_t smem = smem_bytes(log_b, R, threads);
+            set_smem(encode_kernel<Tr, R>, smem);
+            const unsigned grid = static_cast<unsigned>((l.coded + tile - 1) / tile);
+            const bool large = l.scale_block > tile;
+            if (Tr::recipe::two_level) {
+                encode_args p = a;
+                p.mode = mode_tensor_amax;
+                encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
                 OCTET_CUDA_CHECK_LAUNCH();
-                if (large) {
-                    if constexpr (Tr::scale_bytes == 4) {
-                        const unsigned g = static_cast<unsigned>(std::min<std::uint64_t>(1024, (l.scale_count + 255) / 256));
-                        slots_to_scales_kernel<Tr><<<std::max(1u, g), 256, 0, s>>>(msg, l.scales_offset, l.scale_count);
-                        OCTET_CUDA_CHECK_LAUNCH();
-                    }
+            }
+            if (large) {
+                encode_args p = a;
+                p.mode = mode_block_amax;
+                encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
+                OCTET_CUDA_CHECK_LAUNCH();
+            }
+            a.mode = large ? mode_encode_slots : mode_fused;
+            encode_kernel<Tr, R><<<grid, threads, smem, s>>>(a);
+            OCTET_CUDA_CHECK_LAUNCH();
+            if (large) {
+                if constexpr (Tr::scale_bytes == 4) {
+                    const unsigned g =
+                        static_cast<unsigned>(std::min<std::uint64_t>(1024, (l.scale_count + 255) / 256));
+                    slots_to_scales_kernel<Tr><<<std::max(1u, g), 256, 0, s>>>(msg, l.scales_offset, l.scale_count);
+                    OCTET_CUDA_CHECK_LAUNCH();
                 }
-            });
+            }
         });
     }
     const std::uint64_t w0 = l.scales_offset / 8, w1 = l.payload_offset / 8;
     if (w1 > w0) {
         const unsigned g = static_cast<unsigned>(std::min<std::uint64_t>(1024, (w1 - w0 + 255) / 256));
-        checksum_words_kernel<<<std::max(1u, g), 256, 0, s>>>(msg, w0, w1, reinterpret_cast<unsigned long long*>(msg + 56));
+        checksum_words_kernel<<<std::max(1u, g), 256, 0, s>>>(msg, w0, w1,
+                                                              reinterpret_cast<unsigned long long*>(msg + 56));
         OCTET_CUDA_CHECK_LAUNCH();
     }
-    finalize_header_kernel<<<1, 32, 0, s>>>(msg, cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, first_index, l.count, l.total_bytes,
-                                            cfg.stochastic);
+    finalize_header_kernel<<<1, 32, 0, s>>>(msg, cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed,
+                                            first_index, l.count, l.total_bytes, cfg.stochastic);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
-/// Dequantize kernels for `count` messages of layout l (stride bytes apart).
-inline void launch_decode(cudaStream_t s, const wire_layout& l, wire_format f, transform_kind t, std::uint64_t seed, std::uint64_t first_index,
-                          const std::uint8_t* msgs, std::uint64_t stride, int count, float* out, int mode) {
+/// Dequantize kernels for `count` messages of layout l (stride bytes apart), all of format Tr.
+template <class Tr>
+void launch_decode(cudaStream_t s, const wire_layout& l, transform_kind t, std::uint64_t seed,
+                   std::uint64_t first_index, const std::uint8_t* msgs, std::uint64_t stride, int count, float* out,
+                   int mode) {
     if (l.coded == 0) return;
     const int log_b = t == transform_kind::hadamard ? log2_exact(l.block) : 0;
     decode_args a;
@@ -604,54 +637,57 @@ inline void launch_decode(cudaStream_t s, const wire_layout& l, wire_format f, t
     a.payload_offset = l.payload_offset;
     a.out = out;
     a.mode = mode;
-    dispatch_wire_format(f, [&](auto tr) {
-        using Tr = decltype(tr);
-        dispatch_regs(log_b, [&](auto r) {
-            constexpr int R = decltype(r)::value;
-            const int threads = threads_for(log_b, R);
-            const std::uint64_t tile = static_cast<std::uint64_t>(threads) * R;
-            const std::size_t smem = smem_bytes(log_b, R, threads);
-            set_smem(decode_kernel<Tr, R>, smem);
-            decode_kernel<Tr, R><<<static_cast<unsigned>((l.coded + tile - 1) / tile), threads, smem, s>>>(a);
-            OCTET_CUDA_CHECK_LAUNCH();
-        });
+    dispatch_regs(log_b, [&](auto r) {
+        constexpr int R = decltype(r)::value;
+        const int threads = threads_for(log_b, R);
+        const std::uint64_t tile = static_cast<std::uint64_t>(threads) * R;
+        const std::size_t smem = smem_bytes(log_b, R, threads);
+        set_smem(decode_kernel<Tr, R>, smem);
+        decode_kernel<Tr, R><<<static_cast<unsigned>((l.coded + tile - 1) / tile), threads, smem, s>>>(a);
+        OCTET_CUDA_CHECK_LAUNCH();
     });
 }
 
-inline void check_device_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out, const encode_options& opt, wire_layout& l,
-                                     const char* fn) {
+inline void check_device_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out,
+                                     const encode_options& opt, wire_layout& l, const char* fn) {
     check_encode_args(cfg, n, out, opt, l, fn);
     cuda::require_device_accessible(out.data(), fn, "out");
-    OCTET_REQUIRE(is_aligned(out.data(), 16), fn, "out", "is not 16-byte aligned; device messages need 16-byte alignment (cudaMalloc gives 256)");
+    OCTET_REQUIRE(is_aligned(out.data(), 16), fn, "out",
+                  "is not 16-byte aligned; device messages need 16-byte alignment (cudaMalloc gives 256)");
     if (!opt.feedback.empty()) cuda::require_device_accessible(opt.feedback.data, fn, "options.feedback");
     if (!opt.feedback.empty() && opt.feedback.storage != residual_storage::bf16)
         OCTET_REQUIRE(is_aligned(opt.feedback.data, 4), fn, "options.feedback", "is not 4-byte aligned");
 }
 
 /// Validates a device message: header on the host, checksum and sections on the device. Throws.
-inline wire_header validate_device_message(cudaStream_t s, span<const std::uint8_t> msg, wire_layout& l, const char* fn) {
+inline wire_header validate_device_message(cudaStream_t s, span<const std::uint8_t> msg, wire_layout& l,
+                                           const char* fn) {
     OCTET_REQUIRE(msg.size() >= wire_header_bytes, fn, "message",
                   message("is truncated: ", msg.size(), " bytes, but a message has a 64-byte header"));
     cuda::require_device_accessible(msg.data(), fn, "message");
-    OCTET_REQUIRE(is_aligned(msg.data(), 16), fn, "message", "is not 16-byte aligned; device messages need 16-byte alignment");
+    OCTET_REQUIRE(is_aligned(msg.data(), 16), fn, "message",
+                  "is not 16-byte aligned; device messages need 16-byte alignment");
     std::uint8_t head[wire_header_bytes];
     OCTET_CUDA_CHECK(cudaMemcpyAsync(head, msg.data(), wire_header_bytes, cudaMemcpyDeviceToHost, s));
     OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
     // parse_header reads only the 64 header bytes and checks the fields against the buffer's size:
     // give it the copied header with the device buffer's size.
-    const wire_header h = parse_header(span<const std::uint8_t>(head, msg.size()), l, fn);
+    wire_header h = parse_header(span<const std::uint8_t>(head, msg.size()), l, fn);
     void* scratch = nullptr;
-    OCTET_CUDA_CHECK(cudaMallocAsync(&scratch, 16, s));
-    OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, 16, s));
+    OCTET_CUDA_CHECK(cudaMallocAsync(&scratch, 24, s));
+    OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, 24, s));
     auto* acc = static_cast<unsigned long long*>(scratch);
     auto* bad = reinterpret_cast<unsigned*>(static_cast<std::uint8_t*>(scratch) + 8);
-    launch_validate(s, validation_of(l, h.format, msg.data(), 0, 1, nullptr, acc, bad));
-    std::uint64_t back[2] = {0, 0};
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(back, scratch, 16, cudaMemcpyDeviceToHost, s));
+    validate_args v = validation_of(l, h.format, msg.data(), 0, 1, nullptr, acc, bad);
+    v.non_finite = acc + 2;
+    launch_validate(s, v);
+    std::uint64_t back[3] = {0, 0, 0};
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(back, scratch, 24, cudaMemcpyDeviceToHost, s));
     OCTET_CUDA_CHECK(cudaFreeAsync(scratch, s));
     OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
     if (back[0] != h.checksum) bad_message(fn, "fails its checksum: it was corrupted or truncated in transit");
     if (static_cast<std::uint32_t>(back[1]) != 0) bad_message(fn, "has an invalid scale or non-zero padding");
+    h.non_finite_codes = back[2];
     return h;
 }
 
@@ -660,49 +696,67 @@ inline wire_header validate_device_message(cudaStream_t s, span<const std::uint8
 
 /// Encodes n = x.size() elements (device memory) into out (device memory, encoded_size bytes,
 /// 16-byte aligned). encode_result::amax is not measured on the device (-1).
-inline encode_result encode_gradient(stream_executor ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
-                                     const encode_options& opt = {}) {
+template <class Ex, detail::if_stream_executor<Ex> = 0>
+encode_result encode_gradient(Ex ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
+                              const encode_options& opt = {}) {
     constexpr const char* fn = "octet::encode_gradient";
     wire_layout l;
     detail::codec_dev::check_device_encode_args(cfg, x.size(), out, opt, l, fn);
     if (!x.empty()) cuda::require_device_accessible(x.data(), fn, "x");
-    detail::codec_dev::launch_encode(ex.stream, cfg, l, x.data(), false, opt.first_index, opt.feedback, opt.random_stream, out.data());
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        detail::codec_dev::launch_encode<decltype(tr)>(ex.stream, cfg, l, x.data(), false, opt.first_index,
+                                                       opt.feedback, opt.random_stream, out.data());
+    });
     return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
 }
 
 /// Encodes L transformed coordinates y (device memory) as the message of n elements.
-inline encode_result encode_gradient_transformed(stream_executor ex, const codec_config& cfg, span<const float> y, std::size_t n,
-                                                 span<std::uint8_t> out, const encode_options& opt = {}) {
+template <class Ex, detail::if_stream_executor<Ex> = 0>
+encode_result encode_gradient_transformed(Ex ex, const codec_config& cfg, span<const float> y, std::size_t n,
+                                          span<std::uint8_t> out, const encode_options& opt = {}) {
     constexpr const char* fn = "octet::encode_gradient_transformed";
     wire_layout l;
     detail::codec_dev::check_device_encode_args(cfg, n, out, opt, l, fn);
-    OCTET_REQUIRE(y.size() == l.coded, fn, "y", detail::message("has ", y.size(), " coordinates; ", n, " elements transform to ", l.coded));
+    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
+                  detail::message("has ", y.size(), " coordinates; ", n, " elements transform to ", l.coded));
     if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
-    detail::codec_dev::launch_encode(ex.stream, cfg, l, y.data(), true, opt.first_index, opt.feedback, opt.random_stream, out.data());
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        detail::codec_dev::launch_encode<decltype(tr)>(ex.stream, cfg, l, y.data(), true, opt.first_index, opt.feedback,
+                                                       opt.random_stream, out.data());
+    });
     return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
 }
 
 /// Validates a device message (synchronizes) and decodes it into out (device memory).
-inline wire_header decode_gradient(stream_executor ex, span<const std::uint8_t> message, span<float> out) {
+template <class Ex, detail::if_stream_executor<Ex> = 0>
+wire_header decode_gradient(Ex ex, span<const std::uint8_t> message, span<float> out) {
     constexpr const char* fn = "octet::decode_gradient";
     wire_layout l;
     const wire_header h = detail::codec_dev::validate_device_message(ex.stream, message, l, fn);
-    OCTET_REQUIRE(out.size() == h.count, fn, "out", detail::message("has ", out.size(), " elements; the message holds ", h.count));
+    OCTET_REQUIRE(out.size() == h.count, fn, "out",
+                  detail::message("has ", out.size(), " elements; the message holds ", h.count));
     if (!out.empty()) cuda::require_device_accessible(out.data(), fn, "out");
-    detail::codec_dev::launch_decode(ex.stream, l, h.format, h.transform, h.seed, h.first_index, message.data(), 0, 1, out.data(),
-                                     detail::codec_dev::decode_original);
+    dispatch_wire_format(h.format, [&](auto tr) {
+        detail::codec_dev::launch_decode<decltype(tr)>(ex.stream, l, h.transform, h.seed, h.first_index, message.data(),
+                                                       0, 1, out.data(), detail::codec_dev::decode_original);
+    });
     return h;
 }
 
 /// Validates a device message (synchronizes) and writes (add: adds) its L transformed coordinates to y.
-inline wire_header decode_gradient_transformed(stream_executor ex, span<const std::uint8_t> message, span<float> y, bool add = false) {
+template <class Ex, detail::if_stream_executor<Ex> = 0>
+wire_header decode_gradient_transformed(Ex ex, span<const std::uint8_t> message, span<float> y, bool add = false) {
     constexpr const char* fn = "octet::decode_gradient_transformed";
     wire_layout l;
     const wire_header h = detail::codec_dev::validate_device_message(ex.stream, message, l, fn);
-    OCTET_REQUIRE(y.size() == l.coded, fn, "y", detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
+    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
+                  detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
     if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
-    detail::codec_dev::launch_decode(ex.stream, l, h.format, h.transform, h.seed, h.first_index, message.data(), 0, 1, y.data(),
-                                     add ? detail::codec_dev::decode_transformed_add : detail::codec_dev::decode_transformed);
+    dispatch_wire_format(h.format, [&](auto tr) {
+        detail::codec_dev::launch_decode<decltype(tr)>(
+            ex.stream, l, h.transform, h.seed, h.first_index, message.data(), 0, 1, y.data(),
+            add ? detail::codec_dev::decode_transformed_add : detail::codec_dev::decode_transformed);
+    });
     return h;
 }
 

@@ -67,8 +67,8 @@
 namespace octet {
 
 struct encode_options {
-    std::uint64_t first_index = 0;  ///< global index of x[0] (the sign pattern's position); shards pass their offset
-    residual_view feedback{};       ///< error-feedback residual of x's size (empty: none)
+    std::uint64_t first_index = 0;    ///< global index of x[0] (the sign pattern's position); shards pass their offset
+    residual_view feedback{};         ///< error-feedback residual of x's size (empty: none)
     std::uint64_t random_stream = 0;  ///< added to the stochastic-rounding stream (ranks and stages use different ones)
 };
 
@@ -90,9 +90,21 @@ inline codec_bound error_bound(const codec_config& cfg, std::size_t n) {
     const double r = cfg.stochastic ? 2.0 : 1.0;
     double eps = 0, alpha = 0, zeta = 0, eta = 0;
     switch (cfg.format) {
-        case wire_format::e4m3: eps = r * 0x1p-4; alpha = r * 0x1p-10 / 448.0; eta = r * 0x1p-10 * 0x1p-126; break;
-        case wire_format::e5m2: eps = r * 0x1p-3; alpha = r * 0x1p-17 / 57344.0; eta = r * 0x1p-17 * 0x1p-126; break;
-        case wire_format::mxfp8: eps = r * 0x1p-4; alpha = r * 2.0 * 0x1p-10 / 448.0; eta = r * 0x1p-10 * 0x1p-127; break;
+        case wire_format::e4m3:
+            eps = r * 0x1p-4;
+            alpha = r * 0x1p-10 / 448.0;
+            eta = r * 0x1p-10 * 0x1p-126;
+            break;
+        case wire_format::e5m2:
+            eps = r * 0x1p-3;
+            alpha = r * 0x1p-17 / 57344.0;
+            eta = r * 0x1p-17 * 0x1p-126;
+            break;
+        case wire_format::mxfp8:
+            eps = r * 0x1p-4;
+            alpha = r * 2.0 * 0x1p-10 / 448.0;
+            eta = r * 0x1p-10 * 0x1p-127;
+            break;
         case wire_format::nvfp4:
             // saturation under an E4M3 scale rounded down (2^-4 amax), or the subnormal step
             // (0.25 r S with S <= (17/16) amax / 6), whichever is larger; zeta: the block scale's
@@ -105,9 +117,10 @@ inline codec_bound error_bound(const codec_config& cfg, std::size_t n) {
     }
     const int k = cfg.transform == transform_kind::hadamard ? log2_exact(l.block) : 0;
     codec_bound b;
-    b.relative = (eps + alpha * std::sqrt(static_cast<double>(l.scale_block)) + zeta * std::sqrt(static_cast<double>(l.coded))) *
-                     (1.0 + 0x1p-20) +
-                 3.0 * (k + 1) * 0x1p-24;
+    b.relative =
+        (eps + alpha * std::sqrt(static_cast<double>(l.scale_block)) + zeta * std::sqrt(static_cast<double>(l.coded))) *
+            (1.0 + 0x1p-20) +
+        3.0 * (k + 1) * 0x1p-24;
     b.absolute = eta * std::sqrt(static_cast<double>(l.coded));
     return b;
 }
@@ -130,22 +143,27 @@ inline float finite_amax(host_executor ex, const float* y, std::size_t n) {
 /// Scale blocks [k0, k1) of quantize_coded. A plain function: its pointers are locals that the
 /// byte stores cannot alias (as a lambda's captures could), so the loops vectorize.
 template <class Tr, class Round>
-void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t coded, const float* y, float tensor_scale,
-                     std::uint8_t* scales, std::uint8_t* payload, float* deq, philox_stream rng, std::uint64_t first_index) {
+void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t coded, const float* y,
+                     float tensor_scale, std::uint8_t* scales, std::uint8_t* payload, float* deq, philox_stream rng,
+                     std::uint64_t first_index) {
     using R = typename Tr::template recipe_with<Round>;
     using Fmt = typename R::format;
     // Random bits only for stochastic rounding (a Philox block costs more than the encode itself).
     auto random_bits = [rng, first_index](std::size_t j) -> std::uint32_t {
-        if constexpr (std::is_same_v<Round, round::stochastic>) return rng.bits(first_index + j);
-        else return (void)rng, (void)first_index, (void)j, 0u;
+        if constexpr (std::is_same_v<Round, round::stochastic>)
+            return rng.bits(first_index + j);
+        else
+            return (void)rng, (void)first_index, (void)j, 0u;
     };
     for (std::size_t k = k0; k < k1; ++k) {
         const std::size_t b = k * Bs, e = std::min<std::size_t>(coded, b + Bs);
         float amax = 0.0f;
         for (std::size_t j = b; j < e; ++j) amax = std::max(amax, finite_abs(y[j]));
         const block_scale s = make_block_scale<R>(amax, tensor_scale);
-        if constexpr (Tr::scale_bytes == 4) store_le32(scales + 4 * k, s.stored);
-        else scales[k] = static_cast<std::uint8_t>(s.stored);
+        if constexpr (Tr::scale_bytes == 4)
+            store_le32(scales + 4 * k, s.stored);
+        else
+            scales[k] = static_cast<std::uint8_t>(s.stored);
         if constexpr (Fmt::bits <= 4) {
             // Bs is even, so a block owns whole bytes; an odd L leaves a zero high nibble at the end.
             for (std::size_t j0 = b; j0 < e; j0 += 64) {
@@ -156,7 +174,8 @@ void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t
                 for (std::size_t t = 0; t < m; t += 2) payload[(j0 + t) / 2] = pack_fp4x2(c[t], c[t + 1]);
             }
             if (deq)
-                for (std::size_t j = b; j < e; ++j) deq[j] = mul_rn(decode<Fmt>(unpack_fp4(payload[j / 2], static_cast<int>(j & 1u))), s.value);
+                for (std::size_t j = b; j < e; ++j)
+                    deq[j] = mul_rn(decode<Fmt>(unpack_fp4(payload[j / 2], static_cast<int>(j & 1u))), s.value);
         } else {
             for (std::size_t j = b; j < e; ++j) payload[j] = encode_scaled<R>(y[j], s.value, random_bits(j));
             if (deq)
@@ -167,8 +186,8 @@ void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t
 
 /// Scales and codes of L transformed coordinates; deq (if not null) receives the dequantized values.
 template <class Tr, class Round>
-void quantize_coded(host_executor ex, const wire_layout& l, const float* y, float tensor_scale, std::uint8_t* msg, float* deq,
-                    philox_stream rng, std::uint64_t first_index) {
+void quantize_coded(host_executor ex, const wire_layout& l, const float* y, float tensor_scale, std::uint8_t* msg,
+                    float* deq, philox_stream rng, std::uint64_t first_index) {
     std::uint8_t* scales = msg + l.scales_offset;
     std::uint8_t* payload = msg + l.payload_offset;
     const std::size_t Bs = l.scale_block, coded = l.coded;
@@ -193,12 +212,14 @@ void dequantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size
         const std::size_t b = k * Bs, e = std::min<std::size_t>(coded, b + Bs);
         if (add) {
             for (std::size_t j = b; j < e; ++j) {
-                const std::uint8_t c = Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
+                const std::uint8_t c =
+                    Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
                 y[j] = y[j] + mul_rn(decode<Fmt>(c), S);
             }
         } else {
             for (std::size_t j = b; j < e; ++j) {
-                const std::uint8_t c = Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
+                const std::uint8_t c =
+                    Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
                 y[j] = mul_rn(decode<Fmt>(c), S);
             }
         }
@@ -207,7 +228,8 @@ void dequantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size
 
 /// y (or y +=) = the dequantized coordinates of a validated message.
 template <class Tr>
-void dequantize_coded(host_executor ex, const wire_layout& l, const std::uint8_t* msg, float tensor_scale, float* y, bool add) {
+void dequantize_coded(host_executor ex, const wire_layout& l, const std::uint8_t* msg, float tensor_scale, float* y,
+                      bool add) {
     const std::uint8_t* scales = msg + l.scales_offset;
     const std::uint8_t* payload = msg + l.payload_offset;
     const std::size_t Bs = l.scale_block, coded = l.coded;
@@ -219,13 +241,14 @@ void dequantize_coded(host_executor ex, const wire_layout& l, const std::uint8_t
 inline void check_feedback(const residual_view& fb, std::size_t n, const char* fn) {
     if (fb.empty()) return;
     OCTET_REQUIRE(fb.size == n, fn, "options.feedback", message("has ", fb.size, " elements but the gradient has ", n));
-    OCTET_REQUIRE(fb.storage == residual_storage::f32 || fb.storage == residual_storage::bf16 || fb.storage == residual_storage::e4m3, fn,
-                  "options.feedback", "has an unknown residual storage");
+    OCTET_REQUIRE(fb.storage == residual_storage::f32 || fb.storage == residual_storage::bf16 ||
+                      fb.storage == residual_storage::e4m3,
+                  fn, "options.feedback", "has an unknown residual storage");
 }
 
 /// Steps 3-5 of encoding: y holds the L transformed coordinates (with the residual already added).
-inline encode_result encode_coded(host_executor ex, const codec_config& cfg, const wire_layout& l, std::vector<float>& y,
-                                  const encode_options& opt, span<std::uint8_t> out) {
+inline encode_result encode_coded(host_executor ex, const codec_config& cfg, const wire_layout& l,
+                                  std::vector<float>& y, const encode_options& opt, span<std::uint8_t> out) {
     encode_result res;
     res.bytes = static_cast<std::size_t>(l.total_bytes);
     res.amax = finite_amax(ex, y.data(), y.size());
@@ -234,8 +257,12 @@ inline encode_result encode_coded(host_executor ex, const codec_config& cfg, con
     float* deq_ptr = opt.feedback.empty() ? nullptr : deq.data();
     const philox_stream rng{cfg.seed, codec_rounding_stream + opt.random_stream};
     dispatch_wire_format(cfg.format, [&](auto tr) {
-        if (cfg.stochastic) quantize_coded<decltype(tr), round::stochastic>(ex, l, y.data(), ts, out.data(), deq_ptr, rng, opt.first_index);
-        else quantize_coded<decltype(tr), round::nearest_even>(ex, l, y.data(), ts, out.data(), deq_ptr, rng, opt.first_index);
+        if (cfg.stochastic)
+            quantize_coded<decltype(tr), round::stochastic>(ex, l, y.data(), ts, out.data(), deq_ptr, rng,
+                                                            opt.first_index);
+        else
+            quantize_coded<decltype(tr), round::nearest_even>(ex, l, y.data(), ts, out.data(), deq_ptr, rng,
+                                                              opt.first_index);
     });
     if (!opt.feedback.empty()) {
         // r = y - dequantized, back to x's coordinates, kept as the next residual.
@@ -244,19 +271,20 @@ inline encode_result encode_coded(host_executor ex, const codec_config& cfg, con
         transform_inverse(ex, cfg.transform, deq, e, cfg.block, cfg.seed, opt.first_index);
         store_residual(opt.feedback, 0, e.size(), e.data());
     }
-    write_header_fields(out.data(), cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, opt.first_index, l.count, ts, l.total_bytes,
-                        cfg.stochastic);
+    write_header_fields(out.data(), cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, opt.first_index,
+                        l.count, ts, l.total_bytes, cfg.stochastic);
     seal_wire_message(out);
     return res;
 }
 
-inline void check_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out, const encode_options& opt, wire_layout& l,
-                              const char* fn) {
+inline void check_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out, const encode_options& opt,
+                              wire_layout& l, const char* fn) {
     validate_config(cfg, fn);
     OCTET_REQUIRE(n <= wire_max_elements, fn, "x", message("has ", n, " elements; a message holds at most 2^40"));
     l = wire_layout_of(cfg, n);
     OCTET_REQUIRE(out.size() == l.total_bytes, fn, "out",
-                  message("has ", out.size(), " bytes; the message for ", n, " elements is ", l.total_bytes, " bytes (encoded_size)"));
+                  message("has ", out.size(), " bytes; the message for ", n, " elements is ", l.total_bytes,
+                          " bytes (encoded_size)"));
     OCTET_REQUIRE(out.data() != nullptr, fn, "out", "is null");
     OCTET_REQUIRE(opt.first_index <= wire_max_index - l.coded, fn, "options.first_index",
                   message("is ", opt.first_index, "; first index + coordinates must stay below 2^62"));
@@ -266,8 +294,8 @@ inline void check_encode_args(const codec_config& cfg, std::size_t n, span<std::
 }  // namespace detail
 
 /// Encodes n = x.size() elements into out (exactly encoded_size(cfg, n) bytes).
-inline encode_result encode_gradient(host_executor ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
-                                     const encode_options& opt = {}) {
+inline encode_result encode_gradient(host_executor ex, const codec_config& cfg, span<const float> x,
+                                     span<std::uint8_t> out, const encode_options& opt = {}) {
     constexpr const char* fn = "octet::encode_gradient";
     wire_layout l;
     detail::check_encode_args(cfg, x.size(), out, opt, l, fn);
@@ -287,12 +315,14 @@ inline encode_result encode_gradient(host_executor ex, const codec_config& cfg, 
 /// Encodes the L = transform_length(cfg.transform, n, cfg.block) coordinates y, already in cfg's
 /// transformed coordinates (for example a sum of dequantized messages), as the message of n
 /// elements. A feedback residual is in original coordinates (n elements) and is transformed first.
-inline encode_result encode_gradient_transformed(host_executor ex, const codec_config& cfg, span<const float> y_in, std::size_t n,
-                                                 span<std::uint8_t> out, const encode_options& opt = {}) {
+inline encode_result encode_gradient_transformed(host_executor ex, const codec_config& cfg, span<const float> y_in,
+                                                 std::size_t n, span<std::uint8_t> out,
+                                                 const encode_options& opt = {}) {
     constexpr const char* fn = "octet::encode_gradient_transformed";
     wire_layout l;
     detail::check_encode_args(cfg, n, out, opt, l, fn);
-    OCTET_REQUIRE(y_in.size() == l.coded, fn, "y", detail::message("has ", y_in.size(), " coordinates; ", n, " elements transform to ", l.coded));
+    OCTET_REQUIRE(y_in.size() == l.coded, fn, "y",
+                  detail::message("has ", y_in.size(), " coordinates; ", n, " elements transform to ", l.coded));
     OCTET_REQUIRE(y_in.empty() || y_in.data() != nullptr, fn, "y", "is null with a non-zero size");
     std::vector<float> y(y_in.begin(), y_in.end());
     if (!opt.feedback.empty()) {
@@ -306,13 +336,17 @@ inline encode_result encode_gradient_transformed(host_executor ex, const codec_c
 
 /// Validates a message and writes its L dequantized coordinates in the transformed space into y
 /// (add: y += them). Returns the header.
-inline wire_header decode_gradient_transformed(host_executor ex, span<const std::uint8_t> message, span<float> y, bool add = false) {
+inline wire_header decode_gradient_transformed(host_executor ex, span<const std::uint8_t> message, span<float> y,
+                                               bool add = false) {
     constexpr const char* fn = "octet::decode_gradient_transformed";
     wire_layout l;
     const wire_header h = read_wire_header(message, &l, fn);
-    OCTET_REQUIRE(y.size() == l.coded, fn, "y", detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
+    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
+                  detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
     OCTET_REQUIRE(y.empty() || y.data() != nullptr, fn, "y", "is null with a non-zero size");
-    dispatch_wire_format(h.format, [&](auto tr) { detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), add); });
+    dispatch_wire_format(h.format, [&](auto tr) {
+        detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), add);
+    });
     return h;
 }
 
@@ -321,11 +355,15 @@ inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> me
     constexpr const char* fn = "octet::decode_gradient";
     wire_layout l;
     const wire_header h = read_wire_header(message, &l, fn);
-    OCTET_REQUIRE(out.size() == h.count, fn, "out", detail::message("has ", out.size(), " elements; the message holds ", h.count));
+    OCTET_REQUIRE(out.size() == h.count, fn, "out",
+                  detail::message("has ", out.size(), " elements; the message holds ", h.count));
     OCTET_REQUIRE(out.empty() || out.data() != nullptr, fn, "out", "is null with a non-zero size");
     std::vector<float> y(l.coded);
-    dispatch_wire_format(h.format, [&](auto tr) { detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), false); });
-    transform_inverse(ex, h.transform, y, out, h.transform == transform_kind::hadamard ? h.block : hadamard_min_block, h.seed, h.first_index);
+    dispatch_wire_format(h.format, [&](auto tr) {
+        detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), false);
+    });
+    transform_inverse(ex, h.transform, y, out, h.transform == transform_kind::hadamard ? h.block : hadamard_min_block,
+                      h.seed, h.first_index);
     return h;
 }
 

@@ -29,7 +29,9 @@
 
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
+#include "octet/core/byte_io.hpp"
 #include "octet/core/check.hpp"
+#include "octet/core/rounded.hpp"
 #include "octet/core/span.hpp"
 #include "octet/format/encode.hpp"
 #include "octet/quant/recipe.hpp"
@@ -41,22 +43,28 @@ enum class residual_storage : std::uint8_t { f32 = 0, bf16 = 1, e4m3 = 2 };
 
 inline const char* residual_storage_name(residual_storage s) {
     switch (s) {
-        case residual_storage::f32: return "f32";
-        case residual_storage::bf16: return "bf16";
-        case residual_storage::e4m3: return "e4m3";
+        case residual_storage::f32:
+            return "f32";
+        case residual_storage::bf16:
+            return "bf16";
+        case residual_storage::e4m3:
+            return "e4m3";
     }
     return "unknown";
 }
 
 /// Elements per scale of the e4m3 residual, and the recipe whose rules make its scales.
 inline constexpr std::size_t residual_block = 128;
-using residual_recipe = recipe<e4m3, tile<1, 128>, scale::amax_ratio<0>>;
+using residual_recipe = recipe<e4m3, block<1, 128>, scale::amax_ratio<0>>;
 
 OCTET_HD std::size_t residual_bytes(residual_storage s, std::size_t n) {
     switch (s) {
-        case residual_storage::f32: return 4 * n;
-        case residual_storage::bf16: return 2 * n;
-        default: return n + 4 * ((n + residual_block - 1) / residual_block);
+        case residual_storage::f32:
+            return 4 * n;
+        case residual_storage::bf16:
+            return 2 * n;
+        default:
+            return n + 4 * ((n + residual_block - 1) / residual_block);
     }
 }
 
@@ -71,18 +79,25 @@ struct residual_view {
     /// Byte offset of element i's storage (e4m3: inside its block, after the block's scale).
     OCTET_HD std::size_t byte_offset(std::size_t i) const {
         switch (storage) {
-            case residual_storage::f32: return 4 * i;
-            case residual_storage::bf16: return 2 * i;
-            default: return (i / residual_block) * (residual_block + 4) + 4 + i % residual_block;
+            case residual_storage::f32:
+                return 4 * i;
+            case residual_storage::bf16:
+                return 2 * i;
+            default:
+                return (i / residual_block) * (residual_block + 4) + 4 + i % residual_block;
         }
     }
     residual_view subrange(std::size_t offset, std::size_t count) const {
-        OCTET_REQUIRE(offset <= size && count <= size - offset, "octet::residual_view::subrange", "offset/count",
-                      detail::message("select [", offset, ", ", offset + count, ") outside a residual of ", size, " elements"));
-        OCTET_REQUIRE(storage != residual_storage::e4m3 || offset % residual_block == 0, "octet::residual_view::subrange", "offset",
-                      detail::message("is ", offset, "; an e4m3 residual splits only at multiples of ", residual_block));
+        OCTET_REQUIRE(
+            offset <= size && count <= size - offset, "octet::residual_view::subrange", "offset/count",
+            detail::message("select [", offset, ", ", offset + count, ") outside a residual of ", size, " elements"));
+        OCTET_REQUIRE(
+            storage != residual_storage::e4m3 || offset % residual_block == 0, "octet::residual_view::subrange",
+            "offset",
+            detail::message("is ", offset, "; an e4m3 residual splits only at multiples of ", residual_block));
         residual_view v = *this;
-        v.data = data ? data + (storage == residual_storage::e4m3 ? (offset / residual_block) * (residual_block + 4) : byte_offset(offset))
+        v.data = data ? data + (storage == residual_storage::e4m3 ? (offset / residual_block) * (residual_block + 4)
+                                                                  : byte_offset(offset))
                       : nullptr;
         v.size = count;
         return v;
@@ -92,32 +107,26 @@ struct residual_view {
 namespace detail {
 
 OCTET_HD float load_f32_unaligned(const std::uint8_t* p) {
-    std::uint32_t u = static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
-                      (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
-    return bits_to_float(u);
+    return bits_to_float(load_le32(p));
 }
 OCTET_HD void store_f32_unaligned(std::uint8_t* p, float v) {
-    const std::uint32_t u = float_to_bits(v);
-    p[0] = static_cast<std::uint8_t>(u);
-    p[1] = static_cast<std::uint8_t>(u >> 8);
-    p[2] = static_cast<std::uint8_t>(u >> 16);
-    p[3] = static_cast<std::uint8_t>(u >> 24);
+    store_le32(p, float_to_bits(v));
 }
 
 /// A product that the compiler may not fuse with a following add (host and device give the same
-/// bits; see codec.hpp on FMA contraction).
+/// bits; see codec.hpp on FMA contraction): rn::mul of core/rounded.hpp.
 OCTET_HD float mul_rn(float a, float b) {
-#if OCTET_DEVICE_PASS
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
+    return rn::mul(a, b);
 }
 
-OCTET_HD float finite_or_zero(float v) { return (float_to_bits(v) & 0x7F800000u) == 0x7F800000u ? 0.0f : v; }
+OCTET_HD float finite_or_zero(float v) {
+    return is_finite_float(v) ? v : 0.0f;
+}
 
 /// Element i of a residual block whose scale is S (e4m3 storage).
-OCTET_HD float residual_e4m3_value(std::uint8_t code, float scale) { return mul_rn(decode<e4m3>(code), scale); }
+OCTET_HD float residual_e4m3_value(std::uint8_t code, float scale) {
+    return mul_rn(decode<e4m3>(code), scale);
+}
 
 }  // namespace detail
 
@@ -164,8 +173,9 @@ inline void store_residual(const residual_view& r, std::size_t begin, std::size_
             }
             return;
         default:
-            OCTET_REQUIRE(begin % residual_block == 0 && (count % residual_block == 0 || begin + count == r.size), "octet::store_residual",
-                          "begin/count", "must cover whole 128-element blocks of an e4m3 residual");
+            OCTET_REQUIRE(begin % residual_block == 0 && (count % residual_block == 0 || begin + count == r.size),
+                          "octet::store_residual", "begin/count",
+                          "must cover whole 128-element blocks of an e4m3 residual");
             for (std::size_t b0 = 0; b0 < count; b0 += residual_block) {
                 const std::size_t m = std::min(residual_block, count - b0);
                 float amax = 0.0f;
@@ -173,7 +183,8 @@ inline void store_residual(const residual_view& r, std::size_t begin, std::size_
                 const block_scale s = make_block_scale<residual_recipe>(amax);
                 std::uint8_t* base = r.data + ((begin + b0) / residual_block) * (residual_block + 4);
                 detail::store_f32_unaligned(base, s.value);
-                for (std::size_t j = 0; j < m; ++j) base[4 + j] = encode_scaled<residual_recipe>(detail::finite_or_zero(in[b0 + j]), s.value);
+                for (std::size_t j = 0; j < m; ++j)
+                    base[4 + j] = encode_scaled<residual_recipe>(detail::finite_or_zero(in[b0 + j]), s.value);
             }
             return;
     }
@@ -185,8 +196,8 @@ public:
     error_feedback() = default;
     explicit error_feedback(std::size_t n, residual_storage s = residual_storage::f32)
         : storage_(s), size_(n), bytes_(residual_bytes(s, n), std::uint8_t{0}) {
-        OCTET_REQUIRE(s == residual_storage::f32 || s == residual_storage::bf16 || s == residual_storage::e4m3, "octet::error_feedback",
-                      "storage", "is not a known residual storage; use f32, bf16 or e4m3");
+        OCTET_REQUIRE(s == residual_storage::f32 || s == residual_storage::bf16 || s == residual_storage::e4m3,
+                      "octet::error_feedback", "storage", "is not a known residual storage; use f32, bf16 or e4m3");
         // An all-zero e4m3 block has scale 0 bytes = 0.0f: decodes to 0 (decode(0) * 0).
     }
     residual_view view() { return residual_view{storage_, bytes_.data(), size_}; }

@@ -12,11 +12,11 @@
 // and 32768; THREADS = max(B / R, 128), so 1024 threads for 32768). The R = 32 kernels are built
 // for 1024 threads (64 registers) and spill: blocks of 16384 and 32768 work but are not fast; an
 // R = 64 variant for them tripled the build time of every file that includes this header.
-// The stages of index bits [0, log2 R) run inside a thread, bits [log2 R, log2 R + 5) across lanes with shuffles, and the remaining bits (blocks
-// larger than 32 R) across warps: the tile goes through shared memory once, each thread takes R
-// elements that differ in those bits (consecutive threads read consecutive words, so the
-// transposition has no bank conflicts), finishes the butterflies in registers, and the tile goes
-// back. Global memory is read and written once, with 16-byte accesses.
+// The stages of index bits [0, log2 R) run inside a thread, bits [log2 R, log2 R + 5) across lanes with shuffles, and
+// the remaining bits (blocks larger than 32 R) across warps: the tile goes through shared memory once, each thread
+// takes R elements that differ in those bits (consecutive threads read consecutive words, so the transposition has no
+// bank conflicts), finishes the butterflies in registers, and the tile goes back. Global memory is read and written
+// once, with 16-byte accesses.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,16 +33,23 @@ namespace detail {
 namespace codec_dev {
 
 /// Registers per thread for an effective block of 2^log_b (log_b = 0: identity).
-OCTET_HD constexpr int regs_for(int log_b) { return log_b <= 11 ? 8 : (log_b <= 13 ? 16 : 32); }
-OCTET_HD constexpr int log2_of(int r) { return r == 8 ? 3 : (r == 16 ? 4 : 5); }
+OCTET_HD constexpr int regs_for(int log_b) {
+    return log_b <= 11 ? 8 : (log_b <= 13 ? 16 : 32);
+}
+OCTET_HD constexpr int log2_of(int r) {
+    return r == 8 ? 3 : (r == 16 ? 4 : 5);
+}
 /// Threads per CTA.
-inline int threads_for(int log_b, int R) { return log_b == 0 ? 128 : std::max((1 << log_b) / R, 128); }
+inline int threads_for(int log_b, int R) {
+    return log_b == 0 ? 128 : std::max((1 << log_b) / R, 128);
+}
 template <int R>
 inline constexpr int max_threads = R == 8 ? 256 : (R == 16 ? 512 : 1024);
 /// Dynamic shared memory of a CTA: the tile when the block spans several warps, plus one float per warp.
 inline std::size_t smem_bytes(int log_b, int R, int threads) {
     const bool cross_warp = log_b > log2_of(R) + 5;
-    return (cross_warp ? static_cast<std::size_t>(threads) * R * sizeof(float) : 0) + (threads / 32) * sizeof(float) + 16;
+    return (cross_warp ? static_cast<std::size_t>(threads) * R * sizeof(float) : 0) + (threads / 32) * sizeof(float) +
+           16;
 }
 
 /// Unnormalized Walsh-Hadamard transform over index bits [0, log_b) of the CTA tile.
@@ -80,7 +87,8 @@ __device__ __forceinline__ void fwht_tile(float (&v)[R], int log_b, float* smem)
     if (cw > 0) {
         const int t = threadIdx.x;
         OCTET_UNROLL
-        for (int j = 0; j < R; j += 4) *reinterpret_cast<float4*>(smem + t * R + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+        for (int j = 0; j < R; j += 4)
+            *reinterpret_cast<float4*>(smem + t * R + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
         __syncthreads();
         const int ntb = (1 << log_b) / R;  // threads per transform block
         const int base = (t / ntb) << log_b, tb = t % ntb, span = 32 * R, wmask = (1 << cw) - 1;
@@ -115,8 +123,8 @@ __device__ __forceinline__ void fwht_tile(float (&v)[R], int log_b, float* smem)
 /// shared sign pattern. Elements at and beyond `limit` (the zero padding of a forward transform)
 /// become +0, as the host pads them (a flipped zero would be -0 and could change a zero result's sign).
 template <int R>
-__device__ __forceinline__ void apply_signs(float (&v)[R], std::uint64_t seed, std::uint64_t first_index, std::uint64_t i0,
-                                            std::uint64_t limit = ~std::uint64_t{0}) {
+__device__ __forceinline__ void apply_signs(float (&v)[R], std::uint64_t seed, std::uint64_t first_index,
+                                            std::uint64_t i0, std::uint64_t limit = ~std::uint64_t{0}) {
     const std::uint64_t g0 = first_index + i0;
     std::uint64_t w = g0 >> 5;
     std::uint32_t word = hadamard_sign_word(seed, w);
@@ -133,7 +141,8 @@ __device__ __forceinline__ void apply_signs(float (&v)[R], std::uint64_t seed, s
 
 /// Loads R floats at p[i0 .. i0+R) with zeros at and beyond `limit` (16-byte loads when possible).
 template <int R>
-__device__ __forceinline__ void load_floats(const float* __restrict__ p, std::uint64_t i0, std::uint64_t limit, float (&v)[R]) {
+__device__ __forceinline__ void load_floats(const float* __restrict__ p, std::uint64_t i0, std::uint64_t limit,
+                                            float (&v)[R]) {
     if (i0 + R <= limit && (reinterpret_cast<std::uintptr_t>(p + i0) & 15u) == 0) {
         OCTET_UNROLL
         for (int j = 0; j < R; j += 4) {
@@ -148,10 +157,12 @@ __device__ __forceinline__ void load_floats(const float* __restrict__ p, std::ui
 
 /// Stores v[j] to p[i0 + j] for i0 + j < limit (16-byte stores when possible).
 template <int R>
-__device__ __forceinline__ void store_floats(float* __restrict__ p, std::uint64_t i0, std::uint64_t limit, const float (&v)[R]) {
+__device__ __forceinline__ void store_floats(float* __restrict__ p, std::uint64_t i0, std::uint64_t limit,
+                                             const float (&v)[R]) {
     if (i0 + R <= limit && (reinterpret_cast<std::uintptr_t>(p + i0) & 15u) == 0) {
         OCTET_UNROLL
-        for (int j = 0; j < R; j += 4) *reinterpret_cast<float4*>(p + i0 + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+        for (int j = 0; j < R; j += 4)
+            *reinterpret_cast<float4*>(p + i0 + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
     } else {
         OCTET_UNROLL
         for (int j = 0; j < R; ++j)
@@ -162,12 +173,13 @@ __device__ __forceinline__ void store_floats(float* __restrict__ p, std::uint64_
 /// Forward (inverse = false) or inverse transform of a message: in has n (forward) or L (inverse)
 /// elements, out has L (forward) or n (inverse).
 template <int R>
-__global__ void __launch_bounds__(max_threads<R>) transform_kernel(const float* __restrict__ in, float* __restrict__ out, std::uint64_t n,
-                                                                   std::uint64_t L, int log_b, std::uint64_t seed, std::uint64_t first_index,
-                                                                   bool inverse) {
+OCTET_KERNEL void __launch_bounds__(max_threads<R>)
+    transform_kernel(const float* __restrict__ in, float* __restrict__ out, std::uint64_t n, std::uint64_t L, int log_b,
+                     std::uint64_t seed, std::uint64_t first_index, bool inverse) {
     extern __shared__ __align__(16) float smem[];
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
-    const std::uint64_t i0 = static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
+    const std::uint64_t i0 =
+        static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
     float v[R];
     load_floats<R>(in, i0, inverse ? L : n, v);
     if (!inverse) apply_signs<R>(v, seed, first_index, i0, n);
@@ -181,21 +193,28 @@ __global__ void __launch_bounds__(max_threads<R>) transform_kernel(const float* 
 
 template <class Kernel>
 void set_smem(Kernel k, std::size_t bytes) {
-    if (bytes > 48 * 1024) OCTET_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    if (bytes > 48 * 1024)
+        OCTET_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 /// Calls fn(std::integral_constant<int, R>{}) for the register count of log_b.
 template <class Fn>
 void dispatch_regs(int log_b, Fn&& fn) {
     switch (regs_for(log_b)) {
-        case 8: fn(std::integral_constant<int, 8>{}); break;
-        case 16: fn(std::integral_constant<int, 16>{}); break;
-        default: fn(std::integral_constant<int, 32>{}); break;
+        case 8:
+            fn(std::integral_constant<int, 8>{});
+            break;
+        case 16:
+            fn(std::integral_constant<int, 16>{});
+            break;
+        default:
+            fn(std::integral_constant<int, 32>{});
+            break;
     }
 }
 
-inline void launch_transform(cudaStream_t s, const float* in, float* out, std::uint64_t n, std::uint64_t L, int log_b, std::uint64_t seed,
-                             std::uint64_t first_index, bool inverse) {
+inline void launch_transform(cudaStream_t s, const float* in, float* out, std::uint64_t n, std::uint64_t L, int log_b,
+                             std::uint64_t seed, std::uint64_t first_index, bool inverse) {
     dispatch_regs(log_b, [&](auto r) {
         constexpr int R = decltype(r)::value;
         const int threads = threads_for(log_b, R);
@@ -215,8 +234,8 @@ namespace detail {
 namespace codec_dev {
 /// The stream forward (inverse == false: in = x, out = y) or inverse (in = y, out = x) transform.
 inline void transform_on_stream(cudaStream_t stream, transform_kind kind, const float* in, float* out, std::uint64_t n,
-                                std::uint64_t y_size, std::uint32_t block, std::uint64_t seed, std::uint64_t first_index,
-                                bool inverse, const char* fn) {
+                                std::uint64_t y_size, std::uint32_t block, std::uint64_t seed,
+                                std::uint64_t first_index, bool inverse, const char* fn) {
     const std::uint64_t L = checked_transform_length(kind, block, n, y_size, fn);
     if (n == 0) return;
     cuda::require_device_accessible(inverse ? out : in, fn, "x");
@@ -232,17 +251,17 @@ inline void transform_on_stream(cudaStream_t stream, transform_kind kind, const 
 }  // namespace detail
 
 /// y (L = transform_length(kind, x.size(), block) floats, device memory) = the transform of x.
-inline void transform_forward(stream_executor ex, transform_kind kind, span<const float> x, span<float> y, std::uint32_t block,
-                              std::uint64_t seed, std::uint64_t first_index = 0) {
-    detail::codec_dev::transform_on_stream(ex.stream, kind, x.data(), y.data(), x.size(), y.size(), block, seed, first_index, false,
-                                           "octet::transform_forward");
+inline void transform_forward(stream_executor ex, transform_kind kind, span<const float> x, span<float> y,
+                              std::uint32_t block, std::uint64_t seed, std::uint64_t first_index = 0) {
+    detail::codec_dev::transform_on_stream(ex.stream, kind, x.data(), y.data(), x.size(), y.size(), block, seed,
+                                           first_index, false, "octet::transform_forward");
 }
 
 /// x (n floats, device memory) = the inverse transform of y (L floats).
-inline void transform_inverse(stream_executor ex, transform_kind kind, span<const float> y, span<float> x, std::uint32_t block,
-                              std::uint64_t seed, std::uint64_t first_index = 0) {
-    detail::codec_dev::transform_on_stream(ex.stream, kind, y.data(), x.data(), x.size(), y.size(), block, seed, first_index, true,
-                                           "octet::transform_inverse");
+inline void transform_inverse(stream_executor ex, transform_kind kind, span<const float> y, span<float> x,
+                              std::uint32_t block, std::uint64_t seed, std::uint64_t first_index = 0) {
+    detail::codec_dev::transform_on_stream(ex.stream, kind, y.data(), x.data(), x.size(), y.size(), block, seed,
+                                           first_index, true, "octet::transform_inverse");
 }
 
 }  // namespace octet

@@ -61,8 +61,10 @@ enum class transform_kind : std::uint8_t { identity = 0, hadamard = 1 };
 
 inline const char* transform_name(transform_kind t) {
     switch (t) {
-        case transform_kind::identity: return "identity";
-        case transform_kind::hadamard: return "hadamard";
+        case transform_kind::identity:
+            return "identity";
+        case transform_kind::hadamard:
+            return "hadamard";
     }
     return "unknown";
 }
@@ -80,12 +82,14 @@ OCTET_HD int log2_exact(std::uint64_t v) {
     while ((std::uint64_t{1} << k) < v) ++k;
     return k;
 }
-OCTET_HD constexpr bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+OCTET_HD constexpr bool is_power_of_two(std::uint64_t v) {
+    return v != 0 && (v & (v - 1)) == 0;
+}
 
 /// c = 1/sqrt(2^k) rounded to float (exact for even k).
 OCTET_HD float hadamard_norm(int k) {
     // 2^(-k/2): even k exactly, odd k as 2^(-(k+1)/2) * sqrt(2) rounded once.
-    const float half = bits_to_float(static_cast<std::uint32_t>(127 - (k >> 1)) << 23);
+    const float half = exp2i_normal(-(k >> 1));
     return (k & 1) ? half * 0.707106781186547524f : half;  // 0.7071...f is float(1/sqrt 2); times 2^-j is exact
 }
 
@@ -167,13 +171,13 @@ inline void fwht_inplace(float* v, std::size_t m) {
             }
 }
 
-inline void check_transform_args(transform_kind kind, std::uint32_t block, const char* fn, const char* kind_arg = "kind",
-                                 const char* block_arg = "block") {
+inline void check_transform_args(transform_kind kind, std::uint32_t block, const char* fn,
+                                 const char* kind_arg = "kind", const char* block_arg = "block") {
     OCTET_REQUIRE(kind == transform_kind::identity || kind == transform_kind::hadamard, fn, kind_arg,
                   "is not a known transform; use transform_kind::identity or transform_kind::hadamard");
     if (kind == transform_kind::hadamard)
-        OCTET_REQUIRE(is_power_of_two(block) && block >= hadamard_min_block && block <= hadamard_max_block, fn, block_arg,
-                      message("is ", block, "; the Hadamard block must be a power of two in [16, 32768]"));
+        OCTET_REQUIRE(is_power_of_two(block) && block >= hadamard_min_block && block <= hadamard_max_block, fn,
+                      block_arg, message("is ", block, "; the Hadamard block must be a power of two in [16, 32768]"));
 }
 
 /// Sign words of global indices [g0, g0 + count): words[k] holds the bits of 32 (g0 / 32 + k) ..
@@ -190,7 +194,8 @@ inline void sign_words(std::uint64_t seed, std::uint64_t g0, std::size_t count, 
 }
 
 /// out[j] = in[j] with the sign of global index g0 + j flipped (j < count).
-inline void flip_signs(const float* in, float* out, std::size_t count, std::uint64_t g0, const std::vector<std::uint32_t>& words) {
+inline void flip_signs(const float* in, float* out, std::size_t count, std::uint64_t g0,
+                       const std::vector<std::uint32_t>& words) {
     const std::uint64_t w0 = g0 >> 5;
     for (std::size_t j = 0; j < count; ++j) {
         const std::uint64_t g = g0 + j;
@@ -211,8 +216,8 @@ inline void hadamard_block_forward(const float* in, std::size_t count, float* ou
 }
 
 /// Inverse of one block: work[0..b) is overwritten; out[0..count) = D H (c in).
-inline void hadamard_block_inverse(const float* in, float* work, std::size_t count, float* out, std::uint32_t b, std::uint64_t seed,
-                                   std::uint64_t global_first, std::vector<std::uint32_t>& words) {
+inline void hadamard_block_inverse(const float* in, float* work, std::size_t count, float* out, std::uint32_t b,
+                                   std::uint64_t seed, std::uint64_t global_first, std::vector<std::uint32_t>& words) {
     std::memcpy(work, in, b * sizeof(float));
     fwht_inplace(work, b);
     const float c = hadamard_norm(log2_exact(b));
@@ -223,19 +228,20 @@ inline void hadamard_block_inverse(const float* in, float* work, std::size_t cou
 
 /// The arguments of a forward or inverse transform of n elements whose transformed side holds
 /// y_size floats (host and stream overloads); returns L = transform_length(kind, n, block).
-inline std::uint64_t checked_transform_length(transform_kind kind, std::uint32_t block, std::uint64_t n, std::uint64_t y_size,
-                                              const char* fn) {
+inline std::uint64_t checked_transform_length(transform_kind kind, std::uint32_t block, std::uint64_t n,
+                                              std::uint64_t y_size, const char* fn) {
     check_transform_args(kind, block, fn);
     const std::uint64_t L = transform_length(kind, n, block);
-    OCTET_REQUIRE(y_size == L, fn, "y", message("has ", y_size, " elements; the transform of ", n, " elements has ", L));
+    OCTET_REQUIRE(y_size == L, fn, "y",
+                  message("has ", y_size, " elements; the transform of ", n, " elements has ", L));
     return L;
 }
 
 }  // namespace detail
 
 /// y (L = transform_length(kind, x.size(), block) floats) = the transform of x.
-inline void transform_forward(host_executor ex, transform_kind kind, span<const float> x, span<float> y, std::uint32_t block,
-                              std::uint64_t seed, std::uint64_t first_index = 0) {
+inline void transform_forward(host_executor ex, transform_kind kind, span<const float> x, span<float> y,
+                              std::uint32_t block, std::uint64_t seed, std::uint64_t first_index = 0) {
     constexpr const char* fn = "octet::transform_forward";
     const std::uint64_t n = x.size();
     const std::uint64_t L = detail::checked_transform_length(kind, block, n, y.size(), fn);
@@ -252,14 +258,15 @@ inline void transform_forward(host_executor ex, transform_kind kind, span<const 
         for (std::size_t k = lo; k < hi; ++k) {
             const std::size_t begin = k * b;
             const std::size_t count = std::min<std::size_t>(b, n - begin);
-            detail::hadamard_block_forward(x.data() + begin, count, y.data() + begin, b, seed, first_index + begin, words);
+            detail::hadamard_block_forward(x.data() + begin, count, y.data() + begin, b, seed, first_index + begin,
+                                           words);
         }
     });
 }
 
 /// x (n floats) = the inverse transform of y (L = transform_length(kind, n, block) floats).
-inline void transform_inverse(host_executor ex, transform_kind kind, span<const float> y, span<float> x, std::uint32_t block,
-                              std::uint64_t seed, std::uint64_t first_index = 0) {
+inline void transform_inverse(host_executor ex, transform_kind kind, span<const float> y, span<float> x,
+                              std::uint32_t block, std::uint64_t seed, std::uint64_t first_index = 0) {
     constexpr const char* fn = "octet::transform_inverse";
     const std::uint64_t n = x.size();
     const std::uint64_t L = detail::checked_transform_length(kind, block, n, y.size(), fn);
@@ -277,7 +284,8 @@ inline void transform_inverse(host_executor ex, transform_kind kind, span<const 
         for (std::size_t k = lo; k < hi; ++k) {
             const std::size_t begin = k * b;
             const std::size_t count = std::min<std::size_t>(b, n - begin);
-            detail::hadamard_block_inverse(y.data() + begin, work.data(), count, x.data() + begin, b, seed, first_index + begin, words);
+            detail::hadamard_block_inverse(y.data() + begin, work.data(), count, x.data() + begin, b, seed,
+                                           first_index + begin, words);
         }
     });
 }

@@ -36,9 +36,11 @@ struct codec_metrics {
     double compression = 0.0;  ///< float32 bytes / wire bytes
 };
 
-inline codec_metrics measure_codec(span<const float> x, span<const float> x_hat, std::size_t wire_bytes, std::size_t block = 128) {
+inline codec_metrics measure_codec(span<const float> x, span<const float> x_hat, std::size_t wire_bytes,
+                                   std::size_t block = 128) {
     constexpr const char* fn = "octet::measure_codec";
-    OCTET_REQUIRE(x.size() == x_hat.size(), fn, "x_hat", detail::message("has ", x_hat.size(), " elements; x has ", x.size()));
+    OCTET_REQUIRE(x.size() == x_hat.size(), fn, "x_hat",
+                  detail::message("has ", x_hat.size(), " elements; x has ", x.size()));
     OCTET_REQUIRE(block > 0, fn, "block", "is 0; pass the number of elements per block (for example 128)");
     codec_metrics m;
     const std::size_t n = x.size();
@@ -70,10 +72,11 @@ inline codec_metrics measure_codec(span<const float> x, span<const float> x_hat,
     const std::size_t k = (n + 9) / 10;
     std::vector<std::size_t> idx(n);
     std::iota(idx.begin(), idx.end(), std::size_t{0});
-    std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k - 1), idx.end(), [&](std::size_t a, std::size_t b) {
-        const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
-        return fa < fb || (fa == fb && a < b);
-    });
+    std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k - 1), idx.end(),
+                     [&](std::size_t a, std::size_t b) {
+                         const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
+                         return fa < fb || (fa == fb && a < b);
+                     });
     double sx = 0, se = 0;
     for (std::size_t t = 0; t < k; ++t) {
         const std::size_t i = idx[t];

@@ -108,7 +108,8 @@ inline shard_range allreduce_shard(const codec_config& cfg, std::size_t n, int w
 /// Worst-case ||result - sum_r g_r|| of compressed_allreduce without feedback, given
 /// sum_of_norms = sum_r ||g_r|| and norm_of_sum = ||sum_r g_r||: stage-1 rounding of every rank,
 /// the float sum of P dequantized shards, and the stage-2 rounding of the reduced shard.
-inline double allreduce_error_bound(const codec_config& cfg, std::size_t n, int world, double sum_of_norms, double norm_of_sum) {
+inline double allreduce_error_bound(const codec_config& cfg, std::size_t n, int world, double sum_of_norms,
+                                    double norm_of_sum) {
     std::size_t largest = 0;
     for (int r = 0; r < world; ++r) largest = std::max(largest, allreduce_shard(cfg, n, world, r).count);
     const codec_bound b = error_bound(cfg, largest);
@@ -132,7 +133,7 @@ struct allreduce_descriptor {
     std::uint32_t scale_block = 0;
     std::int32_t world = 0;
     std::int32_t expected = 0;
-    std::uint8_t format = 0, transform = 0, stochastic = 0, feedback = 0;   // feedback: 0 none, else storage + 1
+    std::uint8_t format = 0, transform = 0, stochastic = 0, feedback = 0;  // feedback: 0 none, else storage + 1
     std::uint8_t reduced_feedback = 0, reserved0 = 0, reserved1 = 0, reserved2 = 0;
     std::uint32_t reserved3 = 0;
     std::int32_t local_error = 0;  ///< not compared: 1 if this rank's own arguments failed validation
@@ -153,7 +154,8 @@ inline std::string describe_mismatch(const allreduce_descriptor& a, const allred
     if (a.stochastic != b.stochastic) return line("config.stochastic", a.stochastic, b.stochastic);
     if (a.expected != b.expected) return line("options.expected_ranks", a.expected, b.expected);
     if (a.feedback != b.feedback) return line("the use of options.feedback", a.feedback, b.feedback);
-    if (a.reduced_feedback != b.reduced_feedback) return line("the use of options.reduced_feedback", a.reduced_feedback, b.reduced_feedback);
+    if (a.reduced_feedback != b.reduced_feedback)
+        return line("the use of options.reduced_feedback", a.reduced_feedback, b.reduced_feedback);
     return "the descriptors differ";
 }
 
@@ -171,8 +173,8 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 /// Step 0 (shared by the MPI and NCCL versions): validate locally, agree collectively, throw everywhere.
 /// `local_check` throws octet::error on bad local arguments; `gather(send, recv)` all-gathers 64 bytes.
 template <class Check, class Gather>
-void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank, const allreduce_options& opt, Check&& local_check,
-                    Gather&& gather, const char* fn) {
+void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank, const allreduce_options& opt,
+                    Check&& local_check, Gather&& gather, const char* fn) {
     allreduce_descriptor d;
     std::string local_message;
     d.n = n;
@@ -185,11 +187,13 @@ void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank,
     d.transform = static_cast<std::uint8_t>(cfg.transform);
     d.stochastic = cfg.stochastic ? 1 : 0;
     d.feedback = opt.feedback.empty() ? 0 : static_cast<std::uint8_t>(static_cast<int>(opt.feedback.storage) + 1);
-    d.reduced_feedback = opt.reduced_feedback.empty() ? 0 : static_cast<std::uint8_t>(static_cast<int>(opt.reduced_feedback.storage) + 1);
+    d.reduced_feedback = opt.reduced_feedback.empty()
+                             ? 0
+                             : static_cast<std::uint8_t>(static_cast<int>(opt.reduced_feedback.storage) + 1);
     try {
         OCTET_REQUIRE(opt.expected_ranks == 0 || opt.expected_ranks == world, fn, "options.expected_ranks",
-                      message("is ", opt.expected_ranks, " but the communicator has ", world, " ranks; launch with ", opt.expected_ranks,
-                              " ranks (mpirun -np ", opt.expected_ranks, ") or pass 0"));
+                      message("is ", opt.expected_ranks, " but the communicator has ", world, " ranks; launch with ",
+                              opt.expected_ranks, " ranks (mpirun -np ", opt.expected_ranks, ") or pass 0"));
         local_check();
     } catch (const error& e) {
         d.local_error = 1;
@@ -197,31 +201,39 @@ void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank,
     }
     std::vector<allreduce_descriptor> all(static_cast<std::size_t>(world));
     gather(&d, all.data());
-    if (d.local_error) throw error(message(fn, ": rank ", rank, " failed validation (every rank stops): ", local_message));
+    if (d.local_error)
+        throw error(message(fn, ": rank ", rank, " failed validation (every rank stops): ", local_message));
     for (int r = 0; r < world; ++r)
-        if (all[r].local_error) throw error(message(fn, ": rank ", r, " failed validation of its own arguments; every rank stops (see rank ", r, "'s error)"));
+        if (all[r].local_error)
+            throw error(message(fn, ": rank ", r,
+                                " failed validation of its own arguments; every rank stops (see rank ", r,
+                                "'s error)"));
     for (int r = 1; r < world; ++r) {
         allreduce_descriptor a = all[0], b = all[r];
         if (std::memcmp(&a, &b, sizeof a) != 0)
-            throw error(message(fn, ": the ranks disagree on the call (mismatched headers): ", describe_mismatch(a, b, 0, r),
-                                "; every rank must pass the same config, size and options"));
+            throw error(
+                message(fn, ": the ranks disagree on the call (mismatched headers): ", describe_mismatch(a, b, 0, r),
+                        "; every rank must pass the same config, size and options"));
     }
 }
 
 /// Checks a received message's header against what this rank expects (after read_wire_header).
-inline void expect_message(const wire_header& h, const codec_config& cfg, const shard_range& s, const char* fn, int from) {
-    const bool ok = h.format == cfg.format && h.transform == cfg.transform && h.seed == cfg.seed && h.first_index == s.begin &&
-                    h.count == s.count && h.stochastic == cfg.stochastic;
+inline void expect_message(const wire_header& h, const codec_config& cfg, const shard_range& s, const char* fn,
+                           int from) {
+    const bool ok = h.format == cfg.format && h.transform == cfg.transform && h.seed == cfg.seed &&
+                    h.first_index == s.begin && h.count == s.count && h.stochastic == cfg.stochastic;
     if (!ok)
-        throw error(message(fn, ": the message from rank ", from, " describes elements [", h.first_index, ", ", h.first_index + h.count,
-                            ") of a different configuration; expected [", s.begin, ", ", s.begin + s.count, ")"));
+        throw error(message(fn, ": the message from rank ", from, " describes elements [", h.first_index, ", ",
+                            h.first_index + h.count, ") of a different configuration; expected [", s.begin, ", ",
+                            s.begin + s.count, ")"));
 }
 
 }  // namespace detail
 
 /// The compressed all-reduce over any transport (see the header comment). data <- sum over ranks.
 template <class Transport>
-allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& cfg, span<float> data, const allreduce_options& opt = {},
+allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& cfg, span<float> data,
+                                           const allreduce_options& opt = {},
                                            const char* fn = "octet::compressed_allreduce") {
     using clock = std::chrono::steady_clock;
     allreduce_report rep;
@@ -238,14 +250,17 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
             OCTET_REQUIRE(n <= wire_max_elements, fn, "data", "has more than 2^40 elements");
             if (!opt.feedback.empty())
                 OCTET_REQUIRE(opt.feedback.size == n, fn, "options.feedback",
-                              detail::message("has ", opt.feedback.size, " elements; the stage-1 residual covers the whole gradient (", n, ")"));
+                              detail::message("has ", opt.feedback.size,
+                                              " elements; the stage-1 residual covers the whole gradient (", n, ")"));
             if (!opt.reduced_feedback.empty()) {
                 const shard_range s = allreduce_shard(cfg, n, P, me);
                 OCTET_REQUIRE(opt.reduced_feedback.size == s.count, fn, "options.reduced_feedback",
-                              detail::message("has ", opt.reduced_feedback.size, " elements; this rank's shard has ", s.count, " (allreduce_shard)"));
+                              detail::message("has ", opt.reduced_feedback.size, " elements; this rank's shard has ",
+                                              s.count, " (allreduce_shard)"));
             }
             for (int r = 0; r < P; ++r)
-                OCTET_REQUIRE(encoded_size(cfg, allreduce_shard(cfg, n, P, r).count) < (std::size_t{1} << 31), fn, "data",
+                OCTET_REQUIRE(encoded_size(cfg, allreduce_shard(cfg, n, P, r).count) < (std::size_t{1} << 31), fn,
+                              "data",
                               "gives a shard message of 2 GiB or more; use more ranks or a smaller gradient per call");
         },
         [&](const void* send, void* recv) { comm.allgather(send, sizeof(detail::allreduce_descriptor), recv); }, fn);
@@ -275,10 +290,12 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
 
     // 3. All-to-all: P messages of my shard arrive.
     t0 = clock::now();
-    std::vector<std::size_t> recv_counts(static_cast<std::size_t>(P), msg_bytes[me]), recv_off(static_cast<std::size_t>(P));
+    std::vector<std::size_t> recv_counts(static_cast<std::size_t>(P), msg_bytes[me]),
+        recv_off(static_cast<std::size_t>(P));
     for (int r = 0; r < P; ++r) recv_off[r] = static_cast<std::size_t>(r) * msg_bytes[me];
     std::vector<std::uint8_t> recvbuf(static_cast<std::size_t>(P) * msg_bytes[me]);
-    comm.alltoallv(sendbuf.data(), msg_bytes.data(), send_off.data(), recvbuf.data(), recv_counts.data(), recv_off.data());
+    comm.alltoallv(sendbuf.data(), msg_bytes.data(), send_off.data(), recvbuf.data(), recv_counts.data(),
+                   recv_off.data());
     rep.exchange_s = detail::seconds_since(t0);
     for (int r = 0; r < P; ++r)
         if (r != me) rep.bytes_sent += msg_bytes[r], rep.bytes_received += msg_bytes[me];
@@ -296,7 +313,8 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
             try {
                 h = decode_gradient_transformed(opt.executor, m, y, r > 0);
             } catch (const error& e) {
-                throw error(detail::message(fn, ": the stage-1 message from rank ", r, " to rank ", me, " is invalid: ", detail::text_of(e)));
+                throw error(detail::message(fn, ": the stage-1 message from rank ", r, " to rank ", me,
+                                            " is invalid: ", detail::text_of(e)));
             }
             detail::expect_message(h, cfg, mine, fn, r);
         }
@@ -311,7 +329,8 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     const int bad_stage1 = comm.allreduce_max(failure.empty() ? 0 : me + 1);
     if (bad_stage1) {
         if (!failure.empty()) throw error(failure);  // the rank that saw it names it
-        throw error(detail::message(fn, ": rank ", bad_stage1 - 1, " received an invalid stage-1 message; every rank stops"));
+        throw error(
+            detail::message(fn, ": rank ", bad_stage1 - 1, " received an invalid stage-1 message; every rank stops"));
     }
     rep.reduce_s = detail::seconds_since(t0);
 
@@ -332,7 +351,8 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
             try {
                 h = decode_gradient(opt.executor, m, span<float>(data.data() + shard[r].begin, shard[r].count));
             } catch (const error& e) {
-                throw error(detail::message(fn, ": the reduced message of rank ", r, " is invalid on rank ", me, ": ", detail::text_of(e)));
+                throw error(detail::message(fn, ": the reduced message of rank ", r, " is invalid on rank ", me, ": ",
+                                            detail::text_of(e)));
             }
             detail::expect_message(h, cfg, shard[r], fn, r);
         }
@@ -342,7 +362,8 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     const int bad_stage2 = comm.allreduce_max(failure.empty() ? 0 : me + 1);
     if (bad_stage2) {
         if (!failure.empty()) throw error(failure);  // the rank that saw it names it
-        throw error(detail::message(fn, ": rank ", bad_stage2 - 1, " received an invalid reduced message; every rank stops"));
+        throw error(
+            detail::message(fn, ": rank ", bad_stage2 - 1, " received an invalid reduced message; every rank stops"));
     }
     rep.decode_s = detail::seconds_since(t0);
     return rep;

@@ -69,13 +69,17 @@ public:
                    const std::size_t* recv_counts, const std::size_t* recv_offsets) {
         std::vector<int> sc(size_), so(size_), rc(size_), ro(size_);
         for (int r = 0; r < size_; ++r)
-            sc[r] = to_int(send_counts[r]), so[r] = to_int(send_offsets[r]), rc[r] = to_int(recv_counts[r]), ro[r] = to_int(recv_offsets[r]);
-        check(MPI_Alltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, comm_), "MPI_Alltoallv");
+            sc[r] = to_int(send_counts[r]), so[r] = to_int(send_offsets[r]), rc[r] = to_int(recv_counts[r]),
+            ro[r] = to_int(recv_offsets[r]);
+        check(MPI_Alltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, comm_),
+              "MPI_Alltoallv");
     }
-    void allgatherv(const void* send, std::size_t bytes, void* recv, const std::size_t* counts, const std::size_t* offsets) {
+    void allgatherv(const void* send, std::size_t bytes, void* recv, const std::size_t* counts,
+                    const std::size_t* offsets) {
         std::vector<int> c(size_), o(size_);
         for (int r = 0; r < size_; ++r) c[r] = to_int(counts[r]), o[r] = to_int(offsets[r]);
-        check(MPI_Allgatherv(send, to_int(bytes), MPI_BYTE, recv, c.data(), o.data(), MPI_BYTE, comm_), "MPI_Allgatherv");
+        check(MPI_Allgatherv(send, to_int(bytes), MPI_BYTE, recv, c.data(), o.data(), MPI_BYTE, comm_),
+              "MPI_Allgatherv");
     }
     int allreduce_max(int value) {
         int out = 0;
@@ -87,7 +91,8 @@ public:
         std::size_t done = 0;
         while (done < data.size()) {  // in pieces of at most 2^30 elements (int counts)
             const std::size_t m = std::min<std::size_t>(data.size() - done, std::size_t{1} << 30);
-            check(MPI_Allreduce(MPI_IN_PLACE, data.data() + done, static_cast<int>(m), MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
+            check(MPI_Allreduce(MPI_IN_PLACE, data.data() + done, static_cast<int>(m), MPI_FLOAT, MPI_SUM, comm_),
+                  "MPI_Allreduce");
             done += m;
         }
     }
@@ -95,7 +100,8 @@ public:
 
 private:
     static int to_int(std::size_t v) {
-        if (v > static_cast<std::size_t>(INT_MAX)) throw error("octet::mpi_communicator: a message of 2 GiB or more; MPI counts are int");
+        if (v > static_cast<std::size_t>(INT_MAX))
+            throw error("octet::mpi_communicator: a message of 2 GiB or more; MPI counts are int");
         return static_cast<int>(v);
     }
     static void check(int rc, const char* what) {
@@ -103,7 +109,8 @@ private:
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
         MPI_Error_string(rc, text, &len);
-        throw error(std::string("octet::mpi_communicator: ") + what + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+        throw error(std::string("octet::mpi_communicator: ") + what +
+                    " failed: " + std::string(text, static_cast<std::size_t>(len)));
     }
 
     MPI_Comm comm_ = MPI_COMM_NULL;

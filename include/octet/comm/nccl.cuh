@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "octet/codec/codec.cuh"
@@ -35,7 +36,8 @@ namespace octet {
 
 namespace detail {
 inline void nccl_check(ncclResult_t r, const char* what) {
-    if (r != ncclSuccess) throw error(std::string("octet::compressed_allreduce: ") + what + " failed: " + ncclGetErrorString(r));
+    if (r != ncclSuccess)
+        throw error(std::string("octet::compressed_allreduce: ") + what + " failed: " + ncclGetErrorString(r));
 }
 }  // namespace detail
 
@@ -69,7 +71,9 @@ struct nccl_plan {
     std::uint64_t flags = 0, expected = 0, send = 0, recv = 0, y = 0, gather = 0, total = 0;
 };
 
-inline std::uint64_t align256(std::uint64_t v) { return (v + 255) & ~std::uint64_t{255}; }
+inline std::uint64_t align256(std::uint64_t v) {
+    return (v + 255) & ~std::uint64_t{255};
+}
 
 inline nccl_plan plan_nccl(const codec_config& cfg, std::size_t n, int P) {
     nccl_plan p;
@@ -82,8 +86,8 @@ inline nccl_plan plan_nccl(const codec_config& cfg, std::size_t n, int P) {
         p.max_coded = std::max<std::uint64_t>(p.max_coded, p.layout.back().coded);
     }
     const std::uint64_t Pu = static_cast<std::uint64_t>(P);
-    p.flags = 0;                                                         // acc[P] u64, bad[P] u32, flag[4] int
-    p.expected = align256(p.flags + Pu * 12 + 16);                       // P x 64 expected headers
+    p.flags = 0;                                    // acc[P] u64, bad[P] u32, flag[4] int
+    p.expected = align256(p.flags + Pu * 12 + 16);  // P x 64 expected headers
     p.send = align256(p.expected + Pu * 64);
     p.recv = align256(p.send + p.send_off[P]);
     p.y = align256(p.recv + Pu * p.slot);
@@ -92,9 +96,10 @@ inline nccl_plan plan_nccl(const codec_config& cfg, std::size_t n, int P) {
     return p;
 }
 
-inline void expected_header(std::uint8_t* out, const codec_config& cfg, const wire_layout& l, std::uint64_t first_index) {
-    write_header_fields(out, cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, first_index, l.count, 1.0f, l.total_bytes,
-                        cfg.stochastic);
+inline void expected_header(std::uint8_t* out, const codec_config& cfg, const wire_layout& l,
+                            std::uint64_t first_index) {
+    write_header_fields(out, cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, first_index, l.count, 1.0f,
+                        l.total_bytes, cfg.stochastic);
 }
 
 }  // namespace detail
@@ -106,9 +111,11 @@ inline std::size_t compressed_allreduce_workspace(const codec_config& cfg, std::
     return static_cast<std::size_t>(detail::plan_nccl(cfg, n, world).total);
 }
 
-/// The compressed all-reduce over NCCL: data (device memory) <- the sum over ranks.
-inline allreduce_report compressed_allreduce(nccl_communicator& comm, const codec_config& cfg, span<float> data, span<std::uint8_t> workspace,
-                                             const allreduce_options& opt = {}) {
+/// The compressed all-reduce over NCCL: data (device memory) <- the sum over ranks. A template
+/// (Comm is always nccl_communicator, deduced) so that only callers compile the codec's kernels.
+template <class Comm, std::enable_if_t<std::is_same_v<Comm, nccl_communicator>, int> = 0>
+allreduce_report compressed_allreduce(Comm& comm, const codec_config& cfg, span<float> data,
+                                      span<std::uint8_t> workspace, const allreduce_options& opt = {}) {
     constexpr const char* fn = "octet::compressed_allreduce";
     using namespace detail::codec_dev;
     const cudaStream_t s = comm.stream();
@@ -129,18 +136,21 @@ inline allreduce_report compressed_allreduce(nccl_communicator& comm, const code
             OCTET_REQUIRE(n <= wire_max_elements, fn, "data", "has more than 2^40 elements");
             if (n) cuda::require_device_accessible(data.data(), fn, "data");
             plan = detail::plan_nccl(cfg, n, P);
-            OCTET_REQUIRE(ws != nullptr && workspace.size() >= plan.total && detail::is_aligned(ws, 256), fn, "workspace",
+            OCTET_REQUIRE(ws != nullptr && workspace.size() >= plan.total && detail::is_aligned(ws, 256), fn,
+                          "workspace",
                           detail::message("has ", workspace.size(), " bytes; it needs ", plan.total,
                                           " bytes of 256-byte aligned device memory (compressed_allreduce_workspace)"));
             cuda::require_device_accessible(ws, fn, "workspace");
             if (!opt.feedback.empty()) {
                 OCTET_REQUIRE(opt.feedback.size == n, fn, "options.feedback",
-                              detail::message("has ", opt.feedback.size, " elements; the stage-1 residual covers the whole gradient (", n, ")"));
+                              detail::message("has ", opt.feedback.size,
+                                              " elements; the stage-1 residual covers the whole gradient (", n, ")"));
                 cuda::require_device_accessible(opt.feedback.data, fn, "options.feedback");
             }
             if (!opt.reduced_feedback.empty()) {
                 OCTET_REQUIRE(opt.reduced_feedback.size == plan.shard[me].count, fn, "options.reduced_feedback",
-                              detail::message("has ", opt.reduced_feedback.size, " elements; this rank's shard has ", plan.shard[me].count));
+                              detail::message("has ", opt.reduced_feedback.size, " elements; this rank's shard has ",
+                                              plan.shard[me].count));
                 cuda::require_device_accessible(opt.reduced_feedback.data, fn, "options.reduced_feedback");
             }
         },
@@ -150,7 +160,8 @@ inline allreduce_report compressed_allreduce(nccl_communicator& comm, const code
             auto* d = static_cast<std::uint8_t*>(buf);
             OCTET_CUDA_CHECK(cudaMemcpyAsync(d, send, 64, cudaMemcpyHostToDevice, s));
             detail::nccl_check(ncclAllGather(d, d + 64, 64, ncclUint8, comm.get(), s), "ncclAllGather");
-            OCTET_CUDA_CHECK(cudaMemcpyAsync(recv, d + 64, 64 * static_cast<std::size_t>(P), cudaMemcpyDeviceToHost, s));
+            OCTET_CUDA_CHECK(
+                cudaMemcpyAsync(recv, d + 64, 64 * static_cast<std::size_t>(P), cudaMemcpyDeviceToHost, s));
             OCTET_CUDA_CHECK(cudaFreeAsync(buf, s));
             OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
         },
@@ -175,9 +186,10 @@ inline allreduce_report compressed_allreduce(nccl_communicator& comm, const code
         if (host_flag[2] != 0) {
             destroy_events();
             if (host_flag[0] != 0)
-                throw error(detail::message(fn, ": the ", stage, " message from rank ", host_flag[1] - 1, " to rank ", me,
-                                            " is invalid (header, checksum, scales or padding)"));
-            throw error(detail::message(fn, ": rank ", host_flag[2] - 1, " received an invalid ", stage, " message; every rank stops"));
+                throw error(detail::message(fn, ": the ", stage, " message from rank ", host_flag[1] - 1, " to rank ",
+                                            me, " is invalid (header, checksum, scales or padding)"));
+            throw error(detail::message(fn, ": rank ", host_flag[2] - 1, " received an invalid ", stage,
+                                        " message; every rank stops"));
         }
     };
 
@@ -185,9 +197,13 @@ inline allreduce_report compressed_allreduce(nccl_communicator& comm, const code
     OCTET_CUDA_CHECK(cudaEventRecord(ev[0], s));
     std::uint8_t* send = ws + plan.send;
     for (int r = 0; r < P; ++r) {
-        const residual_view fb = opt.feedback.empty() ? residual_view{} : opt.feedback.subrange(plan.shard[r].begin, plan.shard[r].count);
-        launch_encode(s, cfg, plan.layout[r], data.data() + plan.shard[r].begin, false, plan.shard[r].begin, fb, 1 + static_cast<std::uint64_t>(me),
-                      send + plan.send_off[r]);
+        const residual_view fb =
+            opt.feedback.empty() ? residual_view{} : opt.feedback.subrange(plan.shard[r].begin, plan.shard[r].count);
+        dispatch_wire_format(cfg.format, [&](auto tr) {
+            launch_encode<decltype(tr)>(s, cfg, plan.layout[r], data.data() + plan.shard[r].begin, false,
+                                        plan.shard[r].begin, fb, 1 + static_cast<std::uint64_t>(me),
+                                        send + plan.send_off[r]);
+        });
         if (opt.tamper) opt.tamper(r, span<std::uint8_t>(send + plan.send_off[r], plan.layout[r].total_bytes));
     }
     OCTET_CUDA_CHECK(cudaEventRecord(ev[1], s));
@@ -195,8 +211,10 @@ inline allreduce_report compressed_allreduce(nccl_communicator& comm, const code
     std::uint8_t* recv = ws + plan.recv;
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < P; ++r) {
-        detail::nccl_check(ncclSend(send + plan.send_off[r], plan.layout[r].total_bytes, ncclUint8, r, comm.get(), s), "ncclSend");
-        detail::nccl_check(ncclRecv(recv + static_cast<std::uint64_t>(r) * msg_me, msg_me, ncclUint8, r, comm.get(), s), "ncclRecv");
+        detail::nccl_check(ncclSend(send + plan.send_off[r], plan.layout[r].total_bytes, ncclUint8, r, comm.get(), s),
+                           "ncclSend");
+        detail::nccl_check(ncclRecv(recv + static_cast<std::uint64_t>(r) * msg_me, msg_me, ncclUint8, r, comm.get(), s),
+                           "ncclRecv");
     }
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");
     OCTET_CUDA_CHECK(cudaEventRecord(ev[2], s));
@@ -217,24 +235,31 @@ inline allreduce_report compressed_allreduce(nccl_communicator& comm, const code
     }
     float* y = reinterpret_cast<float*>(ws + plan.y);
     std::uint8_t* gather = ws + plan.gather;
-    launch_decode(s, mine, cfg.format, cfg.transform, cfg.seed, plan.shard[me].begin, recv, msg_me, P, y, decode_transformed);
-    launch_encode(s, cfg, mine, y, true, plan.shard[me].begin, opt.reduced_feedback, 0, gather + static_cast<std::uint64_t>(me) * plan.slot);
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        launch_decode<decltype(tr)>(s, mine, cfg.transform, cfg.seed, plan.shard[me].begin, recv, msg_me, P, y,
+                                    decode_transformed);
+        launch_encode<decltype(tr)>(s, cfg, mine, y, true, plan.shard[me].begin, opt.reduced_feedback, 0,
+                                    gather + static_cast<std::uint64_t>(me) * plan.slot);
+    });
     OCTET_CUDA_CHECK(cudaEventRecord(ev[3], s));
 
     // 6. All-gather the reduced shards (equal slots), validate, decode.
-    detail::nccl_check(ncclAllGather(gather + static_cast<std::uint64_t>(me) * plan.slot, gather, plan.slot, ncclUint8, comm.get(), s),
-                       "ncclAllGather");
+    detail::nccl_check(
+        ncclAllGather(gather + static_cast<std::uint64_t>(me) * plan.slot, gather, plan.slot, ncclUint8, comm.get(), s),
+        "ncclAllGather");
     OCTET_CUDA_CHECK(cudaEventRecord(ev[4], s));
     rep.bytes_sent += static_cast<std::size_t>(P - 1) * plan.slot;
     rep.bytes_received += static_cast<std::size_t>(P - 1) * plan.slot;
     {
         std::vector<std::uint8_t> expect(64 * static_cast<std::size_t>(P));
-        for (int r = 0; r < P; ++r) detail::expected_header(expect.data() + 64 * r, cfg, plan.layout[r], plan.shard[r].begin);
+        for (int r = 0; r < P; ++r)
+            detail::expected_header(expect.data() + 64 * r, cfg, plan.layout[r], plan.shard[r].begin);
         OCTET_CUDA_CHECK(cudaMemcpyAsync(ws + plan.expected, expect.data(), expect.size(), cudaMemcpyHostToDevice, s));
         OCTET_CUDA_CHECK(cudaMemsetAsync(ws + plan.flags, 0, 12 * static_cast<std::uint64_t>(P) + 16, s));
         for (int r = 0; r < P; ++r) {
-            validate_args v = validation_of(plan.layout[r], cfg.format, gather + static_cast<std::uint64_t>(r) * plan.slot, 0, 1,
-                                            ws + plan.expected + 64 * r, acc + r, bad + r);
+            validate_args v =
+                validation_of(plan.layout[r], cfg.format, gather + static_cast<std::uint64_t>(r) * plan.slot, 0, 1,
+                              ws + plan.expected + 64 * r, acc + r, bad + r);
             launch_validate(s, v);
         }
         validate_finish_kernel<<<1, 32, 0, s>>>(gather, plan.slot, P, acc, bad, flag, me + 1);
@@ -243,8 +268,11 @@ inline allreduce_report compressed_allreduce(nccl_communicator& comm, const code
         check_flag("reduced");
     }
     for (int r = 0; r < P; ++r)
-        launch_decode(s, plan.layout[r], cfg.format, cfg.transform, cfg.seed, plan.shard[r].begin, gather + static_cast<std::uint64_t>(r) * plan.slot,
-                      0, 1, data.data() + plan.shard[r].begin, decode_original);
+        dispatch_wire_format(cfg.format, [&](auto tr) {
+            launch_decode<decltype(tr)>(s, plan.layout[r], cfg.transform, cfg.seed, plan.shard[r].begin,
+                                        gather + static_cast<std::uint64_t>(r) * plan.slot, 0, 1,
+                                        data.data() + plan.shard[r].begin, decode_original);
+        });
     OCTET_CUDA_CHECK(cudaEventRecord(ev[5], s));
     OCTET_CUDA_CHECK(cudaEventSynchronize(ev[5]));
     float ms[5] = {};

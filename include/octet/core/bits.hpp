@@ -1,4 +1,5 @@
-// octet/core/bits.hpp: bit-level views of float, and the two 16-bit storage types.
+// octet/core/bits.hpp: bit-level views of float, small exact float rules (is-finite, abs, 2^e),
+// and the two 16-bit storage types.
 //
 // `octet::bf16` and `octet::fp16` are plain 16-bit storage (the raw bits), layout-compatible
 // with CUDA's __nv_bfloat16 and __half, so that host code needs no CUDA header. Conversion
@@ -39,16 +40,6 @@ OCTET_HD float bits_to_float(std::uint32_t u) {
 #endif
 }
 
-OCTET_HD std::uint64_t double_to_bits(double x) {
-#if OCTET_DEVICE_PASS
-    return static_cast<std::uint64_t>(__double_as_longlong(x));
-#else
-    std::uint64_t u;
-    std::memcpy(&u, &x, sizeof u);
-    return u;
-#endif
-}
-
 /// Number of leading zero bits of a non-zero 32-bit value.
 OCTET_HD int count_leading_zeros(std::uint32_t v) {
 #if OCTET_DEVICE_PASS
@@ -66,13 +57,42 @@ OCTET_HD int count_leading_zeros(std::uint32_t v) {
 }
 
 /// The canonical NaN octet returns from decodes (CUDA's canonical quiet NaN).
-OCTET_HD float canonical_nan() { return bits_to_float(0x7FFFFFFFu); }
+OCTET_HD float canonical_nan() {
+    return bits_to_float(0x7FFFFFFFu);
+}
 
-OCTET_HD bool is_nan_bits(std::uint32_t u) { return (u & 0x7FFFFFFFu) > 0x7F800000u; }
+OCTET_HD bool is_nan_bits(std::uint32_t u) {
+    return (u & 0x7FFFFFFFu) > 0x7F800000u;
+}
+
+// ---- small float rules, written once (bit operations: the same result on every compiler and
+// under every flag, and they vectorize) ---------------------------------------------------------
+
+/// True for finite x (not NaN, not +-Inf).
+OCTET_HD bool is_finite_float(float x) {
+    return (float_to_bits(x) & 0x7F800000u) != 0x7F800000u;
+}
+
+/// |x| by clearing the sign bit (NaN stays NaN with its payload; -0 gives +0).
+OCTET_HD float abs_float(float x) {
+    return bits_to_float(float_to_bits(x) & 0x7FFFFFFFu);
+}
+
+/// 2^e for an integer e in [-126, 127] (the normal range), exact: one shift, no branch.
+OCTET_HD float exp2i_normal(int e) {
+    return bits_to_float(static_cast<std::uint32_t>(e + 127) << 23);
+}
+
+/// 2^e for an integer e in [-149, 127], exact (subnormal below -126).
+OCTET_HD float exp2i(int e) {
+    return bits_to_float(e >= -126 ? static_cast<std::uint32_t>(e + 127) << 23 : 1u << ((e + 149) & 31));
+}
 
 // ---- bf16 -------------------------------------------------------------------------------
 
-OCTET_HD float to_float(bf16 h) { return bits_to_float(static_cast<std::uint32_t>(h.bits) << 16); }
+OCTET_HD float to_float(bf16 h) {
+    return bits_to_float(static_cast<std::uint32_t>(h.bits) << 16);
+}
 
 /// float -> bf16, round to nearest even; NaN stays NaN (quiet, sign kept); overflow gives Inf.
 OCTET_HD bf16 to_bf16(float x) {

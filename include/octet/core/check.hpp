@@ -32,7 +32,7 @@ inline bool is_aligned(const void* p, std::size_t alignment) {
 }  // namespace octet
 
 /// OCTET_REQUIRE(cond, "octet::f", "arg", "what is wrong and how to fix it")
-#define OCTET_REQUIRE(cond, function, argument, ...)                                      \
-    do {                                                                                  \
+#define OCTET_REQUIRE(cond, function, argument, ...)                                         \
+    do {                                                                                     \
         if (!(cond)) ::octet::detail::throw_argument_error(function, argument, __VA_ARGS__); \
     } while (0)

@@ -26,7 +26,9 @@ struct host_executor {
     }
 };
 
-inline host_executor on_host(int threads = 0) { return host_executor{threads}; }
+inline host_executor on_host(int threads = 0) {
+    return host_executor{threads};
+}
 
 /// Calls body(begin, end) over [0, n) split into contiguous chunks of at least `grain`
 /// elements, on up to ex.thread_count() threads. The split never changes results: each

@@ -54,9 +54,10 @@ struct philox_stream {
     std::uint64_t offset = 0;
 
     OCTET_HD philox4 block(std::uint64_t block_index) const {
-        return philox4x32_10(philox4{{static_cast<std::uint32_t>(block_index), static_cast<std::uint32_t>(block_index >> 32),
-                                      static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(offset >> 32)}},
-                             static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+        return philox4x32_10(
+            philox4{{static_cast<std::uint32_t>(block_index), static_cast<std::uint32_t>(block_index >> 32),
+                     static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(offset >> 32)}},
+            static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
     }
     OCTET_HD std::uint32_t bits(std::uint64_t index) const { return block(index >> 2).v[index & 3u]; }
     /// Uniform float in [0, 1) with 24 random bits.

@@ -27,7 +27,8 @@ public:
     }
     device_buffer(const device_buffer&) = delete;
     device_buffer& operator=(const device_buffer&) = delete;
-    device_buffer(device_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    device_buffer(device_buffer&& o) noexcept
+        : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
     device_buffer& operator=(device_buffer&& o) noexcept {
         std::swap(data_, o.data_);
         std::swap(size_, o.size_);

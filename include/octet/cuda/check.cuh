@@ -26,12 +26,14 @@ inline void require_device_accessible(const void* p, const char* function, const
     const cudaError_t err = cudaPointerGetAttributes(&attr, p);
     if (err != cudaSuccess) {
         cudaGetLastError();  // clear the sticky-free error state of the query
-        detail::throw_argument_error(function, argument,
-                                     "is not a pointer the CUDA runtime knows; pass device memory (cudaMalloc) to stream functions");
+        detail::throw_argument_error(
+            function, argument,
+            "is not a pointer the CUDA runtime knows; pass device memory (cudaMalloc) to stream functions");
     }
     if (attr.type == cudaMemoryTypeUnregistered || (attr.type == cudaMemoryTypeHost && attr.devicePointer == nullptr))
-        detail::throw_argument_error(function, argument,
-                                     "points to host memory; pass device memory to the on_stream() overload, or call the on_host() overload");
+        detail::throw_argument_error(
+            function, argument,
+            "points to host memory; pass device memory to the on_stream() overload, or call the on_host() overload");
 }
 
 }  // namespace cuda

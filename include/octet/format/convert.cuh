@@ -69,8 +69,8 @@ __device__ __forceinline__ void load16_as_float(const In* __restrict__ p, float 
 }
 
 template <class Fmt, class Round, class Overflow, class In>
-__global__ void encode_array_kernel(const In* __restrict__ in, std::uint8_t* __restrict__ out, std::size_t n,
-                                    philox_stream rng, bool vectorized) {
+OCTET_KERNEL void encode_array_kernel(const In* __restrict__ in, std::uint8_t* __restrict__ out, std::size_t n,
+                                      philox_stream rng, bool vectorized) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const std::size_t chunks = vectorized ? n / kConvertPerThread : 0;
@@ -98,7 +98,8 @@ __global__ void encode_array_kernel(const In* __restrict__ in, std::uint8_t* __r
 }
 
 template <class Fmt>
-__global__ void decode_array_kernel(const std::uint8_t* __restrict__ in, float* __restrict__ out, std::size_t n, bool vectorized) {
+OCTET_KERNEL void decode_array_kernel(const std::uint8_t* __restrict__ in, float* __restrict__ out, std::size_t n,
+                                      bool vectorized) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const std::size_t chunks = vectorized ? n / kConvertPerThread : 0;
@@ -123,7 +124,8 @@ template <class Fmt, class Round = round::nearest_even, class Overflow = overflo
 void encode_array(stream_executor ex, span<const In> in, span<std::uint8_t> out, philox_stream rng = {}) {
     using Storage = detail::storage_of_t<In>;
     static_assert(detail::is_encode_input_v<Storage>,
-                  "octet::encode_array: input must be float, bf16 (octet::bf16 or __nv_bfloat16) or fp16 (octet::fp16 or __half)");
+                  "octet::encode_array: input must be float, bf16 (octet::bf16 or __nv_bfloat16) or fp16 (octet::fp16 "
+                  "or __half)");
     detail::check_encode_views(in.size(), in.data(), out.size(), out.data());
     if (in.empty()) return;
     cuda::require_device_accessible(in.data(), "octet::encode_array", "in");
@@ -131,7 +133,8 @@ void encode_array(stream_executor ex, span<const In> in, span<std::uint8_t> out,
     const auto* src = reinterpret_cast<const Storage*>(in.data());
     const bool vectorized = detail::is_aligned(src, 16) && detail::is_aligned(out.data(), 16);
     constexpr int threads = 256;
-    const unsigned blocks = cuda::grid_stride_blocks((in.size() + detail::kConvertPerThread - 1) / detail::kConvertPerThread, threads);
+    const unsigned blocks =
+        cuda::grid_stride_blocks((in.size() + detail::kConvertPerThread - 1) / detail::kConvertPerThread, threads);
     detail::encode_array_kernel<Fmt, Round, Overflow, Storage>
         <<<blocks, threads, 0, ex.stream>>>(src, out.data(), in.size(), rng, vectorized);
     OCTET_CUDA_CHECK_LAUNCH();
@@ -145,8 +148,10 @@ void decode_array(stream_executor ex, span<const std::uint8_t> codes, span<float
     cuda::require_device_accessible(out.data(), "octet::decode_array", "out");
     const bool vectorized = detail::is_aligned(codes.data(), 16) && detail::is_aligned(out.data(), 16);
     constexpr int threads = 256;
-    const unsigned blocks = cuda::grid_stride_blocks((codes.size() + detail::kConvertPerThread - 1) / detail::kConvertPerThread, threads);
-    detail::decode_array_kernel<Fmt><<<blocks, threads, 0, ex.stream>>>(codes.data(), out.data(), codes.size(), vectorized);
+    const unsigned blocks =
+        cuda::grid_stride_blocks((codes.size() + detail::kConvertPerThread - 1) / detail::kConvertPerThread, threads);
+    detail::decode_array_kernel<Fmt>
+        <<<blocks, threads, 0, ex.stream>>>(codes.data(), out.data(), codes.size(), vectorized);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -83,15 +83,19 @@ OCTET_HD bool round_increment(std::uint32_t q, std::uint32_t frac, bool inexact,
 /// The code of an overflowed Inf-or-NaN result for the format (sign already in `sign`).
 template <class Fmt>
 OCTET_HD std::uint32_t nonfinite_code(std::uint32_t sign) {
-    if constexpr (Fmt::has_inf) return sign | Fmt::inf_code;
-    else if constexpr (Fmt::special_codes == specials::fnuz) return Fmt::nan_code;
-    else return sign | Fmt::nan_code;
+    if constexpr (Fmt::has_inf)
+        return sign | Fmt::inf_code;
+    else if constexpr (Fmt::special_codes == specials::fnuz)
+        return Fmt::nan_code;
+    else
+        return sign | Fmt::nan_code;
 }
 
 template <class Fmt, class Overflow>
 OCTET_HD constexpr void check_policies() {
     static_assert(is_float_format_v<Fmt>, "octet::encode: Fmt must be an octet::float_format<...>");
-    static_assert(is_overflow_v<Overflow>, "octet::encode: Overflow must be overflow::saturate or overflow::to_nonfinite");
+    static_assert(is_overflow_v<Overflow>,
+                  "octet::encode: Overflow must be overflow::saturate or overflow::to_nonfinite");
     static_assert(Fmt::has_nan || Fmt::has_inf || std::is_same_v<Overflow, overflow::saturate>,
                   "octet::encode: this format has neither Inf nor NaN (FP6/FP4), so overflow::to_nonfinite has "
                   "nothing to produce; use overflow::saturate");
@@ -118,14 +122,18 @@ OCTET_HD std::uint32_t overflow_code(std::uint32_t sign, bool negative) {
 
 template <class Fmt, class Overflow>
 OCTET_HD std::uint32_t inf_input_code(std::uint32_t sign) {
-    if constexpr (std::is_same_v<Overflow, overflow::saturate>) return sign | Fmt::max_code;
-    else return nonfinite_code<Fmt>(sign);
+    if constexpr (std::is_same_v<Overflow, overflow::saturate>)
+        return sign | Fmt::max_code;
+    else
+        return nonfinite_code<Fmt>(sign);
 }
 
 template <class Fmt>
 OCTET_HD std::uint32_t nan_input_code() {
-    if constexpr (Fmt::has_nan) return Fmt::nan_code;
-    else return Fmt::max_code;  // FP6/FP4: NaN saturates to +max, as CUDA does
+    if constexpr (Fmt::has_nan)
+        return Fmt::nan_code;
+    else
+        return Fmt::max_code;  // FP6/FP4: NaN saturates to +max, as CUDA does
 }
 
 /// General path: every format except exponent_only, every rounding. 32-bit integer arithmetic
@@ -162,8 +170,8 @@ OCTET_HD std::uint32_t encode_bits_general(std::uint32_t u, std::uint32_t random
 /// then rounds to zero, so flush-to-zero modes cannot change a result): the normal range is
 /// rebiased and rounded with one integer add, the subnormal range with one float add.
 template <class Fmt>
-inline constexpr bool has_fast_nearest_even =
-    Fmt::special_codes != specials::exponent_only && (Fmt::emin - Fmt::mantissa_bits) >= -125;
+inline constexpr bool has_fast_nearest_even = Fmt::special_codes != specials::exponent_only &&
+                                              (Fmt::emin - Fmt::mantissa_bits) >= -125;
 
 template <class Fmt, class Overflow>
 OCTET_HD std::uint32_t encode_bits_nearest_fast(std::uint32_t u) {
@@ -193,7 +201,7 @@ template <class Fmt, class Round, class Overflow>
 OCTET_HD std::uint32_t encode_bits_exponent_only(std::uint32_t u, std::uint32_t random_bits) {
     const std::uint32_t a = u & 0x7FFFFFFFu;  // unsigned format: the magnitude is encoded
     const std::uint32_t fe = a >> 23;
-    if constexpr ((std::is_same_v<Round, round::toward_zero> || std::is_same_v<Round, round::down>) && Fmt::bias <= 127) {
+    if constexpr ((std::is_same_v<Round, round::toward_zero> || std::is_same_v<Round, round::down>)&&Fmt::bias <= 127) {
         // Truncation keeps the float's exponent: float subnormals give bias - 127 <= 0, i.e. code 0.
         (void)random_bits;
         // For ue8m0 (bias 127, codes 0..254) the code is the float's exponent field itself.
@@ -230,10 +238,12 @@ OCTET_HD std::uint32_t encode_bits_exponent_only(std::uint32_t u, std::uint32_t 
         below_smallest = e < -Fmt::bias || (e == -Fmt::bias && frac == 0u);
     }
     const std::int32_t truncated = e + Fmt::bias;
-    const std::int32_t code = truncated + static_cast<std::int32_t>(round_increment<Round>(
-                                              static_cast<std::uint32_t>(truncated), frac, frac != 0u, false, random_bits));
+    const std::int32_t code =
+        truncated + static_cast<std::int32_t>(round_increment<Round>(static_cast<std::uint32_t>(truncated), frac,
+                                                                     frac != 0u, false, random_bits));
     std::uint32_t out = select_if(code < 0, 0u, static_cast<std::uint32_t>(code));
-    out = select_if(code > static_cast<std::int32_t>(Fmt::max_code), overflow_code<Fmt, Round, Overflow>(0u, false), out);
+    out =
+        select_if(code > static_cast<std::int32_t>(Fmt::max_code), overflow_code<Fmt, Round, Overflow>(0u, false), out);
     out = select_if(below_smallest, 0u, out);
     out = select_if(a == 0x7F800000u, inf_input_code<Fmt, Overflow>(0u), out);
     out = select_if(a > 0x7F800000u, Fmt::nan_code, out);
@@ -276,7 +286,7 @@ __device__ __forceinline__ std::uint16_t hardware_cvt_x2(float lo, float hi) {
 template <class Fmt, class Round, class Overflow>
 inline constexpr bool uses_hardware_cvt =
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    has_hardware_cvt<Fmt> && std::is_same_v<Round, round::nearest_even> && std::is_same_v<Overflow, overflow::saturate>;
+    has_hardware_cvt<Fmt>&& std::is_same_v<Round, round::nearest_even>&& std::is_same_v<Overflow, overflow::saturate>;
 #else
     false;
 #endif
@@ -329,8 +339,7 @@ OCTET_HD float decode(std::uint8_t code) {
     const std::uint32_t c = code & Fmt::code_mask;
     if constexpr (Fmt::special_codes == specials::exponent_only) {
         const int e = static_cast<int>(c) - Fmt::bias;
-        const std::uint32_t bits = e >= -126 ? static_cast<std::uint32_t>(e + 127) << 23 : 1u << ((e + 149) & 31);
-        return c == Fmt::nan_code ? canonical_nan() : bits_to_float(bits);
+        return c == Fmt::nan_code ? canonical_nan() : exp2i(e);
     } else {
         const std::uint32_t sign_bit = (c & Fmt::sign_mask) != 0u ? 0x80000000u : 0u;
         const std::uint32_t mag = c & Fmt::magnitude_mask;
@@ -343,11 +352,12 @@ OCTET_HD float decode(std::uint8_t code) {
         std::uint32_t sub_bits;
         if constexpr (Fmt::emin - M >= -126) {
             const std::uint32_t man_as_float = float_to_bits(static_cast<float>(static_cast<int>(man)));
-            sub_bits = detail::select_if(man == 0u, 0u, man_as_float + (static_cast<std::uint32_t>(Fmt::emin - M) << 23));
+            sub_bits =
+                detail::select_if(man == 0u, 0u, man_as_float + (static_cast<std::uint32_t>(Fmt::emin - M) << 23));
         } else {
             const int lead = man != 0u ? 31 - count_leading_zeros(man) : 0;
             const int ex = Fmt::emin - M + lead;
-            sub_bits = man == 0u ? 0u
+            sub_bits = man == 0u    ? 0u
                        : ex >= -126 ? (static_cast<std::uint32_t>(ex + 127) << 23) | ((man << (23 - lead)) & 0x7FFFFFu)
                                     : man << ((Fmt::emin - M + 149) & 31);
         }
@@ -369,17 +379,23 @@ OCTET_HD float decode(std::uint8_t code) {
 template <class Fmt>
 OCTET_HD bool is_nan_code(std::uint8_t code) {
     const std::uint32_t c = code & Fmt::code_mask;
-    if constexpr (!Fmt::has_nan) return false;
-    else if constexpr (Fmt::special_codes == specials::fnuz) return c == Fmt::nan_code;
-    else if constexpr (Fmt::has_inf) return (c & Fmt::magnitude_mask) > Fmt::inf_code;
-    else return (c & Fmt::magnitude_mask) == Fmt::nan_code;
+    if constexpr (!Fmt::has_nan)
+        return false;
+    else if constexpr (Fmt::special_codes == specials::fnuz)
+        return c == Fmt::nan_code;
+    else if constexpr (Fmt::has_inf)
+        return (c & Fmt::magnitude_mask) > Fmt::inf_code;
+    else
+        return (c & Fmt::magnitude_mask) == Fmt::nan_code;
 }
 
 /// True if `code` is +-Inf of `Fmt`.
 template <class Fmt>
 OCTET_HD bool is_inf_code(std::uint8_t code) {
-    if constexpr (!Fmt::has_inf) return false;
-    else return (code & Fmt::magnitude_mask) == Fmt::inf_code;
+    if constexpr (!Fmt::has_inf)
+        return false;
+    else
+        return (code & Fmt::magnitude_mask) == Fmt::inf_code;
 }
 
 }  // namespace octet

@@ -83,16 +83,17 @@ struct float_format {
     static constexpr std::uint32_t code_mask = (1u << bits) - 1u;
 
     /// Magnitude code of the largest finite value.
-    static constexpr std::uint32_t max_code = Specials == specials::ieee     ? ((((1u << ExpBits) - 2u) << ManBits) | ((1u << ManBits) - 1u))
-                                              : Specials == specials::nan_only ? (magnitude_mask - 1u)
+    static constexpr std::uint32_t max_code = Specials == specials::ieee
+                                                  ? ((((1u << ExpBits) - 2u) << ManBits) | ((1u << ManBits) - 1u))
+                                              : Specials == specials::nan_only      ? (magnitude_mask - 1u)
                                               : Specials == specials::exponent_only ? (magnitude_mask - 1u)
-                                                                                   : magnitude_mask;
+                                                                                    : magnitude_mask;
     /// Canonical NaN code (positive where the format has a sign); 0 when the format has no NaN.
-    static constexpr std::uint32_t nan_code = Specials == specials::ieee   ? magnitude_mask
-                                              : Specials == specials::nan_only ? magnitude_mask
-                                              : Specials == specials::fnuz     ? sign_mask
+    static constexpr std::uint32_t nan_code = Specials == specials::ieee            ? magnitude_mask
+                                              : Specials == specials::nan_only      ? magnitude_mask
+                                              : Specials == specials::fnuz          ? sign_mask
                                               : Specials == specials::exponent_only ? magnitude_mask
-                                                                                  : 0u;
+                                                                                    : 0u;
     /// Code of +Inf; 0 when the format has no Inf.
     static constexpr std::uint32_t inf_code = has_inf ? (((1u << ExpBits) - 1u) << ManBits) : 0u;
 
@@ -147,15 +148,24 @@ inline constexpr bool is_float_format_v = is_float_format<T>::value;
 /// Human-readable name of a named format (or "custom").
 template <class Fmt>
 constexpr const char* format_name() {
-    if constexpr (std::is_same_v<Fmt, e4m3>) return "e4m3";
-    else if constexpr (std::is_same_v<Fmt, e5m2>) return "e5m2";
-    else if constexpr (std::is_same_v<Fmt, e4m3fnuz>) return "e4m3fnuz";
-    else if constexpr (std::is_same_v<Fmt, e5m2fnuz>) return "e5m2fnuz";
-    else if constexpr (std::is_same_v<Fmt, e2m1>) return "e2m1";
-    else if constexpr (std::is_same_v<Fmt, e2m3>) return "e2m3";
-    else if constexpr (std::is_same_v<Fmt, e3m2>) return "e3m2";
-    else if constexpr (std::is_same_v<Fmt, ue8m0>) return "ue8m0";
-    else return "custom";
+    if constexpr (std::is_same_v<Fmt, e4m3>)
+        return "e4m3";
+    else if constexpr (std::is_same_v<Fmt, e5m2>)
+        return "e5m2";
+    else if constexpr (std::is_same_v<Fmt, e4m3fnuz>)
+        return "e4m3fnuz";
+    else if constexpr (std::is_same_v<Fmt, e5m2fnuz>)
+        return "e5m2fnuz";
+    else if constexpr (std::is_same_v<Fmt, e2m1>)
+        return "e2m1";
+    else if constexpr (std::is_same_v<Fmt, e2m3>)
+        return "e2m3";
+    else if constexpr (std::is_same_v<Fmt, e3m2>)
+        return "e3m2";
+    else if constexpr (std::is_same_v<Fmt, ue8m0>)
+        return "ue8m0";
+    else
+        return "custom";
 }
 
 }  // namespace octet

@@ -38,15 +38,21 @@ inline constexpr bool is_rounding_v =
     std::is_same_v<R, round::down> || std::is_same_v<R, round::stochastic>;
 
 template <class O>
-inline constexpr bool is_overflow_v = std::is_same_v<O, overflow::saturate> || std::is_same_v<O, overflow::to_nonfinite>;
+inline constexpr bool is_overflow_v =
+    std::is_same_v<O, overflow::saturate> || std::is_same_v<O, overflow::to_nonfinite>;
 
 template <class R>
 constexpr const char* rounding_name() {
-    if constexpr (std::is_same_v<R, round::nearest_even>) return "nearest_even";
-    else if constexpr (std::is_same_v<R, round::toward_zero>) return "toward_zero";
-    else if constexpr (std::is_same_v<R, round::up>) return "up";
-    else if constexpr (std::is_same_v<R, round::down>) return "down";
-    else return "stochastic";
+    if constexpr (std::is_same_v<R, round::nearest_even>)
+        return "nearest_even";
+    else if constexpr (std::is_same_v<R, round::toward_zero>)
+        return "toward_zero";
+    else if constexpr (std::is_same_v<R, round::up>)
+        return "up";
+    else if constexpr (std::is_same_v<R, round::down>)
+        return "down";
+    else
+        return "stochastic";
 }
 
 }  // namespace octet

@@ -12,20 +12,21 @@
 //               multiples of 128 (tensor, row, 1x128, 128x128; mixed formats), promotion every 128.
 //   sm89_mma    sm_89+ GPU (Ada, Hopper). E4M3/E5M2 with any scale storage whose K blocks are
 //               multiples of 32 (adds MX 1x32 with UE8M0 scales), promotion every multiple of 32.
-//   cublaslt    only when octet/gemm/cublaslt.cuh is included (links cuBLASLt): cuBLASLt's own
-//               FP8 scale modes, and NVFP4 x NVFP4 through a dequantizing BF16 path.
+//   cublaslt    only when the executor carries a cuBLASLt: octet::with_cublaslt(octet::on_stream(s),
+//               handle, workspace, bytes) from octet/gemm/cublaslt.cuh (link CUDA::cublasLt).
+//               cuBLASLt's own FP8 scale modes, and NVFP4 x NVFP4 through a dequantizing BF16 path.
 //   NVFP4, MXFP4 and FP6 have no tensor-core path on Hopper or Ada; without cuBLASLt they run
 //   only on the host (the error says so).
-// `automatic` picks sm90_wgmma, then sm89_mma, then cublaslt, whichever first serves the pair on
+// `automatic` picks sm90_wgmma, then sm89_mma, then cublaslt (if lent), whichever first serves the pair on
 // the running GPU. Every backend reads only the bytes of the operands (ragged M, N and K are zero-
 // filled in shared memory), so small M (decode, M <= 64) needs no padded copy; sm90_wgmma uses a
 // 64 x 64 tile for it.
 #pragma once
-#define OCTET_GEMM_SCALED_GEMM_CUH_INCLUDED 1
 
 #include <cuda_runtime.h>
 
 #include "octet/cuda/executor.cuh"
+#include "octet/gemm/detail/cublaslt_args.cuh"
 #include "octet/gemm/detail/device_common.cuh"
 #include "octet/gemm/scaled_gemm.hpp"
 #include "octet/gemm/sm89_mma.cuh"
@@ -34,54 +35,55 @@
 
 namespace octet {
 
-/// Whether the cuBLASLt backend was compiled in (octet/gemm/cublaslt.cuh included first).
-#if defined(OCTET_GEMM_WITH_CUBLASLT)
-inline constexpr bool gemm_has_cublaslt = true;
-#else
-inline constexpr bool gemm_has_cublaslt = false;
-#endif
-
 namespace detail {
 
-/// Why `backend` cannot run this problem on the current GPU (empty when it can).
+/// Why `backend` cannot run this problem on the current GPU with executor `ex` (empty when it can).
 template <class RA, class RB>
-std::string gemm_device_support(gemm_backend backend, std::size_t K, const gemm_options& opt) {
+std::string gemm_device_support(const stream_executor& ex, gemm_backend backend, std::size_t K,
+                                const gemm_options& opt) {
     std::string why = gemm_backend_support<RA, RB>(backend, K, opt);
     if (!why.empty()) return why;
+    if (backend == gemm_backend::cublaslt && ex.cublaslt.matmul == nullptr)
+        return "the executor carries no cuBLASLt (pass octet::with_cublaslt(octet::on_stream(s), handle, workspace, "
+               "bytes) from "
+               "octet/gemm/cublaslt.cuh, and link CUDA::cublasLt)";
     if (device_arch() == 0) return "there is no CUDA device";
     switch (backend) {
         case gemm_backend::sm90_wgmma:
             if (device_arch() != 90) return message("it needs an sm_90 GPU (this one is sm_", device_arch(), ")");
-            if (!sm90a_available()) return "this binary has no sm_90a code (build with CMAKE_CUDA_ARCHITECTURES including 90a)";
+            if (!sm90a_available())
+                return "this binary has no sm_90a code (build with CMAKE_CUDA_ARCHITECTURES including 90a)";
             return "";
         case gemm_backend::sm89_mma:
-            if (device_arch() < 89) return message("it needs an sm_89 or later GPU (this one is sm_", device_arch(), ")");
+            if (device_arch() < 89)
+                return message("it needs an sm_89 or later GPU (this one is sm_", device_arch(), ")");
             if (!sm89_available()) return "this binary has no sm_89+ code for this GPU";
             return "";
         case gemm_backend::cublaslt:
-            if (!gemm_has_cublaslt) return "it is not compiled in (include octet/gemm/cublaslt.cuh and link CUDA::cublasLt)";
             if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) && device_arch() < 89)
                 return "cuBLASLt's FP8 GEMM needs an sm_89 or later GPU";
-            if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) && !gemm_operand_traits<RA>::per_tensor &&
-                device_arch() != 90)
+            if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) &&
+                !gemm_operand_traits<RA>::per_tensor && device_arch() != 90)
                 return "cuBLASLt's outer-vector and 128-block FP8 scale modes are Hopper (sm_90) modes";
             return "";
-        default: return "";
+        default:
+            return "";
     }
 }
 
 template <class RA, class RB>
-std::string gemm_device_backends_serving(std::size_t K, const gemm_options& opt) {
+std::string gemm_device_backends_serving(const stream_executor& ex, std::size_t K, const gemm_options& opt) {
     std::string s = "host (octet::on_host())";
     for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma, gemm_backend::cublaslt})
-        if (gemm_device_support<RA, RB>(b, K, opt).empty()) s += std::string(", ") + backend_name(b);
+        if (gemm_device_support<RA, RB>(ex, b, K, opt).empty()) s += std::string(", ") + backend_name(b);
     return s;
 }
 
 template <class RA, class RB, class CT, class DT>
-gemm_result scaled_gemm_device(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const matrix_ref<const CT>* C,
-                               const matrix_ref<DT>& D, const gemm_options& opt) {
+gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                               const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
     constexpr const char* fn = "octet::scaled_gemm";
+    const cudaStream_t stream = ex.stream;
     check_gemm_args(A, B, C, D, opt, C != nullptr);
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     gemm_result result;
@@ -92,18 +94,25 @@ gemm_result scaled_gemm_device(cudaStream_t stream, const quantized_cref<RA>& A,
     gemm_backend backend = opt.backend;
     if (backend == gemm_backend::automatic) {
         for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma, gemm_backend::cublaslt})
-            if (gemm_device_support<RA, RB>(b, K, opt).empty()) {
+            if (gemm_device_support<RA, RB>(ex, b, K, opt).empty()) {
                 backend = b;
                 break;
             }
+        const bool lt_would_serve =
+            ex.cublaslt.matmul == nullptr && gemm_backend_support<RA, RB>(gemm_backend::cublaslt, K, opt).empty();
         OCTET_REQUIRE(backend != gemm_backend::automatic, fn, "A/B",
-                      message("(", recipe_description<RA>(), " x ", recipe_description<RB>(), ") has no CUDA backend on this GPU (sm_",
-                              device_arch(), "); backends that serve it: ", gemm_device_backends_serving<RA, RB>(K, opt)));
+                      message("(", recipe_description<RA>(), " x ", recipe_description<RB>(),
+                              ") has no CUDA backend on this GPU (sm_", device_arch(),
+                              "); backends that serve it: ", gemm_device_backends_serving<RA, RB>(ex, K, opt),
+                              lt_would_serve ? "; cublaslt may, if the executor carries a cuBLASLt "
+                                               "(octet::with_cublaslt, octet/gemm/cublaslt.cuh)"
+                                             : ""));
     } else {
-        const std::string why = gemm_device_support<RA, RB>(backend, K, opt);
+        const std::string why = gemm_device_support<RA, RB>(ex, backend, K, opt);
         OCTET_REQUIRE(why.empty(), fn, "options.backend",
-                      message("is ", backend_name(backend), ", which cannot run ", recipe_description<RA>(), " x ", recipe_description<RB>(),
-                              ": ", why, ". Backends that serve it here: ", gemm_device_backends_serving<RA, RB>(K, opt)));
+                      message("is ", backend_name(backend), ", which cannot run ", recipe_description<RA>(), " x ",
+                              recipe_description<RB>(), ": ", why,
+                              ". Backends that serve it here: ", gemm_device_backends_serving<RA, RB>(ex, K, opt)));
     }
     result.backend = backend;
     if (M == 0 || N == 0) return result;
@@ -118,9 +127,7 @@ gemm_result scaled_gemm_device(cudaStream_t stream, const quantized_cref<RA>& A,
     }
 
     if (backend == gemm_backend::cublaslt) {
-#if defined(OCTET_GEMM_WITH_CUBLASLT)
-        run_cublaslt<RA, RB, CT, DT>(stream, A, B, C, D, opt);
-#endif
+        run_cublaslt<RA, RB, CT, DT>(ex.cublaslt, stream, A, B, C, D, opt);
         return result;
     }
     // Kernels are instantiated only for pairs they can serve (gemm_kernel_pair); the checks above
@@ -134,7 +141,8 @@ gemm_result scaled_gemm_device(cudaStream_t stream, const quantized_cref<RA>& A,
     }
     if constexpr (gemm_kernel_pair<RA, RB>::sm89) {
         // sm89_mma, and sm90_wgmma's K = 0 case (nothing to load: D = beta C + bias)
-        const std::size_t g = gemm_segment(static_cast<std::size_t>(opt.promotion_interval), A.layout.block_cols, B.layout.block_cols, K);
+        const std::size_t g =
+            gemm_segment(static_cast<std::size_t>(opt.promotion_interval), A.layout.block_cols, B.layout.block_cols, K);
         launch_sm89<RA, RB, CT, DT>(stream, A, B, epi, g);
     }
     return result;
@@ -151,32 +159,36 @@ matrix_ref<storage_of_t<T>> as_storage(const matrix_ref<T>& m) {
 
 /// D = alpha * dequant(A) * dequant(B)^T + bias on a stream (device memory).
 template <class RA, class BA, class RB, class BB, class DT>
-gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D, const gemm_options& opt = {}) {
+gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D,
+                        const gemm_options& opt = {}) {
     using D0 = detail::storage_of_t<DT>;
-    static_assert(detail::is_gemm_output_v<D0>, "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
-    return detail::scaled_gemm_device<RA, RB, float, D0>(ex.stream, A, B, nullptr, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order),
-                                                         opt);
+    static_assert(detail::is_gemm_output_v<D0>,
+                  "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
+    return detail::scaled_gemm_device<RA, RB, float, D0>(
+        ex, A, B, nullptr, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order), opt);
 }
 
 /// D = alpha * dequant(A) * dequant(B)^T + beta * C + bias on a stream. C may be D itself.
 template <class RA, class BA, class RB, class BB, class CT, class DT>
-gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C, matrix_ref<DT> D,
-                        const gemm_options& opt = {}) {
+gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C,
+                        matrix_ref<DT> D, const gemm_options& opt = {}) {
     using D0 = detail::storage_of_t<DT>;
     using C0 = detail::storage_of_t<std::remove_const_t<CT>>;
-    static_assert(detail::is_gemm_output_v<D0>, "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
+    static_assert(detail::is_gemm_output_v<D0>,
+                  "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
     static_assert(detail::is_gemm_output_v<C0>, "octet::scaled_gemm: C must be float, bf16 or fp16");
     const matrix_ref<const C0> c(reinterpret_cast<const C0*>(C.data), C.rows, C.cols, C.ld, C.order);
-    return detail::scaled_gemm_device<RA, RB, C0, D0>(ex.stream, A, B, &c, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order),
-                                                      opt);
+    return detail::scaled_gemm_device<RA, RB, C0, D0>(
+        ex, A, B, &c, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order), opt);
 }
 
 /// Quantized output on a stream: the float result is computed into stream-ordered scratch and
 /// quantized with RD (quantize.cuh); if `device_amax` is set it receives the result's finite amax
 /// (device memory, overwritten). gemm_result::amax stays 0 (the value lives on the device).
 template <class RA, class BA, class RB, class BB, class RD>
-gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D, const gemm_options& opt = {},
-                        float* device_amax = nullptr) {
+gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D,
+                        const gemm_options& opt = {}, float* device_amax = nullptr) {
+    detail::check_gemm_quantized_d(A, B, D, opt);  // before any work: a bad D is reported here
     const std::size_t M = A.rows(), N = B.rows();
     float* tmp = nullptr;
     if (M > 0 && N > 0) OCTET_CUDA_CHECK(cudaMallocAsync(&tmp, M * N * sizeof(float), ex.stream));

@@ -89,16 +89,22 @@ enum class gemm_backend {
     host,        ///< blocked, multi-threaded CPU code; the exact check of the others
     sm89_mma,    ///< CUDA, mma.sync FP8 m16n8k32 (Ada sm_89 and Hopper sm_90)
     sm90_wgmma,  ///< CUDA, sm_90a: wgmma + TMA + mbarrier pipeline + warp specialization
-    cublaslt,    ///< cuBLASLt's FP8 scaling modes (include octet/gemm/cublaslt.cuh, link CUDA::cublasLt)
+    cublaslt,    ///< cuBLASLt's FP8 scaling modes (lent with octet::with_cublaslt, octet/gemm/cublaslt.cuh; link
+                 ///< CUDA::cublasLt)
 };
 
 inline const char* backend_name(gemm_backend b) {
     switch (b) {
-        case gemm_backend::automatic: return "automatic";
-        case gemm_backend::host: return "host";
-        case gemm_backend::sm89_mma: return "sm89_mma";
-        case gemm_backend::sm90_wgmma: return "sm90_wgmma";
-        case gemm_backend::cublaslt: return "cublaslt";
+        case gemm_backend::automatic:
+            return "automatic";
+        case gemm_backend::host:
+            return "host";
+        case gemm_backend::sm89_mma:
+            return "sm89_mma";
+        case gemm_backend::sm90_wgmma:
+            return "sm90_wgmma";
+        case gemm_backend::cublaslt:
+            return "cublaslt";
     }
     return "?";
 }
@@ -154,8 +160,8 @@ struct gemm_kernel_pair {
     }
     static constexpr bool fp8 = gemm_operand_traits<RA>::tensor_core_fp8 && gemm_operand_traits<RB>::tensor_core_fp8;
     static constexpr bool sm89 = fp8 && k_blocks_of<RA>(32) && k_blocks_of<RB>(32);
-    static constexpr bool sm90 = fp8 && gemm_operand_traits<RA>::f32_scales && gemm_operand_traits<RB>::f32_scales && k_blocks_of<RA>(128) &&
-                                 k_blocks_of<RB>(128);
+    static constexpr bool sm90 = fp8 && gemm_operand_traits<RA>::f32_scales && gemm_operand_traits<RB>::f32_scales &&
+                                 k_blocks_of<RA>(128) && k_blocks_of<RB>(128);
 };
 
 /// "e4m3, 1x128 blocks, f32 scales" and the like, for messages.
@@ -164,12 +170,18 @@ std::string recipe_description() {
     using G = typename Recipe::granularity;
     std::string s = format_name<typename Recipe::format>();
     auto ext = [](std::size_t b) { return b == full ? std::string("full") : std::to_string(b); };
-    if (G::rows == full && G::cols == full) s += ", per-tensor";
-    else if (G::rows == 1 && G::cols == full) s += ", per-row";
-    else if (G::rows == full && G::cols == 1) s += ", per-column";
-    else s += ", " + ext(G::rows) + "x" + ext(G::cols) + " blocks";
+    if (G::rows == full && G::cols == full)
+        s += ", per-tensor";
+    else if (G::rows == 1 && G::cols == full)
+        s += ", per-row";
+    else if (G::rows == full && G::cols == 1)
+        s += ", per-column";
+    else
+        s += ", " + ext(G::rows) + "x" + ext(G::cols) + " blocks";
     using St = typename Recipe::scale_storage_type;
-    s += std::is_same_v<St, scale_storage::f32> ? ", f32 scales" : std::is_same_v<St, scale_storage::ue8m0> ? ", ue8m0 scales" : ", two-level e4m3 scales";
+    s += std::is_same_v<St, scale_storage::f32>     ? ", f32 scales"
+         : std::is_same_v<St, scale_storage::ue8m0> ? ", ue8m0 scales"
+                                                    : ", two-level e4m3 scales";
     return s;
 }
 
@@ -185,7 +197,8 @@ inline std::size_t gcd_size(std::size_t a, std::size_t b) {
 }
 
 /// Segment length g = gcd of the promotion interval and both K-blocks, ignoring any that cover K.
-inline std::size_t gemm_segment(std::size_t promotion, std::size_t a_block_cols, std::size_t b_block_cols, std::size_t K) {
+inline std::size_t gemm_segment(std::size_t promotion, std::size_t a_block_cols, std::size_t b_block_cols,
+                                std::size_t K) {
     std::size_t g = 0;
     for (std::size_t v : {promotion, a_block_cols, b_block_cols})
         if (v > 0 && v < K) g = g == 0 ? v : gcd_size(g, v);
@@ -193,7 +206,9 @@ inline std::size_t gemm_segment(std::size_t promotion, std::size_t a_block_cols,
 }
 
 /// True when every boundary of a block of `b` columns (b < K) is a multiple of `step`.
-inline bool boundaries_on(std::size_t b, std::size_t step, std::size_t K) { return b >= K || b % step == 0; }
+inline bool boundaries_on(std::size_t b, std::size_t step, std::size_t K) {
+    return b >= K || b % step == 0;
+}
 
 }  // namespace detail
 
@@ -208,30 +223,36 @@ std::string gemm_backend_support(gemm_backend backend, std::size_t K, const gemm
     const std::size_t P = static_cast<std::size_t>(std::max(opt.promotion_interval, 1));
     switch (backend) {
         case gemm_backend::automatic:
-        case gemm_backend::host: return "";
+        case gemm_backend::host:
+            return "";
         case gemm_backend::sm89_mma:
-            if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8) return "it multiplies E4M3/E5M2 codes only (mma.sync FP8)";
+            if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8)
+                return "it multiplies E4M3/E5M2 codes only (mma.sync FP8)";
             if (!detail::boundaries_on(la.block_cols, 32, K) || !detail::boundaries_on(lb.block_cols, 32, K))
                 return "scale blocks along K must be multiples of 32 (one mma k-step) or span K";
             if (!detail::boundaries_on(P, 32, K)) return "options.promotion_interval must be a multiple of 32";
             return "";
         case gemm_backend::sm90_wgmma:
             if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8) return "it multiplies E4M3/E5M2 codes only (wgmma FP8)";
-            if (!TA::f32_scales || !TB::f32_scales) return "it reads float scales only (use sm89_mma for MX's ue8m0 scales)";
+            if (!TA::f32_scales || !TB::f32_scales)
+                return "it reads float scales only (use sm89_mma for MX's ue8m0 scales)";
             if (!detail::boundaries_on(la.block_cols, 128, K) || !detail::boundaries_on(lb.block_cols, 128, K))
                 return "scale blocks along K must be multiples of 128 or span K (it promotes every 128)";
             if (!detail::boundaries_on(P, 128, K)) return "options.promotion_interval must be a multiple of 128";
             return "";
         case gemm_backend::cublaslt: {
             if (TA::nvfp4_like && TB::nvfp4_like) return "";  // dequantizing path (no FP4 tensor cores on Hopper)
-            if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8) return "it takes E4M3/E5M2 operands (and NVFP4 x NVFP4 through its dequantizing path)";
+            if (!TA::tensor_core_fp8 || !TB::tensor_core_fp8)
+                return "it takes E4M3/E5M2 operands (and NVFP4 x NVFP4 through its dequantizing path)";
             if (std::is_same_v<typename RA::format, e5m2> && std::is_same_v<typename RB::format, e5m2>)
                 return "cuBLASLt has no E5M2 x E5M2 FP8 GEMM";
-            if (!TA::f32_scales || !TB::f32_scales) return "cuBLASLt's MX modes (VEC32_UE8M0) need Blackwell; octet does not map them";
-            const bool ok = (TA::per_tensor && TB::per_tensor) || (TA::per_row && TB::per_row) || (TA::vec128 && TB::vec128) ||
-                            (TA::vec128 && TB::blk128) || (TA::blk128 && TB::vec128);
+            if (!TA::f32_scales || !TB::f32_scales)
+                return "cuBLASLt's MX modes (VEC32_UE8M0) need Blackwell; octet does not map them";
+            const bool ok = (TA::per_tensor && TB::per_tensor) || (TA::per_row && TB::per_row) ||
+                            (TA::vec128 && TB::vec128) || (TA::vec128 && TB::blk128) || (TA::blk128 && TB::vec128);
             if (!ok)
-                return "its scale modes pair as tensor x tensor, row x row (OUTER_VEC_32F), 1x128 x 1x128, 1x128 x 128x128 or "
+                return "its scale modes pair as tensor x tensor, row x row (OUTER_VEC_32F), 1x128 x 1x128, 1x128 x "
+                       "128x128 or "
                        "128x128 x 1x128 (VEC128_32F, BLK128x128_32F)";
             if (K % 16 != 0) return "cuBLASLt's FP8 GEMM needs K to be a multiple of 16";
             return "";
@@ -244,8 +265,10 @@ std::string gemm_backend_support(gemm_backend backend, std::size_t K, const gemm
 template <class RA, class RB>
 std::string gemm_backends_serving(std::size_t K, const gemm_options& opt) {
     std::string s;
-    for (gemm_backend b : {gemm_backend::host, gemm_backend::sm89_mma, gemm_backend::sm90_wgmma, gemm_backend::cublaslt})
-        if (gemm_backend_support<RA, RB>(b, K, opt).empty()) s += (s.empty() ? "" : ", ") + std::string(backend_name(b));
+    for (gemm_backend b :
+         {gemm_backend::host, gemm_backend::sm89_mma, gemm_backend::sm90_wgmma, gemm_backend::cublaslt})
+        if (gemm_backend_support<RA, RB>(b, K, opt).empty())
+            s += (s.empty() ? "" : ", ") + std::string(backend_name(b));
     return s;
 }
 
@@ -253,12 +276,12 @@ std::string gemm_backends_serving(std::size_t K, const gemm_options& opt) {
 
 /// The accumulation constants of one backend on one problem: |acc - exact| <= accumulation * T.
 struct gemm_numerics {
-    std::size_t segment = 0;      ///< L: elements per segment actually used
-    std::size_t segments = 0;     ///< S
-    double accumulation = 0.0;    ///< c
-    double output_unit = 0.0;     ///< u_D of D's type
-    double underflow = 0.0;       ///< absolute term of underflowing float products (times |alpha|), plus the epilogue's
-    double output_tiny = 0.0;     ///< half the smallest subnormal of D's type
+    std::size_t segment = 0;    ///< L: elements per segment actually used
+    std::size_t segments = 0;   ///< S
+    double accumulation = 0.0;  ///< c
+    double output_unit = 0.0;   ///< u_D of D's type
+    double underflow = 0.0;     ///< absolute term of underflowing float products (times |alpha|), plus the epilogue's
+    double output_tiny = 0.0;   ///< half the smallest subnormal of D's type
 };
 
 namespace detail {
@@ -268,15 +291,21 @@ inline double gamma_n(double n) {
 }
 template <class Out>
 double output_unit() {
-    if constexpr (std::is_same_v<Out, bf16>) return std::ldexp(1.0, -8);
-    else if constexpr (std::is_same_v<Out, fp16>) return std::ldexp(1.0, -11);
-    else return std::ldexp(1.0, -24);
+    if constexpr (std::is_same_v<Out, bf16>)
+        return std::ldexp(1.0, -8);
+    else if constexpr (std::is_same_v<Out, fp16>)
+        return std::ldexp(1.0, -11);
+    else
+        return std::ldexp(1.0, -24);
 }
 template <class Out>
 double output_tiny() {
-    if constexpr (std::is_same_v<Out, bf16>) return std::ldexp(1.0, -134);
-    else if constexpr (std::is_same_v<Out, fp16>) return std::ldexp(1.0, -25);
-    else return std::ldexp(1.0, -150);
+    if constexpr (std::is_same_v<Out, bf16>)
+        return std::ldexp(1.0, -134);
+    else if constexpr (std::is_same_v<Out, fp16>)
+        return std::ldexp(1.0, -25);
+    else
+        return std::ldexp(1.0, -150);
 }
 }  // namespace detail
 
@@ -290,21 +319,33 @@ gemm_numerics gemm_numerics_of(gemm_backend backend, std::size_t K, const gemm_o
     std::size_t L = detail::gemm_segment(P, la.block_cols, lb.block_cols, K);
     bool tensor_cores = true;
     switch (backend) {
-        case gemm_backend::sm90_wgmma: L = std::min<std::size_t>(L, 128); break;
-        case gemm_backend::sm89_mma: break;
-        case gemm_backend::cublaslt:
-            if (gemm_operand_traits<RA>::nvfp4_like) L = K;  // BF16 GEMM on dequantized values, promotion unknown
-            else L = (gemm_operand_traits<RA>::per_tensor || gemm_operand_traits<RA>::per_row) ? K : std::min<std::size_t>(K, 128);
+        case gemm_backend::sm90_wgmma:
+            L = std::min<std::size_t>(L, 128);
             break;
-        default: tensor_cores = false; break;
+        case gemm_backend::sm89_mma:
+            break;
+        case gemm_backend::cublaslt:
+            if (gemm_operand_traits<RA>::nvfp4_like)
+                L = K;  // BF16 GEMM on dequantized values, promotion unknown
+            else
+                L = (gemm_operand_traits<RA>::per_tensor || gemm_operand_traits<RA>::per_row)
+                        ? K
+                        : std::min<std::size_t>(K, 128);
+            break;
+        default:
+            tensor_cores = false;
+            break;
     }
     L = std::max<std::size_t>(1, std::min(L, std::max<std::size_t>(K, 1)));
     n.segment = L;
     n.segments = (K + L - 1) / L;
     const double S = static_cast<double>(n.segments);
-    if (tensor_cores) n.accumulation = std::ceil(static_cast<double>(L) / 32.0) * std::ldexp(1.0, -12) + detail::gamma_n(S + 1);
-    else n.accumulation = detail::gamma_n(static_cast<double>(L) + S);
-    n.underflow = (S + 2.0) * static_cast<double>(L) * RA::format::max_finite_d * RB::format::max_finite_d * std::ldexp(1.0, -150) +
+    if (tensor_cores)
+        n.accumulation = std::ceil(static_cast<double>(L) / 32.0) * std::ldexp(1.0, -12) + detail::gamma_n(S + 1);
+    else
+        n.accumulation = detail::gamma_n(static_cast<double>(L) + S);
+    n.underflow = (S + 2.0) * static_cast<double>(L) * RA::format::max_finite_d * RB::format::max_finite_d *
+                      std::ldexp(1.0, -150) +
                   std::ldexp(1.0, -148);
     n.output_tiny = detail::output_tiny<Out>();
     return n;
@@ -331,38 +372,72 @@ inline constexpr bool is_gemm_output_v = std::is_same_v<T, float> || std::is_sam
 
 template <class T>
 void require_matrix(const matrix_ref<T>& m, const char* fn, const char* arg) {
-    const std::size_t minor = m.order == layout::row_major ? m.cols : m.rows;
+    const std::size_t minor = m.order == storage_order::row_major ? m.cols : m.rows;
     OCTET_REQUIRE(m.empty() || m.data != nullptr, fn, arg, "is null with a non-zero shape");
     OCTET_REQUIRE(m.empty() || m.ld >= minor, fn, arg,
-                  message("has ld ", m.ld, " smaller than its ", (m.order == layout::row_major ? "cols " : "rows "), minor));
+                  message("has ld ", m.ld, " smaller than its ",
+                          (m.order == storage_order::row_major ? "cols " : "rows "), minor));
+}
+
+/// Checks A, B and the options (what every output kind shares).
+template <class RA, class BA, class RB, class BB>
+void check_gemm_operands(const quantized_ref<RA, BA>& A, const quantized_ref<RB, BB>& B, const gemm_options& opt) {
+    constexpr const char* fn = "octet::scaled_gemm";
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    OCTET_REQUIRE(
+        B.cols() == K, fn, "B",
+        message("has K = ", B.cols(), " columns but A has K = ", K,
+                "; both operands are K-major (A is M x K, B is N x K: pass a K x N weight's column-wise copy)"));
+    validate_output(A, M, K, fn, "A");
+    validate_output(B, N, K, fn, "B");
+    OCTET_REQUIRE(
+        opt.promotion_interval >= 1, fn, "options.promotion_interval",
+        message("is ", opt.promotion_interval, "; pass a positive number of K elements (128 is DeepSeek-V3's)"));
+    OCTET_REQUIRE(
+        opt.bias.empty() || opt.bias.size() == N, fn, "options.bias",
+        message("has ", opt.bias.size(), " entries but D has N = ", N, " columns; pass one per output column or none"));
+    OCTET_REQUIRE(opt.bias.empty() || opt.bias.data() != nullptr, fn, "options.bias", "is null with a non-zero size");
+    OCTET_REQUIRE(std::isfinite(opt.alpha) && std::isfinite(opt.beta), fn, "options.alpha/beta", "must be finite");
 }
 
 /// Checks A, B, the options and the shapes of C and D against each other.
 template <class RA, class BA, class RB, class BB, class CT, class DT>
-void check_gemm_args(const quantized_ref<RA, BA>& A, const quantized_ref<RB, BB>& B, const matrix_ref<CT>* C, const matrix_ref<DT>& D,
-                     const gemm_options& opt, bool has_c) {
+void check_gemm_args(const quantized_ref<RA, BA>& A, const quantized_ref<RB, BB>& B, const matrix_ref<CT>* C,
+                     const matrix_ref<DT>& D, const gemm_options& opt, bool has_c) {
     constexpr const char* fn = "octet::scaled_gemm";
-    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
-    OCTET_REQUIRE(B.cols() == K, fn, "B",
-                  message("has K = ", B.cols(), " columns but A has K = ", K,
-                          "; both operands are K-major (A is M x K, B is N x K: pass a K x N weight's column-wise copy)"));
-    validate_output(A, M, K, fn, "A");
-    validate_output(B, N, K, fn, "B");
+    check_gemm_operands(A, B, opt);
+    const std::size_t M = A.rows(), N = B.rows();
     OCTET_REQUIRE(D.rows == M && D.cols == N, fn, "D",
                   message("has shape ", D.rows, " x ", D.cols, " but A B^T is ", M, " x ", N));
     require_matrix(D, fn, "D");
-    OCTET_REQUIRE(opt.promotion_interval >= 1, fn, "options.promotion_interval",
-                  message("is ", opt.promotion_interval, "; pass a positive number of K elements (128 is DeepSeek-V3's)"));
-    OCTET_REQUIRE(opt.bias.empty() || opt.bias.size() == N, fn, "options.bias",
-                  message("has ", opt.bias.size(), " entries but D has N = ", N, " columns; pass one per output column or none"));
-    OCTET_REQUIRE(opt.bias.empty() || opt.bias.data() != nullptr, fn, "options.bias", "is null with a non-zero size");
-    OCTET_REQUIRE(std::isfinite(opt.alpha) && std::isfinite(opt.beta), fn, "options.alpha/beta", "must be finite");
     if (has_c) {
-        OCTET_REQUIRE(C->rows == M && C->cols == N, fn, "C", message("has shape ", C->rows, " x ", C->cols, " but D is ", M, " x ", N));
+        OCTET_REQUIRE(C->rows == M && C->cols == N, fn, "C",
+                      message("has shape ", C->rows, " x ", C->cols, " but D is ", M, " x ", N));
         require_matrix(*C, fn, "C");
     } else {
-        OCTET_REQUIRE(opt.beta == 0.0f, fn, "options.beta", "is non-zero but no C was passed; use the overload that takes C");
+        OCTET_REQUIRE(opt.beta == 0.0f, fn, "options.beta",
+                      "is non-zero but no C was passed; use the overload that takes C");
     }
+}
+
+/// The checks of the quantized-D overloads (host and stream), all made before the GEMM runs, so
+/// that a D of the wrong shape is reported under octet::scaled_gemm and nothing is computed.
+template <class RA, class BA, class RB, class BB, class RD>
+void check_gemm_quantized_d(const quantized_ref<RA, BA>& A, const quantized_ref<RB, BB>& B, const quantized_ref<RD>& D,
+                            const gemm_options& opt) {
+    constexpr const char* fn = "octet::scaled_gemm";
+    check_gemm_operands(A, B, opt);
+    OCTET_REQUIRE(opt.beta == 0.0f, fn, "options.beta", "is non-zero but a quantized D takes no C; pass beta = 0");
+    OCTET_REQUIRE(!D.absent(), fn, "D", "is absent ({}); pass the quantized copy to write");
+    validate_output(D, A.rows(), B.rows(), fn, "D");
+}
+
+inline void check_host_backend(const gemm_options& opt) {
+    OCTET_REQUIRE(opt.backend == gemm_backend::automatic || opt.backend == gemm_backend::host, "octet::scaled_gemm",
+                  "options.backend",
+                  message("is ", backend_name(opt.backend),
+                          ", a CUDA backend; call scaled_gemm with octet::on_stream(s) "
+                          "(octet/gemm/scaled_gemm.cuh) or choose gemm_backend::host"));
 }
 
 }  // namespace detail
@@ -402,14 +477,19 @@ void gemm_segment_scales(const quantized_cref<R>& q, std::size_t g, std::size_t 
 
 template <class T>
 OCTET_HD float load_as_float(const T& v) {
-    if constexpr (std::is_same_v<T, float>) return v;
-    else return to_float(v);
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else
+        return to_float(v);
 }
 template <class T>
 OCTET_HD T store_from_float(float v) {
-    if constexpr (std::is_same_v<T, float>) return v;
-    else if constexpr (std::is_same_v<T, bf16>) return to_bf16(v);
-    else return to_fp16(v);
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else if constexpr (std::is_same_v<T, bf16>)
+        return to_bf16(v);
+    else
+        return to_fp16(v);
 }
 
 constexpr std::size_t kHostLanes = 8;   // lanes of the partial sums (vectorizes to AVX / 2x SSE)
@@ -439,11 +519,14 @@ struct host_lanes {
 #endif
 static_assert(sizeof(host_lanes) == kHostLanes * sizeof(float), "host_lanes holds kHostLanes floats");
 
-inline void load_lanes(host_lanes& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+inline void load_lanes(host_lanes& v, const float* p) {
+    std::memcpy(&v, p, sizeof v);
+}
 
 /// acc[r][c] = sum over segments of (sum of code products in the segment) * (sA * sB).
-inline void host_micro_tile(const float* const (&a)[kHostMR], const float* const (&b)[kHostNR], const float* const (&sa)[kHostMR],
-                            const float* const (&sb)[kHostNR], std::size_t K, std::size_t g, std::size_t S, float (&acc)[kHostMR][kHostNR]) {
+inline void host_micro_tile(const float* const (&a)[kHostMR], const float* const (&b)[kHostNR],
+                            const float* const (&sa)[kHostMR], const float* const (&sb)[kHostNR], std::size_t K,
+                            std::size_t g, std::size_t S, float (&acc)[kHostMR][kHostNR]) {
     for (std::size_t r = 0; r < kHostMR; ++r)
         for (std::size_t c = 0; c < kHostNR; ++c) acc[r][c] = 0.0f;
     for (std::size_t s = 0; s < S; ++s) {
@@ -476,8 +559,8 @@ inline void host_micro_tile(const float* const (&a)[kHostMR], const float* const
 
 /// The host backend: out(i, j) = epilogue(acc(i, j)) for D float, bf16 or fp16.
 template <class RA, class RB, class CT, class DT>
-void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const matrix_ref<const CT>* C,
-                      const matrix_ref<DT>& D, const gemm_options& opt) {
+void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                      const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     if (M == 0 || N == 0) return;
     const std::size_t P = static_cast<std::size_t>(opt.promotion_interval);
@@ -487,8 +570,10 @@ void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quant
 
     // Decoded codes of both operands (unscaled), and the scale of every row over every segment.
     std::vector<float> a_codes(M * ld), b_codes(N * ld), a_scales, b_scales;
-    parallel_for(ex, M, 64, [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(A, b0, e0, a_codes.data() + b0 * ld, ld); });
-    parallel_for(ex, N, 64, [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(B, b0, e0, b_codes.data() + b0 * ld, ld); });
+    parallel_for(ex, M, 64,
+                 [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(A, b0, e0, a_codes.data() + b0 * ld, ld); });
+    parallel_for(ex, N, 64,
+                 [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(B, b0, e0, b_codes.data() + b0 * ld, ld); });
     if (S > 0) {
         gemm_segment_scales(A, g, S, a_scales);
         gemm_segment_scales(B, g, S, b_scales);
@@ -533,16 +618,15 @@ void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quant
 }
 
 template <class RA, class BA, class RB, class BB, class CT, class DT>
-gemm_result scaled_gemm_host_entry(host_executor ex, const quantized_ref<RA, BA>& A_in, const quantized_ref<RB, BB>& B_in,
-                                   const matrix_ref<CT>* C_in, const matrix_ref<DT>& D, const gemm_options& opt) {
+gemm_result scaled_gemm_host_entry(host_executor ex, const quantized_ref<RA, BA>& A_in,
+                                   const quantized_ref<RB, BB>& B_in, const matrix_ref<CT>* C_in,
+                                   const matrix_ref<DT>& D, const gemm_options& opt) {
     using C0 = std::remove_const_t<CT>;
-    static_assert(is_gemm_output_v<DT>, "octet::scaled_gemm: D must be float, octet::bf16 or octet::fp16 (or a quantized_ref)");
+    static_assert(is_gemm_output_v<DT>,
+                  "octet::scaled_gemm: D must be float, octet::bf16 or octet::fp16 (or a quantized_ref)");
     static_assert(is_gemm_output_v<C0>, "octet::scaled_gemm: C must be float, octet::bf16 or octet::fp16");
     check_gemm_args(A_in, B_in, C_in, D, opt, C_in != nullptr);
-    constexpr const char* fn = "octet::scaled_gemm";
-    OCTET_REQUIRE(opt.backend == gemm_backend::automatic || opt.backend == gemm_backend::host, fn, "options.backend",
-                  message("is ", backend_name(opt.backend), ", a CUDA backend; call scaled_gemm with octet::on_stream(s) "
-                          "(octet/gemm/scaled_gemm.cuh) or choose gemm_backend::host"));
+    check_host_backend(opt);
     const quantized_cref<RA> A = A_in;
     const quantized_cref<RB> B = B_in;
     gemm_result result;
@@ -560,14 +644,15 @@ gemm_result scaled_gemm_host_entry(host_executor ex, const quantized_ref<RA, BA>
 
 /// D = alpha * dequant(A) * dequant(B)^T + bias, on the host (D float, bf16 or fp16).
 template <class RA, class BA, class RB, class BB, class DT>
-gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D, const gemm_options& opt = {}) {
+gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D,
+                        const gemm_options& opt = {}) {
     return detail::scaled_gemm_host_entry<RA, BA, RB, BB, const float, DT>(ex, A, B, nullptr, D, opt);
 }
 
 /// D = alpha * dequant(A) * dequant(B)^T + beta * C + bias, on the host. C may be D itself.
 template <class RA, class BA, class RB, class BB, class CT, class DT>
-gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C, matrix_ref<DT> D,
-                        const gemm_options& opt = {}) {
+gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C,
+                        matrix_ref<DT> D, const gemm_options& opt = {}) {
     return detail::scaled_gemm_host_entry<RA, BA, RB, BB, CT, DT>(ex, A, B, &C, D, opt);
 }
 
@@ -576,6 +661,8 @@ gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref
 template <class RA, class BA, class RB, class BB, class RD>
 gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D,
                         const gemm_options& opt = {}) {
+    detail::check_gemm_quantized_d(A, B, D, opt);
+    detail::check_host_backend(opt);
     const std::size_t M = A.rows(), N = B.rows();
     std::vector<float> tmp(M * N);
     gemm_result r = scaled_gemm(ex, A, B, matrix_ref<float>(tmp.data(), M, N), opt);

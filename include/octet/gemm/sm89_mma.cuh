@@ -27,14 +27,19 @@ constexpr int kSm89SmemBytes = kSm89Stages * kSm89StageBytes;
 template <class FA, class FB>
 OCTET_DEVICE void mma_fp8_m16n8k32(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define OCTET_MMA_FP8(TA, TB)                                                                                          \
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                   \
+#define OCTET_MMA_FP8(TA, TB)                                                   \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB             \
+                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])               \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
-    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>) OCTET_MMA_FP8("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<FA, e4m3>) OCTET_MMA_FP8("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<FB, e4m3>) OCTET_MMA_FP8("e5m2", "e4m3");
-    else OCTET_MMA_FP8("e5m2", "e5m2");
+    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>)
+        OCTET_MMA_FP8("e4m3", "e4m3");
+    else if constexpr (std::is_same_v<FA, e4m3>)
+        OCTET_MMA_FP8("e4m3", "e5m2");
+    else if constexpr (std::is_same_v<FB, e4m3>)
+        OCTET_MMA_FP8("e5m2", "e4m3");
+    else
+        OCTET_MMA_FP8("e5m2", "e5m2");
 #undef OCTET_MMA_FP8
 #endif
 }
@@ -52,7 +57,8 @@ struct sm89_params {
 };
 
 template <class RA, class RB, class CT, class DT>
-__global__ void __launch_bounds__(kSm89Threads) sm89_gemm_kernel(const __grid_constant__ sm89_params<RA, RB, CT, DT> p) {
+OCTET_KERNEL void __launch_bounds__(kSm89Threads)
+    sm89_gemm_kernel(const __grid_constant__ sm89_params<RA, RB, CT, DT> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     extern __shared__ __align__(16) std::uint8_t gemm89_smem[];
     using FA = typename RA::format;
@@ -96,11 +102,9 @@ __global__ void __launch_bounds__(kSm89Threads) sm89_gemm_kernel(const __grid_co
 
     float acc[4][4][4], frag[4][4][4];
     OCTET_UNROLL
-    for (int i = 0; i < 4; ++i)
-        OCTET_UNROLL
-        for (int j = 0; j < 4; ++j)
-            OCTET_UNROLL
-            for (int r = 0; r < 4; ++r) acc[i][j][r] = frag[i][j][r] = 0.0f;
+    for (int i = 0; i < 4; ++i) OCTET_UNROLL
+    for (int j = 0; j < 4; ++j) OCTET_UNROLL
+    for (int r = 0; r < 4; ++r) acc[i][j][r] = frag[i][j][r] = 0.0f;
 
     auto promote = [&](std::uint32_t seg_k0) {
         const std::uint32_t ka = seg_k0 / p.sa.block_cols, kb = seg_k0 / p.sb.block_cols;
@@ -111,15 +115,13 @@ __global__ void __launch_bounds__(kSm89Threads) sm89_gemm_kernel(const __grid_co
             fb[x] = p.sb.value(b_blk[x], kb, tsb);
         }
         OCTET_UNROLL
-        for (int i = 0; i < 4; ++i)
-            OCTET_UNROLL
-            for (int j = 0; j < 4; ++j)
-                OCTET_UNROLL
-                for (int r = 0; r < 4; ++r) {
-                    const float s = fa[i * 2 + r / 2] * fb[j * 2 + r % 2];
-                    acc[i][j][r] += frag[i][j][r] * s;
-                    frag[i][j][r] = 0.0f;
-                }
+        for (int i = 0; i < 4; ++i) OCTET_UNROLL
+        for (int j = 0; j < 4; ++j) OCTET_UNROLL
+        for (int r = 0; r < 4; ++r) {
+            const float s = fa[i * 2 + r / 2] * fb[j * 2 + r % 2];
+            acc[i][j][r] += frag[i][j][r] * s;
+            frag[i][j][r] = 0.0f;
+        }
     };
 
     const std::uint32_t KT = (K + kSm89BK - 1) / kSm89BK;
@@ -158,9 +160,8 @@ __global__ void __launch_bounds__(kSm89Threads) sm89_gemm_kernel(const __grid_co
                 b[j][1] = *reinterpret_cast<const std::uint32_t*>(c0 + 16);
             }
             OCTET_UNROLL
-            for (int i = 0; i < 4; ++i)
-                OCTET_UNROLL
-                for (int j = 0; j < 4; ++j) mma_fp8_m16n8k32<FA, FB>(frag[i][j], a[i], b[j]);
+            for (int i = 0; i < 4; ++i) OCTET_UNROLL
+            for (int j = 0; j < 4; ++j) mma_fp8_m16n8k32<FA, FB>(frag[i][j], a[i], b[j]);
             const std::uint32_t kend = kglob + 32;
             if (kend - seg_k0 >= p.segment || kend >= K) {
                 promote(seg_k0);
@@ -171,20 +172,18 @@ __global__ void __launch_bounds__(kSm89Threads) sm89_gemm_kernel(const __grid_co
     cp_async_wait<0>();
 
     OCTET_UNROLL
-    for (int i = 0; i < 4; ++i)
-        OCTET_UNROLL
-        for (int j = 0; j < 4; ++j)
-            OCTET_UNROLL
-            for (int h = 0; h < 2; ++h) {
-                const std::uint32_t r = m0 + wm * 64 + i * 16 + g + h * 8;
-                const std::uint32_t n = n0 + wn * 32 + j * 8 + t * 2;
-                p.epi.store2(r, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-            }
+    for (int i = 0; i < 4; ++i) OCTET_UNROLL
+    for (int j = 0; j < 4; ++j) OCTET_UNROLL
+    for (int h = 0; h < 2; ++h) {
+        const std::uint32_t r = m0 + wm * 64 + i * 16 + g + h * 8;
+        const std::uint32_t n = n0 + wn * 32 + j * 8 + t * 2;
+        p.epi.store2(r, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+    }
 #endif
 }
 
 /// Writes 1 when this binary holds the sm_89+ code of the kernel above for the running device.
-__global__ void sm89_probe_kernel(int* flag) {
+OCTET_KERNEL void sm89_probe_kernel(int* flag) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     *flag = 1;
 #endif
@@ -196,12 +195,14 @@ inline bool sm89_available() {
 }
 
 template <class RA, class RB, class CT, class DT>
-void launch_sm89(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const device_epilogue<CT, DT>& epi,
-                 std::size_t segment) {
+void launch_sm89(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                 const device_epilogue<CT, DT>& epi, std::size_t segment) {
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     if (M == 0 || N == 0) return;
-    OCTET_REQUIRE((M + kSm89BM - 1) / kSm89BM <= 65535u, "octet::scaled_gemm", "A", "has more than 8 million rows; split it");
-    OCTET_REQUIRE(K < (1u << 31) && M < (1u << 31) && N < (1u << 31), "octet::scaled_gemm", "A/B", "has a dimension of 2^31 or more");
+    OCTET_REQUIRE((M + kSm89BM - 1) / kSm89BM <= 65535u, "octet::scaled_gemm", "A",
+                  "has more than 8 million rows; split it");
+    OCTET_REQUIRE(K < (1u << 31) && M < (1u << 31) && N < (1u << 31), "octet::scaled_gemm", "A/B",
+                  "has a dimension of 2^31 or more");
     sm89_params<RA, RB, CT, DT> p{};
     p.a = A.data;
     p.b = B.data;
@@ -216,7 +217,8 @@ void launch_sm89(cudaStream_t stream, const quantized_cref<RA>& A, const quantiz
     p.epi = epi;
     auto kernel = sm89_gemm_kernel<RA, RB, CT, DT>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSm89SmemBytes));
-    const dim3 grid(static_cast<unsigned>((N + kSm89BN - 1) / kSm89BN), static_cast<unsigned>((M + kSm89BM - 1) / kSm89BM));
+    const dim3 grid(static_cast<unsigned>((N + kSm89BN - 1) / kSm89BN),
+                    static_cast<unsigned>((M + kSm89BM - 1) / kSm89BM));
     kernel<<<grid, kSm89Threads, kSm89SmemBytes, stream>>>(p);
     OCTET_CUDA_CHECK_LAUNCH();
 }

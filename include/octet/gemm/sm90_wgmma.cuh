@@ -26,8 +26,8 @@
 // of hanging the GPU.
 #pragma once
 
-#include <cuda.h>           // CUtensorMap and its enums (header only: octet does not link libcuda)
-#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
+#include <cuda.h>          // CUtensorMap and its enums (header only: octet does not link libcuda)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
 #include "octet/gemm/detail/device_common.cuh"
 
@@ -76,16 +76,20 @@ OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
         if (done) break;
         if ((++spins & 0x3FFu) == 0) {
             const long long now = clock64();
-            if (start == 0) start = now;
-            else if (now - start > (1ll << 35)) __trap();
+            if (start == 0)
+                start = now;
+            else if (now - start > (1ll << 35))
+                __trap();
         }
     }
 #endif
 }
-OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t inner, std::int32_t outer, std::uint32_t bar) {
+OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t inner, std::int32_t outer,
+                              std::uint32_t bar) {
 #if OCTET_SM90A
     asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+            "r"(dst),
         "l"(reinterpret_cast<std::uint64_t>(map)), "r"(inner), "r"(outer), "r"(bar)
         : "memory");
 #endif
@@ -123,33 +127,52 @@ OCTET_DEVICE void wgmma_wait_all() {
 #endif
 }
 /// Keeps the compiler from moving accesses of an accumulator register across wgmma fences.
-OCTET_DEVICE void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+OCTET_DEVICE void fence_operand(float& r) {
+    asm volatile("" : "+f"(r)::"memory");
+}
 
 /// Shared-memory matrix descriptor of a K-major tile whose rows are 128 bytes, 128-byte swizzled
 /// (what TMA's SWIZZLE_128B writes): 8-row groups 1024 bytes apart (SBO), no leading offset.
 OCTET_DEVICE std::uint64_t sm90_smem_desc(std::uint32_t smem_addr) {
     std::uint64_t d = 0;
     d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFFu) >> 4);  // start address (bits 0-13)
-    d |= static_cast<std::uint64_t>(1024u >> 4) << 32;              // stride byte offset (bits 32-45)
-    d |= static_cast<std::uint64_t>(1u) << 62;                      // layout: 128-byte swizzle
+    d |= static_cast<std::uint64_t>(1024u >> 4) << 32;             // stride byte offset (bits 32-45)
+    d |= static_cast<std::uint64_t>(1u) << 62;                     // layout: 128-byte swizzle
     return d;
 }
 
 /// wgmma m64n128k32, both operands from shared memory (K-major, 128-byte swizzle), f32 accumulate:
 /// d = a * b + (accumulate ? d : 0).
 template <class FA, class FB>
-OCTET_DEVICE void wgmma_m64n128k32(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t accumulate) {
+OCTET_DEVICE void wgmma_m64n128k32(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
+                                   std::uint32_t accumulate) {
 #if OCTET_SM90A
-#define OCTET_WGMMA(TA, TB)                                                                              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                         \
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32." TA "." TB " "                             \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"                                                 \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                                   \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>) OCTET_WGMMA("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<FA, e4m3>) OCTET_WGMMA("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<FB, e4m3>) OCTET_WGMMA("e5m2", "e4m3");
-    else OCTET_WGMMA("e5m2", "e5m2");
+#define OCTET_WGMMA(TA, TB)                                                                                           \
+    asm volatile(                                                                                                     \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                  \
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32." TA "." TB                                                      \
+        " "                                                                                                           \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+        "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, "  \
+        "%65, p, 1, 1;\n}\n"                                                                                          \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),     \
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),     \
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),     \
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),     \
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                   \
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>)
+        OCTET_WGMMA("e4m3", "e4m3");
+    else if constexpr (std::is_same_v<FA, e4m3>)
+        OCTET_WGMMA("e4m3", "e5m2");
+    else if constexpr (std::is_same_v<FB, e4m3>)
+        OCTET_WGMMA("e5m2", "e4m3");
+    else
+        OCTET_WGMMA("e5m2", "e5m2");
 #undef OCTET_WGMMA
 #endif
 }
@@ -157,18 +180,29 @@ OCTET_DEVICE void wgmma_m64n128k32(float (&d)[64], std::uint64_t desc_a, std::ui
 /// wgmma m64n64k32, both operands from shared memory (K-major, 128-byte swizzle), f32 accumulate:
 /// d = a * b + (accumulate ? d : 0).
 template <class FA, class FB>
-OCTET_DEVICE void wgmma_m64n64k32(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t accumulate) {
+OCTET_DEVICE void wgmma_m64n64k32(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
+                                  std::uint32_t accumulate) {
 #if OCTET_SM90A
-#define OCTET_WGMMA(TA, TB)                                                                              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                         \
-                 "wgmma.mma_async.sync.aligned.m64n64k32.f32." TA "." TB " "                             \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"                                                 \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                                   \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>) OCTET_WGMMA("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<FA, e4m3>) OCTET_WGMMA("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<FB, e4m3>) OCTET_WGMMA("e5m2", "e4m3");
-    else OCTET_WGMMA("e5m2", "e5m2");
+#define OCTET_WGMMA(TA, TB)                                                                                           \
+    asm volatile(                                                                                                     \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                  \
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32." TA "." TB                                                       \
+        " "                                                                                                           \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"                                       \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                   \
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>)
+        OCTET_WGMMA("e4m3", "e4m3");
+    else if constexpr (std::is_same_v<FA, e4m3>)
+        OCTET_WGMMA("e4m3", "e5m2");
+    else if constexpr (std::is_same_v<FB, e4m3>)
+        OCTET_WGMMA("e5m2", "e4m3");
+    else
+        OCTET_WGMMA("e5m2", "e5m2");
 #undef OCTET_WGMMA
 #endif
 }
@@ -181,8 +215,8 @@ struct sm90_config {
     static constexpr int consumers = BM / 64;  ///< math warpgroups, 64 rows each
     static constexpr int threads = (consumers + 1) * 128;
     static constexpr int a_stage_bytes = BM * BK, b_stage_bytes = BN * BK;
-    static constexpr int smem_bytes = 1024 /* alignment slack */ + stages * (a_stage_bytes + b_stage_bytes) + stages * (BM + BN) * 4 +
-                                      2 * stages * 8;
+    static constexpr int smem_bytes =
+        1024 /* alignment slack */ + stages * (a_stage_bytes + b_stage_bytes) + stages * (BM + BN) * 4 + 2 * stages * 8;
     static constexpr bool reconfigure_registers = consumers == 2;
     static constexpr int producer_regs = 40, consumer_regs = 232;
 };
@@ -200,7 +234,8 @@ struct sm90_params {
 };
 
 /// Tile t of a grouped raster: groups of 8 tile-rows, N fastest within a group's column sweep.
-OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::uint32_t tiles_n, std::uint32_t& mb, std::uint32_t& nb) {
+OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::uint32_t tiles_n, std::uint32_t& mb,
+                                   std::uint32_t& nb) {
     constexpr std::uint32_t G = 8;
     const std::uint32_t group = t / (G * tiles_n);
     const std::uint32_t first = group * G;
@@ -212,30 +247,33 @@ OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::
 
 template <int BN, class FA, class FB>
 OCTET_DEVICE void sm90_wgmma(float (&frag)[BN / 2], std::uint64_t da, std::uint64_t db, std::uint32_t accumulate) {
-    if constexpr (BN == 128) wgmma_m64n128k32<FA, FB>(frag, da, db, accumulate);
-    else wgmma_m64n64k32<FA, FB>(frag, da, db, accumulate);
+    if constexpr (BN == 128)
+        wgmma_m64n128k32<FA, FB>(frag, da, db, accumulate);
+    else
+        wgmma_m64n64k32<FA, FB>(frag, da, db, accumulate);
 }
 
 template <class FA, class FB, class Cfg, bool kScalarB, class CT, class DT>
-__global__ void __launch_bounds__(Cfg::threads, 1)
+OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                      const __grid_constant__ sm90_params<CT, DT> p) {
 #if OCTET_SM90A
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, S = Cfg::stages;
     extern __shared__ __align__(1024) std::uint8_t gemm90_smem[];
-    std::uint8_t* smem = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(gemm90_smem) + 1023) & ~std::uintptr_t{1023});
-    std::uint8_t* const sA = smem;                               // (S, BM, 128) swizzled
-    std::uint8_t* const sB = smem + S * Cfg::a_stage_bytes;      // (S, BN, 128) swizzled
-    float* const sSA = reinterpret_cast<float*>(sB + S * Cfg::b_stage_bytes);  // (S, BM)
-    float* const sSB = sSA + S * BM;                                            // (S, BN)
+    std::uint8_t* smem =
+        reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(gemm90_smem) + 1023) & ~std::uintptr_t{1023});
+    std::uint8_t* const sA = smem;                                               // (S, BM, 128) swizzled
+    std::uint8_t* const sB = smem + S * Cfg::a_stage_bytes;                      // (S, BN, 128) swizzled
+    float* const sSA = reinterpret_cast<float*>(sB + S * Cfg::b_stage_bytes);    // (S, BM)
+    float* const sSB = sSA + S * BM;                                             // (S, BN)
     std::uint64_t* const full = reinterpret_cast<std::uint64_t*>(sSB + S * BN);  // (S)
-    std::uint64_t* const empty = full + S;                                        // (S)
+    std::uint64_t* const empty = full + S;                                       // (S)
 
     const std::uint32_t tid = threadIdx.x;
     const std::uint32_t wg = tid / 128;
     if (tid == 0) {
         for (int s = 0; s < S; ++s) {
-            mbar_init(smem_u32(full + s), 128);                 // every producer thread arrives
+            mbar_init(smem_u32(full + s), 128);                  // every producer thread arrives
             mbar_init(smem_u32(empty + s), Cfg::consumers * 4);  // one arrival per consumer warp
         }
         mbar_fence_init();
@@ -260,8 +298,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
                 mbar_wait(smem_u32(empty + stage), phase ^ 1u);
                 const std::uint32_t bar = smem_u32(full + stage);
                 if (ptid == 0) {
-                    tma_load_2d(smem_u32(sA + stage * Cfg::a_stage_bytes), &tma_a, static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(m0), bar);
-                    tma_load_2d(smem_u32(sB + stage * Cfg::b_stage_bytes), &tma_b, static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
+                    tma_load_2d(smem_u32(sA + stage * Cfg::a_stage_bytes), &tma_a, static_cast<std::int32_t>(kb * BK),
+                                static_cast<std::int32_t>(m0), bar);
+                    tma_load_2d(smem_u32(sB + stage * Cfg::b_stage_bytes), &tma_b, static_cast<std::int32_t>(kb * BK),
+                                static_cast<std::int32_t>(n0), bar);
                 }
                 const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
                 const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
@@ -277,8 +317,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
                         sSB[stage * BN + c] = n < p.N ? __ldg(p.sb + b_col + n / p.sb_br) : 0.0f;
                     }
                 }
-                if (ptid == 0) mbar_arrive_expect_tx(bar, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
-                else mbar_arrive(bar);
+                if (ptid == 0)
+                    mbar_arrive_expect_tx(bar, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
+                else
+                    mbar_arrive(bar);
                 if (++stage == static_cast<std::uint32_t>(S)) {
                     stage = 0;
                     phase ^= 1u;
@@ -290,7 +332,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         if constexpr (Cfg::reconfigure_registers) setmaxnreg_inc<Cfg::consumer_regs>();
         const std::uint32_t lane = tid % 32, warp = (tid / 32) % 4;
         const std::uint32_t row_in_wg = warp * 16 + lane / 4;  // and row_in_wg + 8
-        const std::uint32_t col_in_8 = (lane % 4) * 2;          // and + 1, in each 8-column chunk
+        const std::uint32_t col_in_8 = (lane % 4) * 2;         // and + 1, in each 8-column chunk
         float acc[BN / 2], frag[BN / 2];
         OCTET_UNROLL
         for (int i = 0; i < BN / 2; ++i) frag[i] = 0.0f;
@@ -368,7 +410,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 }
 
 /// Writes 1 when this binary holds sm_90a code (wgmma, setmaxnreg) for the running device.
-__global__ void sm90a_probe_kernel(int* flag) {
+OCTET_KERNEL void sm90a_probe_kernel(int* flag) {
 #if OCTET_SM90A
     *flag = 1;
 #endif
@@ -398,18 +440,20 @@ inline tensor_map_encode_fn tensor_map_encoder() {
 
 /// A TMA map over an operand's codes: rows x K bytes, rows `row_bytes` apart, boxes of box_rows x 128
 /// bytes with the 128-byte swizzle (zero fill outside the matrix).
-inline CUtensorMap sm90_operand_map(const std::uint8_t* data, std::size_t rows, std::size_t K, std::size_t row_bytes, std::uint32_t box_rows) {
+inline CUtensorMap sm90_operand_map(const std::uint8_t* data, std::size_t rows, std::size_t K, std::size_t row_bytes,
+                                    std::uint32_t box_rows) {
     CUtensorMap map{};
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
     const cuuint32_t box[2] = {128u, box_rows};
     const cuuint32_t elem[2] = {1u, 1u};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data), dims, strides, box, elem,
-                                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data), dims, strides,
+                             box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        throw error(message("octet::scaled_gemm: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for a ", rows, " x ", K,
-                            " operand with row_bytes ", row_bytes));
+        throw error(message("octet::scaled_gemm: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
+                            ") for a ", rows, " x ", K, " operand with row_bytes ", row_bytes));
     return map;
 }
 
@@ -427,7 +471,8 @@ inline gemm_tile sm90_pick_tile(std::size_t M, std::size_t N, gemm_tile requeste
 }
 
 template <class RA, class RB, class Cfg, class CT, class DT>
-void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const device_epilogue<CT, DT>& epi) {
+void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                        const device_epilogue<CT, DT>& epi) {
     using FA = typename RA::format;
     using FB = typename RB::format;
     // B's scale is one value per tile when its blocks span whole tiles along N (128x128, per-tensor).
@@ -459,25 +504,30 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
         // setmaxnreg moves registers inside the CTA's allocation; the allocation must hold them all.
         cudaFuncAttributes attr{};
         OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-        OCTET_REQUIRE(attr.numRegs * Cfg::threads >= Cfg::producer_regs * 128 + Cfg::consumer_regs * 128 * Cfg::consumers,
-                      "octet::scaled_gemm", "options.backend",
-                      message("sm90_wgmma: the kernel was compiled with ", attr.numRegs, " registers per thread, too few for its ",
-                              "register reconfiguration; use gemm_backend::sm89_mma"));
+        OCTET_REQUIRE(
+            attr.numRegs * Cfg::threads >= Cfg::producer_regs * 128 + Cfg::consumer_regs * 128 * Cfg::consumers,
+            "octet::scaled_gemm", "options.backend",
+            message("sm90_wgmma: the kernel was compiled with ", attr.numRegs,
+                    " registers per thread, too few for its ", "register reconfiguration; use gemm_backend::sm89_mma"));
     }
     const std::size_t tiles = static_cast<std::size_t>(p.tiles_m) * p.tiles_n;
-    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(tiles, static_cast<std::size_t>(cuda::multiprocessor_count())));
+    const unsigned grid =
+        static_cast<unsigned>(std::min<std::size_t>(tiles, static_cast<std::size_t>(cuda::multiprocessor_count())));
     kernel<<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(ma, mb, p);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
 template <class RA, class RB, class CT, class DT>
-void launch_sm90(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B, const device_epilogue<CT, DT>& epi,
-                 gemm_tile tile) {
+void launch_sm90(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                 const device_epilogue<CT, DT>& epi, gemm_tile tile) {
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     if (M == 0 || N == 0) return;
-    OCTET_REQUIRE(M < (1u << 31) && N < (1u << 31) && K < (1u << 31), "octet::scaled_gemm", "A/B", "has a dimension of 2^31 or more");
-    if (sm90_pick_tile(M, N, tile) == gemm_tile::m64n64) launch_sm90_config<RA, RB, sm90_small>(stream, A, B, epi);
-    else launch_sm90_config<RA, RB, sm90_large>(stream, A, B, epi);
+    OCTET_REQUIRE(M < (1u << 31) && N < (1u << 31) && K < (1u << 31), "octet::scaled_gemm", "A/B",
+                  "has a dimension of 2^31 or more");
+    if (sm90_pick_tile(M, N, tile) == gemm_tile::m64n64)
+        launch_sm90_config<RA, RB, sm90_small>(stream, A, B, epi);
+    else
+        launch_sm90_config<RA, RB, sm90_large>(stream, A, B, epi);
 }
 
 }  // namespace detail

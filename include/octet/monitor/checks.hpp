@@ -14,8 +14,12 @@
 // Threshold logic: a threshold says which side is bad (above: larger values are worse; below:
 // smaller ones are) and two limits. For `above`: value > trip is a trip, else value > warn a
 // warning, else ok (`below` mirrors it). A NaN value is always a trip: a monitor that cannot
-// produce a number has found a problem. `patience` asks for that many consecutive tripping
-// samples of the check before a trip counts (earlier ones report warn).
+// produce a number has found a problem. `patience` asks for that many consecutive steps whose
+// samples trip before a trip counts (earlier ones report warn); a repeat of the same step (a new
+// attempt) replaces that step's sample in the count instead of adding one, so repeating a step
+// cannot turn a warning into a trip. Every named kind measures something that is never negative
+// (a rate, a count, a norm, a ratio), so add() rejects a negative warn or trip limit for them
+// (with side `above` a value of 0 would trip); `custom` accepts any limits.
 //
 // Named kinds and their default thresholds (starting points; pass your own to add()):
 //   kind                     value (helpers in monitor/signals.hpp)                       warn    trip
@@ -33,8 +37,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -62,22 +66,33 @@ inline constexpr int check_kind_count = 9;
 
 inline const char* check_kind_name(check_kind k) {
     switch (k) {
-        case check_kind::softmax_row_sum: return "softmax_row_sum";
-        case check_kind::stored_o_vs_pv: return "stored_o_vs_pv";
-        case check_kind::saturation_rate: return "saturation_rate";
-        case check_kind::underflow_rate: return "underflow_rate";
-        case check_kind::amax_drift: return "amax_drift";
-        case check_kind::non_finite: return "non_finite";
-        case check_kind::optimizer_decode_error: return "optimizer_decode_error";
-        case check_kind::clip_crossings: return "clip_crossings";
-        case check_kind::custom: return "custom";
+        case check_kind::softmax_row_sum:
+            return "softmax_row_sum";
+        case check_kind::stored_o_vs_pv:
+            return "stored_o_vs_pv";
+        case check_kind::saturation_rate:
+            return "saturation_rate";
+        case check_kind::underflow_rate:
+            return "underflow_rate";
+        case check_kind::amax_drift:
+            return "amax_drift";
+        case check_kind::non_finite:
+            return "non_finite";
+        case check_kind::optimizer_decode_error:
+            return "optimizer_decode_error";
+        case check_kind::clip_crossings:
+            return "clip_crossings";
+        case check_kind::custom:
+            return "custom";
     }
     return "unknown";
 }
 
 enum class check_status : int { ok = 0, warn = 1, trip = 2 };
 
-inline const char* check_status_name(check_status s) { return s == check_status::ok ? "ok" : s == check_status::warn ? "warn" : "trip"; }
+inline const char* check_status_name(check_status s) {
+    return s == check_status::ok ? "ok" : s == check_status::warn ? "warn" : "trip";
+}
 
 struct threshold {
     enum class side : int { above = 0, below = 1 };
@@ -87,14 +102,19 @@ struct threshold {
     int patience = 1;
 
     /// Larger values are worse: warn when value > warn, trip when value > trip.
-    static threshold above(double warn, double trip, int patience = 1) { return make(side::above, warn, trip, patience); }
+    static threshold above(double warn, double trip, int patience = 1) {
+        return make(side::above, warn, trip, patience);
+    }
     /// Smaller values are worse: warn when value < warn, trip when value < trip.
-    static threshold below(double warn, double trip, int patience = 1) { return make(side::below, warn, trip, patience); }
+    static threshold below(double warn, double trip, int patience = 1) {
+        return make(side::below, warn, trip, patience);
+    }
 
     /// The status of one value, before patience is applied.
     check_status classify(double value) const {
         if (std::isnan(value)) return check_status::trip;
-        if (bad == side::above) return value > trip ? check_status::trip : (value > warn ? check_status::warn : check_status::ok);
+        if (bad == side::above)
+            return value > trip ? check_status::trip : (value > warn ? check_status::warn : check_status::ok);
         return value < trip ? check_status::trip : (value < warn ? check_status::warn : check_status::ok);
     }
     /// The limit the value was compared with, as text: "> 0.01" or "< 0.5".
@@ -107,9 +127,11 @@ struct threshold {
 private:
     static threshold make(side s, double warn, double trip, int patience) {
         OCTET_REQUIRE(!std::isnan(warn) && !std::isnan(trip), "octet::threshold", "warn/trip", "must not be NaN");
-        OCTET_REQUIRE(s == side::above ? warn <= trip : warn >= trip, "octet::threshold", "warn",
-                      detail::message("is ", warn, " but trip is ", trip, "; the warning limit must come before the trip limit"));
-        OCTET_REQUIRE(patience >= 1, "octet::threshold", "patience", detail::message("is ", patience, "; pass 1 or more samples"));
+        OCTET_REQUIRE(
+            s == side::above ? warn <= trip : warn >= trip, "octet::threshold", "warn",
+            detail::message("is ", warn, " but trip is ", trip, "; the warning limit must come before the trip limit"));
+        OCTET_REQUIRE(patience >= 1, "octet::threshold", "patience",
+                      detail::message("is ", patience, "; pass 1 or more samples"));
         threshold t;
         t.bad = s;
         t.warn = warn;
@@ -122,15 +144,24 @@ private:
 /// The default thresholds of each kind (the table in the header comment).
 inline threshold default_threshold(check_kind k) {
     switch (k) {
-        case check_kind::softmax_row_sum: return threshold::above(1e-3, 1e-2);
-        case check_kind::stored_o_vs_pv: return threshold::above(2e-2, 1e-1);
-        case check_kind::saturation_rate: return threshold::above(1e-4, 1e-3);
-        case check_kind::underflow_rate: return threshold::above(1e-2, 1e-1);
-        case check_kind::amax_drift: return threshold::above(1.0, 2.0);
-        case check_kind::non_finite: return threshold::above(0.0, 0.0);
-        case check_kind::optimizer_decode_error: return threshold::above(1e-2, 5e-2);
-        case check_kind::clip_crossings: return threshold::above(1e-3, 1e-2);
-        case check_kind::custom: return threshold{};
+        case check_kind::softmax_row_sum:
+            return threshold::above(1e-3, 1e-2);
+        case check_kind::stored_o_vs_pv:
+            return threshold::above(2e-2, 1e-1);
+        case check_kind::saturation_rate:
+            return threshold::above(1e-4, 1e-3);
+        case check_kind::underflow_rate:
+            return threshold::above(1e-2, 1e-1);
+        case check_kind::amax_drift:
+            return threshold::above(1.0, 2.0);
+        case check_kind::non_finite:
+            return threshold::above(0.0, 0.0);
+        case check_kind::optimizer_decode_error:
+            return threshold::above(1e-2, 5e-2);
+        case check_kind::clip_crossings:
+            return threshold::above(1e-3, 1e-2);
+        case check_kind::custom:
+            return threshold{};
     }
     return threshold{};
 }
@@ -144,10 +175,10 @@ struct check_spec {
 
 struct check_sample {
     std::int64_t step = 0;
-    int attempt = 1;       ///< 1 for the first sample at this step, 2 after a repeat or replay, ...
+    int attempt = 1;  ///< 1 for the first sample at this step, 2 after a repeat or replay, ...
     double value = 0;
     check_status status = check_status::ok;  ///< after patience
-    double seconds = 0;    ///< the check's own cost for this sample
+    double seconds = 0;                      ///< the check's own cost for this sample
 };
 
 /// Per-check totals for reports.
@@ -163,11 +194,21 @@ inline std::string json_string(const std::string& s) {
     std::string out = "\"";
     for (char c : s) {
         switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\t': out += "\\t"; break;
-            case '\r': out += "\\r"; break;
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
             default:
                 if (static_cast<unsigned char>(c) < 0x20) {
                     char buf[8];
@@ -206,11 +247,18 @@ public:
     }
     check_id add(std::string name, check_kind kind, threshold limits, std::string operation = {}) {
         OCTET_REQUIRE(!name.empty(), "octet::check_registry::add", "name", "is empty; give each check a name");
+        OCTET_REQUIRE(
+            kind == check_kind::custom || (limits.warn >= 0 && limits.trip >= 0), "octet::check_registry::add",
+            "limits",
+            detail::message(
+                "are warn ", limits.warn, ", trip ", limits.trip, " for '", name, "', but a ", check_kind_name(kind),
+                " value is never negative (a negative limit trips or warns on every sample); pass limits >= 0"));
         OCTET_REQUIRE(index_.find(name) == index_.end(), "octet::check_registry::add", "name",
                       detail::message("'", name, "' is already registered; names must be unique"));
         const check_id id = checks_.size();
         index_.emplace(name, id);
-        checks_.push_back(entry{check_spec{std::move(name), kind, limits, std::move(operation)}, {}, {}, 0, {}});
+        checks_.push_back(
+            entry{check_spec{std::move(name), kind, limits, std::move(operation)}, {}, {}, 0, 0, 0, false, {}});
         return id;
     }
 
@@ -218,11 +266,14 @@ public:
     bool contains(const std::string& name) const { return index_.count(name) != 0; }
     check_id find(const std::string& name) const {
         const auto it = index_.find(name);
-        OCTET_REQUIRE(it != index_.end(), "octet::check_registry::find", "name", detail::message("'", name, "' is not a registered check"));
+        OCTET_REQUIRE(it != index_.end(), "octet::check_registry::find", "name",
+                      detail::message("'", name, "' is not a registered check"));
         return it->second;
     }
     const check_spec& spec(check_id id) const { return at(id, "octet::check_registry::spec").spec; }
-    const std::vector<check_sample>& history(check_id id) const { return at(id, "octet::check_registry::history").samples; }
+    const std::vector<check_sample>& history(check_id id) const {
+        return at(id, "octet::check_registry::history").samples;
+    }
 
     /// Records a value for `step`, with the check's own cost in seconds; returns its status
     /// (patience applied). Recording the same step again (a repeat or a replay) adds a new attempt.
@@ -230,21 +281,28 @@ public:
         entry& e = at(id, "octet::check_registry::record");
         OCTET_REQUIRE(cost_seconds >= 0, "octet::check_registry::record", "cost_seconds", "must be non-negative");
         check_status s = e.spec.limits.classify(value);
+        const int attempt = ++e.attempts[step];
+        // a new attempt at the step just recorded replaces its sample in the run of trips
+        if (!(attempt > 1 && e.has_last && step == e.last_step)) e.trips_before_step = e.consecutive_trips;
+        e.last_step = step;
+        e.has_last = true;
         if (s == check_status::trip) {
-            e.consecutive_trips += 1;
+            e.consecutive_trips = e.trips_before_step + 1;
             if (e.consecutive_trips < e.spec.limits.patience) s = check_status::warn;
         } else {
             e.consecutive_trips = 0;
         }
-        const int attempt = ++e.attempts[step];
         e.samples.push_back(check_sample{step, attempt, value, s, cost_seconds});
         e.summary.samples += 1;
         e.summary.warns += s == check_status::warn;
         e.summary.trips += s == check_status::trip;
         e.summary.last = value;
-        const bool worse = e.spec.limits.bad == threshold::side::above ? value > e.summary.worst : value < e.summary.worst;
-        if (e.summary.samples == 1) e.summary.worst = value;
-        else if (!std::isnan(e.summary.worst) && (std::isnan(value) || worse)) e.summary.worst = value;  // NaN sticks
+        const bool worse =
+            e.spec.limits.bad == threshold::side::above ? value > e.summary.worst : value < e.summary.worst;
+        if (e.summary.samples == 1)
+            e.summary.worst = value;
+        else if (!std::isnan(e.summary.worst) && (std::isnan(value) || worse))
+            e.summary.worst = value;  // NaN sticks
         e.summary.seconds += cost_seconds;
         total_seconds_ += cost_seconds;
         return s;
@@ -286,11 +344,13 @@ public:
 
     std::string to_markdown() const {
         std::ostringstream os;
-        os << "| check | kind | operation | samples | warn | trip | last | worst | cost (ms) |\n|---|---|---|---|---|---|---|---|---|\n";
+        os << "| check | kind | operation | samples | warn | trip | last | worst | cost (ms) "
+              "|\n|---|---|---|---|---|---|---|---|---|\n";
         for (const auto& e : checks_)
-            os << "| " << detail::md_cell(e.spec.name) << " | " << check_kind_name(e.spec.kind) << " | " << detail::md_cell(e.spec.operation)
-               << " | " << e.summary.samples << " | " << e.summary.warns << " | " << e.summary.trips << " | " << e.summary.last << " | "
-               << e.summary.worst << " | " << 1e3 * e.summary.seconds << " |\n";
+            os << "| " << detail::md_cell(e.spec.name) << " | " << check_kind_name(e.spec.kind) << " | "
+               << detail::md_cell(e.spec.operation) << " | " << e.summary.samples << " | " << e.summary.warns << " | "
+               << e.summary.trips << " | " << e.summary.last << " | " << e.summary.worst << " | "
+               << 1e3 * e.summary.seconds << " |\n";
         return os.str();
     }
     std::string to_json() const {
@@ -298,11 +358,14 @@ public:
         os << "[";
         for (std::size_t i = 0; i < checks_.size(); ++i) {
             const auto& e = checks_[i];
-            os << (i ? ", " : "") << "{\"name\": " << detail::json_string(e.spec.name) << ", \"kind\": \"" << check_kind_name(e.spec.kind)
-               << "\", \"operation\": " << detail::json_string(e.spec.operation) << ", \"warn\": " << detail::json_number(e.spec.limits.warn)
+            os << (i ? ", " : "") << "{\"name\": " << detail::json_string(e.spec.name) << ", \"kind\": \""
+               << check_kind_name(e.spec.kind) << "\", \"operation\": " << detail::json_string(e.spec.operation)
+               << ", \"warn\": " << detail::json_number(e.spec.limits.warn)
                << ", \"trip\": " << detail::json_number(e.spec.limits.trip) << ", \"samples\": " << e.summary.samples
-               << ", \"warns\": " << e.summary.warns << ", \"trips\": " << e.summary.trips << ", \"last\": " << detail::json_number(e.summary.last)
-               << ", \"worst\": " << detail::json_number(e.summary.worst) << ", \"seconds\": " << detail::json_number(e.summary.seconds) << "}";
+               << ", \"warns\": " << e.summary.warns << ", \"trips\": " << e.summary.trips
+               << ", \"last\": " << detail::json_number(e.summary.last)
+               << ", \"worst\": " << detail::json_number(e.summary.worst)
+               << ", \"seconds\": " << detail::json_number(e.summary.seconds) << "}";
         }
         os << "]";
         return os.str();
@@ -313,15 +376,21 @@ private:
         check_spec spec;
         std::vector<check_sample> samples;
         std::unordered_map<std::int64_t, int> attempts;
-        int consecutive_trips = 0;
+        int consecutive_trips = 0;  ///< consecutive tripping steps up to the latest sample
+        int trips_before_step = 0;  ///< the same, before the latest step's first attempt
+        std::int64_t last_step = 0;
+        bool has_last = false;
         check_summary summary;
     };
 
     const entry& at(check_id id, const char* fn) const {
-        OCTET_REQUIRE(id < checks_.size(), fn, "id", detail::message("is ", id, " but ", checks_.size(), " checks are registered"));
+        OCTET_REQUIRE(id < checks_.size(), fn, "id",
+                      detail::message("is ", id, " but ", checks_.size(), " checks are registered"));
         return checks_[id];
     }
-    entry& at(check_id id, const char* fn) { return const_cast<entry&>(static_cast<const check_registry&>(*this).at(id, fn)); }
+    entry& at(check_id id, const char* fn) {
+        return const_cast<entry&>(static_cast<const check_registry&>(*this).at(id, fn));
+    }
 
     std::vector<check_id> with_status(std::int64_t step, check_status want) const {
         std::vector<check_id> out;

@@ -8,9 +8,13 @@
 //     so that "halve the weights" or "FP8 optimizer state" can be priced against the whole.
 //
 // The arithmetic is exact in double for any realistic byte count. The ledger is plain host code.
+// Byte counts and factors must be finite and non-negative (octet::error otherwise), so totals,
+// peaks and the JSON (which has no inf or NaN) always hold plain numbers; `scaled()` rejects a
+// category named twice (its factors would multiply) rather than guess which one was meant.
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <initializer_list>
 #include <sstream>
@@ -26,11 +30,16 @@ inline constexpr int memory_category_count = 5;
 
 inline const char* memory_category_name(memory_category c) {
     switch (c) {
-        case memory_category::weights: return "weights";
-        case memory_category::gradients: return "gradients";
-        case memory_category::optimizer_state: return "optimizer_state";
-        case memory_category::activations: return "activations";
-        case memory_category::temporaries: return "temporaries";
+        case memory_category::weights:
+            return "weights";
+        case memory_category::gradients:
+            return "gradients";
+        case memory_category::optimizer_state:
+            return "optimizer_state";
+        case memory_category::activations:
+            return "activations";
+        case memory_category::temporaries:
+            return "temporaries";
     }
     return "unknown";
 }
@@ -44,19 +53,18 @@ public:
 
     /// Sets a category's current bytes (and raises its peak if needed).
     void set(memory_category c, double bytes) {
-        OCTET_REQUIRE(bytes >= 0, "octet::memory_ledger::set", "bytes", detail::message("is ", bytes, "; pass a non-negative size"));
-        current_[index(c)] = bytes;
-        update_peaks();
+        check_bytes("octet::memory_ledger::set", bytes);
+        commit("octet::memory_ledger::set", c, bytes);
     }
     /// Records an allocation of `bytes` in a category.
     void allocate(memory_category c, double bytes) {
-        OCTET_REQUIRE(bytes >= 0, "octet::memory_ledger::allocate", "bytes", "must be non-negative");
-        current_[index(c)] += bytes;
-        update_peaks();
+        check_bytes("octet::memory_ledger::allocate", bytes);
+        commit("octet::memory_ledger::allocate", c, current_[index(c)] + bytes);
     }
     /// Records a free; freeing more than is held is an error (it means the books are wrong).
     void release(memory_category c, double bytes) {
-        OCTET_REQUIRE(bytes >= 0 && bytes <= current_[index(c)], "octet::memory_ledger::release", "bytes",
+        check_bytes("octet::memory_ledger::release", bytes);
+        OCTET_REQUIRE(bytes <= current_[index(c)], "octet::memory_ledger::release", "bytes",
                       detail::message("is ", bytes, " but ", memory_category_name(c), " holds ", current_[index(c)],
                                       "; release only what was allocated"));
         current_[index(c)] -= bytes;
@@ -79,11 +87,18 @@ public:
     memory_ledger scaled(std::initializer_list<std::pair<memory_category, double>> factors) const {
         memory_ledger out;
         out.current_ = current_;
+        std::array<bool, memory_category_count> seen{};
         for (const auto& [c, f] : factors) {
-            OCTET_REQUIRE(f >= 0, "octet::memory_ledger::scaled", "factor", "must be non-negative");
+            OCTET_REQUIRE(std::isfinite(f) && f >= 0, "octet::memory_ledger::scaled", "factor",
+                          detail::message("is ", f, " for ", memory_category_name(c), "; pass a finite factor >= 0"));
+            OCTET_REQUIRE(!seen[static_cast<std::size_t>(index(c))], "octet::memory_ledger::scaled", "factors",
+                          detail::message("name ", memory_category_name(c), " twice; give each category one factor"));
+            seen[static_cast<std::size_t>(index(c))] = true;
             out.current_[index(c)] *= f;
         }
-        out.update_peaks();
+        OCTET_REQUIRE(std::isfinite(out.total()), "octet::memory_ledger::scaled", "factors",
+                      "make the total overflow; pass realistic factors");
+        out.update_peaks();  // a what-if ledger's peaks are its own totals
         return out;
     }
 
@@ -105,16 +120,32 @@ public:
         os << "{";
         for (int i = 0; i < memory_category_count; ++i) {
             const auto c = static_cast<memory_category>(i);
-            os << "\"" << memory_category_name(c) << "\": {\"bytes\": " << bytes(c) << ", \"peak\": " << peak(c) << "}, ";
+            os << "\"" << memory_category_name(c) << "\": {\"bytes\": " << bytes(c) << ", \"peak\": " << peak(c)
+               << "}, ";
         }
         os << "\"total\": " << total() << ", \"peak_total\": " << peak_total() << "}";
         return os.str();
     }
 
 private:
+    static void check_bytes(const char* fn, double bytes) {
+        OCTET_REQUIRE(std::isfinite(bytes) && bytes >= 0, fn, "bytes",
+                      detail::message("is ", bytes, "; pass a finite, non-negative size"));
+    }
+    /// Sets a category to `value` unless the total would overflow to infinity (then throws).
+    void commit(const char* fn, memory_category c, double value) {
+        double t = value;
+        for (int i = 0; i < memory_category_count; ++i) t += i == index(c) ? 0.0 : current_[i];
+        OCTET_REQUIRE(std::isfinite(t), fn, "bytes",
+                      detail::message("makes the ledger's total overflow (", memory_category_name(c), " would hold ",
+                                      value, "); pass a realistic size"));
+        current_[index(c)] = value;
+        update_peaks();
+    }
     static int index(memory_category c) {
         const int i = static_cast<int>(c);
-        OCTET_REQUIRE(i >= 0 && i < memory_category_count, "octet::memory_ledger", "category", "is not a memory_category");
+        OCTET_REQUIRE(i >= 0 && i < memory_category_count, "octet::memory_ledger", "category",
+                      "is not a memory_category");
         return i;
     }
     void update_peaks() {

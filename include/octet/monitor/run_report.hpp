@@ -107,16 +107,21 @@ public:
            << " \"steps\": {\"executed\": " << s.executed_steps << ", \"distinct\": " << s.distinct_steps << "},\n"
            << " \"loss\": {\"first\": " << json_number(s.first_loss) << ", \"final\": " << json_number(s.final_loss)
            << ", \"min\": " << json_number(s.min_loss) << "},\n"
-           << " \"throughput\": {\"tokens_processed\": " << json_number(s.tokens_processed) << ", \"tokens_kept\": " << json_number(s.tokens_kept)
-           << ", \"wall_seconds\": " << json_number(s.wall_seconds) << ", \"tokens_per_second\": " << json_number(s.throughput)
+           << " \"throughput\": {\"tokens_processed\": " << json_number(s.tokens_processed)
+           << ", \"tokens_kept\": " << json_number(s.tokens_kept)
+           << ", \"wall_seconds\": " << json_number(s.wall_seconds)
+           << ", \"tokens_per_second\": " << json_number(s.throughput)
            << ", \"kept_tokens_per_second\": " << json_number(s.goodput) << "},\n"
-           << " \"memory\": {\"peak_bytes\": " << json_number(s.peak_memory_bytes) << ", \"ledger\": " << ledger.to_json() << "},\n"
-           << " \"recovery\": {\"restarts\": " << s.restarts << ", \"recoveries\": " << s.recoveries << ", \"raise_precision\": " << s.raises
-           << ", \"repeat_step\": " << s.repeats << ", \"gave_up\": " << (s.gave_up ? "true" : "false")
-           << ", \"extra_seconds\": " << json_number(s.recovery_seconds) << ", \"max_extra_bytes\": " << json_number(s.recovery_max_bytes)
-           << ", \"log\": " << log.to_json() << "},\n"
-           << " \"monitors\": {\"seconds\": " << json_number(s.monitor_seconds) << ", \"overhead_fraction\": " << json_number(s.monitor_overhead)
-           << ", \"checks\": " << reg.to_json() << "}}\n";
+           << " \"memory\": {\"peak_bytes\": " << json_number(s.peak_memory_bytes)
+           << ", \"ledger\": " << ledger.to_json() << "},\n"
+           << " \"recovery\": {\"restarts\": " << s.restarts << ", \"recoveries\": " << s.recoveries
+           << ", \"raise_precision\": " << s.raises << ", \"repeat_step\": " << s.repeats
+           << ", \"gave_up\": " << (s.gave_up ? "true" : "false")
+           << ", \"extra_seconds\": " << json_number(s.recovery_seconds)
+           << ", \"max_extra_bytes\": " << json_number(s.recovery_max_bytes) << ", \"log\": " << log.to_json() << "},\n"
+           << " \"monitors\": {\"seconds\": " << json_number(s.monitor_seconds)
+           << ", \"overhead_fraction\": " << json_number(s.monitor_overhead) << ", \"checks\": " << reg.to_json()
+           << "}}\n";
         return os.str();
     }
 
@@ -131,12 +136,15 @@ public:
            << "| goodput (kept tokens/s) | " << s.goodput << " |\n"
            << "| peak memory (MiB) | " << s.peak_memory_bytes / 1048576.0 << " |\n"
            << "| restarts (checkpoint reloads) | " << s.restarts << " |\n"
-           << "| recoveries (raise / repeat / reload) | " << s.recoveries << " (" << s.raises << " / " << s.repeats << " / " << s.restarts
-           << ")" << (s.gave_up ? ", gave up" : "") << " |\n"
-           << "| recovery extra time (s) / max extra memory (MiB) | " << s.recovery_seconds << " / " << s.recovery_max_bytes / 1048576.0 << " |\n"
+           << "| recoveries (raise / repeat / reload) | " << s.recoveries << " (" << s.raises << " / " << s.repeats
+           << " / " << s.restarts << ")" << (s.gave_up ? ", gave up" : "") << " |\n"
+           << "| recovery extra time (s) / max extra memory (MiB) | " << s.recovery_seconds << " / "
+           << s.recovery_max_bytes / 1048576.0 << " |\n"
            << "| monitor time (s) / overhead | " << s.monitor_seconds << " / " << 100.0 * s.monitor_overhead << "% |\n"
-           << "\n### Recovery log\n\n" << log.to_markdown() << "\n### Monitors\n\n" << reg.to_markdown()
-           << "\n### Memory (MiB)\n\n" << ledger.to_markdown(1048576.0, "MiB");
+           << "\n### Recovery log\n\n"
+           << log.to_markdown() << "\n### Monitors\n\n"
+           << reg.to_markdown() << "\n### Memory (MiB)\n\n"
+           << ledger.to_markdown(1048576.0, "MiB");
         return os.str();
     }
 

@@ -40,8 +40,9 @@ inline double safe_ratio(double num, double den) {
 
 /// Largest |row sum - 1| over the rows of a row-major rows x cols probability matrix.
 inline double softmax_row_sum_residual(span<const float> probs, std::size_t rows, std::size_t cols) {
-    OCTET_REQUIRE(probs.size() == rows * cols, "octet::softmax_row_sum_residual", "probs",
-                  detail::message("has ", probs.size(), " elements for ", rows, " x ", cols, "; pass rows * cols values"));
+    OCTET_REQUIRE(
+        probs.size() == rows * cols, "octet::softmax_row_sum_residual", "probs",
+        detail::message("has ", probs.size(), " elements for ", rows, " x ", cols, "; pass rows * cols values"));
     double worst = 0;
     for (std::size_t r = 0; r < rows; ++r) {
         double s = 0;
@@ -94,7 +95,8 @@ double underflow_rate(span<const float> x) {
 /// amax now against the largest amax of the delayed-scaling history the current scale came
 /// from: > 1 means values exceed what the scale was sized for. History must not be empty.
 inline double amax_drift(double amax_now, span<const float> history) {
-    OCTET_REQUIRE(!history.empty(), "octet::amax_drift", "history", "is empty; pass the amax history the current scale was computed from");
+    OCTET_REQUIRE(!history.empty(), "octet::amax_drift", "history",
+                  "is empty; pass the amax history the current scale was computed from");
     double m = 0;
     for (float h : history) {
         if (std::isnan(h)) return std::numeric_limits<double>::quiet_NaN();

@@ -10,7 +10,7 @@
 // `report` is device memory for one octet::adamw_report; the call zeroes it on the stream and the
 // kernels fill it, so reading it needs a synchronization (nothing here synchronizes).
 //
-// Launches: with nonfinite_policy::skip_step, a counting kernel first (one read of the
+// Launches: with grad_nonfinite_policy::skip_step, a counting kernel first (one read of the
 // gradients), then the step kernel, which reads the count from `report` and exits at once when
 // it is non-zero (no host round trip). With zero_block, the step kernel alone.
 // Bytes moved per element by the step kernel: weights read+write, gradient read, both moment
@@ -46,7 +46,7 @@ using grad_storage_t = typename grad_storage<std::remove_cv_t<T>>::type;
 constexpr int kStepThreads = 256;  // 8 warps: 8 blocks of 256 elements per CTA per iteration
 
 template <class Grad>
-__global__ void count_nonfinite_kernel(const Grad* __restrict__ g, std::size_t n, adamw_report* report) {
+OCTET_KERNEL void count_nonfinite_kernel(const Grad* __restrict__ g, std::size_t n, adamw_report* report) {
     std::uint32_t local = 0;
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -54,12 +54,13 @@ __global__ void count_nonfinite_kernel(const Grad* __restrict__ g, std::size_t n
     OCTET_UNROLL
     for (int offset = 16; offset >= 1; offset >>= 1) local += __shfl_xor_sync(0xFFFFFFFFu, local, offset);
     if ((threadIdx.x & 31u) == 0u && local != 0u)
-        atomicAdd(reinterpret_cast<unsigned long long*>(&report->nonfinite_gradients), static_cast<unsigned long long>(local));
+        atomicAdd(reinterpret_cast<unsigned long long*>(&report->nonfinite_gradients),
+                  static_cast<unsigned long long>(local));
 }
 
 template <class MCodec, class VCodec, class Master, class Grad>
-__global__ void __launch_bounds__(kStepThreads) adamw_step_kernel(adamw_block_args<MCodec, VCodec, Master, Grad> a,
-                                                                  adamw_report* report, bool skip_if_counted) {
+OCTET_KERNEL void __launch_bounds__(kStepThreads)
+    adamw_step_kernel(adamw_block_args<MCodec, VCodec, Master, Grad> a, adamw_report* report, bool skip_if_counted) {
     codec_context ctx{};
     if constexpr (MCodec::needs_tables || VCodec::needs_tables) {
         __shared__ float tables[codec_table_floats];
@@ -79,8 +80,12 @@ __global__ void __launch_bounds__(kStepThreads) adamw_step_kernel(adamw_block_ar
     }
     bad = static_cast<std::uint32_t>(team.sum(static_cast<int>(bad)));
     if (team.rank() == 0) {
-        if (bad) atomicAdd(reinterpret_cast<unsigned long long*>(&report->nonfinite_gradients), static_cast<unsigned long long>(bad));
-        if (zeroed) atomicAdd(reinterpret_cast<unsigned long long*>(&report->blocks_zeroed), static_cast<unsigned long long>(zeroed));
+        if (bad)
+            atomicAdd(reinterpret_cast<unsigned long long*>(&report->nonfinite_gradients),
+                      static_cast<unsigned long long>(bad));
+        if (zeroed)
+            atomicAdd(reinterpret_cast<unsigned long long*>(&report->blocks_zeroed),
+                      static_cast<unsigned long long>(zeroed));
     }
 }
 
@@ -96,14 +101,17 @@ void require_device_view(span<T> s, const char* fn, const char* name) {
 template <class Grad>
 void count_nonfinite(stream_executor ex, span<const Grad> grads, adamw_report* report) {
     using G = optim_detail::grad_storage_t<Grad>;
-    static_assert(optim_detail::is_grad_type_v<G>, "octet::count_nonfinite: gradients must be float, octet::bf16 or __nv_bfloat16");
-    OCTET_REQUIRE(report != nullptr, "octet::count_nonfinite", "report", "is null; pass device memory for one octet::adamw_report");
+    static_assert(optim_detail::is_grad_type_v<G>,
+                  "octet::count_nonfinite: gradients must be float, octet::bf16 or __nv_bfloat16");
+    OCTET_REQUIRE(report != nullptr, "octet::count_nonfinite", "report",
+                  "is null; pass device memory for one octet::adamw_report");
     cuda::require_device_accessible(report, "octet::count_nonfinite", "report");
     if (grads.empty()) return;
     OCTET_REQUIRE(grads.data() != nullptr, "octet::count_nonfinite", "grads", "is null with a non-zero size");
     cuda::require_device_accessible(grads.data(), "octet::count_nonfinite", "grads");
     const unsigned blocks = cuda::grid_stride_blocks(grads.size(), 256, 4);
-    optim_detail::count_nonfinite_kernel<<<blocks, 256, 0, ex.stream>>>(reinterpret_cast<const G*>(grads.data()), grads.size(), report);
+    optim_detail::count_nonfinite_kernel<<<blocks, 256, 0, ex.stream>>>(reinterpret_cast<const G*>(grads.data()),
+                                                                        grads.size(), report);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -127,16 +135,25 @@ void adamw_step(stream_executor ex, const adamw_state_ref<MCodec, VCodec, Master
 
     OCTET_CUDA_CHECK(cudaMemsetAsync(report, 0, sizeof(adamw_report), ex.stream));
     if (state.size() == 0) return;
-    const bool skip = hyper.on_nonfinite == nonfinite_policy::skip_step;
+    const bool skip = hyper.on_nonfinite == grad_nonfinite_policy::skip_step;
     if (skip) count_nonfinite(ex, grads, report);
 
-    const bool vectorized = detail::is_aligned(state.params.data(), 16) && detail::is_aligned(state.m_codes.data(), 16) &&
+    const bool vectorized = detail::is_aligned(state.params.data(), 16) &&
+                            detail::is_aligned(state.m_codes.data(), 16) &&
                             detail::is_aligned(state.v_codes.data(), 16) && detail::is_aligned(grads.data(), 16) &&
                             (!Master::has_compensation || detail::is_aligned(state.compensation.data(), 16));
-    const optim_detail::adamw_block_args<MCodec, VCodec, Master, G> args{
-        state.params.data(), state.compensation.data(), state.m_codes.data(), state.m_meta.data(), state.v_codes.data(),
-        state.v_meta.data(), reinterpret_cast<const G*>(grads.data()), state.size(), state.element_offset,
-        make_adamw_coeffs(hyper, step, lr), hyper.on_nonfinite, vectorized};
+    const optim_detail::adamw_block_args<MCodec, VCodec, Master, G> args{state.params.data(),
+                                                                         state.compensation.data(),
+                                                                         state.m_codes.data(),
+                                                                         state.m_meta.data(),
+                                                                         state.v_codes.data(),
+                                                                         state.v_meta.data(),
+                                                                         reinterpret_cast<const G*>(grads.data()),
+                                                                         state.size(),
+                                                                         state.element_offset,
+                                                                         make_adamw_coeffs(hyper, step, lr),
+                                                                         hyper.on_nonfinite,
+                                                                         vectorized};
     const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
     const unsigned ctas = cuda::grid_stride_blocks(blocks * 32, optim_detail::kStepThreads, 8);
     optim_detail::adamw_step_kernel<<<ctas, optim_detail::kStepThreads, 0, ex.stream>>>(args, report, skip);

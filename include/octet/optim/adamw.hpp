@@ -26,19 +26,21 @@
 //
 // Non-finite gradients. A gradient element is offending when it is NaN, +-Inf, or so large that
 // its square would overflow float (|g| >= 2^63). Policies:
-//   * nonfinite_policy::skip_step: the gradients are scanned first (one extra read of them); if any
+//   * grad_nonfinite_policy::skip_step: the gradients are scanned first (one extra read of them); if any
 //     element offends, nothing is written and the report says skipped = 1. The caller decides
 //     whether the step counter advances (adamw_optimizer does not advance it). For sharded runs,
 //     count_nonfinite on every shard, all-reduce, and skip the call everywhere when the sum is
 //     non-zero: the local scan cannot see other shards.
-//   * nonfinite_policy::zero_block: single pass; a block of 256 with an offending element keeps
+//   * grad_nonfinite_policy::zero_block: single pass; a block of 256 with an offending element keeps
 //     its weights (and compensation) unchanged and has both moments reset to zero; other blocks
 //     update normally.
 // Either way the report counts offending elements, zeroed blocks and skipped steps.
 //
 // Determinism: the result is a function of the inputs only: the same for any thread count, any
 // shard split on block boundaries (element_offset), and on host and device. Stochastic rounding
-// of bf16 master weights draws element i's bits from philox_stream{seed, step}.bits(offset + i).
+// of bf16 master weights draws element i's bits from philox_stream{seed, step}.bits(offset + i);
+// the bf16_stochastic moment codec draws from the same stream in a disjoint range of Philox
+// blocks, one per moment (state_codec.hpp), so the three never share bits.
 #pragma once
 
 #include <atomic>
@@ -60,7 +62,9 @@
 
 namespace octet {
 
-enum class nonfinite_policy : std::uint32_t { skip_step = 1, zero_block = 2 };
+/// What a step does with gradients that are NaN, +-Inf or >= 2^63 in magnitude (see the header
+/// comment). Not to be confused with rl's token_nonfinite_policy, which governs log-probabilities.
+enum class grad_nonfinite_policy : std::uint32_t { skip_step = 1, zero_block = 2 };
 
 /// Hyperparameters that stay fixed over a run (the learning rate is per step).
 struct adamw_hyper {
@@ -68,8 +72,8 @@ struct adamw_hyper {
     float beta2 = 0.999f;
     float eps = 1e-8f;
     float weight_decay = 0.01f;
-    nonfinite_policy on_nonfinite = nonfinite_policy::skip_step;
-    std::uint64_t seed = 0;  ///< Philox seed for stochastic rounding of bf16 master weights
+    grad_nonfinite_policy on_nonfinite = grad_nonfinite_policy::skip_step;
+    std::uint64_t seed = 0;  ///< Philox seed for stochastic rounding (bf16 master weights, bf16_stochastic moments)
 };
 
 /// What a step did. The device overload writes it to device memory.
@@ -97,10 +101,11 @@ struct adamw_coeffs {
 template <class MCodec, class VCodec = MCodec, class Master = master::fp32>
 struct adamw_state_ref {
     static_assert(is_state_codec_v<MCodec> && is_state_codec_v<VCodec>,
-                  "octet::adamw_state_ref: MCodec and VCodec must be octet::state_codec::{fp32, bf16, e4m3_scaled, "
-                  "e4m3_expanded, dynamic8} (or a type with the same members whose group divides 256)");
-    static_assert(is_master_weights_v<Master>,
-                  "octet::adamw_state_ref: Master must be octet::master::{fp32, bf16_nearest, bf16_stochastic, bf16_kahan}");
+                  "octet::adamw_state_ref: MCodec and VCodec must be octet::state_codec::{fp32, bf16_stochastic, bf16, "
+                  "e4m3_scaled, e4m3_expanded, dynamic8} (or a type with the same members whose group divides 256)");
+    static_assert(
+        is_master_weights_v<Master>,
+        "octet::adamw_state_ref: Master must be octet::master::{fp32, bf16_nearest, bf16_stochastic, bf16_kahan}");
     using m_codec = MCodec;
     using v_codec = VCodec;
     using master_type = Master;
@@ -117,8 +122,9 @@ struct adamw_state_ref {
 
     /// The views of elements [begin, begin + count) as a shard (begin a multiple of optim_block).
     adamw_state_ref shard(std::size_t begin, std::size_t count) const {
-        OCTET_REQUIRE(begin % optim_block == 0, "octet::adamw_state_ref::shard", "begin",
-                      detail::message("is ", begin, "; shards start on block boundaries (multiples of ", optim_block, ")"));
+        OCTET_REQUIRE(
+            begin % optim_block == 0, "octet::adamw_state_ref::shard", "begin",
+            detail::message("is ", begin, "; shards start on block boundaries (multiples of ", optim_block, ")"));
         OCTET_REQUIRE(begin + count <= size(), "octet::adamw_state_ref::shard", "count",
                       detail::message("reaches ", begin + count, " past the ", size(), " elements"));
         auto meta_part = [&](auto s, int group) {
@@ -149,11 +155,21 @@ public:
 
     adamw_state() = default;
     explicit adamw_state(std::size_t n)
-        : params(n), compensation(Master::has_compensation ? n : 0), m_codes(n), m_meta(state_meta_count<MCodec>(n)),
-          v_codes(n), v_meta(state_meta_count<VCodec>(n)) {}
+        : params(n),
+          compensation(Master::has_compensation ? n : 0),
+          m_codes(n),
+          m_meta(state_meta_count<MCodec>(n)),
+          v_codes(n),
+          v_meta(state_meta_count<VCodec>(n)) {}
 
     ref_type ref() {
-        return ref_type{as_span(params), as_span(compensation), as_span(m_codes), as_span(m_meta), as_span(v_codes), as_span(v_meta), 0};
+        return ref_type{as_span(params),
+                        as_span(compensation),
+                        as_span(m_codes),
+                        as_span(m_meta),
+                        as_span(v_codes),
+                        as_span(v_meta),
+                        0};
     }
     std::size_t size() const { return params.size(); }
 
@@ -162,16 +178,18 @@ public:
         OCTET_REQUIRE(x.size() == params.size(), "octet::adamw_state::set_params", "x",
                       detail::message("has ", x.size(), " elements for ", params.size(), " parameters"));
         for (std::size_t i = 0; i < x.size(); ++i) {
-            if constexpr (Master::has_compensation) Master::store(x[i], params[i], compensation[i], 0u);
-            else if constexpr (std::is_same_v<weight_type, float>) params[i] = x[i];
-            else params[i] = to_bf16(x[i]);  // nearest, also for the stochastic policy
+            if constexpr (Master::has_compensation)
+                Master::store(x[i], params[i], compensation[i], 0u);
+            else if constexpr (std::is_same_v<weight_type, float>)
+                params[i] = x[i];
+            else
+                params[i] = to_bf16(x[i]);  // nearest, also for the stochastic policy
         }
     }
     /// The weights as floats (w + c for Kahan).
     std::vector<float> params_as_float() const {
         std::vector<float> out(params.size());
-        for (std::size_t i = 0; i < out.size(); ++i)
-            out[i] = Master::load(params[i], comp_at(i));
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = Master::load(params[i], comp_at(i));
         return out;
     }
 
@@ -184,21 +202,29 @@ public:
 
 private:
     typename Master::comp_type comp_at(std::size_t i) const {
-        if constexpr (Master::has_compensation) return compensation[i];
-        else return {};
+        if constexpr (Master::has_compensation)
+            return compensation[i];
+        else
+            return {};
     }
 };
 
 namespace optim_detail {
 
-OCTET_OPTIM_HD float to_f(float x) { return x; }
-OCTET_OPTIM_HD float to_f(::octet::bf16 x) { return to_float(x); }
+OCTET_OPTIM_HD float to_f(float x) {
+    return x;
+}
+OCTET_OPTIM_HD float to_f(::octet::bf16 x) {
+    return to_float(x);
+}
 
 template <class G>
 inline constexpr bool is_grad_type_v = std::is_same_v<G, float> || std::is_same_v<G, ::octet::bf16>;
 
 /// NaN, +-Inf, or |g| >= 2^63 (its square would overflow float).
-OCTET_OPTIM_HD bool offending(float g) { return !(abs_rn(g) < 9.22337204e18f); }
+OCTET_OPTIM_HD bool offending(float g) {
+    return !(abs_rn(g) < 9.22337204e18f);
+}
 
 /// One element's Adam direction u = m' / (sqrt(v') / sqrt(bc2) + eps); updates m and v in place.
 OCTET_OPTIM_HD float adamw_direction(float g, float& m, float& v, const adamw_coeffs& c) {
@@ -209,7 +235,9 @@ OCTET_OPTIM_HD float adamw_direction(float g, float& m, float& v, const adamw_co
 }
 
 /// The new weight before the master policy: w (1 - lr wd) - step_size u.
-OCTET_OPTIM_HD float adamw_target(float w, float u, const adamw_coeffs& c) { return fma_rn(c.neg_step_size, u, mul_rn(w, c.decay)); }
+OCTET_OPTIM_HD float adamw_target(float w, float u, const adamw_coeffs& c) {
+    return fma_rn(c.neg_step_size, u, mul_rn(w, c.decay));
+}
 
 template <class MCodec, class VCodec, class Master, class Grad>
 struct adamw_block_args {
@@ -223,7 +251,7 @@ struct adamw_block_args {
     std::size_t n;
     std::uint64_t element_offset;
     adamw_coeffs c;
-    nonfinite_policy policy;
+    grad_nonfinite_policy policy;
     bool vectorized;  ///< every pointer 16-byte aligned (device loads)
 };
 
@@ -250,7 +278,7 @@ OCTET_HD block_result adamw_block(const Team& team, const adamw_block_args<MCode
         g[i] = to_f(graw[i]);  // 0 beyond valid (team.load)
         bad += offending(g[i]) ? 1 : 0;
     }
-    if (a.policy == nonfinite_policy::zero_block) {
+    if (a.policy == grad_nonfinite_policy::zero_block) {
         if (team.sum(bad) != 0) {
             zero_slice<MCodec, Team, P>(team, start, valid, a.m_codes, a.m_meta, a.vectorized);
             zero_slice<VCodec, Team, P>(team, start, valid, a.v_codes, a.v_meta, a.vectorized);
@@ -284,8 +312,9 @@ OCTET_HD block_result adamw_block(const Team& team, const adamw_block_args<MCode
     team.store(a.params + start, valid, w, a.vectorized);
     if constexpr (Master::has_compensation) team.store(a.comp + start, valid, cp, a.vectorized);
 
-    encode_slice<MCodec, moment::first>(team, m, start, valid, a.m_meta, ctx, mc);
-    encode_slice<VCodec, moment::second>(team, v, start, valid, a.v_meta, ctx, vc);
+    const moment_bits bits{a.c.rng, a.element_offset + start};  // stochastic moment codecs (state_codec.hpp)
+    encode_slice<MCodec, moment::first>(team, m, start, valid, a.m_meta, ctx, mc, bits);
+    encode_slice<VCodec, moment::second>(team, v, start, valid, a.v_meta, ctx, vc, bits);
     team.store(a.m_codes + start, valid, mc, a.vectorized);
     team.store(a.v_codes + start, valid, vc, a.vectorized);
     return block_result{static_cast<std::uint32_t>(bad), 0u};
@@ -297,40 +326,54 @@ void check_state(const char* fn, const Ref& s) {
     using VC = typename Ref::v_codec;
     using M = typename Ref::master_type;
     const std::size_t n = s.size();
-    OCTET_REQUIRE(s.m_codes.size() == n, fn, "state.m_codes", detail::message("has ", s.m_codes.size(), " codes for ", n, " parameters; pass one per parameter"));
-    OCTET_REQUIRE(s.v_codes.size() == n, fn, "state.v_codes", detail::message("has ", s.v_codes.size(), " codes for ", n, " parameters; pass one per parameter"));
+    OCTET_REQUIRE(s.m_codes.size() == n, fn, "state.m_codes",
+                  detail::message("has ", s.m_codes.size(), " codes for ", n, " parameters; pass one per parameter"));
+    OCTET_REQUIRE(s.v_codes.size() == n, fn, "state.v_codes",
+                  detail::message("has ", s.v_codes.size(), " codes for ", n, " parameters; pass one per parameter"));
     OCTET_REQUIRE(s.m_meta.size() == state_meta_count<MC>(n), fn, "state.m_meta",
-                  detail::message("has ", s.m_meta.size(), " entries; ", n, " parameters need state_meta_count = ", state_meta_count<MC>(n)));
+                  detail::message("has ", s.m_meta.size(), " entries; ", n,
+                                  " parameters need state_meta_count = ", state_meta_count<MC>(n)));
     OCTET_REQUIRE(s.v_meta.size() == state_meta_count<VC>(n), fn, "state.v_meta",
-                  detail::message("has ", s.v_meta.size(), " entries; ", n, " parameters need state_meta_count = ", state_meta_count<VC>(n)));
+                  detail::message("has ", s.v_meta.size(), " entries; ", n,
+                                  " parameters need state_meta_count = ", state_meta_count<VC>(n)));
     OCTET_REQUIRE(s.compensation.size() == (M::has_compensation ? n : 0), fn, "state.compensation",
-                  detail::message("has ", s.compensation.size(), " elements; this master-weight policy needs ", M::has_compensation ? n : 0));
+                  detail::message("has ", s.compensation.size(), " elements; this master-weight policy needs ",
+                                  M::has_compensation ? n : 0));
     OCTET_REQUIRE(s.element_offset % optim_block == 0, fn, "state.element_offset",
-                  detail::message("is ", s.element_offset, "; shards start on block boundaries (multiples of ", optim_block, ")"));
-    OCTET_REQUIRE(n == 0 || (s.params.data() && s.m_codes.data() && s.v_codes.data()), fn, "state", "has a null view with a non-zero size");
+                  detail::message("is ", s.element_offset, "; shards start on block boundaries (multiples of ",
+                                  optim_block, ")"));
+    OCTET_REQUIRE(n == 0 || (s.params.data() && s.m_codes.data() && s.v_codes.data()), fn, "state",
+                  "has a null view with a non-zero size");
     OCTET_REQUIRE(!MC::has_meta || n == 0 || s.m_meta.data(), fn, "state.m_meta", "is null with a non-zero size");
     OCTET_REQUIRE(!VC::has_meta || n == 0 || s.v_meta.data(), fn, "state.v_meta", "is null with a non-zero size");
-    OCTET_REQUIRE(!M::has_compensation || n == 0 || s.compensation.data(), fn, "state.compensation", "is null with a non-zero size");
+    OCTET_REQUIRE(!M::has_compensation || n == 0 || s.compensation.data(), fn, "state.compensation",
+                  "is null with a non-zero size");
 }
 
 inline void check_hyper(const char* fn, const adamw_hyper& h, std::uint64_t step, float lr) {
-    OCTET_REQUIRE(h.beta1 >= 0.0f && h.beta1 < 1.0f, fn, "hyper.beta1", detail::message("is ", h.beta1, "; pass a value in [0, 1)"));
-    OCTET_REQUIRE(h.beta2 >= 0.0f && h.beta2 < 1.0f, fn, "hyper.beta2", detail::message("is ", h.beta2, "; pass a value in [0, 1)"));
+    OCTET_REQUIRE(h.beta1 >= 0.0f && h.beta1 < 1.0f, fn, "hyper.beta1",
+                  detail::message("is ", h.beta1, "; pass a value in [0, 1)"));
+    OCTET_REQUIRE(h.beta2 >= 0.0f && h.beta2 < 1.0f, fn, "hyper.beta2",
+                  detail::message("is ", h.beta2, "; pass a value in [0, 1)"));
     OCTET_REQUIRE(h.eps > 0.0f && std::isfinite(h.eps), fn, "hyper.eps",
                   detail::message("is ", h.eps, "; eps must be finite and > 0 (it bounds the update when v is 0)"));
     OCTET_REQUIRE(h.weight_decay >= 0.0f && std::isfinite(h.weight_decay), fn, "hyper.weight_decay",
                   detail::message("is ", h.weight_decay, "; pass a finite value >= 0"));
-    OCTET_REQUIRE(h.on_nonfinite == nonfinite_policy::skip_step || h.on_nonfinite == nonfinite_policy::zero_block, fn,
-                  "hyper.on_nonfinite", "is not a nonfinite_policy");
+    OCTET_REQUIRE(
+        h.on_nonfinite == grad_nonfinite_policy::skip_step || h.on_nonfinite == grad_nonfinite_policy::zero_block, fn,
+        "hyper.on_nonfinite", "is not a grad_nonfinite_policy");
     OCTET_REQUIRE(step >= 1, fn, "step", "is 0; steps count from 1 (bias correction divides by 1 - beta^step)");
-    OCTET_REQUIRE(lr >= 0.0f && std::isfinite(lr), fn, "lr", detail::message("is ", lr, "; pass a finite learning rate >= 0"));
+    OCTET_REQUIRE(lr >= 0.0f && std::isfinite(lr), fn, "lr",
+                  detail::message("is ", lr, "; pass a finite learning rate >= 0"));
 }
 
 template <class Ref, class Grad>
 void check_step(const char* fn, const Ref& s, std::size_t grads, const adamw_hyper& h, std::uint64_t step, float lr) {
-    static_assert(is_grad_type_v<Grad>, "octet::adamw_step: gradients must be float or octet::bf16 (__nv_bfloat16 on a stream)");
+    static_assert(is_grad_type_v<Grad>,
+                  "octet::adamw_step: gradients must be float or octet::bf16 (__nv_bfloat16 on a stream)");
     check_state(fn, s);
-    OCTET_REQUIRE(grads == s.size(), fn, "grads", detail::message("has ", grads, " elements for ", s.size(), " parameters"));
+    OCTET_REQUIRE(grads == s.size(), fn, "grads",
+                  detail::message("has ", grads, " elements for ", s.size(), " parameters"));
     check_hyper(fn, h, step, lr);
 }
 
@@ -376,7 +419,7 @@ adamw_report adamw_step(host_executor ex, const adamw_state_ref<MCodec, VCodec, 
     optim_detail::check_step<adamw_state_ref<MCodec, VCodec, Master>, Grad>(fn, state, grads.size(), hyper, step, lr);
     OCTET_REQUIRE(grads.empty() || grads.data(), fn, "grads", "is null with a non-zero size");
     adamw_report report;
-    if (hyper.on_nonfinite == nonfinite_policy::skip_step) {
+    if (hyper.on_nonfinite == grad_nonfinite_policy::skip_step) {
         report.nonfinite_gradients = count_nonfinite(ex, grads);
         if (report.nonfinite_gradients != 0) {
             report.skipped = 1;
@@ -384,9 +427,12 @@ adamw_report adamw_step(host_executor ex, const adamw_state_ref<MCodec, VCodec, 
         }
     }
     const optim_detail::adamw_block_args<MCodec, VCodec, Master, Grad> args{
-        state.params.data(), state.compensation.data(), state.m_codes.data(), state.m_meta.data(), state.v_codes.data(),
-        state.v_meta.data(), grads.data(), state.size(), state.element_offset, make_adamw_coeffs(hyper, step, lr),
-        hyper.on_nonfinite, false};
+        state.params.data(),  state.compensation.data(),
+        state.m_codes.data(), state.m_meta.data(),
+        state.v_codes.data(), state.v_meta.data(),
+        grads.data(),         state.size(),
+        state.element_offset, make_adamw_coeffs(hyper, step, lr),
+        hyper.on_nonfinite,   false};
     const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
     std::atomic<std::uint64_t> bad{0}, zeroed{0};
     parallel_for(ex, blocks, 64, [&](std::size_t b, std::size_t e) {

@@ -3,11 +3,17 @@
 //   octet::save_adamw_checkpoint(path, state_ref, hyper, steps_taken);
 //   octet::adamw_checkpoint_info info = octet::load_adamw_checkpoint(path, state_ref);
 //
-// Saving writes `path + ".tmp"`, flushes it to disk, and renames it over `path`, so a save that
-// fails (disk full, crash) leaves the previous checkpoint intact. Loading verifies the whole
-// file (every checksum, sizes, codec and master-weight ids) before it writes anything into the
-// state; a truncated, corrupted, foreign or mismatched file raises octet::error naming what is
-// wrong, and the state is left as it was.
+// Saving writes a temporary file beside `path` (`path.tmp.<pid>.<suffix>`, created exclusively,
+// so concurrent saves to one path never share it), flushes it to disk, renames it over `path`,
+// and flushes the folder (POSIX), so the rename itself survives a crash. A save that fails
+// (disk full, crash) leaves the previous checkpoint intact; with concurrent saves the last
+// rename wins and the file is always one complete checkpoint. Loading verifies the whole file
+// (every checksum, every header field and id in range, sizes) before it writes anything into
+// the state; a truncated, corrupted, foreign or mismatched file (or a folder) raises
+// octet::error naming what is wrong, and the state is left as it was. Header fields are checked
+// at load, not at the first step: unknown codec, master-weight or non-finite-policy ids,
+// non-zero reserved bytes, betas outside [0, 1), eps <= 0, a negative or non-finite weight
+// decay, or an offset off the 256-element block grid are refused there.
 //
 // Format, version 1; every integer and float little-endian whatever the host's byte order:
 //   header (96 bytes)
@@ -16,6 +22,8 @@
 //    12  u32      reserved (0)
 //    16  u16 x 4  octet version major, minor, patch, 0
 //    24  u32 x 4  first-moment codec id, second-moment codec id, master-weights id, non-finite policy
+//                 (state_codec_id: 1 fp32, 2 bf16 nearest, 3 e4m3_scaled, 4 e4m3_expanded, 5 dynamic8,
+//                 6 bf16_stochastic, added without a version change: the layout is that of id 2)
 //    40  u64 x 4  elements, element_offset (shard start), steps taken, Philox seed
 //    72  f32 x 4  beta1, beta2, eps, weight_decay (IEEE 754 binary32 bits)
 //    88  u32      section count
@@ -29,20 +37,30 @@
 // 0xFFFFFFFF); octet::crc32 is tested against its published check values.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
+#include "octet/core/byte_io.hpp"
 #include "octet/core/check.hpp"
 #include "octet/core/span.hpp"
 #include "octet/optim/adamw.hpp"
@@ -75,10 +93,9 @@ inline std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size
     const auto* p = static_cast<const unsigned char*>(data);
     std::uint32_t c = ~crc;
     while (size >= 8) {  // slicing by 8
-        const std::uint32_t lo = c ^ (static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
-                                      static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
-        c = T[7][lo & 0xFFu] ^ T[6][(lo >> 8) & 0xFFu] ^ T[5][(lo >> 16) & 0xFFu] ^ T[4][lo >> 24] ^ T[3][p[4]] ^ T[2][p[5]] ^
-            T[1][p[6]] ^ T[0][p[7]];
+        const std::uint32_t lo = c ^ load_le32(p);
+        c = T[7][lo & 0xFFu] ^ T[6][(lo >> 8) & 0xFFu] ^ T[5][(lo >> 16) & 0xFFu] ^ T[4][lo >> 24] ^ T[3][p[4]] ^
+            T[2][p[5]] ^ T[1][p[6]] ^ T[0][p[7]];
         p += 8;
         size -= 8;
     }
@@ -87,7 +104,9 @@ inline std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size
 }
 
 /// CRC-32 (IEEE 802.3, as zlib's crc32) of a byte range.
-inline std::uint32_t crc32(const void* data, std::size_t size) { return crc32_update(0u, data, size); }
+inline std::uint32_t crc32(const void* data, std::size_t size) {
+    return crc32_update(0u, data, size);
+}
 
 // ---- checkpoint ------------------------------------------------------------------------------
 
@@ -111,26 +130,24 @@ inline constexpr char checkpoint_end[9] = "OCTETEND";
 inline constexpr std::size_t checkpoint_header_bytes = 96;
 inline constexpr std::uint32_t checkpoint_sections = 6;
 
+// The checkpoint's names for the little-endian byte I/O of octet/core/byte_io.hpp.
 inline void put_u16(unsigned char* p, std::uint32_t v) {
-    p[0] = static_cast<unsigned char>(v);
-    p[1] = static_cast<unsigned char>(v >> 8);
+    store_le16(p, v);
 }
 inline void put_u32(unsigned char* p, std::uint32_t v) {
-    for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+    store_le32(p, v);
 }
 inline void put_u64(unsigned char* p, std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+    store_le64(p, v);
 }
-inline std::uint32_t get_u16(const unsigned char* p) { return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8; }
+inline std::uint32_t get_u16(const unsigned char* p) {
+    return load_le16(p);
+}
 inline std::uint32_t get_u32(const unsigned char* p) {
-    std::uint32_t v = 0;
-    for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-    return v;
+    return load_le32(p);
 }
 inline std::uint64_t get_u64(const unsigned char* p) {
-    std::uint64_t v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-    return v;
+    return load_le64(p);
 }
 
 /// Serialization of one element: bytes per element, put, get (little-endian).
@@ -157,7 +174,8 @@ struct wire<std::uint8_t> {
 /// Codec meta: its float fields in order.
 template <class Meta, int Floats>
 struct meta_wire {
-    static_assert(sizeof(Meta) == 4 * Floats && std::is_trivially_copyable_v<Meta>, "octet: codec meta must be Floats floats");
+    static_assert(sizeof(Meta) == 4 * Floats && std::is_trivially_copyable_v<Meta>,
+                  "octet: codec meta must be Floats floats");
     static constexpr std::size_t bytes = 4 * Floats;
     static void put(unsigned char* p, const Meta& m) {
         float f[Floats];
@@ -178,7 +196,8 @@ struct empty_wire {
     static void get(const unsigned char*, T&) {}
 };
 template <class Codec>
-using meta_wire_of = std::conditional_t<Codec::has_meta, meta_wire<typename Codec::meta_type, Codec::meta_floats>, empty_wire>;
+using meta_wire_of =
+    std::conditional_t<Codec::has_meta, meta_wire<typename Codec::meta_type, Codec::meta_floats>, empty_wire>;
 template <class Master>
 using comp_wire_of = std::conditional_t<Master::has_compensation, wire<typename Master::comp_type>, empty_wire>;
 
@@ -186,6 +205,7 @@ using comp_wire_of = std::conditional_t<Master::has_compensation, wire<typename 
 class checked_file {
 public:
     checked_file(const std::string& path, const char* mode) : f_(std::fopen(path.c_str(), mode)), path_(path) {}
+    checked_file(std::FILE* f, const std::string& path) : f_(f), path_(path) {}
     ~checked_file() { close(); }
     checked_file(const checked_file&) = delete;
     checked_file& operator=(const checked_file&) = delete;
@@ -219,11 +239,20 @@ public:
     }
 
 private:
-    [[noreturn]] void fail_write() { throw error("octet::save_adamw_checkpoint: writing '" + path_ + "' failed (disk full or I/O error)"); }
+    [[noreturn]] void fail_write() {
+        throw error("octet::save_adamw_checkpoint: writing '" + path_ + "' failed (disk full or I/O error)");
+    }
     std::FILE* f_;
     std::string path_;
     std::uint32_t crc_ = 0;
 };
+
+/// Elements per chunk of a section's payload: up to 1 MiB, but never more than the section holds
+/// (a tiny state does not allocate a megabyte per section).
+inline std::size_t section_chunk(std::size_t bytes_per_element, std::size_t count) {
+    if (bytes_per_element == 0) return 0;
+    return std::min((std::size_t{1} << 20) / bytes_per_element, count);
+}
 
 template <class T, class Wire>
 void write_section(checked_file& f, std::uint32_t id, const T* data, std::size_t count) {
@@ -234,8 +263,8 @@ void write_section(checked_file& f, std::uint32_t id, const T* data, std::size_t
     put_u64(head + 16, static_cast<std::uint64_t>(count) * Wire::bytes);
     f.write(head, sizeof head);
     std::uint32_t crc = 0;
-    std::vector<unsigned char> buf(Wire::bytes ? (std::size_t{1} << 20) / Wire::bytes * Wire::bytes : 0);
-    const std::size_t per = Wire::bytes ? buf.size() / Wire::bytes : 0;
+    const std::size_t per = section_chunk(Wire::bytes, count);
+    std::vector<unsigned char> buf(per * Wire::bytes);
     for (std::size_t i = 0; i < count; i += per) {
         const std::size_t k = count - i < per ? count - i : per;
         for (std::size_t j = 0; j < k; ++j) Wire::put(buf.data() + j * Wire::bytes, data[i + j]);
@@ -252,13 +281,16 @@ template <class T, class Wire>
 std::string read_section(checked_file& f, std::uint32_t id, T* out, std::size_t count) {
     unsigned char head[24];
     if (!f.read(head, sizeof head)) return "is truncated (in a section header)";
-    if (get_u32(head) != id) return detail::message("has section ", get_u32(head), " where section ", id, " belongs (not an octet checkpoint of this layout)");
-    if (get_u32(head + 4) != Wire::bytes || get_u64(head + 8) != count || get_u64(head + 16) != static_cast<std::uint64_t>(count) * Wire::bytes)
+    if (get_u32(head) != id)
+        return detail::message("has section ", get_u32(head), " where section ", id,
+                               " belongs (not an octet checkpoint of this layout)");
+    if (get_u32(head + 4) != Wire::bytes || get_u64(head + 8) != count ||
+        get_u64(head + 16) != static_cast<std::uint64_t>(count) * Wire::bytes)
         return detail::message("section ", id, " holds ", get_u64(head + 8), " elements of ", get_u32(head + 4),
                                " bytes; this state needs ", count, " of ", Wire::bytes);
     std::uint32_t crc = 0;
-    std::vector<unsigned char> buf(Wire::bytes ? (std::size_t{1} << 20) / Wire::bytes * Wire::bytes : 0);
-    const std::size_t per = Wire::bytes ? buf.size() / Wire::bytes : 0;
+    const std::size_t per = section_chunk(Wire::bytes, count);
+    std::vector<unsigned char> buf(per * Wire::bytes);
     for (std::size_t i = 0; i < count; i += per) {
         const std::size_t k = count - i < per ? count - i : per;
         if (!f.read(buf.data(), k * Wire::bytes)) return "is truncated (in a section's data)";
@@ -277,14 +309,15 @@ inline std::string parse_header(const unsigned char* h, adamw_checkpoint_info& i
     if (get_u32(h + 92) != crc32(h, 92)) return "is corrupted: its header fails its CRC-32";
     info.format_version = get_u32(h + 8);
     if (info.format_version != adamw_checkpoint_version)
-        return detail::message("has format version ", info.format_version, "; this octet reads version ", adamw_checkpoint_version);
+        return detail::message("has format version ", info.format_version, "; this octet reads version ",
+                               adamw_checkpoint_version);
     info.octet_major = static_cast<int>(get_u16(h + 16));
     info.octet_minor = static_cast<int>(get_u16(h + 18));
     info.octet_patch = static_cast<int>(get_u16(h + 20));
     info.m_codec = static_cast<state_codec_id>(get_u32(h + 24));
     info.v_codec = static_cast<state_codec_id>(get_u32(h + 28));
     info.master = static_cast<master_weights_id>(get_u32(h + 32));
-    info.hyper.on_nonfinite = static_cast<nonfinite_policy>(get_u32(h + 36));
+    info.hyper.on_nonfinite = static_cast<grad_nonfinite_policy>(get_u32(h + 36));
     info.elements = get_u64(h + 40);
     info.element_offset = get_u64(h + 48);
     info.steps = get_u64(h + 56);
@@ -293,12 +326,59 @@ inline std::string parse_header(const unsigned char* h, adamw_checkpoint_info& i
     info.hyper.beta2 = bits_to_float(get_u32(h + 76));
     info.hyper.eps = bits_to_float(get_u32(h + 80));
     info.hyper.weight_decay = bits_to_float(get_u32(h + 84));
-    if (get_u32(h + 88) != checkpoint_sections) return detail::message("has ", get_u32(h + 88), " sections; version 1 has ", checkpoint_sections);
+    if (get_u32(h + 88) != checkpoint_sections)
+        return detail::message("has ", get_u32(h + 88), " sections; version 1 has ", checkpoint_sections);
+    // Every field in range here, so that a bad value is named at load and not at the next step.
+    // (The CRC only says the header is what its writer wrote; a foreign or newer writer can
+    // still write values this octet does not know.)
+    const char* unknown = "unknown";
+    if (get_u32(h + 12) != 0 || get_u16(h + 22) != 0)
+        return detail::message("has non-zero reserved header bytes (", get_u32(h + 12), ", ", get_u16(h + 22),
+                               "); it was written by a newer or foreign writer");
+    if (std::strcmp(state_codec_name(info.m_codec), unknown) == 0)
+        return detail::message("has an unknown first-moment codec id ", get_u32(h + 24),
+                               "; it was written by a newer or foreign writer");
+    if (std::strcmp(state_codec_name(info.v_codec), unknown) == 0)
+        return detail::message("has an unknown second-moment codec id ", get_u32(h + 28),
+                               "; it was written by a newer or foreign writer");
+    if (std::strcmp(master_weights_name(info.master), unknown) == 0)
+        return detail::message("has an unknown master-weights id ", get_u32(h + 32),
+                               "; it was written by a newer or foreign writer");
+    if (info.hyper.on_nonfinite != grad_nonfinite_policy::skip_step &&
+        info.hyper.on_nonfinite != grad_nonfinite_policy::zero_block)
+        return detail::message("has an unknown non-finite policy id ", get_u32(h + 36), " (1 skip_step, 2 zero_block)");
+    if (info.element_offset % optim_block != 0 ||
+        info.elements > std::numeric_limits<std::uint64_t>::max() - info.element_offset ||
+        info.elements > std::numeric_limits<std::size_t>::max() / 4)
+        return detail::message("holds ", info.elements, " elements at offset ", info.element_offset,
+                               "; offsets are multiples of ", optim_block, " and the range must fit in memory");
+    const adamw_hyper& hp = info.hyper;
+    if (!(hp.beta1 >= 0.0f && hp.beta1 < 1.0f) || !(hp.beta2 >= 0.0f && hp.beta2 < 1.0f))
+        return detail::message("has beta1 ", hp.beta1, ", beta2 ", hp.beta2, "; both must lie in [0, 1)");
+    if (!(hp.eps > 0.0f && std::isfinite(hp.eps)))
+        return detail::message("has eps ", hp.eps, "; it must be finite and > 0");
+    if (!(hp.weight_decay >= 0.0f && std::isfinite(hp.weight_decay)))
+        return detail::message("has weight_decay ", hp.weight_decay, "; it must be finite and >= 0");
+    return {};
+}
+
+/// "is a directory" for a folder, else empty: fopen succeeds on a folder and the first read fails,
+/// which would otherwise read as a truncated file.
+inline std::string not_a_file(const std::string& path) {
+#if defined(__unix__) || defined(__APPLE__)
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        return "is a directory; pass the path of a checkpoint file";
+#else
+    (void)path;
+#endif
     return {};
 }
 
 template <class MC, class VC, class M>
-std::string read_checkpoint(const std::string& path, const adamw_state_ref<MC, VC, M>* state, adamw_checkpoint_info& info) {
+std::string read_checkpoint(const std::string& path, const adamw_state_ref<MC, VC, M>* state,
+                            adamw_checkpoint_info& info) {
+    if (std::string dir = not_a_file(path); !dir.empty()) return dir;
     checked_file f(path, "rb");
     if (!f.ok()) return "cannot be opened for reading";
     unsigned char h[checkpoint_header_bytes];
@@ -306,23 +386,36 @@ std::string read_checkpoint(const std::string& path, const adamw_state_ref<MC, V
     std::string why = parse_header(h, info);
     if (!why.empty()) return why;
     if (info.m_codec != MC::id || info.v_codec != VC::id || info.master != M::id)
-        return detail::message("holds moments ", state_codec_name(info.m_codec), "/", state_codec_name(info.v_codec), " with ",
-                               master_weights_name(info.master), " master weights; this state is ", state_codec_name(MC::id), "/",
-                               state_codec_name(VC::id), " with ", master_weights_name(M::id));
+        return detail::message("holds moments ", state_codec_name(info.m_codec), "/", state_codec_name(info.v_codec),
+                               " with ", master_weights_name(info.master), " master weights; this state is ",
+                               state_codec_name(MC::id), "/", state_codec_name(VC::id), " with ",
+                               master_weights_name(M::id));
     const std::size_t n = static_cast<std::size_t>(info.elements);
     if (state && (info.elements != state->size() || info.element_offset != state->element_offset))
-        return detail::message("holds ", info.elements, " elements at offset ", info.element_offset, "; this state has ", state->size(),
-                               " at offset ", state->element_offset);
+        return detail::message("holds ", info.elements, " elements at offset ", info.element_offset,
+                               "; this state has ", state->size(), " at offset ", state->element_offset);
     using W = typename M::weight_type;
     const bool write = state != nullptr;
     if (!(why = read_section<W, wire<W>>(f, 1, write ? state->params.data() : nullptr, n)).empty()) return why;
-    if (!(why = read_section<typename M::comp_type, comp_wire_of<M>>(f, 2, write ? state->compensation.data() : nullptr, M::has_compensation ? n : 0)).empty())
+    if (!(why = read_section<typename M::comp_type, comp_wire_of<M>>(f, 2, write ? state->compensation.data() : nullptr,
+                                                                     M::has_compensation ? n : 0))
+             .empty())
         return why;
-    if (!(why = read_section<typename MC::code_type, wire<typename MC::code_type>>(f, 3, write ? state->m_codes.data() : nullptr, n)).empty()) return why;
-    if (!(why = read_section<typename MC::meta_type, meta_wire_of<MC>>(f, 4, write ? state->m_meta.data() : nullptr, state_meta_count<MC>(n))).empty())
+    if (!(why = read_section<typename MC::code_type, wire<typename MC::code_type>>(
+              f, 3, write ? state->m_codes.data() : nullptr, n))
+             .empty())
         return why;
-    if (!(why = read_section<typename VC::code_type, wire<typename VC::code_type>>(f, 5, write ? state->v_codes.data() : nullptr, n)).empty()) return why;
-    if (!(why = read_section<typename VC::meta_type, meta_wire_of<VC>>(f, 6, write ? state->v_meta.data() : nullptr, state_meta_count<VC>(n))).empty())
+    if (!(why = read_section<typename MC::meta_type, meta_wire_of<MC>>(f, 4, write ? state->m_meta.data() : nullptr,
+                                                                       state_meta_count<MC>(n)))
+             .empty())
+        return why;
+    if (!(why = read_section<typename VC::code_type, wire<typename VC::code_type>>(
+              f, 5, write ? state->v_codes.data() : nullptr, n))
+             .empty())
+        return why;
+    if (!(why = read_section<typename VC::meta_type, meta_wire_of<VC>>(f, 6, write ? state->v_meta.data() : nullptr,
+                                                                       state_meta_count<VC>(n)))
+             .empty())
         return why;
     const std::uint32_t expected = f.crc();
     unsigned char tail[12];
@@ -335,18 +428,86 @@ std::string read_checkpoint(const std::string& path, const adamw_state_ref<MC, V
 
 }  // namespace optim_detail
 
+namespace optim_detail {
+
+/// Creates a temporary file beside `path` for one save, exclusively (it fails rather than open a
+/// file another save is writing): path.tmp.<pid>.<suffix>, the suffix from this thread, the clock
+/// and the attempt. Returns null (and the last name tried) if no name could be created.
+inline std::FILE* create_temporary(const std::string& path, std::string& tmp) {
+    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const std::uint64_t base =
+        now ^
+        (static_cast<std::uint64_t>(std::hash<std::thread::id>{}(std::this_thread::get_id())) * 0x9E3779B97F4A7C15ull);
+#if defined(__unix__) || defined(__APPLE__)
+    const long pid = static_cast<long>(::getpid());
+#else
+    const long pid = 0;
+#endif
+    for (std::uint64_t attempt = 0; attempt < 64; ++attempt) {
+        char suffix[40];
+        std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", pid,
+                      static_cast<unsigned long long>(base + attempt * 0x632BE59BD9B4E019ull));
+        tmp = path + suffix;
+#if defined(__unix__) || defined(__APPLE__)
+        const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd >= 0) {
+            if (std::FILE* f = ::fdopen(fd, "wb")) return f;
+            ::close(fd);
+            std::remove(tmp.c_str());
+            return nullptr;
+        }
+        if (errno != EEXIST) return nullptr;
+#else
+        if (std::FILE* f = std::fopen(tmp.c_str(), "wbx")) return f;  // C11 exclusive mode
+#endif
+    }
+    return nullptr;
+}
+
+/// Flushes the folder holding `path` to disk, so that a completed rename survives a crash.
+inline void sync_folder_of(const std::string& path, const char* fn) {
+#if defined(__unix__) || defined(__APPLE__)
+    const std::size_t slash = path.find_last_of('/');
+    const std::string folder = slash == std::string::npos ? std::string(".")
+                               : slash == 0               ? std::string("/")
+                                                          : path.substr(0, slash);
+    const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+    int failed = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+        if (::fsync(fd) != 0) failed = errno;
+        ::close(fd);
+    }
+    // EINVAL: this file system cannot sync folders (the rename is as durable as it can make it)
+    if (failed != 0 && failed != EINVAL)
+        throw error(std::string(fn) + ": argument 'path': '" + path +
+                    "' is written and renamed, but flushing its folder '" + folder + "' to disk failed (" +
+                    std::strerror(failed) + "); after a crash the previous checkpoint may reappear");
+#else
+    (void)path, (void)fn;
+#endif
+}
+
+}  // namespace optim_detail
+
 /// Writes the state (and the hyperparameters and step count needed to resume) to `path`,
-/// atomically: a temporary file is written, flushed to disk and renamed over `path`.
+/// atomically: a temporary file of this save alone is written, flushed to disk and renamed over
+/// `path`, and the folder is flushed.
 template <class MC, class VC, class M>
-void save_adamw_checkpoint(const std::string& path, const adamw_state_ref<MC, VC, M>& state, const adamw_hyper& hyper, std::uint64_t steps) {
+void save_adamw_checkpoint(const std::string& path, const adamw_state_ref<MC, VC, M>& state, const adamw_hyper& hyper,
+                           std::uint64_t steps) {
     using namespace optim_detail;
     constexpr const char* fn = "octet::save_adamw_checkpoint";
     check_state(fn, state);
     OCTET_REQUIRE(!path.empty(), fn, "path", "is empty");
-    const std::string tmp = path + ".tmp";
+    const std::string dir = not_a_file(path);
+    OCTET_REQUIRE(dir.empty(), fn, "path", "'" + path + "' " + dir);
+    std::string tmp;
+    std::FILE* created = create_temporary(path, tmp);
+    OCTET_REQUIRE(
+        created != nullptr, fn, "path",
+        "'" + tmp + "' cannot be created (" + std::strerror(errno) + "); check the folder exists and is writable");
     {
-        checked_file f(tmp, "wb");
-        OCTET_REQUIRE(f.ok(), fn, "path", "'" + tmp + "' cannot be created; check the folder exists and is writable");
+        checked_file f(created, tmp);
         try {
             unsigned char h[checkpoint_header_bytes] = {};
             std::memcpy(h, checkpoint_magic, 8);
@@ -372,7 +533,8 @@ void save_adamw_checkpoint(const std::string& path, const adamw_state_ref<MC, VC
             const std::size_t n = state.size();
             using W = typename M::weight_type;
             write_section<W, wire<W>>(f, 1, state.params.data(), n);
-            write_section<typename M::comp_type, comp_wire_of<M>>(f, 2, state.compensation.data(), M::has_compensation ? n : 0);
+            write_section<typename M::comp_type, comp_wire_of<M>>(f, 2, state.compensation.data(),
+                                                                  M::has_compensation ? n : 0);
             write_section<typename MC::code_type, wire<typename MC::code_type>>(f, 3, state.m_codes.data(), n);
             write_section<typename MC::meta_type, meta_wire_of<MC>>(f, 4, state.m_meta.data(), state_meta_count<MC>(n));
             write_section<typename VC::code_type, wire<typename VC::code_type>>(f, 5, state.v_codes.data(), n);
@@ -391,19 +553,25 @@ void save_adamw_checkpoint(const std::string& path, const adamw_state_ref<MC, VC
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         std::remove(tmp.c_str());
-        throw error(std::string(fn) + ": argument 'path': renaming '" + tmp + "' to '" + path + "' failed; the previous checkpoint is unchanged");
+        throw error(std::string(fn) + ": argument 'path': renaming '" + tmp + "' to '" + path +
+                    "' failed; the previous checkpoint is unchanged");
     }
+    sync_folder_of(path, fn);
 }
 
 /// Reads only the header (and verifies the whole file).
 inline adamw_checkpoint_info read_adamw_checkpoint_info(const std::string& path) {
     adamw_checkpoint_info info;
     unsigned char h[optim_detail::checkpoint_header_bytes];
+    const std::string dir = optim_detail::not_a_file(path);
+    OCTET_REQUIRE(dir.empty(), "octet::read_adamw_checkpoint_info", "path", "'" + path + "' " + dir);
     std::FILE* f = std::fopen(path.c_str(), "rb");
-    OCTET_REQUIRE(f != nullptr, "octet::read_adamw_checkpoint_info", "path", "'" + path + "' cannot be opened for reading");
+    OCTET_REQUIRE(f != nullptr, "octet::read_adamw_checkpoint_info", "path",
+                  "'" + path + "' cannot be opened for reading");
     const bool complete = std::fread(h, 1, sizeof h, f) == sizeof h;
     std::fclose(f);
-    OCTET_REQUIRE(complete, "octet::read_adamw_checkpoint_info", "path", "'" + path + "' is truncated (shorter than the header)");
+    OCTET_REQUIRE(complete, "octet::read_adamw_checkpoint_info", "path",
+                  "'" + path + "' is truncated (shorter than the header)");
     const std::string why = optim_detail::parse_header(h, info);
     OCTET_REQUIRE(why.empty(), "octet::read_adamw_checkpoint_info", "path", "'" + path + "' " + why);
     return info;
@@ -418,11 +586,12 @@ adamw_checkpoint_info load_adamw_checkpoint(const std::string& path, const adamw
     adamw_checkpoint_info info;
     std::string why = optim_detail::read_checkpoint<MC, VC, M>(path, nullptr, info);  // pass 1: verify only
     if (why.empty() && (info.elements != state.size() || info.element_offset != state.element_offset))
-        why = detail::message("holds ", info.elements, " elements at offset ", info.element_offset, "; this state has ", state.size(),
-                              " at offset ", state.element_offset);
+        why = detail::message("holds ", info.elements, " elements at offset ", info.element_offset, "; this state has ",
+                              state.size(), " at offset ", state.element_offset);
     OCTET_REQUIRE(why.empty(), fn, "path", "'" + path + "' " + why);
     why = optim_detail::read_checkpoint<MC, VC, M>(path, &state, info);  // pass 2: read
-    OCTET_REQUIRE(why.empty(), fn, "path", "'" + path + "' changed while it was loaded: " + why + " (the state is partly overwritten)");
+    OCTET_REQUIRE(why.empty(), fn, "path",
+                  "'" + path + "' changed while it was loaded: " + why + " (the state is partly overwritten)");
     return info;
 }
 

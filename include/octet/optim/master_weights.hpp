@@ -37,10 +37,14 @@ enum class master_weights_id : std::uint32_t { fp32 = 1, bf16_nearest = 2, bf16_
 
 inline const char* master_weights_name(master_weights_id id) {
     switch (id) {
-        case master_weights_id::fp32: return "fp32";
-        case master_weights_id::bf16_nearest: return "bf16_nearest";
-        case master_weights_id::bf16_stochastic: return "bf16_stochastic";
-        case master_weights_id::bf16_kahan: return "bf16_kahan";
+        case master_weights_id::fp32:
+            return "fp32";
+        case master_weights_id::bf16_nearest:
+            return "bf16_nearest";
+        case master_weights_id::bf16_stochastic:
+            return "bf16_stochastic";
+        case master_weights_id::bf16_kahan:
+            return "bf16_kahan";
     }
     return "unknown";
 }
@@ -88,7 +92,9 @@ struct bf16_kahan {
     static constexpr bool has_compensation = true;
     static constexpr bool uses_random_bits = false;
     static constexpr master_weights_id id = master_weights_id::bf16_kahan;
-    OCTET_OPTIM_HD static float load(weight_type w, comp_type c) { return optim_detail::add_rn(to_float(w), to_float(c)); }
+    OCTET_OPTIM_HD static float load(weight_type w, comp_type c) {
+        return optim_detail::add_rn(to_float(w), to_float(c));
+    }
     OCTET_OPTIM_HD static void store(float target, weight_type& w, comp_type& c, std::uint32_t) {
         const ::octet::bf16 hi = to_bf16(target);
         c = to_bf16(optim_detail::sub_rn(target, to_float(hi)));
@@ -106,7 +112,11 @@ inline constexpr bool is_master_weights_v =
 
 /// Bytes per parameter of the stored weights (what the forward pass can read) and of the
 /// compensation buffer (optimizer state).
-inline double master_weight_bytes(master_weights_id id) { return id == master_weights_id::fp32 ? 4.0 : 2.0; }
-inline double master_compensation_bytes(master_weights_id id) { return id == master_weights_id::bf16_kahan ? 2.0 : 0.0; }
+inline double master_weight_bytes(master_weights_id id) {
+    return id == master_weights_id::fp32 ? 4.0 : 2.0;
+}
+inline double master_compensation_bytes(master_weights_id id) {
+    return id == master_weights_id::bf16_kahan ? 2.0 : 0.0;
+}
 
 }  // namespace octet

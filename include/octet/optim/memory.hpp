@@ -29,10 +29,10 @@ struct optimizer_memory_config {
     state_codec_id first_moment = state_codec_id::fp32;
     state_codec_id second_moment = state_codec_id::fp32;
     master_weights_id master = master_weights_id::fp32;
-    double gradient_bytes = 2.0;   ///< per parameter
-    bool bf16_weight_copy = false; ///< an fp32 master also keeps a bf16 copy for compute
-    double activation_bytes = 0.0; ///< total, bytes
-    double temporary_bytes = 0.0;  ///< total, bytes
+    double gradient_bytes = 2.0;    ///< per parameter
+    bool bf16_weight_copy = false;  ///< an fp32 master also keeps a bf16 copy for compute
+    double activation_bytes = 0.0;  ///< total, bytes
+    double temporary_bytes = 0.0;   ///< total, bytes
 };
 
 struct parameter_bytes {
@@ -44,9 +44,11 @@ struct parameter_bytes {
 inline parameter_bytes bytes_per_parameter(const optimizer_memory_config& c) {
     OCTET_REQUIRE(c.gradient_bytes >= 0, "octet::bytes_per_parameter", "config.gradient_bytes", "must be >= 0");
     parameter_bytes b;
-    b.weights = master_weight_bytes(c.master) + ((c.bf16_weight_copy && c.master == master_weights_id::fp32) ? 2.0 : 0.0);
+    b.weights =
+        master_weight_bytes(c.master) + ((c.bf16_weight_copy && c.master == master_weights_id::fp32) ? 2.0 : 0.0);
     b.gradients = c.gradient_bytes;
-    b.optimizer_state = state_bytes_per_element(c.first_moment) + state_bytes_per_element(c.second_moment) + master_compensation_bytes(c.master);
+    b.optimizer_state = state_bytes_per_element(c.first_moment) + state_bytes_per_element(c.second_moment) +
+                        master_compensation_bytes(c.master);
     return b;
 }
 

@@ -19,8 +19,9 @@ namespace octet {
 namespace optim_detail {
 
 template <class Codec, moment K>
-__global__ void __launch_bounds__(256) encode_moments_kernel(const float* __restrict__ x, typename Codec::code_type* codes,
-                                                             typename Codec::meta_type* meta, std::size_t n, bool vectorized) {
+OCTET_KERNEL void __launch_bounds__(256)
+    encode_moments_kernel(const float* __restrict__ x, typename Codec::code_type* codes,
+                          typename Codec::meta_type* meta, std::size_t n, bool vectorized, philox_stream rng) {
     codec_context ctx{};
     if constexpr (Codec::needs_tables) {
         __shared__ float tables[codec_table_floats];
@@ -29,13 +30,13 @@ __global__ void __launch_bounds__(256) encode_moments_kernel(const float* __rest
     const warp_team team;
     const std::size_t blocks = (n + optim_block - 1) / optim_block;
     for (std::size_t blk = global_warp(); blk < blocks; blk += warp_count())
-        encode_moments_block<Codec, K>(team, x, codes, meta, n, ctx, blk, vectorized);
+        encode_moments_block<Codec, K>(team, x, codes, meta, n, ctx, blk, vectorized, rng);
 }
 
 template <class Codec, moment K>
-__global__ void __launch_bounds__(256) decode_moments_kernel(const typename Codec::code_type* __restrict__ codes,
-                                                             const typename Codec::meta_type* __restrict__ meta, float* x,
-                                                             std::size_t n, bool vectorized) {
+OCTET_KERNEL void __launch_bounds__(256) decode_moments_kernel(const typename Codec::code_type* __restrict__ codes,
+                                                               const typename Codec::meta_type* __restrict__ meta,
+                                                               float* x, std::size_t n, bool vectorized) {
     codec_context ctx{};
     if constexpr (Codec::needs_tables) {
         __shared__ float tables[codec_table_floats];
@@ -58,30 +59,34 @@ void require_device_moment_views(const char* fn, const void* x, const void* code
 }  // namespace optim_detail
 
 template <class Codec, moment K>
-void encode_moments(stream_executor ex, span<const float> x, span<typename Codec::code_type> codes, span<typename Codec::meta_type> meta) {
+void encode_moments(stream_executor ex, span<const float> x, span<typename Codec::code_type> codes,
+                    span<typename Codec::meta_type> meta, const philox_stream& rng = {}) {
     static_assert(is_state_codec_v<Codec>, "octet::encode_moments: Codec must be an octet::state_codec policy");
     constexpr const char* fn = "octet::encode_moments";
-    optim_detail::check_moment_views<Codec>(fn, x.size(), codes.size(), meta.size(), codes.data(), meta.data(), x.data());
+    optim_detail::check_moment_views<Codec>(fn, x.size(), codes.size(), meta.size(), codes.data(), meta.data(),
+                                            x.data());
     if (x.empty()) return;
     optim_detail::require_device_moment_views<Codec>(fn, x.data(), codes.data(), meta.data());
     const bool vec = detail::is_aligned(x.data(), 16) && detail::is_aligned(codes.data(), 16);
     const std::size_t blocks = (x.size() + optim_block - 1) / optim_block;
-    optim_detail::encode_moments_kernel<Codec, K>
-        <<<cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream>>>(x.data(), codes.data(), meta.data(), x.size(), vec);
+    optim_detail::encode_moments_kernel<Codec, K><<<cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream>>>(
+        x.data(), codes.data(), meta.data(), x.size(), vec, rng);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
 template <class Codec, moment K>
-void decode_moments(stream_executor ex, span<const typename Codec::code_type> codes, span<const typename Codec::meta_type> meta, span<float> x) {
+void decode_moments(stream_executor ex, span<const typename Codec::code_type> codes,
+                    span<const typename Codec::meta_type> meta, span<float> x) {
     static_assert(is_state_codec_v<Codec>, "octet::decode_moments: Codec must be an octet::state_codec policy");
     constexpr const char* fn = "octet::decode_moments";
-    optim_detail::check_moment_views<Codec>(fn, x.size(), codes.size(), meta.size(), codes.data(), meta.data(), x.data());
+    optim_detail::check_moment_views<Codec>(fn, x.size(), codes.size(), meta.size(), codes.data(), meta.data(),
+                                            x.data());
     if (x.empty()) return;
     optim_detail::require_device_moment_views<Codec>(fn, x.data(), codes.data(), meta.data());
     const bool vec = detail::is_aligned(x.data(), 16) && detail::is_aligned(codes.data(), 16);
     const std::size_t blocks = (x.size() + optim_block - 1) / optim_block;
-    optim_detail::decode_moments_kernel<Codec, K>
-        <<<cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream>>>(codes.data(), meta.data(), x.data(), x.size(), vec);
+    optim_detail::decode_moments_kernel<Codec, K><<<cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream>>>(
+        codes.data(), meta.data(), x.data(), x.size(), vec);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,12 +1,11 @@
 // octet/optim/optimizer.hpp: a small owning AdamW optimizer on the host, for programs and tests
 // that want the state, the step counter and checkpoints in one object.
 //
-//   octet::adamw_optimizer<octet::state_codec::dynamic8, octet::state_codec::dynamic8, octet::master::bf16_kahan> opt(n, hyper);
-//   opt.state.set_params(initial);
-//   for (...) { opt.step(octet::on_host(), octet::as_cspan(grads), lr); }
+//   octet::adamw_optimizer<octet::state_codec::dynamic8, octet::state_codec::dynamic8, octet::master::bf16_kahan>
+//   opt(n, hyper); opt.state.set_params(initial); for (...) { opt.step(octet::on_host(), octet::as_cspan(grads), lr); }
 //   opt.save("run.ckpt");  ...  opt.load("run.ckpt");
 //
-// step() advances the counter unless the step was skipped (nonfinite_policy::skip_step), and
+// step() advances the counter unless the step was skipped (grad_nonfinite_policy::skip_step), and
 // adds the step's report to `totals`. load() restores the state, the hyperparameters and the
 // counter from the file, so that N steps, save, load, M steps equals N + M steps bit for bit.
 #pragma once

@@ -2,12 +2,28 @@
 // per codec.
 //
 //   octet::state_codec::fp32           float, no compression                       4 B/element
-//   octet::state_codec::bf16           bfloat16, nearest-even                      2 B/element
+//   octet::state_codec::bf16_stochastic
+//                                      bfloat16, stochastic rounding (Philox)      2 B/element
+//   octet::state_codec::bf16           bfloat16, nearest-even: stalls slow drifts  2 B/element
+//                                      of v (see "bf16 and beta2" below)
 //   octet::state_codec::e4m3_scaled    FP8 E4M3, one float scale per group of 128  1 + 4/128 B
 //   octet::state_codec::e4m3_expanded  FP8 E4M3 with dynamic range expansion, per
 //                                      group of 128: centre, exponent k, scale    1 + 12/128 B
 //   octet::state_codec::dynamic8       8-bit non-linear dynamic map, one float
 //                                      absmax per block of 256                     1 + 4/256 B
+//
+// bf16 and beta2. With beta2 = 0.999 an update moves v by 0.001 (g^2 - v), which is below half a
+// bf16 ulp (2^-9 relative) unless g^2 and v differ by more than ~2x: under nearest rounding such
+// updates round back to the old code, so a slow drift of v is never realised (v from 1.0 toward
+// 1.5 moves 0% in 3000 steps) and the step uses a stale second moment (tests/host/
+// optim_convergence.cpp measures both). bf16_stochastic rounds up with probability equal to the
+// dropped fraction of an ulp, so E[code] = v and the drift is realised in expectation; its
+// one-shot error is up to 1 ulp (2^-7 |x|) instead of half. Its random bits are a pure function
+// of (seed, step, element, moment): word (i mod 4) of Philox block ((i >> 2) | tag << 62) of the
+// step's stream philox_stream{seed, step}, tag 1 for the first moment and 2 for the second
+// (the master weights' stochastic rounding uses tag 0, i.e. blocks below 2^62), the same on
+// host and device and after a resume. Codecs that round stochastically say
+// `uses_random_bits = true` and take the 32 random bits as a fourth argument of encode.
 //
 // Every codec is a type with the same members (see `is_state_codec`): code_type, meta_type (the
 // per-group metadata), group (elements per group; divides optim_block = 256), and OCTET_HD
@@ -37,12 +53,13 @@
 //     gradient, or a zeroed block) and then the update is exactly 0, and no codec error can make
 //     the denominator smaller than the true one by underflow.
 //   * E4M3 encodes round to nearest-even and saturate at 448 (octet::encode); the dynamic map
-//     rounds to the nearest entry in linear space (midpoint ties go up); bf16 is nearest-even.
+//     rounds to the nearest entry in linear space (midpoint ties go up); bf16 is nearest-even,
+//     bf16_stochastic rounds away from zero with probability = the dropped fraction of an ulp.
 //   * Per-element error bounds (tests/host/optim_codecs.cpp checks each on 131072 realistic
 //     moments against float64; for the second moment of the 8-bit codecs they hold for sqrt(v)):
-//     bf16 2^-8 |x|; e4m3_scaled 2^-4 |x| + 2^-10 s (s = group absmax / 448; 2^-9 s for the
-//     floor); e4m3_expanded (2^(log2(1 + 2^-4) / k) - 1) |x| + 1e-5 |x| (+ the scaled term when
-//     k = 1); dynamic8 half the gap between the neighbouring map entries times the absmax.
+//     bf16 2^-8 |x|; bf16_stochastic below 2^-7 |x|; e4m3_scaled 2^-4 |x| + 2^-10 s (s = group absmax / 448; 2^-9 s for
+//     the floor); e4m3_expanded (2^(log2(1 + 2^-4) / k) - 1) |x| + 1e-5 |x| (+ the scaled term when k = 1); dynamic8
+//     half the gap between the neighbouring map entries times the absmax.
 //   * Non-finite moments are outside the contract: the step keeps them out (see adamw.hpp).
 //
 // e4m3_expanded (dynamic range expansion, after the idea in COAT, Xi et al., ICLR 2025): in a
@@ -81,15 +98,29 @@ inline constexpr int optim_block = 256;
 enum class moment { first, second };
 
 /// Stable numeric ids (used in checkpoints and the memory ledger).
-enum class state_codec_id : std::uint32_t { fp32 = 1, bf16 = 2, e4m3_scaled = 3, e4m3_expanded = 4, dynamic8 = 5 };
+enum class state_codec_id : std::uint32_t {
+    fp32 = 1,
+    bf16 = 2,
+    e4m3_scaled = 3,
+    e4m3_expanded = 4,
+    dynamic8 = 5,
+    bf16_stochastic = 6
+};
 
 inline const char* state_codec_name(state_codec_id id) {
     switch (id) {
-        case state_codec_id::fp32: return "fp32";
-        case state_codec_id::bf16: return "bf16";
-        case state_codec_id::e4m3_scaled: return "e4m3_scaled";
-        case state_codec_id::e4m3_expanded: return "e4m3_expanded";
-        case state_codec_id::dynamic8: return "dynamic8";
+        case state_codec_id::fp32:
+            return "fp32";
+        case state_codec_id::bf16:
+            return "bf16";
+        case state_codec_id::e4m3_scaled:
+            return "e4m3_scaled";
+        case state_codec_id::e4m3_expanded:
+            return "e4m3_expanded";
+        case state_codec_id::dynamic8:
+            return "dynamic8";
+        case state_codec_id::bf16_stochastic:
+            return "bf16_stochastic";
     }
     return "unknown";
 }
@@ -153,21 +184,30 @@ struct fp32 {
     static constexpr state_codec_id id = state_codec_id::fp32;
 
     template <moment K>
-    OCTET_OPTIM_HD static float forward(float x) { return x; }
+    OCTET_OPTIM_HD static float forward(float x) {
+        return x;
+    }
     template <moment K>
-    OCTET_OPTIM_HD static meta_type make_meta(group_stats) { return {}; }
+    OCTET_OPTIM_HD static meta_type make_meta(group_stats) {
+        return {};
+    }
     OCTET_OPTIM_HD static encoder prepare_encode(const meta_type&) { return {}; }
     OCTET_OPTIM_HD static decoder prepare_decode(const meta_type&) { return {}; }
     template <moment K>
-    OCTET_OPTIM_HD static code_type encode(float x, const encoder&, const codec_context&) { return x; }
+    OCTET_OPTIM_HD static code_type encode(float x, const encoder&, const codec_context&) {
+        return x;
+    }
     template <moment K>
     OCTET_OPTIM_HD static float decode(code_type c, const decoder&, const codec_context&) {
-        if constexpr (K == moment::second) return optim_detail::abs_rn(c);
-        else return c;
+        if constexpr (K == moment::second)
+            return optim_detail::abs_rn(c);
+        else
+            return c;
     }
 };
 
-/// bfloat16 moments, nearest-even.
+/// bfloat16 moments, nearest-even. Under beta2 = 0.999 updates of v below half an ulp are lost
+/// (see the header comment); prefer bf16_stochastic for training.
 struct bf16 {
     using code_type = ::octet::bf16;
     using meta_type = no_meta;
@@ -180,16 +220,60 @@ struct bf16 {
     static constexpr state_codec_id id = state_codec_id::bf16;
 
     template <moment K>
-    OCTET_OPTIM_HD static float forward(float x) { return x; }
+    OCTET_OPTIM_HD static float forward(float x) {
+        return x;
+    }
     template <moment K>
-    OCTET_OPTIM_HD static meta_type make_meta(group_stats) { return {}; }
+    OCTET_OPTIM_HD static meta_type make_meta(group_stats) {
+        return {};
+    }
     OCTET_OPTIM_HD static encoder prepare_encode(const meta_type&) { return {}; }
     OCTET_OPTIM_HD static decoder prepare_decode(const meta_type&) { return {}; }
     template <moment K>
     OCTET_OPTIM_HD static code_type encode(float x, const encoder&, const codec_context&) {
         code_type c = to_bf16(x);
         if constexpr (K == moment::second)  // never underflow to 0
-            c.bits = static_cast<std::uint16_t>(c.bits | static_cast<std::uint16_t>((x > 0.0f) & ((c.bits & 0x7FFFu) == 0u)));
+            c.bits = static_cast<std::uint16_t>(c.bits |
+                                                static_cast<std::uint16_t>((x > 0.0f) & ((c.bits & 0x7FFFu) == 0u)));
+        return c;
+    }
+    template <moment K>
+    OCTET_OPTIM_HD static float decode(code_type c, const decoder&, const codec_context&) {
+        if constexpr (K == moment::second) c.bits &= 0x7FFFu;
+        return to_float(c);
+    }
+};
+
+/// bfloat16 moments, stochastic rounding with Philox bits per (seed, step, element, moment): an
+/// unbiased code, so slow drifts of v are realised in expectation (see the header comment).
+struct bf16_stochastic {
+    using code_type = ::octet::bf16;
+    using meta_type = no_meta;
+    using encoder = no_meta;
+    using decoder = no_meta;
+    static constexpr int group = optim_block;
+    static constexpr bool has_meta = false;
+    static constexpr bool needs_tables = false;
+    static constexpr bool uses_random_bits = true;
+    static constexpr int meta_floats = 0;
+    static constexpr state_codec_id id = state_codec_id::bf16_stochastic;
+
+    template <moment K>
+    OCTET_OPTIM_HD static float forward(float x) {
+        return x;
+    }
+    template <moment K>
+    OCTET_OPTIM_HD static meta_type make_meta(group_stats) {
+        return {};
+    }
+    OCTET_OPTIM_HD static encoder prepare_encode(const meta_type&) { return {}; }
+    OCTET_OPTIM_HD static decoder prepare_decode(const meta_type&) { return {}; }
+    template <moment K>
+    OCTET_OPTIM_HD static code_type encode(float x, const encoder&, const codec_context&, std::uint32_t random_bits) {
+        code_type c = to_bf16_stochastic(x, random_bits);
+        if constexpr (K == moment::second)  // never round down to 0
+            c.bits = static_cast<std::uint16_t>(c.bits |
+                                                static_cast<std::uint16_t>((x > 0.0f) & ((c.bits & 0x7FFFu) == 0u)));
         return c;
     }
     template <moment K>
@@ -219,8 +303,10 @@ struct e4m3_scaled {
 
     template <moment K>
     OCTET_OPTIM_HD static float forward(float x) {
-        if constexpr (K == moment::second) return optim_detail::sqrt_rn(x);
-        else return x;
+        if constexpr (K == moment::second)
+            return optim_detail::sqrt_rn(x);
+        else
+            return x;
     }
     template <moment K>
     OCTET_OPTIM_HD static meta_type make_meta(group_stats s) {
@@ -233,12 +319,15 @@ struct e4m3_scaled {
     template <moment K>
     OCTET_OPTIM_HD static code_type encode(float x, const encoder& e, const codec_context&) {
         std::uint8_t c = ::octet::encode<e4m3>(optim_detail::mul_rn(x, e.inv_scale));
-        if constexpr (K == moment::second) c = static_cast<std::uint8_t>(c | static_cast<std::uint8_t>((x > 0.0f) & ((c & 0x7Fu) == 0u)));  // the floor
+        if constexpr (K == moment::second)
+            c = static_cast<std::uint8_t>(c |
+                                          static_cast<std::uint8_t>((x > 0.0f) & ((c & 0x7Fu) == 0u)));  // the floor
         return c;
     }
     template <moment K>
     OCTET_OPTIM_HD static float decode(code_type c, const decoder& d, const codec_context&) {
-        if constexpr (K == moment::second) return optim_detail::square_floor(optim_detail::mul_rn(::octet::decode<e4m3>(c & 0x7Fu), d.scale));
+        if constexpr (K == moment::second)
+            return optim_detail::square_floor(optim_detail::mul_rn(::octet::decode<e4m3>(c & 0x7Fu), d.scale));
         return optim_detail::mul_rn(::octet::decode<e4m3>(c), d.scale);
     }
 };
@@ -270,8 +359,10 @@ struct e4m3_expanded {
 
     template <moment K>
     OCTET_OPTIM_HD static float forward(float x) {
-        if constexpr (K == moment::second) return optim_detail::sqrt_rn(x);
-        else return x;
+        if constexpr (K == moment::second)
+            return optim_detail::sqrt_rn(x);
+        else
+            return x;
     }
     template <moment K>
     OCTET_OPTIM_HD static meta_type make_meta(group_stats s) {
@@ -286,7 +377,9 @@ struct e4m3_expanded {
         const float scale = fma_rn(-k, sub_rn(lmax, centre), log2_max);
         return meta_type{centre, k, scale};
     }
-    OCTET_OPTIM_HD static encoder prepare_encode(const meta_type& m) { return encoder{m.centre_log2, m.k, m.scale_log2}; }
+    OCTET_OPTIM_HD static encoder prepare_encode(const meta_type& m) {
+        return encoder{m.centre_log2, m.k, m.scale_log2};
+    }
     OCTET_OPTIM_HD static decoder prepare_decode(const meta_type& m) {
         return decoder{m.centre_log2, optim_detail::div_rn(1.0f, m.k), m.scale_log2};
     }
@@ -298,8 +391,10 @@ struct e4m3_expanded {
         const bool nonzero = a > 0.0f;
         const float y = exp2_rn(fma_rn(e.k, sub_rn(log2_rn(nonzero ? a : 1.0f), e.centre_log2), e.scale_log2));
         std::uint32_t c = ::octet::encode<e4m3>(y);
-        if constexpr (K == moment::second) c |= static_cast<std::uint32_t>((c & 0x7Fu) == 0u);  // the floor
-        else c |= static_cast<std::uint32_t>((x < 0.0f) & (c != 0u)) << 7;
+        if constexpr (K == moment::second)
+            c |= static_cast<std::uint32_t>((c & 0x7Fu) == 0u);  // the floor
+        else
+            c |= static_cast<std::uint32_t>((x < 0.0f) & (c != 0u)) << 7;
         return static_cast<std::uint8_t>(c & (0u - static_cast<std::uint32_t>(nonzero)));
     }
     template <moment K>
@@ -307,11 +402,14 @@ struct e4m3_expanded {
         using namespace optim_detail;
         const std::uint32_t mag = c & 0x7Fu;
         const std::uint32_t live = 0u - static_cast<std::uint32_t>(mag != 0u);  // all ones unless code 0
-        const float y = ::octet::decode<e4m3>(static_cast<std::uint8_t>(mag | (~live & 0x38u)));  // code 0: any value, masked below
+        const float y =
+            ::octet::decode<e4m3>(static_cast<std::uint8_t>(mag | (~live & 0x38u)));  // code 0: any value, masked below
         const float a = exp2_rn(fma_rn(sub_rn(log2_rn(y), d.scale_log2), d.inv_k, d.centre_log2));
         const float r = bits_to_float(float_to_bits(a) & live);
-        if constexpr (K == moment::second) return square_floor(r);
-        else return bits_to_float(float_to_bits(r) ^ ((c & 0x80u) << 24));
+        if constexpr (K == moment::second)
+            return square_floor(r);
+        else
+            return bits_to_float(float_to_bits(r) ^ ((c & 0x80u) << 24));
     }
 };
 
@@ -337,11 +435,15 @@ struct dynamic8 {
 
     template <moment K>
     OCTET_OPTIM_HD static float forward(float x) {
-        if constexpr (K == moment::second) return optim_detail::sqrt_rn(x);
-        else return x;
+        if constexpr (K == moment::second)
+            return optim_detail::sqrt_rn(x);
+        else
+            return x;
     }
     template <moment K>
-    OCTET_OPTIM_HD static meta_type make_meta(group_stats s) { return meta_type{s.absmax}; }
+    OCTET_OPTIM_HD static meta_type make_meta(group_stats s) {
+        return meta_type{s.absmax};
+    }
     OCTET_OPTIM_HD static encoder prepare_encode(const meta_type& m) {
         return encoder{m.absmax > 0.0f ? optim_detail::div_rn(1.0f, m.absmax) : 0.0f};
     }
@@ -373,11 +475,28 @@ struct dynamic8 {
 template <class C, class = void>
 struct is_state_codec : std::false_type {};
 template <class C>
-struct is_state_codec<C, std::void_t<typename C::code_type, typename C::meta_type, typename C::encoder, typename C::decoder,
-                                     decltype(C::group), decltype(C::has_meta), decltype(C::id)>>
+struct is_state_codec<C, std::void_t<typename C::code_type, typename C::meta_type, typename C::encoder,
+                                     typename C::decoder, decltype(C::group), decltype(C::has_meta), decltype(C::id)>>
     : std::bool_constant<(optim_block % C::group == 0)> {};
 template <class C>
 inline constexpr bool is_state_codec_v = is_state_codec<C>::value;
+
+/// Trait: does codec C round stochastically (encode takes 32 random bits)? False unless C says
+/// `uses_random_bits = true`.
+template <class C, class = void>
+struct codec_uses_random_bits : std::false_type {};
+template <class C>
+struct codec_uses_random_bits<C, std::void_t<decltype(C::uses_random_bits)>> : std::bool_constant<C::uses_random_bits> {
+};
+template <class C>
+inline constexpr bool codec_uses_random_bits_v = codec_uses_random_bits<C>::value;
+
+/// The Philox block holding the random word of element `index` for moment K (header comment:
+/// tag 1 first moment, 2 second moment, above every block index the master weights use).
+template <moment K>
+OCTET_OPTIM_HD std::uint64_t moment_random_block(std::uint64_t index) {
+    return (index >> 2) | (std::uint64_t{K == moment::first ? 1u : 2u} << 62);
+}
 
 /// Number of meta entries a codec needs for n elements (0 for codecs without meta).
 template <class Codec>
@@ -395,11 +514,18 @@ constexpr double state_bytes_per_element() {
 /// The same, from a runtime id.
 inline double state_bytes_per_element(state_codec_id id) {
     switch (id) {
-        case state_codec_id::fp32: return state_bytes_per_element<state_codec::fp32>();
-        case state_codec_id::bf16: return state_bytes_per_element<state_codec::bf16>();
-        case state_codec_id::e4m3_scaled: return state_bytes_per_element<state_codec::e4m3_scaled>();
-        case state_codec_id::e4m3_expanded: return state_bytes_per_element<state_codec::e4m3_expanded>();
-        case state_codec_id::dynamic8: return state_bytes_per_element<state_codec::dynamic8>();
+        case state_codec_id::fp32:
+            return state_bytes_per_element<state_codec::fp32>();
+        case state_codec_id::bf16:
+            return state_bytes_per_element<state_codec::bf16>();
+        case state_codec_id::e4m3_scaled:
+            return state_bytes_per_element<state_codec::e4m3_scaled>();
+        case state_codec_id::e4m3_expanded:
+            return state_bytes_per_element<state_codec::e4m3_expanded>();
+        case state_codec_id::dynamic8:
+            return state_bytes_per_element<state_codec::dynamic8>();
+        case state_codec_id::bf16_stochastic:
+            return state_bytes_per_element<state_codec::bf16_stochastic>();
     }
     throw error("octet::state_bytes_per_element: argument 'id' is not a state_codec_id");
 }

@@ -19,7 +19,7 @@
 
 namespace octet {
 namespace detail {
-__global__ void delayed_update_kernel(float* history, delayed_scaling_state* state, delayed_scaling_config config) {
+OCTET_KERNEL void delayed_update_kernel(float* history, delayed_scaling_state* state, delayed_scaling_config config) {
     if (threadIdx.x == 0 && blockIdx.x == 0) update(history, *state, config);
 }
 }  // namespace detail
@@ -28,7 +28,8 @@ namespace cuda {
 
 class delayed_scaling {
 public:
-    explicit delayed_scaling(delayed_scaling_config c = {}) : host_(c), history_(static_cast<std::size_t>(c.history_length)), state_(1) {
+    explicit delayed_scaling(delayed_scaling_config c = {})
+        : host_(c), history_(static_cast<std::size_t>(c.history_length)), state_(1) {
         history_.fill_bytes(0);
         const delayed_scaling_state init{};
         OCTET_CUDA_CHECK(cudaMemcpy(state_.data(), &init, sizeof init, cudaMemcpyHostToDevice));
@@ -36,8 +37,8 @@ public:
 
     /// Quantize with the scale from the history and record this step's amax.
     template <class Recipe, class T>
-    void quantize(stream_executor ex, matrix_ref<T> x, quantized_ref<Recipe> rowwise, quantized_ref<Recipe> columnwise = {},
-                  device_quantize_options opt = {}) {
+    void quantize(stream_executor ex, matrix_ref<T> x, quantized_ref<Recipe> rowwise,
+                  quantized_ref<Recipe> columnwise = {}, device_quantize_options opt = {}) {
         static_assert(Recipe::is_per_tensor, "octet::cuda::delayed_scaling: delayed scaling is for per-tensor recipes");
         opt.device_tensor_amax = steps_with_history_ > 0 ? &state_.data()->scale_amax : nullptr;
         opt.device_record = &state_.data()->step_amax;

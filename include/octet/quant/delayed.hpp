@@ -36,15 +36,19 @@ struct delayed_scaling_config {
 };
 
 struct delayed_scaling_state {
-    float step_amax = 0.0f;   ///< largest amax recorded since the last update
-    int quantized = 0;        ///< 1 if record() was called since the last update
-    float scale_amax = -1.0f; ///< the amax the next quantize derives its scale from (< 0: measure)
-    int position = 0;         ///< next history slot
-    int recorded = 0;         ///< valid history entries (<= history_length)
+    float step_amax = 0.0f;    ///< largest amax recorded since the last update
+    int quantized = 0;         ///< 1 if record() was called since the last update
+    float scale_amax = -1.0f;  ///< the amax the next quantize derives its scale from (< 0: measure)
+    int position = 0;          ///< next history slot
+    int recorded = 0;          ///< valid history entries (<= history_length)
 };
 
-/// What the next quantize should derive its tensor scale from (negative: measure it).
-OCTET_HD float amax_for_scale(const delayed_scaling_state& s) { return s.recorded > 0 ? s.scale_amax : -1.0f; }
+/// What the next quantize should derive its tensor scale from (negative: measure it). A history of
+/// all-zero steps gives nothing to derive a scale from (the host quantizer refuses a zero amax for
+/// non-zero data), so it measures too.
+OCTET_HD float amax_for_scale(const delayed_scaling_state& s) {
+    return s.recorded > 0 && s.scale_amax > 0.0f ? s.scale_amax : -1.0f;
+}
 
 /// Records a quantize's amax (host; the device records with an atomic max on the float bits).
 OCTET_HD void record(delayed_scaling_state& s, float amax) {
@@ -64,7 +68,7 @@ OCTET_HD void update(float* history, delayed_scaling_state& s, const delayed_sca
     } else {
         for (int k = 0; k < s.recorded; ++k) reduced = history[k] > reduced ? history[k] : reduced;
     }
-    const float margin = bits_to_float(static_cast<std::uint32_t>(127 + c.margin_bits) << 23);
+    const float margin = exp2i_normal(c.margin_bits);
     s.scale_amax = reduced * margin;
     s.step_amax = 0.0f;
     s.quantized = 0;
@@ -83,8 +87,8 @@ public:
 
 private:
     static std::size_t check(const delayed_scaling_config& c) {
-        OCTET_REQUIRE(c.history_length >= 1 && c.history_length <= (1 << 20), "octet::delayed_scaling", "config.history_length",
-                      detail::message("is ", c.history_length, "; use a length in [1, 2^20]"));
+        OCTET_REQUIRE(c.history_length >= 1 && c.history_length <= (1 << 20), "octet::delayed_scaling",
+                      "config.history_length", detail::message("is ", c.history_length, "; use a length in [1, 2^20]"));
         OCTET_REQUIRE(c.margin_bits >= 0 && c.margin_bits <= 32, "octet::delayed_scaling", "config.margin_bits",
                       detail::message("is ", c.margin_bits, "; use a margin in [0, 32] bits"));
         return static_cast<std::size_t>(c.history_length);

@@ -30,6 +30,7 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
+#include "octet/cuda/warp.cuh"
 #include "octet/format/convert.cuh"
 #include "octet/quant/quantize.hpp"
 
@@ -40,6 +41,9 @@ struct device_quantize_options {
     quant_stats* device_stats = nullptr;
     /// Device memory: the amax (>= 0) the per-tensor / two-level scale is derived from (e.g. a
     /// delayed scaling state's scale amax, see delayed.cuh), or null to measure it in an extra pass.
+    /// As on the host, it must not be 0 while x holds non-zero values; the host overload refuses
+    /// that, but this value lives on the device and is not checked (it would take a sync): the
+    /// scale is then 1 and what it clamps is counted in device_stats' saturated.
     const float* device_tensor_amax = nullptr;
     /// Device memory: receives the input's finite amax with an atomic max on its bits (must hold a
     /// non-negative float), and *device_record_flag = 1; null to skip.
@@ -58,13 +62,14 @@ constexpr int kQuantWarps = kQuantThreads / 32;
 template <class In>
 inline constexpr int smem_pitch = kQuantTile + static_cast<int>(4 / sizeof(In));
 
-OCTET_DEVICE float warp_max(float v, unsigned width) {
-    for (unsigned off = width / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-    return v;
-}
-
 OCTET_DEVICE void atomic_max_nonneg(float* addr, float v) {
     atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
+}
+
+/// Warp max of block_abs values that keeps a NaN (nan_policy::propagate).
+OCTET_DEVICE float warp_amax_max(float v, unsigned width) {
+    for (unsigned off = width / 2; off > 0; off /= 2) v = amax_max(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    return v;
 }
 
 template <class Recipe>
@@ -85,7 +90,7 @@ struct quant_kernel_args {
     std::size_t rows, cols, ld;
     bool vector_loads;
     quant_copy_args<Recipe> copy[2];  ///< [0] row-wise (of x), [1] column-wise (of x^T)
-    const float* tensor_amax;          ///< two-level: device tensor amax (never null for two-level)
+    const float* tensor_amax;         ///< two-level: device tensor amax (never null for two-level)
     float* record;
     int* record_flag;
 };
@@ -93,8 +98,8 @@ struct quant_kernel_args {
 /// Loads the 128 x 128 tile at (r0, c0) into shared memory (zeros outside x) and returns this
 /// thread's largest finite |x|.
 template <class In>
-OCTET_DEVICE float load_tile(const In* __restrict__ x, std::size_t rows, std::size_t cols, std::size_t ld, bool vector_loads,
-                             std::size_t r0, std::size_t c0, In* tile) {
+OCTET_DEVICE float load_tile(const In* __restrict__ x, std::size_t rows, std::size_t cols, std::size_t ld,
+                             bool vector_loads, std::size_t r0, std::size_t c0, In* tile) {
     constexpr int pitch = smem_pitch<In>;
     constexpr int V = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte vector
     constexpr int vectors_per_row = kQuantTile / V;
@@ -128,23 +133,19 @@ OCTET_DEVICE void store_codes4(std::uint8_t* row, std::size_t gc, const std::uin
         return;
     }
     if constexpr (Fmt::bits <= 4) {
-        const std::uint16_t w = static_cast<std::uint16_t>((c[0] & 0xFu) | ((c[1] & 0xFu) << 4) | ((c[2] & 0xFu) << 8) | ((c[3] & 0xFu) << 12));
+        const std::uint16_t w = static_cast<std::uint16_t>((c[0] & 0xFu) | ((c[1] & 0xFu) << 4) | ((c[2] & 0xFu) << 8) |
+                                                           ((c[3] & 0xFu) << 12));
         *reinterpret_cast<std::uint16_t*>(row + gc / 2) = w;
     } else if constexpr (Fmt::bits <= 6) {
-        const std::uint32_t w = (c[0] & 0x3Fu) | ((c[1] & 0x3Fu) << 6) | ((c[2] & 0x3Fu) << 12) | ((c[3] & 0x3Fu) << 18);
-        std::uint8_t* g = row + (gc / 4) * 3;
-        g[0] = static_cast<std::uint8_t>(w);
-        g[1] = static_cast<std::uint8_t>(w >> 8);
-        g[2] = static_cast<std::uint8_t>(w >> 16);
+        pack_fp6x4(c, row + (gc / 4) * 3);
     } else {
-        *reinterpret_cast<std::uint32_t*>(row + gc) =
-            c[0] | (static_cast<std::uint32_t>(c[1]) << 8) | (static_cast<std::uint32_t>(c[2]) << 16) | (static_cast<std::uint32_t>(c[3]) << 24);
+        *reinterpret_cast<std::uint32_t*>(row + gc) = load_le32(c);
     }
 }
 
 /// Per-thread statistics, reduced over the warp and added to global memory once per warp.
 struct stats_accumulator {
-    unsigned long long elements = 0, saturated = 0, flushed = 0, non_finite = 0;
+    unsigned long long elements = 0, saturated = 0, flushed = 0, non_finite = 0, lost_to_nan = 0;
     double signal = 0.0, noise = 0.0;
     float amax = 0.0f;
 
@@ -157,6 +158,10 @@ struct stats_accumulator {
             return;
         }
         amax = fmaxf(amax, fabsf(v));
+        if (S != S) {  // a NaN block (nan_policy::propagate)
+            ++lost_to_nan;
+            return;
+        }
         const float back = decode<Fmt>(code) * S;
         saturated += (S != 0.0f && beyond_max_finite<Fmt>(v / S)) ? 1u : 0u;
         flushed += (a != 0u && back == 0.0f) ? 1u : 0u;
@@ -170,6 +175,7 @@ struct stats_accumulator {
             saturated += __shfl_xor_sync(0xFFFFFFFFu, saturated, off);
             flushed += __shfl_xor_sync(0xFFFFFFFFu, flushed, off);
             non_finite += __shfl_xor_sync(0xFFFFFFFFu, non_finite, off);
+            lost_to_nan += __shfl_xor_sync(0xFFFFFFFFu, lost_to_nan, off);
             signal += __shfl_xor_sync(0xFFFFFFFFu, signal, off);
             noise += __shfl_xor_sync(0xFFFFFFFFu, noise, off);
             amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
@@ -180,6 +186,7 @@ struct stats_accumulator {
             atomicAdd(&out->saturated, saturated);
             atomicAdd(&out->flushed_to_zero, flushed);
             atomicAdd(&out->non_finite, non_finite);
+            atomicAdd(&out->lost_to_nan, lost_to_nan);
             atomicAdd(&out->signal_energy, signal);
             atomicAdd(&out->noise_energy, noise);
         }
@@ -190,9 +197,9 @@ struct stats_accumulator {
 /// (Copy == 0) element (cr, cc) is tile[cr][cc], for the column-wise copy tile[cc][cr].
 /// Local mode (scale_values == null): blocks are R x C with R, C dividing 128 and C % 4 == 0.
 template <class Recipe, class In, int Copy>
-OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In* tile, std::size_t copy_r0, std::size_t copy_c0,
-                                     std::size_t copy_rows, std::size_t copy_cols, float tensor_scale, float* seg_amax,
-                                     float* block_S) {
+OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In* tile, std::size_t copy_r0,
+                                     std::size_t copy_c0, std::size_t copy_rows, std::size_t copy_cols,
+                                     float tensor_scale, float* seg_amax, float* block_S) {
     using Fmt = typename Recipe::format;
     constexpr int pitch = smem_pitch<In>;
     const quant_layout& L = a.layout;
@@ -209,8 +216,9 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
         for (int cr = warp; cr < kQuantTile; cr += kQuantWarps) {
             float m = 0.0f;
             OCTET_UNROLL
-            for (int k = 0; k < 4; ++k) m = fmaxf(m, finite_abs(elem(cr, 4 * lane + k)));
-            m = warp_max(m, static_cast<unsigned>(C / 4));
+            for (int k = 0; k < 4; ++k) m = amax_max(m, block_abs<Recipe>(elem(cr, 4 * lane + k)));
+            m = Recipe::propagates_nan ? warp_amax_max(m, static_cast<unsigned>(C / 4))
+                                       : cuda::warp_max(m, static_cast<unsigned>(C / 4));
             if ((lane % (C / 4)) == 0) seg_amax[cr * 32 + lane / (C / 4)] = m;
         }
         __syncthreads();
@@ -219,14 +227,16 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
         for (int b = threadIdx.x; b < blocks; b += kQuantThreads) {
             const int bi = b / segs, bj = b % segs;
             float m = 0.0f;
-            for (int q = 0; q < R; ++q) m = fmaxf(m, seg_amax[(bi * R + q) * 32 + bj]);
+            for (int q = 0; q < R; ++q) m = amax_max(m, seg_amax[(bi * R + q) * 32 + bj]);
             const block_scale s = make_block_scale<Recipe>(m, tensor_scale);
             block_S[bi * 32 + bj] = s.value;
             const std::size_t gbi = copy_r0 / R + bi, gbj = copy_c0 / C + bj;
             if (gbi < L.scale_rows && gbj < L.scale_cols) {
                 const std::size_t k = gbj * L.scale_ld + gbi;
-                if constexpr (Recipe::scale_bytes == 4) reinterpret_cast<std::uint32_t*>(a.scales)[k] = s.stored;
-                else a.scales[k] = static_cast<std::uint8_t>(s.stored);
+                if constexpr (Recipe::scale_bytes == 4)
+                    reinterpret_cast<std::uint32_t*>(a.scales)[k] = s.stored;
+                else
+                    a.scales[k] = static_cast<std::uint8_t>(s.stored);
             }
         }
         __syncthreads();
@@ -244,10 +254,13 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
             const float v = elem(cr, 4 * lane + k);
             const std::size_t c = gc + k;
             float S;
-            if (local) S = block_S[(cr / R) * 32 + (4 * lane + k) / C];
-            else S = c < copy_cols ? a.scale_values[(gr / L.block_rows) * L.scale_cols + c / L.block_cols] : 1.0f;
+            if (local)
+                S = block_S[(cr / R) * 32 + (4 * lane + k) / C];
+            else
+                S = c < copy_cols ? a.scale_values[(gr / L.block_rows) * L.scale_cols + c / L.block_cols] : 1.0f;
             std::uint32_t bits = 0;
-            if constexpr (std::is_same_v<typename Recipe::rounding, round::stochastic>) bits = a.rng.bits(gr * copy_cols + c);
+            if constexpr (std::is_same_v<typename Recipe::rounding, round::stochastic>)
+                bits = a.rng.bits(gr * copy_cols + c);
             codes[k] = c < copy_cols ? encode_scaled<Recipe>(v, S, bits) : std::uint8_t{0};
             if (a.stats && c < copy_cols) acc.add<Fmt>(v, S, codes[k]);
         }
@@ -258,19 +271,20 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
 }
 
 template <class Recipe, class In>
-__global__ void __launch_bounds__(kQuantThreads) quantize_tile_kernel(quant_kernel_args<Recipe, In> p) {
+OCTET_KERNEL void __launch_bounds__(kQuantThreads) quantize_tile_kernel(quant_kernel_args<Recipe, In> p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     In* tile = reinterpret_cast<In*>(smem_raw);
     float* seg_amax = reinterpret_cast<float*>(smem_raw + kQuantTile * smem_pitch<In> * sizeof(In));  // [128][32]
-    float* block_S = seg_amax + kQuantTile * 32;                                                          // [128][32]
+    float* block_S = seg_amax + kQuantTile * 32;                                                      // [128][32]
     __shared__ float cta_amax;
 
-    const std::size_t r0 = static_cast<std::size_t>(blockIdx.y) * kQuantTile, c0 = static_cast<std::size_t>(blockIdx.x) * kQuantTile;
+    const std::size_t r0 = static_cast<std::size_t>(blockIdx.y) * kQuantTile,
+                      c0 = static_cast<std::size_t>(blockIdx.x) * kQuantTile;
     if (threadIdx.x == 0) cta_amax = 0.0f;
     __syncthreads();
     const float my_amax = load_tile(p.x, p.rows, p.cols, p.ld, p.vector_loads, r0, c0, tile);
     if (p.record) {
-        const float m = warp_max(my_amax, 32);
+        const float m = cuda::warp_max(my_amax, 32);
         if ((threadIdx.x & 31) == 0) atomic_max_nonneg(&cta_amax, m);
     }
     __syncthreads();
@@ -282,31 +296,35 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_tile_kernel(quant_kern
     float tensor_scale = 1.0f;
     if constexpr (Recipe::two_level) tensor_scale = make_tensor_scale<Recipe>(*p.tensor_amax);
     if (p.copy[0].data) {
-        if (Recipe::two_level && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.copy[0].tensor_scale_out = tensor_scale;
+        if (Recipe::two_level && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+            *p.copy[0].tensor_scale_out = tensor_scale;
         quantize_tile_copy<Recipe, In, 0>(p.copy[0], tile, r0, c0, p.rows, p.cols, tensor_scale, seg_amax, block_S);
     }
     if (p.copy[1].data) {
-        if (Recipe::two_level && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.copy[1].tensor_scale_out = tensor_scale;
+        if (Recipe::two_level && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+            *p.copy[1].tensor_scale_out = tensor_scale;
         quantize_tile_copy<Recipe, In, 1>(p.copy[1], tile, c0, r0, p.cols, p.rows, tensor_scale, seg_amax, block_S);
     }
 }
 
 /// Global mode, pass 1: block amaxes of both copies into grids (row-major, zeroed beforehand), and
 /// the tensor amax. Shared-memory atomics per tile, then one global atomic per touched block.
-template <class In>
-__global__ void __launch_bounds__(kQuantThreads)
-    block_amax_kernel(const In* __restrict__ x, std::size_t rows, std::size_t cols, std::size_t ld, bool vector_loads, float* grid0,
-                      std::size_t R0, std::size_t C0, std::size_t sc0, float* grid1, std::size_t R1, std::size_t C1, std::size_t sc1,
-                      float* tensor_amax) {
+/// PropagateNan: a NaN enters its block's amax as 0x7FFFFFFF, above every other value's bits.
+template <class In, bool PropagateNan>
+OCTET_KERNEL void __launch_bounds__(kQuantThreads)
+    block_amax_kernel(const In* __restrict__ x, std::size_t rows, std::size_t cols, std::size_t ld, bool vector_loads,
+                      float* grid0, std::size_t R0, std::size_t C0, std::size_t sc0, float* grid1, std::size_t R1,
+                      std::size_t C1, std::size_t sc1, float* tensor_amax) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     In* tile = reinterpret_cast<In*>(smem_raw);
     constexpr int kLocal = 4096;
     __shared__ float local[kLocal];
     constexpr int pitch = smem_pitch<In>;
-    const std::size_t r0 = static_cast<std::size_t>(blockIdx.y) * kQuantTile, c0 = static_cast<std::size_t>(blockIdx.x) * kQuantTile;
+    const std::size_t r0 = static_cast<std::size_t>(blockIdx.y) * kQuantTile,
+                      c0 = static_cast<std::size_t>(blockIdx.x) * kQuantTile;
     const float my_amax = load_tile(x, rows, cols, ld, vector_loads, r0, c0, tile);
     if (tensor_amax) {
-        const float m = warp_max(my_amax, 32);
+        const float m = cuda::warp_max(my_amax, 32);
         if ((threadIdx.x & 31) == 0) atomic_max_nonneg(tensor_amax, m);
     }
     const std::size_t r_end = rows < r0 + kQuantTile ? rows : r0 + kQuantTile;
@@ -329,35 +347,44 @@ __global__ void __launch_bounds__(kQuantThreads)
             const int tr = idx / kQuantTile, tc = idx % kQuantTile;
             const std::size_t gi = r0 + tr, gj = c0 + tc;
             if (gi >= rows || gj >= cols) continue;
-            const float v = finite_abs(as_float(tile[tr * pitch + tc]));
+            const float x_abs = fabsf(as_float(tile[tr * pitch + tc]));
+            const float v = PropagateNan && x_abs != x_abs ? __uint_as_float(0x7FFFFFFFu) : finite_abs(x_abs);
             if (v == 0.0f) continue;
             const std::size_t ci = copy == 0 ? gi : gj, cj = copy == 0 ? gj : gi;
             const std::size_t bi = ci / R, bj = cj / C;
-            if (in_smem) atomic_max_nonneg(&local[(bi - b_r0) * nbc + (bj - b_c0)], v);
-            else atomic_max_nonneg(&grid[bi * sc + bj], v);
+            if (in_smem)
+                atomic_max_nonneg(&local[(bi - b_r0) * nbc + (bj - b_c0)], v);
+            else
+                atomic_max_nonneg(&grid[bi * sc + bj], v);
         }
         __syncthreads();
         if (in_smem)
             for (std::size_t k = threadIdx.x; k < nbr * nbc; k += kQuantThreads)
-                if (local[k] > 0.0f) atomic_max_nonneg(&grid[(b_r0 + k / nbc) * sc + b_c0 + k % nbc], local[k]);
+                if (local[k] != 0.0f) atomic_max_nonneg(&grid[(b_r0 + k / nbc) * sc + b_c0 + k % nbc], local[k]);
     }
 }
 
 /// Global mode, pass 2: scales from the amax grid (or the tensor amax override for per-tensor).
 template <class Recipe>
-__global__ void block_scale_kernel(const float* amax_grid, const float* tensor_amax, bool per_tensor_override, quant_layout L,
-                                   std::uint8_t* scales, float* scale_values, float* tensor_scale_out) {
+OCTET_KERNEL void block_scales_from_amax_kernel(const float* amax_grid, const float* tensor_amax,
+                                                bool per_tensor_override, quant_layout L, std::uint8_t* scales,
+                                                float* scale_values, float* tensor_scale_out) {
     const std::size_t n = L.scale_rows * L.scale_cols;
     float tensor_scale = 1.0f;
     if constexpr (Recipe::two_level) tensor_scale = make_tensor_scale<Recipe>(*tensor_amax);
-    for (std::size_t k = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    for (std::size_t k = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+         k += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         const std::size_t bi = k / L.scale_cols, bj = k % L.scale_cols;
-        const float amax = per_tensor_override ? *tensor_amax : amax_grid[k];
+        float amax = per_tensor_override ? *tensor_amax : amax_grid[k];
+        if (Recipe::propagates_nan && amax_grid && amax_grid[k] != amax_grid[k])
+            amax = amax_grid[k];  // keeps its NaN scale
         const block_scale s = make_block_scale<Recipe>(amax, tensor_scale);
         scale_values[k] = s.value;
         const std::size_t idx = bj * L.scale_ld + bi;
-        if constexpr (Recipe::scale_bytes == 4) reinterpret_cast<std::uint32_t*>(scales)[idx] = s.stored;
-        else scales[idx] = static_cast<std::uint8_t>(s.stored);
+        if constexpr (Recipe::scale_bytes == 4)
+            reinterpret_cast<std::uint32_t*>(scales)[idx] = s.stored;
+        else
+            scales[idx] = static_cast<std::uint8_t>(s.stored);
         if (Recipe::two_level && k == 0) *tensor_scale_out = tensor_scale;
     }
 }
@@ -367,7 +394,9 @@ __global__ void block_scale_kernel(const float* amax_grid, const float* tensor_a
 template <class Recipe>
 bool local_blocks(const quant_layout& L) {
     if (Recipe::is_per_tensor) return false;
-    auto divides = [](std::size_t b) { return b >= 1 && b <= static_cast<std::size_t>(kQuantTile) && kQuantTile % b == 0; };
+    auto divides = [](std::size_t b) {
+        return b >= 1 && b <= static_cast<std::size_t>(kQuantTile) && kQuantTile % b == 0;
+    };
     return divides(L.block_rows) && divides(L.block_cols) && L.block_cols % 4 == 0 && L.block_cols / 4 <= 32;
 }
 
@@ -379,19 +408,22 @@ inline void* device_alloc(std::size_t bytes, cudaStream_t s) {
 
 template <class Recipe, class Byte>
 void require_device_copy(const quantized_ref<Recipe, Byte>& q, const char* fn, const char* arg) {
-    OCTET_REQUIRE(Recipe::scale_bytes != 4 || is_aligned(q.scales, 4), fn, arg, "has float scales that are not 4-byte aligned");
+    OCTET_REQUIRE(Recipe::scale_bytes != 4 || is_aligned(q.scales, 4), fn, arg,
+                  "has float scales that are not 4-byte aligned");
     cuda::require_device_accessible(q.data, fn, arg);
     cuda::require_device_accessible(q.scales, fn, arg);
     if constexpr (Recipe::two_level) cuda::require_device_accessible(q.tensor_scale, fn, arg);
 }
 
 template <class Recipe, class In>
-void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantized_ref<Recipe>& row_out, const quantized_ref<Recipe>& col_out,
-                     const device_quantize_options& opt, const philox_stream& rng_row, const philox_stream& rng_col,
-                     quant_stats* stats_row, quant_stats* stats_col) {
+void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantized_ref<Recipe>& row_out,
+                     const quantized_ref<Recipe>& col_out, const device_quantize_options& opt,
+                     const philox_stream& rng_row, const philox_stream& rng_col, quant_stats* stats_row,
+                     quant_stats* stats_col) {
     // x is row-major here (the caller has swapped the roles for a column-major input).
     const std::size_t rows = x.rows, cols = x.cols;
-    const dim3 grid(static_cast<unsigned>((cols + kQuantTile - 1) / kQuantTile), static_cast<unsigned>((rows + kQuantTile - 1) / kQuantTile));
+    const dim3 grid(static_cast<unsigned>((cols + kQuantTile - 1) / kQuantTile),
+                    static_cast<unsigned>((rows + kQuantTile - 1) / kQuantTile));
     OCTET_REQUIRE(grid.y <= 65535u, "octet::quantize", "x", "has more than 8 million rows; split it");
     const bool vector_loads = is_aligned(x.data, 16) && (x.ld * sizeof(In)) % 16 == 0;
     const quantized_ref<Recipe>* outs[2] = {&row_out, &col_out};
@@ -400,30 +432,36 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
     const bool need_tensor_amax = Recipe::two_level || Recipe::is_per_tensor;
     std::size_t grid_elems[2] = {0, 0};
     for (int c = 0; c < 2; ++c)
-        if (!outs[c]->empty() && !local_blocks<Recipe>(outs[c]->layout)) grid_elems[c] = outs[c]->layout.scale_rows * outs[c]->layout.scale_cols;
+        if (!outs[c]->empty() && !local_blocks<Recipe>(outs[c]->layout))
+            grid_elems[c] = outs[c]->layout.scale_rows * outs[c]->layout.scale_cols;
     // Scratch (tensor amax, amax and scale-value grids) only where a pass needs it: the common
     // one-pass recipes (1x128, MX, 128x128) allocate nothing per call.
     const bool measure_tensor = need_tensor_amax && opt.device_tensor_amax == nullptr;
-    const std::size_t scratch_floats = (measure_tensor || grid_elems[0] || grid_elems[1]) ? 1 + 2 * (grid_elems[0] + grid_elems[1]) : 0;
-    float* scratch = scratch_floats ? static_cast<float*>(device_alloc(scratch_floats * sizeof(float), stream)) : nullptr;
+    const std::size_t scratch_floats =
+        (measure_tensor || grid_elems[0] || grid_elems[1]) ? 1 + 2 * (grid_elems[0] + grid_elems[1]) : 0;
+    float* scratch =
+        scratch_floats ? static_cast<float*>(device_alloc(scratch_floats * sizeof(float), stream)) : nullptr;
     if (scratch) OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, scratch_floats * sizeof(float), stream));
     float* measured_tensor_amax = scratch;
-    // Per-tensor recipes take their one scale from the tensor amax, never from an amax grid.
-    float* amax_grid[2] = {grid_elems[0] && !Recipe::is_per_tensor ? scratch + 1 : nullptr,
-                           grid_elems[1] && !Recipe::is_per_tensor ? scratch + 1 + grid_elems[0] : nullptr};
+    // Per-tensor recipes take their one scale from the tensor amax; their amax grid only tells
+    // whether the tensor holds a NaN (nan_policy::propagate).
+    constexpr bool use_grid = !Recipe::is_per_tensor || Recipe::propagates_nan;
+    float* amax_grid[2] = {grid_elems[0] && use_grid ? scratch + 1 : nullptr,
+                           grid_elems[1] && use_grid ? scratch + 1 + grid_elems[0] : nullptr};
     float* value_grid[2] = {grid_elems[0] ? scratch + 1 + grid_elems[0] + grid_elems[1] : nullptr,
                             grid_elems[1] ? scratch + 1 + 2 * grid_elems[0] + grid_elems[1] : nullptr};
 
     const std::size_t tile_bytes = static_cast<std::size_t>(kQuantTile) * smem_pitch<In> * sizeof(In);
     // The tensor amax (two-level or per-tensor without an override) or the block amax grids.
     if (measure_tensor || amax_grid[0] || amax_grid[1]) {
-        auto kernel = block_amax_kernel<In>;
-        OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile_bytes)));
+        auto kernel = block_amax_kernel<In, Recipe::propagates_nan>;
+        OCTET_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile_bytes)));
         const quant_layout& L0 = row_out.layout;
         const quant_layout& L1 = col_out.layout;
-        kernel<<<grid, kQuantThreads, tile_bytes, stream>>>(x.data, rows, cols, x.ld, vector_loads, amax_grid[0], L0.block_rows,
-                                                            L0.block_cols, L0.scale_cols, amax_grid[1], L1.block_rows, L1.block_cols,
-                                                            L1.scale_cols, measure_tensor ? measured_tensor_amax : nullptr);
+        kernel<<<grid, kQuantThreads, tile_bytes, stream>>>(
+            x.data, rows, cols, x.ld, vector_loads, amax_grid[0], L0.block_rows, L0.block_cols, L0.scale_cols,
+            amax_grid[1], L1.block_rows, L1.block_cols, L1.scale_cols, measure_tensor ? measured_tensor_amax : nullptr);
         OCTET_CUDA_CHECK_LAUNCH();
     }
     const float* tensor_amax = measured_tensor_amax;
@@ -432,7 +470,7 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
         if (!grid_elems[c]) continue;
         const quantized_ref<Recipe>& q = *outs[c];
         OCTET_CUDA_CHECK(cudaMemsetAsync(q.scales, 0, q.layout.scale_bytes, stream));
-        block_scale_kernel<Recipe><<<cuda::grid_stride_blocks(grid_elems[c], 256), 256, 0, stream>>>(
+        block_scales_from_amax_kernel<Recipe><<<cuda::grid_stride_blocks(grid_elems[c], 256), 256, 0, stream>>>(
             amax_grid[c], tensor_amax, Recipe::is_per_tensor, q.layout, q.scales, value_grid[c], q.tensor_scale);
         OCTET_CUDA_CHECK_LAUNCH();
     }
@@ -470,7 +508,7 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
 }
 
 template <class Recipe, class Out>
-__global__ void dequantize_kernel(quantized_cref<Recipe> q, Out* out, std::size_t ld, bool col_major) {
+OCTET_KERNEL void dequantize_matrix_kernel(quantized_cref<Recipe> q, Out* out, std::size_t ld, bool col_major) {
     const std::size_t rows = q.rows(), cols = q.cols();
     const std::size_t groups = (cols + 3) / 4;
     for (std::size_t t = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < rows * groups;
@@ -482,9 +520,12 @@ __global__ void dequantize_kernel(quantized_cref<Recipe> q, Out* out, std::size_
             if (j >= cols) break;
             const float v = q.value(i, j);
             Out o;
-            if constexpr (std::is_same_v<Out, float>) o = v;
-            else if constexpr (std::is_same_v<Out, bf16>) o = to_bf16(v);
-            else o = to_fp16(v);
+            if constexpr (std::is_same_v<Out, float>)
+                o = v;
+            else if constexpr (std::is_same_v<Out, bf16>)
+                o = to_bf16(v);
+            else
+                o = to_fp16(v);
             out[col_major ? j * ld + i : i * ld + j] = o;
         }
     }
@@ -494,33 +535,36 @@ __global__ void dequantize_kernel(quantized_cref<Recipe> q, Out* out, std::size_
 
 /// Quantize x (device memory) into a row-wise copy and/or a column-wise (transposed) copy.
 template <class Recipe, class T>
-void quantize(stream_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise, quantized_ref<Recipe> columnwise = {},
-              const device_quantize_options& opt = {}) {
+void quantize(stream_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise,
+              quantized_ref<Recipe> columnwise = {}, const device_quantize_options& opt = {}) {
     using In = detail::storage_of_t<std::remove_const_t<T>>;
     static_assert(detail::is_quant_input_v<In>, "octet::quantize: the input must be float, bf16 or fp16");
     static_assert(is_recipe_v<Recipe>, "octet::quantize: Recipe must be an octet::recipe<...>");
     const matrix_ref<const In> x(reinterpret_cast<const In*>(x_in.data), x_in.rows, x_in.cols, x_in.ld, x_in.order);
     constexpr const char* fn = "octet::quantize";
     detail::validate_input(x, fn);
-    OCTET_REQUIRE(!rowwise.empty() || !columnwise.empty() || x.empty(), fn, "rowwise/columnwise",
-                  "are both empty; pass at least one output copy");
-    if (!rowwise.empty()) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
-    if (!columnwise.empty()) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
+    const bool want_row = !rowwise.absent(), want_col = !columnwise.absent();
+    OCTET_REQUIRE(want_row || want_col || x.empty(), fn, "rowwise/columnwise",
+                  "are both absent ({}); pass at least one output copy");
+    if (want_row) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
+    if (want_col) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
     if (opt.device_stats) OCTET_CUDA_CHECK(cudaMemsetAsync(opt.device_stats, 0, 2 * sizeof(quant_stats), ex.stream));
     if (x.empty()) return;
     cuda::require_device_accessible(x.data, fn, "x");
-    if (!rowwise.empty()) detail::require_device_copy(rowwise, fn, "rowwise");
-    if (!columnwise.empty()) detail::require_device_copy(columnwise, fn, "columnwise");
-    OCTET_REQUIRE(!opt.device_record_flag || opt.device_record, fn, "options.device_record_flag", "is set without device_record");
+    if (want_row) detail::require_device_copy(rowwise, fn, "rowwise");
+    if (want_col) detail::require_device_copy(columnwise, fn, "columnwise");
+    OCTET_REQUIRE(!opt.device_record_flag || opt.device_record, fn, "options.device_record_flag",
+                  "is set without device_record");
 
     quant_stats* s_row = opt.device_stats;
     quant_stats* s_col = opt.device_stats ? opt.device_stats + 1 : nullptr;
     const philox_stream rng_row = opt.rng, rng_col{opt.rng.seed, opt.rng.offset + 1};
-    if (x.order == layout::row_major) {
+    if (x.order == storage_order::row_major) {
         detail::quantize_device<Recipe, In>(ex.stream, x, rowwise, columnwise, opt, rng_row, rng_col, s_row, s_col);
     } else {
         // A column-major x is a row-major x^T: its row-wise copy is x^T's column-wise copy.
-        detail::quantize_device<Recipe, In>(ex.stream, x.transposed(), columnwise, rowwise, opt, rng_col, rng_row, s_col, s_row);
+        detail::quantize_device<Recipe, In>(ex.stream, x.transposed(), columnwise, rowwise, opt, rng_col, rng_row,
+                                            s_col, s_row);
     }
 }
 
@@ -536,8 +580,8 @@ void dequantize(stream_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref
     cuda::require_device_accessible(out.data, fn, "out");
     detail::require_device_copy(q, fn, "q");
     const std::size_t work = q.rows() * ((q.cols() + 3) / 4);
-    detail::dequantize_kernel<Recipe, O><<<cuda::grid_stride_blocks(work, 256), 256, 0, ex.stream>>>(q, out.data, out.ld,
-                                                                                                    out.order == layout::col_major);
+    detail::dequantize_matrix_kernel<Recipe, O><<<cuda::grid_stride_blocks(work, 256), 256, 0, ex.stream>>>(
+        q, out.data, out.ld, out.order == storage_order::col_major);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,7 +6,8 @@
 //
 // `x` is a matrix_ref of float, octet::bf16 or octet::fp16 in either layout. The row-wise output
 // is the quantized copy of x, the column-wise output the quantized copy of x^T (the transpose the
-// backward pass needs); pass an empty ref ({}) to skip either. Per element:
+// backward pass needs); pass a default ref ({}) to skip either. A ref that is only partly set (a
+// null data pointer beside valid scales, say) is an error, not a skipped copy. Per element:
 // code = encode<Format, Round, Overflow>(x / S) with S the effective scale of its block (see
 // scale.hpp for the edge contract). The stream overloads are in quantize.cuh and give the same
 // bits. On the host the two copies are produced by separate passes over x; the device quantizer
@@ -18,12 +19,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <type_traits>
 #include <vector>
 
 #include "octet/core/check.hpp"
 #include "octet/core/executor.hpp"
+#include "octet/core/isa_dispatch.hpp"
 #include "octet/core/matrix.hpp"
 #include "octet/core/philox.hpp"
 #include "octet/quant/recipe.hpp"
@@ -38,7 +41,11 @@ struct quantize_options {
     bool collect_stats = false;
     /// Per-tensor and two-level (NVFP4) recipes: the amax the tensor scale is derived from, when
     /// the caller has it (delayed scaling passes its history's reduced amax; a previous amax pass
-    /// can pass its result). Negative: measure it from x (current scaling).
+    /// can pass its result). Negative: measure it from x (current scaling). 0 is accepted only when
+    /// x holds no non-zero finite value (a zero amax leaves no scale for them). A stale amax smaller
+    /// than x's is legitimate under delayed scaling: what lies above it saturates (scale rules and
+    /// E4M3 block scales clamp) and is counted in quant_stats::saturated, which is how a caller sees
+    /// that the history lags.
     float tensor_amax = -1.0f;
     /// Random bits for round::stochastic.
     philox_stream rng{};
@@ -53,17 +60,138 @@ struct quantize_result {
 namespace detail {
 
 template <class In>
-inline constexpr bool is_quant_input_v = std::is_same_v<In, float> || std::is_same_v<In, bf16> || std::is_same_v<In, fp16>;
+inline constexpr bool is_quant_input_v =
+    std::is_same_v<In, float> || std::is_same_v<In, bf16> || std::is_same_v<In, fp16>;
 
 template <class In>
 OCTET_HD float as_float(In v) {
-    if constexpr (std::is_same_v<In, float>) return v;
-    else return to_float(v);
+    if constexpr (std::is_same_v<In, float>)
+        return v;
+    else
+        return to_float(v);
 }
+
+/// The quantizer's element loop (deterministic roundings), compiled per instruction set
+/// (core/isa_dispatch.hpp): codes[j] = encode_scaled(x[j], S[j]) for j < n.
+template <class Recipe, class In>
+struct encode_scaled_kernel {
+    OCTET_KERNEL_INLINE static void chunk(const In* __restrict x, const float* __restrict S,
+                                          std::uint8_t* __restrict codes) {
+        for (std::size_t j = 0; j < kernel_chunk; ++j) codes[j] = encode_scaled<Recipe>(as_float(x[j]), S[j]);
+    }
+    OCTET_KERNEL_INLINE static void run(const In* x, const float* S, std::uint8_t* codes, std::size_t n) {
+        std::size_t j = 0;
+        for (; j + kernel_chunk <= n; j += kernel_chunk) chunk(x + j, S + j, codes + j);
+        if (j == n) return;
+        In x_tail[kernel_chunk] = {};
+        float S_tail[kernel_chunk];
+        std::uint8_t code_tail[kernel_chunk];
+        std::fill(S_tail, S_tail + kernel_chunk, 1.0f);
+        std::memcpy(x_tail, x + j, (n - j) * sizeof(In));
+        std::memcpy(S_tail, S + j, (n - j) * sizeof(float));
+        chunk(x_tail, S_tail, code_tail);
+        std::memcpy(codes + j, code_tail, n - j);
+    }
+};
+
+/// The scale loop over n blocks, compiled per instruction set: the block_scale of each amax (of
+/// override_amax instead where that is >= 0 and the block's amax is not NaN), as value and stored.
+template <class Recipe>
+struct block_scale_kernel {
+    OCTET_KERNEL_INLINE static void chunk(const float* __restrict amax, float override_amax, float tensor_scale,
+                                          float* __restrict value, std::uint32_t* __restrict stored) {
+        for (std::size_t k = 0; k < kernel_chunk; ++k) {
+            const float block_amax = amax[k];  // NaN: the block keeps its NaN scale
+            const float a = override_amax >= 0.0f && block_amax == block_amax ? override_amax : block_amax;
+            const block_scale s = make_block_scale<Recipe>(a, tensor_scale);
+            value[k] = s.value;
+            stored[k] = s.stored;
+        }
+    }
+    OCTET_KERNEL_INLINE static void run(const float* amax, float override_amax, float tensor_scale, float* value,
+                                        std::uint32_t* stored, std::size_t n) {
+        std::size_t k = 0;
+        for (; k + kernel_chunk <= n; k += kernel_chunk)
+            chunk(amax + k, override_amax, tensor_scale, value + k, stored + k);
+        if (k == n) return;
+        float amax_tail[kernel_chunk] = {}, value_tail[kernel_chunk];
+        std::uint32_t stored_tail[kernel_chunk];
+        std::memcpy(amax_tail, amax + k, (n - k) * sizeof(float));
+        chunk(amax_tail, override_amax, tensor_scale, value_tail, stored_tail);
+        std::memcpy(value + k, value_tail, (n - k) * sizeof(float));
+        std::memcpy(stored + k, stored_tail, (n - k) * sizeof(std::uint32_t));
+    }
+};
+
+/// The amax loop of one row-major row, compiled per instruction set: a[bj] = the larger of a[bj]
+/// and the largest block_abs<Recipe> (finite_abs when Recipe is void) of the row's block bj of C
+/// columns. amax_max orders values by bit pattern, so maxima of bit patterns in 16 lanes give the
+/// same result (max is exact and order-free); a[] holds non-negative values or the NaN 0x7FFFFFFF.
+template <class Recipe, class In>
+struct row_block_amax_kernel {
+    OCTET_KERNEL_INLINE static void abs_bits(const In* __restrict src, std::uint32_t* __restrict bits) {
+        for (std::size_t k = 0; k < kernel_chunk; ++k) {
+            if constexpr (std::is_void_v<Recipe>)
+                bits[k] = float_to_bits(finite_abs(as_float(src[k])));
+            else
+                bits[k] = float_to_bits(block_abs<Recipe>(as_float(src[k])));
+        }
+    }
+    OCTET_KERNEL_INLINE static void run(const In* src, std::size_t cols, std::size_t C, float* a) {
+        constexpr std::size_t lanes = 16;
+        std::uint32_t bits[kernel_chunk];
+        for (std::size_t c0 = 0; c0 < cols; c0 += kernel_chunk) {
+            const std::size_t n = std::min(kernel_chunk, cols - c0);
+            if (n == kernel_chunk) {
+                abs_bits(src + c0, bits);
+            } else {
+                In tail[kernel_chunk] = {};
+                std::memcpy(tail, src + c0, n * sizeof(In));
+                abs_bits(tail, bits);
+            }
+            for (std::size_t k = 0; k < n;) {  // the part of each block inside this chunk
+                const std::size_t bj = (c0 + k) / C, end = std::min(n, (bj + 1) * C - c0);
+                std::uint32_t lane[lanes] = {};
+                for (; k + lanes <= end; k += lanes)
+                    for (std::size_t l = 0; l < lanes; ++l) lane[l] = lane[l] >= bits[k + l] ? lane[l] : bits[k + l];
+                std::uint32_t m = float_to_bits(a[bj]);
+                for (; k < end; ++k) m = m >= bits[k] ? m : bits[k];
+                for (std::size_t l = 0; l < lanes; ++l) m = m >= lane[l] ? m : lane[l];
+                a[bj] = bits_to_float(m);
+            }
+        }
+    }
+};
+
+/// dequantize's element loop, compiled per instruction set: out[j] = decode(codes[j]) * S[j]
+/// converted to Out, for j < n <= kernel_chunk. (A NaN code times a NaN scale of another payload
+/// may keep either payload, as scalar code may: compilers order a product's operands freely.)
+template <class Fmt, class Out>
+struct dequantize_kernel {
+    OCTET_KERNEL_INLINE static void chunk(const std::uint8_t* __restrict codes, const float* __restrict S,
+                                          Out* __restrict out) {
+        for (std::size_t j = 0; j < kernel_chunk; ++j) {
+            const float v = decode<Fmt>(codes[j]) * S[j];
+            if constexpr (std::is_same_v<Out, float>)
+                out[j] = v;
+            else if constexpr (std::is_same_v<Out, bf16>)
+                out[j] = to_bf16(v);
+            else
+                out[j] = to_fp16(v);
+        }
+    }
+    OCTET_KERNEL_INLINE static void run(const std::uint8_t* codes, const float* S, Out* out, std::size_t n) {
+        if (n == kernel_chunk) return chunk(codes, S, out);
+        Out out_tail[kernel_chunk];
+        chunk(codes, S, out_tail);  // callers pass full kernel_chunk-sized code and scale buffers
+        std::memcpy(out, out_tail, n * sizeof(Out));
+    }
+};
 
 /// Checks that a quantized view fits a rows x cols copy of its recipe.
 template <class Recipe, class Byte>
-void validate_output(const quantized_ref<Recipe, Byte>& q, std::size_t rows, std::size_t cols, const char* fn, const char* arg) {
+void validate_output(const quantized_ref<Recipe, Byte>& q, std::size_t rows, std::size_t cols, const char* fn,
+                     const char* arg) {
     const quant_layout& l = q.layout;
     OCTET_REQUIRE(l.rows == rows && l.cols == cols, fn, arg,
                   message("has shape ", l.rows, " x ", l.cols, " but must be ", rows, " x ", cols,
@@ -75,29 +203,38 @@ void validate_output(const quantized_ref<Recipe, Byte>& q, std::size_t rows, std
                   message("has an inconsistent row layout (ld ", l.ld, ", row_bytes ", l.row_bytes,
                           "); use quant_layout_of<Recipe>::make"));
     OCTET_REQUIRE(l.data_bytes >= rows * l.row_bytes, fn, arg, "has data_bytes smaller than rows * row_bytes");
-    OCTET_REQUIRE(l.block_rows == expect.block_rows && l.block_cols == expect.block_cols && l.scale_rows == expect.scale_rows &&
-                      l.scale_cols == expect.scale_cols && l.scale_ld >= l.scale_rows,
-                  fn, arg, "has a scale grid that does not fit the recipe's granularity; use quant_layout_of<Recipe>::make");
+    OCTET_REQUIRE(
+        l.block_rows == expect.block_rows && l.block_cols == expect.block_cols && l.scale_rows == expect.scale_rows &&
+            l.scale_cols == expect.scale_cols && l.scale_ld >= l.scale_rows,
+        fn, arg, "has a scale grid that does not fit the recipe's granularity; use quant_layout_of<Recipe>::make");
     OCTET_REQUIRE(l.scale_bytes >= l.scale_cols * l.scale_ld * Recipe::scale_bytes, fn, arg,
-                  message("has scale_bytes ", l.scale_bytes, " but the scale grid needs ", l.scale_cols * l.scale_ld * Recipe::scale_bytes));
-    OCTET_REQUIRE(q.data != nullptr, fn, arg, "has a null data pointer");
-    OCTET_REQUIRE(q.scales != nullptr, fn, arg, "has a null scales pointer");
+                  message("has scale_bytes ", l.scale_bytes, " but the scale grid needs ",
+                          l.scale_cols * l.scale_ld * Recipe::scale_bytes));
+    OCTET_REQUIRE(q.data != nullptr, fn, arg,
+                  "has a null data pointer; pass a complete copy (data, scales, layout), or {} to skip it");
+    OCTET_REQUIRE(q.scales != nullptr, fn, arg,
+                  "has a null scales pointer; pass a complete copy (data, scales, layout), or {} to skip it");
     OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, arg,
                   "is a two-level (NVFP4) copy without a tensor_scale pointer; point it at one float");
 }
 
 template <class T>
-void validate_input(const matrix_ref<T>& x, const char* fn) {
-    const std::size_t minor = x.order == layout::row_major ? x.cols : x.rows;
-    OCTET_REQUIRE(x.empty() || x.data != nullptr, fn, "x", "is null with a non-zero shape");
-    OCTET_REQUIRE(x.empty() || x.ld >= minor, fn, "x",
-                  message("has ld ", x.ld, " smaller than its ", (x.order == layout::row_major ? "cols " : "rows "), minor));
+void validate_input(const matrix_ref<T>& x, const char* fn, const char* arg = "x") {
+    const std::size_t minor = x.order == storage_order::row_major ? x.cols : x.rows;
+    OCTET_REQUIRE(x.empty() || x.data != nullptr, fn, arg, "is null with a non-zero shape");
+    OCTET_REQUIRE(x.empty() || x.ld >= minor, fn, arg,
+                  message("has ld ", x.ld, " smaller than its ",
+                          (x.order == storage_order::row_major ? "cols " : "rows "), minor));
 }
+
+template <class In>
+float tensor_amax_host(host_executor ex, matrix_ref<const In> x);
 
 /// One quantized copy of x (rows x cols in x's logical orientation) on the host.
 template <class Recipe, class In>
-void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& out, float amax_for_scale_override,
-                        float tensor_scale, const philox_stream& rng, bool stats_on, quant_stats& stats) {
+void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& out,
+                        float amax_for_scale_override, float tensor_scale, const philox_stream& rng, bool stats_on,
+                        quant_stats& stats) {
     const quant_layout& L = out.layout;
     const std::size_t rows = x.rows, cols = x.cols;
     const std::size_t R = L.block_rows, C = L.block_cols, sr = L.scale_rows, sc = L.scale_cols;
@@ -106,111 +243,142 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
     // order-free, so any split of the work gives the same grid.
     std::vector<float> amax(sr * sc, 0.0f);
     if (sr > 1) {
+        const simd_isa isa = best_isa();
         parallel_for(ex, sr, 1, [&](std::size_t b, std::size_t e) {
             std::vector<float> v(cols);
             for (std::size_t bi = b; bi < e; ++bi)
                 for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i) {
-                    if (x.order == layout::row_major) {
-                        const In* src = x.data + i * x.ld;
-                        for (std::size_t j = 0; j < cols; ++j) v[j] = finite_abs(as_float(src[j]));
-                    } else {
-                        for (std::size_t j = 0; j < cols; ++j) v[j] = finite_abs(as_float(x.data[j * x.ld + i]));
+                    if (x.order == storage_order::row_major) {
+                        run_kernel<row_block_amax_kernel<Recipe, In>>(isa, x.data + i * x.ld, cols, C,
+                                                                      amax.data() + bi * sc);
+                        continue;
                     }
+                    for (std::size_t j = 0; j < cols; ++j) v[j] = block_abs<Recipe>(as_float(x.data[j * x.ld + i]));
                     float* a = amax.data() + bi * sc;
                     for (std::size_t j0 = 0; j0 < cols; j0 += C) {
                         float m = a[j0 / C];
-                        for (std::size_t j = j0; j < std::min(cols, j0 + C); ++j) m = std::max(m, v[j]);
+                        for (std::size_t j = j0; j < std::min(cols, j0 + C); ++j) m = amax_max(m, v[j]);
                         a[j0 / C] = m;
                     }
                 }
         });
     } else {
         std::mutex m;
-        parallel_for(ex, rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(cols, 1)), [&](std::size_t b, std::size_t e) {
-            std::vector<float> part(sc, 0.0f);
-            for (std::size_t i = b; i < e; ++i)
-                for (std::size_t j = 0; j < cols; ++j) part[j / C] = std::max(part[j / C], finite_abs(as_float(x(i, j))));
-            std::lock_guard<std::mutex> lock(m);
-            for (std::size_t k = 0; k < sc; ++k) amax[k] = std::max(amax[k], part[k]);
-        });
+        parallel_for(ex, rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(cols, 1)),
+                     [&](std::size_t b, std::size_t e) {
+                         std::vector<float> part(sc, 0.0f);
+                         for (std::size_t i = b; i < e; ++i)
+                             for (std::size_t j = 0; j < cols; ++j)
+                                 part[j / C] = amax_max(part[j / C], block_abs<Recipe>(as_float(x(i, j))));
+                         std::lock_guard<std::mutex> lock(m);
+                         for (std::size_t k = 0; k < sc; ++k) amax[k] = amax_max(amax[k], part[k]);
+                     });
     }
-    for (float a : amax) stats.amax = std::max(stats.amax, a);
+    bool nan_block = false;  // only under nan_policy::propagate
+    for (float a : amax) {
+        nan_block = nan_block || a != a;
+        stats.amax = a == a ? std::max(stats.amax, a) : stats.amax;
+    }
+    // A NaN block hides its finite amax, which the result reports: measure it (NaN inputs only).
+    if (nan_block) stats.amax = tensor_amax_host(ex, x);
 
     // Phase 2: scales (column-major grid, padding zeroed).
     std::vector<float> scale(sr * sc);
+    std::vector<std::uint32_t> stored(sc);
     std::fill(out.scales, out.scales + L.scale_bytes, std::uint8_t{0});
-    for (std::size_t bi = 0; bi < sr; ++bi)
+    const simd_isa isa = best_isa();
+    for (std::size_t bi = 0; bi < sr; ++bi) {
+        run_kernel<block_scale_kernel<Recipe>>(isa, static_cast<const float*>(amax.data() + bi * sc),
+                                               amax_for_scale_override, tensor_scale, scale.data() + bi * sc,
+                                               stored.data(), sc);
         for (std::size_t bj = 0; bj < sc; ++bj) {
-            const float a = amax_for_scale_override >= 0.0f ? amax_for_scale_override : amax[bi * sc + bj];
-            const block_scale s = make_block_scale<Recipe>(a, tensor_scale);
-            scale[bi * sc + bj] = s.value;
             const std::size_t k = bj * L.scale_ld + bi;
-            if constexpr (Recipe::scale_bytes == 4) std::memcpy(out.scales + 4 * k, &s.stored, 4);
-            else out.scales[k] = static_cast<std::uint8_t>(s.stored);
+            if constexpr (Recipe::scale_bytes == 4)
+                std::memcpy(out.scales + 4 * k, &stored[bj], 4);
+            else
+                out.scales[k] = static_cast<std::uint8_t>(stored[bj]);
         }
+    }
 
     // Phase 3: codes, row by row (a row never shares a byte with another row).
     using Fmt = typename Recipe::format;
     constexpr bool stochastic = std::is_same_v<typename Recipe::rounding, round::stochastic>;
-    const bool row_major = x.order == layout::row_major;
+    const bool row_major = x.order == storage_order::row_major;
     std::mutex m;
-    parallel_for(ex, rows, std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(cols, 1)), [&](std::size_t b, std::size_t e) {
-        quant_stats local;
-        std::vector<float> v(cols), S_of(cols);
-        std::vector<std::uint8_t> codes(cols);
-        std::size_t band = static_cast<std::size_t>(-1);
-        for (std::size_t i = b; i < e; ++i) {
-            if (i / R != band) {  // the scales of this row's blocks, one per column
-                band = i / R;
-                for (std::size_t j = 0; j < cols; ++j) S_of[j] = scale[band * sc + j / C];
-            }
-            if (row_major) {
-                const In* src = x.data + i * x.ld;
-                for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(src[j]);
-            } else {
-                for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(x.data[j * x.ld + i]);
-            }
-            if constexpr (stochastic) {
-                for (std::size_t j = 0; j < cols; ++j) codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(i * cols + j));
-            } else {
-                const float* __restrict vp = v.data();
-                const float* __restrict sp = S_of.data();
-                std::uint8_t* __restrict cp = codes.data();
-                for (std::size_t j = 0; j < cols; ++j) cp[j] = encode_scaled<Recipe>(vp[j], sp[j]);
-            }
-            std::uint8_t* row = out.data + i * L.row_bytes;
-            if constexpr (Fmt::bits == 8) {
-                std::memcpy(row, codes.data(), cols);
-                std::fill(row + cols, row + L.row_bytes, std::uint8_t{0});
-            } else {
-                std::fill(row, row + L.row_bytes, std::uint8_t{0});
-                for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
-            }
-            if (!stats_on) continue;
-            for (std::size_t j = 0; j < cols; ++j) {
-                const float val = v[j];
-                const float S = S_of[j];
-                ++local.elements;
-                const std::uint32_t a = float_to_bits(val) & 0x7FFFFFFFu;
-                if (a >= 0x7F800000u) {
-                    ++local.non_finite;
-                    continue;
+    parallel_for(
+        ex, rows, std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(cols, 1)),
+        [&](std::size_t b, std::size_t e) {
+            quant_stats local;
+            std::vector<float> v(cols), S_of(cols);
+            std::vector<std::uint8_t> codes(cols);
+            std::size_t band = static_cast<std::size_t>(-1);
+            for (std::size_t i = b; i < e; ++i) {
+                if (i / R != band) {  // the scales of this row's blocks, one per column
+                    band = i / R;
+                    for (std::size_t bj = 0; bj < sc; ++bj)
+                        std::fill(S_of.begin() + bj * C, S_of.begin() + std::min(cols, (bj + 1) * C),
+                                  scale[band * sc + bj]);
                 }
-                const float back = decode<Fmt>(codes[j]) * S;
-                if (S != 0.0f && beyond_max_finite<Fmt>(val / S)) ++local.saturated;
-                if (a != 0u && back == 0.0f) ++local.flushed_to_zero;
-                local.signal_energy += static_cast<double>(val) * val;
-                const double err = static_cast<double>(val) - back;
-                local.noise_energy += err * err;
+                const In* row_src = x.data + i * x.ld;
+                if (row_major) {
+                    if (stochastic || stats_on)
+                        for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(row_src[j]);
+                } else {
+                    for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(x.data[j * x.ld + i]);
+                }
+                if constexpr (stochastic) {
+                    for (std::size_t j = 0; j < cols; ++j)
+                        codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(i * cols + j));
+                } else if (row_major) {
+                    run_kernel<encode_scaled_kernel<Recipe, In>>(isa, row_src, S_of.data(), codes.data(), cols);
+                } else {
+                    run_kernel<encode_scaled_kernel<Recipe, float>>(isa, static_cast<const float*>(v.data()),
+                                                                    S_of.data(), codes.data(), cols);
+                }
+                std::uint8_t* row = out.data + i * L.row_bytes;
+                if constexpr (Fmt::bits == 8) {
+                    std::memcpy(row, codes.data(), cols);
+                    std::fill(row + cols, row + L.row_bytes, std::uint8_t{0});
+                } else if constexpr (Fmt::bits <=
+                                     4) {  // two codes a byte, element 0 in the low nibble (store_code's layout)
+                    std::fill(row, row + L.row_bytes, std::uint8_t{0});
+                    const std::uint8_t* c = codes.data();
+                    for (std::size_t k = 0; k + 1 < cols; k += 2)
+                        row[k / 2] = static_cast<std::uint8_t>((c[k] & 0x0Fu) | ((c[k + 1] & 0x0Fu) << 4));
+                    if (cols % 2 != 0) row[cols / 2] = static_cast<std::uint8_t>(c[cols - 1] & 0x0Fu);
+                } else {
+                    std::fill(row, row + L.row_bytes, std::uint8_t{0});
+                    for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
+                }
+                if (!stats_on) continue;
+                for (std::size_t j = 0; j < cols; ++j) {
+                    const float val = v[j];
+                    const float S = S_of[j];
+                    ++local.elements;
+                    const std::uint32_t a = float_to_bits(val) & 0x7FFFFFFFu;
+                    if (a >= 0x7F800000u) {
+                        ++local.non_finite;
+                        continue;
+                    }
+                    if (S != S) {  // a NaN block (nan_policy::propagate): the element dequantizes to NaN
+                        ++local.lost_to_nan;
+                        continue;
+                    }
+                    const float back = decode<Fmt>(codes[j]) * S;
+                    if (S != 0.0f && beyond_max_finite<Fmt>(val / S)) ++local.saturated;
+                    if (a != 0u && back == 0.0f) ++local.flushed_to_zero;
+                    local.signal_energy += static_cast<double>(val) * val;
+                    const double err = static_cast<double>(val) - back;
+                    local.noise_energy += err * err;
+                }
             }
-        }
-        if (stats_on) {
-            std::lock_guard<std::mutex> lock(m);
-            const float keep = stats.amax;
-            stats.merge(local);
-            stats.amax = keep;
-        }
-    });
+            if (stats_on) {
+                std::lock_guard<std::mutex> lock(m);
+                const float keep = stats.amax;
+                stats.merge(local);
+                stats.amax = keep;
+            }
+        });
 }
 
 /// The finite amax of a whole matrix (the "amax pass" of current per-tensor scaling).
@@ -218,13 +386,22 @@ template <class In>
 float tensor_amax_host(host_executor ex, matrix_ref<const In> x) {
     std::mutex m;
     float amax = 0.0f;
-    parallel_for(ex, x.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(x.cols, 1)), [&](std::size_t b, std::size_t e) {
-        float a = 0.0f;
-        for (std::size_t i = b; i < e; ++i)
-            for (std::size_t j = 0; j < x.cols; ++j) a = std::max(a, finite_abs(as_float(x(i, j))));
-        std::lock_guard<std::mutex> lock(m);
-        amax = std::max(amax, a);
-    });
+    const simd_isa isa = best_isa();
+    parallel_for(
+        ex, x.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(x.cols, 1)),
+        [&](std::size_t b, std::size_t e) {
+            float a = 0.0f;
+            for (std::size_t i = b; i < e; ++i) {
+                if (x.order ==
+                    storage_order::row_major) {  // finite_abs values are >= +0: max by bit pattern is max by value
+                    run_kernel<row_block_amax_kernel<void, In>>(isa, x.data + i * x.ld, x.cols, x.cols, &a);
+                    continue;
+                }
+                for (std::size_t j = 0; j < x.cols; ++j) a = std::max(a, finite_abs(as_float(x(i, j))));
+            }
+            std::lock_guard<std::mutex> lock(m);
+            amax = std::max(amax, a);
+        });
     return amax;
 }
 
@@ -232,12 +409,14 @@ float tensor_amax_host(host_executor ex, matrix_ref<const In> x) {
 template <class Recipe, class T>
 bool validate_dequantize(const quantized_cref<Recipe>& q, const matrix_ref<T>& out) {
     constexpr const char* fn = "octet::dequantize";
-    OCTET_REQUIRE(out.rows == q.rows() && out.cols == q.cols(), fn, "out",
-                  message("has shape ", out.rows, " x ", out.cols, " but the quantized copy is ", q.rows(), " x ", q.cols()));
-    validate_input(out, fn);
+    OCTET_REQUIRE(
+        out.rows == q.rows() && out.cols == q.cols(), fn, "out",
+        message("has shape ", out.rows, " x ", out.cols, " but the quantized copy is ", q.rows(), " x ", q.cols()));
+    validate_input(out, fn, "out");
     if (out.empty()) return false;
     OCTET_REQUIRE(q.data != nullptr && q.scales != nullptr, fn, "q", "has a null data or scales pointer");
-    OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, "q", "is two-level (NVFP4) but has no tensor_scale");
+    OCTET_REQUIRE(!Recipe::two_level || q.tensor_scale != nullptr, fn, "q",
+                  "is two-level (NVFP4) but has no tensor_scale");
     return true;
 }
 
@@ -245,18 +424,19 @@ bool validate_dequantize(const quantized_cref<Recipe>& q, const matrix_ref<T>& o
 
 /// Quantize x into a row-wise copy and/or a column-wise (transposed) copy.
 template <class Recipe, class T>
-quantize_result quantize(host_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise, quantized_ref<Recipe> columnwise = {},
-                         const quantize_options& opt = {}) {
+quantize_result quantize(host_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise,
+                         quantized_ref<Recipe> columnwise = {}, const quantize_options& opt = {}) {
     using In = std::remove_const_t<T>;
     static_assert(detail::is_quant_input_v<In>, "octet::quantize: the input must be float, octet::bf16 or octet::fp16");
     static_assert(is_recipe_v<Recipe>, "octet::quantize: Recipe must be an octet::recipe<...>");
     const matrix_ref<const In> x = x_in;
     constexpr const char* fn = "octet::quantize";
     detail::validate_input(x, fn);
-    OCTET_REQUIRE(!rowwise.empty() || !columnwise.empty() || x.empty(), fn, "rowwise/columnwise",
-                  "are both empty; pass at least one output copy");
-    if (!rowwise.empty()) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
-    if (!columnwise.empty()) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
+    const bool want_row = !rowwise.absent(), want_col = !columnwise.absent();
+    OCTET_REQUIRE(want_row || want_col || x.empty(), fn, "rowwise/columnwise",
+                  "are both absent ({}); pass at least one output copy");
+    if (want_row) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
+    if (want_col) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
     OCTET_REQUIRE(!(opt.tensor_amax > 3.40282347e38f) && opt.tensor_amax == opt.tensor_amax, fn, "options.tensor_amax",
                   "is Inf or NaN; pass a finite amax (or a negative value to measure it)");
 
@@ -265,20 +445,30 @@ quantize_result quantize(host_executor ex, matrix_ref<T> x_in, quantized_ref<Rec
 
     const bool need_tensor_amax = Recipe::is_per_tensor || Recipe::two_level;
     float tensor_amax = opt.tensor_amax;
-    if (need_tensor_amax && tensor_amax < 0.0f) tensor_amax = detail::tensor_amax_host(ex, x);
+    if (need_tensor_amax && tensor_amax <= 0.0f) {
+        const float measured = detail::tensor_amax_host(ex, x);
+        // A zero amax beside non-zero data would give scale 1 and clamp everything (NVFP4: 9.75
+        // stored as 6 times its block scale): refuse it before writing anything.
+        OCTET_REQUIRE(
+            tensor_amax < 0.0f || measured == 0.0f, fn, "options.tensor_amax",
+            detail::message("is 0 but x holds non-zero values (largest |x| ", measured,
+                            "); pass the amax the scale should come from, or a negative value to measure it"));
+        tensor_amax = measured;
+    }
     const float override_amax = Recipe::is_per_tensor ? tensor_amax : -1.0f;
     const float tensor_scale = Recipe::two_level ? make_tensor_scale<Recipe>(tensor_amax) : 1.0f;
 
-    if (!rowwise.empty()) {
+    if (want_row) {
         if constexpr (Recipe::two_level) *rowwise.tensor_scale = tensor_scale;
-        detail::quantize_copy_host<Recipe, In>(ex, x, rowwise, override_amax, tensor_scale, opt.rng, opt.collect_stats, result.rowwise);
+        detail::quantize_copy_host<Recipe, In>(ex, x, rowwise, override_amax, tensor_scale, opt.rng, opt.collect_stats,
+                                               result.rowwise);
         result.amax = result.rowwise.amax;
     }
-    if (!columnwise.empty()) {
+    if (want_col) {
         if constexpr (Recipe::two_level) *columnwise.tensor_scale = tensor_scale;
         const philox_stream rng_t{opt.rng.seed, opt.rng.offset + 1};
-        detail::quantize_copy_host<Recipe, In>(ex, x.transposed(), columnwise, override_amax, tensor_scale, rng_t, opt.collect_stats,
-                                               result.columnwise);
+        detail::quantize_copy_host<Recipe, In>(ex, x.transposed(), columnwise, override_amax, tensor_scale, rng_t,
+                                               opt.collect_stats, result.columnwise);
         result.amax = result.columnwise.amax;
     }
     return result;
@@ -287,18 +477,50 @@ quantize_result quantize(host_executor ex, matrix_ref<T> x_in, quantized_ref<Rec
 /// Dequantize a copy into a float, bf16 or fp16 matrix of the same shape: decode(code) * S.
 template <class Recipe, class Byte, class Out>
 void dequantize(host_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref<Out> out) {
-    static_assert(detail::is_quant_input_v<Out>, "octet::dequantize: the output must be float, octet::bf16 or octet::fp16");
+    static_assert(detail::is_quant_input_v<Out>,
+                  "octet::dequantize: the output must be float, octet::bf16 or octet::fp16");
     const quantized_cref<Recipe> q = q_in;
     if (!detail::validate_dequantize(q, out)) return;
-    parallel_for(ex, out.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(out.cols, 1)), [&](std::size_t b, std::size_t e) {
-        for (std::size_t i = b; i < e; ++i)
-            for (std::size_t j = 0; j < out.cols; ++j) {
-                const float v = q.value(i, j);
-                if constexpr (std::is_same_v<Out, float>) out(i, j) = v;
-                else if constexpr (std::is_same_v<Out, bf16>) out(i, j) = to_bf16(v);
-                else out(i, j) = to_fp16(v);
-            }
-    });
+    constexpr std::size_t chunk = detail::kernel_chunk;
+    const detail::simd_isa isa = detail::best_isa();
+    parallel_for(ex, out.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(out.cols, 1)),
+                 [&](std::size_t b, std::size_t e) {
+                     for (std::size_t i = b; i < e; ++i) {
+                         if (out.order != storage_order::row_major) {
+                             for (std::size_t j = 0; j < out.cols; ++j) {
+                                 const float v = q.value(i, j);
+                                 if constexpr (std::is_same_v<Out, float>)
+                                     out(i, j) = v;
+                                 else if constexpr (std::is_same_v<Out, bf16>)
+                                     out(i, j) = to_bf16(v);
+                                 else
+                                     out(i, j) = to_fp16(v);
+                             }
+                             continue;
+                         }
+                         // Row-major rows in segments: unpack the codes, spread the block scales, then the
+                         // dispatched kernel computes decode(code) * S exactly as q.value(i, j) does.
+                         const std::size_t band = i / q.layout.block_rows, C = q.layout.block_cols;
+                         for (std::size_t j0 = 0; j0 < out.cols; j0 += chunk) {
+                             const std::size_t n = std::min(chunk, out.cols - j0);
+                             std::uint8_t codes[chunk];
+                             float S[chunk];
+                             if (n < chunk) {
+                                 std::fill(codes + n, codes + chunk, std::uint8_t{0});
+                                 std::fill(S + n, S + chunk, 0.0f);
+                             }
+                             for (std::size_t k = 0; k < n; ++k) codes[k] = q.code(i, j0 + k);
+                             for (std::size_t k = 0; k < n;) {
+                                 const std::size_t bj = (j0 + k) / C, end = std::min(n, (bj + 1) * C - j0);
+                                 std::fill(S + k, S + end, q.scale(band, bj));
+                                 k = end;
+                             }
+                             detail::run_kernel<detail::dequantize_kernel<typename Recipe::format, Out>>(
+                                 isa, static_cast<const std::uint8_t*>(codes), static_cast<const float*>(S),
+                                 &out(i, j0), n);
+                         }
+                     }
+                 });
 }
 
 }  // namespace octet

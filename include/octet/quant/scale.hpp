@@ -6,6 +6,10 @@
 //     bad value does not wipe out its block. They are encoded by the recipe's format contract
 //     (Inf: +-max_finite under saturate, Inf/NaN under to_nonfinite; NaN: the NaN code) and
 //     counted in quant_stats::non_finite.
+//   * nan_policy::propagate (recipe.hpp): a block holding a NaN takes the NaN scale (ue8m0: code
+//     0xFF; e4m3: code 0x7F; f32: the NaN 0x7FFFFFFF) and zero codes, so every element of it dequantizes to NaN;
+//     its finite elements are counted in quant_stats::lost_to_nan. Inf alone does not do this.
+//     A stored scale that is NaN (ue8m0 0xFF included) always decodes to NaN.
 //   * amax == 0 (an all-zero block, or one holding only non-finite values): the scale is 1 (for
 //     ue8m0: code 127) and every finite element encodes to zero. Never NaN.
 //   * a tiny (even subnormal) amax: float scales are clamped to at least 2^-126 and power-of-two
@@ -51,10 +55,6 @@ OCTET_HD void log2_parts(float a, int& e, std::uint32_t& sig) {
     }
 }
 
-OCTET_HD float pow2f(int e) {  // 2^e for e in [-149, 127], exact
-    return e >= -126 ? bits_to_float(static_cast<std::uint32_t>(e + 127) << 23) : bits_to_float(1u << ((e + 149) & 31));
-}
-
 /// Exponent of the power-of-two scale for a finite amax > 0 under a pow2 rule.
 template <class Fmt, class Rule>
 OCTET_HD int pow2_scale_exponent(float amax) {
@@ -82,26 +82,40 @@ OCTET_HD int pow2_scale_exponent(float amax) {
 
 }  // namespace detail
 
-/// The scale of one block whose largest finite magnitude is `amax` (>= 0). `tensor_scale` is the
-/// per-tensor float scale of two-level recipes (ignored otherwise).
+/// The scale of one block whose largest finite magnitude is `amax` (>= 0; NaN when the block holds
+/// a NaN under nan_policy::propagate, see block_abs). `tensor_scale` is the per-tensor float scale
+/// of two-level recipes (ignored otherwise).
 template <class Recipe>
 OCTET_HD block_scale make_block_scale(float amax, float tensor_scale = 1.0f) {
     using Fmt = typename Recipe::format;
     using Rule = typename Recipe::scale_rule;
     using Storage = typename Recipe::scale_storage_type;
+    if constexpr (Recipe::propagates_nan) {
+        if (amax != amax) {  // the block holds a NaN: the format's NaN scale
+            const float nan = bits_to_float(0x7FFFFFFFu);
+            if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>)
+                return block_scale{0xFFu, nan};
+            else if constexpr (std::is_same_v<Storage, scale_storage::e4m3>)
+                return block_scale{e4m3::nan_code, nan};
+            else
+                return block_scale{0x7FFFFFFFu, nan};
+        }
+    }
     const bool zero = !(amax > 0.0f);  // also catches a NaN amax defensively
     if constexpr (is_pow2_rule_v<Rule>) {
         constexpr int lo = std::is_same_v<Storage, scale_storage::ue8m0> ? -127 : -126;
         int e = zero ? 0 : detail::pow2_scale_exponent<Fmt, Rule>(amax);
         e = e < lo ? lo : (e > 127 ? 127 : e);
-        const float value = detail::pow2f(e);
-        if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>) return block_scale{static_cast<std::uint32_t>(e + 127), value};
-        else return block_scale{float_to_bits(value), value};
+        const float value = exp2i(e);
+        if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>)
+            return block_scale{static_cast<std::uint32_t>(e + 127), value};
+        else
+            return block_scale{float_to_bits(value), value};
     } else {
         float s = amax / Fmt::max_finite;
-        if constexpr (Rule::margin > 0) s = s * detail::pow2f(Rule::margin);
-        s = s < 1.17549435e-38f ? 1.17549435e-38f : s;           // 2^-126: x / s stays finite
-        s = s > 1.70141183e38f ? 1.70141183e38f : s;             // 2^127
+        if constexpr (Rule::margin > 0) s = s * exp2i(Rule::margin);
+        s = s < 1.17549435e-38f ? 1.17549435e-38f : s;  // 2^-126: x / s stays finite
+        s = s > 1.70141183e38f ? 1.70141183e38f : s;    // 2^127
         s = zero ? 1.0f : s;
         if constexpr (std::is_same_v<Storage, scale_storage::e4m3>) {
             const std::uint8_t code = encode<e4m3>(s / tensor_scale);
@@ -116,9 +130,12 @@ OCTET_HD block_scale make_block_scale(float amax, float tensor_scale = 1.0f) {
 template <class Recipe>
 OCTET_HD float stored_scale_value(std::uint32_t stored, float tensor_scale = 1.0f) {
     using Storage = typename Recipe::scale_storage_type;
-    if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>) return detail::pow2f(static_cast<int>(stored & 0xFFu) - 127);
-    else if constexpr (std::is_same_v<Storage, scale_storage::e4m3>) return decode<e4m3>(static_cast<std::uint8_t>(stored)) * tensor_scale;
-    else return bits_to_float(stored);
+    if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>)
+        return (stored & 0xFFu) == 0xFFu ? bits_to_float(0x7FFFFFFFu) : exp2i(static_cast<int>(stored & 0xFFu) - 127);
+    else if constexpr (std::is_same_v<Storage, scale_storage::e4m3>)
+        return decode<e4m3>(static_cast<std::uint8_t>(stored)) * tensor_scale;
+    else
+        return bits_to_float(stored);
 }
 
 /// The per-tensor float scale of a two-level recipe: tensor amax / (max_finite * 448), so that
@@ -132,7 +149,7 @@ OCTET_HD float make_tensor_scale(float tensor_amax) {
 }
 
 /// One element: the code of x in a block of effective scale S. A zero S (an E4M3 block scale
-/// that underflowed) gives a zero code.
+/// that underflowed) and a NaN S (nan_policy::propagate) give a zero code.
 template <class Recipe>
 OCTET_HD std::uint8_t encode_scaled(float x, float scale_value, std::uint32_t random_bits = 0) {
     using Fmt = typename Recipe::format;
@@ -140,12 +157,13 @@ OCTET_HD std::uint8_t encode_scaled(float x, float scale_value, std::uint32_t ra
     using Overflow = typename Recipe::overflow_policy;
     const float v = x / scale_value;
     std::uint8_t code;
-    if constexpr (std::is_same_v<Round, round::stochastic>) code = encode<Fmt, Round, Overflow>(v, random_bits);
+    if constexpr (std::is_same_v<Round, round::stochastic>)
+        code = encode<Fmt, Round, Overflow>(v, random_bits);
     else {
         (void)random_bits;
         code = encode<Fmt, Round, Overflow>(v);
     }
-    return scale_value == 0.0f ? std::uint8_t{0} : code;
+    return scale_value == 0.0f || scale_value != scale_value ? std::uint8_t{0} : code;
 }
 
 /// True when |v| lies beyond max_finite by at least half a unit in the last place of max_finite
@@ -161,8 +179,25 @@ OCTET_HD bool beyond_max_finite(float v) {
 
 /// |x| if x is finite, else 0 (the amax of a block ignores Inf and NaN).
 OCTET_HD float finite_abs(float x) {
-    const std::uint32_t a = float_to_bits(x) & 0x7FFFFFFFu;
-    return a < 0x7F800000u ? bits_to_float(a) : 0.0f;
+    return is_finite_float(x) ? abs_float(x) : 0.0f;
+}
+
+/// What an element contributes to its block's amax: finite_abs, except that under
+/// nan_policy::propagate a NaN gives NaN (0x7FFFFFFF), which amax_max keeps.
+template <class Recipe>
+OCTET_HD float block_abs(float x) {
+    if constexpr (Recipe::propagates_nan) {
+        const std::uint32_t a = float_to_bits(x) & 0x7FFFFFFFu;
+        return a > 0x7F800000u ? bits_to_float(0x7FFFFFFFu) : finite_abs(x);
+    } else {
+        return finite_abs(x);
+    }
+}
+
+/// max of two block_abs values that keeps a NaN (their bit patterns order as the values do, and
+/// the NaN 0x7FFFFFFF above every one of them); fmaxf and std::max would drop it.
+OCTET_HD float amax_max(float a, float b) {
+    return float_to_bits(a) >= float_to_bits(b) ? a : b;
 }
 
 }  // namespace octet

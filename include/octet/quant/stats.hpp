@@ -6,6 +6,8 @@
 //                    least half its ulp (clamped by overflow::saturate; see beyond_max_finite)
 //   flushed_to_zero  finite non-zero inputs whose code decodes to zero
 //   non_finite       Inf and NaN inputs
+//   lost_to_nan      finite inputs in a block whose scale is NaN (nan_policy::propagate): they
+//                    dequantize to NaN and take no part in the energies below
 //   signal_energy    sum of x^2 over finite inputs; noise_energy: sum of (x - dequantized)^2
 //   sqnr_db()        10 log10(signal / noise): the signal-to-quantization-noise ratio
 //
@@ -27,6 +29,7 @@ struct quant_stats {
     unsigned long long saturated = 0;
     unsigned long long flushed_to_zero = 0;
     unsigned long long non_finite = 0;
+    unsigned long long lost_to_nan = 0;
     double signal_energy = 0.0;
     double noise_energy = 0.0;
 
@@ -44,6 +47,7 @@ struct quant_stats {
         saturated += o.saturated;
         flushed_to_zero += o.flushed_to_zero;
         non_finite += o.non_finite;
+        lost_to_nan += o.lost_to_nan;
         signal_energy += o.signal_energy;
         noise_energy += o.noise_energy;
     }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "octet/config.hpp"
+#include "octet/core/byte_io.hpp"
 #include "octet/core/check.hpp"
 #include "octet/format/packed.hpp"
 #include "octet/quant/recipe.hpp"
@@ -68,7 +69,8 @@ struct quant_layout_of {
         l.scale_rows = block_count(G::rows, rows);
         l.scale_cols = block_count(G::cols, cols);
         const std::size_t per16 = 16 / Recipe::scale_bytes;
-        l.scale_ld = l.scale_rows <= 1 ? l.scale_rows : (pad ? (l.scale_rows + per16 - 1) / per16 * per16 : l.scale_rows);
+        l.scale_ld =
+            l.scale_rows <= 1 ? l.scale_rows : (pad ? (l.scale_rows + per16 - 1) / per16 * per16 : l.scale_rows);
         l.scale_bytes = l.scale_cols * l.scale_ld * Recipe::scale_bytes;
         return l;
     }
@@ -78,11 +80,9 @@ namespace detail {
 template <class Fmt>
 OCTET_HD std::uint8_t load_code(const std::uint8_t* row, std::size_t j) {
     if constexpr (Fmt::bits <= 4) {
-        return static_cast<std::uint8_t>((row[j >> 1] >> ((j & 1u) * 4)) & 0x0Fu);
+        return unpack_fp4(row[j >> 1], static_cast<int>(j & 1u));
     } else if constexpr (Fmt::bits <= 6) {
-        const std::uint8_t* g = row + (j >> 2) * 3;
-        const std::uint32_t w = g[0] | (static_cast<std::uint32_t>(g[1]) << 8) | (static_cast<std::uint32_t>(g[2]) << 16);
-        return static_cast<std::uint8_t>((w >> ((j & 3u) * 6)) & 0x3Fu);
+        return unpack_fp6(row + (j >> 2) * 3, static_cast<int>(j & 3u));
     } else {
         return row[j];
     }
@@ -96,12 +96,8 @@ OCTET_HD void store_code(std::uint8_t* row, std::size_t j, std::uint8_t code) {
         b = static_cast<std::uint8_t>((b & ~(0x0Fu << shift)) | ((code & 0x0Fu) << shift));
     } else if constexpr (Fmt::bits <= 6) {
         std::uint8_t* g = row + (j >> 2) * 3;
-        std::uint32_t w = g[0] | (static_cast<std::uint32_t>(g[1]) << 8) | (static_cast<std::uint32_t>(g[2]) << 16);
         const unsigned shift = static_cast<unsigned>(j & 3u) * 6;
-        w = (w & ~(0x3Fu << shift)) | ((code & 0x3Fu) << shift);
-        g[0] = static_cast<std::uint8_t>(w);
-        g[1] = static_cast<std::uint8_t>(w >> 8);
-        g[2] = static_cast<std::uint8_t>(w >> 16);
+        store_le24(g, (load_le24(g) & ~(0x3Fu << shift)) | ((code & 0x3Fu) << shift));
     } else {
         row[j] = code;
     }
@@ -128,6 +124,14 @@ struct quantized_ref {
         : data(o.data), scales(o.scales), tensor_scale(o.tensor_scale), layout(o.layout) {}
 
     OCTET_HD bool empty() const { return data == nullptr; }
+    /// No copy at all: the default ref ({}), every pointer null and the layout all zero. Quantize
+    /// skips an absent output; one that is only partly set is validated, and fails.
+    OCTET_HD bool absent() const {
+        const quant_layout& l = layout;
+        return data == nullptr && scales == nullptr && tensor_scale == nullptr && l.rows == 0 && l.cols == 0 &&
+               l.ld == 0 && l.row_bytes == 0 && l.data_bytes == 0 && l.block_rows == 0 && l.block_cols == 0 &&
+               l.scale_rows == 0 && l.scale_cols == 0 && l.scale_ld == 0 && l.scale_bytes == 0;
+    }
     OCTET_HD std::size_t rows() const { return layout.rows; }
     OCTET_HD std::size_t cols() const { return layout.cols; }
 
@@ -143,7 +147,8 @@ struct quantized_ref {
     }
     /// Effective scale S of block (bi, bj): elements dequantize as decode(code) * S.
     OCTET_HD float scale(std::size_t bi, std::size_t bj) const {
-        return stored_scale_value<Recipe>(stored_scale(bi, bj), Recipe::two_level && tensor_scale ? *tensor_scale : 1.0f);
+        return stored_scale_value<Recipe>(stored_scale(bi, bj),
+                                          Recipe::two_level && tensor_scale ? *tensor_scale : 1.0f);
     }
     OCTET_HD std::uint8_t code(std::size_t i, std::size_t j) const {
         return detail::load_code<typename Recipe::format>(data + i * layout.row_bytes, j);
@@ -163,7 +168,9 @@ class quantized_tensor {
 public:
     quantized_tensor() = default;
     quantized_tensor(std::size_t rows, std::size_t cols, bool pad = true)
-        : layout_(quant_layout_of<Recipe>::make(rows, cols, pad)), data_(layout_.data_bytes), scales_(layout_.scale_bytes) {}
+        : layout_(quant_layout_of<Recipe>::make(rows, cols, pad)),
+          data_(layout_.data_bytes),
+          scales_(layout_.scale_bytes) {}
 
     quantized_ref<Recipe> ref() { return quantized_ref<Recipe>(data_.data(), scales_.data(), layout_, &tensor_scale_); }
     quantized_cref<Recipe> cref() const {

@@ -23,10 +23,10 @@ struct adamw_hyper {
 };
 
 /// One step (t counts from 1) over w, m, v in place.
-inline void adamw_step(span<double> w, span<double> m, span<double> v, span<const double> g, const adamw_hyper& h, std::uint64_t t,
-                       double lr) {
-    OCTET_REQUIRE(m.size() == w.size() && v.size() == w.size() && g.size() == w.size(), "octet::reference::adamw_step", "m/v/g",
-                  "must have one element per weight");
+inline void adamw_step(span<double> w, span<double> m, span<double> v, span<const double> g, const adamw_hyper& h,
+                       std::uint64_t t, double lr) {
+    OCTET_REQUIRE(m.size() == w.size() && v.size() == w.size() && g.size() == w.size(), "octet::reference::adamw_step",
+                  "m/v/g", "must have one element per weight");
     OCTET_REQUIRE(t >= 1, "octet::reference::adamw_step", "t", "is 0; steps count from 1");
     const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
     const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(t));
@@ -41,7 +41,9 @@ inline void adamw_step(span<double> w, span<double> m, span<double> v, span<cons
 /// Owning float64 state, for tests and benches.
 struct adamw_state {
     explicit adamw_state(std::vector<double> weights) : w(std::move(weights)), m(w.size(), 0.0), v(w.size(), 0.0) {}
-    void step(span<const double> g, const adamw_hyper& h, double lr) { adamw_step(as_span(w), as_span(m), as_span(v), g, h, ++t, lr); }
+    void step(span<const double> g, const adamw_hyper& h, double lr) {
+        adamw_step(as_span(w), as_span(m), as_span(v), g, h, ++t, lr);
+    }
     std::vector<double> w, m, v;
     std::uint64_t t = 0;
 };

@@ -43,8 +43,9 @@ struct attention_result {
 };
 
 /// The whole computation in float64. `dout` may be empty (forward only).
-inline attention_result attention(const attention_problem& pr, const std::vector<double>& q, const std::vector<double>& k,
-                                  const std::vector<double>& v, const std::vector<double>& dout = {}) {
+inline attention_result attention(const attention_problem& pr, const std::vector<double>& q,
+                                  const std::vector<double>& k, const std::vector<double>& v,
+                                  const std::vector<double>& dout = {}) {
     const int H = pr.heads_q, G = pr.heads_q / pr.heads_kv, Hk = pr.heads_kv, d = pr.head_dim;
     const auto& cuk = pr.keys();
     const int Tq = pr.total_q(), Tk = pr.total_k();

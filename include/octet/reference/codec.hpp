@@ -46,8 +46,8 @@ inline std::uint64_t effective_block_f64(std::uint64_t n, std::uint64_t block) {
 }
 
 /// y = T x in float64 (L coordinates).
-inline std::vector<double> transform_forward_f64(transform_kind kind, const std::vector<double>& x, std::uint64_t block, std::uint64_t seed,
-                                                 std::uint64_t first_index = 0) {
+inline std::vector<double> transform_forward_f64(transform_kind kind, const std::vector<double>& x, std::uint64_t block,
+                                                 std::uint64_t seed, std::uint64_t first_index = 0) {
     if (kind == transform_kind::identity || x.empty()) return x;
     const std::uint64_t n = x.size(), b = effective_block_f64(n, block), L = (n + b - 1) / b * b;
     const double c = 1.0 / std::sqrt(static_cast<double>(b));
@@ -63,9 +63,11 @@ inline std::vector<double> transform_forward_f64(transform_kind kind, const std:
 }
 
 /// x = T^-1 y in float64 (the first n of the L reconstructed coordinates).
-inline std::vector<double> transform_inverse_f64(transform_kind kind, const std::vector<double>& y, std::uint64_t n, std::uint64_t block,
-                                                 std::uint64_t seed, std::uint64_t first_index = 0) {
-    if (kind == transform_kind::identity || n == 0) return std::vector<double>(y.begin(), y.begin() + static_cast<std::ptrdiff_t>(n));
+inline std::vector<double> transform_inverse_f64(transform_kind kind, const std::vector<double>& y, std::uint64_t n,
+                                                 std::uint64_t block, std::uint64_t seed,
+                                                 std::uint64_t first_index = 0) {
+    if (kind == transform_kind::identity || n == 0)
+        return std::vector<double>(y.begin(), y.begin() + static_cast<std::ptrdiff_t>(n));
     const std::uint64_t b = effective_block_f64(n, block);
     const double c = 1.0 / std::sqrt(static_cast<double>(b));
     std::vector<double> x(n);
@@ -96,9 +98,11 @@ coded_f64 quantize_coded_f64(const std::vector<float>& y, std::size_t scale_bloc
     for (float v : y)
         if (std::isfinite(v)) tensor_amax = std::max(tensor_amax, std::fabs(static_cast<double>(v)));
     if (Recipe::two_level)
-        q.tensor_scale = tensor_amax > 0 ? std::max(static_cast<double>(static_cast<float>(tensor_amax / (Fmt::max_finite_d * 448.0))),
-                                                    std::ldexp(1.0, -126))
-                                         : 1.0;
+        q.tensor_scale =
+            tensor_amax > 0
+                ? std::max(static_cast<double>(static_cast<float>(tensor_amax / (Fmt::max_finite_d * 448.0))),
+                           std::ldexp(1.0, -126))
+                : 1.0;
     q.codes.resize(y.size());
     for (std::size_t b = 0; b < y.size(); b += scale_block) {
         const std::size_t e = std::min(y.size(), b + scale_block);
@@ -110,8 +114,10 @@ coded_f64 quantize_coded_f64(const std::vector<float>& y, std::size_t scale_bloc
         q.scale.push_back(s.second);
         for (std::size_t j = b; j < e; ++j) {
             const float v = static_cast<float>(static_cast<double>(y[j]) / s.second);
-            q.codes[j] = s.second == 0.0 ? 0
-                                          : static_cast<std::uint8_t>(encode_code<Fmt, typename Recipe::rounding, typename Recipe::overflow_policy>(v, 0));
+            q.codes[j] = s.second == 0.0
+                             ? 0
+                             : static_cast<std::uint8_t>(
+                                   encode_code<Fmt, typename Recipe::rounding, typename Recipe::overflow_policy>(v, 0));
         }
     }
     return q;
@@ -120,12 +126,14 @@ coded_f64 quantize_coded_f64(const std::vector<float>& y, std::size_t scale_bloc
 template <class Recipe>
 std::vector<double> dequantize_coded_f64(const coded_f64& q) {
     std::vector<double> y(q.codes.size());
-    for (std::size_t j = 0; j < y.size(); ++j) y[j] = decode_code<typename Recipe::format>(q.codes[j]).value * q.scale[j / q.scale_block];
+    for (std::size_t j = 0; j < y.size(); ++j)
+        y[j] = decode_code<typename Recipe::format>(q.codes[j]).value * q.scale[j / q.scale_block];
     return y;
 }
 
 /// The codec in float64: x -> T x -> (round to float, scale, encode, decode) -> T^-1.
-inline std::vector<double> codec_roundtrip_f64(const codec_config& cfg, const std::vector<float>& x, std::uint64_t first_index = 0) {
+inline std::vector<double> codec_roundtrip_f64(const codec_config& cfg, const std::vector<float>& x,
+                                               std::uint64_t first_index = 0) {
     const std::vector<double> x64(x.begin(), x.end());
     const std::vector<double> y64 = transform_forward_f64(cfg.transform, x64, cfg.block, cfg.seed, first_index);
     std::vector<float> yf(y64.size());

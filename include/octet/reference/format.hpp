@@ -13,7 +13,6 @@
 
 #include "octet/format/float_format.hpp"
 #include "octet/format/rounding.hpp"
-#include "octet/format/float_format.hpp"
 
 namespace octet {
 namespace reference {
@@ -35,7 +34,9 @@ code_value decode_code(std::uint32_t code) {
     const bool all_ones_exp = expf == (1u << E) - 1u;
     switch (Fmt::special_codes) {
         case octet::specials::ieee:
-            if (all_ones_exp) return man == 0 ? code_value{neg ? code_kind::neg_inf : code_kind::pos_inf, 0} : code_value{code_kind::nan, 0};
+            if (all_ones_exp)
+                return man == 0 ? code_value{neg ? code_kind::neg_inf : code_kind::pos_inf, 0}
+                                : code_value{code_kind::nan, 0};
             break;
         case octet::specials::nan_only:
             if (all_ones_exp && man == (1u << M) - 1u) return {code_kind::nan, 0};
@@ -49,8 +50,9 @@ code_value decode_code(std::uint32_t code) {
         case octet::specials::finite:
             break;
     }
-    double mag = expf == 0 ? std::ldexp(static_cast<double>(man), 1 - Fmt::bias - M)
-                           : std::ldexp(1.0 + std::ldexp(static_cast<double>(man), -M), static_cast<int>(expf) - Fmt::bias);
+    double mag = expf == 0
+                     ? std::ldexp(static_cast<double>(man), 1 - Fmt::bias - M)
+                     : std::ldexp(1.0 + std::ldexp(static_cast<double>(man), -M), static_cast<int>(expf) - Fmt::bias);
     return {code_kind::finite, neg ? -mag : mag};
 }
 
@@ -123,7 +125,8 @@ std::uint32_t encode_code(float xf, std::uint32_t random_bits = 0) {
     constexpr bool saturate = std::is_same_v<Overflow, overflow::saturate>;
     constexpr specials S = Fmt::special_codes;
     constexpr std::uint32_t mag_ones = (1u << (Fmt::exponent_bits + Fmt::mantissa_bits)) - 1u;
-    const std::uint32_t canonical_nan = S == specials::fnuz ? (1u << (Fmt::exponent_bits + Fmt::mantissa_bits)) : mag_ones;
+    const std::uint32_t canonical_nan =
+        S == specials::fnuz ? (1u << (Fmt::exponent_bits + Fmt::mantissa_bits)) : mag_ones;
 
     auto nonfinite = [&]() -> std::uint32_t {
         if (S == specials::ieee) return sign | (((1u << Fmt::exponent_bits) - 1u) << Fmt::mantissa_bits);
@@ -144,11 +147,16 @@ std::uint32_t encode_code(float xf, std::uint32_t random_bits = 0) {
         const double frac = (m - nb.lo_value) / (nb.hi_value - nb.lo_value);  // exact: power-of-two gap
         const bool hi_is_even = ((nb.hi < n ? t.codes[nb.hi] : max_code + 1u) & 1u) == 0u;
         bool away;
-        if constexpr (std::is_same_v<Round, round::nearest_even>) away = frac > 0.5 || (frac == 0.5 && hi_is_even);
-        else if constexpr (std::is_same_v<Round, round::toward_zero>) away = false;
-        else if constexpr (std::is_same_v<Round, round::up>) away = !neg;
-        else if constexpr (std::is_same_v<Round, round::down>) away = neg;
-        else away = static_cast<double>(random_bits) + std::floor(std::ldexp(frac, 32)) >= std::ldexp(1.0, 32);
+        if constexpr (std::is_same_v<Round, round::nearest_even>)
+            away = frac > 0.5 || (frac == 0.5 && hi_is_even);
+        else if constexpr (std::is_same_v<Round, round::toward_zero>)
+            away = false;
+        else if constexpr (std::is_same_v<Round, round::up>)
+            away = !neg;
+        else if constexpr (std::is_same_v<Round, round::down>)
+            away = neg;
+        else
+            away = static_cast<double>(random_bits) + std::floor(std::ldexp(frac, 32)) >= std::ldexp(1.0, 32);
         pick = away ? nb.hi : nb.lo;
     }
     if (pick >= n) {  // rounded beyond max_finite

@@ -40,7 +40,7 @@ std::vector<double> dequantized(const quantized_ref<Recipe, Byte>& q) {
         for (std::size_t j = 0; j < C; ++j) {
             const std::size_t bi = i / q.layout.block_rows, bj = j / q.layout.block_cols;
             const double S = stored_scale_value<Recipe>(q.stored_scale(bi, bj), ts);
-            const std::uint8_t code = detail::load_code<Fmt>(q.data + i * q.layout.row_bytes, j);
+            const std::uint8_t code = octet::detail::load_code<Fmt>(q.data + i * q.layout.row_bytes, j);
             out[i * C + j] = static_cast<double>(decode<Fmt>(code)) * S;
         }
     return out;

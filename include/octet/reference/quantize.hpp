@@ -2,12 +2,14 @@
 // in quant/recipe.hpp and quant/scale.hpp without their code: block amax in double, scale rules in
 // exact arithmetic (powers of two found by search, the nearest rule decided by comparing squares),
 // elements through the brute-force format reference. The result is unpacked (one code per element)
-// with the scale grid row-major.
+// with the scale grid row-major. nan_policy::propagate: a block holding a NaN stores the NaN of its
+// scale format (UE8M0 0xFF, E4M3 0x7F, float 0x7FFFFFFF), effective scale NaN, and zero codes.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "octet/quant/recipe.hpp"
@@ -24,11 +26,15 @@ struct quantized_matrix {
     double tensor_scale = 1.0;
     double amax = 0.0;
 
-    double scale_of(std::size_t i, std::size_t j) const { return scale_value[(i / block_rows) * scale_cols + j / block_cols]; }
+    double scale_of(std::size_t i, std::size_t j) const {
+        return scale_value[(i / block_rows) * scale_cols + j / block_cols];
+    }
 };
 
 namespace detail {
-inline float to_float_rn(double v) { return static_cast<float>(v); }  // double -> float rounds to nearest even
+inline float to_float_rn(double v) {
+    return static_cast<float>(v);
+}  // double -> float rounds to nearest even
 
 /// Smallest e with amax <= max_finite * 2^e (exact: a search over exponents).
 inline int ceil_exponent(double amax, double max_finite) {
@@ -68,7 +74,8 @@ std::pair<std::uint32_t, double> block_scale_f64(double amax, double tensor_scal
         const int lo = std::is_same_v<Storage, scale_storage::ue8m0> ? -127 : -126;
         e = std::max(lo, std::min(127, e));
         const double v = std::ldexp(1.0, e);
-        if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>) return {static_cast<std::uint32_t>(e + 127), v};
+        if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>)
+            return {static_cast<std::uint32_t>(e + 127), v};
         else {
             const float f = static_cast<float>(v);
             std::uint32_t bits;
@@ -97,7 +104,8 @@ std::pair<std::uint32_t, double> block_scale_f64(double amax, double tensor_scal
 /// Quantize a rows x cols row-major float matrix under Recipe. `tensor_amax` < 0: measured.
 /// `random_bits(r, c)` supplies stochastic-rounding bits (ignored by other roundings).
 template <class Recipe, class Bits>
-quantized_matrix quantize(const std::vector<float>& x, std::size_t rows, std::size_t cols, double tensor_amax, Bits random_bits) {
+quantized_matrix quantize(const std::vector<float>& x, std::size_t rows, std::size_t cols, double tensor_amax,
+                          Bits random_bits) {
     using Fmt = typename Recipe::format;
     using G = typename Recipe::granularity;
     quantized_matrix q;
@@ -108,9 +116,11 @@ quantized_matrix quantize(const std::vector<float>& x, std::size_t rows, std::si
     q.scale_rows = rows == 0 ? 0 : (rows + q.block_rows - 1) / q.block_rows;
     q.scale_cols = cols == 0 ? 0 : (cols + q.block_cols - 1) / q.block_cols;
     std::vector<double> amax(q.scale_rows * q.scale_cols, 0.0);
+    std::vector<bool> has_nan(amax.size(), false);
     for (std::size_t i = 0; i < rows; ++i)
         for (std::size_t j = 0; j < cols; ++j) {
             const double v = x[i * cols + j];
+            if (std::isnan(v)) has_nan[(i / q.block_rows) * q.scale_cols + j / q.block_cols] = true;
             if (!std::isfinite(v)) continue;
             double& a = amax[(i / q.block_rows) * q.scale_cols + j / q.block_cols];
             a = std::max(a, std::fabs(v));
@@ -118,10 +128,21 @@ quantized_matrix quantize(const std::vector<float>& x, std::size_t rows, std::si
         }
     if (tensor_amax < 0) tensor_amax = q.amax;
     if (Recipe::two_level)
-        q.tensor_scale = tensor_amax > 0 ? std::max(static_cast<double>(detail::to_float_rn(tensor_amax / (Fmt::max_finite_d * 448.0))),
-                                                    std::ldexp(1.0, -126))
-                                         : 1.0;
+        q.tensor_scale =
+            tensor_amax > 0
+                ? std::max(static_cast<double>(detail::to_float_rn(tensor_amax / (Fmt::max_finite_d * 448.0))),
+                           std::ldexp(1.0, -126))
+                : 1.0;
     for (std::size_t k = 0; k < amax.size(); ++k) {
+        if (Recipe::propagates_nan && has_nan[k]) {
+            using Storage = typename Recipe::scale_storage_type;
+            const std::uint32_t nan_code = std::is_same_v<Storage, scale_storage::ue8m0>  ? 0xFFu
+                                           : std::is_same_v<Storage, scale_storage::e4m3> ? 0x7Fu
+                                                                                          : 0x7FFFFFFFu;
+            q.stored_scale.push_back(nan_code);
+            q.scale_value.push_back(std::nan(""));
+            continue;
+        }
         const double a = Recipe::is_per_tensor ? tensor_amax : amax[k];
         const auto s = block_scale_f64<Recipe>(a, q.tensor_scale);
         q.stored_scale.push_back(s.first);
@@ -133,9 +154,11 @@ quantized_matrix quantize(const std::vector<float>& x, std::size_t rows, std::si
             const double S = q.scale_of(i, j);
             const float v = detail::to_float_rn(static_cast<double>(x[i * cols + j]) / S);
             q.codes[i * cols + j] =
-                S == 0.0 ? 0
-                         : static_cast<std::uint8_t>(encode_code<Fmt, typename Recipe::rounding, typename Recipe::overflow_policy>(
-                               v, random_bits(i, j)));
+                S == 0.0 || std::isnan(S)
+                    ? 0
+                    : static_cast<std::uint8_t>(
+                          encode_code<Fmt, typename Recipe::rounding, typename Recipe::overflow_policy>(
+                              v, random_bits(i, j)));
         }
     return q;
 }

@@ -52,7 +52,8 @@ inline surrogate_token_ref surrogate_token(double r, double a, double lower, dou
 /// The aggregated objective sum_t w_t J_t in double: token mean (offsets empty, mean = true),
 /// sum (offsets empty, mean = false), or GRPO sequence mean (offsets given). Non-finite tokens
 /// contribute 0 and stay in the denominators.
-inline double aggregated_objective(const std::vector<double>& objective, const std::vector<std::int64_t>& offsets, bool mean = true) {
+inline double aggregated_objective(const std::vector<double>& objective, const std::vector<std::int64_t>& offsets,
+                                   bool mean = true) {
     const std::size_t n = objective.size();
     if (offsets.empty()) {
         double s = 0;
@@ -71,7 +72,8 @@ inline double aggregated_objective(const std::vector<double>& objective, const s
 }
 
 /// GRPO advantages in double: (R - mean) / (unbiased std + eps) per consecutive group.
-inline std::vector<double> group_advantages(const std::vector<double>& rewards, std::size_t group_size, double eps, bool scale_by_std = true) {
+inline std::vector<double> group_advantages(const std::vector<double>& rewards, std::size_t group_size, double eps,
+                                            bool scale_by_std = true) {
     std::vector<double> out(rewards.size());
     for (std::size_t g = 0; g * group_size < rewards.size(); ++g) {
         double mean = 0;
@@ -93,13 +95,14 @@ inline std::vector<double> group_advantages(const std::vector<double>& rewards, 
 struct crossing_ref {
     // [sign: 0 negative, 1 zero, 2 positive]
     std::uint64_t tokens[3] = {}, below_high[3] = {}, below_low[3] = {}, above_high[3] = {}, above_low[3] = {};
-    std::uint64_t region_changed[3] = {}, branch_changed[3] = {}, pushed_out_low[3] = {}, pushed_out_high[3] = {}, pulled_in[3] = {};
+    std::uint64_t region_changed[3] = {}, branch_changed[3] = {}, pushed_out_low[3] = {}, pushed_out_high[3] = {},
+                  pulled_in[3] = {};
     std::uint64_t non_finite = 0;
 };
 
 inline crossing_ref brute_force_crossings(const std::vector<double>& ratio_low, const std::vector<double>& ratio_high,
-                                          const std::vector<double>& advantages, double lower, double upper, double low_lower,
-                                          double low_upper) {
+                                          const std::vector<double>& advantages, double lower, double upper,
+                                          double low_lower, double low_upper) {
     crossing_ref c;
     for (std::size_t i = 0; i < ratio_low.size(); ++i) {
         const double a = advantages[i];

@@ -53,12 +53,14 @@
 namespace octet {
 
 /// Standard error of a fraction p measured on n independent tokens: sqrt(p (1 - p) / n).
-inline double binomial_standard_error(double p, double n) { return n > 0 ? std::sqrt(p * (1.0 - p) / n) : 0.0; }
+inline double binomial_standard_error(double p, double n) {
+    return n > 0 ? std::sqrt(p * (1.0 - p) / n) : 0.0;
+}
 
 struct calibration_config {
-    clip_range nominal{};      ///< the bounds the reference's clip fractions are measured under
-    int refresh_every = 50;    ///< steps between high-precision references (N >= 1)
-    double smoothing = 0.8;    ///< weight of the previous bounds in the exponential average, in [0, 1)
+    clip_range nominal{};    ///< the bounds the reference's clip fractions are measured under
+    int refresh_every = 50;  ///< steps between high-precision references (N >= 1)
+    double smoothing = 0.8;  ///< weight of the previous bounds in the exponential average, in [0, 1)
     /// Refresh early when the low-precision ratios' own nominal clip fraction (either side) has
     /// moved since the reference step by more than drift_tolerance times its value there plus
     /// three binomial standard errors: the targets are then stale. 0 turns this off.
@@ -67,10 +69,10 @@ struct calibration_config {
 
 /// Clip fractions of the reference batch under the nominal bounds.
 struct calibration_targets {
-    double below = 0;            ///< p_below
-    double above = 0;            ///< p_above
-    std::uint64_t tokens = 0;    ///< finite reference ratios
-    std::int64_t step = -1;      ///< step of the reference (-1: none yet)
+    double below = 0;          ///< p_below
+    double above = 0;          ///< p_above
+    std::uint64_t tokens = 0;  ///< finite reference ratios
+    std::int64_t step = -1;    ///< step of the reference (-1: none yet)
 };
 
 /// What calibration cost: time in this class, plus the high-precision forwards the caller reports.
@@ -99,11 +101,16 @@ struct calibration_step {
 
 class calibrated_clipping {
 public:
-    explicit calibrated_clipping(calibration_config cfg) : cfg_(cfg), bounds_lo_(cfg.nominal.lower), bounds_hi_(cfg.nominal.upper) {
+    explicit calibrated_clipping(calibration_config cfg)
+        : cfg_(cfg), bounds_lo_(cfg.nominal.lower), bounds_hi_(cfg.nominal.upper) {
         constexpr const char* fn = "octet::calibrated_clipping";
-        OCTET_REQUIRE(cfg.nominal.lower <= cfg.nominal.upper && is_finite_float(cfg.nominal.lower) && is_finite_float(cfg.nominal.upper),
-                      fn, "cfg.nominal", detail::message("is [", cfg.nominal.lower, ", ", cfg.nominal.upper, "]; pass finite bounds with lower <= upper"));
-        OCTET_REQUIRE(cfg.refresh_every >= 1, fn, "cfg.refresh_every", detail::message("is ", cfg.refresh_every, "; pass N >= 1 steps"));
+        OCTET_REQUIRE(cfg.nominal.lower <= cfg.nominal.upper && is_finite_float(cfg.nominal.lower) &&
+                          is_finite_float(cfg.nominal.upper),
+                      fn, "cfg.nominal",
+                      detail::message("is [", cfg.nominal.lower, ", ", cfg.nominal.upper,
+                                      "]; pass finite bounds with lower <= upper"));
+        OCTET_REQUIRE(cfg.refresh_every >= 1, fn, "cfg.refresh_every",
+                      detail::message("is ", cfg.refresh_every, "; pass N >= 1 steps"));
         OCTET_REQUIRE(cfg.smoothing >= 0.0 && cfg.smoothing < 1.0, fn, "cfg.smoothing",
                       detail::message("is ", cfg.smoothing, "; pass a weight in [0, 1) (0: no smoothing)"));
         OCTET_REQUIRE(cfg.drift_tolerance >= 0.0, fn, "cfg.drift_tolerance",
@@ -135,7 +142,8 @@ public:
             above += r > cfg_.nominal.upper;
         }
         OCTET_REQUIRE(finite > 0, fn, "ratio_high",
-                      detail::message("has no finite ratio among ", ratio_high.size(), " entries; a reference needs at least one"));
+                      detail::message("has no finite ratio among ", ratio_high.size(),
+                                      " entries; a reference needs at least one"));
         const bool early = targets_.step >= 0 && step > targets_.step && step - targets_.step < cfg_.refresh_every;
         drift_refreshes_ += early && cfg_.drift_tolerance > 0 && drifted();
         targets_ = calibration_targets{static_cast<double>(below) / static_cast<double>(finite),
@@ -151,7 +159,8 @@ public:
     /// bounds to use for them. Requires a reference (set_reference) first.
     clip_range update(std::int64_t step, span<const float> ratio_low) {
         constexpr const char* fn = "octet::calibrated_clipping::update";
-        OCTET_REQUIRE(targets_.step >= 0, fn, "step", "has no reference yet; call set_reference first (reference_due(step) says when)");
+        OCTET_REQUIRE(targets_.step >= 0, fn, "step",
+                      "has no reference yet; call set_reference first (reference_due(step) says when)");
         const auto t0 = std::chrono::steady_clock::now();
         scratch_.clear();
         scratch_.reserve(ratio_low.size());
@@ -168,8 +177,10 @@ public:
             cost_.update_seconds += seconds_since(t0);
             return bounds();
         }
-        const std::size_t k_lo = std::min(m, static_cast<std::size_t>(std::llround(targets_.below * static_cast<double>(m))));
-        const std::size_t k_hi = std::min(m, static_cast<std::size_t>(std::llround(targets_.above * static_cast<double>(m))));
+        const std::size_t k_lo =
+            std::min(m, static_cast<std::size_t>(std::llround(targets_.below * static_cast<double>(m))));
+        const std::size_t k_hi =
+            std::min(m, static_cast<std::size_t>(std::llround(targets_.above * static_cast<double>(m))));
         constexpr float inf = std::numeric_limits<float>::infinity();
         // lower: every bound in (x_(k_lo), x_(k_lo + 1)] leaves exactly k_lo ratios below; take the
         // one nearest the nominal bound.
@@ -187,8 +198,12 @@ public:
             bounds_hi_ = cfg_.smoothing * bounds_hi_ + (1.0 - cfg_.smoothing) * hi;
         }
         cost_.updates += 1;
-        last_ = calibration_step{step, clip_range{lo, hi}, bounds(), static_cast<double>(below) / static_cast<double>(m),
-                                 static_cast<double>(above) / static_cast<double>(m), m};
+        last_ = calibration_step{step,
+                                 clip_range{lo, hi},
+                                 bounds(),
+                                 static_cast<double>(below) / static_cast<double>(m),
+                                 static_cast<double>(above) / static_cast<double>(m),
+                                 m};
         if (at_reference_.step < 0) at_reference_ = last_;  // the low-precision fractions next to the reference
         cost_.update_seconds += seconds_since(t0);
         return bounds();
@@ -221,7 +236,8 @@ private:
                               binomial_standard_error(now, static_cast<double>(last_.tokens));
             return std::fabs(now - then) > cfg_.drift_tolerance * then + 3.0 * se;
         };
-        return moved(last_.below_nominal, at_reference_.below_nominal) || moved(last_.above_nominal, at_reference_.above_nominal);
+        return moved(last_.below_nominal, at_reference_.below_nominal) ||
+               moved(last_.above_nominal, at_reference_.above_nominal);
     }
 
     /// The point of [lo, hi] nearest x; hi when the interval is empty (ties in the data).

@@ -18,7 +18,7 @@
 //     non-finite; so does a NaN or infinite advantage in the surrogate, and a ratio that
 //     overflows float (possible only with the limit disabled: d > 88.7). Non-finite tokens
 //     contribute zero objective and zero gradient and are counted (never silently mixed in).
-//     The host APIs can throw octet::error instead (non_finite_policy::raise).
+//     The host APIs can throw octet::error instead (token_nonfinite_policy::raise).
 //   * Bounds are floats (`lower`, `upper`) compared against the float ratio: a token is below
 //     when r < lower, above when r > upper, inside otherwise; r == bound is inside.
 //   * Objective: J = A * min(r, upper) for A > 0, A * max(r, lower) for A < 0, +-0 for A == +-0
@@ -47,7 +47,9 @@ struct clip_range {
     /// [1 - eps, 1 + eps], computed in float.
     static constexpr clip_range symmetric(float eps) { return clip_range{1.0f - eps, 1.0f + eps}; }
     /// [1 - eps_low, 1 + eps_high], computed in float (clip-higher: eps_high > eps_low).
-    static constexpr clip_range asymmetric(float eps_low, float eps_high) { return clip_range{1.0f - eps_low, 1.0f + eps_high}; }
+    static constexpr clip_range asymmetric(float eps_low, float eps_high) {
+        return clip_range{1.0f - eps_low, 1.0f + eps_high};
+    }
 };
 
 /// Default limit on |logp_new - logp_old| before exponentiation (exp(20) = 4.85e8).
@@ -63,8 +65,7 @@ inline const char* advantage_sign_name(advantage_sign s) {
     return s == advantage_sign::negative ? "negative" : s == advantage_sign::zero ? "zero" : "positive";
 }
 
-/// True when x is neither NaN nor infinite (bit test: unaffected by fast-math flags).
-OCTET_HD bool is_finite_float(float x) { return (float_to_bits(x) & 0x7F800000u) != 0x7F800000u; }
+// is_finite_float (a bit test, unaffected by fast-math flags) lives in core/bits.hpp.
 
 /// The ratio of one token and whether its log-ratio hit the limit.
 struct token_ratio {
@@ -82,8 +83,9 @@ OCTET_HD double exp_double(double d) {
 }
 
 /// r = exp(logp_new - logp_old), difference and exponential in double, rounded once to float.
-OCTET_HD token_ratio importance_ratio_of(float logp_new, float logp_old, float log_ratio_limit = default_log_ratio_limit) {
-    const bool finite = is_finite_float(logp_new) & is_finite_float(logp_old);
+OCTET_HD token_ratio importance_ratio_of(float logp_new, float logp_old,
+                                         float log_ratio_limit = default_log_ratio_limit) {
+    const bool finite = is_finite_float(logp_new) && is_finite_float(logp_old);
     double d = static_cast<double>(logp_new) - static_cast<double>(logp_old);
     const double limit = static_cast<double>(log_ratio_limit);
     const bool limited = finite & ((d > limit) | (d < -limit));
@@ -126,10 +128,11 @@ struct token_surrogate {
 /// `limited` is token_ratio::limited (a limited log-ratio passes no gradient).
 OCTET_HD token_surrogate surrogate_token(float ratio, float advantage, clip_range range, bool limited = false) {
     // Selects, not branches: the advantage's sign is a coin flip per token.
-    const bool finite = is_finite_float(ratio) & is_finite_float(advantage);
-    const bool clipped = finite & is_clipped(ratio, advantage, range);
-    const float capped = ratio < range.upper ? ratio : range.upper;    // min(r, upper)
-    const float floored = ratio > range.lower ? ratio : range.lower;   // max(r, lower)
+    // && on pure inline calls still compiles to selects (and keeps clang's -Wbitwise-instead-of-logical quiet).
+    const bool finite = is_finite_float(ratio) && is_finite_float(advantage);
+    const bool clipped = finite && is_clipped(ratio, advantage, range);
+    const float capped = ratio < range.upper ? ratio : range.upper;             // min(r, upper)
+    const float floored = ratio > range.lower ? ratio : range.lower;            // max(r, lower)
     const float objective = advantage * (advantage > 0.0f ? capped : floored);  // A == 0: +-0
     const float gradient = (clipped | limited) ? 0.0f : ratio * advantage;
     return token_surrogate{finite ? objective : 0.0f, finite ? gradient : 0.0f, clipped, finite};

@@ -24,11 +24,10 @@ namespace detail {
 constexpr int kCrossingCounters = 3 * crossing_counts::count + 1;  // + non_finite
 
 template <bool FromLogp>
-__global__ void __launch_bounds__(kRlThreads) threshold_crossings_kernel(const float* __restrict__ a_in, const float* __restrict__ b_in,
-                                                                         const float* __restrict__ logp_old,
-                                                                         const float* __restrict__ advantages, std::size_t n,
-                                                                         clip_range range, clip_range low_range, float limit,
-                                                                         crossing_report* report) {
+OCTET_KERNEL void __launch_bounds__(kRlThreads)
+    threshold_crossings_kernel(const float* __restrict__ a_in, const float* __restrict__ b_in,
+                               const float* __restrict__ logp_old, const float* __restrict__ advantages, std::size_t n,
+                               clip_range range, clip_range low_range, float limit, crossing_report* report) {
     __shared__ unsigned long long block_counts[kCrossingCounters];
     for (int k = threadIdx.x; k < kCrossingCounters; k += blockDim.x) block_counts[k] = 0;
     __syncthreads();
@@ -73,9 +72,11 @@ __global__ void __launch_bounds__(kRlThreads) threshold_crossings_kernel(const f
     for (int k = threadIdx.x; k < kCrossingCounters; k += blockDim.x) {
         const unsigned long long v = block_counts[k];
         if (!v) continue;
-        unsigned long long* dst = k == kCrossingCounters - 1
-                                      ? reinterpret_cast<unsigned long long*>(&report->non_finite)
-                                      : reinterpret_cast<unsigned long long*>(&report->by_sign[k / crossing_counts::count].at(k % crossing_counts::count));
+        unsigned long long* dst =
+            k == kCrossingCounters - 1
+                ? reinterpret_cast<unsigned long long*>(&report->non_finite)
+                : reinterpret_cast<unsigned long long*>(
+                      &report->by_sign[k / crossing_counts::count].at(k % crossing_counts::count));
         atomicAdd(dst, v);
     }
 }
@@ -85,25 +86,28 @@ inline void require_report(span<crossing_report> report, const char* fn) {
                   message("has ", report.size(), " elements; pass one crossing_report in device memory"));
 }
 
-inline void launch_crossings(stream_executor ex, bool from_logp, const float* a, const float* b, const float* old, const float* adv,
-                             std::size_t n, clip_range range, clip_range low_range, float limit, span<crossing_report> report,
-                             const char* fn) {
+inline void launch_crossings(stream_executor ex, bool from_logp, const float* a, const float* b, const float* old,
+                             const float* adv, std::size_t n, clip_range range, clip_range low_range, float limit,
+                             span<crossing_report> report, const char* fn) {
     cuda::require_device_accessible(report.data(), fn, "report");
     OCTET_CUDA_CHECK(cudaMemsetAsync(report.data(), 0, sizeof(crossing_report), ex.stream));
     if (n == 0) return;
     const unsigned blocks = cuda::grid_stride_blocks(n, kRlThreads);
     if (from_logp)
-        threshold_crossings_kernel<true><<<blocks, kRlThreads, 0, ex.stream>>>(a, b, old, adv, n, range, low_range, limit, report.data());
+        threshold_crossings_kernel<true>
+            <<<blocks, kRlThreads, 0, ex.stream>>>(a, b, old, adv, n, range, low_range, limit, report.data());
     else
-        threshold_crossings_kernel<false><<<blocks, kRlThreads, 0, ex.stream>>>(a, b, nullptr, adv, n, range, low_range, limit, report.data());
+        threshold_crossings_kernel<false>
+            <<<blocks, kRlThreads, 0, ex.stream>>>(a, b, nullptr, adv, n, range, low_range, limit, report.data());
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace detail
 
 /// Crossings from log-probabilities on the stream (device memory); `report` is zeroed and filled.
-inline void threshold_crossings(stream_executor ex, span<const float> logp_low, span<const float> logp_high, span<const float> logp_old,
-                                span<const float> advantages, clip_range range, clip_range low_range, span<crossing_report> report,
+inline void threshold_crossings(stream_executor ex, span<const float> logp_low, span<const float> logp_high,
+                                span<const float> logp_old, span<const float> advantages, clip_range range,
+                                clip_range low_range, span<crossing_report> report,
                                 float log_ratio_limit = default_log_ratio_limit) {
     constexpr const char* fn = "octet::threshold_crossings";
     const std::size_t n = logp_low.size();
@@ -120,14 +124,14 @@ inline void threshold_crossings(stream_executor ex, span<const float> logp_low, 
         detail::require_device_input(logp_old, fn, "logp_old");
         detail::require_device_input(advantages, fn, "advantages");
     }
-    detail::launch_crossings(ex, true, logp_low.data(), logp_high.data(), logp_old.data(), advantages.data(), n, range, low_range,
-                             log_ratio_limit, report, fn);
+    detail::launch_crossings(ex, true, logp_low.data(), logp_high.data(), logp_old.data(), advantages.data(), n, range,
+                             low_range, log_ratio_limit, report, fn);
 }
 
 /// Crossings from ratios on the stream (device memory); `report` is zeroed and filled.
-inline void threshold_crossings_from_ratios(stream_executor ex, span<const float> ratio_low, span<const float> ratio_high,
-                                            span<const float> advantages, clip_range range, clip_range low_range,
-                                            span<crossing_report> report) {
+inline void threshold_crossings_from_ratios(stream_executor ex, span<const float> ratio_low,
+                                            span<const float> ratio_high, span<const float> advantages,
+                                            clip_range range, clip_range low_range, span<crossing_report> report) {
     constexpr const char* fn = "octet::threshold_crossings_from_ratios";
     const std::size_t n = ratio_low.size();
     detail::require_same_length(n, ratio_high.size(), fn, "ratio_high", "ratio_low");
@@ -140,8 +144,8 @@ inline void threshold_crossings_from_ratios(stream_executor ex, span<const float
         detail::require_device_input(ratio_high, fn, "ratio_high");
         detail::require_device_input(advantages, fn, "advantages");
     }
-    detail::launch_crossings(ex, false, ratio_low.data(), ratio_high.data(), nullptr, advantages.data(), n, range, low_range,
-                             default_log_ratio_limit, report, fn);
+    detail::launch_crossings(ex, false, ratio_low.data(), ratio_high.data(), nullptr, advantages.data(), n, range,
+                             low_range, default_log_ratio_limit, report, fn);
 }
 
 }  // namespace octet

@@ -51,35 +51,50 @@ struct crossing_counts {
     /// Counter k in declaration order (lets kernels keep them in registers and add them in a loop).
     OCTET_HD std::uint64_t& at(int k) {
         switch (k) {
-            case 0: return tokens;
-            case 1: return below_high;
-            case 2: return below_low;
-            case 3: return above_high;
-            case 4: return above_low;
-            case 5: return region_changed;
-            case 6: return branch_changed;
-            case 7: return pushed_out_low;
-            case 8: return pushed_out_high;
-            default: return pulled_in;
+            case 0:
+                return tokens;
+            case 1:
+                return below_high;
+            case 2:
+                return below_low;
+            case 3:
+                return above_high;
+            case 4:
+                return above_low;
+            case 5:
+                return region_changed;
+            case 6:
+                return branch_changed;
+            case 7:
+                return pushed_out_low;
+            case 8:
+                return pushed_out_high;
+            default:
+                return pulled_in;
         }
     }
     OCTET_HD std::uint64_t at(int k) const { return const_cast<crossing_counts*>(this)->at(k); }
 };
 
 struct crossing_report {
-    crossing_counts by_sign[3];   ///< indexed by advantage_sign: negative, zero, positive
+    crossing_counts by_sign[3];    ///< indexed by advantage_sign: negative, zero, positive
     std::uint64_t non_finite = 0;  ///< tokens not classified (a non-finite input)
 
     const crossing_counts& operator[](advantage_sign s) const { return by_sign[static_cast<int>(s)]; }
     std::uint64_t tokens() const { return by_sign[0].tokens + by_sign[1].tokens + by_sign[2].tokens; }
-    std::uint64_t region_changed() const { return by_sign[0].region_changed + by_sign[1].region_changed + by_sign[2].region_changed; }
-    std::uint64_t branch_changed() const { return by_sign[0].branch_changed + by_sign[1].branch_changed + by_sign[2].branch_changed; }
+    std::uint64_t region_changed() const {
+        return by_sign[0].region_changed + by_sign[1].region_changed + by_sign[2].region_changed;
+    }
+    std::uint64_t branch_changed() const {
+        return by_sign[0].branch_changed + by_sign[1].branch_changed + by_sign[2].branch_changed;
+    }
 
     /// Fraction of finite negative-advantage tokens inside the region at high precision and outside
     /// it at low precision (either side).
     double negative_pushed_out_fraction() const {
         const auto& c = by_sign[0];
-        return c.tokens ? static_cast<double>(c.pushed_out_low + c.pushed_out_high) / static_cast<double>(c.tokens) : 0.0;
+        return c.tokens ? static_cast<double>(c.pushed_out_low + c.pushed_out_high) / static_cast<double>(c.tokens)
+                        : 0.0;
     }
     /// Fraction of finite negative-advantage tokens that only the low-precision ratio puts below the
     /// lower bound: their penalty gradient is cut. (Equals the negative branch changes toward clipped.)
@@ -97,20 +112,24 @@ struct crossing_report {
     /// A Markdown table, one row per advantage sign.
     std::string to_markdown() const {
         std::ostringstream os;
-        os << "| advantage | tokens | below hi/lo | above hi/lo | region changed | branch changed | pushed out low | pushed out high "
+        os << "| advantage | tokens | below hi/lo | above hi/lo | region changed | branch changed | pushed out low | "
+              "pushed out high "
               "| pulled in |\n|---|---|---|---|---|---|---|---|---|\n";
         for (int s = 0; s < 3; ++s) {
             const auto& c = by_sign[s];
-            os << "| " << advantage_sign_name(static_cast<advantage_sign>(s)) << " | " << c.tokens << " | " << c.below_high << " / "
-               << c.below_low << " | " << c.above_high << " / " << c.above_low << " | " << c.region_changed << " | "
-               << c.branch_changed << " | " << c.pushed_out_low << " | " << c.pushed_out_high << " | " << c.pulled_in << " |\n";
+            os << "| " << advantage_sign_name(static_cast<advantage_sign>(s)) << " | " << c.tokens << " | "
+               << c.below_high << " / " << c.below_low << " | " << c.above_high << " / " << c.above_low << " | "
+               << c.region_changed << " | " << c.branch_changed << " | " << c.pushed_out_low << " | "
+               << c.pushed_out_high << " | " << c.pulled_in << " |\n";
         }
         os << "\nnon-finite tokens: " << non_finite << "\n";
         return os.str();
     }
 
 private:
-    static double frac(std::uint64_t a, std::uint64_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; }
+    static double frac(std::uint64_t a, std::uint64_t b) {
+        return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0;
+    }
 };
 
 namespace detail {
@@ -152,8 +171,8 @@ inline void require_range(clip_range r, const char* function, const char* argume
 /// follow from the cell counts through crossing_flags (the same rule the kernel applies per token).
 /// Four interleaved histograms keep consecutive increments of the common cell independent.
 template <class RatioOf>
-crossing_report crossings_host(host_executor ex, std::size_t n, span<const float> advantages, clip_range range, clip_range low_range,
-                               RatioOf&& ratio_of) {
+crossing_report crossings_host(host_executor ex, std::size_t n, span<const float> advantages, clip_range range,
+                               clip_range low_range, RatioOf&& ratio_of) {
     constexpr int cells = 27;
     const std::size_t blocks = (n + kRlReduceBlock - 1) / kRlReduceBlock;
     std::vector<std::array<std::uint64_t, cells + 1>> partial(blocks);
@@ -164,12 +183,13 @@ crossing_report crossings_host(host_executor ex, std::size_t n, span<const float
             for (std::size_t i = b; i < e; ++i) {
                 const auto [lo, hi] = ratio_of(i);
                 const float a = advantages[i];
-                const bool finite = is_finite_float(lo) & is_finite_float(hi) & is_finite_float(a);
+                const bool finite = is_finite_float(lo) && is_finite_float(hi) && is_finite_float(a);
                 const int cell = 9 * static_cast<int>(sign_of(a)) + 3 * static_cast<int>(region_of(hi, range)) +
                                  static_cast<int>(region_of(lo, low_range));
                 ++hist[i & 3][finite ? cell : cells];
             }
-            for (int c = 0; c <= cells; ++c) partial[blk][c] = std::uint64_t{hist[0][c]} + hist[1][c] + hist[2][c] + hist[3][c];
+            for (int c = 0; c <= cells; ++c)
+                partial[blk][c] = std::uint64_t{hist[0][c]} + hist[1][c] + hist[2][c] + hist[3][c];
         }
     });
     std::array<std::uint64_t, cells + 1> total{};
@@ -178,7 +198,8 @@ crossing_report crossings_host(host_executor ex, std::size_t n, span<const float
     crossing_report r;
     for (int c = 0; c < cells; ++c) {
         const int s = c / 9, h = (c / 3) % 3, l = c % 3;
-        const unsigned flags = crossing_flags(static_cast<clip_region>(h), static_cast<clip_region>(l), static_cast<advantage_sign>(s));
+        const unsigned flags =
+            crossing_flags(static_cast<clip_region>(h), static_cast<clip_region>(l), static_cast<advantage_sign>(s));
         for (int k = 0; k < crossing_counts::count; ++k)
             if ((flags >> k) & 1u) r.by_sign[s].at(k) += total[c];
     }
@@ -214,20 +235,23 @@ inline crossing_report threshold_crossings(host_executor ex, span<const float> l
 }
 
 /// Crossings from ratios computed elsewhere (same definitions; NaN or Inf ratios are non-finite).
-inline crossing_report threshold_crossings_from_ratios(host_executor ex, span<const float> ratio_low, span<const float> ratio_high,
-                                                       span<const float> advantages, clip_range range, clip_range low_range) {
+inline crossing_report threshold_crossings_from_ratios(host_executor ex, span<const float> ratio_low,
+                                                       span<const float> ratio_high, span<const float> advantages,
+                                                       clip_range range, clip_range low_range) {
     constexpr const char* fn = "octet::threshold_crossings_from_ratios";
     const std::size_t n = ratio_low.size();
     detail::require_same_length(n, ratio_high.size(), fn, "ratio_high", "ratio_low");
     detail::require_same_length(n, advantages.size(), fn, "advantages", "ratio_low");
     detail::require_range(range, fn, "range");
     detail::require_range(low_range, fn, "low_range");
-    return detail::crossings_host(ex, n, advantages, range, low_range,
-                                  [&](std::size_t i) { return std::pair<float, float>{ratio_low[i], ratio_high[i]}; });
+    return detail::crossings_host(ex, n, advantages, range, low_range, [&](std::size_t i) {
+        return std::pair<float, float>{ratio_low[i], ratio_high[i]};
+    });
 }
 
-inline crossing_report threshold_crossings_from_ratios(host_executor ex, span<const float> ratio_low, span<const float> ratio_high,
-                                                       span<const float> advantages, clip_range range) {
+inline crossing_report threshold_crossings_from_ratios(host_executor ex, span<const float> ratio_low,
+                                                       span<const float> ratio_high, span<const float> advantages,
+                                                       clip_range range) {
     return threshold_crossings_from_ratios(ex, ratio_low, ratio_high, advantages, range, range);
 }
 

@@ -7,7 +7,7 @@
 // OCTET_HD functions of clip.hpp). All spans are device memory; `stats` is one surrogate_stats in
 // device memory, zeroed and filled by the call (read it back with cudaMemcpy after the stream).
 // Differences from the host overloads, all documented and tested:
-//   * non-finite tokens are always counted (device code never throws; non_finite_policy::raise
+//   * non-finite tokens are always counted (device code never throws; token_nonfinite_policy::raise
 //     is rejected with octet::error);
 //   * the aggregated objective and ratio sum are summed with double atomics, so their last bits
 //     depend on the schedule (counts are exact);
@@ -36,18 +36,20 @@ struct surrogate_stats_sum {
     }
 };
 
-__global__ void importance_ratio_kernel(const float* __restrict__ logp_new, const float* __restrict__ logp_old,
-                                        float* __restrict__ ratios, std::size_t n, float limit) {
+OCTET_KERNEL void importance_ratio_kernel(const float* __restrict__ logp_new, const float* __restrict__ logp_old,
+                                          float* __restrict__ ratios, std::size_t n, float limit) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         ratios[i] = importance_ratio(logp_new[i], logp_old[i], limit);
 }
 
 template <bool BySequence>
-__global__ void __launch_bounds__(kRlThreads) clipped_surrogate_kernel(
-    const float* __restrict__ logp_new, const float* __restrict__ logp_old, const float* __restrict__ advantages, std::size_t n,
-    clip_range range, float limit, loss_aggregation aggregation, const std::int64_t* __restrict__ offsets, std::int64_t sequences,
-    float* __restrict__ ratio_out, float* __restrict__ objective_out, float* __restrict__ grad_out, surrogate_stats* stats) {
+OCTET_KERNEL void __launch_bounds__(kRlThreads)
+    clipped_surrogate_kernel(const float* __restrict__ logp_new, const float* __restrict__ logp_old,
+                             const float* __restrict__ advantages, std::size_t n, clip_range range, float limit,
+                             loss_aggregation aggregation, const std::int64_t* __restrict__ offsets,
+                             std::int64_t sequences, float* __restrict__ ratio_out, float* __restrict__ objective_out,
+                             float* __restrict__ grad_out, surrogate_stats* stats) {
     using block_reduce = cub::BlockReduce<surrogate_stats, kRlThreads>;
     __shared__ typename block_reduce::TempStorage temp;
 
@@ -98,8 +100,8 @@ inline void require_device_output(span<float> x, std::size_t n, const char* fn, 
 }  // namespace detail
 
 /// ratios[t] = importance_ratio(logp_new[t], logp_old[t]) on the stream (device memory).
-inline void importance_ratios(stream_executor ex, span<const float> logp_new, span<const float> logp_old, span<float> ratios,
-                              float log_ratio_limit = default_log_ratio_limit) {
+inline void importance_ratios(stream_executor ex, span<const float> logp_new, span<const float> logp_old,
+                              span<float> ratios, float log_ratio_limit = default_log_ratio_limit) {
     constexpr const char* fn = "octet::importance_ratios";
     detail::require_same_length(logp_new.size(), logp_old.size(), fn, "logp_old", "logp_new");
     detail::require_same_length(logp_new.size(), ratios.size(), fn, "ratios", "logp_new");
@@ -110,30 +112,34 @@ inline void importance_ratios(stream_executor ex, span<const float> logp_new, sp
     detail::require_device_input(logp_old, fn, "logp_old");
     detail::require_device_output(ratios, logp_new.size(), fn, "ratios");
     const unsigned blocks = cuda::grid_stride_blocks(logp_new.size(), detail::kRlThreads);
-    detail::importance_ratio_kernel<<<blocks, detail::kRlThreads, 0, ex.stream>>>(logp_new.data(), logp_old.data(), ratios.data(),
-                                                                                   logp_new.size(), log_ratio_limit);
+    detail::importance_ratio_kernel<<<blocks, detail::kRlThreads, 0, ex.stream>>>(
+        logp_new.data(), logp_old.data(), ratios.data(), logp_new.size(), log_ratio_limit);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
 /// The clipped surrogate on the stream; `stats` (device, one element) is zeroed and filled.
-inline void clipped_surrogate(stream_executor ex, span<const float> logp_new, span<const float> logp_old, span<const float> advantages,
-                              const surrogate_config& cfg, surrogate_outputs out, span<surrogate_stats> stats,
-                              span<const std::int64_t> sequence_offsets = {}) {
+inline void clipped_surrogate(stream_executor ex, span<const float> logp_new, span<const float> logp_old,
+                              span<const float> advantages, const surrogate_config& cfg, surrogate_outputs out,
+                              span<surrogate_stats> stats, span<const std::int64_t> sequence_offsets = {}) {
     constexpr const char* fn = "octet::clipped_surrogate";
     const std::size_t n = logp_new.size();
     detail::require_same_length(n, logp_old.size(), fn, "logp_old", "logp_new");
     detail::require_same_length(n, advantages.size(), fn, "advantages", "logp_new");
     OCTET_REQUIRE(stats.size() == 1 && stats.data() != nullptr, fn, "stats",
                   detail::message("has ", stats.size(), " elements; pass one surrogate_stats in device memory"));
-    OCTET_REQUIRE(cfg.range.lower <= cfg.range.upper && is_finite_float(cfg.range.lower) && is_finite_float(cfg.range.upper), fn,
-                  "cfg.range", detail::message("is [", cfg.range.lower, ", ", cfg.range.upper, "]; pass finite bounds with lower <= upper"));
+    OCTET_REQUIRE(
+        cfg.range.lower <= cfg.range.upper && is_finite_float(cfg.range.lower) && is_finite_float(cfg.range.upper), fn,
+        "cfg.range",
+        detail::message("is [", cfg.range.lower, ", ", cfg.range.upper, "]; pass finite bounds with lower <= upper"));
     OCTET_REQUIRE(cfg.log_ratio_limit > 0.0f, fn, "cfg.log_ratio_limit", "must be positive (or INFINITY for none)");
-    OCTET_REQUIRE(cfg.on_non_finite == non_finite_policy::count, fn, "cfg.on_non_finite",
-                  "is non_finite_policy::raise, which device code cannot do; use non_finite_policy::count and check stats.non_finite");
+    OCTET_REQUIRE(cfg.on_nonfinite == token_nonfinite_policy::count, fn, "cfg.on_nonfinite",
+                  "is token_nonfinite_policy::raise, which device code cannot do; use token_nonfinite_policy::count "
+                  "and check stats.non_finite");
     const bool by_sequence = cfg.aggregation == loss_aggregation::sequence_mean;
     if (by_sequence)
         OCTET_REQUIRE(sequence_offsets.size() >= 2 && sequence_offsets.data() != nullptr, fn, "sequence_offsets",
-                      detail::message("has ", sequence_offsets.size(), " entries; sequence_mean needs S + 1 >= 2 offsets in device memory"));
+                      detail::message("has ", sequence_offsets.size(),
+                                      " entries; sequence_mean needs S + 1 >= 2 offsets in device memory"));
     else
         OCTET_REQUIRE(sequence_offsets.empty(), fn, "sequence_offsets",
                       "is only used by loss_aggregation::sequence_mean; pass an empty span or set cfg.aggregation");
@@ -159,8 +165,8 @@ inline void clipped_surrogate(stream_executor ex, span<const float> logp_new, sp
             sequence_offsets.data(), sequences, opt(out.ratio), opt(out.objective), opt(out.grad), stats.data());
     else
         detail::clipped_surrogate_kernel<false><<<blocks, detail::kRlThreads, 0, ex.stream>>>(
-            logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit, cfg.aggregation, nullptr, 0,
-            opt(out.ratio), opt(out.objective), opt(out.grad), stats.data());
+            logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit, cfg.aggregation,
+            nullptr, 0, opt(out.ratio), opt(out.objective), opt(out.grad), stats.data());
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

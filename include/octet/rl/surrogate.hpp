@@ -41,13 +41,13 @@ enum class loss_aggregation : int { token_mean = 0, sequence_mean = 1, sum = 2 }
 /// What the host APIs do with a non-finite log-probability or advantage: count it (default; the
 /// token is masked and counted) or throw octet::error naming the argument and the first index.
 /// The stream APIs always count (device code never throws).
-enum class non_finite_policy : int { count = 0, raise = 1 };
+enum class token_nonfinite_policy : int { count = 0, raise = 1 };
 
 struct surrogate_config {
     clip_range range{};
     float log_ratio_limit = default_log_ratio_limit;
     loss_aggregation aggregation = loss_aggregation::token_mean;
-    non_finite_policy on_non_finite = non_finite_policy::count;
+    token_nonfinite_policy on_nonfinite = token_nonfinite_policy::count;
 };
 
 /// Optional per-token outputs; an empty span is not written, a non-empty one must have n entries.
@@ -76,21 +76,28 @@ struct surrogate_stats {
     double mean_ratio() const { return finite_tokens() ? ratio_sum / static_cast<double>(finite_tokens()) : 0.0; }
     /// Fraction of finite tokens whose gradient the clip cut (either bound).
     double clip_fraction() const {
-        return finite_tokens() ? static_cast<double>(clipped_low + clipped_high) / static_cast<double>(finite_tokens()) : 0.0;
+        return finite_tokens() ? static_cast<double>(clipped_low + clipped_high) / static_cast<double>(finite_tokens())
+                               : 0.0;
     }
     /// Fraction of negative-advantage tokens below the lower bound (their penalty is cut).
-    double lower_clip_fraction() const { return negative ? static_cast<double>(clipped_low) / static_cast<double>(negative) : 0.0; }
+    double lower_clip_fraction() const {
+        return negative ? static_cast<double>(clipped_low) / static_cast<double>(negative) : 0.0;
+    }
     /// Fraction of positive-advantage tokens above the upper bound.
-    double upper_clip_fraction() const { return positive ? static_cast<double>(clipped_high) / static_cast<double>(positive) : 0.0; }
+    double upper_clip_fraction() const {
+        return positive ? static_cast<double>(clipped_high) / static_cast<double>(positive) : 0.0;
+    }
 };
 
 namespace detail {
 
 /// Exact weight of a token (double): the aggregated objective uses it; the gradient uses it rounded
 /// to float. `sequence_length`/`sequences` are ignored unless aggregation is sequence_mean.
-OCTET_HD double token_weight(loss_aggregation a, std::uint64_t tokens, std::int64_t sequence_length, std::int64_t sequences) {
+OCTET_HD double token_weight(loss_aggregation a, std::uint64_t tokens, std::int64_t sequence_length,
+                             std::int64_t sequences) {
     if (a == loss_aggregation::token_mean) return 1.0 / static_cast<double>(tokens);
-    if (a == loss_aggregation::sequence_mean) return 1.0 / (static_cast<double>(sequences) * static_cast<double>(sequence_length));
+    if (a == loss_aggregation::sequence_mean)
+        return 1.0 / (static_cast<double>(sequences) * static_cast<double>(sequence_length));
     return 1.0;
 }
 
@@ -99,16 +106,18 @@ OCTET_HD std::int64_t sequence_of(const std::int64_t* offsets, std::int64_t sequ
     std::int64_t lo = 0, hi = sequences;  // invariant: offsets[lo] <= i < offsets[hi]
     while (hi - lo > 1) {
         const std::int64_t mid = lo + (hi - lo) / 2;
-        if (offsets[mid] <= i) lo = mid;
-        else hi = mid;
+        if (offsets[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
     }
     return lo;
 }
 
 /// Adds one token to the statistics (same rule on host and device). Branch-free: a non-finite
 /// token adds only to non_finite (its objective is 0, its ratio is not summed).
-OCTET_HD void tally(surrogate_stats& s, const token_ratio& tr, float advantage, const token_surrogate& t, clip_range range,
-                    double weight) {
+OCTET_HD void tally(surrogate_stats& s, const token_ratio& tr, float advantage, const token_surrogate& t,
+                    clip_range range, double weight) {
     const std::uint64_t f = t.finite ? 1u : 0u;
     const clip_region reg = region_of(tr.ratio, range);
     s.non_finite += 1u - f;
@@ -136,35 +145,43 @@ OCTET_HD void merge(surrogate_stats& into, const surrogate_stats& s) {
     into.ratio_sum += s.ratio_sum;
 }
 
-inline void require_same_length(std::size_t n, std::size_t m, const char* function, const char* argument, const char* other) {
-    OCTET_REQUIRE(m == n, function, argument, message("has ", m, " elements but '", other, "' has ", n, "; pass one entry per token"));
+inline void require_same_length(std::size_t n, std::size_t m, const char* function, const char* argument,
+                                const char* other) {
+    OCTET_REQUIRE(m == n, function, argument,
+                  message("has ", m, " elements but '", other, "' has ", n, "; pass one entry per token"));
 }
 
 inline void require_output(span<float> out, std::size_t n, const char* function, const char* argument) {
-    OCTET_REQUIRE(out.empty() || out.size() == n, function, argument,
-                  message("has ", out.size(), " elements for ", n, " tokens; pass one per token, or an empty span to skip it"));
+    OCTET_REQUIRE(
+        out.empty() || out.size() == n, function, argument,
+        message("has ", out.size(), " elements for ", n, " tokens; pass one per token, or an empty span to skip it"));
     OCTET_REQUIRE(out.empty() || out.data() != nullptr, function, argument, "is null with a non-zero size");
 }
 
-/// Throws naming the first non-finite entry of `x` (non_finite_policy::raise).
+/// Throws naming the first non-finite entry of `x` (token_nonfinite_policy::raise).
 inline void require_all_finite(span<const float> x, const char* function, const char* argument) {
     for (std::size_t i = 0; i < x.size(); ++i)
-        OCTET_REQUIRE(is_finite_float(x[i]), function, argument,
-                      message("has the non-finite value ", x[i], " at index ", i,
-                              "; fix the producer, or use non_finite_policy::count to mask and count such tokens"));
+        OCTET_REQUIRE(
+            is_finite_float(x[i]), function, argument,
+            message("has the non-finite value ", x[i], " at index ", i,
+                    "; fix the producer, or use token_nonfinite_policy::count to mask and count such tokens"));
 }
 
 /// Validates GRPO sequence offsets: S + 1 entries, 0 first, n last, non-decreasing.
 inline void require_offsets(span<const std::int64_t> offsets, std::size_t n, const char* function) {
-    OCTET_REQUIRE(offsets.empty() || offsets.data() != nullptr, function, "sequence_offsets", "is null with a non-zero size");
+    OCTET_REQUIRE(offsets.empty() || offsets.data() != nullptr, function, "sequence_offsets",
+                  "is null with a non-zero size");
     OCTET_REQUIRE(offsets.size() >= 2, function, "sequence_offsets",
-                  message("has ", offsets.size(), " entries; sequence_mean needs S + 1 offsets (0, ..., n) for S >= 1 sequences"));
-    OCTET_REQUIRE(offsets[0] == 0 && offsets[offsets.size() - 1] == static_cast<std::int64_t>(n), function, "sequence_offsets",
+                  message("has ", offsets.size(),
+                          " entries; sequence_mean needs S + 1 offsets (0, ..., n) for S >= 1 sequences"));
+    OCTET_REQUIRE(offsets[0] == 0 && offsets[offsets.size() - 1] == static_cast<std::int64_t>(n), function,
+                  "sequence_offsets",
                   message("must start at 0 and end at the token count ", n, " (got ", offsets[0], " ... ",
                           offsets[offsets.size() - 1], ")"));
     for (std::size_t s = 1; s < offsets.size(); ++s)
         OCTET_REQUIRE(offsets[s] >= offsets[s - 1], function, "sequence_offsets",
-                      message("decreases at entry ", s, " (", offsets[s - 1], " then ", offsets[s], "); offsets must be non-decreasing"));
+                      message("decreases at entry ", s, " (", offsets[s - 1], " then ", offsets[s],
+                              "); offsets must be non-decreasing"));
 }
 
 }  // namespace detail
@@ -185,8 +202,8 @@ inline constexpr std::size_t kRlReduceBlock = 4096;
 }  // namespace detail
 
 /// ratios[t] = importance_ratio(logp_new[t], logp_old[t], log_ratio_limit) (NaN for non-finite).
-inline void importance_ratios(host_executor ex, span<const float> logp_new, span<const float> logp_old, span<float> ratios,
-                              float log_ratio_limit = default_log_ratio_limit) {
+inline void importance_ratios(host_executor ex, span<const float> logp_new, span<const float> logp_old,
+                              span<float> ratios, float log_ratio_limit = default_log_ratio_limit) {
     constexpr const char* fn = "octet::importance_ratios";
     detail::require_same_length(logp_new.size(), logp_old.size(), fn, "logp_old", "logp_new");
     detail::require_same_length(logp_new.size(), ratios.size(), fn, "ratios", "logp_new");
@@ -209,16 +226,19 @@ inline surrogate_stats clipped_surrogate(host_executor ex, span<const float> log
     detail::require_output(out.ratio, n, fn, "out.ratio");
     detail::require_output(out.objective, n, fn, "out.objective");
     detail::require_output(out.grad, n, fn, "out.grad");
-    OCTET_REQUIRE(cfg.range.lower <= cfg.range.upper && is_finite_float(cfg.range.lower) && is_finite_float(cfg.range.upper), fn,
-                  "cfg.range", detail::message("is [", cfg.range.lower, ", ", cfg.range.upper, "]; pass finite bounds with lower <= upper"));
+    OCTET_REQUIRE(
+        cfg.range.lower <= cfg.range.upper && is_finite_float(cfg.range.lower) && is_finite_float(cfg.range.upper), fn,
+        "cfg.range",
+        detail::message("is [", cfg.range.lower, ", ", cfg.range.upper, "]; pass finite bounds with lower <= upper"));
     OCTET_REQUIRE(cfg.log_ratio_limit > 0.0f, fn, "cfg.log_ratio_limit",
                   detail::message("is ", cfg.log_ratio_limit, "; pass a positive limit (or INFINITY for none)"));
     const bool by_sequence = cfg.aggregation == loss_aggregation::sequence_mean;
-    if (by_sequence) detail::require_offsets(sequence_offsets, n, fn);
+    if (by_sequence)
+        detail::require_offsets(sequence_offsets, n, fn);
     else
         OCTET_REQUIRE(sequence_offsets.empty(), fn, "sequence_offsets",
                       "is only used by loss_aggregation::sequence_mean; pass an empty span or set cfg.aggregation");
-    if (cfg.on_non_finite == non_finite_policy::raise) {
+    if (cfg.on_nonfinite == token_nonfinite_policy::raise) {
         detail::require_all_finite(logp_new, fn, "logp_new");
         detail::require_all_finite(logp_old, fn, "logp_old");
         detail::require_all_finite(advantages, fn, "advantages");
@@ -234,7 +254,8 @@ inline surrogate_stats clipped_surrogate(host_executor ex, span<const float> log
         for (std::size_t blk = bb; blk < be; ++blk) {
             const std::size_t b = blk * detail::kRlReduceBlock, e = std::min(n, b + detail::kRlReduceBlock);
             surrogate_stats s;
-            std::int64_t seq = by_sequence ? detail::sequence_of(sequence_offsets.data(), sequences, static_cast<std::int64_t>(b)) : 0;
+            std::int64_t seq =
+                by_sequence ? detail::sequence_of(sequence_offsets.data(), sequences, static_cast<std::int64_t>(b)) : 0;
             double w = detail::token_weight(cfg.aggregation, n, 0, sequences);  // constant unless by sequence
             float* const ratio_out = out.ratio.empty() ? nullptr : out.ratio.data();
             float* const objective_out = out.objective.empty() ? nullptr : out.objective.data();
@@ -244,7 +265,8 @@ inline surrogate_stats clipped_surrogate(host_executor ex, span<const float> log
             for (std::size_t i = b; i < e; ++i) {
                 if (by_sequence) {
                     while (sequence_offsets[seq + 1] <= static_cast<std::int64_t>(i)) ++seq;
-                    w = detail::token_weight(cfg.aggregation, n, sequence_offsets[seq + 1] - sequence_offsets[seq], sequences);
+                    w = detail::token_weight(cfg.aggregation, n, sequence_offsets[seq + 1] - sequence_offsets[seq],
+                                             sequences);
                 }
                 const float a = advantages[i];
                 const token_ratio tr = importance_ratio_of(logp_new[i], logp_old[i], limit);
@@ -268,10 +290,10 @@ struct group_advantage_config {
 
 /// GRPO advantages: rewards come in consecutive groups of `group_size` completions of one prompt;
 /// A_i = (R_i - mean_g) / (std_g + eps), with the unbiased (n - 1) standard deviation in double
-/// (0 for a group of one; with eps == 0 a group of equal rewards gets 0, not 0/0). A group holding a non-finite reward gets NaN advantages for all its
-/// members (the surrogate then counts those tokens as non-finite).
-inline void group_advantages(host_executor ex, span<const float> rewards, std::size_t group_size, span<float> advantages,
-                             group_advantage_config cfg = {}) {
+/// (0 for a group of one; with eps == 0 a group of equal rewards gets 0, not 0/0). A group holding a non-finite reward
+/// gets NaN advantages for all its members (the surrogate then counts those tokens as non-finite).
+inline void group_advantages(host_executor ex, span<const float> rewards, std::size_t group_size,
+                             span<float> advantages, group_advantage_config cfg = {}) {
     constexpr const char* fn = "octet::group_advantages";
     OCTET_REQUIRE(group_size > 0, fn, "group_size", "is 0; pass the number of completions per prompt");
     OCTET_REQUIRE(rewards.size() % group_size == 0, fn, "rewards",

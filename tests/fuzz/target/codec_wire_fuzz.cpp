@@ -46,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 int main(int argc, char** argv) {
     if (argc < 2) return 1;
     int k = 0;
-    for (auto f : {octet::wire_format::e4m3, octet::wire_format::e5m2, octet::wire_format::mxfp8, octet::wire_format::nvfp4})
+    for (auto f :
+         {octet::wire_format::e4m3, octet::wire_format::e5m2, octet::wire_format::mxfp8, octet::wire_format::nvfp4})
         for (auto t : {octet::transform_kind::identity, octet::transform_kind::hadamard})
             for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{37}, std::size_t{100}}) {
                 const octet::codec_config cfg{f, t, 16, 0, 42 + static_cast<std::uint64_t>(k), (k % 3) == 0};
@@ -54,8 +55,8 @@ int main(int argc, char** argv) {
                 for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 7919) % 200) / 50.0f - 2.0f;
                 std::vector<std::uint8_t> m(octet::encoded_size(cfg, n));
                 octet::encode_gradient(octet::on_host(1), cfg, x, m);
-                const std::string path = std::string(argv[1]) + "/seed_" + octet::wire_format_name(f) + "_" + octet::transform_name(t) + "_" +
-                                         std::to_string(n) + ".bin";
+                const std::string path = std::string(argv[1]) + "/seed_" + octet::wire_format_name(f) + "_" +
+                                         octet::transform_name(t) + "_" + std::to_string(n) + ".bin";
                 std::FILE* fp = std::fopen(path.c_str(), "wb");
                 if (!fp) return 1;
                 std::fwrite(m.data(), 1, m.size(), fp);

@@ -34,7 +34,9 @@ OCTET_HD constexpr int swz(int row, int chunk) {
 /// Position, within its 16-token group, at which a transposed tile stores token `local` (0..15):
 /// token 8a + 2t + e sits at 4t + 2a + e, so that the four tokens a lane's P word holds are 4
 /// contiguous bytes.
-OCTET_HD constexpr int perm_pos(int local) { return 4 * ((local >> 1) & 3) + 2 * (local >> 3) + (local & 1); }
+OCTET_HD constexpr int perm_pos(int local) {
+    return 4 * ((local >> 1) & 3) + 2 * (local >> 3) + (local & 1);
+}
 
 struct row_chunk {
     int row, chunk;
@@ -51,12 +53,18 @@ OCTET_HD constexpr row_chunk b2_address(int lane, int n0, int ks) {
 }
 /// ldmatrix.x4 address for the B fragments of one n8 tile (rows n0 .. n0 + 7) of a transposed
 /// 64-wide tile, both k-steps: registers 0, 1 = k-step 0 halves 0, 1; registers 2, 3 = k-step 1.
-OCTET_HD constexpr row_chunk bt_address(int lane, int n0) { return {n0 + (lane & 7), lane >> 3}; }
+OCTET_HD constexpr row_chunk bt_address(int lane, int n0) {
+    return {n0 + (lane & 7), lane >> 3};
+}
 
 /// Row (0..15) of C element x held by lane.
-OCTET_HD constexpr int c_row(int lane, int x) { return (lane >> 2) + 8 * (x >> 1); }
+OCTET_HD constexpr int c_row(int lane, int x) {
+    return (lane >> 2) + 8 * (x >> 1);
+}
 /// Column (0..63) of C element x of n8 tile n held by lane.
-OCTET_HD constexpr int c_col(int lane, int n, int x) { return 8 * n + 2 * (lane & 3) + (x & 1); }
+OCTET_HD constexpr int c_col(int lane, int n, int x) {
+    return 8 * n + 2 * (lane & 3) + (x & 1);
+}
 
 struct n_x {
     int n, x;
@@ -64,11 +72,15 @@ struct n_x {
 /// Which C element (n8 tile n, element x) of a 16 x 64 score tile fills byte b of A register reg
 /// in k-step ks (0, 1) of the next product (P V, P^T dO, dS^T Q): the n8 tiles 4 ks + 2 half and
 /// 4 ks + 2 half + 1 give lane t the columns {8n + 2t, 8n + 2t + 1} of both.
-OCTET_HD constexpr n_x a_source(int ks, int reg, int b) { return {4 * ks + 2 * (reg >> 1) + (b >> 1), 2 * (reg & 1) + (b & 1)}; }
+OCTET_HD constexpr n_x a_source(int ks, int reg, int b) {
+    return {4 * ks + 2 * (reg >> 1) + (b >> 1), 2 * (reg & 1) + (b & 1)};
+}
 
 /// Byte offset in the dS tile (64 queries x 64 keys, keys permuted like a transposed tile) of the
 /// element at query `query` and key 16 warp + local.
-OCTET_HD constexpr int ds_offset(int query, int warp, int local) { return swz<64>(query, warp) + perm_pos(local); }
+OCTET_HD constexpr int ds_offset(int query, int warp, int local) {
+    return swz<64>(query, warp) + perm_pos(local);
+}
 
 /// One work item of the tile transpose: tokens 16 gq + {2t, 2t + 1, 8 + 2t, 9 + 2t} (positions
 /// 4t .. 4t + 3 of group gq) by channels col .. col + 3. A warp's lanes take 4 values of t and 8
@@ -78,7 +90,8 @@ struct transpose_item {
 };
 template <int D>
 OCTET_HD constexpr transpose_item transpose_work(int w) {
-    return {16 * (w / 32 / (D / 32)) + 2 * (w & 3), 4 * (8 * ((w / 32) % (D / 32)) + ((w & 31) >> 2)), (w / 32) / (D / 32), w & 3};
+    return {16 * (w / 32 / (D / 32)) + 2 * (w & 3), 4 * (8 * ((w / 32) % (D / 32)) + ((w & 31) >> 2)),
+            (w / 32) / (D / 32), w & 3};
 }
 template <int D>
 inline constexpr int transpose_items = 4 * D;  // 4 groups x 4 quads x D / 4 channel quads
@@ -98,7 +111,8 @@ OCTET_HD constexpr std::uint32_t byte_perm_emulated(std::uint32_t a, std::uint32
 /// The 4 output words of a transpose item from its 4 input words (rows r0, r0 + 1, r0 + 8, r0 + 9,
 /// channels col .. col + 3): word i = channel col + i of the four tokens, in that order.
 template <class Perm>
-OCTET_HD void transpose_words(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3, std::uint32_t (&out)[4], Perm perm) {
+OCTET_HD void transpose_words(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3,
+                              std::uint32_t (&out)[4], Perm perm) {
     const std::uint32_t lo01 = perm(w0, w1, 0x5140u), hi01 = perm(w0, w1, 0x7362u);
     const std::uint32_t lo23 = perm(w2, w3, 0x5140u), hi23 = perm(w2, w3, 0x7362u);
     out[0] = perm(lo01, lo23, 0x5410u);

@@ -44,21 +44,28 @@ constexpr int kTile = 64;      // queries or keys per tile (attn::tile_size)
 using attn_frag::perm_pos;
 using attn_frag::swz;
 
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) { return static_cast<std::uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
 
 // ---- cp.async ---------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 
 /// Starts copying rows [row0, row0 + 64) (those below row_end; the rest are zero-filled) of an FP8
 /// matrix with `row_bytes` bytes per row, columns [col0, col0 + D), into a swizzled 64 x D tile.
 template <int D>
-__device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::uint8_t* base, std::size_t row_bytes, int row0,
-                                                int row_end, int col0) {
+__device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::uint8_t* base, std::size_t row_bytes,
+                                                int row0, int row_end, int col0) {
     constexpr int chunks = D / 16;
     for (int c = threadIdx.x; c < kTile * chunks; c += kThreads) {
         const int r = c / chunks, ch = c % chunks;
@@ -112,18 +119,24 @@ __device__ __forceinline__ void load_bt(std::uint32_t (&b)[2][2], const std::uin
 
 template <class A, class B>
 __device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-    static_assert((std::is_same_v<A, e4m3> || std::is_same_v<A, e5m2>) && (std::is_same_v<B, e4m3> || std::is_same_v<B, e5m2>),
-                  "attention kernels multiply E4M3 or E5M2 operands");
+    static_assert(
+        (std::is_same_v<A, e4m3> || std::is_same_v<A, e5m2>)&&(std::is_same_v<B, e4m3> || std::is_same_v<B, e5m2>),
+        "attention kernels multiply E4M3 or E5M2 operands");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define OCTET_ATTN_MMA(TA, TB)                                                                                   \
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
-                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                                 \
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                \
+#define OCTET_ATTN_MMA(TA, TB)                                      \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB \
+                 ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "        \
+                 "{%8, %9}, {%0, %1, %2, %3};\n"                    \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])   \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
-    if constexpr (std::is_same_v<A, e4m3> && std::is_same_v<B, e4m3>) OCTET_ATTN_MMA("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<A, e4m3>) OCTET_ATTN_MMA("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<B, e4m3>) OCTET_ATTN_MMA("e5m2", "e4m3");
-    else OCTET_ATTN_MMA("e5m2", "e5m2");
+    if constexpr (std::is_same_v<A, e4m3> && std::is_same_v<B, e4m3>)
+        OCTET_ATTN_MMA("e4m3", "e4m3");
+    else if constexpr (std::is_same_v<A, e4m3>)
+        OCTET_ATTN_MMA("e4m3", "e5m2");
+    else if constexpr (std::is_same_v<B, e4m3>)
+        OCTET_ATTN_MMA("e5m2", "e4m3");
+    else
+        OCTET_ATTN_MMA("e5m2", "e5m2");
 #undef OCTET_ATTN_MMA
 #else
     // FP8 tensor cores need sm_89 or newer; the launchers refuse older devices, so this never runs.
@@ -148,19 +161,23 @@ __device__ __forceinline__ void transpose_tile(const std::uint8_t* src, std::uin
         const attn_frag::transpose_item it = attn_frag::transpose_work<D>(w);
         const int chunk = it.col / 16, inner = it.col % 16;
         std::uint32_t out[4];
-        attn_frag::transpose_words(*reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0, chunk) + inner),
-                                   *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 1, chunk) + inner),
-                                   *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 8, chunk) + inner),
-                                   *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 9, chunk) + inner), out,
-                                   [](std::uint32_t a, std::uint32_t b, std::uint32_t sel) { return __byte_perm(a, b, sel); });
+        attn_frag::transpose_words(
+            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0, chunk) + inner),
+            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 1, chunk) + inner),
+            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 8, chunk) + inner),
+            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 9, chunk) + inner), out,
+            [](std::uint32_t a, std::uint32_t b, std::uint32_t sel) { return __byte_perm(a, b, sel); });
         OCTET_UNROLL
-        for (int i = 0; i < 4; ++i) *reinterpret_cast<std::uint32_t*>(dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
+        for (int i = 0; i < 4; ++i)
+            *reinterpret_cast<std::uint32_t*>(dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
     }
 }
 
 // ---- warp reductions ------------------------------------------------------------------------------
 
-__device__ __forceinline__ float shfl_xor(float v, int m) { return __shfl_xor_sync(0xFFFFFFFFu, v, m); }
+__device__ __forceinline__ float shfl_xor(float v, int m) {
+    return __shfl_xor_sync(0xFFFFFFFFu, v, m);
+}
 
 }  // namespace attn_kernel
 }  // namespace octet

@@ -28,10 +28,14 @@ struct device_scales {
 
     OCTET_DEVICE float value(std::uint32_t bi, std::uint32_t bj, float ts) const {
         const std::size_t k = static_cast<std::size_t>(bj) * ld + bi;
-        if constexpr (Recipe::scale_bytes == 4) return __ldg(reinterpret_cast<const float*>(scales) + k);
-        else return stored_scale_value<Recipe>(__ldg(scales + k), ts);
+        if constexpr (Recipe::scale_bytes == 4)
+            return __ldg(reinterpret_cast<const float*>(scales) + k);
+        else
+            return stored_scale_value<Recipe>(__ldg(scales + k), ts);
     }
-    OCTET_DEVICE float load_tensor_scale() const { return Recipe::two_level && tensor_scale ? __ldg(tensor_scale) : 1.0f; }
+    OCTET_DEVICE float load_tensor_scale() const {
+        return Recipe::two_level && tensor_scale ? __ldg(tensor_scale) : 1.0f;
+    }
 };
 
 template <class Recipe>
@@ -45,9 +49,15 @@ device_scales<Recipe> make_device_scales(const quantized_cref<Recipe>& q) {
     return s;
 }
 
-OCTET_DEVICE float load_float(float v) { return v; }
-OCTET_DEVICE float load_float(bf16 v) { return to_float(v); }
-OCTET_DEVICE float load_float(fp16 v) { return to_float(v); }
+OCTET_DEVICE float load_float(float v) {
+    return v;
+}
+OCTET_DEVICE float load_float(bf16 v) {
+    return to_float(v);
+}
+OCTET_DEVICE float load_float(fp16 v) {
+    return to_float(v);
+}
 
 /// D(i, j) = alpha * acc + beta * C(i, j) + bias[j], rounded once to D's type.
 template <class CT, class DT>
@@ -66,13 +76,17 @@ struct device_epilogue {
 
     OCTET_DEVICE float value(std::uint32_t i, std::uint32_t j, float acc) const {
         float v = alpha * acc;
-        if (c) v += beta * load_float(c[c_col_major ? static_cast<std::size_t>(j) * c_ld + i : static_cast<std::size_t>(i) * c_ld + j]);
+        if (c)
+            v += beta *
+                 load_float(
+                     c[c_col_major ? static_cast<std::size_t>(j) * c_ld + i : static_cast<std::size_t>(i) * c_ld + j]);
         if (bias) v += __ldg(bias + j);
         return v;
     }
     OCTET_DEVICE void store(std::uint32_t i, std::uint32_t j, float acc) const {
         if (i >= M || j >= N) return;
-        d[d_col_major ? static_cast<std::size_t>(j) * d_ld + i : static_cast<std::size_t>(i) * d_ld + j] = store_from_float<DT>(value(i, j, acc));
+        d[d_col_major ? static_cast<std::size_t>(j) * d_ld + i : static_cast<std::size_t>(i) * d_ld + j] =
+            store_from_float<DT>(value(i, j, acc));
     }
     /// Elements (i, j) and (i, j + 1), j even: one 2-element store when the layout allows.
     OCTET_DEVICE void store2(std::uint32_t i, std::uint32_t j, float acc0, float acc1) const {
@@ -80,7 +94,8 @@ struct device_epilogue {
             struct alignas(2 * sizeof(DT)) two {
                 DT x, y;
             };
-            *reinterpret_cast<two*>(d + static_cast<std::size_t>(i) * d_ld + j) = two{store_from_float<DT>(value(i, j, acc0)), store_from_float<DT>(value(i, j + 1, acc1))};
+            *reinterpret_cast<two*>(d + static_cast<std::size_t>(i) * d_ld + j) =
+                two{store_from_float<DT>(value(i, j, acc0)), store_from_float<DT>(value(i, j + 1, acc1))};
         } else {
             store(i, j, acc0);
             store(i, j + 1, acc1);
@@ -89,15 +104,16 @@ struct device_epilogue {
 };
 
 template <class CT, class DT>
-device_epilogue<CT, DT> make_device_epilogue(const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+device_epilogue<CT, DT> make_device_epilogue(const matrix_ref<const CT>* C, const matrix_ref<DT>& D,
+                                             const gemm_options& opt) {
     device_epilogue<CT, DT> e;
     e.d = D.data;
     e.d_ld = D.ld;
-    e.d_col_major = D.order == layout::col_major;
+    e.d_col_major = D.order == storage_order::col_major;
     if (C) {
         e.c = C->data;
         e.c_ld = C->ld;
-        e.c_col_major = C->order == layout::col_major;
+        e.c_col_major = C->order == storage_order::col_major;
     }
     e.bias = opt.bias.empty() ? nullptr : opt.bias.data();
     e.alpha = opt.alpha;
@@ -153,9 +169,10 @@ void require_device_operand(const quantized_cref<Recipe>& q, const char* fn, con
     cuda::require_device_accessible(q.data, fn, arg);
     cuda::require_device_accessible(q.scales, fn, arg);
     if constexpr (Recipe::two_level) cuda::require_device_accessible(q.tensor_scale, fn, arg);
-    OCTET_REQUIRE(is_aligned(q.data, 16) && q.layout.row_bytes % 16 == 0, fn, arg,
-                  message("needs 16-byte aligned rows for the ", backend, " backend (data ", q.data, ", row_bytes ",
-                          q.layout.row_bytes, "); build it with quant_layout_of<Recipe>::make(rows, cols) (pad = true)"));
+    OCTET_REQUIRE(
+        is_aligned(q.data, 16) && q.layout.row_bytes % 16 == 0, fn, arg,
+        message("needs 16-byte aligned rows for the ", backend, " backend (data ", q.data, ", row_bytes ",
+                q.layout.row_bytes, "); build it with quant_layout_of<Recipe>::make(rows, cols) (pad = true)"));
     OCTET_REQUIRE(is_aligned(q.scales, Recipe::scale_bytes), fn, arg,
                   message("has scales that are not ", Recipe::scale_bytes, "-byte aligned"));
 }
@@ -168,13 +185,17 @@ void require_device_matrix(const matrix_ref<T>& m, const char* fn, const char* a
 
 // ---- PTX helpers shared by the kernels ------------------------------------------------------------
 
-OCTET_DEVICE std::uint32_t smem_u32(const void* p) { return static_cast<std::uint32_t>(__cvta_generic_to_shared(p)); }
+OCTET_DEVICE std::uint32_t smem_u32(const void* p) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
 
 /// 16-byte async copy global -> shared with zero fill of the bytes past `src_bytes` (0..16).
 OCTET_DEVICE void cp_async_16(std::uint32_t dst, const void* src, std::uint32_t src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-OCTET_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+OCTET_DEVICE void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 OCTET_DEVICE void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");

@@ -55,7 +55,8 @@ constexpr dynamic_map<Bits> make_dynamic_map() {
         m.values[i] = static_cast<float>(num / den);
     }
     for (int i = 0; i + 1 < n; ++i)
-        m.thresholds[i] = static_cast<float>((static_cast<double>(m.values[i]) + static_cast<double>(m.values[i + 1])) * 0.5);
+        m.thresholds[i] =
+            static_cast<float>((static_cast<double>(m.values[i]) + static_cast<double>(m.values[i + 1])) * 0.5);
     m.thresholds[n - 1] = std::numeric_limits<float>::infinity();
     return m;
 }

@@ -12,7 +12,7 @@
 //     -use_fast_math, -prec-div or -fmad say); on the host they are the plain operators and
 //     std::fma / std::sqrt, which are IEEE;
 //   * log2_rn / exp2_rn are short polynomials over these operations (about 1e-7 relative), so
-//     they are bit-identical on host and device.
+//     they are bit-identical on host and device (exp2's lives in core/rounded.hpp, rn::exp2).
 // Not supported: host builds with -ffast-math (or -Ofast), and device builds with -ftz=true,
 // which flush the subnormal moments the host keeps.
 #pragma once
@@ -47,18 +47,36 @@ namespace octet {
 namespace optim_detail {
 
 // The IEEE operations themselves live in octet/core/rounded.hpp; the optimizer's names for them:
-OCTET_OPTIM_HD float mul_rn(float a, float b) { return rn::mul(a, b); }
-OCTET_OPTIM_HD float add_rn(float a, float b) { return rn::add(a, b); }
-OCTET_OPTIM_HD float sub_rn(float a, float b) { return rn::sub(a, b); }
-OCTET_OPTIM_HD float div_rn(float a, float b) { return rn::div(a, b); }
-OCTET_OPTIM_HD float sqrt_rn(float a) { return rn::sqrt(a); }
-OCTET_OPTIM_HD float fma_rn(float a, float b, float c) { return rn::fma(a, b, c); }
-OCTET_OPTIM_HD float floor_rn(float a) { return rn::floor(a); }
-OCTET_OPTIM_HD float abs_rn(float a) { return bits_to_float(float_to_bits(a) & 0x7FFFFFFFu); }
-OCTET_OPTIM_HD float max_rn(float a, float b) { return a > b ? a : b; }
-OCTET_OPTIM_HD float min_rn(float a, float b) { return a < b ? a : b; }
-/// True for finite values (not NaN, not +-Inf).
-OCTET_OPTIM_HD bool is_finite(float a) { return (float_to_bits(a) & 0x7F800000u) != 0x7F800000u; }
+OCTET_OPTIM_HD float mul_rn(float a, float b) {
+    return rn::mul(a, b);
+}
+OCTET_OPTIM_HD float add_rn(float a, float b) {
+    return rn::add(a, b);
+}
+OCTET_OPTIM_HD float sub_rn(float a, float b) {
+    return rn::sub(a, b);
+}
+OCTET_OPTIM_HD float div_rn(float a, float b) {
+    return rn::div(a, b);
+}
+OCTET_OPTIM_HD float sqrt_rn(float a) {
+    return rn::sqrt(a);
+}
+OCTET_OPTIM_HD float fma_rn(float a, float b, float c) {
+    return rn::fma(a, b, c);
+}
+OCTET_OPTIM_HD float floor_rn(float a) {
+    return rn::floor(a);
+}
+OCTET_OPTIM_HD float abs_rn(float a) {
+    return abs_float(a);
+}
+OCTET_OPTIM_HD float max_rn(float a, float b) {
+    return a > b ? a : b;
+}
+OCTET_OPTIM_HD float min_rn(float a, float b) {
+    return a < b ? a : b;
+}
 
 /// r * r for r >= 0, except that a positive r never gives 0 (the smallest subnormal instead):
 /// how the 8-bit codecs turn their square-root domain back into a second moment.
@@ -66,9 +84,6 @@ OCTET_OPTIM_HD float square_floor(float r) {
     const float s = mul_rn(r, r);
     return bits_to_float(float_to_bits(s) | static_cast<std::uint32_t>((r > 0.0f) & (s == 0.0f)));
 }
-
-/// 2^e as a float for integer e in [-126, 127] (exact).
-OCTET_OPTIM_HD float pow2i(int e) { return bits_to_float(static_cast<std::uint32_t>(e + 127) << 23); }
 
 /// log2(a) for finite a > 0 (subnormals included): error at most two float ulps of the result plus
 /// 5e-8 (measured: 2 ulps + 3e-8 on 2e7 random floats). a <= 0 or non-finite inputs are outside
@@ -88,35 +103,17 @@ OCTET_OPTIM_HD float log2_rn(float a) {
     const float t = div_rn(sub_rn(m, 1.0f), add_rn(m, 1.0f));
     const float s = mul_rn(t, t);
     // coefficients 2 / (k ln 2) for k = 1, 3, 5, 7, 9
-    float p = 0.32059889f;                   // 2/(9 ln2)
-    p = fma_rn(p, s, 0.41219858f);           // 2/(7 ln2)
-    p = fma_rn(p, s, 0.57707801f);           // 2/(5 ln2)
-    p = fma_rn(p, s, 0.96179669f);           // 2/(3 ln2)
-    p = fma_rn(p, s, 2.88539008f);           // 2/ln2
+    float p = 0.32059889f;          // 2/(9 ln2)
+    p = fma_rn(p, s, 0.41219858f);  // 2/(7 ln2)
+    p = fma_rn(p, s, 0.57707801f);  // 2/(5 ln2)
+    p = fma_rn(p, s, 0.96179669f);  // 2/(3 ln2)
+    p = fma_rn(p, s, 2.88539008f);  // 2/ln2
     return fma_rn(t, p, static_cast<float>(e));
 }
 
-/// 2^y for any float y: relative error below 2e-7 in the normal range (measured 7e-8); y >= 128
-/// gives +Inf; results below 2^-126 are subnormals within one subnormal step (0 below 2^-150).
+/// 2^y for any float y: rn::exp2 (core/rounded.hpp), the one copy of the polynomial.
 OCTET_OPTIM_HD float exp2_rn(float y) {
-    // Clamping to [-151, 128] keeps every input on one branch-free path: 2^-151 rounds to 0, 2^128
-    // overflows to +Inf (NaN clamps to -151: callers pass finite values).
-    y = min_rn(max_rn(y, -151.0f), 128.0f);
-    const float n = sub_rn(add_rn(y, 12582912.0f), 12582912.0f);  // nearest integer (1.5 * 2^23 trick; |y| <= 151)
-    const float f = sub_rn(y, n);                                   // exact, in [-0.5, 0.5]
-    // 2^f = e^(f ln2): Taylor series to degree 7 (error < 6e-9 on [-0.5, 0.5])
-    float p = 1.5252734e-05f;          // ln2^7 / 7!
-    p = fma_rn(p, f, 1.5403530e-04f);  // ln2^6 / 6!
-    p = fma_rn(p, f, 1.3333558e-03f);  // ln2^5 / 5!
-    p = fma_rn(p, f, 9.6181291e-03f);  // ln2^4 / 4!
-    p = fma_rn(p, f, 5.5504109e-02f);  // ln2^3 / 3!
-    p = fma_rn(p, f, 2.4022651e-01f);  // ln2^2 / 2!
-    p = fma_rn(p, f, 6.9314718e-01f);  // ln2
-    p = fma_rn(p, f, 1.0f);
-    // scale by 2^n in two exact halves so that subnormal results round once, at the end
-    const int ni = static_cast<int>(n);
-    const int n1 = ni / 2;
-    return mul_rn(mul_rn(p, pow2i(n1)), pow2i(ni - n1));
+    return rn::exp2(y);
 }
 
 }  // namespace optim_detail

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "octet/config.hpp"
+#include "octet/core/philox.hpp"
 #include "octet/optim/state_codec.hpp"
 
 namespace octet {
@@ -53,8 +54,8 @@ struct slice_shape {
 /// Decodes a member's slice. Codes beyond `valid` must be 0 (team.load fills them so); they decode
 /// to 0. No per-element conditions, so that host loops vectorize and warps do not diverge.
 template <class Codec, moment K, int P>
-OCTET_HD void decode_slice(const typename Codec::code_type (&codes)[P], const typename Codec::meta_type* meta, std::size_t start,
-                           int valid, const codec_context& ctx, float (&out)[P]) {
+OCTET_HD void decode_slice(const typename Codec::code_type (&codes)[P], const typename Codec::meta_type* meta,
+                           std::size_t start, int valid, const codec_context& ctx, float (&out)[P]) {
     using shape = slice_shape<Codec, P>;
     const codec_context tables = ctx;  // a local copy: the stores below cannot alias it (host vectorization)
     OCTET_OPTIM_UNROLL
@@ -71,16 +72,25 @@ OCTET_HD void decode_slice(const typename Codec::code_type (&codes)[P], const ty
     }
 }
 
+/// Where a stochastically rounding codec's bits come from: element i of the slice (global index
+/// first_index + i, first_index a multiple of 4) draws word (i & 3) of
+/// rng.block(moment_random_block<K>(first_index + i)) (state_codec.hpp). Ignored by other codecs.
+struct moment_bits {
+    philox_stream rng{};
+    std::uint64_t first_index = 0;
+};
+
 /// Encodes a member's slice: maps each value into the codec's domain (Codec::forward), computes
 /// each group's meta from the whole group (team reduction), writes it (the group's first member
 /// does), and fills codes. Values beyond `valid` must be 0: zeros change no group statistic, and
 /// their codes are not stored.
 template <class Codec, moment K, class Team, int P>
 OCTET_HD void encode_slice(const Team& team, const float (&x)[P], std::size_t start, int valid,
-                           typename Codec::meta_type* meta, const codec_context& ctx, typename Codec::code_type (&codes)[P]) {
+                           typename Codec::meta_type* meta, const codec_context& ctx,
+                           typename Codec::code_type (&codes)[P], const moment_bits& bits = {}) {
     using shape = slice_shape<Codec, P>;
     const codec_context tables = ctx;  // a local copy: the stores below cannot alias it (host vectorization)
-    float y[P];  // the codec's domain (the square root of a second moment in the 8-bit codecs)
+    float y[P];                        // the codec's domain (the square root of a second moment in the 8-bit codecs)
     OCTET_OPTIM_UNROLL
     for (int i = 0; i < P; ++i) y[i] = Codec::template forward<K>(x[i]);
     OCTET_OPTIM_UNROLL
@@ -88,7 +98,7 @@ OCTET_HD void encode_slice(const Team& team, const float (&x)[P], std::size_t st
         typename Codec::encoder e{};
         if constexpr (Codec::has_meta) {
             group_stats s = stats_of<shape::span>(y + j * shape::span);  // zeros beyond valid do not count
-            s = team.template reduce<shape::lanes>(s);  // every member calls: warp shuffles
+            s = team.template reduce<shape::lanes>(s);                   // every member calls: warp shuffles
             const typename Codec::meta_type mt = Codec::template make_meta<K>(s);
             const bool leader = (team.rank() % shape::lanes) == 0;
             if (leader && j * shape::span < valid) meta[(start + j * shape::span) / Codec::group] = mt;
@@ -96,9 +106,21 @@ OCTET_HD void encode_slice(const Team& team, const float (&x)[P], std::size_t st
         } else {
             (void)team, (void)start, (void)meta;
         }
-        OCTET_OPTIM_UNROLL
-        for (int i = j * shape::span; i < (j + 1) * shape::span; ++i)
-            codes[i] = Codec::template encode<K>(y[i], e, tables);
+        if constexpr (codec_uses_random_bits_v<Codec>) {
+            static_assert(shape::span % 4 == 0, "octet: a stochastic codec's slice covers whole Philox blocks of 4");
+            philox4 r4{};
+            OCTET_OPTIM_UNROLL
+            for (int i = j * shape::span; i < (j + 1) * shape::span; ++i) {
+                if ((i & 3) == 0)
+                    r4 = bits.rng.block(moment_random_block<K>(bits.first_index + static_cast<std::uint64_t>(i)));
+                codes[i] = Codec::template encode<K>(y[i], e, tables, r4.v[i & 3]);
+            }
+        } else {
+            (void)bits;
+            OCTET_OPTIM_UNROLL
+            for (int i = j * shape::span; i < (j + 1) * shape::span; ++i)
+                codes[i] = Codec::template encode<K>(y[i], e, tables);
+        }
     }
 }
 
@@ -115,7 +137,8 @@ OCTET_HD void zero_slice(const Team& team, std::size_t start, int valid, typenam
         const bool leader = (team.rank() % shape::lanes) == 0;
         OCTET_OPTIM_UNROLL
         for (int j = 0; j < shape::groups; ++j)
-            if (leader && j * shape::span < valid) meta[(start + j * shape::span) / Codec::group] = typename Codec::meta_type{};
+            if (leader && j * shape::span < valid)
+                meta[(start + j * shape::span) / Codec::group] = typename Codec::meta_type{};
     } else {
         (void)meta;
     }

@@ -55,7 +55,8 @@ struct warp_team {
 #if OCTET_DEVICE_PASS
         OCTET_UNROLL
         for (int offset = Lanes / 2; offset >= 1; offset >>= 1) {
-            const group_stats other{__shfl_xor_sync(0xFFFFFFFFu, s.absmax, offset), __shfl_xor_sync(0xFFFFFFFFu, s.minnz, offset)};
+            const group_stats other{__shfl_xor_sync(0xFFFFFFFFu, s.absmax, offset),
+                                    __shfl_xor_sync(0xFFFFFFFFu, s.minnz, offset)};
             s = stats_merge(s, other);
         }
 #endif
@@ -127,7 +128,9 @@ struct warp_team {
 __device__ __forceinline__ std::size_t global_warp() {
     return (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
 }
-__device__ __forceinline__ std::size_t warp_count() { return (static_cast<std::size_t>(gridDim.x) * blockDim.x) >> 5; }
+__device__ __forceinline__ std::size_t warp_count() {
+    return (static_cast<std::size_t>(gridDim.x) * blockDim.x) >> 5;
+}
 
 }  // namespace optim_detail
 }  // namespace octet
