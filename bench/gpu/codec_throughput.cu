@@ -51,8 +51,10 @@ int main() {
             wire_layout l = wire_layout_of(cfg, n);
             const double dec = octet_bench::median_ms(
                 [&] {
-                    detail::codec_dev::launch_decode(nullptr, l, f, t, cfg.seed, 0, msg.data(), 0, 1, y.data(),
-                                                     detail::codec_dev::decode_original);
+                    dispatch_wire_format(f, [&](auto tr) {
+                        detail::codec_dev::launch_decode<decltype(tr)>(nullptr, l, t, cfg.seed, 0, msg.data(), 0, 1,
+                                                                       y.data(), detail::codec_dev::decode_original);
+                    });
                 },
                 10);
             std::snprintf(name, sizeof name, "decode_%s_%s", wire_format_name(f), transform_name(t));
