@@ -231,8 +231,12 @@ struct bf16 {
     OCTET_OPTIM_HD static decoder prepare_decode(const meta_type&) { return {}; }
     template <moment K>
     OCTET_OPTIM_HD static code_type encode(float x, const encoder&, const codec_context&) {
-        code_type c = to_bf16(x);
-        if constexpr (K == moment::second)  // never underflow to 0
+        return keep_second_nonzero<K>(x, to_bf16(x));
+    }
+    /// A positive second moment never rounds to 0: the smallest bf16 subnormal stands in for it.
+    template <moment K>
+    OCTET_OPTIM_HD static code_type keep_second_nonzero(float x, code_type c) {
+        if constexpr (K == moment::second)
             c.bits = static_cast<std::uint16_t>(c.bits |
                                                 static_cast<std::uint16_t>((x > 0.0f) & ((c.bits & 0x7FFFu) == 0u)));
         return c;
@@ -246,40 +250,14 @@ struct bf16 {
 
 /// bfloat16 moments, stochastic rounding with Philox bits per (seed, step, element, moment): an
 /// unbiased code, so slow drifts of v are realised in expectation (see the header comment).
-struct bf16_stochastic {
-    using code_type = ::octet::bf16;
-    using meta_type = no_meta;
-    using encoder = no_meta;
-    using decoder = no_meta;
-    static constexpr int group = optim_block;
-    static constexpr bool has_meta = false;
-    static constexpr bool needs_tables = false;
+/// Everything but the encode (and the id) is bf16's.
+struct bf16_stochastic : bf16 {
     static constexpr bool uses_random_bits = true;
-    static constexpr int meta_floats = 0;
     static constexpr state_codec_id id = state_codec_id::bf16_stochastic;
 
     template <moment K>
-    OCTET_OPTIM_HD static float forward(float x) {
-        return x;
-    }
-    template <moment K>
-    OCTET_OPTIM_HD static meta_type make_meta(group_stats) {
-        return {};
-    }
-    OCTET_OPTIM_HD static encoder prepare_encode(const meta_type&) { return {}; }
-    OCTET_OPTIM_HD static decoder prepare_decode(const meta_type&) { return {}; }
-    template <moment K>
     OCTET_OPTIM_HD static code_type encode(float x, const encoder&, const codec_context&, std::uint32_t random_bits) {
-        code_type c = to_bf16_stochastic(x, random_bits);
-        if constexpr (K == moment::second)  // never round down to 0
-            c.bits = static_cast<std::uint16_t>(c.bits |
-                                                static_cast<std::uint16_t>((x > 0.0f) & ((c.bits & 0x7FFFu) == 0u)));
-        return c;
-    }
-    template <moment K>
-    OCTET_OPTIM_HD static float decode(code_type c, const decoder&, const codec_context&) {
-        if constexpr (K == moment::second) c.bits &= 0x7FFFu;
-        return to_float(c);
+        return keep_second_nonzero<K>(x, to_bf16_stochastic(x, random_bits));
     }
 };
 
