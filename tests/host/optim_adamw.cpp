@@ -183,13 +183,28 @@ TEST_CASE_TEMPLATE("the fused step is decode -> AdamW -> encode (float64 in the 
         else
             return static_cast<int>(c & 0x7F) * ((c & 0x80) ? -1 : 1);
     };
+    // bf16 codes are fine enough that float's own rounding of a moment that cancels (b m + (1-b) g
+    // with terms much larger than the sum) can move it by more than a code's spacing: allow the
+    // codes that float error spans (a bound of 4u on the terms' magnitude).
+    auto slack = [&](int k, std::size_t i) -> int {
+        if constexpr (!std::is_same_v<typename Codec::code_type, bf16>) {
+            return 0;
+        } else {
+            const double g2 = static_cast<double>(gr[i]) * gr[i];
+            const double terms = k ? 0.999 * vd[i] + 0.001 * g2 : 0.9 * std::abs(md[i]) + 0.1 * std::abs(gr[i]);
+            const double r = k ? ref.v[i] : ref.m[i];
+            if (r == 0.0) return 0;
+            const double spacing = std::ldexp(1.0, std::ilogb(r) - 7);
+            return static_cast<int>(std::ceil(4 * u * terms / spacing));
+        }
+    };
     std::size_t differ = 0, far = 0;
     for (std::size_t i = 0; i < n; ++i) {
         for (int k = 0; k < 2; ++k) {
             const int a = code_int(k ? st.v_codes[i] : st.m_codes[i]),
                       b = code_int(k ? enc.v_codes[i] : enc.m_codes[i]);
             differ += a != b;
-            far += std::abs(a - b) > 1 && !((a == 0) != (b == 0) && std::abs(a) + std::abs(b) == 1);
+            far += std::abs(a - b) > 1 + slack(k, i) && !((a == 0) != (b == 0) && std::abs(a) + std::abs(b) == 1);
         }
     }
     MESSAGE("codes that differ from encode(float64 step): " << differ << " of " << 2 * n);
