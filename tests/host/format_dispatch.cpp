@@ -20,29 +20,16 @@
 #include "octet/format/convert.hpp"
 #include "octet/format/encode.hpp"
 #include "support/format_reference.hpp"
+#include "support/isa.hpp"
 #include "support/random.hpp"
 
 namespace format_dispatch_test {
 using namespace octet;
 using detail::simd_isa;
 
-std::string hex(std::uint32_t v) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "0x%X", v);
-    return buf;
-}
-
-const char* isa_name(simd_isa isa) {
-    return isa == simd_isa::avx512 ? "avx512" : isa == simd_isa::avx2 ? "avx2" : "portable";
-}
-
-/// The variants this build compiled and this CPU runs.
-std::vector<simd_isa> runnable_isas() {
-    std::vector<simd_isa> v;
-    for (simd_isa isa : {simd_isa::portable, simd_isa::avx2, simd_isa::avx512})
-        if (detail::isa_supported(isa)) v.push_back(isa);
-    return v;
-}
+using octet_test::hex;
+using octet_test::isa_name;
+using octet_test::runnable_isas;
 
 /// The edges of every rounding interval of Fmt (both ends, the midpoint, their float
 /// neighbours), the region past the largest finite value, specials, float subnormals, every bf16

@@ -20,28 +20,16 @@
 
 #include "octet/format/convert.hpp"
 #include "octet/quant/quantize.hpp"
+#include "support/isa.hpp"
 #include "support/random.hpp"
 
 namespace quant_dispatch_test {
 using namespace octet;
 using detail::simd_isa;
 
-std::string hex(std::uint32_t v) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "0x%X", v);
-    return buf;
-}
-
-const char* isa_name(simd_isa isa) {
-    return isa == simd_isa::avx512 ? "avx512" : isa == simd_isa::avx2 ? "avx2" : "portable";
-}
-
-std::vector<simd_isa> runnable_isas() {
-    std::vector<simd_isa> v;
-    for (simd_isa isa : {simd_isa::portable, simd_isa::avx2, simd_isa::avx512})
-        if (detail::isa_supported(isa)) v.push_back(isa);
-    return v;
-}
+using octet_test::hex;
+using octet_test::isa_name;
+using octet_test::runnable_isas;
 
 template <class In>
 std::uint32_t bits_of(In x) {
