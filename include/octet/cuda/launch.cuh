@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 
 #include "octet/cuda/check.cuh"
@@ -15,11 +16,12 @@ namespace cuda {
 inline int multiprocessor_count() {
     int device = 0;
     OCTET_CUDA_CHECK(cudaGetDevice(&device));
-    static int cached[64] = {};
-    if (device < 64 && cached[device]) return cached[device];
+    static std::atomic<int> cached[64] = {};  // idempotent values: racing first calls agree
+    if (device < 64 && cached[device].load(std::memory_order_relaxed))
+        return cached[device].load(std::memory_order_relaxed);
     int count = 0;
     OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    if (device < 64) cached[device] = count;
+    if (device < 64) cached[device].store(count, std::memory_order_relaxed);
     return count;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -132,13 +133,15 @@ inline int device_arch() {
         cudaGetLastError();
         return 0;
     }
-    static int cached[64] = {};
-    if (device < 64 && cached[device]) return cached[device];
+    // Idempotent values, so racing first calls are harmless; atomics make them data-race free.
+    static std::atomic<int> cached[64] = {};
+    if (device < 64 && cached[device].load(std::memory_order_relaxed))
+        return cached[device].load(std::memory_order_relaxed);
     int major = 0, minor = 0;
     OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     const int arch = major * 10 + minor;
-    if (device < 64) cached[device] = arch;
+    if (device < 64) cached[device].store(arch, std::memory_order_relaxed);
     return arch;
 }
 
@@ -147,8 +150,9 @@ template <class Probe>
 bool probe_once(Probe launch) {
     int device = 0;
     OCTET_CUDA_CHECK(cudaGetDevice(&device));
-    static int cached[64] = {};  // 0 unknown, 1 no, 2 yes
-    if (device < 64 && cached[device]) return cached[device] == 2;
+    static std::atomic<int> cached[64] = {};  // 0 unknown, 1 no, 2 yes (racing first calls agree)
+    if (device < 64 && cached[device].load(std::memory_order_relaxed))
+        return cached[device].load(std::memory_order_relaxed) == 2;
     int* flag = nullptr;
     OCTET_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
     OCTET_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
@@ -158,7 +162,7 @@ bool probe_once(Probe launch) {
     if (err == cudaSuccess) OCTET_CUDA_CHECK(cudaMemcpy(&value, flag, sizeof(int), cudaMemcpyDeviceToHost));
     cudaFree(flag);
     const bool yes = err == cudaSuccess && value == 1;
-    if (device < 64) cached[device] = yes ? 2 : 1;
+    if (device < 64) cached[device].store(yes ? 2 : 1, std::memory_order_relaxed);
     return yes;
 }
 

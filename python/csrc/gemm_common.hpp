@@ -1,0 +1,82 @@
+// gemm_common.hpp: what the scaled GEMM op's translation units share (gemm_op.cpp registers the op
+// and checks its arguments; gemm_fp8.cpp and gemm_narrow.cpp instantiate the served recipe pairs so
+// that they compile in parallel).
+//
+// The GEMM reads only an operand's format, granularity and scale storage (dequant = decode(code) *
+// stored scale value), so the recipes that differ from a served one only in their scale rule or
+// NaN policy (mxfp8_e4m3_ceil, the *_nan variants) are served through it: their copies multiply
+// exactly as the served recipe's do.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <string>
+#include <string_view>
+
+#include "octet/gemm/scaled_gemm.hpp"
+#include "octet_torch.hpp"
+
+namespace octet_torch {
+
+/// The arguments of octet::scaled_mm after the checks that need no recipe (gemm_op.cpp).
+struct mm_args {
+    const at::Tensor& a_codes;
+    const at::Tensor& a_scales;
+    const at::Tensor& a_tensor_scale;
+    const at::Tensor& b_codes;
+    const at::Tensor& b_scales;
+    const at::Tensor& b_tensor_scale;
+    int64_t k;
+    const at::Tensor* bias;  ///< float32 [N], or null
+    const at::Tensor* c;     ///< M x N of out_dtype, or null
+    double alpha, beta;
+    at::ScalarType out_dtype;
+    int64_t promotion_interval;
+};
+
+/// The served pairs (A's recipe x B's recipe), for messages and for Python (scaled_mm_pairs).
+inline constexpr const char* served_pairs =
+    "tensorwise_e4m3 x tensorwise_e4m3, tensorwise_e4m3 x tensorwise_e5m2, tensorwise_e5m2 x tensorwise_e4m3, "
+    "tensorwise_e5m2 x tensorwise_e5m2, rowwise_e4m3 x rowwise_e4m3, blockwise_1x128 x blockwise_128x128, "
+    "blockwise_1x128 x blockwise_1x128, mxfp8_e4m3 x mxfp8_e4m3, mxfp8_e4m3 x mxfp8_e5m2, mxfp8_e5m2 x mxfp8_e4m3, "
+    "mxfp8_e5m2 x mxfp8_e5m2, mxfp6_e2m3 x mxfp6_e2m3, mxfp6_e3m2 x mxfp6_e3m2, mxfp4 x mxfp4, nvfp4 x nvfp4 "
+    "(mxfp8_e4m3_ceil and the *_nan variants count as their base recipe)";
+
+/// D = alpha * A B^T (+ beta C) + bias for one recipe pair, D of args.out_dtype.
+template <class RA, class RB>
+at::Tensor run_pair(const mm_args& m) {
+    constexpr const char* op = "scaled_mm";
+    const auto A = as_quantized<RA>(m.a_codes, m.a_scales, m.a_tensor_scale, m.k, op, "a");
+    const auto B = as_quantized<RB>(m.b_codes, m.b_scales, m.b_tensor_scale, m.k, op, "b");
+    octet::gemm_options opt;
+    opt.alpha = static_cast<float>(m.alpha);
+    opt.beta = static_cast<float>(m.beta);
+    opt.promotion_interval = static_cast<int>(m.promotion_interval);
+    if (m.bias)
+        opt.bias = octet::span<const float>(m.bias->data_ptr<float>(), static_cast<std::size_t>(m.bias->numel()));
+    at::Tensor d = at::empty({m.a_codes.size(0), m.b_codes.size(0)}, m.a_codes.options().dtype(m.out_dtype));
+    auto run = [&](auto out) {
+        using DT = typename decltype(out)::type;
+        const auto D = as_matrix<DT>(d, op, "out");
+        guarded([&] {
+            if (m.c)
+                octet::scaled_gemm(host(), A, B, as_matrix<const DT>(*m.c, op, "c"), D, opt);
+            else
+                octet::scaled_gemm(host(), A, B, D, opt);
+        });
+    };
+    if (m.out_dtype == at::kBFloat16)
+        run(type_tag<octet::bf16>{});
+    else if (m.out_dtype == at::kHalf)
+        run(type_tag<octet::fp16>{});
+    else
+        run(type_tag<float>{});
+    return d;
+}
+
+/// Each returns D for the pairs its translation unit serves, or an undefined tensor.
+at::Tensor serve_fp8_pairs(std::string_view a_recipe, std::string_view b_recipe, const mm_args& m);
+at::Tensor serve_narrow_pairs(std::string_view a_recipe, std::string_view b_recipe, const mm_args& m);
+
+}  // namespace octet_torch

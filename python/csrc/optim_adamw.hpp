@@ -1,0 +1,110 @@
+// optim_adamw.hpp: what the optim family's translation units share (the fused AdamW step of
+// octet/optim/adamw.hpp as a torch op). optim_adamw.cpp holds the schemas, the argument checks and
+// the dispatch on the master-weight policy; optim_step_<master>.cpp instantiate the step for one
+// policy each (6 codecs x 2 gradient types), so that they compile side by side.
+//
+// Instantiated: m_codec == v_codec (the same codec for both moments, as COAT, bitsandbytes and
+// torchao do), every codec x every master policy x float32/bfloat16 gradients (48 steps). A pair
+// of different codecs is refused with a ValueError that says so.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "octet/optim/adamw.hpp"
+#include "octet_torch.hpp"
+
+namespace octet_torch {
+namespace optim {
+
+/// Calls f(type_tag<Codec>{}) for a state codec name; arg names the argument in the error.
+template <class F>
+decltype(auto) with_codec(std::string_view name, const char* op, const char* arg, F&& f) {
+    namespace sc = octet::state_codec;
+    if (name == "fp32") return f(type_tag<sc::fp32>{});
+    if (name == "bf16") return f(type_tag<sc::bf16>{});
+    if (name == "bf16_stochastic") return f(type_tag<sc::bf16_stochastic>{});
+    if (name == "e4m3_scaled") return f(type_tag<sc::e4m3_scaled>{});
+    if (name == "e4m3_expanded") return f(type_tag<sc::e4m3_expanded>{});
+    if (name == "dynamic8") return f(type_tag<sc::dynamic8>{});
+    TORCH_CHECK_VALUE(false, where(op, arg), "is '", std::string(name),
+                      "'; pass fp32, bf16, bf16_stochastic, e4m3_scaled, e4m3_expanded or dynamic8");
+}
+
+/// Calls f(type_tag<Master>{}) for a master-weight policy name.
+template <class F>
+decltype(auto) with_master(std::string_view name, const char* op, F&& f) {
+    namespace ms = octet::master;
+    if (name == "fp32") return f(type_tag<ms::fp32>{});
+    if (name == "bf16_nearest") return f(type_tag<ms::bf16_nearest>{});
+    if (name == "bf16_stochastic") return f(type_tag<ms::bf16_stochastic>{});
+    if (name == "bf16_kahan") return f(type_tag<ms::bf16_kahan>{});
+    TORCH_CHECK_VALUE(false, where(op, "master"), "is '", std::string(name),
+                      "'; pass fp32, bf16_nearest, bf16_stochastic or bf16_kahan");
+}
+
+/// The torch dtype of a code or weight type (octet::bf16 is torch's bfloat16 bit for bit).
+template <class T>
+at::ScalarType dtype_of() {
+    if constexpr (std::is_same_v<T, float>)
+        return at::kFloat;
+    else if constexpr (std::is_same_v<T, octet::bf16>)
+        return at::kBFloat16;
+    else
+        return at::kByte;
+}
+
+/// The step's tensors, checked by optim_adamw.cpp against the codec and policy before the call.
+struct step_args {
+    const at::Tensor& params;
+    const at::Tensor& compensation;
+    const at::Tensor& m_codes;
+    const at::Tensor& m_meta;
+    const at::Tensor& v_codes;
+    const at::Tensor& v_meta;
+    const at::Tensor& grads;
+    octet::adamw_hyper hyper;
+    std::uint64_t step;
+    float lr;
+    std::uint64_t element_offset;
+};
+
+template <class T>
+octet::span<T> span_of(const at::Tensor& t, std::size_t n) {
+    return octet::span<T>(n == 0 ? nullptr : static_cast<T*>(t.data_ptr()), n);
+}
+
+/// One step with Codec for both moments and Master (the tensors' dtypes and sizes are checked).
+template <class Codec, class Master>
+octet::adamw_report run_step(const step_args& a) {
+    using ref_type = octet::adamw_state_ref<Codec, Codec, Master>;
+    const auto n = static_cast<std::size_t>(a.params.numel());
+    ref_type ref;
+    ref.params = span_of<typename Master::weight_type>(a.params, n);
+    if constexpr (Master::has_compensation) ref.compensation = span_of<typename Master::comp_type>(a.compensation, n);
+    ref.m_codes = span_of<typename Codec::code_type>(a.m_codes, n);
+    ref.v_codes = span_of<typename Codec::code_type>(a.v_codes, n);
+    ref.m_meta = span_of<typename Codec::meta_type>(a.m_meta, octet::state_meta_count<Codec>(n));
+    ref.v_meta = span_of<typename Codec::meta_type>(a.v_meta, octet::state_meta_count<Codec>(n));
+    ref.element_offset = a.element_offset;
+    return guarded([&] {
+        if (a.grads.scalar_type() == at::kBFloat16)
+            return octet::adamw_step(host(), ref, span_of<const octet::bf16>(a.grads, n), a.hyper, a.step, a.lr);
+        return octet::adamw_step(host(), ref, span_of<const float>(a.grads, n), a.hyper, a.step, a.lr);
+    });
+}
+
+/// Defined in optim_step_<master>.cpp: the step for one master policy, every codec.
+octet::adamw_report step_master_fp32(std::string_view codec, const step_args& a);
+octet::adamw_report step_master_bf16_nearest(std::string_view codec, const step_args& a);
+octet::adamw_report step_master_bf16_stochastic(std::string_view codec, const step_args& a);
+octet::adamw_report step_master_bf16_kahan(std::string_view codec, const step_args& a);
+
+#define OCTET_TORCH_STEP_MASTER(fn, policy)                                                                        \
+    octet::adamw_report fn(std::string_view codec, const step_args& a) {                                           \
+        return with_codec(codec, "adamw_step", "m_codec",                                                          \
+                          [&](auto c) { return run_step<typename decltype(c)::type, octet::master::policy>(a); }); \
+    }
+
+}  // namespace optim
+}  // namespace octet_torch

@@ -1,0 +1,80 @@
+// Element-wise conversions (octet/format/convert.hpp) as torch ops:
+//   octet::cast(x, format, rounding, overflow, seed, offset) -> codes, one per element
+//   octet::decode(codes, format) -> float32
+#include "octet/format/convert.hpp"
+#include "octet_torch.hpp"
+
+namespace octet_torch {
+namespace {
+
+using octet::span;
+
+at::Tensor cast(const at::Tensor& x, c10::string_view format, c10::string_view rounding, c10::string_view overflow,
+                int64_t seed, int64_t offset) {
+    check_tensor(x, "cast", "x", float_inputs);
+    check_vector(x, "cast", "x");
+    return with_format(format, "cast", [&](auto fmt) {
+        using Fmt = typename decltype(fmt)::type;
+        TORCH_CHECK_VALUE(Fmt::special_codes != octet::specials::exponent_only || rounding != "stochastic",
+                          where("cast", "rounding"),
+                          "is stochastic; ue8m0 has no stochastic rounding, use a directed one");
+        at::Tensor out = at::empty(x.sizes(), x.options().dtype(code_dtype<Fmt>()));
+        const auto n = static_cast<std::size_t>(x.numel());
+        auto* dst = static_cast<std::uint8_t*>(out.data_ptr());
+        const octet::philox_stream rng{static_cast<std::uint64_t>(seed), static_cast<std::uint64_t>(offset)};
+        with_rounding(rounding, "cast", [&](auto rd) {
+            using Round = typename decltype(rd)::type;
+            with_overflow(overflow, "cast", [&](auto ov) {
+                using Overflow = typename decltype(ov)::type;
+                if constexpr (!Fmt::has_nan && !Fmt::has_inf &&
+                              std::is_same_v<Overflow, octet::overflow::to_nonfinite>) {
+                    TORCH_CHECK_VALUE(false, where("cast", "overflow"), "is to_nonfinite, but ",
+                                      octet::format_name<Fmt>(), " has neither Inf nor NaN; pass saturate");
+                } else if constexpr (Fmt::special_codes == octet::specials::exponent_only &&
+                                     std::is_same_v<Round, octet::round::stochastic>) {
+                } else {
+                    with_input(x, [&](auto in) {
+                        using In = typename decltype(in)::type;
+                        guarded([&] {
+                            octet::encode_array<Fmt, Round, Overflow>(
+                                host(), span<const In>(static_cast<const In*>(x.data_ptr()), n),
+                                span<std::uint8_t>(dst, n), rng);
+                        });
+                    });
+                }
+            });
+        });
+        return out;
+    });
+}
+
+at::Tensor decode(const at::Tensor& codes, c10::string_view format) {
+    return with_format(format, "decode", [&](auto fmt) {
+        using Fmt = typename decltype(fmt)::type;
+        check_tensor(codes, "decode", "codes", {code_dtype<Fmt>(), at::kByte});
+        check_vector(codes, "decode", "codes");
+        at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kFloat));
+        const auto n = static_cast<std::size_t>(codes.numel());
+        guarded([&] {
+            octet::decode_array<Fmt>(host(),
+                                     span<const std::uint8_t>(static_cast<const std::uint8_t*>(codes.data_ptr()), n),
+                                     span<float>(out.data_ptr<float>(), n));
+        });
+        return out;
+    });
+}
+
+}  // namespace
+}  // namespace octet_torch
+
+TORCH_LIBRARY_FRAGMENT(octet, m) {
+    m.def(
+        "cast(Tensor x, str format, str rounding=\"nearest_even\", str overflow=\"saturate\", int seed=0, int "
+        "offset=0) -> Tensor");
+    m.def("decode(Tensor codes, str format) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(octet, CPU, m) {
+    m.impl("cast", &octet_torch::cast);
+    m.impl("decode", &octet_torch::decode);
+}

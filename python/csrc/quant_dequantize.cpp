@@ -1,0 +1,48 @@
+// octet::dequantize(codes, scales, tensor_scale, recipe, cols, dtype) -> rows x cols in dtype
+// (octet/quant/quantize.hpp): decode(code) * scale, one rounding to dtype.
+#include "octet/quant/quantize.hpp"
+#include "octet_torch.hpp"
+
+namespace octet_torch {
+namespace {
+
+using octet::span;
+
+at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& tensor_scale,
+                      c10::string_view recipe, int64_t cols, at::ScalarType dtype) {
+    TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, where("dequantize", "dtype"),
+                     "is ", dtype, "; pass torch.float32, torch.bfloat16 or torch.float16");
+    return with_recipe(recipe, "dequantize", [&](auto rt) {
+        using R = typename decltype(rt)::type;
+        const auto q = as_quantized<R>(codes, scales, tensor_scale, cols, "dequantize", "q");
+        at::Tensor out = at::empty({static_cast<int64_t>(q.rows()), cols}, codes.options().dtype(dtype));
+        auto run = [&](auto out_tag) {
+            using Out = typename decltype(out_tag)::type;
+            guarded([&] {
+                octet::dequantize(host(), q,
+                                  octet::matrix_ref<Out>(static_cast<Out*>(out.data_ptr()), q.rows(),
+                                                         static_cast<std::size_t>(cols)));
+            });
+        };
+        if (dtype == at::kBFloat16)
+            run(type_tag<octet::bf16>{});
+        else if (dtype == at::kHalf)
+            run(type_tag<octet::fp16>{});
+        else
+            run(type_tag<float>{});
+        return out;
+    });
+}
+
+}  // namespace
+}  // namespace octet_torch
+
+TORCH_LIBRARY_FRAGMENT(octet, m) {
+    m.def(
+        "dequantize(Tensor codes, Tensor scales, Tensor tensor_scale, str recipe, int cols, ScalarType "
+        "dtype=float) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(octet, CPU, m) {
+    m.impl("dequantize", &octet_torch::dequantize);
+}

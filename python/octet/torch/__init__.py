@@ -1,0 +1,49 @@
+"""octet inside PyTorch: ``torch.ops.octet`` ops and the Python API over them.
+
+Ops (CPU kernels from octet's host paths): cast, decode, quantize, dequantize, recipe_info.
+
+Developing one op family: OCTET_TORCH_FAMILIES=quant,gemm (a comma-separated list) imports only
+those families' modules, so a build tree that has only their libraries can be tested.
+"""
+
+import os as _os
+
+_only = _os.environ.get("OCTET_TORCH_FAMILIES")
+
+
+def _wanted(family):
+    return _only is None or family in _only.split(",")
+
+
+from ._quant import (  # noqa: F401
+    FORMATS,
+    RECIPES,
+    QuantizedTensor,
+    cast,
+    code_dtype,
+    decode,
+    dequantize,
+    layout,
+    quantize,
+    recipe_info,
+)
+if _wanted("gemm"):
+    from ._gemm import SCALED_MM_PAIRS, gemm_error_bound, scaled_mm  # noqa: F401
+    from .linear import LINEAR_RECIPES, Float8Linear, LinearRecipe, convert  # noqa: F401
+if _wanted("codec"):
+    from .distributed import (  # noqa: F401
+        CodecConfig,
+        CodecHookState,
+        codec_hook,
+        compressed_allreduce,
+        decode_gradient,
+        encode_gradient,
+        encoded_size,
+    )
+if _wanted("optim"):
+    from .optim import AdamW  # noqa: F401
+if _wanted("attention"):
+    from ._attention import AttentionFunction, AttentionTelemetry, attention  # noqa: F401
+
+if _wanted("codec"):
+    comm_hook = codec_hook  # the name issue 11 uses

@@ -1,0 +1,215 @@
+"""AdamW on compressed moments: octet's fused step (octet/optim/adamw.hpp) as a torch optimizer.
+
+Ops (torch.ops.octet): adamw_step (mutates the parameter and its state in place), adamw_state_sizes,
+adamw_count_nonfinite.
+
+Parameters and master weights. As in bitsandbytes' 8-bit and torchao's low-bit optimizers, the
+parameter itself is the master weight; the optimizer keeps no second copy of it:
+  * master="fp32": the parameter is float32 and is updated in float32;
+  * master="bf16_stochastic" / "bf16_nearest": the parameter is bfloat16 and is rounded back to
+    bfloat16 each step (stochastically with Philox bits from (seed, step, element), or to nearest,
+    which stalls small updates: do not train with it);
+  * master="bf16_kahan": the parameter is bfloat16 and the optimizer state holds a bfloat16
+    compensation buffer with what rounding dropped (the weight is param + compensation; the
+    forward pass reads the parameter alone).
+A parameter whose dtype does not fit its group's master policy is refused (TypeError) when added.
+
+Moments: per parameter two codes tensors (float32, bfloat16 or uint8, one code per element) and two
+uint8 tensors of the codecs' per-group meta (floats, stored as raw bytes). Codecs: fp32, bf16,
+bf16_stochastic, e4m3_scaled, e4m3_expanded, dynamic8 (octet/optim/state_codec.hpp gives their
+error bounds); this build needs m_codec == v_codec.
+
+Reproducibility: every parameter owns an element offset (its start in one flat buffer of the
+optimizer's parameters in param_groups order, each rounded up to 256), so stochastic rounding draws
+distinct bits per parameter. state_dict() holds the codes and meta tensors, the step count and
+offset of every parameter, and the seed and codecs of every group; load_state_dict() restores them
+bit for bit (no dtype casts), so a resumed run continues bit-identically. Like torch's optimizers,
+state_dict() returns the live state tensors: save it (torch.save) or deep-copy it before stepping on.
+"""
+
+import math
+from typing import Any, Dict, Iterable
+
+import torch
+
+from .._library import load
+
+load("optim")
+_ops = torch.ops.octet
+
+CODECS = ("fp32", "bf16", "bf16_stochastic", "e4m3_scaled", "e4m3_expanded", "dynamic8")
+MASTERS = ("fp32", "bf16_nearest", "bf16_stochastic", "bf16_kahan")
+NONFINITE_POLICIES = ("skip_step", "zero_block")
+REPORT_FIELDS = ("nonfinite_gradients", "blocks_zeroed", "skipped")
+
+_CODE_DTYPES = {4: torch.float32, 2: torch.bfloat16, 1: torch.uint8}
+_BLOCK = 256  # octet::optim_block: offsets of shards and parameters are multiples of it
+
+
+# ---- fake (meta) kernels ----
+
+
+@torch.library.register_fake("octet::adamw_step")
+def _adamw_step_fake(params, compensation, m_codes, m_meta, v_codes, v_meta, grads, m_codec, v_codec, master, lr,
+                     beta1, beta2, eps, weight_decay, step, seed, on_nonfinite, element_offset):
+    return params.new_empty((3,), dtype=torch.int64)
+
+
+@torch.library.register_fake("octet::adamw_count_nonfinite")
+def _adamw_count_nonfinite_fake(grads):
+    return grads.new_empty((), dtype=torch.int64)
+
+
+# ---- state layout ----
+
+
+def state_sizes(m_codec: str, v_codec: str, master: str, n: int) -> Dict[str, Any]:
+    """What one parameter of n elements needs: code dtypes and meta bytes of both moments, the
+    compensation's element count and the parameter's dtype."""
+    mb, mm, vb, vm, comp, pb = _ops.adamw_state_sizes(m_codec, v_codec, master, n)
+    return {"m_code_dtype": _CODE_DTYPES[mb], "m_meta_bytes": mm, "v_code_dtype": _CODE_DTYPES[vb],
+            "v_meta_bytes": vm, "compensation": comp, "param_dtype": _CODE_DTYPES[pb]}
+
+
+def new_state(param: torch.Tensor, m_codec: str, v_codec: str, master: str) -> Dict[str, torch.Tensor]:
+    """Zeroed state tensors for one parameter (zeros are the valid initial state of every codec)."""
+    s = state_sizes(m_codec, v_codec, master, param.numel())
+    z = lambda n, dt: torch.zeros(n, dtype=dt, device=param.device)  # noqa: E731
+    return {"m_codes": z(param.numel(), s["m_code_dtype"]), "m_meta": z(s["m_meta_bytes"], torch.uint8),
+            "v_codes": z(param.numel(), s["v_code_dtype"]), "v_meta": z(s["v_meta_bytes"], torch.uint8),
+            "compensation": z(s["compensation"], torch.bfloat16)}
+
+
+def adamw_step(param, state, grad, *, m_codec, v_codec, master, lr, beta1, beta2, eps, weight_decay, step, seed,
+               on_nonfinite, element_offset) -> torch.Tensor:
+    """One fused step of one parameter (updated in place with its state); returns the int64 [3]
+    report (non-finite gradient elements, blocks zeroed, skipped)."""
+    return _ops.adamw_step(param, state["compensation"], state["m_codes"], state["m_meta"], state["v_codes"],
+                           state["v_meta"], grad, m_codec, v_codec, master, lr, beta1, beta2, eps, weight_decay,
+                           step, seed, on_nonfinite, element_offset)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"octet.torch.AdamW: argument '{name}' is {value!r}; pass one of {', '.join(choices)}")
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW (PyTorch's formula: decoupled weight decay, bias correction) with compressed moments.
+
+    Args: params, lr, betas, eps, weight_decay as torch.optim.AdamW; m_codec / v_codec (the moment
+    codecs, equal in this build), master (see the module docstring: fp32 needs float32 parameters,
+    bf16_* bfloat16 ones), seed (Philox seed of stochastic rounding), on_nonfinite:
+      * "skip_step": if any gradient of a skip_step group holds a NaN, +-Inf or |g| >= 2^63, no
+        parameter is updated this step and no step counter advances (as GradScaler skips);
+      * "zero_block": a block of 256 elements with such a gradient keeps its weights and has its
+        moments reset; the rest of the parameter steps.
+    Every group option may differ per param group. After step(), ``report`` holds that step's sums
+    (nonfinite_gradients, blocks_zeroed, skipped: 1 when the step was skipped) and ``totals`` the
+    sums since construction (not part of state_dict).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 m_codec: str = "e4m3_expanded", v_codec: str = "e4m3_expanded", master: str = "fp32", seed: int = 0,
+                 on_nonfinite: str = "skip_step"):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, m_codec=m_codec,
+                        v_codec=v_codec, master=master, seed=seed, on_nonfinite=on_nonfinite)
+        super().__init__(params, defaults)
+        self.report = dict.fromkeys(REPORT_FIELDS, 0)
+        self.totals = dict.fromkeys(REPORT_FIELDS, 0)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        g = self.param_groups[-1]
+        _check_choice("m_codec", g["m_codec"], CODECS)
+        _check_choice("v_codec", g["v_codec"], CODECS)
+        _check_choice("master", g["master"], MASTERS)
+        _check_choice("on_nonfinite", g["on_nonfinite"], NONFINITE_POLICIES)
+        if g["m_codec"] != g["v_codec"]:
+            raise ValueError(f"octet.torch.AdamW: argument 'v_codec' is {g['v_codec']!r} and m_codec "
+                             f"{g['m_codec']!r}; this build steps with the same codec for both moments")
+        if not (0.0 <= g["betas"][0] < 1.0 and 0.0 <= g["betas"][1] < 1.0):
+            raise ValueError(f"octet.torch.AdamW: argument 'betas' is {g['betas']}; pass values in [0, 1)")
+        if not (g["eps"] > 0 and math.isfinite(g["eps"])):
+            raise ValueError(f"octet.torch.AdamW: argument 'eps' is {g['eps']}; pass a finite value > 0")
+        if not (int(g["seed"]) == g["seed"] and 0 <= g["seed"] < 2**63):
+            raise ValueError(f"octet.torch.AdamW: argument 'seed' is {g['seed']}; pass an integer in [0, 2^63)")
+        want = torch.float32 if g["master"] == "fp32" else torch.bfloat16
+        for p in g["params"]:
+            if p.dtype != want:
+                raise TypeError(f"octet.torch.AdamW: a parameter has dtype {p.dtype}; master={g['master']!r} "
+                                f"updates {want} parameters in place (the parameter is the master weight)")
+
+    def _element_offsets(self):
+        """Each parameter's start in one flat buffer of all parameters (param_groups order, each
+        rounded up to 256): disjoint Philox streams for stochastic rounding."""
+        offsets, at = {}, 0
+        for g in self.param_groups:
+            for p in g["params"]:
+                offsets[p] = at
+                at += -(-p.numel() // _BLOCK) * _BLOCK
+        return offsets
+
+    def _init_state(self, p, g, offsets):
+        state = self.state[p]
+        if not state:
+            state.update(new_state(p, g["m_codec"], g["v_codec"], g["master"]))
+            state.update(step=0, element_offset=offsets[p], m_codec=g["m_codec"], v_codec=g["v_codec"],
+                         master=g["master"])
+        elif (state["m_codec"], state["v_codec"], state["master"]) != (g["m_codec"], g["v_codec"], g["master"]):
+            raise ValueError(f"octet.torch.AdamW: a parameter's state was made with m_codec={state['m_codec']!r}, "
+                             f"v_codec={state['v_codec']!r}, master={state['master']!r} but its group now says "
+                             f"{g['m_codec']!r}, {g['v_codec']!r}, {g['master']!r}; codecs cannot change mid-run")
+        return state
+
+    @staticmethod
+    def _grad(p):
+        g = p.grad
+        if g.is_sparse:
+            raise TypeError("octet.torch.AdamW: sparse gradients are not supported")
+        # torch lays gradients out like their parameters (contiguous here); copy only the odd one out
+        return g if g.is_contiguous() else g.contiguous()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = [(p, g) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        # skip_step is a decision over all parameters: scan first (octet::count_nonfinite), and when
+        # nothing offends step with zero_block, which then reads each gradient once and is bitwise
+        # the same as skip_step on clean gradients.
+        scan = [self._grad(p) for p, g in work if g["on_nonfinite"] == "skip_step"]
+        bad = int(sum(_ops.adamw_count_nonfinite(x) for x in scan)) if scan else 0
+        report = dict.fromkeys(REPORT_FIELDS, 0)
+        if bad:
+            report.update(nonfinite_gradients=bad, skipped=1)
+        else:
+            offsets = self._element_offsets() if any(not self.state[p] for p, _ in work) else None
+            for p, g in work:
+                state = self._init_state(p, g, offsets)
+                beta1, beta2 = g["betas"]
+                r = adamw_step(p, state, self._grad(p), m_codec=g["m_codec"], v_codec=g["v_codec"],
+                               master=g["master"], lr=float(g["lr"]), beta1=float(beta1), beta2=float(beta2),
+                               eps=float(g["eps"]), weight_decay=float(g["weight_decay"]), step=state["step"] + 1,
+                               seed=int(g["seed"]), on_nonfinite="zero_block",
+                               element_offset=state["element_offset"]).tolist()
+                state["step"] += 1
+                report["nonfinite_gradients"] += r[0]
+                report["blocks_zeroed"] += r[1]
+        self.report = report
+        for k in REPORT_FIELDS:
+            self.totals[k] += report[k]
+        return loss
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """As torch's, but the state tensors are copied as they are: torch would cast them to the
+        parameter's dtype (uint8 codes to bfloat16 values, float32 moments of a bf16 parameter)."""
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        super().load_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params):
+            if i in state_dict["state"]:
+                self.state[p] = {k: (v.detach().clone().to(p.device) if isinstance(v, torch.Tensor) else v)
+                                 for k, v in state_dict["state"][i].items()}

@@ -1,0 +1,244 @@
+"""octet.torch.Float8Linear and convert(): forward, data gradient and weight gradient against float64
+references of the exact quantized operands the layer used (within octet's GEMM bound) and against
+the float64 linear (within each recipe's quantization tolerance); delayed scaling's amax history;
+convert() on a small model; torch.compile(fullgraph=True); SGD on a tiny regression."""
+
+import pytest
+import torch
+from torch import nn
+
+import octet.torch as ot
+from gemm_oracle import dequantize64
+
+# Normwise relative tolerance against the float64 linear: u_A + u_B, with u = 2^-(mantissa bits + 1)
+# the unit roundoff of each operand's element format (E4M3 2^-4, E5M2 2^-3, E2M1 2^-2). Block and
+# tensor scales keep elements in their format's normal range, so each quantized operand is off by
+# at most about u normwise, and two operands' errors add to first order (measured on these inputs:
+# about a third of the tolerance; NVFP4's stochastic gradients about two thirds).
+_U = {"e4m3": 2.0**-4, "e5m2": 2.0**-3, "e2m1": 2.0**-2}
+_FORMAT = {"tensorwise_e4m3": "e4m3", "tensorwise_e5m2": "e5m2", "blockwise_1x128": "e4m3",
+           "blockwise_128x128": "e4m3", "mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2", "nvfp4": "e2m1"}
+
+
+def _tolerance(ra, rb):
+    return _U[_FORMAT[ra]] + _U[_FORMAT[rb]]
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def _within_gemm_bound(d, a, b, bias=None):
+    """d = dequant(a) dequant(b)^T (+ bias) within octet's bound, d's dtype the output's."""
+    a64, b64 = dequantize64(a), dequantize64(b)
+    exact = a64 @ b64.t()
+    abs_bias = 0.0
+    if bias is not None:
+        exact = exact + bias.double()
+        abs_bias = bias.double().abs()
+    abs_products = a64.abs() @ b64.abs().t()
+    bound = ot.gemm_error_bound(a.recipe, b.recipe, a.cols, abs_products, abs_bias=abs_bias, abs_exact=exact.abs(),
+                                out_dtype=d.dtype) + a.cols * 2.0**-52 * abs_products
+    err = (d.double() - exact).abs()
+    assert (err <= bound).all(), f"max err/bound {(err / bound).max().item()}"
+
+
+def _layers(gen, recipe, in_f, out_f, dtype=torch.float32):
+    ref = nn.Linear(in_f, out_f).double()
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(out_f, in_f, generator=gen) / in_f**0.5)
+        ref.bias.copy_(torch.randn(out_f, generator=gen))
+    lin = nn.Linear(in_f, out_f, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(ref.weight)
+        lin.bias.copy_(ref.bias)
+    return ot.Float8Linear.from_float(lin, recipe=recipe, seed=int(torch.randint(1 << 30, (1,), generator=gen))), ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("recipe", list(ot.LINEAR_RECIPES))
+def test_forward_and_gradients(gen, recipe, dtype):
+    # Ragged: 3 x 43 = 129 tokens, 160 in, 96 out features (no multiple of 128 among them).
+    layer, ref = _layers(gen, recipe, 160, 96, dtype)
+    layer.keep_operands = True
+    cfg = layer.recipe
+    x = torch.randn(3, 43, 160, generator=gen).to(dtype).requires_grad_()
+    for _ in range(2):  # the second step runs delayed scaling from its history
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        y = layer(x)
+        dy = torch.randn(y.shape, generator=gen).to(dtype)
+        y.backward(dy)
+    assert y.shape == (3, 43, 96) and y.dtype == dtype and x.grad.dtype == dtype
+    ops = layer.last_operands
+    # Against the exact quantized operands: each GEMM within octet's bound.
+    _within_gemm_bound(y.reshape(-1, 96), ops["x"], ops["w"], bias=layer.bias.float())
+    _within_gemm_bound(x.grad.reshape(-1, 160), ops["dy"], ops["w_t"])
+    _within_gemm_bound(layer.weight.grad, ops["dy_t"], ops["x_t"])
+    assert (ops["x"].recipe, ops["w"].recipe, ops["dy"].recipe) == (cfg.x, cfg.w, cfg.g)
+    assert ops["w_t"].shape == (160, 96) and ops["x_t"].shape[0] == 160 and ops["dy_t"].shape[0] == 96
+    # Against the float64 linear on the same (rounded) inputs.
+    x64 = x.detach().double().requires_grad_()
+    ref.weight.data.copy_(layer.weight.detach().double())
+    ref.bias.data.copy_(layer.bias.detach().double())
+    y64 = ref(x64)
+    y64.backward(dy.double())
+    assert _rel(y, y64) <= _tolerance(cfg.x, cfg.w)
+    assert _rel(x.grad, x64.grad) <= _tolerance(cfg.g, cfg.w)
+    assert _rel(layer.weight.grad, ref.weight.grad) <= _tolerance(cfg.g, cfg.x)
+    torch.testing.assert_close(layer.bias.grad.double(), ref.bias.grad, rtol=1e-5 if dtype == torch.float32 else 1e-2,
+                               atol=1e-4)
+
+
+def test_nvfp4_hadamard_and_reproducible_stochastic_rounding(gen):
+    layer, _ = _layers(gen, "nvfp4", 64, 48)
+    layer.keep_operands = True
+    x = torch.randn(37, 64, generator=gen, requires_grad=True)
+    dy = torch.randn(37, 48, generator=gen)
+
+    def step(module):
+        x.grad = module.weight.grad = None
+        module(x).backward(dy)
+        return x.grad.clone(), module.weight.grad.clone()
+
+    first = step(layer)
+    # The weight-gradient copies run over 48 tokens (37 padded to a multiple of 16), rotated.
+    assert layer.last_operands["x_t"].shape == (64, 48) and layer.last_operands["dy_t"].shape == (48, 48)
+    second = step(layer)
+    assert layer.step == 2 and not torch.equal(first[0], second[0])  # fresh random bits per step
+    twin = ot.Float8Linear.from_float(nn.Linear(64, 48), recipe="nvfp4", seed=layer.seed)
+    twin.weight, twin.bias = layer.weight, layer.bias
+    assert all(torch.equal(p, q) for p, q in zip(step(twin), first))  # same seed, same step: same bits
+    # The rotation is orthogonal: rotating two matrices leaves their product's value.
+    a, b = torch.randn(37, 5, generator=gen), torch.randn(37, 6, generator=gen)
+    ra, rb = ot.linear.rht_tokens(a, layer.rht_signs), ot.linear.rht_tokens(b, layer.rht_signs)
+    torch.testing.assert_close(ra.t() @ rb, a.t() @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_delayed_scaling_history(gen):
+    layer, _ = _layers(gen, "tensorwise_delayed", 32, 16)
+    layer.amax_history_x.resize_(3).zero_()  # a short history shows it rolling
+    layer.keep_operands = True
+    amaxes = [1.0, 8.0, 2.0, 0.5, 0.25]
+    seen = []
+    for i, amax in enumerate(amaxes):
+        x = torch.randn(20, 32, generator=gen)
+        x = x / x.abs().max() * amax
+        layer(x.requires_grad_()).sum().backward()
+        used = layer.last_operands["x"].scales.float().item()
+        history_max = max(seen[-3:], default=0.0)
+        expected = (torch.tensor(history_max if history_max > 0 else amax) / 448).item()  # amax_ratio<0>
+        assert used == pytest.approx(expected, rel=1e-6), f"step {i}"
+        # The step's own amax is pushed in front; the oldest falls off.
+        seen.append(torch.tensor(amax).item())
+        assert layer.amax_history_x.tolist() == list(reversed(seen[-3:])) + [0.0] * (3 - len(seen[-3:]))
+    assert layer.amax_history_w.max() > 0 and layer.amax_history_g.max() > 0
+    # Evaluation (no grad) leaves the histories alone.
+    before = layer.amax_history_x.clone()
+    with torch.no_grad():
+        layer(torch.randn(4, 32, generator=gen) * 100)
+    assert torch.equal(layer.amax_history_x, before)
+
+
+def test_delayed_scaling_saturates_above_a_stale_amax(gen):
+    layer, _ = _layers(gen, "tensorwise_delayed", 32, 16)
+    layer.keep_operands = True
+    layer.amax_history_x[0] = 1.0  # a recorded amax of 1; this step's input reaches 10
+    x = torch.linspace(-10, 10, 4 * 32).reshape(4, 32)
+    layer(x.requires_grad_())
+    q = dequantize64(layer.last_operands["x"])
+    assert q.abs().max().item() == pytest.approx(1.0)  # 448 codes * (1 / 448): clamped to the history's amax
+    assert layer.amax_history_x[:2].tolist() == [10.0, 1.0]
+
+
+def test_convert_sequential(gen):
+    torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10), nn.Sequential(nn.Linear(128, 32)),
+                          nn.Linear(32, 32))
+    weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+    x = torch.randn(8, 64, generator=gen)
+    model2 = nn.Sequential(model[0], model[1], model[3])
+    expected = model2(x)
+    out = ot.convert(model, recipe="tensorwise", filter=lambda name, m: name != "4")
+    assert out is model
+    kinds = [type(m).__name__ for m in model]
+    # 128 x 10 does not fit (10 is no multiple of 16); "4" is filtered out.
+    assert kinds == ["Float8Linear", "ReLU", "Linear", "Sequential", "Linear"]
+    assert type(model[3][0]) is ot.Float8Linear
+    assert model[0].weight is weights[0] and model[3][0].weight is weights[2]  # parameters are shared
+    got = nn.Sequential(model[0], model[1], model[3])(x)
+    assert _rel(got, expected.double()) <= _tolerance("tensorwise_e4m3", "tensorwise_e4m3")
+    # blockwise needs multiples of 128: only 128 x ... pairs with both dims fitting are swapped.
+    m2 = ot.convert(nn.Sequential(nn.Linear(128, 256), nn.Linear(256, 64)), recipe="blockwise")
+    assert [type(m).__name__ for m in m2] == ["Float8Linear", "Linear"]
+    single = ot.convert(nn.Linear(32, 32), recipe="mxfp8")
+    assert isinstance(single, ot.Float8Linear) and single.recipe.name == "mxfp8"
+    with pytest.raises(ValueError, match="recipe 'fp8' is unknown"):
+        ot.convert(model, recipe="fp8")
+
+
+@pytest.mark.parametrize("recipe", list(ot.LINEAR_RECIPES))
+def test_edge_inputs(gen, recipe):
+    layer = ot.Float8Linear(32, 16, recipe=recipe)
+    for x in [torch.zeros(5, 32), torch.randn(0, 32, generator=gen), torch.randn(2, 0, 32, generator=gen)]:
+        x.requires_grad_()
+        layer.weight.grad = layer.bias.grad = None
+        y = layer(x)
+        y.sum().backward()
+        # Zero input or no tokens: Y is the bias and dW = dY^T X is zero (an empty sum without tokens).
+        assert y.shape == (*x.shape[:-1], 16) and torch.equal(y, layer.bias.detach().expand_as(y))
+        assert torch.equal(layer.weight.grad, torch.zeros_like(layer.weight)) and x.grad.shape == x.shape
+    # float16 end to end; a delayed layer's amax histories stay float32.
+    layer.half()
+    x = torch.randn(4, 32, generator=gen).half().requires_grad_()
+    layer(x).sum().backward()
+    assert x.grad.dtype == layer.weight.grad.dtype == torch.float16 and torch.isfinite(x.grad).all()
+    for name, buf in layer.named_buffers():
+        assert buf.dtype == torch.float32 or not name.startswith("amax"), name
+
+
+def test_bad_input(gen):
+    layer = ot.Float8Linear(32, 16)
+    with pytest.raises(ValueError, match="takes 32"):
+        layer(torch.randn(4, 31, generator=gen))
+    with pytest.raises(TypeError, match="argument 'x'"):
+        layer(torch.randn(4, 32, generator=gen).double())
+    with pytest.raises(ValueError, match="amax_history_len"):
+        ot.Float8Linear(32, 16, recipe="tensorwise_delayed", amax_history_len=0)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+def test_compile_fullgraph_forward_and_backward(gen, recipe):
+    # (tensorwise_delayed reads its history's max as a Python float, a data-dependent branch that
+    # fullgraph refuses; nvfp4 bakes its step's offsets into the graph, so each step recompiles.)
+    layer = ot.Float8Linear(128, 128, recipe=recipe)
+    x = torch.randn(3, 10, 128, generator=gen, requires_grad=True)
+
+    def run(module):
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        y = module(x)
+        y.backward(torch.ones_like(y))
+        return y.detach(), x.grad, layer.weight.grad, layer.bias.grad
+
+    eager = run(layer)
+    # aot_eager traces the module through Dynamo and AOTAutograd (fake kernels, the autograd
+    # function, fullgraph) without inductor's C++ code generation, which is not octet's concern.
+    compiled = run(torch.compile(layer, backend="aot_eager", fullgraph=True))
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "nvfp4"])
+def test_sgd_reduces_the_loss(gen, recipe):
+    torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
+    x = torch.randn(256, 32, generator=gen)
+    y = x @ torch.randn(32, 16, generator=gen) + 0.5
+    layer = ot.Float8Linear(32, 16, recipe=recipe)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = ((layer(x) - y) ** 2).sum(1).mean()  # Hessian 2 E[x x^T] ~ 2 I: lr 0.1 contracts 0.8 a step
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    # NVFP4's quantization noise (about 14% of |y| normwise) leaves a floor near 2% of the start.
+    assert losses[-1] < 0.1 * losses[0], losses
