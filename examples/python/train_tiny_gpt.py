@@ -116,9 +116,13 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=30, help="linear learning-rate warmup steps")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--tolerance", type=float, default=0.05,
+    # At 300 steps both runs are still descending fast, and where each is on the curve varies: over
+    # seeds 0-2 float32 alone ended 0.18 nats apart (2.04 to 2.22), and octet minus float32 on the
+    # same seed was -0.004, +0.076 and -0.042 nats. 0.1 nats flags a gap larger than that noise.
+    p.add_argument("--tolerance", type=float, default=0.1,
                    help="exit non-zero when the final held-out losses differ by more than this (nats)")
     args = p.parse_args()
 
@@ -145,7 +149,12 @@ def main():
 
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=args.lr, weight_decay=0.01)
     opt_fp8 = ot.AdamW(fp8.parameters(), lr=args.lr, weight_decay=0.01, m_codec=args.codec, v_codec=args.codec)
-    sched = [torch.optim.lr_scheduler.CosineAnnealingLR(o, args.steps) for o in (opt_ref, opt_fp8)]
+    # Linear warmup, then cosine decay: without the warmup, Adam's first full-size steps at this
+    # learning rate stall both runs at the unigram loss (~3.0 nats) for a hundred-odd steps.
+    def warmup_cosine(step):
+        return min(1.0, (step + 1) / args.warmup) * 0.5 * (1.0 + math.cos(math.pi * step / args.steps))
+
+    sched = [torch.optim.lr_scheduler.LambdaLR(o, warmup_cosine) for o in (opt_ref, opt_fp8)]
 
     rows = []
     seconds = {"float32": 0.0, "octet": 0.0}

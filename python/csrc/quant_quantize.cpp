@@ -2,8 +2,9 @@
 //   octet::quantize(x, recipe, rowwise, columnwise, tensor_amax, rounding, seed, offset, collect_stats)
 //       -> (codes, scales, tensor_scale, codes_t, scales_t, tensor_scale_t, amax, stats)
 // and octet::recipe_info(recipe), what Python needs to compute a copy's layout (fake kernels).
-// stats is float64 [2, 8]: per copy (row-wise, column-wise) amax, elements, saturated,
-// flushed_to_zero, non_finite, lost_to_nan, signal_energy, noise_energy (quant/stats.hpp).
+// stats is float64 [2, 8] with collect_stats (else empty, [0]): per copy (row-wise, column-wise)
+// amax, elements, saturated, flushed_to_zero, non_finite, lost_to_nan, signal_energy,
+// noise_energy (quant/stats.hpp).
 #include <ATen/ops/zeros.h>
 
 #include <array>
@@ -53,7 +54,9 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                 using R = with_rounding_t<Base, Round>;
                 copy_tensors<R> row(rowwise ? rows : 0, rowwise ? cols : 0, o);
                 copy_tensors<R> col(columnwise ? cols : 0, columnwise ? rows : 0, o);
-                at::Tensor stats = at::zeros({2, 8}, o.dtype(at::kDouble));
+                // Only when asked: every output tensor costs the small-call path (op_overhead.py).
+                at::Tensor stats =
+                    collect_stats ? at::zeros({2, 8}, o.dtype(at::kDouble)) : at::empty({0}, o.dtype(at::kDouble));
                 at::Tensor amax = at::empty({}, o.dtype(at::kFloat));
                 octet::quantize_options opt;
                 opt.collect_stats = collect_stats;
@@ -76,8 +79,10 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                     }
                 });
                 *amax.data_ptr<float>() = res.amax;
-                put_stats(stats.data_ptr<double>(), res.rowwise);
-                put_stats(stats.data_ptr<double>() + 8, res.columnwise);
+                if (collect_stats) {
+                    put_stats(stats.data_ptr<double>(), res.rowwise);
+                    put_stats(stats.data_ptr<double>() + 8, res.columnwise);
+                }
                 return {row.codes, row.scales, row.tensor_scale, col.codes, col.scales, col.tensor_scale, amax, stats};
             }
         });

@@ -110,7 +110,7 @@ def _quantize_fake(x, recipe, rowwise=True, columnwise=False, tensor_amax=-1.0, 
                    seed=0, offset=0, collect_stats=False):
     rows, cols = x.shape
     return (*_copy_fake(x, recipe, rows, cols, rowwise), *_copy_fake(x, recipe, cols, rows, columnwise),
-            x.new_empty((), dtype=torch.float32), x.new_empty((2, 8), dtype=torch.float64))
+            x.new_empty((), dtype=torch.float32), x.new_empty((2, 8) if collect_stats else (0,), dtype=torch.float64))
 
 
 @torch.library.register_fake("octet::dequantize")
