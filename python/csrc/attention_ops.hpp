@@ -168,19 +168,6 @@ inline bool per_token_v(std::string_view name, const char* op) {
     return name == "per_token";
 }
 
-/// quant_stats as 8 doubles, in the order of octet::quantize's stats rows (octet.torch.STATS_FIELDS).
-inline void put_quant_stats(double* row, const octet::quant_stats& s) {
-    const std::array<double, 8> v = {s.amax,
-                                     static_cast<double>(s.elements),
-                                     static_cast<double>(s.saturated),
-                                     static_cast<double>(s.flushed_to_zero),
-                                     static_cast<double>(s.non_finite),
-                                     static_cast<double>(s.lost_to_nan),
-                                     s.signal_energy,
-                                     s.noise_energy};
-    for (std::size_t i = 0; i < v.size(); ++i) row[i] = v[i];
-}
-
 /// An operand quantized with Recipe (stats into row when asked).
 template <class Recipe, class In>
 octet::quantized_tensor<Recipe> quantize_operand(octet::matrix_ref<const In> x, bool stats, double* row) {

@@ -19,6 +19,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -31,6 +32,7 @@
 #include "octet/format/float_format.hpp"
 #include "octet/format/rounding.hpp"
 #include "octet/quant/recipe.hpp"
+#include "octet/quant/stats.hpp"
 #include "octet/quant/tensor.hpp"
 
 namespace octet_torch {
@@ -284,5 +286,18 @@ struct copy_tensors {
                                             Recipe::two_level ? tensor_scale.data_ptr<float>() : nullptr);
     }
 };
+
+/// quant_stats as 8 doubles, in the order of octet::quantize's stats rows (octet.torch.STATS_FIELDS).
+inline void put_quant_stats(double* row, const octet::quant_stats& s) {
+    const std::array<double, 8> v = {s.amax,
+                                     static_cast<double>(s.elements),
+                                     static_cast<double>(s.saturated),
+                                     static_cast<double>(s.flushed_to_zero),
+                                     static_cast<double>(s.non_finite),
+                                     static_cast<double>(s.lost_to_nan),
+                                     s.signal_energy,
+                                     s.noise_energy};
+    for (std::size_t i = 0; i < v.size(); ++i) row[i] = v[i];
+}
 
 }  // namespace octet_torch

@@ -17,18 +17,6 @@ namespace {
 
 using octet::span;
 
-void put_stats(double* row, const octet::quant_stats& s) {
-    const std::array<double, 8> v = {s.amax,
-                                     static_cast<double>(s.elements),
-                                     static_cast<double>(s.saturated),
-                                     static_cast<double>(s.flushed_to_zero),
-                                     static_cast<double>(s.non_finite),
-                                     static_cast<double>(s.lost_to_nan),
-                                     s.signal_energy,
-                                     s.noise_energy};
-    for (std::size_t i = 0; i < v.size(); ++i) row[i] = v[i];
-}
-
 using quantize_outputs =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
@@ -80,8 +68,8 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                 });
                 *amax.data_ptr<float>() = res.amax;
                 if (collect_stats) {
-                    put_stats(stats.data_ptr<double>(), res.rowwise);
-                    put_stats(stats.data_ptr<double>() + 8, res.columnwise);
+                    put_quant_stats(stats.data_ptr<double>(), res.rowwise);
+                    put_quant_stats(stats.data_ptr<double>() + 8, res.columnwise);
                 }
                 return {row.codes, row.scales, row.tensor_scale, col.codes, col.scales, col.tensor_scale, amax, stats};
             }
