@@ -268,7 +268,11 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
 }  // namespace
 
 int main() {
-    if (octet::detail::device_arch() != 90 || !octet::detail::sm90a_available()) {
+    using blockwise_a = octet::recipes::blockwise_1x128;
+    using blockwise_b = octet::recipes::blockwise_128x128;
+    if (!octet::scaled_gemm_support<blockwise_a, blockwise_b>(octet::on_stream(nullptr),
+                                                              octet::gemm_backend::sm90_wgmma, 4096)
+             .empty()) {
         std::printf("gemm_tflops: needs an sm_90 GPU and a build for sm_90a; nothing to measure here\n");
         return 0;
     }

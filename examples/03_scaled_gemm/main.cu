@@ -51,13 +51,8 @@ struct device_copy {
 };
 
 bool gpu_present() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        cudaGetLastError();
-        return false;
-    }
-    return octet::detail::device_arch() >= 89;
-}
+    return octet::cuda::compute_capability() >= 89;
+}  // 0 without a device
 
 template <class RA, class RB>
 void run(const char* name, const std::vector<float>& a, const std::vector<float>& w, const std::vector<double>& exact,

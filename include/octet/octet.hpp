@@ -31,6 +31,7 @@
 #include "octet/monitor/recovery.hpp"
 #include "octet/monitor/run_report.hpp"
 #include "octet/monitor/signals.hpp"
+#include "octet/nn/linear.hpp"
 #include "octet/optim/adamw.hpp"
 #include "octet/optim/checkpoint.hpp"
 #include "octet/optim/master_weights.hpp"

@@ -208,7 +208,7 @@ void backend_pair(gemm_backend backend, const char* name, const std::vector<shap
 }
 
 bool has_arch(int arch) {
-    return detail::device_arch() >= arch;
+    return cuda::compute_capability() >= arch;
 }
 
 // Ragged shapes, M = 1 and decode-like M, K not a multiple of 128, several K blocks (pipeline
@@ -218,7 +218,7 @@ const std::vector<shape> kShapes = {{1, 256, 512},      {64, 7168 / 8, 1024}, {1
 
 TEST_SUITE("gpu") {
     TEST_CASE("sm90_wgmma against the host: every pair it serves, both tiles") {
-        if (detail::device_arch() != 90 || !detail::sm90a_available()) {
+        if (cuda::compute_capability() != 90 || !detail::sm90a_available()) {
             MESSAGE("skipped: needs an sm_90 GPU and sm_90a code");
             return;
         }
@@ -282,7 +282,7 @@ TEST_SUITE("gpu") {
         const auto ha = quantized<recipes::tensorwise_e4m3>(octet_test::with_edge_cases(g, M * K), M, K);
         const auto hb = quantized<recipes::tensorwise_e4m3>(octet_test::with_edge_cases(g, N * K), N, K);
         compare_with_host(gemm_backend::cublaslt, ha, hb, false, t);
-        if (detail::device_arch() == 90) {
+        if (cuda::compute_capability() == 90) {
             // Hopper modes; cuBLASLt's shape rules for them are not documented: an aligned shape must
             // work, a ragged one may be refused (reported, not failed).
             backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
@@ -305,7 +305,7 @@ TEST_SUITE("gpu") {
         t.message("cublaslt vs host");
 
         // octet's own kernels against cuBLASLt on the same operands (same scaling).
-        if (detail::device_arch() == 90 && detail::sm90a_available()) {
+        if (cuda::compute_capability() == 90 && detail::sm90a_available()) {
             const auto qa = quantized<recipes::blockwise_1x128>(octet_test::with_edge_cases(g, 512 * 1024), 512, 1024);
             const auto qb =
                 quantized<recipes::blockwise_128x128>(octet_test::with_edge_cases(g, 768 * 1024), 768, 1024);
@@ -385,7 +385,7 @@ TEST_SUITE("gpu") {
         const std::size_t M = 150, N = 260, K = 384;
         tally t;
         std::vector<gemm_backend> backends = {gemm_backend::sm89_mma};
-        if (detail::device_arch() == 90 && detail::sm90a_available()) backends.push_back(gemm_backend::sm90_wgmma);
+        if (cuda::compute_capability() == 90 && detail::sm90a_available()) backends.push_back(gemm_backend::sm90_wgmma);
         for (gemm_backend b : backends) {
             gemm_options opt;
             opt.alpha = -0.5f;
@@ -402,7 +402,7 @@ TEST_SUITE("gpu") {
             compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(b, ra, rb, false, t, opt,
                                                                                           true);
         }
-        if (detail::device_arch() == 90) {
+        if (cuda::compute_capability() == 90) {
             const auto ra = quantized<recipes::blockwise_1x128>(octet_test::with_edge_cases(g, M * K), M, K);
             const auto rb = quantized<recipes::blockwise_128x128>(octet_test::with_edge_cases(g, N * K), N, K);
             compare_with_host<recipes::blockwise_1x128, recipes::blockwise_128x128, bf16>(gemm_backend::cublaslt, ra,
@@ -471,8 +471,8 @@ TEST_SUITE("gpu") {
         const device_copy<recipes::blockwise_128x128> db(qb);
         cuda::device_buffer<float> d(M * N);
         const gemm_result r = scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<float>(d.data(), M, N));
-        CHECK(r.backend == (detail::device_arch() == 90 && detail::sm90a_available() ? gemm_backend::sm90_wgmma
-                                                                                     : gemm_backend::sm89_mma));
+        CHECK(r.backend == (cuda::compute_capability() == 90 && detail::sm90a_available() ? gemm_backend::sm90_wgmma
+                                                                                          : gemm_backend::sm89_mma));
         // MX runs on sm89_mma automatically
         const auto ma = quantized<recipes::mxfp8_e4m3>(octet_test::with_edge_cases(g, M * K), M, K);
         const device_copy<recipes::mxfp8_e4m3> dma(ma);

@@ -4,7 +4,7 @@
 //   octet::attention_shape shape{cu_q, cu_k, heads_q, heads_kv, head_dim};
 //   octet::attention_forward(octet::on_host(), shape, q, k, v, o, lse, {octet::attention_mask::causal});
 //   octet::attention_backward_options bo;  bo.mask = octet::attention_mask::causal;
-//   bo.delta = octet::delta_mode::matched;  bo.telemetry = true;
+//   bo.delta = octet::delta_mode::matched;  bo.telemetry = true;  bo.fold_dq_residual = true;  // host only
 //   octet::attention_stats st = octet::attention_backward(octet::on_host(), shape, q, k, v, o, lse, dout, dq, dk, dv,
 //   bo);
 //
@@ -93,6 +93,15 @@ struct attention_backward_options {
     /// Per-row residuals and the stale-delta gap (see attention_stats). Cheap: four more row
     /// sums per tile of the backward and one atomic per row and tile on the device.
     bool telemetry = false;
+    /// Host path only (the CUDA path does not read it): fold the row residual of dS as the dQ
+    /// product used it back into dQ, dQ_i -= scale * rq_i * Kbar_i with rq_i = sum_j dSq_ij and
+    /// Kbar_i = sum_j P_ij K_j (attention_stats), so that dQ is formed from dSq_ij - rq_i P_ij, whose
+    /// rows sum to zero up to float rounding: E4M3 rounding of dS (and, with from_output, the stale
+    /// delta) then leaves nothing along Kbar_i. dK and dV are unchanged (with from_output dK keeps
+    /// the stale delta). Costs one more head_dim-long product per (query, key) pair: +2.4%
+    /// (from_output) and +3.7% (matched) backward time at 2048 tokens; dQ's error along Kbar drops
+    /// 2.6-4.8x with matched, 4.5-48x with from_output (bench/RESULTS.md, attention_delta_study).
+    bool fold_dq_residual = false;
 };
 
 /// Summary of the backward's row telemetry over the query rows (all heads) that see a key.
@@ -104,10 +113,20 @@ struct attention_backward_options {
 ///   gap g_i = rowsum(dO_i * O_i) - sum_j P_ij dP_ij: how far the stored O is from the P V the
 ///     backward sees, projected on dO (needs O; 0 when O was not given). Its scale is
 ///     b_i = sum_j P_ij |dP_ij|: gap_rel() = ||g|| / ||b||. With from_output, r_i = -g_i up to rounding.
+///   Host path only (the device path leaves them 0): the row sums of dS as the products use it,
+///   dequantized from its E4M3 codes and scales. For dQ, rq_i = sum_j dSq_ij with
+///   dSq_ij = S_row * decode(code_ij) / s_k(j) (so dQ_i = scale * sum_j dSq_ij K_j exactly as formed);
+///   for dK, rk_i = sum_j S_col * decode(code'_ij) / s_q(i). Even with matched they are not at float
+///   level: each code carries E4M3 rounding (relative RMS u = 2^-4 / sqrt(8 ln 2) = 0.0265 for
+///   mantissas spread over binades), so rq_i is about u sqrt(sum_j dS_ij^2) (measured 0.91-1.05x
+///   that, tests/host/attention_delta.cpp). scale * rq_i * Kbar_i (Kbar_i = sum_j P_ij K_j) is what
+///   it adds to dQ_i; scale * sum_i rk_i Q_i is what it adds to sum_j dK_j (zero in exact
+///   arithmetic). residual_dq_rel() = ||rq|| / ||a||, residual_dk_rel() = ||rk|| / ||a||.
 struct attention_stats {
     unsigned rows = 0;
     float residual_max = 0.0f, residual_rel_max = 0.0f, gap_max = 0.0f, gap_rel_max = 0.0f;
     float residual_sumsq = 0.0f, abs_ds_sumsq = 0.0f, gap_sumsq = 0.0f, p_abs_dp_sumsq = 0.0f;
+    float residual_dq_max = 0.0f, residual_dq_sumsq = 0.0f, residual_dk_max = 0.0f, residual_dk_sumsq = 0.0f;
 
     double residual_rms() const { return rows ? std::sqrt(static_cast<double>(residual_sumsq) / rows) : 0.0; }
     double gap_rms() const { return rows ? std::sqrt(static_cast<double>(gap_sumsq) / rows) : 0.0; }
@@ -116,6 +135,12 @@ struct attention_stats {
     }
     double gap_rel() const {
         return p_abs_dp_sumsq > 0 ? std::sqrt(static_cast<double>(gap_sumsq) / p_abs_dp_sumsq) : 0.0;
+    }
+    double residual_dq_rel() const {
+        return abs_ds_sumsq > 0 ? std::sqrt(static_cast<double>(residual_dq_sumsq) / abs_ds_sumsq) : 0.0;
+    }
+    double residual_dk_rel() const {
+        return abs_ds_sumsq > 0 ? std::sqrt(static_cast<double>(residual_dk_sumsq) / abs_ds_sumsq) : 0.0;
     }
 };
 
@@ -138,6 +163,8 @@ struct attention_row_telemetry {
     std::vector<float> abs_ds;             ///< sum_j |dS_ij|
     std::vector<float> p_dp;               ///< sum_j P_ij dP_ij
     std::vector<float> p_abs_dp;           ///< sum_j P_ij |dP_ij|
+    std::vector<float> residual_dq;        ///< sum_j dSq_ij as the dQ product used it (host path only)
+    std::vector<float> residual_dk;        ///< sum_j of dS as the dK product used it (host path only)
 };
 
 /// Float offsets into the device backward's workspace: six [heads_q][total_q] row arrays (in
@@ -322,6 +349,20 @@ inline void accumulate_row_stats(attention_stats& st, float residual, float abs_
     st.gap_sumsq += t[6];
     st.p_abs_dp_sumsq += t[7];
 }
+/// The host-only terms: row sums of dS as the dQ and dK products used it.
+inline void accumulate_quantized_row_stats(attention_stats& st, float residual_dq, float residual_dk) {
+    const float q = abs_float(residual_dq), k = abs_float(residual_dk);
+    st.residual_dq_max = std::max(st.residual_dq_max, q);
+    st.residual_dk_max = std::max(st.residual_dk_max, k);
+    st.residual_dq_sumsq += attn::mul(q, q);
+    st.residual_dk_sumsq += attn::mul(k, k);
+}
+/// One element of dS as a product used it: S * decode(code) / s, where the operand was dS * s
+/// quantized with the tile scale S. A key (or query) whose own scale s is 0 or NaN adds nothing
+/// to its product, so its dS counts unrounded.
+inline float dequantized_ds(float y, float tile_scale, float s, float ds) {
+    return s > 0.0f ? attn::mul(tile_scale, attn::div(y, s)) : ds;
+}
 
 }  // namespace detail
 
@@ -462,9 +503,13 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
 
     std::vector<float> delta(R, 0.0f), delta_out(R, 0.0f), lc(R);
     for (std::size_t r = 0; r < R; ++r) lc[r] = attn::mul(lse[r], attn::log2e);
-    std::vector<float> row_res, row_abs, row_pdp, row_pabs;
+    const bool fold = opt.fold_dq_residual, track_rq = tele || fold;
+    std::vector<float> row_res, row_abs, row_pdp, row_pabs, row_res_dq, row_res_dk, kbar;
+    if (track_rq) row_res_dq.assign(R, 0.0f);
+    if (fold) kbar.assign(R * static_cast<std::size_t>(d), 0.0f);  // like dq_acc: [token][head][d]
     if (tele) {
         row_res.assign(R, 0.0f);
+        row_res_dk.assign(R, 0.0f);
         row_abs.assign(R, 0.0f);
         row_pdp.assign(R, 0.0f);
         row_pabs.assign(R, 0.0f);
@@ -517,7 +562,7 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
         dk_acc(static_cast<std::size_t>(Tk) * Hk * d, 0.0f), dv_acc(dk_acc.size(), 0.0f);
     parallel_for(ex, static_cast<std::size_t>(B) * Hk, 1, [&](std::size_t ub, std::size_t ue) {
         constexpr int T = attn::tile_size;
-        std::vector<float> P(T * T), dS(T * T), codes(T * T), tmp(d);
+        std::vector<float> P(T * T), dS(T * T), codes(T * T), tmp(d), kb(d);
         for (std::size_t u = ub; u < ue; ++u) {
             const int b = static_cast<int>(u / Hk), hk = static_cast<int>(u % Hk);
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
@@ -570,6 +615,12 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
                                 const float y = decode<e4m3>(attn::encode_ds(codes[a], inv));
                                 const float* qrow = Q.row(q0 + i0 + a, h);
                                 for (int e = 0; e < d; ++e) tmp[e] = attn::add(tmp[e], attn::mul(y, qrow[e]));
+                                if (tele) {
+                                    const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i0 + a;
+                                    row_res_dk[r] =
+                                        attn::add(row_res_dk[r],
+                                                  detail::dequantized_ds(y, sc, Q.s(q0 + i0 + a, h), dS[a * T + c]));
+                                }
                             }
                             float* dst = dk_acc.data() + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d;
                             for (int e = 0; e < d; ++e) dst[e] = attn::fma(sc, tmp[e], dst[e]);
@@ -584,19 +635,41 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
                             const float ds_sc = attn::ds_scale(amax), inv = attn::ds_inverse(ds_sc);
                             const float sc = attn::mul(scale, ds_sc);
                             std::fill(tmp.begin(), tmp.end(), 0.0f);
+                            if (fold) std::fill(kb.begin(), kb.end(), 0.0f);
+                            const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i0 + a;
                             for (int c = 0; c < nj; ++c) {
                                 const float y = decode<e4m3>(attn::encode_ds(codes[c], inv));
                                 const float* krow = K.row(k0 + j0 + c, hk);
+                                const float sk = K.s(k0 + j0 + c, hk);
                                 for (int e = 0; e < d; ++e) tmp[e] = attn::add(tmp[e], attn::mul(y, krow[e]));
+                                if (track_rq)
+                                    row_res_dq[r] =
+                                        attn::add(row_res_dq[r], detail::dequantized_ds(y, ds_sc, sk, dS[a * T + c]));
+                                if (fold) {  // Kbar_i += P_ij K_j, K_j = s_k(j) * codes
+                                    const float pk = attn::mul(P[a * T + c], sk);
+                                    for (int e = 0; e < d; ++e) kb[e] = attn::add(kb[e], attn::mul(pk, krow[e]));
+                                }
                             }
-                            float* dst = dq_acc.data() + (static_cast<std::size_t>(q0 + i0 + a) * Hq + h) * d;
+                            const std::size_t at = (static_cast<std::size_t>(q0 + i0 + a) * Hq + h) * d;
+                            float* dst = dq_acc.data() + at;
                             for (int e = 0; e < d; ++e) dst[e] = attn::add(dst[e], attn::mul(sc, tmp[e]));
+                            if (fold)
+                                for (int e = 0; e < d; ++e) kbar[at + e] = attn::add(kbar[at + e], kb[e]);
                         }
                     }
                 }
             }
         }
     });
+
+    // ---- the fold: dQ_i -= scale * rq_i * Kbar_i ------------------------------------------------
+    if (fold)
+        for (int t = 0; t < Tq; ++t)
+            for (int h = 0; h < Hq; ++h) {
+                const float f = attn::mul(scale, row_res_dq[static_cast<std::size_t>(h) * Tq + t]);
+                const std::size_t at = (static_cast<std::size_t>(t) * Hq + h) * d;
+                for (int e = 0; e < d; ++e) dq_acc[at + e] = attn::sub(dq_acc[at + e], attn::mul(f, kbar[at + e]));
+            }
 
     // ---- outputs ------------------------------------------------------------------------------
     for (int t = 0; t < Tq; ++t)
@@ -617,10 +690,12 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
     attention_stats st;
     if (tele) {
         for (std::size_t r = 0; r < R; ++r)
-            if (lse[r] < attn::pos_inf())
+            if (lse[r] < attn::pos_inf()) {
                 detail::accumulate_row_stats(st, row_res[r], row_abs[r],
                                              have_o && !o.empty() ? attn::sub(delta_out[r], row_pdp[r]) : 0.0f,
                                              row_pabs[r]);
+                detail::accumulate_quantized_row_stats(st, row_res_dq[r], row_res_dk[r]);
+            }
         if (rows) {
             rows->delta = delta;
             rows->delta_from_output = delta_out;
@@ -628,6 +703,8 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
             rows->abs_ds = std::move(row_abs);
             rows->p_dp = std::move(row_pdp);
             rows->p_abs_dp = std::move(row_pabs);
+            rows->residual_dq = std::move(row_res_dq);
+            rows->residual_dk = std::move(row_res_dk);
         }
     } else if (rows) {
         rows->delta = delta;

@@ -12,6 +12,26 @@
 namespace octet {
 namespace cuda {
 
+/// Compute capability of the current device (major * 10 + minor), cached per device; 0 when there
+/// is no usable CUDA device.
+inline int compute_capability() {
+    int device = 0, count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    // Idempotent values, so racing first calls are harmless; atomics make them data-race free.
+    static std::atomic<int> cached[64] = {};
+    if (device < 64 && cached[device].load(std::memory_order_relaxed))
+        return cached[device].load(std::memory_order_relaxed);
+    int major = 0, minor = 0;
+    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    const int arch = major * 10 + minor;
+    if (device < 64) cached[device].store(arch, std::memory_order_relaxed);
+    return arch;
+}
+
 /// Multiprocessor count of the current device (queried once per device).
 inline int multiprocessor_count() {
     int device = 0;

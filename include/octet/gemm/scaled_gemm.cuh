@@ -7,7 +7,8 @@
 // Same contract as the host overloads (scaled_gemm.hpp); all pointers are device memory (the
 // two-level tensor_scale too). D and C may be octet::bf16/fp16 or __nv_bfloat16/__half.
 //
-// Backends and the pairs they serve (gemm_backend_support says why one refuses a pair):
+// Backends and the pairs they serve (scaled_gemm_support says why one refuses a problem on this
+// GPU; octet::cuda::compute_capability() in octet/cuda/launch.cuh gives the GPU's architecture):
 //   sm90_wgmma  sm_90 GPU, binary built for sm_90a. E4M3/E5M2 with float scales whose K blocks are
 //               multiples of 128 (tensor, row, 1x128, 128x128; mixed formats), promotion every 128.
 //   sm89_mma    sm_89+ GPU (Ada, Hopper). E4M3/E5M2 with any scale storage whose K blocks are
@@ -47,23 +48,25 @@ std::string gemm_device_support(const stream_executor& ex, gemm_backend backend,
         return "the executor carries no cuBLASLt (pass octet::with_cublaslt(octet::on_stream(s), handle, workspace, "
                "bytes) from "
                "octet/gemm/cublaslt.cuh, and link CUDA::cublasLt)";
-    if (device_arch() == 0) return "there is no CUDA device";
+    if (cuda::compute_capability() == 0) return "there is no CUDA device";
     switch (backend) {
         case gemm_backend::sm90_wgmma:
-            if (device_arch() != 90) return message("it needs an sm_90 GPU (this one is sm_", device_arch(), ")");
+            if (cuda::compute_capability() != 90)
+                return message("it needs an sm_90 GPU (this one is sm_", cuda::compute_capability(), ")");
             if (!sm90a_available())
                 return "this binary has no sm_90a code (build with CMAKE_CUDA_ARCHITECTURES including 90a)";
             return "";
         case gemm_backend::sm89_mma:
-            if (device_arch() < 89)
-                return message("it needs an sm_89 or later GPU (this one is sm_", device_arch(), ")");
+            if (cuda::compute_capability() < 89)
+                return message("it needs an sm_89 or later GPU (this one is sm_", cuda::compute_capability(), ")");
             if (!sm89_available()) return "this binary has no sm_89+ code for this GPU";
             return "";
         case gemm_backend::cublaslt:
-            if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) && device_arch() < 89)
+            if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) &&
+                cuda::compute_capability() < 89)
                 return "cuBLASLt's FP8 GEMM needs an sm_89 or later GPU";
             if (!(gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like) &&
-                !gemm_operand_traits<RA>::per_tensor && device_arch() != 90)
+                !gemm_operand_traits<RA>::per_tensor && cuda::compute_capability() != 90)
                 return "cuBLASLt's outer-vector and 128-block FP8 scale modes are Hopper (sm_90) modes";
             return "";
         default:
@@ -102,7 +105,7 @@ gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<R
             ex.cublaslt.matmul == nullptr && gemm_backend_support<RA, RB>(gemm_backend::cublaslt, K, opt).empty();
         OCTET_REQUIRE(backend != gemm_backend::automatic, fn, "A/B",
                       message("(", recipe_description<RA>(), " x ", recipe_description<RB>(),
-                              ") has no CUDA backend on this GPU (sm_", device_arch(),
+                              ") has no CUDA backend on this GPU (sm_", cuda::compute_capability(),
                               "); backends that serve it: ", gemm_device_backends_serving<RA, RB>(ex, K, opt),
                               lt_would_serve ? "; cublaslt may, if the executor carries a cuBLASLt "
                                                "(octet::with_cublaslt, octet/gemm/cublaslt.cuh)"
@@ -156,6 +159,24 @@ matrix_ref<storage_of_t<T>> as_storage(const matrix_ref<T>& m) {
 }
 
 }  // namespace detail
+
+/// Why `backend` cannot run scaled_gemm of (RA x RB) with inner dimension K on the current GPU with
+/// executor `ex`: empty when it can, else the reason (no device, another architecture, no code for
+/// it in this binary, no cuBLASLt on the executor, a pair or K the backend does not serve).
+/// `automatic` asks whether any CUDA backend serves the problem (and lists those that would);
+/// `host` is always served by the host overloads and is refused here (this is the stream question).
+/// The first call on a device may launch a one-thread probe kernel (whether this binary holds
+/// sm_89 / sm_90a code) and wait for it; later calls read a per-device cache.
+template <class RA, class RB>
+std::string scaled_gemm_support(const stream_executor& ex, gemm_backend backend, std::size_t K,
+                                const gemm_options& opt = {}) {
+    if (backend == gemm_backend::host) return "the host backend runs with octet::on_host(), not on a stream";
+    if (backend != gemm_backend::automatic) return detail::gemm_device_support<RA, RB>(ex, backend, K, opt);
+    for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma, gemm_backend::cublaslt})
+        if (detail::gemm_device_support<RA, RB>(ex, b, K, opt).empty()) return "";
+    return detail::message("no CUDA backend serves it here; backends that do: ",
+                           detail::gemm_device_backends_serving<RA, RB>(ex, K, opt));
+}
 
 /// D = alpha * dequant(A) * dequant(B)^T + bias on a stream (device memory).
 template <class RA, class BA, class RB, class BB, class DT>

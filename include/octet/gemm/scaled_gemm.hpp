@@ -28,8 +28,8 @@
 //     and its exponent range fits float), so the only rounding is in sums and scalings.
 //   * K is cut into segments of g = gcd(P, K-block of A, K-block of B) elements, where P is
 //     options.promotion_interval and blocks (or P) that cover all of K do not count. Inside a
-//     segment the scales are constant; the unscaled code products are summed (host: float, in an
-//     unspecified order; tensor cores: their own accumulator), then the partial sum p is
+//     segment the scales are constant; the unscaled code products are summed (host: float, in k
+//     order; tensor cores: their own accumulator), then the partial sum p is
 //     "promoted": acc += p * (sA * sB) in float. On the GPU kernels the segment is what the
 //     tensor-core accumulator holds before promotion (DeepSeek-V3 promotes every 128).
 //   * Epilogue in float: v = alpha * acc, then + beta * C, then + bias, then one rounding to D's
@@ -66,6 +66,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <type_traits>
@@ -74,6 +75,7 @@
 #include "octet/config.hpp"
 #include "octet/core/check.hpp"
 #include "octet/core/executor.hpp"
+#include "octet/core/isa_dispatch.hpp"
 #include "octet/core/matrix.hpp"
 #include "octet/core/span.hpp"
 #include "octet/quant/quantize.hpp"
@@ -446,35 +448,6 @@ inline void check_host_backend(const gemm_options& opt) {
 
 namespace detail {
 
-/// Decodes the codes of rows [r0, r1) of q into float rows of `ld` floats (unscaled), zero-padded.
-template <class R>
-void gemm_decode_rows(const quantized_cref<R>& q, std::size_t r0, std::size_t r1, float* out, std::size_t ld) {
-    using Fmt = typename R::format;
-    const std::size_t K = q.cols();
-    float table[256];
-    for (int c = 0; c < 256; ++c) table[c] = decode<Fmt>(static_cast<std::uint8_t>(c));
-    for (std::size_t i = r0; i < r1; ++i) {
-        float* dst = out + (i - r0) * ld;
-        const std::uint8_t* row = q.data + i * q.layout.row_bytes;
-        if constexpr (Fmt::bits == 8) {
-            for (std::size_t k = 0; k < K; ++k) dst[k] = table[row[k]];
-        } else {
-            for (std::size_t k = 0; k < K; ++k) dst[k] = table[load_code<Fmt>(row, k)];
-        }
-        for (std::size_t k = K; k < ld; ++k) dst[k] = 0.0f;
-    }
-}
-
-/// Effective scales per row and segment: out[i * S + s] = scale of row i over segment s.
-template <class R>
-void gemm_segment_scales(const quantized_cref<R>& q, std::size_t g, std::size_t S, std::vector<float>& out) {
-    const std::size_t rows = q.rows();
-    out.resize(rows * S);
-    const std::size_t br = q.layout.block_rows, bc = q.layout.block_cols;
-    for (std::size_t i = 0; i < rows; ++i)
-        for (std::size_t s = 0; s < S; ++s) out[i * S + s] = q.scale(i / br, (s * g) / bc);
-}
-
 template <class T>
 OCTET_HD float load_as_float(const T& v) {
     if constexpr (std::is_same_v<T, float>)
@@ -492,129 +465,296 @@ OCTET_HD T store_from_float(float v) {
         return to_fp16(v);
 }
 
-constexpr std::size_t kHostLanes = 8;   // lanes of the partial sums (vectorizes to AVX / 2x SSE)
-constexpr std::size_t kHostMR = 2;      // rows per micro-tile
-constexpr std::size_t kHostNR = 4;      // columns per micro-tile
-constexpr std::size_t kHostTileM = 16;  // a task: 16 rows x 64 columns of D
-constexpr std::size_t kHostTileN = 64;
+// How the host backend runs. Both operands are decoded once per call (unscaled codes, as float)
+// into panels: A in panels of MR rows stored k-major ([k][MR]), B in panels of NR rows ([k][NR]),
+// with every row's scale over every segment beside them ([s][MR], [s][NR]). A task is a tile of D;
+// for each chunk of whole segments, and for each pair of B and A panels of the tile, the
+// micro-kernel sums each segment's code products in an MR x NR tile of vector registers, running
+// down k, then promotes them into the tile's accumulators in memory: acc += p * (sA * sB). Each
+// element sums its segment in k order, so every instruction set, tile shape and thread count gives
+// the same bits. The micro-kernel runs compiled for the CPU's best instruction set
+// (core/isa_dispatch.hpp) with fused multiply-adds for the products: a product of two codes is
+// exact, so fusing it changes no bit; the promotion, rounded twice by contract, is kept unfused.
 
 #if defined(__GNUC__) || defined(__clang__)
-/// 8 float lanes (GCC/Clang vector extension: AVX, or two SSE registers on baseline x86-64).
-typedef float host_lanes __attribute__((vector_size(32)));
+/// W float lanes: a GCC/Clang vector (one AVX-512, AVX or SSE/NEON register for W = 16, 8, 4).
+template <std::size_t W>
+struct host_vector;
+template <>
+struct host_vector<4> {
+    typedef float type __attribute__((vector_size(16)));
+};
+template <>
+struct host_vector<8> {
+    typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct host_vector<16> {
+    typedef float type __attribute__((vector_size(64)));
+};
 #else
-struct host_lanes {
-    float v[8];
-    float& operator[](std::size_t i) { return v[i]; }
-    float operator[](std::size_t i) const { return v[i]; }
-    host_lanes& operator+=(const host_lanes& o) {
-        for (int i = 0; i < 8; ++i) v[i] += o.v[i];
-        return *this;
-    }
-    friend host_lanes operator*(const host_lanes& a, const host_lanes& b) {
-        host_lanes r;
-        for (int i = 0; i < 8; ++i) r.v[i] = a.v[i] * b.v[i];
-        return r;
-    }
+template <std::size_t W>
+struct host_vector {
+    struct type {
+        float v[W];
+        type& operator+=(const type& o) {
+            for (std::size_t i = 0; i < W; ++i) v[i] += o.v[i];
+            return *this;
+        }
+        friend type operator*(const type& a, const type& b) {
+            type r;
+            for (std::size_t i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i];
+            return r;
+        }
+        friend type operator-(float x, const type& b) {
+            type r;
+            for (std::size_t i = 0; i < W; ++i) r.v[i] = x - b.v[i];
+            return r;
+        }
+    };
 };
 #endif
-static_assert(sizeof(host_lanes) == kHostLanes * sizeof(float), "host_lanes holds kHostLanes floats");
 
-inline void load_lanes(host_lanes& v, const float* p) {
-    std::memcpy(&v, p, sizeof v);
+// GCC unrolls the register tile's loops at -O2 only when asked, and at -O3 by itself (nvcc's front
+// end does not know the pragma, so under nvcc the host compiler's -O3 does it).
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define OCTET_HOST_UNROLL _Pragma("GCC unroll 16")
+#else
+#define OCTET_HOST_UNROLL
+#endif
+
+/// Hides v's value from the optimizer, so that the multiply that made it is not fused into the add
+/// that uses it (a fused multiply-add would round once where the contract rounds twice).
+template <class V>
+OCTET_KERNEL_INLINE void host_unfused(V& v) {
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__("" : "+m"(v));
+#else
+    (void)v;  // MSVC does not contract by default
+#endif
 }
 
-/// acc[r][c] = sum over segments of (sum of code products in the segment) * (sA * sB).
-inline void host_micro_tile(const float* const (&a)[kHostMR], const float* const (&b)[kHostNR],
-                            const float* const (&sa)[kHostMR], const float* const (&sb)[kHostNR], std::size_t K,
-                            std::size_t g, std::size_t S, float (&acc)[kHostMR][kHostNR]) {
-    for (std::size_t r = 0; r < kHostMR; ++r)
-        for (std::size_t c = 0; c < kHostNR; ++c) acc[r][c] = 0.0f;
-    for (std::size_t s = 0; s < S; ++s) {
-        const std::size_t k0 = s * g, k1 = std::min(K, k0 + g);
-        // Lane-wise partial sums, a fixed-order reduction of the lanes, then the tail. Products of
-        // codes are exact, so a fused multiply-add or not gives the same sums.
-        host_lanes v[kHostMR][kHostNR];
-        std::memset(&v, 0, sizeof v);
-        float tail[kHostMR][kHostNR] = {};
-        std::size_t k = k0;
-        for (; k + kHostLanes <= k1; k += kHostLanes) {
-            host_lanes av[kHostMR], bv[kHostNR];
-            for (std::size_t r = 0; r < kHostMR; ++r) load_lanes(av[r], a[r] + k);
-            for (std::size_t c = 0; c < kHostNR; ++c) load_lanes(bv[c], b[c] + k);
-            for (std::size_t r = 0; r < kHostMR; ++r)
-                for (std::size_t c = 0; c < kHostNR; ++c) v[r][c] += av[r] * bv[c];
-        }
-        for (; k < k1; ++k)
-            for (std::size_t r = 0; r < kHostMR; ++r)
-                for (std::size_t c = 0; c < kHostNR; ++c) tail[r][c] += a[r][k] * b[c][k];
-        for (std::size_t r = 0; r < kHostMR; ++r)
-            for (std::size_t c = 0; c < kHostNR; ++c) {
-                const host_lanes& x = v[r][c];
-                const float p = (((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))) + tail[r][c];
-                const float scale = sa[r][s] * sb[c][s];
-                acc[r][c] += p * scale;
+/// The micro-kernel's register tile for one instruction set: MR rows x NV vectors of W lanes
+/// (NR = NV * W columns of D); MR x NV partial sums plus NV + 1 operands fill the vector registers.
+template <simd_isa Isa, std::size_t W, std::size_t MR, std::size_t NV>
+struct host_gemm_tile {
+    static constexpr simd_isa isa = Isa;
+    static constexpr std::size_t width = W, mr = MR, nv = NV, nr = NV * W;
+};
+using host_gemm_tile_avx512 = host_gemm_tile<simd_isa::avx512, 16, 6, 2>;     // 12 of 32 zmm
+using host_gemm_tile_avx2 = host_gemm_tile<simd_isa::avx2, 8, 6, 2>;          // 12 of 16 ymm
+using host_gemm_tile_portable = host_gemm_tile<simd_isa::portable, 4, 6, 2>;  // 12 of 16 xmm (SSE2, NEON)
+
+/// Segments [s0, s1) of one task: for every B panel and A panel of its tile, p = the sum of each
+/// segment's code products (k order), then acc += p * (sA * sB). Panels are `K` codes long and
+/// their scales `S` segments long; the tile's accumulators are blocks of MR x NR floats, block
+/// (jb, ia) at acc + (jb * a_panels + ia) * MR * NR.
+template <class Tile>
+struct host_gemm_kernel {
+    OCTET_KERNEL_INLINE static void run(const float* a_pack, const float* a_scales, std::size_t a_panels,
+                                        const float* b_pack, const float* b_scales, std::size_t b_panels, std::size_t K,
+                                        std::size_t S, std::size_t g, std::size_t s0, std::size_t s1, float* acc) {
+        constexpr std::size_t W = Tile::width, MR = Tile::mr, NV = Tile::nv, NR = Tile::nr;
+        using V = typename host_vector<W>::type;
+        for (std::size_t jb = 0; jb < b_panels; ++jb)
+            for (std::size_t ia = 0; ia < a_panels; ++ia) {
+                const float* a = a_pack + ia * K * MR;  // (K, MR)
+                const float* b = b_pack + jb * K * NR;  // (K, NR)
+                const float* sa = a_scales + ia * S * MR;
+                const float* sb = b_scales + jb * S * NR;
+                float* c = acc + (jb * a_panels + ia) * MR * NR;  // (MR, NR)
+                for (std::size_t s = s0; s < s1; ++s) {
+                    const std::size_t k1 = std::min(K, (s + 1) * g);
+                    V p[MR][NV];  // (MR, NR) partial sums of segment s
+                    OCTET_HOST_UNROLL
+                    for (std::size_t r = 0; r < MR; ++r) OCTET_HOST_UNROLL
+                    for (std::size_t v = 0; v < NV; ++v) p[r][v] = V{};
+                    for (std::size_t k = s * g; k < k1; ++k) {
+                        V bv[NV];
+                        OCTET_HOST_UNROLL
+                        for (std::size_t v = 0; v < NV; ++v) std::memcpy(&bv[v], b + k * NR + v * W, sizeof(V));
+                        OCTET_HOST_UNROLL
+                        for (std::size_t r = 0; r < MR; ++r) {
+                            const V av = a[k * MR + r] - V{};  // x - 0 is x: one broadcast
+                            OCTET_HOST_UNROLL
+                            for (std::size_t v = 0; v < NV; ++v) p[r][v] += av * bv[v];
+                        }
+                    }
+                    OCTET_HOST_UNROLL
+                    for (std::size_t r = 0; r < MR; ++r) {
+                        const V sr = sa[s * MR + r] - V{};
+                        OCTET_HOST_UNROLL
+                        for (std::size_t v = 0; v < NV; ++v) {
+                            V sc, cv;
+                            std::memcpy(&sc, sb + s * NR + v * W, sizeof(V));
+                            std::memcpy(&cv, c + r * NR + v * W, sizeof(V));
+                            V t = p[r][v] * (sr * sc);
+                            host_unfused(t);
+                            cv += t;
+                            std::memcpy(c + r * NR + v * W, &cv, sizeof(V));
+                        }
+                    }
+                }
             }
     }
+};
+
+#if OCTET_ISA_DISPATCH
+// The GEMM's AVX2 variant adds FMA (which every AVX2 CPU has); see host_unfused for why it is safe.
+template <class Kernel, class... Args>
+__attribute__((target("avx2,fma"))) void run_kernel_avx2_fma(Args... args) {
+    Kernel::run(args...);
+}
+#endif
+
+/// Whether this CPU runs the GEMM's variant for `isa` (AVX2 also needs FMA).
+inline bool host_gemm_isa_supported(simd_isa isa) {
+#if OCTET_ISA_DISPATCH
+    if (isa == simd_isa::avx2 && !__builtin_cpu_supports("fma")) return false;
+#endif
+    return isa_supported(isa);
 }
 
-/// The host backend: out(i, j) = epilogue(acc(i, j)) for D float, bf16 or fp16.
-template <class RA, class RB, class CT, class DT>
-void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
-                      const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+/// The GEMM's best variant on this CPU, decided once.
+inline simd_isa host_gemm_isa() {
+    static const simd_isa chosen = host_gemm_isa_supported(simd_isa::avx512) ? simd_isa::avx512
+                                   : host_gemm_isa_supported(simd_isa::avx2) ? simd_isa::avx2
+                                                                             : simd_isa::portable;
+    return chosen;
+}
+
+template <class Tile, class... Args>
+void run_host_gemm_kernel(Args... args) {
+#if OCTET_ISA_DISPATCH
+    if constexpr (Tile::isa == simd_isa::avx512)
+        return run_kernel_avx512<host_gemm_kernel<Tile>>(args...);
+    else if constexpr (Tile::isa == simd_isa::avx2)
+        return run_kernel_avx2_fma<host_gemm_kernel<Tile>>(args...);
+    else
+#endif
+        host_gemm_kernel<Tile>::run(args...);
+}
+
+/// Packs panel `panel` of q (rows panel * Rows + r, r < Rows; rows past the end are zeros): the
+/// decoded codes k-major, dst[k * Rows + r], and each row's scale per segment, scales[s * Rows + r].
+template <std::size_t Rows, class R>
+void host_gemm_pack_panel(const quantized_cref<R>& q, const float* table, std::size_t panel, std::size_t g,
+                          std::size_t S, float* dst, float* scales) {
+    using Fmt = typename R::format;
+    const std::size_t K = q.cols(), i0 = panel * Rows, rows = std::min(Rows, q.rows() - i0);
+    const std::uint8_t* row[Rows];
+    for (std::size_t r = 0; r < Rows; ++r) row[r] = q.data + (i0 + std::min(r, rows - 1)) * q.layout.row_bytes;
+    for (std::size_t k = 0; k < K; ++k)
+        for (std::size_t r = 0; r < Rows; ++r) {
+            if constexpr (Fmt::bits == 8)
+                dst[k * Rows + r] = table[row[r][k]];
+            else
+                dst[k * Rows + r] = table[load_code<Fmt>(row[r], k)];
+        }
+    if (rows < Rows)  // the missing rows read the last row above; zero them
+        for (std::size_t k = 0; k < K; ++k)
+            for (std::size_t r = rows; r < Rows; ++r) dst[k * Rows + r] = 0.0f;
+    const std::size_t br = q.layout.block_rows, bc = q.layout.block_cols;
+    for (std::size_t s = 0; s < S; ++s)
+        for (std::size_t r = 0; r < Rows; ++r)
+            scales[s * Rows + r] = r < rows ? q.scale((i0 + r) / br, (s * g) / bc) : 0.0f;
+}
+
+/// The host backend with one register tile: out(i, j) = epilogue(acc(i, j)) for D float, bf16, fp16.
+template <class Tile, class RA, class RB, class CT, class DT>
+void host_scaled_gemm_tiled(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                            const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+    constexpr std::size_t MR = Tile::mr, NR = Tile::nr;
+    // A task: 16 A panels x 128 columns of D (48 KB of accumulators with the AVX-512 tile). A chunk:
+    // whole segments of about 128 k, so that a chunk of one B panel stays in L1 while the task's A
+    // panels stream past it.
+    constexpr std::size_t kTaskPanelsA = 16, kTaskPanelsB = std::max<std::size_t>(1, 128 / NR), kChunkK = 128;
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
-    if (M == 0 || N == 0) return;
     const std::size_t P = static_cast<std::size_t>(opt.promotion_interval);
     const std::size_t g = gemm_segment(P, A.layout.block_cols, B.layout.block_cols, K);
     const std::size_t S = K == 0 ? 0 : (K + g - 1) / g;
-    const std::size_t ld = (K + kHostLanes - 1) / kHostLanes * kHostLanes;
+    const std::size_t chunk_segments = std::max<std::size_t>(1, kChunkK / g);
+    const std::size_t a_panels = (M + MR - 1) / MR, b_panels = (N + NR - 1) / NR;
 
-    // Decoded codes of both operands (unscaled), and the scale of every row over every segment.
-    std::vector<float> a_codes(M * ld), b_codes(N * ld), a_scales, b_scales;
-    parallel_for(ex, M, 64,
-                 [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(A, b0, e0, a_codes.data() + b0 * ld, ld); });
-    parallel_for(ex, N, 64,
-                 [&](std::size_t b0, std::size_t e0) { gemm_decode_rows(B, b0, e0, b_codes.data() + b0 * ld, ld); });
-    if (S > 0) {
-        gemm_segment_scales(A, g, S, a_scales);
-        gemm_segment_scales(B, g, S, b_scales);
+    // Panels of decoded codes and of scales, in one allocation (not value-initialized: packing writes
+    // every element; one block is what lets malloc keep its pages from call to call).
+    const std::unique_ptr<float[]> packs(new float[(a_panels * MR + b_panels * NR) * (K + S)]);
+    float* const a_pack = packs.get();
+    float* const b_pack = a_pack + a_panels * MR * K;
+    float* const a_scales = b_pack + b_panels * NR * K;
+    float* const b_scales = a_scales + a_panels * MR * S;
+    float table_a[256], table_b[256];
+    for (int c = 0; c < 256; ++c) {
+        table_a[c] = decode<typename RA::format>(static_cast<std::uint8_t>(c));
+        table_b[c] = decode<typename RB::format>(static_cast<std::uint8_t>(c));
     }
-    const std::vector<float> zeros(std::max<std::size_t>(ld, 1) + std::max<std::size_t>(S, 1), 0.0f);
+    // Split by rows (A's then B's): a range packs the panels whose first row falls in it.
+    const std::size_t a_rows = a_panels * MR;
+    const std::size_t pack_grain = std::max<std::size_t>(1, 16384 / std::max<std::size_t>(K, 1));
+    parallel_for(ex, a_rows + b_panels * NR, pack_grain, [&](std::size_t u0, std::size_t u1) {
+        for (std::size_t p = (u0 + MR - 1) / MR; p * MR < std::min(u1, a_rows); ++p)
+            host_gemm_pack_panel<MR>(A, table_a, p, g, S, a_pack + p * MR * K, a_scales + p * MR * S);
+        for (std::size_t q = (std::max(u0, a_rows) - a_rows + NR - 1) / NR; a_rows + q * NR < u1; ++q)
+            host_gemm_pack_panel<NR>(B, table_b, q, g, S, b_pack + q * NR * K, b_scales + q * NR * S);
+    });
 
-    const std::size_t tiles_m = (M + kHostTileM - 1) / kHostTileM, tiles_n = (N + kHostTileN - 1) / kHostTileN;
+    const std::size_t tiles_m = (a_panels + kTaskPanelsA - 1) / kTaskPanelsA;
+    const std::size_t tiles_n = (b_panels + kTaskPanelsB - 1) / kTaskPanelsB;
     const float alpha = opt.alpha, beta = opt.beta;
     const float* bias = opt.bias.empty() ? nullptr : opt.bias.data();
     parallel_for(ex, tiles_m * tiles_n, 1, [&](std::size_t t0, std::size_t t1) {
+        std::vector<float> acc(kTaskPanelsA * MR * kTaskPanelsB * NR);
         for (std::size_t t = t0; t < t1; ++t) {
-            const std::size_t i0 = (t / tiles_n) * kHostTileM, j0 = (t % tiles_n) * kHostTileN;
-            const std::size_t i1 = std::min(M, i0 + kHostTileM), j1 = std::min(N, j0 + kHostTileN);
-            for (std::size_t i = i0; i < i1; i += kHostMR)
-                for (std::size_t j = j0; j < j1; j += kHostNR) {
-                    const float* a[kHostMR];
-                    const float* sa[kHostMR];
-                    const float* b[kHostNR];
-                    const float* sb[kHostNR];
-                    for (std::size_t r = 0; r < kHostMR; ++r) {
-                        const bool in = i + r < i1;
-                        a[r] = in ? a_codes.data() + (i + r) * ld : zeros.data();
-                        sa[r] = in && S ? a_scales.data() + (i + r) * S : zeros.data();
-                    }
-                    for (std::size_t c = 0; c < kHostNR; ++c) {
-                        const bool in = j + c < j1;
-                        b[c] = in ? b_codes.data() + (j + c) * ld : zeros.data();
-                        sb[c] = in && S ? b_scales.data() + (j + c) * S : zeros.data();
-                    }
-                    float acc[kHostMR][kHostNR];
-                    host_micro_tile(a, b, sa, sb, K, g, S, acc);
-                    for (std::size_t r = 0; r < kHostMR && i + r < i1; ++r)
-                        for (std::size_t c = 0; c < kHostNR && j + c < j1; ++c) {
-                            float v = alpha * acc[r][c];
-                            if (C) v += beta * load_as_float((*C)(i + r, j + c));
-                            if (bias) v += bias[j + c];
-                            D(i + r, j + c) = store_from_float<DT>(v);
+            const std::size_t pa0 = (t / tiles_n) * kTaskPanelsA, pb0 = (t % tiles_n) * kTaskPanelsB;
+            const std::size_t pa = std::min(kTaskPanelsA, a_panels - pa0), pb = std::min(kTaskPanelsB, b_panels - pb0);
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (std::size_t s0 = 0; s0 < S; s0 += chunk_segments)
+                run_host_gemm_kernel<Tile>(a_pack + pa0 * MR * K, a_scales + pa0 * MR * S, pa, b_pack + pb0 * NR * K,
+                                           b_scales + pb0 * NR * S, pb, K, S, g, s0, std::min(S, s0 + chunk_segments),
+                                           acc.data());
+            // Epilogue: v = alpha * acc, + beta * C, + bias, each rounded (no fused multiply-add),
+            // then one rounding to D's type.
+            const std::size_t i0 = pa0 * MR, i1 = std::min(M, (pa0 + pa) * MR);
+            for (std::size_t i = i0; i < i1; ++i)
+                for (std::size_t jb = 0; jb < pb; ++jb) {
+                    const float* a_row = acc.data() + (jb * pa + (i - i0) / MR) * MR * NR + (i - i0) % MR * NR;
+                    const std::size_t j0 = (pb0 + jb) * NR, j1 = std::min(N, j0 + NR);
+                    if constexpr (std::is_same_v<DT, float>) {
+                        if (!C && !bias && D.order == storage_order::row_major) {  // a loop that vectorizes
+                            float* d = &D(i, j0);
+                            for (std::size_t j = j0; j < j1; ++j) d[j - j0] = alpha * a_row[j - j0];
+                            continue;
                         }
+                    }
+                    for (std::size_t j = j0; j < j1; ++j) {
+                        float v = alpha * a_row[j - j0];
+                        host_unfused(v);
+                        if (C) {
+                            float t = beta * load_as_float((*C)(i, j));
+                            host_unfused(t);
+                            v += t;
+                        }
+                        if (bias) v += bias[j];
+                        D(i, j) = store_from_float<DT>(v);
+                    }
                 }
         }
     });
+}
+
+/// The host backend: the variant of `isa` (host_gemm_isa_supported; tests pass each one).
+template <class RA, class RB, class CT, class DT>
+void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                      const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt,
+                      simd_isa isa = host_gemm_isa()) {
+    if (A.rows() == 0 || B.rows() == 0) return;
+#if OCTET_ISA_DISPATCH
+    if (isa == simd_isa::avx512) return host_scaled_gemm_tiled<host_gemm_tile_avx512>(ex, A, B, C, D, opt);
+    if (isa == simd_isa::avx2) return host_scaled_gemm_tiled<host_gemm_tile_avx2>(ex, A, B, C, D, opt);
+#else
+    (void)isa;
+#endif
+    host_scaled_gemm_tiled<host_gemm_tile_portable>(ex, A, B, C, D, opt);
 }
 
 template <class RA, class BA, class RB, class BB, class CT, class DT>

@@ -190,7 +190,7 @@ OCTET_KERNEL void sm89_probe_kernel(int* flag) {
 }
 
 inline bool sm89_available() {
-    if (device_arch() < 89) return false;
+    if (cuda::compute_capability() < 89) return false;
     return probe_once([](int* f) { sm89_probe_kernel<<<1, 1>>>(f); });
 }
 

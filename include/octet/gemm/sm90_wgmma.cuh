@@ -417,7 +417,7 @@ OCTET_KERNEL void sm90a_probe_kernel(int* flag) {
 }
 
 inline bool sm90a_available() {
-    if (device_arch() != 90) return false;
+    if (cuda::compute_capability() != 90) return false;
     return probe_once([](int* f) { sm90a_probe_kernel<<<1, 1>>>(f); });
 }
 

@@ -231,6 +231,60 @@ template <class In>
 float tensor_amax_host(host_executor ex, matrix_ref<const In> x);
 
 /// One quantized copy of x (rows x cols in x's logical orientation) on the host.
+/// Per code of a format (at most 8 bits): its value, and whether it is an edge code (the largest
+/// finite magnitude, Inf or NaN: the only codes an input beyond max_finite can encode to, under
+/// either overflow policy and either rounding).
+template <class Fmt>
+struct code_table {
+    float value[256];
+    bool edge[256];
+    code_table() {
+        for (unsigned c = 0; c < 256; ++c) {
+            const bool valid = c < (1u << Fmt::bits);
+            value[c] = valid ? decode<Fmt>(static_cast<std::uint8_t>(c)) : 0.0f;
+            const float a = value[c] < 0 ? -value[c] : value[c];
+            edge[c] = valid && !(a < static_cast<float>(Fmt::max_finite));
+        }
+    }
+};
+
+/// quant_stats of one quantized row (quant/stats.hpp defines each count). The saturation test
+/// (beyond_max_finite of x / S, a division) runs only for edge codes, where it can be true; the
+/// energies use four partial sums (their order is not part of the contract, only the counts are).
+template <class Fmt>
+void accumulate_row_stats(const float* v, const float* S_of, const std::uint8_t* codes, std::size_t n,
+                          const code_table<Fmt>& facts, quant_stats& st) {
+    unsigned long long non_finite = 0, lost = 0, saturated = 0, flushed = 0;
+    double signal[4] = {0, 0, 0, 0}, noise[4] = {0, 0, 0, 0};
+    for (std::size_t j = 0; j < n; ++j) {
+        const float val = v[j];
+        const float S = S_of[j];
+        const std::uint32_t a = float_to_bits(val) & 0x7FFFFFFFu;
+        if (a >= 0x7F800000u) {
+            ++non_finite;
+            continue;
+        }
+        if (S != S) {  // a NaN block (nan_policy::propagate): the element dequantizes to NaN
+            ++lost;
+            continue;
+        }
+        const std::uint8_t c = codes[j];
+        const float back = facts.value[c] * S;
+        if (facts.edge[c] && S != 0.0f && beyond_max_finite<Fmt>(val / S)) ++saturated;
+        if (a != 0u && back == 0.0f) ++flushed;
+        signal[j & 3] += static_cast<double>(val) * val;
+        const double err = static_cast<double>(val) - back;
+        noise[j & 3] += err * err;
+    }
+    st.elements += n;
+    st.non_finite += non_finite;
+    st.lost_to_nan += lost;
+    st.saturated += saturated;
+    st.flushed_to_zero += flushed;
+    st.signal_energy += (signal[0] + signal[1]) + (signal[2] + signal[3]);
+    st.noise_energy += (noise[0] + noise[1]) + (noise[2] + noise[3]);
+}
+
 template <class Recipe, class In>
 void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& out,
                         float amax_for_scale_override, float tensor_scale, const philox_stream& rng, bool stats_on,
@@ -302,6 +356,7 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
 
     // Phase 3: codes, row by row (a row never shares a byte with another row).
     using Fmt = typename Recipe::format;
+    const code_table<Fmt> code_facts;
     constexpr bool stochastic = std::is_same_v<typename Recipe::rounding, round::stochastic>;
     const bool row_major = x.order == storage_order::row_major;
     std::mutex m;
@@ -350,27 +405,7 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
                     std::fill(row, row + L.row_bytes, std::uint8_t{0});
                     for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
                 }
-                if (!stats_on) continue;
-                for (std::size_t j = 0; j < cols; ++j) {
-                    const float val = v[j];
-                    const float S = S_of[j];
-                    ++local.elements;
-                    const std::uint32_t a = float_to_bits(val) & 0x7FFFFFFFu;
-                    if (a >= 0x7F800000u) {
-                        ++local.non_finite;
-                        continue;
-                    }
-                    if (S != S) {  // a NaN block (nan_policy::propagate): the element dequantizes to NaN
-                        ++local.lost_to_nan;
-                        continue;
-                    }
-                    const float back = decode<Fmt>(codes[j]) * S;
-                    if (S != 0.0f && beyond_max_finite<Fmt>(val / S)) ++local.saturated;
-                    if (a != 0u && back == 0.0f) ++local.flushed_to_zero;
-                    local.signal_energy += static_cast<double>(val) * val;
-                    const double err = static_cast<double>(val) - back;
-                    local.noise_energy += err * err;
-                }
+                if (stats_on) accumulate_row_stats(v.data(), S_of.data(), codes.data(), cols, code_facts, local);
             }
             if (stats_on) {
                 std::lock_guard<std::mutex> lock(m);

@@ -1,0 +1,1531 @@
+// examples/08_training/model.hpp: the decoder-only transformer the training program trains, built
+// from octet on the host executor.
+//
+//   train::transformer model(cfg, recipe, meter, octet::on_host(pool), max_batch, seed);
+//   train::step_telemetry t = model.forward_backward(params, tokens, batch, grads);
+//
+// Architecture: token embedding + learned position embedding, `layers` pre-norm blocks
+//   x = x + W_o attn(W_qkv rmsnorm(x))          causal attention, grouped-query heads
+//   x = x + W_down gelu(W_up rmsnorm(x))        GELU with the tanh approximation
+// then a final RMSNorm and the output head (tied: logits = h E^T; else its own matrix). No biases.
+// RMSNorm: y = x / sqrt(mean(x^2) + 1e-5) * gain. Loss: mean softmax cross-entropy (nats).
+//
+// Precision by recipe. The four linears of a block (fused QKV, attention output, MLP up, MLP down)
+// run in recipe.linear: float32 (the blocked GEMM below), bf16 (operands rounded to bf16, products
+// summed in float) or an FP8 mode through octet's linear component (octet/nn/linear.hpp).
+// Attention runs in float32 (below) or octet's FP8 attention (Q, K, dO E4M3 per token and head,
+// V E4M3 per head or per token). Everything else (embedding, norms, GELU, residual adds, the
+// output head and the loss) is float32: the head's vocabulary is not a multiple of a scale block
+// and its logits feed the loss directly (the head's products run on the float32 GEMM and are timed
+// as "embedding_head", not "linear"). set_high_precision(true) runs the linears and the attention
+// in float32 too (recovery's "raise precision").
+//
+// step_telemetry.op_seconds keys: "linear" (the four block linears, forward and backward, their
+// quantization included), "attention" (float32, or FP8 with the quantization of Q, K, V, dO),
+// "norm" (RMSNorms and residual adds), "mlp_activation" (GELU), "embedding_head" (embedding
+// gather and scatter, head products), "loss" (softmax cross-entropy and its gradient).
+//
+// Memory: every buffer is a metered_vector allocated in the constructor for max_batch sequences
+// (activations: what the backward reads; temporaries: the rest), so forward_backward allocates
+// nothing of its own (octet's FP8 attention and quantizer use internal scratch vectors that the
+// meter does not see). Float copies of the linears' inputs, needed when a layer computes in float,
+// are kept only while it does: a float32 recipe keeps them always, an FP8 recipe only while
+// high precision is on (set_high_precision allocates and frees them).
+#pragma once
+
+#include <octet/octet.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if __has_include(<octet/nn/linear.hpp>)
+#include <octet/nn/linear.hpp>
+#define TRAIN_HAS_FP8_LINEAR 1
+#else
+#define TRAIN_HAS_FP8_LINEAR 0
+#endif
+
+#include "train.hpp"
+
+namespace train {
+
+// =================================================================================================
+// float32 GEMM: C (M x N) = A (M x K) B (K x N) [+ C], all row-major with leading dimensions.
+// =================================================================================================
+
+namespace detail {
+
+/// One band of rows of C, in MR x NR register tiles over K blocks of KC. Every element of C sums
+/// its K products in order k = 0, 1, ... (the blocking only splits the sum, never reorders it), so
+/// results do not depend on the blocking or on how rows are split among threads.
+template <std::size_t MR, std::size_t NR>
+struct gemm_band_kernel {
+    static constexpr std::size_t KC = 256;
+
+    template <std::size_t R>
+    OCTET_KERNEL_INLINE static void tile(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C,
+                                         std::size_t ldc, std::size_t kc, bool load) {
+        float acc[R][NR];
+        for (std::size_t r = 0; r < R; ++r)
+            for (std::size_t j = 0; j < NR; ++j) acc[r][j] = load ? C[r * ldc + j] : 0.0f;
+        for (std::size_t k = 0; k < kc; ++k) {
+            const float* b = B + k * ldb;
+            for (std::size_t r = 0; r < R; ++r) {
+                const float a = A[r * lda + k];
+                for (std::size_t j = 0; j < NR; ++j) acc[r][j] += a * b[j];
+            }
+        }
+        for (std::size_t r = 0; r < R; ++r)
+            for (std::size_t j = 0; j < NR; ++j) C[r * ldc + j] = acc[r][j];
+    }
+
+    OCTET_KERNEL_INLINE static void run(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C,
+                                        std::size_t ldc, std::size_t m, std::size_t N, std::size_t K, bool accumulate) {
+        const std::size_t n_full = N / NR * NR;
+        if (K == 0 && !accumulate)
+            for (std::size_t i = 0; i < m; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+        for (std::size_t k0 = 0; k0 < K; k0 += KC) {
+            const std::size_t kc = std::min(KC, K - k0);
+            const bool load = accumulate || k0 > 0;
+            for (std::size_t j0 = 0; j0 < n_full; j0 += NR) {
+                std::size_t i = 0;
+                for (; i + MR <= m; i += MR)
+                    tile<MR>(A + i * lda + k0, lda, B + k0 * ldb + j0, ldb, C + i * ldc + j0, ldc, kc, load);
+                for (; i < m; ++i)
+                    tile<1>(A + i * lda + k0, lda, B + k0 * ldb + j0, ldb, C + i * ldc + j0, ldc, kc, load);
+            }
+            for (std::size_t i = 0; i < m && n_full < N; ++i) {  // the last N % NR columns
+                float* c = C + i * ldc;
+                if (!load)
+                    for (std::size_t j = n_full; j < N; ++j) c[j] = 0.0f;
+                for (std::size_t k = 0; k < kc; ++k) {
+                    const float a = A[i * lda + k0 + k];
+                    const float* b = B + (k0 + k) * ldb;
+                    for (std::size_t j = n_full; j < N; ++j) c[j] += a * b[j];
+                }
+            }
+        }
+    }
+};
+
+/// Register tiles per instruction set: 4 x 64 (16 of AVX-512's 32 registers), else 4 x 16.
+inline void gemm_band(octet::detail::simd_isa isa, const float* A, std::size_t lda, const float* B, std::size_t ldb,
+                      float* C, std::size_t ldc, std::size_t m, std::size_t N, std::size_t K, bool accumulate) {
+    if (isa == octet::detail::simd_isa::avx512)
+        octet::detail::run_kernel<gemm_band_kernel<4, 64>>(isa, A, lda, B, ldb, C, ldc, m, N, K, accumulate);
+    else
+        octet::detail::run_kernel<gemm_band_kernel<4, 16>>(isa, A, lda, B, ldb, C, ldc, m, N, K, accumulate);
+}
+
+}  // namespace detail
+
+/// C = A B (accumulate: C += A B) in float32, parallel over bands of C's rows. The kernel is
+/// compiled for the CPU's best instruction set (octet's isa dispatch); with AVX-512 the compiler
+/// fuses the multiply-adds, so bits can differ between machines but never between runs or thread
+/// counts on one machine. Measured on the model's shapes (2048 x 384 x 128 to 512^3) on an AVX-512
+/// EPYC core: about 70-105 GFLOP/s of CPU time per thread.
+inline void gemm(octet::host_executor ex, const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C,
+                 std::size_t ldc, std::size_t M, std::size_t N, std::size_t K, bool accumulate = false) {
+    if (M == 0 || N == 0) return;
+    const octet::detail::simd_isa isa = octet::detail::best_isa();
+    // Bands of 4 rows; at least ~1 MFLOP per thread's share so small products stay on one thread.
+    constexpr std::size_t band = 4;
+    const std::size_t work_per_row = std::max<std::size_t>(1, N * std::max<std::size_t>(K, 1));
+    const std::size_t min_rows = std::max<std::size_t>(band, (std::size_t{1} << 19) / work_per_row);
+    const std::size_t bands = (M + band - 1) / band;
+    octet::parallel_for(ex, bands, std::max<std::size_t>(1, min_rows / band), [&](std::size_t b0, std::size_t b1) {
+        const std::size_t r0 = b0 * band, r1 = std::min(M, b1 * band);
+        detail::gemm_band(isa, A + r0 * lda, lda, B, ldb, C + r0 * ldc, ldc, r1 - r0, N, K, accumulate);
+    });
+}
+
+/// dst (cols x rows) = src (rows x cols)^T, row-major both, in 32 x 32 blocks.
+inline void transpose(octet::host_executor ex, const float* src, std::size_t rows, std::size_t cols, float* dst) {
+    constexpr std::size_t T = 32;
+    octet::parallel_for(ex, (rows + T - 1) / T, 8, [&](std::size_t b0, std::size_t b1) {
+        for (std::size_t i0 = b0 * T; i0 < std::min(rows, b1 * T); i0 += T)
+            for (std::size_t j0 = 0; j0 < cols; j0 += T)
+                for (std::size_t i = i0; i < std::min(rows, i0 + T); ++i)
+                    for (std::size_t j = j0; j < std::min(cols, j0 + T); ++j) dst[j * rows + i] = src[i * cols + j];
+    });
+}
+
+/// e^x in float for x in [-87, 88] (clamped; NaN stays NaN), within a few ulp: 2^n e^r with n = round(x log2 e),
+/// r = x - n ln 2 (two-part ln 2), e^r by its degree-6 Taylor polynomial (|r| <= 0.35: truncation
+/// below 1.3e-7 relative). Branch-free (selects, not branches), so loops calling it vectorize.
+inline float exp_approx(float x_in) {
+    float x = x_in > -87.0f ? x_in : -87.0f;  // NaN becomes -87 here (no undefined int conversion) ...
+    x = x < 88.0f ? x : 88.0f;
+    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest (|n| < 2^22)
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;    // ln 2 = 0.693359375 - 2.12194440e-4
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const float y = p * octet::bits_to_float(static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23);
+    return x_in == x_in ? y : x_in;  // ... and comes back out as NaN
+}
+
+/// tanh(z) = (e^2z - 1) / (e^2z + 1), |z| clamped to 9 (where tanh rounds to +-1 in float); its
+/// absolute error is a few 1e-8 (near 0 the relative error grows, which GELU's 1 + tanh ignores).
+inline float tanh_approx(float z) {
+    z = z < -9.0f ? -9.0f : (z > 9.0f ? 9.0f : z);
+    const float e = exp_approx(2.0f * z);
+    return (e - 1.0f) / (e + 1.0f);
+}
+
+namespace detail {
+inline constexpr float gelu_c = 0.7978845608028654f;  // sqrt(2 / pi)
+
+/// GELU, tanh approximation: a = u (1 + tanh(c (u + 0.044715 u^3))) / 2. Dispatched per ISA
+/// (std::tanh does not vectorize and cost a third of a float32 step).
+struct gelu_forward_kernel {
+    OCTET_KERNEL_INLINE static void run(const float* u, float* a, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) {
+            const float v = u[i];
+            a[i] = 0.5f * v * (1.0f + tanh_approx(gelu_c * (v + 0.044715f * v * v * v)));
+        }
+    }
+};
+/// da *= gelu'(u) = (1 + t) / 2 + u (1 - t^2) c (1 + 3 * 0.044715 u^2) / 2, t = tanh(c (u + 0.044715 u^3)).
+struct gelu_backward_kernel {
+    OCTET_KERNEL_INLINE static void run(const float* u, float* da, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) {
+            const float v = u[i];
+            const float t = tanh_approx(gelu_c * (v + 0.044715f * v * v * v));
+            da[i] *= 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * gelu_c * (1.0f + 3.0f * 0.044715f * v * v);
+        }
+    }
+};
+}  // namespace detail
+
+// =================================================================================================
+// Parameter layout
+// =================================================================================================
+
+/// Offsets (in floats) of every tensor in the flat parameter vector, in this order:
+///   tok_emb [vocab, d]     pos_emb [seq_len, d]
+///   per layer l: norm1 [d], qkv [(heads_q + 2 heads_kv) head_dim, d], proj [d, heads_q head_dim],
+///                norm2 [d], up [d_ff, d], down [d, d_ff]
+///   norm_f [d]             head [vocab, d] (absent when tied: the head is tok_emb)
+/// Matrices are out x in (Y = X W^T), row-major.
+struct parameter_layout {
+    struct block {
+        std::size_t norm1, qkv, proj, norm2, up, down;
+    };
+    std::size_t tok_emb = 0, pos_emb = 0, norm_f = 0, head = 0, total = 0;
+    std::vector<block> blocks;
+    std::size_t qkv_out = 0, attn_width = 0;  ///< (heads_q + 2 heads_kv) head_dim, heads_q head_dim
+
+    explicit parameter_layout(const model_config& c) {
+        const std::size_t d = static_cast<std::size_t>(c.d_model), F = static_cast<std::size_t>(c.d_ff);
+        qkv_out = static_cast<std::size_t>(c.heads_q + 2 * c.heads_kv) * static_cast<std::size_t>(c.head_dim);
+        attn_width = static_cast<std::size_t>(c.heads_q) * static_cast<std::size_t>(c.head_dim);
+        std::size_t at = 0;
+        auto take = [&](std::size_t n) {
+            const std::size_t o = at;
+            at += n;
+            return o;
+        };
+        tok_emb = take(static_cast<std::size_t>(c.vocab) * d);
+        pos_emb = take(static_cast<std::size_t>(c.seq_len) * d);
+        for (int l = 0; l < c.layers; ++l) {
+            block b;
+            b.norm1 = take(d);
+            b.qkv = take(qkv_out * d);
+            b.proj = take(d * attn_width);
+            b.norm2 = take(d);
+            b.up = take(F * d);
+            b.down = take(d * F);
+            blocks.push_back(b);
+        }
+        norm_f = take(d);
+        head = c.tied_head ? tok_emb : take(static_cast<std::size_t>(c.vocab) * d);
+        total = at;
+    }
+};
+
+// =================================================================================================
+// Linear layers
+// =================================================================================================
+
+/// What a linear layer does in a step, and what it saved for its backward.
+class linear_layer {
+public:
+    /// Shared scratch of all linears (temporaries): W^T, dY^T and bf16-rounded operands.
+    struct scratch {
+        float* wt = nullptr;  ///< in * out
+        float* yt = nullptr;  ///< out * max_tokens
+        float* xr = nullptr;  ///< max_tokens * max(in, out), bf16 mode
+        float* wr = nullptr;  ///< in * out, bf16 mode
+    };
+
+    virtual ~linear_layer() = default;
+    int in = 0, out = 0;
+
+    /// y (n x out) = x (n x in) W^T. float_path: float32 whatever the recipe (then x must stay
+    /// unchanged until backward: the layer keeps a pointer to it).
+    /// training: keep what the backward needs (FP8: the column-wise copies; delayed scaling
+    /// pushes its amaxes); otherwise an inference pass that leaves the saved state alone.
+    virtual void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y,
+                         bool float_path, bool training, const scratch& s, step_telemetry* t) = 0;
+    /// dx (n x in) = dy W, dw (out x in) = dy^T x (overwritten), from the last forward.
+    virtual void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
+                          const scratch& s, step_telemetry* t) = 0;
+
+protected:
+    void float_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y,
+                       const scratch& s) {
+        transpose(ex, w, out, in, s.wt);
+        gemm(ex, x, in, s.wt, out, y, out, n, out, in);
+    }
+    void float_backward(octet::host_executor ex, const float* x, const float* dy, std::size_t n, const float* w,
+                        float* dx, float* dw, const scratch& s) {
+        gemm(ex, dy, out, w, in, dx, in, n, in, out);
+        transpose(ex, dy, n, out, s.yt);
+        gemm(ex, s.yt, n, x, in, dw, in, out, in, n);
+    }
+    const float* saved_x_ = nullptr;  // the float path's input
+};
+
+class float32_linear final : public linear_layer {
+public:
+    void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool, bool,
+                 const scratch& s, step_telemetry*) override {
+        saved_x_ = x;
+        float_forward(ex, x, n, w, y, s);
+    }
+    void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
+                  const scratch& s, step_telemetry*) override {
+        float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
+    }
+};
+
+/// bf16 operands (round to nearest even), float products and sums. Keeps X as bf16 (activations).
+class bf16_linear final : public linear_layer {
+public:
+    bf16_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_)
+        : x16_(make_metered<octet::bf16>(m, octet::memory_category::activations, max_tokens * in_)) {
+        in = in_;
+        out = out_;
+    }
+    void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool float_path,
+                 bool, const scratch& s, step_telemetry* t) override {
+        float_path_ = float_path;
+        if (float_path) {
+            saved_x_ = x;
+            float_forward(ex, x, n, w, y, s);
+            return;
+        }
+        const std::size_t nx = n * in;
+        octet::parallel_for(ex, nx, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) {
+                x16_[i] = octet::to_bf16(x[i]);
+                s.xr[i] = octet::to_float(x16_[i]);
+            }
+        });
+        round_weights_t(ex, w, s);
+        gemm(ex, s.xr, in, s.wr, out, y, out, n, out, in);
+        (void)t;  // bf16 rounding is not counted as narrow-format quantization
+    }
+    void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
+                  const scratch& s, step_telemetry*) override {
+        if (float_path_) {
+            float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
+            return;
+        }
+        const std::size_t ny = n * out, nx = n * in, nw = static_cast<std::size_t>(in) * out;
+        // s.xr <- bf16(dY) (n x out), s.wr <- bf16(W) (out x in)
+        octet::parallel_for(ex, ny, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) s.xr[i] = round(dy[i]);
+        });
+        octet::parallel_for(ex, nw, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) s.wr[i] = round(w[i]);
+        });
+        gemm(ex, s.xr, out, s.wr, in, dx, in, n, in, out);
+        transpose(ex, s.xr, n, out, s.yt);
+        octet::parallel_for(ex, nx, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) s.xr[i] = octet::to_float(x16_[i]);
+        });
+        gemm(ex, s.yt, n, s.xr, in, dw, in, out, in, n);
+    }
+
+private:
+    static float round(float v) { return octet::to_float(octet::to_bf16(v)); }
+    void round_weights_t(octet::host_executor ex, const float* w, const scratch& s) {
+        transpose(ex, w, out, in, s.wt);
+        const std::size_t nw = static_cast<std::size_t>(in) * out;
+        octet::parallel_for(ex, nw, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) s.wr[i] = round(s.wt[i]);
+        });
+    }
+    metered_vector<octet::bf16> x16_;
+    bool float_path_ = false;
+};
+
+/// Books bytes that octet allocates on its own (a linear_context's buffers) in the meter for
+/// as long as it lives.
+class meter_booking {
+public:
+    meter_booking(memory_meter& m, octet::memory_category c, double bytes) : m_(&m), c_(c), bytes_(bytes) {
+        m_->allocate(c_, bytes_);
+    }
+    ~meter_booking() { m_->release(c_, bytes_); }
+    meter_booking(const meter_booking&) = delete;
+    meter_booking& operator=(const meter_booking&) = delete;
+
+private:
+    memory_meter* m_;
+    octet::memory_category c_;
+    double bytes_;
+};
+
+/// Adds one quantize call's statistics to the step's telemetry.
+inline void add_quant_stats(step_telemetry* t, const octet::quant_stats& s) {
+    if (!t) return;
+    t->quantized += s.elements;
+    t->saturated += s.saturated;
+    t->underflow += s.flushed_to_zero;
+}
+inline void add_quant_stats(step_telemetry* t, const octet::quantize_result& r) {
+    add_quant_stats(t, r.rowwise);
+    add_quant_stats(t, r.columnwise);
+}
+
+#if TRAIN_HAS_FP8_LINEAR
+/// An FP8 (or NVFP4) linear through octet's component: the context keeps the backward's
+/// column-wise copies (booked as activations) and its workspace and amax histories (temporaries).
+template <class LR>
+class fp8_linear final : public linear_layer {
+public:
+    fp8_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_, std::uint64_t seed)
+        : ctx_(config(max_tokens, in_, out_, seed)),
+          saved_(m, octet::memory_category::activations, static_cast<double>(ctx_.memory().saved_for_backward)),
+          work_(m, octet::memory_category::temporaries,
+                static_cast<double>(ctx_.memory().workspace + ctx_.memory().state)) {
+        in = in_;
+        out = out_;
+    }
+    void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool float_path,
+                 bool training, const scratch& s, step_telemetry* t) override {
+        float_path_ = float_path;
+        if (float_path) {
+            saved_x_ = x;
+            float_forward(ex, x, n, w, y, s);
+            return;
+        }
+        const std::size_t I = static_cast<std::size_t>(in), O = static_cast<std::size_t>(out);
+        octet::linear_forward(ex, ctx_, octet::matrix_ref<const float>(x, n, I),
+                              octet::matrix_ref<const float>(w, O, I), {}, octet::matrix_ref<float>(y, n, O),
+                              training ? octet::linear_pass::training : octet::linear_pass::inference);
+        add_quant_stats(t, ctx_.stats().x);
+        add_quant_stats(t, ctx_.stats().w);
+        add_quant_stats(t, ctx_.stats().x_hadamard);
+    }
+    void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
+                  const scratch& s, step_telemetry* t) override {
+        if (float_path_) {
+            float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
+            return;
+        }
+        const std::size_t I = static_cast<std::size_t>(in), O = static_cast<std::size_t>(out);
+        octet::linear_backward(ex, ctx_, octet::matrix_ref<const float>(dy, n, O), octet::matrix_ref<float>(dx, n, I),
+                               octet::matrix_ref<float>(dw, O, I), {});
+        add_quant_stats(t, ctx_.stats().dy);
+        add_quant_stats(t, ctx_.stats().dy_hadamard);
+    }
+
+private:
+    static octet::linear_config config(std::size_t max_tokens, int in_, int out_, std::uint64_t seed) {
+        octet::linear_config c;
+        c.max_tokens = max_tokens;
+        c.in_features = static_cast<std::size_t>(in_);
+        c.out_features = static_cast<std::size_t>(out_);
+        c.seed = seed;
+        c.collect_stats = true;
+        return c;
+    }
+    octet::linear_context<LR> ctx_;
+    meter_booking saved_, work_;
+    bool float_path_ = false;
+};
+#endif
+
+// =================================================================================================
+// float32 attention (causal, grouped-query heads)
+// =================================================================================================
+
+/// Where a batch's attention operands live: qkv rows are [Q heads | K heads | V heads] (qkv_ld
+/// floats per token), O and dO rows are [heads_q * head_dim]; lse is [heads_q][tokens].
+struct attention_dims {
+    std::size_t batch = 0, len = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+    std::size_t qkv_ld() const { return (heads_q + 2 * heads_kv) * head_dim; }
+    std::size_t o_ld() const { return heads_q * head_dim; }
+    std::size_t tokens() const { return batch * len; }
+};
+
+/// Runs body(unit, scratch) for units [0, count) on ex's threads, each thread with its own scratch
+/// of `per_worker` floats from `scratch` (which holds `workers` of them).
+template <class Body>
+void for_units(octet::host_executor ex, std::size_t count, float* scratch, std::size_t workers, std::size_t per_worker,
+               Body&& body) {
+    const std::size_t W = std::min(workers, count);
+    octet::parallel_for(ex, W, 1, [&](std::size_t w0, std::size_t w1) {
+        for (std::size_t w = w0; w < w1; ++w)
+            for (std::size_t u = w * count / W; u < (w + 1) * count / W; ++u) body(u, scratch + w * per_worker);
+    });
+}
+
+/// Query rows per block of the float32 attention's products (blocks stop at the causal diagonal).
+inline constexpr std::size_t kAttentionRows = 32;
+
+/// Floats of scratch one worker of the float32 attention needs for sequences of `len` tokens.
+inline std::size_t attention_scratch_floats(std::size_t len, std::size_t head_dim) {
+    return 3 * len * len + 2 * head_dim * len;
+}
+
+namespace detail {
+/// Serial GEMM inside one attention work unit (the units are what runs in parallel).
+inline void unit_gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C, std::size_t ldc,
+                      std::size_t M, std::size_t N, std::size_t K, bool accumulate = false) {
+    gemm(octet::on_host(1), A, lda, B, ldb, C, ldc, M, N, K, accumulate);
+}
+/// dst (cols x rows, row-major) = src (rows x cols, leading dimension ld)^T.
+inline void unit_transpose(const float* src, std::size_t ld, std::size_t rows, std::size_t cols, float* dst) {
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) dst[j * rows + i] = src[i * ld + j];
+}
+}  // namespace detail
+
+/// O = softmax(Q K^T / sqrt(head_dim)) V per sequence and head with a causal mask, and
+/// L = logsumexp of each row's scaled scores (natural log). Per (sequence, head): S = Q K^T by the
+/// GEMM above in blocks of 32 query rows, each up to its diagonal (the masked corner of a block is
+/// computed and ignored), the softmax row by row in float, O = P V. scratch: workers *
+/// attention_scratch_floats(len, head_dim).
+inline void attention_forward_f32(octet::host_executor ex, const attention_dims& a, const float* qkv, float* O,
+                                  float* lse, float* scratch, std::size_t workers) {
+    const std::size_t Hq = a.heads_q, Hk = a.heads_kv, hd = a.head_dim, W = a.qkv_ld(), A = a.o_ld();
+    const std::size_t G = Hq / Hk, N = a.tokens(), len = a.len;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for_units(ex, a.batch * Hq, scratch, workers, attention_scratch_floats(len, hd), [&](std::size_t unit, float* s) {
+        const std::size_t b = unit / Hq, h = unit % Hq, hk = h / G;
+        const float* Q = qkv + b * len * W + h * hd;
+        const float* K = qkv + b * len * W + (Hq + hk) * hd;
+        const float* V = qkv + b * len * W + (Hq + Hk + hk) * hd;
+        float* P = s;               // (len, len)
+        float* Kt = s + len * len;  // (hd, len)
+        detail::unit_transpose(K, W, len, hd, Kt);
+        for (std::size_t i0 = 0; i0 < len; i0 += kAttentionRows) {  // S, up to each row block's diagonal
+            const std::size_t i1 = std::min(len, i0 + kAttentionRows);
+            detail::unit_gemm(Q + i0 * W, W, Kt, len, P + i0 * len, len, i1 - i0, i1, hd);
+        }
+        for (std::size_t i = 0; i < len; ++i) {
+            float* p = P + i * len;
+            float m = -INFINITY;
+            for (std::size_t j = 0; j <= i; ++j) m = std::max(m, p[j] *= scale);
+            float l = 0;
+            for (std::size_t j = 0; j <= i; ++j) l += p[j] = std::exp(p[j] - m);
+            const float inv = 1.0f / l;
+            for (std::size_t j = 0; j <= i; ++j) p[j] *= inv;
+            std::fill(p + i + 1, p + len, 0.0f);
+            lse[h * N + b * len + i] = m + std::log(l);
+        }
+        for (std::size_t i0 = 0; i0 < len; i0 += kAttentionRows) {
+            const std::size_t i1 = std::min(len, i0 + kAttentionRows);
+            detail::unit_gemm(P + i0 * len, len, V, W, O + (b * len + i0) * A + h * hd, A, i1 - i0, hd, i1);
+        }
+    });
+}
+
+/// FlashAttention's backward in float32: P = exp(scale Q K^T - L) (masked), D = rowsum(dO * O),
+/// dV = P^T dO, dS = P (dO V^T - D), dQ = scale dS K, dK = scale dS^T Q. dqkv is laid out like
+/// qkv (overwritten). One unit per (sequence, kv head): it owns dK and dV of that head (summed over
+/// its query heads in head order) and dQ of its query heads.
+inline void attention_backward_f32(octet::host_executor ex, const attention_dims& a, const float* qkv, const float* O,
+                                   const float* lse, const float* dO, float* dqkv, float* scratch,
+                                   std::size_t workers) {
+    const std::size_t Hq = a.heads_q, Hk = a.heads_kv, hd = a.head_dim, W = a.qkv_ld(), A = a.o_ld();
+    const std::size_t G = Hq / Hk, N = a.tokens(), len = a.len;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for_units(ex, a.batch * Hk, scratch, workers, attention_scratch_floats(len, hd), [&](std::size_t unit, float* s) {
+        const std::size_t b = unit / Hk, hk = unit % Hk;
+        const std::size_t row0 = b * len;
+        const float* K = qkv + row0 * W + (Hq + hk) * hd;
+        const float* V = qkv + row0 * W + (Hq + Hk + hk) * hd;
+        float* dK = dqkv + row0 * W + (Hq + hk) * hd;
+        float* dV = dqkv + row0 * W + (Hq + Hk + hk) * hd;
+        float* P = s;               // (len, len)
+        float* dS = P + len * len;  // (len, len)
+        float* T = dS + len * len;  // (len, len): a transpose
+        float* Kt = T + len * len;  // (hd, len)
+        float* Vt = Kt + hd * len;  // (hd, len)
+        detail::unit_transpose(K, W, len, hd, Kt);
+        detail::unit_transpose(V, W, len, hd, Vt);
+        for (std::size_t h = hk * G; h < (hk + 1) * G; ++h) {
+            const float* Q = qkv + row0 * W + h * hd;
+            const float* gO = dO + row0 * A + h * hd;
+            const float* Oh = O + row0 * A + h * hd;
+            for (std::size_t i0 = 0; i0 < len; i0 += kAttentionRows) {  // S and dP, up to the diagonal
+                const std::size_t i1 = std::min(len, i0 + kAttentionRows);
+                detail::unit_gemm(Q + i0 * W, W, Kt, len, P + i0 * len, len, i1 - i0, i1, hd);
+                detail::unit_gemm(gO + i0 * A, A, Vt, len, dS + i0 * len, len, i1 - i0, i1, hd);
+            }
+            for (std::size_t i = 0; i < len; ++i) {
+                const float L = lse[h * N + row0 + i];
+                float D = 0;
+                for (std::size_t c = 0; c < hd; ++c) D += gO[i * A + c] * Oh[i * A + c];
+                float* p = P + i * len;
+                float* ds = dS + i * len;
+                for (std::size_t j = 0; j <= i; ++j) {
+                    p[j] = std::exp(p[j] * scale - L);
+                    ds[j] = p[j] * (ds[j] - D) * scale;
+                }
+                std::fill(p + i + 1, p + len, 0.0f);
+                std::fill(ds + i + 1, ds + len, 0.0f);
+            }
+            const bool first = h == hk * G;
+            float* dQ = dqkv + row0 * W + h * hd;
+            for (std::size_t i0 = 0; i0 < len; i0 += kAttentionRows) {  // dQ = scale dS K (scale is in dS)
+                const std::size_t i1 = std::min(len, i0 + kAttentionRows);
+                detail::unit_gemm(dS + i0 * len, len, K, W, dQ + i0 * W, W, i1 - i0, hd, i1);
+            }
+            // dK = scale dS^T Q and dV = P^T dO: key rows j0..j1 see query rows from j0 on
+            detail::unit_transpose(dS, len, len, len, T);
+            for (std::size_t j0 = 0; j0 < len; j0 += kAttentionRows) {
+                const std::size_t j1 = std::min(len, j0 + kAttentionRows);
+                detail::unit_gemm(T + j0 * len + j0, len, Q + j0 * W, W, dK + j0 * W, W, j1 - j0, hd, len - j0, !first);
+            }
+            detail::unit_transpose(P, len, len, len, T);
+            for (std::size_t j0 = 0; j0 < len; j0 += kAttentionRows) {
+                const std::size_t j1 = std::min(len, j0 + kAttentionRows);
+                detail::unit_gemm(T + j0 * len + j0, len, gO + j0 * A, A, dV + j0 * W, W, j1 - j0, hd, len - j0,
+                                  !first);
+            }
+        }
+    });
+}
+
+// =================================================================================================
+// FP8 attention through octet (octet/attention/attention.hpp)
+// =================================================================================================
+
+/// A quantized copy of up to max_rows x cols in metered storage.
+template <class R>
+class metered_quant {
+public:
+    metered_quant(memory_meter& m, octet::memory_category c, std::size_t max_rows, std::size_t cols)
+        : cols_(cols),
+          data_(make_metered<std::uint8_t>(m, c, octet::quant_layout_of<R>::make(max_rows, cols).data_bytes)),
+          scales_(make_metered<std::uint8_t>(m, c, octet::quant_layout_of<R>::make(max_rows, cols).scale_bytes)) {}
+    /// The copy of `rows` rows made next (the layout's bytes grow with rows, so it fits).
+    octet::quantized_ref<R> ref(std::size_t rows) {
+        layout_ = octet::quant_layout_of<R>::make(rows, cols_);
+        return octet::quantized_ref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_);
+    }
+    /// The copy made last.
+    octet::quantized_ref<R> last() {
+        return octet::quantized_ref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_);
+    }
+
+private:
+    std::size_t cols_;
+    metered_vector<std::uint8_t> data_, scales_;
+    octet::quant_layout layout_{};
+    float tensor_scale_ = 1.0f;
+};
+
+/// The model's FP8 attention: per layer the E4M3 copies of Q, K, V the backward reads.
+class fp8_attention {
+public:
+    virtual ~fp8_attention() = default;
+    virtual void forward(octet::host_executor ex, std::size_t layer, const attention_dims& a, const float* qkv,
+                         float* O, float* lse, const std::int32_t* cu, step_telemetry* t) = 0;
+    /// dqkv laid out like qkv; returns attention_stats::residual_rel() of the backward.
+    virtual double backward(octet::host_executor ex, std::size_t layer, const attention_dims& a, const float* O,
+                            const float* lse, const float* dO, float* dqkv, const std::int32_t* cu,
+                            octet::delta_mode delta, step_telemetry* t) = 0;
+};
+
+/// Q, K and dO E4M3 with one scale per token and head (block<1, HD>); V E4M3 per head
+/// (block<full, HD>) or per token and head (VR = block<1, HD>). head_dim is a compile-time
+/// constant because the scale blocks must hold whole heads.
+template <int HD, class VR>
+class fp8_attention_impl final : public fp8_attention {
+public:
+    using QR = octet::recipe<octet::e4m3, octet::block<1, HD>, octet::scale::amax_ratio<0>>;
+
+    fp8_attention_impl(memory_meter& m, std::size_t layers, std::size_t max_tokens, std::size_t heads_q,
+                       std::size_t heads_kv)
+        : dout_(m, octet::memory_category::temporaries, max_tokens, heads_q * HD) {
+        for (std::size_t l = 0; l < layers; ++l)
+            saved_.push_back(std::make_unique<saved>(m, max_tokens, heads_q * HD, heads_kv * HD));
+    }
+
+    void forward(octet::host_executor ex, std::size_t layer, const attention_dims& a, const float* qkv, float* O,
+                 float* lse, const std::int32_t* cu, step_telemetry* t) override {
+        saved& S = *saved_[layer];
+        const std::size_t N = a.tokens(), W = a.qkv_ld(), A = a.o_ld(), KW = a.heads_kv * HD;
+        octet::quantize_options qo;
+        qo.collect_stats = true;
+        add_quant_stats(t, octet::quantize<QR>(ex, octet::matrix_ref<const float>(qkv, N, A, W), S.q.ref(N), {}, qo));
+        add_quant_stats(t,
+                        octet::quantize<QR>(ex, octet::matrix_ref<const float>(qkv + A, N, KW, W), S.k.ref(N), {}, qo));
+        add_quant_stats(
+            t, octet::quantize<VR>(ex, octet::matrix_ref<const float>(qkv + A + KW, N, KW, W), S.v.ref(N), {}, qo));
+        octet::attention_options ao;
+        ao.mask = octet::attention_mask::causal;
+        octet::attention_forward(ex, shape(a, cu), S.q.last(), S.k.last(), S.v.last(),
+                                 octet::matrix_ref<float>(O, N, A), octet::span<float>(lse, a.heads_q * N), ao);
+    }
+
+    double backward(octet::host_executor ex, std::size_t layer, const attention_dims& a, const float* O,
+                    const float* lse, const float* dO, float* dqkv, const std::int32_t* cu, octet::delta_mode delta,
+                    step_telemetry* t) override {
+        saved& S = *saved_[layer];
+        const std::size_t N = a.tokens(), W = a.qkv_ld(), A = a.o_ld(), KW = a.heads_kv * HD;
+        octet::quantize_options qo;
+        qo.collect_stats = true;
+        add_quant_stats(t, octet::quantize<QR>(ex, octet::matrix_ref<const float>(dO, N, A), dout_.ref(N), {}, qo));
+        octet::attention_backward_options bo;
+        bo.mask = octet::attention_mask::causal;
+        bo.delta = delta;
+        bo.telemetry = true;
+        const octet::attention_stats st = octet::attention_backward(
+            ex, shape(a, cu), S.q.last(), S.k.last(), S.v.last(), octet::matrix_ref<const float>(O, N, A),
+            octet::span<const float>(lse, a.heads_q * N), dout_.last(), octet::matrix_ref<float>(dqkv, N, A, W),
+            octet::matrix_ref<float>(dqkv + A, N, KW, W), octet::matrix_ref<float>(dqkv + A + KW, N, KW, W), bo);
+        // The same row sums on the quantized dS that feeds dQ (what the product actually used).
+        if (t && layer < t->attention_residual_q.size()) t->attention_residual_q[layer] = st.residual_dq_rel();
+        return st.residual_rel();
+    }
+
+private:
+    struct saved {
+        saved(memory_meter& m, std::size_t tokens, std::size_t qw, std::size_t kw)
+            : q(m, octet::memory_category::activations, tokens, qw),
+              k(m, octet::memory_category::activations, tokens, kw),
+              v(m, octet::memory_category::activations, tokens, kw) {}
+        metered_quant<QR> q, k;
+        metered_quant<VR> v;
+    };
+    static octet::attention_shape shape(const attention_dims& a, const std::int32_t* cu) {
+        octet::attention_shape s;
+        s.cu_seqlens_q = octet::span<const std::int32_t>(cu, a.batch + 1);
+        s.heads_q = static_cast<int>(a.heads_q);
+        s.heads_kv = static_cast<int>(a.heads_kv);
+        s.head_dim = HD;
+        return s;
+    }
+    std::vector<std::unique_ptr<saved>> saved_;
+    metered_quant<QR> dout_;
+};
+
+template <int HD>
+std::unique_ptr<fp8_attention> make_fp8_attention(memory_meter& m, v_scale_mode v, std::size_t layers,
+                                                  std::size_t max_tokens, std::size_t heads_q, std::size_t heads_kv) {
+    using per_head = octet::recipe<octet::e4m3, octet::block<octet::full, HD>, octet::scale::amax_ratio<0>>;
+    using per_token = octet::recipe<octet::e4m3, octet::block<1, HD>, octet::scale::amax_ratio<0>>;
+    if (v == v_scale_mode::per_head)
+        return std::make_unique<fp8_attention_impl<HD, per_head>>(m, layers, max_tokens, heads_q, heads_kv);
+    return std::make_unique<fp8_attention_impl<HD, per_token>>(m, layers, max_tokens, heads_q, heads_kv);
+}
+
+// =================================================================================================
+// The model
+// =================================================================================================
+
+class transformer {
+public:
+    transformer(const model_config& cfg, const recipe_config& recipe, memory_meter& meter, octet::host_executor ex,
+                int max_batch, std::uint64_t seed)
+        : cfg_(checked(cfg, max_batch)),
+          recipe_(recipe),
+          meter_(meter),
+          ex_(ex),
+          max_batch_(max_batch),
+          seed_(seed),
+          lay_(cfg_),
+          T_(static_cast<std::size_t>(cfg_.seq_len)),
+          d_(static_cast<std::size_t>(cfg_.d_model)),
+          F_(static_cast<std::size_t>(cfg_.d_ff)),
+          V_(static_cast<std::size_t>(cfg_.vocab)),
+          Nmax_(static_cast<std::size_t>(max_batch) * T_) {
+        OCTET_REQUIRE(
+            recipe.linear == linear_mode::float32 || recipe.linear == linear_mode::bf16 || TRAIN_HAS_FP8_LINEAR,
+            "train::transformer", "recipe.linear",
+            "is an FP8 mode but octet/nn/linear.hpp is not available in this build");
+        allocate();
+    }
+
+    const model_config& config() const { return cfg_; }
+    const parameter_layout& layout() const { return lay_; }
+
+    static std::size_t parameter_count(const model_config& c) { return parameter_layout(c).total; }
+
+    /// The ledger's prediction of what a model built with (cfg, recipe, max_batch) on `threads`
+    /// threads (0: all hardware threads, as octet::on_host()) books in its meter: bytes the
+    /// backward keeps (activations) and the rest (temporaries). Written from the buffer list, per
+    /// token, apart from the allocation code; the FP8 copies are sized by octet's own layout rules
+    /// (quant_layout_of, linear_context::memory). Raising precision adds raise_precision_bytes.
+    static double activation_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0) {
+        return memory_plan(cfg, r, max_batch, threads).activations;
+    }
+    static double temporary_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0) {
+        return memory_plan(cfg, r, max_batch, threads).temporaries;
+    }
+    /// Activation bytes set_high_precision(true) adds while on (float copies of what a float
+    /// computation keeps; 0 for a float32 recipe).
+    static double raise_precision_bytes(const model_config& cfg, const recipe_config& r, int max_batch) {
+        const double N = static_cast<double>(max_batch) * cfg.seq_len, d = cfg.d_model, F = cfg.d_ff;
+        const double W = static_cast<double>(cfg.heads_q + 2 * cfg.heads_kv) * cfg.head_dim;
+        double floats = 0;
+        if (r.linear != linear_mode::float32) floats += N * (2 * d + F);
+        if (r.attention != attention_mode::float32) floats += N * W;
+        return 4.0 * cfg.layers * floats;
+    }
+
+    /// GPT-2's initialization: weights and embeddings N(0, 0.02), the two projections that write
+    /// into the residual stream (proj, down) N(0, 0.02 / sqrt(2 layers)), norm gains 1. Draws
+    /// come from octet's philox stream (one stream per tensor), so they are the same everywhere.
+    static void init_parameters(const model_config& c, std::uint64_t seed, octet::span<float> params) {
+        const parameter_layout lay(c);
+        OCTET_REQUIRE(params.size() == lay.total, "train::transformer::init_parameters", "params",
+                      octet::detail::message("has ", params.size(), " floats but the model has ", lay.total,
+                                             "; size it with parameter_count(config)"));
+        std::uint64_t stream = 0;
+        auto normal = [&](std::size_t off, std::size_t n, double stddev) {
+            const octet::philox_stream rng{seed, stream++};
+            for (std::size_t i = 0; i < n; ++i) {
+                const double u1 = (static_cast<double>(rng.bits(2 * i) >> 8) + 1.0) / 16777216.0;  // (0, 1]
+                const double u2 = static_cast<double>(rng.bits(2 * i + 1) >> 8) / 16777216.0;
+                params[off + i] =
+                    static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+            }
+        };
+        auto ones = [&](std::size_t off, std::size_t n) {
+            std::fill(params.data() + off, params.data() + off + n, 1.0f);
+        };
+        const std::size_t d = static_cast<std::size_t>(c.d_model), F = static_cast<std::size_t>(c.d_ff);
+        const double s = 0.02, s_res = 0.02 / std::sqrt(2.0 * c.layers);
+        normal(lay.tok_emb, static_cast<std::size_t>(c.vocab) * d, s);
+        normal(lay.pos_emb, static_cast<std::size_t>(c.seq_len) * d, s);
+        for (const auto& b : lay.blocks) {
+            ones(b.norm1, d);
+            normal(b.qkv, lay.qkv_out * d, s);
+            normal(b.proj, d * lay.attn_width, s_res);
+            ones(b.norm2, d);
+            normal(b.up, F * d, s);
+            normal(b.down, d * F, s_res);
+        }
+        ones(lay.norm_f, d);
+        if (!c.tied_head) normal(lay.head, static_cast<std::size_t>(c.vocab) * d, s);
+    }
+
+    /// One forward and backward over `batch` sequences of seq_len + 1 tokens each (row-major:
+    /// inputs [0, seq_len), targets [1, seq_len]). grads receives the gradient of the mean
+    /// cross-entropy (overwritten).
+    step_telemetry forward_backward(octet::span<const float> params, const std::int32_t* tokens, int batch,
+                                    octet::span<float> grads) {
+        constexpr const char* fn = "train::transformer::forward_backward";
+        check_call(fn, params, tokens, batch);
+        OCTET_REQUIRE(grads.size() == lay_.total, fn, "grads",
+                      octet::detail::message("has ", grads.size(), " floats but the model has ", lay_.total,
+                                             "; size it with parameter_count(config)"));
+        step_telemetry t;
+        t.attention_residual.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
+        if (!float_attention()) t.attention_residual_q.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
+        forward(params.data(), tokens, batch, T_, T_ + 1, true, &t);
+        t.loss = loss(tokens, true, &t);
+        backward(params.data(), tokens, batch, grads.data(), &t);
+        return t;
+    }
+
+    /// Mean cross-entropy over the batch, forward only.
+    double evaluate(octet::span<const float> params, const std::int32_t* tokens, int batch) {
+        check_call("train::transformer::evaluate", params, tokens, batch);
+        forward(params.data(), tokens, batch, T_, T_ + 1, false, nullptr);
+        return loss(tokens, false, nullptr);
+    }
+
+    /// Samples n characters after `prompt` (the last seq_len tokens are the context), at
+    /// `temperature` (<= 0: greedy). Runs the forward in float32 whatever the recipe (a sample
+    /// is for reading, not for measuring the recipe).
+    std::vector<std::int32_t> generate(octet::span<const float> params, std::vector<std::int32_t> prompt, int n,
+                                       std::uint64_t seed, float temperature) {
+        constexpr const char* fn = "train::transformer::generate";
+        OCTET_REQUIRE(params.size() == lay_.total, fn, "params",
+                      octet::detail::message("has ", params.size(), " floats but the model has ", lay_.total));
+        OCTET_REQUIRE(!prompt.empty(), fn, "prompt", "is empty; pass at least one token");
+        for (auto tok : prompt)
+            OCTET_REQUIRE(tok >= 0 && tok < cfg_.vocab, fn, "prompt",
+                          octet::detail::message("holds token ", tok, " outside [0, vocab = ", cfg_.vocab, ")"));
+        const bool was = high_precision_;
+        set_high_precision(true);
+        const octet::philox_stream rng{seed, 0};
+        std::vector<std::int32_t> window;
+        std::vector<double> p(V_);
+        for (int step = 0; step < n; ++step) {
+            const std::size_t len = std::min(prompt.size(), T_);
+            window.assign(prompt.end() - static_cast<std::ptrdiff_t>(len), prompt.end());
+            forward(params.data(), window.data(), 1, len, len, false, nullptr);
+            const float* z = logits_.data() + (len - 1) * V_;
+            std::size_t pick = static_cast<std::size_t>(std::max_element(z, z + V_) - z);
+            if (temperature > 0) {
+                double sum = 0;
+                for (std::size_t v = 0; v < V_; ++v) sum += p[v] = std::exp((z[v] - z[pick]) / temperature);
+                double u = rng.uniform(static_cast<std::uint64_t>(step)) * sum;
+                for (std::size_t v = 0; v < V_; ++v)
+                    if ((u -= p[v]) < 0 || v + 1 == V_) {
+                        pick = v;
+                        break;
+                    }
+            }
+            prompt.push_back(static_cast<std::int32_t>(pick));
+        }
+        set_high_precision(was);
+        return prompt;
+    }
+
+    /// Recovery's "raise precision": while on, every linear and attention runs in float32 (the
+    /// float copies of the linears' inputs this needs are allocated here and freed when it ends).
+    void set_high_precision(bool on) {
+        if (on == high_precision_) return;
+        high_precision_ = on;
+        if (on)
+            for (auto& L : layers_) allocate_float_saves(L);
+        else if (!float_linear_recipe() || !float_attention_recipe())
+            for (auto& L : layers_) {
+                // move-assigning an empty vector frees the storage (a copy-assignment would keep it)
+                if (!float_linear_recipe())
+                    for (auto* v : {&L.h1, &L.h2, &L.a}) *v = metered_vector<float>(meter_alloc(activations()));
+                if (!float_attention_recipe()) L.qkv = metered_vector<float>(meter_alloc(activations()));
+            }
+    }
+    bool high_precision() const { return high_precision_; }
+
+private:
+    static octet::memory_category activations() { return octet::memory_category::activations; }
+    static octet::memory_category temporaries() { return octet::memory_category::temporaries; }
+    metered_allocator<float> meter_alloc(octet::memory_category c) { return metered_allocator<float>(meter_, c); }
+
+    struct memory_split {
+        double activations = 0, temporaries = 0;
+    };
+    static memory_split memory_plan(const model_config& c, const recipe_config& r, int max_batch, int threads) {
+        checked(c, max_batch);
+        const double N = static_cast<double>(max_batch) * c.seq_len, d = c.d_model, F = c.d_ff, V = c.vocab;
+        const double Hq = c.heads_q, hd = c.head_dim, A = Hq * hd, KW = c.heads_kv * hd, W = A + 2 * KW;
+        const double layers = c.layers;
+        memory_split m;
+        // per layer, in floats per token: residual input and middle, two rstd, GELU input, O, L
+        double act = 2 * d + 2 + F + A + Hq;
+        if (r.linear == linear_mode::float32) act += 2 * d + F;      // the linears' float inputs
+        if (r.attention == attention_mode::float32) act += W;        // Q, K, V
+        m.activations = 4 * N * act * layers + 4 * N * (2 * d + 1);  // + final residual, rstd, norm output
+        if (r.linear == linear_mode::bf16) m.activations += 2 * N * (2 * d + A + F) * layers;  // bf16 inputs
+        // float temporaries: logits, h, qkv, gelu output, 3 residual-sized gradients, the widest
+        // gradient, dO, W^T, dY^T, partial sums of the norms' gains (64-token chunks)
+        const double chunks = std::ceil(N / kChunk), wide = std::max({W, F, A});
+        const double max_in_out = std::max({W * d, A * d, F * d, V * d});
+        double tmp = N * V + N * d + N * W + N * F + 3 * N * d + N * wide + N * A + max_in_out +
+                     std::max({W, A, F, V, d}) * N + chunks * d;
+        if (r.linear == linear_mode::bf16) tmp += N * std::max(wide, d) + max_in_out;
+        const int workers = threads > 0 ? threads : octet::on_host().thread_count();
+        tmp += static_cast<double>(workers) * attention_scratch_floats(c.seq_len, c.head_dim);
+        m.temporaries = 4 * tmp + 8 * chunks + 4 * (max_batch + 1.0);  // + loss partials (double), offsets
+        // FP8 linears: octet's context says what it keeps for the backward and what it works in
+        const std::size_t Nt = static_cast<std::size_t>(N);
+        const std::size_t shapes[4][2] = {{static_cast<std::size_t>(d), static_cast<std::size_t>(W)},
+                                          {static_cast<std::size_t>(A), static_cast<std::size_t>(d)},
+                                          {static_cast<std::size_t>(d), static_cast<std::size_t>(F)},
+                                          {static_cast<std::size_t>(F), static_cast<std::size_t>(d)}};
+        for (const auto& sh : shapes) {
+            const auto lm = fp8_linear_memory(r.linear, Nt, sh[0], sh[1]);
+            m.activations += layers * static_cast<double>(lm.saved_for_backward);
+            m.temporaries += layers * static_cast<double>(lm.workspace + lm.state);
+        }
+        // FP8 attention: E4M3 Q, K, V per layer (activations) and dO (temporaries)
+        if (r.attention == attention_mode::fp8) {
+            const auto q = fp8_attention_bytes(c.head_dim, false, Nt, static_cast<std::size_t>(A));
+            const auto kv = fp8_attention_bytes(c.head_dim, false, Nt, static_cast<std::size_t>(KW));
+            const auto v =
+                fp8_attention_bytes(c.head_dim, r.v_scale == v_scale_mode::per_head, Nt, static_cast<std::size_t>(KW));
+            m.activations += layers * static_cast<double>(q + kv + v);
+            m.temporaries += static_cast<double>(q);
+        }
+        return m;
+    }
+    /// Bytes of an E4M3 copy of tokens x cols with one scale per token and head (or per head).
+    static std::size_t fp8_attention_bytes(int head_dim, bool per_head, std::size_t tokens, std::size_t cols) {
+        auto bytes = [&](auto recipe_tag) {
+            using R = decltype(recipe_tag);
+            const auto l = octet::quant_layout_of<R>::make(tokens, cols);
+            return l.data_bytes + l.scale_bytes;
+        };
+        if (head_dim == 32)
+            return per_head
+                       ? bytes(octet::recipe<octet::e4m3, octet::block<octet::full, 32>, octet::scale::amax_ratio<0>>{})
+                       : bytes(octet::recipe<octet::e4m3, octet::block<1, 32>, octet::scale::amax_ratio<0>>{});
+        return per_head
+                   ? bytes(octet::recipe<octet::e4m3, octet::block<octet::full, 64>, octet::scale::amax_ratio<0>>{})
+                   : bytes(octet::recipe<octet::e4m3, octet::block<1, 64>, octet::scale::amax_ratio<0>>{});
+    }
+    /// What octet's linear_context of this mode reports for its buffers (none for float32 / bf16).
+    static octet::linear_memory fp8_linear_memory(linear_mode mode, std::size_t tokens, std::size_t in,
+                                                  std::size_t out) {
+#if TRAIN_HAS_FP8_LINEAR
+        octet::linear_config lc;
+        lc.max_tokens = tokens;
+        lc.in_features = in;
+        lc.out_features = out;
+        namespace lr = octet::linear_recipes;
+        switch (mode) {
+            case linear_mode::tensorwise_delayed:
+                return octet::linear_context<lr::tensorwise_delayed>(lc).memory();
+            case linear_mode::tensorwise:
+                return octet::linear_context<lr::tensorwise>(lc).memory();
+            case linear_mode::blockwise:
+                return octet::linear_context<lr::blockwise>(lc).memory();
+            case linear_mode::mxfp8:
+                return octet::linear_context<lr::mxfp8>(lc).memory();
+            case linear_mode::nvfp4:
+                return octet::linear_context<lr::nvfp4>(lc).memory();
+            default:
+                break;
+        }
+#endif
+        (void)mode, (void)tokens, (void)in, (void)out;
+        return {};
+    }
+
+    static const model_config& checked(const model_config& c, int max_batch) {
+        constexpr const char* fn = "train::transformer";
+        OCTET_REQUIRE(c.vocab > 0, fn, "config.vocab",
+                      octet::detail::message("is ", c.vocab, "; set it from the corpus"));
+        OCTET_REQUIRE(c.head_dim == 32 || c.head_dim == 64, fn, "config.head_dim",
+                      octet::detail::message("is ", c.head_dim, "; the model supports head_dim 32 or 64"));
+        OCTET_REQUIRE(c.heads_q > 0 && c.heads_kv > 0 && c.heads_q % c.heads_kv == 0, fn, "config.heads_kv",
+                      octet::detail::message("is ", c.heads_kv, " with heads_q ", c.heads_q,
+                                             "; heads_kv must be positive and divide heads_q"));
+        OCTET_REQUIRE(c.d_model == c.heads_q * c.head_dim, fn, "config.d_model",
+                      octet::detail::message("is ", c.d_model, " but heads_q * head_dim = ", c.heads_q * c.head_dim));
+        OCTET_REQUIRE(c.layers > 0 && c.d_ff > 0 && c.seq_len > 0, fn, "config", "needs layers, d_ff and seq_len > 0");
+        OCTET_REQUIRE(max_batch > 0, fn, "max_batch", octet::detail::message("is ", max_batch, "; pass at least 1"));
+        return c;
+    }
+
+    void check_call(const char* fn, octet::span<const float> params, const std::int32_t* tokens, int batch) const {
+        OCTET_REQUIRE(params.size() == lay_.total, fn, "params",
+                      octet::detail::message("has ", params.size(), " floats but the model has ", lay_.total,
+                                             "; size it with parameter_count(config)"));
+        OCTET_REQUIRE(batch >= 1 && batch <= max_batch_, fn, "batch",
+                      octet::detail::message("is ", batch, "; pass 1 to max_batch = ", max_batch_,
+                                             " (the buffers are sized in the constructor)"));
+        OCTET_REQUIRE(tokens != nullptr, fn, "tokens", "is null; pass batch * (seq_len + 1) token ids");
+        const std::size_t n = static_cast<std::size_t>(batch) * (T_ + 1);
+        for (std::size_t i = 0; i < n; ++i)
+            OCTET_REQUIRE(tokens[i] >= 0 && tokens[i] < cfg_.vocab, fn, "tokens",
+                          octet::detail::message("holds ", tokens[i], " at index ", i,
+                                                 ", outside [0, vocab = ", cfg_.vocab, ")"));
+    }
+
+    bool float_linear_recipe() const {
+        return recipe_.linear == linear_mode::float32;
+    }
+    bool float_attention_recipe() const {
+        return recipe_.attention == attention_mode::float32;
+    }
+    bool float_linear() const {
+        return high_precision_ || float_linear_recipe();
+    }
+    bool float_attention() const {
+        return high_precision_ || float_attention_recipe();
+    }
+
+    // ---- buffers ---------------------------------------------------------------------------------
+    struct layer_state {
+        explicit layer_state(memory_meter& m)
+            : x_in(alloc(m)),
+              rstd1(alloc(m)),
+              x_mid(alloc(m)),
+              rstd2(alloc(m)),
+              u(alloc(m)),
+              o(alloc(m)),
+              lse(alloc(m)),
+              h1(alloc(m)),
+              h2(alloc(m)),
+              a(alloc(m)),
+              qkv(alloc(m)) {}
+        static metered_allocator<float> alloc(memory_meter& m) {
+            return metered_allocator<float>(m, octet::memory_category::activations);
+        }
+        metered_vector<float> x_in, rstd1, x_mid, rstd2, u, o, lse;  // always kept for the backward
+        metered_vector<float> h1, h2, a;  // float inputs of qkv, up, down (while they compute in float)
+        metered_vector<float> qkv;        // Q, K, V in float (while attention computes in float)
+        std::unique_ptr<linear_layer> lin_qkv, lin_proj, lin_up, lin_down;
+    };
+
+    void allocate_float_saves(layer_state& L) {
+        if (L.h1.empty()) {
+            L.h1 = make_metered<float>(meter_, activations(), Nmax_ * d_);
+            L.h2 = make_metered<float>(meter_, activations(), Nmax_ * d_);
+            L.a = make_metered<float>(meter_, activations(), Nmax_ * F_);
+        }
+        if (L.qkv.empty()) L.qkv = make_metered<float>(meter_, activations(), Nmax_ * lay_.qkv_out);
+    }
+
+    std::unique_ptr<linear_layer> make_linear(int in, int out) {
+        std::unique_ptr<linear_layer> l;
+        switch (recipe_.linear) {
+            case linear_mode::float32:
+                l = std::make_unique<float32_linear>();
+                l->in = in;
+                l->out = out;
+                return l;
+            case linear_mode::bf16:
+                return std::make_unique<bf16_linear>(meter_, Nmax_, in, out);
+            default:
+                return make_fp8_linear(in, out);
+        }
+    }
+    std::unique_ptr<linear_layer> make_fp8_linear(int in, int out) {
+#if TRAIN_HAS_FP8_LINEAR
+        const std::uint64_t seed = seed_ * 1000003u + linear_count_++;  // one stream per layer
+        namespace lr = octet::linear_recipes;
+        switch (recipe_.linear) {
+            case linear_mode::tensorwise_delayed:
+                return std::make_unique<fp8_linear<lr::tensorwise_delayed>>(meter_, Nmax_, in, out, seed);
+            case linear_mode::tensorwise:
+                return std::make_unique<fp8_linear<lr::tensorwise>>(meter_, Nmax_, in, out, seed);
+            case linear_mode::blockwise:
+                return std::make_unique<fp8_linear<lr::blockwise>>(meter_, Nmax_, in, out, seed);
+            case linear_mode::mxfp8:
+                return std::make_unique<fp8_linear<lr::mxfp8>>(meter_, Nmax_, in, out, seed);
+            case linear_mode::nvfp4:
+                return std::make_unique<fp8_linear<lr::nvfp4>>(meter_, Nmax_, in, out, seed);
+            default:
+                break;
+        }
+#endif
+        (void)in;
+        (void)out;
+        OCTET_REQUIRE(false, "train::transformer", "recipe.linear", "names no linear mode this build has");
+        return nullptr;
+    }
+
+    void allocate() {
+        auto act = [&](std::size_t n) { return make_metered<float>(meter_, activations(), n); };
+        auto tmp = [&](std::size_t n) { return make_metered<float>(meter_, temporaries(), n); };
+        const std::size_t N = Nmax_, W = lay_.qkv_out, A = lay_.attn_width;
+        const std::size_t Hq = static_cast<std::size_t>(cfg_.heads_q);
+        layers_.reserve(static_cast<std::size_t>(cfg_.layers));
+        for (int l = 0; l < cfg_.layers; ++l) layers_.emplace_back(meter_);
+        for (auto& L : layers_) {
+            L.x_in = act(N * d_);
+            L.rstd1 = act(N);
+            L.x_mid = act(N * d_);
+            L.rstd2 = act(N);
+            L.u = act(N * F_);
+            L.o = act(N * A);
+            L.lse = act(Hq * N);
+            if (float_linear_recipe()) {
+                L.h1 = act(N * d_);
+                L.h2 = act(N * d_);
+                L.a = act(N * F_);
+            }
+            if (float_attention_recipe()) L.qkv = act(N * W);
+            L.lin_qkv = make_linear(cfg_.d_model, static_cast<int>(W));
+            L.lin_proj = make_linear(static_cast<int>(A), cfg_.d_model);
+            L.lin_up = make_linear(cfg_.d_model, cfg_.d_ff);
+            L.lin_down = make_linear(cfg_.d_ff, cfg_.d_model);
+        }
+        x_fin_ = act(N * d_);
+        rstd_f_ = act(N);
+        h_fin_ = act(N * d_);
+        logits_ = tmp(N * V_);
+        t_h_ = tmp(N * d_);
+        t_qkv_ = tmp(N * W);
+        t_a_ = tmp(N * F_);
+        dx_ = tmp(N * d_);
+        dx2_ = tmp(N * d_);
+        dh_ = tmp(N * d_);
+        const std::size_t wide = std::max({W, F_, A});
+        dwide_ = tmp(N * wide);
+        do_ = tmp(N * A);
+        const std::size_t max_in_out = std::max({W * d_, A * d_, F_ * d_, V_ * d_});
+        wt_ = tmp(max_in_out);
+        yt_ = tmp(std::max({W, A, F_, V_, d_}) * N);
+        if (recipe_.linear == linear_mode::bf16) {
+            xr_ = tmp(N * std::max(wide, d_));
+            wr_ = tmp(max_in_out);
+        }
+        if (!float_attention_recipe()) {
+            const std::size_t L = layers_.size(), Hk = static_cast<std::size_t>(cfg_.heads_kv);
+            fp8_attn_ = cfg_.head_dim == 32 ? make_fp8_attention<32>(meter_, recipe_.v_scale, L, N, Hq, Hk)
+                                            : make_fp8_attention<64>(meter_, recipe_.v_scale, L, N, Hq, Hk);
+        }
+        cu_ = metered_vector<std::int32_t>(static_cast<std::size_t>(max_batch_) + 1, 0,
+                                           metered_allocator<std::int32_t>(meter_, temporaries()));
+        workers_ = static_cast<std::size_t>(std::max(1, ex_.thread_count()));
+        attn_scratch_ = tmp(workers_ * attention_scratch_floats(T_, static_cast<std::size_t>(cfg_.head_dim)));
+        chunk_partials_ = tmp(((N + kChunk - 1) / kChunk) * d_);
+        loss_partials_ =
+            metered_vector<double>((N + kChunk - 1) / kChunk, 0.0, metered_allocator<double>(meter_, temporaries()));
+    }
+
+    attention_dims dims(int batch, std::size_t len) const {
+        return {static_cast<std::size_t>(batch), len, static_cast<std::size_t>(cfg_.heads_q),
+                static_cast<std::size_t>(cfg_.heads_kv), static_cast<std::size_t>(cfg_.head_dim)};
+    }
+
+    linear_layer::scratch lin_scratch() {
+        return {wt_.data(), yt_.data(), xr_.empty() ? nullptr : xr_.data(), wr_.empty() ? nullptr : wr_.data()};
+    }
+
+    // ---- forward -----------------------------------------------------------------------------
+    using clock = std::chrono::steady_clock;
+    struct timer {
+        step_telemetry* t;
+        const char* key;
+        clock::time_point t0 = clock::now();
+        ~timer() {
+            if (t) t->op_seconds[key] += std::chrono::duration<double>(clock::now() - t0).count();
+        }
+    };
+
+    /// Forward over `batch` sequences of `len` input tokens, sequence b starting at tokens[b * stride].
+    /// Leaves the logits in logits_.
+    void forward(const float* P, const std::int32_t* tokens, int batch, std::size_t len, std::size_t stride,
+                 bool training, step_telemetry* t) {
+        const std::size_t N = static_cast<std::size_t>(batch) * len;
+        if (t) {
+            for (const char* k : {"linear", "attention", "norm", "mlp_activation", "embedding_head", "loss"})
+                t->op_seconds[k] = 0.0;
+        }
+        n_ = N;
+        len_ = len;
+        batch_ = batch;
+        const auto s = lin_scratch();
+        float* x = layers_.empty() ? x_fin_.data() : layers_[0].x_in.data();
+        {
+            timer tm{t, "embedding_head"};
+            const float* E = P + lay_.tok_emb;
+            const float* PE = P + lay_.pos_emb;
+            octet::parallel_for(ex_, N, 256, [&](std::size_t b, std::size_t e) {
+                for (std::size_t n = b; n < e; ++n) {
+                    const std::size_t seq = n / len, pos = n % len;
+                    const float* te = E + static_cast<std::size_t>(tokens[seq * stride + pos]) * d_;
+                    const float* pe = PE + pos * d_;
+                    for (std::size_t c = 0; c < d_; ++c) x[n * d_ + c] = te[c] + pe[c];
+                }
+            });
+        }
+        for (std::size_t l = 0; l < layers_.size(); ++l) {
+            auto& L = layers_[l];
+            const auto& B = lay_.blocks[l];
+            float* h1 = float_linear() ? L.h1.data() : t_h_.data();
+            float* qkv = float_attention() ? L.qkv.data() : t_qkv_.data();
+            {
+                timer tm{t, "norm"};
+                rmsnorm_forward(L.x_in.data(), P + B.norm1, h1, L.rstd1.data(), N);
+            }
+            {
+                timer tm{t, "linear"};
+                L.lin_qkv->forward(ex_, h1, N, P + B.qkv, qkv, float_linear(), training, s, t);
+            }
+            {
+                timer tm{t, "attention"};
+                if (float_attention())
+                    attention_forward_f32(ex_, dims(batch, len), qkv, L.o.data(), L.lse.data(), attn_scratch_.data(),
+                                          workers_);
+                else
+                    attention_forward_fp8(l, qkv, batch, len, t);
+            }
+            {
+                timer tm{t, "linear"};
+                L.lin_proj->forward(ex_, L.o.data(), N, P + B.proj, dx_.data(), float_linear(), training, s, t);
+            }
+            float* h2 = float_linear() ? L.h2.data() : t_h_.data();
+            {
+                timer tm{t, "norm"};
+                add(L.x_in.data(), dx_.data(), L.x_mid.data(), N * d_);
+                rmsnorm_forward(L.x_mid.data(), P + B.norm2, h2, L.rstd2.data(), N);
+            }
+            {
+                timer tm{t, "linear"};
+                L.lin_up->forward(ex_, h2, N, P + B.up, L.u.data(), float_linear(), training, s, t);
+            }
+            float* a = float_linear() ? L.a.data() : t_a_.data();
+            {
+                timer tm{t, "mlp_activation"};
+                gelu_forward(L.u.data(), a, N * F_);
+            }
+            {
+                timer tm{t, "linear"};
+                L.lin_down->forward(ex_, a, N, P + B.down, dx_.data(), float_linear(), training, s, t);
+            }
+            {
+                timer tm{t, "norm"};
+                float* next = l + 1 < layers_.size() ? layers_[l + 1].x_in.data() : x_fin_.data();
+                add(L.x_mid.data(), dx_.data(), next, N * d_);
+            }
+        }
+        {
+            timer tm{t, "norm"};
+            rmsnorm_forward(x_fin_.data(), P + lay_.norm_f, h_fin_.data(), rstd_f_.data(), N);
+        }
+        {
+            timer tm{t, "embedding_head"};
+            transpose(ex_, P + lay_.head, V_, d_, wt_.data());
+            gemm(ex_, h_fin_.data(), d_, wt_.data(), V_, logits_.data(), V_, N, V_, d_);
+        }
+    }
+
+    /// Mean cross-entropy of logits_ against the targets; with `gradient`, logits_ becomes
+    /// d loss / d logits = (softmax - onehot) / N.
+    double loss(const std::int32_t* tokens, bool gradient, step_telemetry* t) {
+        timer tm{t, "loss"};
+        const std::size_t N = n_, chunks = (N + kChunk - 1) / kChunk;
+        double* sums = loss_partials_.data();  // per chunk of rows: its loss sum, added in order below
+        octet::parallel_for(ex_, chunks, 1, [&](std::size_t c0, std::size_t c1) {
+            for (std::size_t c = c0; c < c1; ++c) {
+                double acc = 0;
+                for (std::size_t n = c * kChunk; n < std::min(N, (c + 1) * kChunk); ++n) {
+                    const std::size_t seq = n / T_, pos = n % T_;
+                    const std::int32_t target = tokens[seq * (T_ + 1) + pos + 1];
+                    float* z = logits_.data() + n * V_;
+                    const float m = *std::max_element(z, z + V_);
+                    double sum = 0;
+                    for (std::size_t v = 0; v < V_; ++v) sum += std::exp(static_cast<double>(z[v] - m));
+                    const double lse = static_cast<double>(m) + std::log(sum);
+                    acc += lse - z[target];
+                    if (gradient) {
+                        const double inv_n = 1.0 / static_cast<double>(N);
+                        for (std::size_t v = 0; v < V_; ++v)
+                            z[v] = static_cast<float>(std::exp(static_cast<double>(z[v]) - lse) * inv_n);
+                        z[target] -= static_cast<float>(inv_n);
+                    }
+                }
+                sums[c] = acc;
+            }
+        });
+        double total = 0;
+        for (std::size_t c = 0; c < chunks; ++c) total += sums[c];
+        return total / static_cast<double>(N);
+    }
+
+    // ---- backward ----------------------------------------------------------------------------
+    void backward(const float* P, const std::int32_t* tokens, int batch, float* G, step_telemetry* t) {
+        const std::size_t N = n_;
+        const auto s = lin_scratch();
+        // head: dH = dZ W_head, dW_head = dZ^T H
+        {
+            timer tm{t, "embedding_head"};
+            gemm(ex_, logits_.data(), V_, P + lay_.head, d_, dh_.data(), d_, N, d_, V_);
+            transpose(ex_, logits_.data(), N, V_, yt_.data());
+            gemm(ex_, yt_.data(), N, h_fin_.data(), d_, G + lay_.head, d_, V_, d_,
+                 N);  // tied: the embedding adds below
+        }
+        {
+            timer tm{t, "norm"};
+            rmsnorm_backward(x_fin_.data(), P + lay_.norm_f, rstd_f_.data(), dh_.data(), nullptr, dx_.data(),
+                             G + lay_.norm_f, N);
+        }
+        float* dx = dx_.data();  // d loss / d residual stream
+        float* dx_alt = dx2_.data();
+        for (std::size_t l = layers_.size(); l-- > 0;) {
+            auto& L = layers_[l];
+            const auto& B = lay_.blocks[l];
+            float* dwide = dwide_.data();
+            {
+                timer tm{t, "linear"};
+                L.lin_down->backward(ex_, dx, N, P + B.down, dwide, G + B.down, s, t);
+            }
+            {
+                timer tm{t, "mlp_activation"};
+                gelu_backward(L.u.data(), dwide, N * F_);
+            }
+            {
+                timer tm{t, "linear"};
+                L.lin_up->backward(ex_, dwide, N, P + B.up, dh_.data(), G + B.up, s, t);
+            }
+            {
+                timer tm{t, "norm"};  // dx_mid = dx + norm2'(dh)
+                rmsnorm_backward(L.x_mid.data(), P + B.norm2, L.rstd2.data(), dh_.data(), dx, dx_alt, G + B.norm2, N);
+            }
+            std::swap(dx, dx_alt);
+            {
+                timer tm{t, "linear"};
+                L.lin_proj->backward(ex_, dx, N, P + B.proj, do_.data(), G + B.proj, s, t);
+            }
+            {
+                timer tm{t, "attention"};
+                if (float_attention())
+                    attention_backward_f32(ex_, dims(batch, len_), L.qkv.data(), L.o.data(), L.lse.data(), do_.data(),
+                                           dwide, attn_scratch_.data(), workers_);
+                else
+                    t->attention_residual[l] = attention_backward_fp8(l, do_.data(), dwide, batch, len_, t);
+            }
+            {
+                timer tm{t, "linear"};
+                L.lin_qkv->backward(ex_, dwide, N, P + B.qkv, dh_.data(), G + B.qkv, s, t);
+            }
+            {
+                timer tm{t, "norm"};
+                rmsnorm_backward(L.x_in.data(), P + B.norm1, L.rstd1.data(), dh_.data(), dx, dx_alt, G + B.norm1, N);
+            }
+            std::swap(dx, dx_alt);
+        }
+        {
+            timer tm{t, "embedding_head"};
+            float* dE = G + lay_.tok_emb;
+            float* dPE = G + lay_.pos_emb;
+            if (!cfg_.tied_head) std::fill(dE, dE + V_ * d_, 0.0f);
+            std::fill(dPE, dPE + T_ * d_, 0.0f);
+            // Sequential scatter-add (a token's rows collide): deterministic, and cheap beside the GEMMs.
+            for (std::size_t n = 0; n < N; ++n) {
+                const std::size_t seq = n / T_, pos = n % T_;
+                float* de = dE + static_cast<std::size_t>(tokens[seq * (T_ + 1) + pos]) * d_;
+                float* dp = dPE + pos * d_;
+                const float* g = dx + n * d_;
+                for (std::size_t c = 0; c < d_; ++c) {
+                    de[c] += g[c];
+                    dp[c] += g[c];
+                }
+            }
+        }
+    }
+
+    // ---- elementwise parts -------------------------------------------------------------------
+    static constexpr std::size_t kChunk = 64;  // rows per chunk of the norms' gain reductions
+    static constexpr float kEps = 1e-5f;
+
+    void add(const float* a, const float* b, float* out, std::size_t n) {
+        octet::parallel_for(ex_, n, 1 << 15, [&](std::size_t i0, std::size_t i1) {
+            for (std::size_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+        });
+    }
+
+    void rmsnorm_forward(const float* x, const float* g, float* y, float* rstd, std::size_t N) {
+        octet::parallel_for(ex_, N, 64, [&](std::size_t b, std::size_t e) {
+            for (std::size_t n = b; n < e; ++n) {
+                const float* xr = x + n * d_;
+                double ss = 0;
+                for (std::size_t c = 0; c < d_; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+                const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d_) + kEps));
+                rstd[n] = r;
+                for (std::size_t c = 0; c < d_; ++c) y[n * d_ + c] = xr[c] * r * g[c];
+            }
+        });
+    }
+
+    /// dx_out = residual + d(rmsnorm)/dx . dy (residual may be null), dg = sum_n dy * x * rstd.
+    /// y = x r g with r = (mean x^2 + eps)^-1/2: dx = r (g dy) - x r^3 / d * sum_c (g dy x)_c.
+    void rmsnorm_backward(const float* x, const float* g, const float* rstd, const float* dy, const float* residual,
+                          float* dx_out, float* dg, std::size_t N) {
+        const std::size_t chunks = (N + kChunk - 1) / kChunk;
+        float* part = chunk_partials_.data();  // [chunks][d]
+        octet::parallel_for(ex_, chunks, 1, [&](std::size_t c0, std::size_t c1) {
+            for (std::size_t c = c0; c < c1; ++c) {
+                float* pg = part + c * d_;
+                std::fill(pg, pg + d_, 0.0f);
+                for (std::size_t n = c * kChunk; n < std::min(N, (c + 1) * kChunk); ++n) {
+                    const float* xr = x + n * d_;
+                    const float* dyr = dy + n * d_;
+                    const float r = rstd[n];
+                    double dot = 0;
+                    for (std::size_t k = 0; k < d_; ++k) {
+                        dot += static_cast<double>(g[k]) * dyr[k] * xr[k];
+                        pg[k] += dyr[k] * xr[k] * r;
+                    }
+                    const float coef = static_cast<float>(dot / static_cast<double>(d_)) * r * r * r;
+                    for (std::size_t k = 0; k < d_; ++k) {
+                        const float v = r * g[k] * dyr[k] - coef * xr[k];
+                        dx_out[n * d_ + k] = residual ? residual[n * d_ + k] + v : v;
+                    }
+                }
+            }
+        });
+        for (std::size_t k = 0; k < d_; ++k) dg[k] = 0.0f;
+        for (std::size_t c = 0; c < chunks; ++c)
+            for (std::size_t k = 0; k < d_; ++k) dg[k] += part[c * d_ + k];
+    }
+
+    void gelu_forward(const float* u, float* a, std::size_t n) {
+        const auto isa = octet::detail::best_isa();
+        octet::parallel_for(ex_, n, 1 << 14, [&](std::size_t b, std::size_t e) {
+            octet::detail::run_kernel<detail::gelu_forward_kernel>(isa, u + b, a + b, e - b);
+        });
+    }
+    /// da <- da * gelu'(u), in place.
+    void gelu_backward(const float* u, float* da, std::size_t n) {
+        const auto isa = octet::detail::best_isa();
+        octet::parallel_for(ex_, n, 1 << 14, [&](std::size_t b, std::size_t e) {
+            octet::detail::run_kernel<detail::gelu_backward_kernel>(isa, u + b, da + b, e - b);
+        });
+    }
+
+    // ---- FP8 attention -------------------------------------------------------------------------
+    void attention_forward_fp8(std::size_t l, const float* qkv, int batch, std::size_t len, step_telemetry* t) {
+        fill_offsets(batch, len);
+        fp8_attn_->forward(ex_, l, dims(batch, len), qkv, layers_[l].o.data(), layers_[l].lse.data(), cu_.data(), t);
+    }
+    double attention_backward_fp8(std::size_t l, const float* dO, float* dqkv, int batch, std::size_t len,
+                                  step_telemetry* t) {
+        fill_offsets(batch, len);
+        return fp8_attn_->backward(ex_, l, dims(batch, len), layers_[l].o.data(), layers_[l].lse.data(), dO, dqkv,
+                                   cu_.data(), recipe_.delta, t);
+    }
+    void fill_offsets(int batch, std::size_t len) {
+        for (int b = 0; b <= batch; ++b) cu_[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(b * len);
+    }
+
+    model_config cfg_;
+    recipe_config recipe_;
+    memory_meter& meter_;
+    octet::host_executor ex_;
+    int max_batch_;
+    std::uint64_t seed_;
+    parameter_layout lay_;
+    std::size_t T_, d_, F_, V_, Nmax_;
+    std::size_t workers_ = 1;
+    bool high_precision_ = false;
+    std::uint64_t linear_count_ = 0;
+    std::size_t n_ = 0, len_ = 0;  // the last forward's token count and sequence length
+    int batch_ = 0;
+
+    std::vector<layer_state> layers_;
+    std::unique_ptr<fp8_attention> fp8_attn_;
+    metered_vector<std::int32_t> cu_{metered_allocator<std::int32_t>(meter_, temporaries())};
+    metered_vector<float> x_fin_{metered_allocator<float>(meter_, activations())};
+    metered_vector<float> rstd_f_{metered_allocator<float>(meter_, activations())};
+    metered_vector<float> h_fin_{metered_allocator<float>(meter_, activations())};
+    metered_vector<float> logits_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> t_h_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> t_qkv_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> t_a_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> dx_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> dx2_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> dh_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> dwide_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> do_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> wt_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> yt_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> xr_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> wr_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> attn_scratch_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<float> chunk_partials_{metered_allocator<float>(meter_, temporaries())};
+    metered_vector<double> loss_partials_{metered_allocator<double>(meter_, temporaries())};
+};
+
+}  // namespace train

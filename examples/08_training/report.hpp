@@ -1,0 +1,1134 @@
+// examples/08_training/report.hpp: the training program's outputs, written from a sweep_result:
+// report.md (verdict first), report.json (schema in report_schema.md, checked by check_report.py),
+// three SVG plots drawn by hand (loss curves with seed bands, memory by category beside the
+// ledger, saturation/underflow and attention residual telemetry), and a terminal progress bar.
+// Every number written is taken or derived from the sweep_result passed in.
+#pragma once
+
+#include "train.hpp"
+
+#include <octet/octet.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+#ifdef _WIN32
+#include <io.h>
+#define OCTET_TRAIN_ISATTY(f) _isatty(_fileno(f))
+#else
+#include <unistd.h>
+#define OCTET_TRAIN_ISATTY(f) isatty(fileno(f))
+#endif
+
+namespace train {
+namespace report_detail {
+
+inline const char* schema_version = "octet-training-report/1";
+inline constexpr std::size_t json_curve_points = 2000;  // per-step arrays longer than this are window means
+inline constexpr std::size_t svg_curve_points = 400;
+
+// ---- text -----------------------------------------------------------------------------------
+
+inline std::string printf_str(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+inline std::string na_or(double v, const char* f) {
+    return std::isfinite(v) ? printf_str(f, v) : "n/a";
+}
+inline std::string bytes_str(double b) {
+    if (!std::isfinite(b)) return "n/a";
+    const double a = std::fabs(b);
+    if (a >= 1073741824.0) return printf_str("%.2f GiB", b / 1073741824.0);
+    if (a >= 1048576.0) return printf_str("%.2f MiB", b / 1048576.0);
+    return printf_str("%.1f KiB", b / 1024.0);
+}
+inline std::string duration_str(double s) {
+    if (!std::isfinite(s) || s < 0) return "--";
+    char buf[32];
+    const long t = std::lround(s);
+    if (s < 60)
+        std::snprintf(buf, sizeof buf, "%.1fs", s);
+    else if (t < 3600)
+        std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+    else
+        std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    return buf;
+}
+
+/// Replaces bytes that are not valid UTF-8 with U+FFFD, so JSON, XML and markdown readers accept
+/// any text (a character model can emit half of a multi-byte character).
+inline std::string utf8(const std::string& s) {
+    std::string out;
+    for (std::size_t i = 0; i < s.size();) {
+        const auto c = static_cast<unsigned char>(s[i]);
+        std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        bool ok = n > 0 && i + n <= s.size() && !(n == 2 && c < 0xC2) && c < 0xF5;
+        for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+        if (ok && n > 2) {  // no overlong forms, UTF-16 surrogates, or code points past U+10FFFF
+            const auto c1 = static_cast<unsigned char>(s[i + 1]);
+            ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 > 0x9F) && !(c == 0xF0 && c1 < 0x90) &&
+                 !(c == 0xF4 && c1 > 0x8F);
+        }
+        if (ok)
+            out.append(s, i, n);
+        else
+            out += "\xEF\xBF\xBD";
+        i += ok ? n : 1;
+    }
+    return out;
+}
+inline std::string xml(const std::string& s) {
+    std::string out;
+    for (char c : utf8(s)) {
+        if (c == '&')
+            out += "&amp;";
+        else if (c == '<')
+            out += "&lt;";
+        else if (c == '>')
+            out += "&gt;";
+        else if (c == '"')
+            out += "&quot;";
+        else if (static_cast<unsigned char>(c) < 0x20)
+            out += ' ';  // XML 1.0 forbids most controls
+        else
+            out += c;
+    }
+    return out;
+}
+/// A markdown table cell: one line, '|' escaped.
+inline std::string cell(const std::string& s) {
+    std::string one = utf8(s);
+    for (char& c : one)
+        if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    return octet::detail::md_cell(one);
+}
+inline std::string jstr(const std::string& s) {
+    return octet::detail::json_string(utf8(s));
+}
+inline std::string jnum(double v) {
+    return octet::detail::json_number(v);
+}
+
+// ---- statistics over seeds ---------------------------------------------------------------------
+
+/// Over the finite values: count, mean, sample standard deviation (n-1; 0 for one value), min, max.
+struct stats {
+    int n = 0;
+    double mean = not_measured, std = not_measured, min = not_measured, max = not_measured;
+};
+inline stats stats_of(const std::vector<double>& v) {
+    stats s;
+    double sum = 0;
+    for (double x : v)
+        if (std::isfinite(x)) {
+            sum += x;
+            s.min = s.n ? std::min(s.min, x) : x;
+            s.max = s.n ? std::max(s.max, x) : x;
+            ++s.n;
+        }
+    if (s.n == 0) return s;
+    s.mean = sum / s.n;
+    double ss = 0;
+    for (double x : v)
+        if (std::isfinite(x)) ss += (x - s.mean) * (x - s.mean);
+    s.std = s.n > 1 ? std::sqrt(ss / (s.n - 1)) : 0.0;
+    return s;
+}
+inline double mean_finite(const std::vector<double>& v) {
+    return stats_of(v).mean;
+}
+inline double max_finite(const std::vector<double>& v) {
+    return stats_of(v).max;
+}
+
+/// Per layer, the largest finite value over steps of a [step][layer] series.
+inline std::vector<double> per_layer_max(const std::vector<std::vector<double>>& steps) {
+    std::vector<double> out;
+    for (const auto& row : steps)
+        for (std::size_t l = 0; l < row.size(); ++l) {
+            if (out.size() <= l) out.push_back(not_measured);
+            if (std::isfinite(row[l]) && !(row[l] <= out[l])) out[l] = row[l];
+        }
+    return out;
+}
+inline std::vector<double> layer_series(const std::vector<std::vector<double>>& steps, std::size_t layer) {
+    std::vector<double> out;
+    for (const auto& row : steps) out.push_back(layer < row.size() ? row[layer] : not_measured);
+    return out;
+}
+
+/// The reference recipe's run on the same size, length and seed, or null.
+inline const run_result* reference_of(const run_result& r, const sweep_result& s) {
+    for (const auto& q : s.runs)
+        if (q.recipe == s.reference_recipe && q.size == r.size && q.steps == r.steps && q.seed == r.seed) return &q;
+    return nullptr;
+}
+inline double recovery_seconds(const run_result& r) {
+    double t = 0;
+    for (const auto& e : r.recoveries) t += e.seconds;
+    return t;
+}
+
+/// The summary's quantities: one home for their names, units and how each is read from a run.
+enum class shown { loss, bits, rate, seconds, bytes, ratio, count, percent, residual };
+struct metric {
+    const char* name;
+    const char* unit;
+    shown as;
+    double (*of)(const run_result&, const sweep_result&);
+};
+inline const std::vector<metric>& metrics() {
+    static const std::vector<metric> m = {
+        {"final_train_loss", "nats/char", shown::loss,
+         [](const run_result& r, const sweep_result&) { return r.final_train_loss; }},
+        {"final_heldout_loss", "nats/char", shown::loss,
+         [](const run_result& r, const sweep_result&) { return r.final_heldout_loss; }},
+        {"heldout_bpc", "bits/char", shown::bits,
+         [](const run_result& r, const sweep_result&) { return r.heldout_bpc; }},
+        {"heldout_gap", "nats/char", shown::loss,
+         [](const run_result& r, const sweep_result& s) {
+             const run_result* ref = reference_of(r, s);
+             return ref ? r.final_heldout_loss - ref->final_heldout_loss : not_measured;
+         }},
+        {"tokens_per_second", "tokens/s", shown::rate,
+         [](const run_result& r, const sweep_result&) { return r.tokens_per_second; }},
+        {"wall_seconds", "s", shown::seconds, [](const run_result& r, const sweep_result&) { return r.wall_seconds; }},
+        {"peak_bytes_measured", "bytes", shown::bytes,
+         [](const run_result& r, const sweep_result&) { return r.peak_bytes_measured; }},
+        {"ledger_peak_bytes", "bytes", shown::bytes,
+         [](const run_result& r, const sweep_result&) { return r.ledger_peak_bytes; }},
+        {"peak_ratio", "measured/ledger", shown::ratio,
+         [](const run_result& r, const sweep_result&) {
+             return r.ledger_peak_bytes > 0 ? r.peak_bytes_measured / r.ledger_peak_bytes : not_measured;
+         }},
+        {"restarts", "count", shown::count,
+         [](const run_result& r, const sweep_result&) { return double(r.restarts); }},
+        {"recoveries", "count", shown::count,
+         [](const run_result& r, const sweep_result&) { return double(r.recoveries.size()); }},
+        {"recovery_seconds", "s", shown::seconds,
+         [](const run_result& r, const sweep_result&) { return recovery_seconds(r); }},
+        {"monitor_overhead", "fraction", shown::percent,
+         [](const run_result& r, const sweep_result&) { return r.monitor_overhead; }},
+        {"saturation_rate", "fraction", shown::percent,
+         [](const run_result& r, const sweep_result&) { return mean_finite(r.saturation_rate); }},
+        {"underflow_rate", "fraction", shown::percent,
+         [](const run_result& r, const sweep_result&) { return mean_finite(r.underflow_rate); }},
+        {"clip_crossings", "count", shown::count,
+         [](const run_result& r, const sweep_result&) { return double(r.clip_crossings); }},
+        {"attention_residual_max", "relative", shown::residual,
+         [](const run_result& r, const sweep_result&) { return max_finite(per_layer_max(r.attention_residual)); }},
+        {"attention_residual_q_max", "relative", shown::residual,
+         [](const run_result& r, const sweep_result&) { return max_finite(per_layer_max(r.attention_residual_q)); }},
+    };
+    return m;
+}
+inline const metric& metric_named(const std::string& name) {
+    for (const auto& m : metrics())
+        if (name == m.name) return m;
+    throw octet::error("train::report: no metric named " + name);
+}
+inline std::string show(double v, shown as) {
+    switch (as) {
+        case shown::loss:
+            return na_or(v, "%.4f");
+        case shown::bits:
+            return na_or(v, "%.4f");
+        case shown::rate:
+            return na_or(v, "%.0f");
+        case shown::seconds:
+            return na_or(v, "%.3g s");
+        case shown::bytes:
+            return bytes_str(v);
+        case shown::ratio:
+            return na_or(v, "%.3f");
+        case shown::count:
+            return na_or(v, "%.3g");
+        case shown::percent:
+            return std::isfinite(v) ? printf_str("%.3g%%", 100.0 * v) : "n/a";
+        case shown::residual:
+            return na_or(v, "%.2e");
+    }
+    return "n/a";
+}
+/// "mean ± std" over seeds (one value: the value).
+inline std::string show_stats(const stats& s, shown as) {
+    if (s.n == 0) return "n/a";
+    if (s.n == 1) return show(s.mean, as);
+    const double sd = s.std <= 1e-12 * std::fabs(s.mean) ? 0.0 : s.std;  // rounding noise of equal values
+    return show(s.mean, as) + " ± " + (as == shown::bytes ? bytes_str(sd) : show(sd, as));
+}
+
+// ---- groups: runs of one recipe, size and length, over seeds ------------------------------------
+
+struct group {
+    std::string recipe, size;
+    int steps = 0;
+    bool recovery = true;
+    std::vector<const run_result*> runs;
+    std::string label() const { return recipe + (recovery ? "" : " (no recovery)"); }
+};
+inline std::vector<group> groups_of(const sweep_result& s) {
+    std::vector<group> out;
+    for (const auto& r : s.runs) {
+        auto it = std::find_if(out.begin(), out.end(), [&](const group& g) {
+            return g.recipe == r.recipe && g.size == r.size && g.steps == r.steps && g.recovery == r.recovery;
+        });
+        if (it == out.end()) it = out.insert(out.end(), group{r.recipe, r.size, r.steps, r.recovery, {}});
+        it->runs.push_back(&r);
+    }
+    return out;
+}
+inline stats group_stats(const group& g, const metric& m, const sweep_result& s) {
+    std::vector<double> v;
+    for (const auto* r : g.runs) v.push_back(m.of(*r, s));
+    return stats_of(v);
+}
+/// Labels in order of first appearance (a recipe keeps its colour in every plot).
+inline std::vector<std::string> labels_of(const std::vector<group>& gs) {
+    std::vector<std::string> out;
+    for (const auto& g : gs)
+        if (std::find(out.begin(), out.end(), g.label()) == out.end()) out.push_back(g.label());
+    return out;
+}
+inline std::size_t index_of(const std::vector<std::string>& v, const std::string& x) {
+    return static_cast<std::size_t>(std::find(v.begin(), v.end(), x) - v.begin());
+}
+/// (size, steps) panels in order of first appearance.
+inline std::vector<std::pair<std::string, int>> panels_of(const std::vector<group>& gs) {
+    std::vector<std::pair<std::string, int>> out;
+    for (const auto& g : gs)
+        if (std::find(out.begin(), out.end(), std::make_pair(g.size, g.steps)) == out.end())
+            out.emplace_back(g.size, g.steps);
+    return out;
+}
+
+// ---- curves -------------------------------------------------------------------------------------
+
+/// The plots' smoothing: a centred moving average over about 1/40 of the run.
+inline int smoothing_window(std::size_t n) {
+    return std::max(1, static_cast<int>(n / 40));
+}
+inline std::vector<double> moving_average(const std::vector<double>& v, int window) {
+    std::vector<double> out(v.size());
+    const long half = window / 2, n = static_cast<long>(v.size());
+    for (long i = 0; i < n; ++i) {
+        double sum = 0;
+        long k = 0;
+        for (long j = std::max(0L, i - half); j <= std::min(n - 1, i + half); ++j, ++k) sum += v[j];
+        out[i] = sum / k;  // a non-finite value spreads over its window: divergence stays visible
+    }
+    return out;
+}
+/// Means over consecutive windows of `stride` values (the last window may be shorter).
+inline std::vector<double> window_means(const std::vector<double>& v, std::size_t stride) {
+    if (stride <= 1) return v;
+    std::vector<double> out;
+    for (std::size_t i = 0; i < v.size(); i += stride) {
+        const std::size_t e = std::min(v.size(), i + stride);
+        double sum = 0;
+        for (std::size_t j = i; j < e; ++j) sum += v[j];
+        out.push_back(sum / double(e - i));
+    }
+    return out;
+}
+inline std::size_t curve_stride(const run_result& r) {
+    std::size_t n = std::max({r.train_loss.size(), r.saturation_rate.size(), r.underflow_rate.size(),
+                              r.attention_residual.size(), r.attention_residual_q.size()});
+    return std::max<std::size_t>(1, (n + json_curve_points - 1) / json_curve_points);
+}
+/// Per step over the seeds' curves: min, mean and max; NaN (a gap in the plot) where a seed's value
+/// is not finite, so that one diverged seed is not hidden behind the others' mean.
+struct band {
+    std::vector<double> lo, mean, hi;
+};
+inline band band_of(const std::vector<std::vector<double>>& curves) {
+    band b;
+    std::size_t n = 0;
+    for (const auto& c : curves) n = std::max(n, c.size());
+    for (std::size_t i = 0; i < n; ++i) {
+        std::vector<double> at;
+        bool finite = true;
+        for (const auto& c : curves)
+            if (i < c.size()) at.push_back(c[i]), finite = finite && std::isfinite(c[i]);
+        const stats s = finite ? stats_of(at) : stats{};
+        b.lo.push_back(s.min), b.mean.push_back(s.mean), b.hi.push_back(s.max);
+    }
+    return b;
+}
+
+// ---- SVG ----------------------------------------------------------------------------------------
+
+inline const char* colour(std::size_t i) {
+    static const char* p[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                              "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+    return p[i % 10];
+}
+inline const char* dash(std::size_t i) {
+    static const char* p[] = {"none", "6,3", "2,2", "8,3,2,3"};
+    return p[i % 4];
+}
+
+/// A plot area: data ranges mapped to SVG pixels, linear or logarithmic in y.
+struct panel {
+    double x = 0, y = 0, w = 0, h = 0;
+    double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+    bool log_y = false;
+    double y_unit = 1;  ///< linear ticks fall on round multiples of this (e.g. 1 MiB on a bytes axis)
+    int id = 0;
+    double px(double v) const { return x + (v - x0) / (x1 - x0) * w; }
+    double py(double v) const {
+        const double t =
+            log_y ? (std::log10(v) - std::log10(y0)) / (std::log10(y1) - std::log10(y0)) : (v - y0) / (y1 - y0);
+        return y + h - t * h;
+    }
+    bool drawable(double v) const { return std::isfinite(v) && (!log_y || v > 0); }
+    /// Fits the y range to the finite (and, in log, positive) values, padded; log when they span
+    /// more than `log_ratio` (0: never, negative: always).
+    void fit_y(const std::vector<double>& v, double log_ratio) {
+        double lo = INFINITY, hi = -INFINITY, lo_pos = INFINITY;
+        for (double a : v)
+            if (std::isfinite(a))
+                lo = std::min(lo, a), hi = std::max(hi, a), lo_pos = a > 0 ? std::min(lo_pos, a) : lo_pos;
+        log_y = log_ratio < 0 || (log_ratio > 0 && std::isfinite(lo_pos) && lo > 0 && hi / lo > log_ratio);
+        if (log_y) {
+            if (!std::isfinite(lo_pos)) lo_pos = 1e-8, hi = 1;  // nothing positive: an empty log panel
+            y0 = lo_pos / 1.3, y1 = std::max(hi, lo_pos * 10) * 1.3;
+        } else {
+            if (!std::isfinite(lo)) lo = 0, hi = 1;
+            const double pad = hi > lo ? 0.05 * (hi - lo) : std::max(1e-12, 0.05 * std::fabs(hi));
+            y0 = lo - pad, y1 = hi + pad;
+        }
+    }
+};
+inline std::string num(double v) {
+    return printf_str("%.1f", v);
+}
+
+inline std::vector<double> linear_ticks(double lo, double hi) {
+    if (!(hi > lo) || !std::isfinite(hi - lo)) return {};
+    const double raw = (hi - lo) / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
+    double step = mag;
+    for (double m : {1.0, 2.0, 5.0, 10.0})
+        if (m * mag >= raw) {
+            step = m * mag;
+            break;
+        }
+    std::vector<double> t;
+    for (double v = std::ceil(lo / step) * step; v <= hi + 1e-9 * step && t.size() < 50; v += step)
+        t.push_back(std::fabs(v) < 1e-12 * step ? 0.0 : v);
+    return t;
+}
+inline std::vector<double> log_ticks(double lo, double hi) {
+    const int k0 = static_cast<int>(std::floor(std::log10(lo))), k1 = static_cast<int>(std::ceil(std::log10(hi)));
+    for (const std::vector<double>& ms : {std::vector<double>{1}, {1, 2, 5}, {1, 2, 3, 4, 5, 6, 7, 8, 9}}) {
+        std::vector<double> t;
+        const int every = ms.size() == 1 ? std::max(1, (k1 - k0) / 8) : 1;
+        for (int k = k0; k <= k1; ++k)
+            for (double m : ms)
+                if (m * std::pow(10.0, k) >= lo && m * std::pow(10.0, k) <= hi && (k - k0) % every == 0)
+                    t.push_back(m * std::pow(10.0, k));
+        if (t.size() >= 3) return t;
+    }
+    return linear_ticks(lo, hi);  // less than a decade: plain ticks, placed logarithmically
+}
+
+/// Frame, ticks, labels, title, and a clip path for the panel's series.
+inline void axes(std::ostream& o, const panel& p, const std::string& title, const std::string& xlabel,
+                 const std::string& ylabel, std::string (*ylab)(double)) {
+    o << "<clipPath id=\"clip" << p.id << "\"><rect x=\"" << num(p.x) << "\" y=\"" << num(p.y) << "\" width=\""
+      << num(p.w) << "\" height=\"" << num(p.h) << "\"/></clipPath>\n"
+      << "<rect x=\"" << num(p.x) << "\" y=\"" << num(p.y) << "\" width=\"" << num(p.w) << "\" height=\"" << num(p.h)
+      << "\" fill=\"none\" stroke=\"#444\"/>\n"
+      << "<text x=\"" << num(p.x + p.w / 2) << "\" y=\"" << num(p.y - 8)
+      << "\" text-anchor=\"middle\" font-weight=\"bold\">" << xml(title) << "</text>\n";
+    if (!xlabel.empty()) {
+        for (double t : linear_ticks(p.x0, p.x1))
+            o << "<line x1=\"" << num(p.px(t)) << "\" y1=\"" << num(p.y + p.h) << "\" x2=\"" << num(p.px(t))
+              << "\" y2=\"" << num(p.y + p.h + 4) << "\" stroke=\"#444\"/><text x=\"" << num(p.px(t)) << "\" y=\""
+              << num(p.y + p.h + 16) << "\" text-anchor=\"middle\">" << printf_str("%g", t) << "</text>\n";
+        o << "<text x=\"" << num(p.x + p.w / 2) << "\" y=\"" << num(p.y + p.h + 32) << "\" text-anchor=\"middle\">"
+          << xml(xlabel) << "</text>\n";
+    }
+    std::vector<double> yt = p.log_y ? log_ticks(p.y0, p.y1) : linear_ticks(p.y0 / p.y_unit, p.y1 / p.y_unit);
+    if (!p.log_y)
+        for (double& t : yt) t *= p.y_unit;
+    for (double t : yt)
+        o << "<line x1=\"" << num(p.x - 4) << "\" y1=\"" << num(p.py(t)) << "\" x2=\"" << num(p.x + p.w) << "\" y2=\""
+          << num(p.py(t)) << "\" stroke=\"#ddd\"/><text x=\"" << num(p.x - 6) << "\" y=\"" << num(p.py(t) + 4)
+          << "\" text-anchor=\"end\">" << xml(ylab(t)) << "</text>\n";
+    o << "<text transform=\"translate(" << num(p.x - 64) << "," << num(p.y + p.h / 2)
+      << ") rotate(-90)\" text-anchor=\"middle\">" << xml(ylabel) << (p.log_y ? " (log)" : "") << "</text>\n";
+}
+/// Path data through the drawable points, broken where a value is not drawable.
+inline std::string path_d(const panel& p, const std::vector<double>& xs, const std::vector<double>& ys) {
+    std::string d;
+    bool pen = false;
+    for (std::size_t i = 0; i < xs.size() && i < ys.size(); ++i) {
+        if (!p.drawable(ys[i])) {
+            pen = false;
+            continue;
+        }
+        d += (pen ? "L" : "M") + num(p.px(xs[i])) + " " + num(p.py(ys[i])) + " ";
+        pen = true;
+    }
+    return d;
+}
+/// Filled band between lo and hi, one polygon per stretch where both are drawable.
+inline std::string band_d(const panel& p, const std::vector<double>& xs, const std::vector<double>& lo,
+                          const std::vector<double>& hi) {
+    std::string d;
+    for (std::size_t i = 0; i < xs.size();) {
+        std::size_t e = i;
+        while (e < xs.size() && p.drawable(lo[e]) && p.drawable(hi[e])) ++e;
+        if (e > i + 1) {
+            for (std::size_t k = i; k < e; ++k)
+                d += (k == i ? "M" : "L") + num(p.px(xs[k])) + " " + num(p.py(hi[k])) + " ";
+            for (std::size_t k = e; k-- > i;) d += "L" + num(p.px(xs[k])) + " " + num(p.py(lo[k])) + " ";
+            d += "Z ";
+        }
+        i = e + 1;
+    }
+    return d;
+}
+/// Indices of at most `points` evenly spaced entries (first and last kept).
+inline std::vector<std::size_t> thin(std::size_t n, std::size_t points) {
+    std::vector<std::size_t> out;
+    if (n <= points) {
+        for (std::size_t i = 0; i < n; ++i) out.push_back(i);
+    } else {
+        for (std::size_t k = 0; k < points; ++k) out.push_back((k * (n - 1) + (points - 1) / 2) / (points - 1));
+    }
+    return out;
+}
+inline std::vector<double> pick(const std::vector<double>& v, const std::vector<std::size_t>& idx) {
+    std::vector<double> out;
+    for (std::size_t i : idx) out.push_back(i < v.size() ? v[i] : not_measured);
+    return out;
+}
+inline std::vector<double> as_steps(const std::vector<std::size_t>& idx) {
+    return std::vector<double>(idx.begin(), idx.end());
+}
+
+inline std::string svg_open(double w, double h) {
+    return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(w) +
+           "\" height=\"" + num(h) + "\" viewBox=\"0 0 " + num(w) + " " + num(h) +
+           "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+}
+/// A legend row of coloured swatches from (x, y), wrapping at `width`.
+inline double legend(std::ostream& o, double x, double y, double width, const std::vector<std::string>& names,
+                     const std::vector<std::string>& colours) {
+    double cx = x;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        const double w = 32 + 7 * static_cast<double>(utf8(names[i]).size());
+        if (cx + w > x + width && cx > x) cx = x, y += 16;
+        o << "<rect x=\"" << num(cx) << "\" y=\"" << num(y - 9) << "\" width=\"16\" height=\"10\" fill=\"" << colours[i]
+          << "\"/><text x=\"" << num(cx + 20) << "\" y=\"" << num(y) << "\">" << xml(names[i]) << "</text>\n";
+        cx += w;
+    }
+    return y + 16;
+}
+inline std::string plain_tick(double v) {
+    return printf_str("%g", v);
+}
+inline std::string bytes_tick(double v) {
+    const double a = std::fabs(v);
+    return a == 0              ? "0"
+           : a >= 1073741824.0 ? printf_str("%g GiB", v / 1073741824.0)
+           : a >= 1048576.0    ? printf_str("%g MiB", v / 1048576.0)
+                               : printf_str("%g KiB", v / 1024.0);
+}
+inline std::string sci_tick(double v) {
+    return printf_str("%.0e", v);
+}
+
+// ---- the three plots ------------------------------------------------------------------------------
+
+/// One row per (size, length): the whole run, and its second half with y fitted to it (where the
+/// recipes' gaps, small beside the early drop, show).
+inline std::string loss_svg(const sweep_result& s) {
+    const auto gs = groups_of(s);
+    const auto labels = labels_of(gs);
+    const auto panels = panels_of(gs);
+    const double pw = 440, ph = 250;
+    std::ostringstream o;
+    for (std::size_t k = 0; k < panels.size(); ++k) {
+        struct drawn {
+            std::string label;
+            band b;
+            std::vector<double> hx, hy;
+        };
+        std::vector<drawn> ds;
+        int window = 1;
+        std::size_t n = 2;
+        for (const auto& g : gs) {
+            if (g.size != panels[k].first || g.steps != panels[k].second) continue;
+            drawn d{g.label(), {}, {}, {}};
+            std::vector<std::vector<double>> curves;
+            std::vector<std::pair<int, std::vector<double>>> held;
+            for (const auto* r : g.runs) {
+                window = smoothing_window(r->train_loss.size());
+                curves.push_back(moving_average(r->train_loss, window));
+                for (const auto& h : r->heldout) {  // (step, loss) pairs, gathered by step over the seeds
+                    auto it = std::find_if(held.begin(), held.end(), [&](const auto& e) { return e.first == h.first; });
+                    if (it == held.end()) it = held.insert(held.end(), {h.first, {}});
+                    it->second.push_back(h.second);
+                }
+            }
+            d.b = band_of(curves);
+            for (const auto& [step, losses] : held) d.hx.push_back(step), d.hy.push_back(mean_finite(losses));
+            n = std::max(n, d.b.mean.size());
+            ds.push_back(std::move(d));
+        }
+        for (int zoom = 0; zoom < 2; ++zoom) {
+            panel p;
+            p.id = int(2 * k) + zoom, p.x = 80 + zoom * (pw + 90), p.y = 50 + double(k) * (ph + 80), p.w = pw, p.h = ph;
+            p.x0 = zoom ? double(n / 2) : 0, p.x1 = std::max(p.x0 + 1, double(n - 1));
+            std::vector<double> all;
+            for (const auto& d : ds) {
+                for (std::size_t i = std::size_t(p.x0); i < d.b.mean.size(); ++i)
+                    all.insert(all.end(), {d.b.lo[i], d.b.hi[i]});
+                for (std::size_t i = 0; i < d.hx.size(); ++i)
+                    if (d.hx[i] >= p.x0) all.push_back(d.hy[i]), p.x1 = std::max(p.x1, d.hx[i]);
+            }
+            p.fit_y(all, 8.0);
+            axes(o, p,
+                 panels[k].first + ", " + std::to_string(panels[k].second) + " steps" + (zoom ? ": second half" : "") +
+                     " (moving average over " + std::to_string(window) + " steps)",
+                 "step", "loss (nats/char)", plain_tick);
+            for (const auto& d : ds) {
+                const char* c = colour(index_of(labels, d.label));
+                std::vector<std::size_t> idx;
+                for (std::size_t i :
+                     thin(d.b.mean.size() - std::min(d.b.mean.size(), std::size_t(p.x0)), svg_curve_points))
+                    idx.push_back(i + std::size_t(p.x0));
+                const auto xs = as_steps(idx);
+                o << "<g class=\"series\" data-name=\"" << xml(d.label) << "\" clip-path=\"url(#clip" << p.id
+                  << ")\">\n"
+                  << "<path d=\"" << band_d(p, xs, pick(d.b.lo, idx), pick(d.b.hi, idx)) << "\" fill=\"" << c
+                  << "\" fill-opacity=\"0.2\" stroke=\"none\"/>\n<path d=\"" << path_d(p, xs, pick(d.b.mean, idx))
+                  << "\" fill=\"none\" stroke=\"" << c << "\" stroke-width=\"1.5\"/>\n";
+                for (std::size_t i = 0; i < d.hx.size(); ++i)
+                    if (p.drawable(d.hy[i]) && d.hx[i] >= p.x0)
+                        o << "<circle class=\"heldout\" cx=\"" << num(p.px(d.hx[i])) << "\" cy=\"" << num(p.py(d.hy[i]))
+                          << "\" r=\"3.5\" fill=\"white\" stroke=\"" << c << "\" stroke-width=\"1.5\"/>\n";
+                o << "</g>\n";
+            }
+        }
+    }
+    std::vector<std::string> cs;
+    for (std::size_t i = 0; i < labels.size(); ++i) cs.push_back(colour(i));
+    const double W = 80 + 2 * (pw + 90), top = 50 + double(panels.size()) * (ph + 80);
+    std::ostringstream doc;
+    doc << svg_open(W, top + 20 + 16 * double(1 + labels.size() / 5)) << "<text x=\"10\" y=\"20\" font-size=\"13\" "
+        << "font-weight=\"bold\">Training loss: mean over seeds (line), min..max over seeds (band), held-out loss "
+           "(circles)</text>\n"
+        << o.str();
+    legend(doc, 80, top, W - 100, labels, cs);
+    doc << "</svg>\n";
+    return doc.str();
+}
+
+inline std::vector<std::string> categories_of(const sweep_result& s) {
+    std::vector<std::string> out;
+    for (int i = 0; i < octet::memory_category_count; ++i)
+        out.push_back(octet::memory_category_name(static_cast<octet::memory_category>(i)));
+    for (const auto& r : s.runs)
+        for (const auto* m : {&r.peak_bytes_by_category, &r.ledger_bytes})
+            for (const auto& kv : *m)
+                if (std::find(out.begin(), out.end(), kv.first) == out.end()) out.push_back(kv.first);
+    return out;
+}
+inline double mean_of(const std::vector<const run_result*>& rs, double (*f)(const run_result&, const std::string&),
+                      const std::string& key) {
+    std::vector<double> v;
+    for (const auto* r : rs) v.push_back(f(*r, key));
+    return mean_finite(v);
+}
+
+inline std::string memory_svg(const sweep_result& s) {
+    const auto cats = categories_of(s);
+    std::vector<std::string> sizes;
+    for (const auto& r : s.runs)
+        if (std::find(sizes.begin(), sizes.end(), r.size) == sizes.end()) sizes.push_back(r.size);
+    std::ostringstream o;
+    double y = 80, W = 640;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        std::vector<std::pair<std::string, std::vector<const run_result*>>> bars;  // by recipe label
+        for (const auto& r : s.runs) {
+            if (r.size != sizes[k]) continue;
+            const std::string label = r.recipe + (r.recovery ? "" : " (no recovery)");
+            auto it = std::find_if(bars.begin(), bars.end(), [&](const auto& b) { return b.first == label; });
+            if (it == bars.end()) it = bars.insert(bars.end(), {label, {}});
+            it->second.push_back(&r);
+        }
+        auto cat_peak = [](const run_result& r, const std::string& c) {
+            auto it = r.peak_bytes_by_category.find(c);
+            return it == r.peak_bytes_by_category.end() ? 0.0 : it->second;
+        };
+        auto cat_ledger = [](const run_result& r, const std::string& c) {
+            auto it = r.ledger_bytes.find(c);
+            return it == r.ledger_bytes.end() ? 0.0 : it->second;
+        };
+        auto peak = [](const run_result& r, const std::string&) { return r.peak_bytes_measured; };
+        auto ledger_total = [](const run_result& r, const std::string&) { return r.ledger_peak_bytes; };
+        std::vector<double> tops;
+        for (const auto& b : bars) {
+            double m = 0, l = 0;
+            for (const auto& c : cats) m += mean_of(b.second, cat_peak, c), l += mean_of(b.second, cat_ledger, c);
+            tops.insert(tops.end(), {m, l, mean_of(b.second, peak, ""), mean_of(b.second, ledger_total, "")});
+        }
+        tops.push_back(0);
+        panel p;
+        p.id = int(k), p.x = 90, p.y = y, p.w = std::max(300.0, 70.0 * double(bars.size())), p.h = 240, p.x0 = 0,
+        p.x1 = double(bars.size());
+        p.fit_y(tops, 0);
+        p.y0 = 0;
+        p.y_unit = p.y1 >= 1073741824.0 ? 1073741824.0 : p.y1 >= 1048576.0 ? 1048576.0 : 1024.0;
+        W = std::max(W, p.x + p.w + 40);
+        axes(o, p, "size " + sizes[k] + ": measured (left) and ledger (right)", "", "bytes", bytes_tick);
+        for (std::size_t i = 0; i < bars.size(); ++i) {
+            const double bw = 0.3 * p.w / double(bars.size());
+            for (int side = 0; side < 2; ++side) {
+                const double bx = p.px(double(i) + 0.5) + (side ? 2 : -bw - 2);
+                double base = 0;
+                o << "<g class=\"bar\" data-name=\"" << xml(bars[i].first) << "\" data-side=\""
+                  << (side ? "ledger" : "measured") << "\">\n";
+                for (std::size_t c = 0; c < cats.size(); ++c) {
+                    const double v = mean_of(bars[i].second, side ? +cat_ledger : +cat_peak, cats[c]);
+                    if (!(v > 0)) continue;
+                    o << "<rect x=\"" << num(bx) << "\" y=\"" << num(p.py(base + v)) << "\" width=\"" << num(bw)
+                      << "\" height=\"" << num(p.py(base) - p.py(base + v)) << "\" fill=\"" << colour(c) << "\""
+                      << (side ? " fill-opacity=\"0.45\"" : "") << "><title>" << xml(cats[c] + ": " + bytes_str(v))
+                      << "</title></rect>\n";
+                    base += v;
+                }
+                const double total = mean_of(bars[i].second, side ? +ledger_total : +peak, "");
+                if (std::isfinite(total))
+                    o << "<line x1=\"" << num(bx - 3) << "\" y1=\"" << num(p.py(total)) << "\" x2=\""
+                      << num(bx + bw + 3) << "\" y2=\"" << num(p.py(total))
+                      << "\" stroke=\"black\" stroke-width=\"2\"><title>"
+                      << xml((side ? "ledger total " : "measured peak ") + bytes_str(total)) << "</title></line>\n";
+                o << "</g>\n";
+            }
+            o << "<text transform=\"translate(" << num(p.px(double(i) + 0.5)) << "," << num(p.y + p.h + 14)
+              << ") rotate(25)\">" << xml(bars[i].first) << "</text>\n";
+        }
+        y += p.h + 150;
+    }
+    std::vector<std::string> cs;
+    for (std::size_t i = 0; i < cats.size(); ++i) cs.push_back(colour(i));
+    std::ostringstream doc;
+    doc << svg_open(W, y + 40)
+        << "<text x=\"10\" y=\"16\" font-size=\"13\" font-weight=\"bold\">Peak memory by category, "
+        << "mean over runs</text>\n<text x=\"10\" y=\"32\">bars: per-category peaks, stacked (they can sum above the "
+           "total, "
+        << "as</text>\n<text x=\"10\" y=\"46\">categories peak at different moments); black tick: peak total</text>\n"
+        << o.str();
+    legend(doc, 90, y - 40, W - 100, cats, cs);
+    doc << "</svg>\n";
+    return doc.str();
+}
+
+inline std::string telemetry_svg(const sweep_result& s) {
+    const auto gs = groups_of(s);
+    const auto labels = labels_of(gs);
+    const auto panels = panels_of(gs);
+    const char* titles[] = {"saturation rate", "underflow rate", "attention row-sum residual (dS)",
+                            "attention row-sum residual (quantized dS)"};
+    const double pw = 330, ph = 200;
+    std::ostringstream o;
+    for (std::size_t k = 0; k < panels.size(); ++k)
+        for (int col = 0; col < 4; ++col) {
+            panel p;
+            p.id = int(4 * k) + col, p.x = 80 + col * (pw + 80), p.y = 50 + double(k) * (ph + 80), p.w = pw, p.h = ph;
+            struct drawn {
+                std::string label;
+                std::size_t layer;
+                std::vector<double> v;
+            };
+            std::vector<drawn> ds;
+            std::vector<double> all;
+            for (const auto& g : gs) {
+                if (g.size != panels[k].first || g.steps != panels[k].second) continue;
+                std::size_t layers = 1;
+                if (col >= 2)
+                    for (const auto* r : g.runs)
+                        layers = std::max(
+                            layers, per_layer_max(col == 2 ? r->attention_residual : r->attention_residual_q).size());
+                for (std::size_t l = 0; l < layers; ++l) {
+                    std::vector<std::vector<double>> curves;
+                    for (const auto* r : g.runs) {
+                        const auto v =
+                            col == 0   ? r->saturation_rate
+                            : col == 1 ? r->underflow_rate
+                                       : layer_series(col == 2 ? r->attention_residual : r->attention_residual_q, l);
+                        curves.push_back(moving_average(v, smoothing_window(v.size())));
+                    }
+                    drawn d{g.label(), l, band_of(curves).mean};
+                    if (!(max_finite(d.v) > 0)) continue;  // zero throughout (or absent): nothing on a log axis
+                    all.insert(all.end(), d.v.begin(), d.v.end());
+                    p.x1 = std::max(p.x1, double(std::max<std::size_t>(d.v.size(), 2) - 1));
+                    ds.push_back(std::move(d));
+                }
+            }
+            p.fit_y(all, -1);
+            axes(o, p, panels[k].first + ", " + std::to_string(panels[k].second) + " steps: " + titles[col], "step",
+                 col < 2 ? "fraction" : "relative residual", sci_tick);
+            if (ds.empty())
+                o << "<text x=\"" << num(p.x + p.w / 2) << "\" y=\"" << num(p.y + p.h / 2)
+                  << "\" text-anchor=\"middle\" fill=\"#888\">"
+                  << "zero or not measured in every recipe</text>\n";
+            for (const auto& d : ds) {
+                const auto idx = thin(d.v.size(), svg_curve_points);
+                o << "<g class=\"series\" data-name=\"" << xml(d.label) << "\" data-layer=\"" << d.layer
+                  << "\" clip-path=\"url(#clip" << p.id << ")\"><path d=\"" << path_d(p, as_steps(idx), pick(d.v, idx))
+                  << "\" fill=\"none\" stroke=\"" << colour(index_of(labels, d.label)) << "\" stroke-dasharray=\""
+                  << dash(d.layer) << "\" stroke-width=\"1.3\"/></g>\n";
+            }
+        }
+    std::vector<std::string> cs;
+    for (std::size_t i = 0; i < labels.size(); ++i) cs.push_back(colour(i));
+    const double W = 80 + 4 * (pw + 80), top = 50 + double(panels.size()) * (ph + 80);
+    std::ostringstream doc;
+    doc << svg_open(W, top + 60)
+        << "<text x=\"10\" y=\"20\" font-size=\"13\" font-weight=\"bold\">Telemetry over steps, "
+        << "mean over seeds, moving average over 1/40 of the run; residual panels: one line per layer "
+        << "(solid, dashed, dotted, dash-dot = layer 0, 1, 2, 3)</text>\n"
+        << o.str();
+    legend(doc, 80, top, W - 100, labels, cs);
+    doc << "</svg>\n";
+    return doc.str();
+}
+
+// ---- report.json --------------------------------------------------------------------------------
+
+inline std::string jarray(const std::vector<double>& v) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + jnum(v[i]);
+    return out + "]";
+}
+inline std::string jmap(const std::map<std::string, double>& m) {
+    std::string out = "{";
+    for (const auto& [k, v] : m) out += (out.size() > 1 ? ", " : "") + jstr(k) + ": " + jnum(v);
+    return out + "}";
+}
+
+inline std::string json(const sweep_result& s) {
+    std::ostringstream o;
+    o << "{\n  \"schema\": " << jstr(schema_version) << ",\n  \"command\": " << jstr(s.command)
+      << ",\n  \"machine\": " << jstr(s.machine) << ",\n  \"passed\": " << (s.passed ? "true" : "false")
+      << ",\n  \"wall_seconds\": " << jnum(s.wall_seconds) << ",\n  \"tolerance_nats\": " << jnum(s.tolerance_nats)
+      << ",\n  \"tolerance_reason\": " << jstr(s.tolerance_reason)
+      << ",\n  \"reference_recipe\": " << jstr(s.reference_recipe) << ",\n  \"verdicts\": [";
+    for (std::size_t i = 0; i < s.verdicts.size(); ++i) o << (i ? ", " : "") << jstr(s.verdicts[i]);
+    o << "],\n  \"gate\": [";
+    for (std::size_t i = 0; i < s.gate.size(); ++i) {
+        const auto& g = s.gate[i];
+        o << (i ? "," : "") << "\n    {\"name\": " << jstr(g.name) << ", \"value\": " << jnum(g.value)
+          << ", \"limit\": " << jnum(g.limit) << ", \"passed\": " << (g.passed ? "true" : "false")
+          << ", \"detail\": " << jstr(g.detail) << "}";
+    }
+    o << "\n  ],\n  \"summary\": [";
+    const auto gs = groups_of(s);
+    for (std::size_t i = 0; i < gs.size(); ++i) {
+        const auto& g = gs[i];
+        o << (i ? "," : "") << "\n    {\"recipe\": " << jstr(g.recipe) << ", \"size\": " << jstr(g.size)
+          << ", \"steps\": " << g.steps << ", \"recovery\": " << (g.recovery ? "true" : "false") << ", \"seeds\": [";
+        for (std::size_t k = 0; k < g.runs.size(); ++k) o << (k ? ", " : "") << g.runs[k]->seed;
+        o << "], \"metrics\": [";
+        for (std::size_t k = 0; k < metrics().size(); ++k) {
+            const auto& m = metrics()[k];
+            const stats st = group_stats(g, m, s);
+            o << (k ? "," : "") << "\n      {\"name\": " << jstr(m.name) << ", \"unit\": " << jstr(m.unit)
+              << ", \"n\": " << st.n << ", \"mean\": " << jnum(st.mean) << ", \"std\": " << jnum(st.std)
+              << ", \"min\": " << jnum(st.min) << ", \"max\": " << jnum(st.max) << "}";
+        }
+        o << "]}";
+    }
+    o << "\n  ],\n  \"runs\": [";
+    for (std::size_t i = 0; i < s.runs.size(); ++i) {
+        const auto& r = s.runs[i];
+        const std::size_t st = curve_stride(r);
+        auto rows = [&](const std::vector<std::vector<double>>& m) {
+            std::vector<std::vector<double>> by_layer;
+            for (std::size_t l = 0; l < per_layer_max(m).size(); ++l)
+                by_layer.push_back(window_means(layer_series(m, l), st));
+            std::string out = "[";
+            for (std::size_t t = 0; !by_layer.empty() && t < by_layer[0].size(); ++t) {
+                std::vector<double> row;
+                for (const auto& l : by_layer) row.push_back(l[t]);
+                out += (t ? ", " : "") + jarray(row);
+            }
+            return out + "]";
+        };
+        o << (i ? "," : "") << "\n    {\"recipe\": " << jstr(r.recipe) << ", \"size\": " << jstr(r.size)
+          << ", \"seed\": " << r.seed << ", \"steps\": " << r.steps << ", \"ranks\": " << r.ranks
+          << ", \"parameters\": " << jnum(r.parameters) << ", \"recovery\": " << (r.recovery ? "true" : "false")
+          << ",\n     \"final_train_loss\": " << jnum(r.final_train_loss)
+          << ", \"final_heldout_loss\": " << jnum(r.final_heldout_loss) << ", \"heldout_bpc\": " << jnum(r.heldout_bpc)
+          << ",\n     \"tokens_per_second\": " << jnum(r.tokens_per_second)
+          << ", \"wall_seconds\": " << jnum(r.wall_seconds) << ", \"op_seconds\": " << jmap(r.op_seconds)
+          << ",\n     \"peak_bytes_measured\": " << jnum(r.peak_bytes_measured)
+          << ", \"peak_bytes_by_category\": " << jmap(r.peak_bytes_by_category)
+          << ",\n     \"ledger_peak_bytes\": " << jnum(r.ledger_peak_bytes)
+          << ", \"ledger_bytes\": " << jmap(r.ledger_bytes) << ",\n     \"restarts\": " << r.restarts
+          << ", \"recoveries\": [";
+        for (std::size_t k = 0; k < r.recoveries.size(); ++k) {
+            const auto& e = r.recoveries[k];
+            o << (k ? ", " : "") << "{\"step\": " << e.step << ", \"action\": " << jstr(e.action)
+              << ", \"reason\": " << jstr(e.reason) << ", \"seconds\": " << jnum(e.seconds) << "}";
+        }
+        o << "],\n     \"monitor_seconds\": " << jnum(r.monitor_seconds)
+          << ", \"monitor_overhead\": " << jnum(r.monitor_overhead) << ", \"clip_crossings\": " << r.clip_crossings
+          << ", \"sample\": " << jstr(r.sample) << ",\n     \"heldout\": [";
+        for (std::size_t k = 0; k < r.heldout.size(); ++k)
+            o << (k ? ", " : "") << "{\"step\": " << r.heldout[k].first << ", \"loss\": " << jnum(r.heldout[k].second)
+              << "}";
+        o << "],\n     \"curve_stride\": " << st << ",\n     \"train_loss\": " << jarray(window_means(r.train_loss, st))
+          << ",\n     \"saturation_rate\": " << jarray(window_means(r.saturation_rate, st))
+          << ",\n     \"underflow_rate\": " << jarray(window_means(r.underflow_rate, st))
+          << ",\n     \"attention_residual\": " << rows(r.attention_residual)
+          << ",\n     \"attention_residual_q\": " << rows(r.attention_residual_q) << "}";
+    }
+    o << "\n  ]\n}\n";
+    return o.str();
+}
+
+// ---- report.md ----------------------------------------------------------------------------------
+
+inline std::string code_block(const std::string& text) {
+    std::string clean;
+    for (char c : utf8(text)) clean += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? '?' : c;
+    std::size_t run = 0, longest = 0;
+    for (char c : clean) run = c == '`' ? run + 1 : 0, longest = std::max(longest, run);
+    const std::string fence(std::max<std::size_t>(3, longest + 1), '`');  // longer than any backtick run inside
+    return fence + "text\n" + clean + "\n" + fence + "\n";
+}
+inline std::string layers_str(const std::vector<double>& v) {
+    std::string out;
+    for (std::size_t l = 0; l < v.size(); ++l)
+        out += (l ? ", " : "") + std::string("L") + std::to_string(l) + " " + show(v[l], shown::residual);
+    return out.empty() ? "n/a" : out;
+}
+
+inline std::string markdown(const sweep_result& s) {
+    const auto gs = groups_of(s);
+    std::size_t gate_ok = 0;
+    for (const auto& g : s.gate) gate_ok += g.passed;
+    std::ostringstream o;
+    o << "# FP8 training report\n\n**Verdict: " << (s.passed ? "PASSED" : "FAILED") << "** — gate " << gate_ok << "/"
+      << s.gate.size() << " checks passed" << (gate_ok == s.gate.size() ? "" : " (the gate failed)") << "; tolerance "
+      << printf_str("%.4g", s.tolerance_nats) << " nats/char of held-out loss against `" << cell(s.reference_recipe)
+      << "`: " << cell(s.tolerance_reason) << "\n\n";
+    for (const auto& v : s.verdicts) o << "- " << cell(v) << "\n";
+    o << "\nHeld-out gap to `" << cell(s.reference_recipe) << "` (paired by seed, nats/char), beside the tolerance ("
+      << printf_str("%.4g", s.tolerance_nats)
+      << "):\n\n| recipe | size | steps | mean gap | largest gap | seeds |\n|---|---|---|---|---|---|\n";
+    for (const auto& g : gs) {
+        if (g.recipe == s.reference_recipe) continue;
+        const stats st = group_stats(g, metric_named("heldout_gap"), s);
+        o << "| " << cell(g.label()) << " | " << cell(g.size) << " | " << g.steps << " | " << show(st.mean, shown::loss)
+          << " | " << show(st.max, shown::loss) << " | " << st.n << " |\n";
+    }
+    o << "\nCommand: `" << cell(s.command) << "`  \nMachine: " << cell(s.machine)
+      << "  \nWall time of the sweep: " << show(s.wall_seconds, shown::seconds) << ", " << s.runs.size()
+      << " runs.\n\n## Gate\n\n| check | value | limit | passed | detail |\n|---|---|---|---|---|\n";
+    for (const auto& g : s.gate)
+        o << "| " << cell(g.name) << " | " << na_or(g.value, "%.3g") << " | " << na_or(g.limit, "%.3g") << " | "
+          << (g.passed ? "yes" : "**no**") << " | " << cell(g.detail) << " |\n";
+    const std::vector<std::pair<const char*, std::vector<const char*>>> tables = {
+        {"Quality", {"final_train_loss", "final_heldout_loss", "heldout_bpc", "heldout_gap"}},
+        {"Cost",
+         {"tokens_per_second", "wall_seconds", "peak_bytes_measured", "ledger_peak_bytes", "peak_ratio", "restarts",
+          "recoveries", "recovery_seconds", "monitor_overhead"}},
+        {"Telemetry",
+         {"saturation_rate", "underflow_rate", "clip_crossings", "attention_residual_max",
+          "attention_residual_q_max"}}};
+    o << "\n## Summary over seeds\n\nEach cell is mean ± sample standard deviation over the seeds (n-1); the per-seed "
+         "table below has every value. Losses are the mean of the last 10% of steps (training) and the final "
+         "evaluation (held-out); `peak_ratio` is measured peak / ledger (check_report.py checks it against the "
+         "margin report_schema.md states); rates are means over steps; residuals are the largest over steps and "
+         "layers.\n";
+    for (const auto& [title, names] : tables) {
+        o << "\n### " << title << "\n\n| recipe | size | steps | seeds |";
+        for (const char* n : names) o << " " << n << " (" << metric_named(n).unit << ") |";
+        o << "\n|---|---|---|---|";
+        for (std::size_t i = 0; i < names.size(); ++i) o << "---|";
+        o << "\n";
+        for (const auto& g : gs) {
+            o << "| " << cell(g.label()) << " | " << cell(g.size) << " | " << g.steps << " | " << g.runs.size() << " |";
+            for (const char* n : names)
+                o << " " << show_stats(group_stats(g, metric_named(n), s), metric_named(n).as) << " |";
+            o << "\n";
+        }
+    }
+    o << "\n## Per seed\n\n| recipe | size | steps | seed | ranks | parameters | train loss | held-out loss | "
+         "bits/char | "
+         "gap | tokens/s | wall | peak measured | ledger | restarts | recoveries | monitor overhead | saturation | "
+         "underflow | clip crossings | residual per layer (max) | quantized-dS residual per layer (max) |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : s.runs) {
+        auto m = [&](const char* n) { return show(metric_named(n).of(r, s), metric_named(n).as); };
+        o << "| " << cell(r.recipe + (r.recovery ? "" : " (no recovery)")) << " | " << cell(r.size) << " | " << r.steps
+          << " | " << r.seed << " | " << r.ranks << " | " << printf_str("%.0f", r.parameters) << " | "
+          << m("final_train_loss") << " | " << m("final_heldout_loss") << " | " << m("heldout_bpc") << " | "
+          << m("heldout_gap") << " | " << m("tokens_per_second") << " | " << m("wall_seconds") << " | "
+          << m("peak_bytes_measured") << " | " << m("ledger_peak_bytes") << " | " << r.restarts << " | "
+          << r.recoveries.size() << " | " << m("monitor_overhead") << " | " << m("saturation_rate") << " | "
+          << m("underflow_rate") << " | " << r.clip_crossings << " | "
+          << layers_str(per_layer_max(r.attention_residual)) << " | "
+          << layers_str(per_layer_max(r.attention_residual_q)) << " |\n";
+    }
+    o << "\n## Recovery events\n\nEach event's cost is included in its run's wall time and tokens/s.\n\n";
+    std::size_t events = 0;
+    for (const auto& r : s.runs) events += r.recoveries.size();
+    if (events == 0)
+        o << "None.\n";
+    else {
+        o << "| recipe | size | steps | seed | step | action | reason | cost |\n|---|---|---|---|---|---|---|---|\n";
+        for (const auto& r : s.runs)
+            for (const auto& e : r.recoveries)
+                o << "| " << cell(r.recipe + (r.recovery ? "" : " (no recovery)")) << " | " << cell(r.size) << " | "
+                  << r.steps << " | " << r.seed << " | " << e.step << " | " << cell(e.action) << " | " << cell(e.reason)
+                  << " | " << show(e.seconds, shown::seconds) << " |\n";
+    }
+    std::vector<std::string> ops;
+    for (const auto& r : s.runs)
+        for (const auto& kv : r.op_seconds)
+            if (std::find(ops.begin(), ops.end(), kv.first) == ops.end()) ops.push_back(kv.first);
+    o << "\n## Step time per operation\n\nMilliseconds per step, mean over seeds (each run's time for the operation / "
+         "its steps).\n\n"
+      << "| recipe | size | steps |";
+    for (const auto& op : ops) o << " " << cell(op) << " |";
+    o << " sum |\n|---|---|---|";
+    for (std::size_t i = 0; i <= ops.size(); ++i) o << "---|";
+    o << "\n";
+    for (const auto& g : gs) {
+        o << "| " << cell(g.label()) << " | " << cell(g.size) << " | " << g.steps << " |";
+        double sum = 0;
+        for (const auto& op : ops) {
+            std::vector<double> v;
+            for (const auto* r : g.runs) {
+                auto it = r->op_seconds.find(op);
+                v.push_back(it != r->op_seconds.end() && r->steps > 0 ? 1e3 * it->second / r->steps : not_measured);
+            }
+            const double ms = mean_finite(v);
+            sum += std::isfinite(ms) ? ms : 0;
+            o << " " << na_or(ms, "%.3g") << " |";
+        }
+        o << " " << printf_str("%.3g", sum) << " |\n";
+    }
+    o << "\n## Generated samples\n\nOne per recipe, from its largest and longest run (lowest seed).\n";
+    std::vector<std::string> done;
+    for (const auto& g : gs) {
+        if (std::find(done.begin(), done.end(), g.label()) != done.end()) continue;
+        done.push_back(g.label());
+        const run_result* best = nullptr;
+        for (const auto& r : s.runs)
+            if (r.recipe == g.recipe && r.recovery == g.recovery &&
+                (!best || std::make_tuple(r.parameters, r.steps, -r.seed) >
+                              std::make_tuple(best->parameters, best->steps, -best->seed)))
+                best = &r;
+        o << "\n### " << cell(g.label()) << " (" << cell(best->size) << ", " << best->steps << " steps, seed "
+          << best->seed << ")\n\n"
+          << code_block(best->sample);
+    }
+    o << "\n## Plots\n\n![loss curves](loss_curves.svg)\n\n![memory by "
+         "category](memory.svg)\n\n![telemetry](telemetry.svg)\n";
+    return o.str();
+}
+
+inline void write_file(const std::filesystem::path& path, const std::string& text) {
+    std::ofstream f(path, std::ios::binary);
+    f << text;
+    f.close();
+    OCTET_REQUIRE(f.good(), "train::write_report", "folder",
+                  "could not be written (" + path.string() + "); pass a writable folder");
+}
+
+}  // namespace report_detail
+
+/// Writes report.md, report.json, loss_curves.svg, memory.svg and telemetry.svg into `folder`
+/// (created if needed).
+inline void write_report(const sweep_result& s, const std::string& folder) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    OCTET_REQUIRE(!ec && fs::is_directory(folder), "train::write_report", "folder",
+                  "'" + folder + "' could not be created (" + ec.message() + "); pass a writable folder");
+    using namespace report_detail;
+    write_file(fs::path(folder) / "report.json", json(s));
+    write_file(fs::path(folder) / "report.md", markdown(s));
+    write_file(fs::path(folder) / "loss_curves.svg", loss_svg(s));
+    write_file(fs::path(folder) / "memory.svg", memory_svg(s));
+    write_file(fs::path(folder) / "telemetry.svg", telemetry_svg(s));
+}
+
+/// A one-line progress bar with elapsed time and an ETA from the measured rate. On a terminal it
+/// redraws in place (at most 10 times a second); elsewhere (CI logs) it prints a plain line at
+/// most every `plain_every_seconds`, and always at the start and at finish().
+class progress {
+public:
+    progress(double total_units, std::FILE* out, double plain_every_seconds = 5.0)
+        : total_(total_units), out_(out), tty_(out && OCTET_TRAIN_ISATTY(out)), every_(plain_every_seconds) {
+        OCTET_REQUIRE(std::isfinite(total_units) && total_units > 0, "train::progress", "total_units",
+                      "must be a finite positive amount of work; pass e.g. the total steps of the sweep");
+    }
+    void advance(double units, const std::string& label) {
+        done_ = std::min(total_, done_ + std::max(0.0, units));
+        label_ = label;
+        const double now = seconds();
+        if (drawn_ && now - last_ < (tty_ ? 0.1 : every_)) return;
+        draw(now, false);
+    }
+    void finish() {
+        if (!finished_) draw(seconds(), true);
+        finished_ = true;
+    }
+    ~progress() { finish(); }
+    double elapsed() const { return seconds(); }
+
+private:
+    double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+    void draw(double now, bool final) {
+        if (!out_) return;
+        const double f = done_ / total_;
+        const int width = 30, fill = static_cast<int>(f * width);
+        const double eta = done_ > 0 ? now * (total_ - done_) / done_ : not_measured;
+        std::string line = "[" + std::string(std::size_t(fill), '#') + std::string(std::size_t(width - fill), '.') +
+                           "] " + report_detail::printf_str("%5.1f%%", 100 * f) + "  elapsed " +
+                           report_detail::duration_str(now) + "  ETA " +
+                           (final ? std::string("0.0s") : report_detail::duration_str(eta)) + "  " + label_;
+        if (tty_) {
+            if (line.size() > 110) line.resize(110);  // a line wider than the terminal would wrap and break the redraw
+            const std::size_t len = line.size();
+            if (line.size() < width_) line += std::string(width_ - line.size(), ' ');  // clear the longer line before
+            width_ = len;
+            std::fprintf(out_, "\r%s%s", line.c_str(), final ? "\n" : "");
+        } else {
+            std::fprintf(out_, "%s\n", line.c_str());
+        }
+        std::fflush(out_);
+        drawn_ = true, last_ = now;
+    }
+
+    double total_, done_ = 0;
+    std::FILE* out_;
+    bool tty_;
+    double every_, last_ = 0;
+    bool drawn_ = false, finished_ = false;
+    std::size_t width_ = 0;
+    std::string label_;
+    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace train

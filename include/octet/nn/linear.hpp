@@ -1,0 +1,501 @@
+// octet/nn/linear.hpp: the quantized linear layer Y = X W^T + b (forward, and backward giving dX,
+// dW and db), built from octet::quantize and octet::scaled_gemm, on the host.
+//
+//   using LR = octet::linear_recipes::blockwise;
+//   octet::linear_context<LR> ctx({/*max_tokens=*/512, /*in_features=*/256, /*out_features=*/1024});
+//   octet::linear_forward(octet::on_host(), ctx, x, w, bias, y);    // keeps the copies the backward needs
+//   octet::linear_backward(octet::on_host(), ctx, dy, dx, dw, db);  // dx or db may be {} (not needed)
+//   ctx.stats().x.rowwise.saturated;  ctx.memory().total();         // telemetry, memory for a ledger
+//
+// X is tokens x in, W is out x in, Y is tokens x out, all float (either storage order). Every
+// GEMM multiplies quantized copies (quant/tensor.hpp; the column-wise copy of M is the quantized
+// copy of M^T) with scaled_gemm's default options (host backend, promotion every 128):
+//   forward          Y  = X  W^T + b   A = X's row-wise copy     B = W's row-wise copy
+//   data gradient    dX = dY W         A = dY's row-wise copy    B = W's column-wise copy
+//   weight gradient  dW = dY^T X       A = dY's column-wise copy B = X's column-wise copy
+//   bias gradient    db = the column sums of dY, summed in double in token order, rounded once to float
+// A training forward quantizes X and W once each into both copies and keeps the column-wise ones in
+// the context (not X and W themselves); the backward quantizes dY. The bias is added in the forward
+// GEMM's float epilogue. Results are those of the operations composed by hand, bit for bit, for any
+// thread count (tests/host/nn_linear.cpp composes them).
+//
+// A linear recipe (linear_recipe<XRecipe, WRecipe, GRecipe, Scaling, StochasticGradients,
+// HadamardWgrad>) names the recipe of activations (X), weights (W) and output gradients (dY), and:
+//   * Scaling: linear_scaling::current derives each tensor scale from the tensor's own amax;
+//     linear_scaling::delayed (per-tensor recipes) from an amax history per tensor (X, W, dY;
+//     quant/delayed.hpp, reduction max, config.delayed.history_length steps, 16 by default): a step
+//     quantizes with the largest amax of EARLIER steps, then pushes its own. While a history holds
+//     no non-zero amax (the first step) the tensor uses current scaling. Values above a stale amax
+//     saturate and are counted in quant_stats::saturated. Inference forwards read the histories
+//     but do not push.
+//   * StochasticGradients: dY is rounded stochastically (GRecipe with round::stochastic). Backward
+//     number s (ctx.step(), counted from 0 per context) draws from Philox (config.seed, offset 4 s):
+//     dY's row-wise copy at offset 4 s, its column-wise copy at 4 s + 1, and the rotated dY's
+//     column-wise copy below at 4 s + 3 (quantize's rule: a call on offset o writes its column-wise
+//     copy from o + 1). So a run is reproducible from (seed, step), and set_step() resumes one.
+//   * HadamardWgrad: the weight-gradient inputs are rotated along the token dimension before their
+//     column-wise copies are made: every column of X and of dY is transformed as a message by
+//     octet::transform_forward(transform_kind::hadamard, column, block 16, config.seed)
+//     (codec/hadamard.hpp: c H_16 D per 16 tokens, signs from the token index, zero-padded to a
+//     multiple of 16 tokens), so that (H D dY)^T (H D X) = dY^T X exactly in real arithmetic and
+//     the weight-gradient GEMM has K = tokens rounded up to 16. NVIDIA's NVFP4 training recipe does
+//     this to spread outliers across a 16-element scale block. The rotated copies use current
+//     scaling (their amax is not X's).
+// The named ones are in linear_recipes (tensorwise, tensorwise_delayed, blockwise, mxfp8, nvfp4):
+// python/octet/torch/linear.py's recipes, whose rotation draws its 16 signs from torch's generator
+// (the same for every block) where this one follows the codec's rule. No shape rule beyond the
+// GEMM's: the host GEMM takes any in, out and token count (ragged scale blocks included).
+//
+// Numerics: each output is scaled_gemm's result on those copies, within gemm_error_bound of the
+// float64 product of the dequantized copies (scaled_gemm.hpp). Non-finite inputs are data
+// (quantize's contract): they are counted in quant_stats::non_finite, encoded by the format (E4M3
+// and E5M2 keep NaN, so a NaN in row t of X makes row t of Y and the weight-gradient column of its
+// feature NaN; E2M1 has no NaN and encodes it as +max_finite), and propagate through the GEMMs as
+// IEEE arithmetic does.
+//
+// Memory (linear_context::memory): the context owns every quantized copy and scratch buffer at its
+// maximum shape, allocated once in the constructor. scaled_gemm and quantize also allocate
+// temporaries per call (the host GEMM decodes both operands to float, about (M + N) * K floats).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "octet/codec/hadamard.hpp"
+#include "octet/core/check.hpp"
+#include "octet/core/executor.hpp"
+#include "octet/core/matrix.hpp"
+#include "octet/core/philox.hpp"
+#include "octet/core/span.hpp"
+#include "octet/gemm/scaled_gemm.hpp"
+#include "octet/quant/delayed.hpp"
+#include "octet/quant/quantize.hpp"
+#include "octet/quant/recipe.hpp"
+#include "octet/quant/stats.hpp"
+#include "octet/quant/tensor.hpp"
+
+namespace octet {
+
+enum class linear_scaling { current, delayed };
+
+/// A training forward keeps the copies the backward needs and pushes delayed-scaling amaxes; an
+/// inference forward does neither (and leaves the last training forward's copies alone).
+enum class linear_pass { training, inference };
+
+namespace detail {
+template <class R, class Round>
+using recipe_with_rounding_t =
+    recipe<typename R::format, typename R::granularity, typename R::scale_rule, typename R::scale_storage_type, Round,
+           typename R::overflow_policy, typename R::nan_handling>;
+template <class R>
+inline constexpr bool is_stochastic_recipe_v = std::is_same_v<typename R::rounding, round::stochastic>;
+template <class R>
+inline constexpr bool saturates_v = std::is_same_v<typename R::overflow_policy, overflow::saturate>;
+}  // namespace detail
+
+/// The recipes of one linear layer (see the top of this file).
+template <class XRecipe, class WRecipe, class GRecipe, linear_scaling Scaling = linear_scaling::current,
+          bool StochasticGradients = false, bool HadamardWgrad = false>
+struct linear_recipe {
+    static_assert(is_recipe_v<XRecipe> && is_recipe_v<WRecipe> && is_recipe_v<GRecipe>,
+                  "octet::linear_recipe: XRecipe, WRecipe and GRecipe must be octet::recipe<...> (see "
+                  "octet::recipes for the named ones)");
+    static_assert(!detail::is_stochastic_recipe_v<XRecipe> && !detail::is_stochastic_recipe_v<WRecipe> &&
+                      !detail::is_stochastic_recipe_v<GRecipe>,
+                  "octet::linear_recipe: the layer draws random bits for output gradients only; pass recipes with "
+                  "a deterministic rounding and set StochasticGradients = true for stochastic gradients");
+    static_assert(!StochasticGradients || std::is_same_v<typename GRecipe::rounding, round::nearest_even>,
+                  "octet::linear_recipe: StochasticGradients replaces the gradient recipe's rounding with "
+                  "round::stochastic; pass GRecipe with round::nearest_even");
+    static_assert(Scaling != linear_scaling::delayed ||
+                      (XRecipe::is_per_tensor && WRecipe::is_per_tensor && GRecipe::is_per_tensor),
+                  "octet::linear_recipe: delayed scaling derives one scale per tensor from an amax history; use "
+                  "per-tensor recipes (recipes::tensorwise_e4m3 / tensorwise_e5m2) or linear_scaling::current");
+    static_assert(Scaling != linear_scaling::delayed ||
+                      (detail::saturates_v<XRecipe> && detail::saturates_v<WRecipe> && detail::saturates_v<GRecipe>),
+                  "octet::linear_recipe: under delayed scaling values above a stale amax must saturate; use "
+                  "overflow::saturate");
+    static_assert(!HadamardWgrad || Scaling == linear_scaling::current,
+                  "octet::linear_recipe: the Hadamard-rotated weight-gradient copies have their own amax, which "
+                  "no history tracks; use linear_scaling::current with HadamardWgrad");
+
+    using x_recipe = XRecipe;
+    using w_recipe = WRecipe;
+    using g_recipe = GRecipe;
+    /// The recipe dY is quantized with (GRecipe, with round::stochastic under StochasticGradients).
+    using g_quantize_recipe =
+        std::conditional_t<StochasticGradients, detail::recipe_with_rounding_t<GRecipe, round::stochastic>, GRecipe>;
+    static constexpr linear_scaling scaling = Scaling;
+    static constexpr bool stochastic_gradients = StochasticGradients;
+    static constexpr bool hadamard_wgrad = HadamardWgrad;
+    /// Tokens per Hadamard block of HadamardWgrad.
+    static constexpr std::size_t hadamard_block = 16;
+};
+
+template <class T>
+struct is_linear_recipe : std::false_type {};
+template <class X, class W, class G, linear_scaling S, bool SG, bool H>
+struct is_linear_recipe<linear_recipe<X, W, G, S, SG, H>> : std::true_type {};
+template <class T>
+inline constexpr bool is_linear_recipe_v = is_linear_recipe<T>::value;
+
+/// The linear recipes of training, by name (python/octet/torch/linear.py's LINEAR_RECIPES).
+namespace linear_recipes {
+/// E4M3 activations and weights, E5M2 gradients, one scale per tensor from its current amax.
+using tensorwise = linear_recipe<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>;
+/// The same with delayed scaling (Transformer Engine's DelayedScaling, amax_compute_algo "max").
+using tensorwise_delayed = linear_recipe<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3, recipes::tensorwise_e5m2,
+                                         linear_scaling::delayed>;
+/// DeepSeek-V3: 1x128 tiles for activations and gradients, 128x128 blocks for weights, E4M3, float scales.
+using blockwise = linear_recipe<recipes::blockwise_1x128, recipes::blockwise_128x128, recipes::blockwise_1x128>;
+/// OCP MX (32-element blocks, UE8M0 scales): E4M3 activations and weights, E5M2 gradients.
+using mxfp8 = linear_recipe<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3, recipes::mxfp8_e5m2>;
+/// NVFP4 everywhere, stochastic rounding of dY, 16-point random Hadamard transform of the
+/// weight-gradient inputs (NVIDIA's NVFP4 training recipe; weights in 1x16 blocks).
+using nvfp4 = linear_recipe<recipes::nvfp4, recipes::nvfp4, recipes::nvfp4, linear_scaling::current, true, true>;
+}  // namespace linear_recipes
+
+/// What a linear_context is built for.
+struct linear_config {
+    std::size_t max_tokens = 0;    ///< the largest token count (rows of X) a call may pass
+    std::size_t in_features = 0;   ///< columns of X and W
+    std::size_t out_features = 0;  ///< rows of W, columns of Y
+    /// Delayed scaling: history length (16) and margin; the reduction is the history's max.
+    delayed_scaling_config delayed{};
+    /// Philox seed of stochastic rounding and of the Hadamard signs.
+    std::uint64_t seed = 0;
+    /// Gather quant_stats (saturation, underflow, SQNR) in every quantize (set_collect_stats
+    /// changes it between steps); the amaxes are kept either way.
+    bool collect_stats = true;
+};
+
+/// The quantize results of the last forward (x, w, x_hadamard) and backward (dy, dy_hadamard).
+/// rowwise / columnwise hold the statistics of each copy made (empty for a copy not made); amax
+/// is the input's largest finite magnitude.
+struct linear_stats {
+    quantize_result x, w, dy;
+    quantize_result x_hadamard, dy_hadamard;  ///< HadamardWgrad: the rotated column-wise copies
+
+    /// Every copy's statistics merged (counts add up; amax is the largest).
+    quant_stats merged() const {
+        quant_stats s;
+        for (const quantize_result* r : {&x, &w, &dy, &x_hadamard, &dy_hadamard}) {
+            s.merge(r->rowwise);
+            s.merge(r->columnwise);
+        }
+        return s;
+    }
+};
+
+/// Bytes a linear_context owns, by what they are for (a memory ledger books them).
+struct linear_memory {
+    std::size_t saved_for_backward = 0;  ///< X's and W's column-wise copies (activation memory)
+    std::size_t workspace = 0;           ///< row-wise copies, dY's copies, the Hadamard buffer
+    std::size_t state = 0;               ///< delayed-scaling amax histories
+    std::size_t total() const { return saved_for_backward + workspace + state; }
+};
+
+namespace detail {
+
+/// Storage for quantized copies of up to max_rows x max_cols (a copy of fewer rows or columns fits,
+/// since the layout's data and scale bytes grow with both).
+template <class R>
+class quant_buffer {
+public:
+    quant_buffer() = default;
+    quant_buffer(std::size_t max_rows, std::size_t max_cols) {
+        const quant_layout l = quant_layout_of<R>::make(max_rows, max_cols);
+        data_.resize(l.data_bytes);
+        scales_.resize(l.scale_bytes);
+    }
+    /// A rows x cols copy in this storage (the shape of the copy made next).
+    quantized_ref<R> ref(std::size_t rows, std::size_t cols) {
+        layout_ = quant_layout_of<R>::make(rows, cols);
+        OCTET_REQUIRE(layout_.data_bytes <= data_.size() && layout_.scale_bytes <= scales_.size(),
+                      "octet::linear_context", "shape",
+                      message("of a ", rows, " x ", cols, " copy exceeds the storage the context holds (internal)"));
+        return quantized_ref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_);
+    }
+    quantized_cref<R> cref() const { return quantized_cref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_); }
+    std::size_t bytes() const { return data_.size() + scales_.size() + (R::two_level ? sizeof(float) : 0); }
+
+private:
+    quant_layout layout_{};
+    std::vector<std::uint8_t> data_;
+    std::vector<std::uint8_t> scales_;
+    float tensor_scale_ = 1.0f;
+};
+
+/// out (rows_out x cols, row-major, rows_out = rows of x rounded up to 16) = every column of x
+/// transformed as transform_forward(hadamard, column, 16, seed) does it, bit for bit: sign flips by
+/// token index, butterfly stages h = 1, 2, 4, 8 in order, times c = 1/4 (exact), zero padding.
+inline void hadamard_tokens(host_executor ex, matrix_ref<const float> x, std::uint64_t seed, float* out) {
+    constexpr std::size_t B = 16;
+    const std::size_t tokens = x.rows, cols = x.cols, groups = (tokens + B - 1) / B;
+    const float c = hadamard_norm(4);
+    parallel_for(ex, groups, std::max<std::size_t>(1, 4096 / std::max<std::size_t>(cols, 1)),
+                 [&](std::size_t g0, std::size_t g1) {
+                     std::vector<std::uint32_t> words;
+                     for (std::size_t g = g0; g < g1; ++g) {
+                         float* o = out + g * B * cols;  // (B, cols)
+                         const std::size_t t0 = g * B, n = std::min(B, tokens - t0);
+                         sign_words(seed, t0, n, words);
+                         for (std::size_t r = 0; r < B; ++r) {
+                             float* row = o + r * cols;
+                             if (r >= n) {
+                                 std::fill(row, row + cols, 0.0f);
+                                 continue;
+                             }
+                             const std::uint64_t t = t0 + r;
+                             const std::uint32_t flip = ((words[(t >> 5) - (t0 >> 5)] >> (t & 31u)) & 1u) << 31;
+                             for (std::size_t j = 0; j < cols; ++j)
+                                 row[j] = bits_to_float(float_to_bits(x(t, j)) ^ flip);
+                         }
+                         for (std::size_t h = 1; h < B; h <<= 1)
+                             for (std::size_t r = 0; r < B; ++r) {
+                                 if (r & h) continue;
+                                 float* a = o + r * cols;
+                                 float* b = o + (r + h) * cols;
+                                 for (std::size_t j = 0; j < cols; ++j) {
+                                     const float p = a[j], q = b[j];
+                                     a[j] = p + q;
+                                     b[j] = p - q;
+                                 }
+                             }
+                         for (std::size_t k = 0; k < B * cols; ++k) o[k] = o[k] * c;
+                     }
+                 });
+}
+
+template <class T>
+void require_linear_matrix(const matrix_ref<T>& m, std::size_t rows, std::size_t cols, const char* fn, const char* arg,
+                           const char* what) {
+    OCTET_REQUIRE(m.rows == rows && m.cols == cols, fn, arg,
+                  message("has shape ", m.rows, " x ", m.cols, " but must be ", rows, " x ", cols, " (", what, ")"));
+    validate_input(m, fn, arg);
+}
+
+}  // namespace detail
+
+template <class LR>
+class linear_context;
+template <class LR>
+void linear_forward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> x, matrix_ref<const float> w,
+                    span<const float> bias, matrix_ref<float> y, linear_pass pass = linear_pass::training);
+template <class LR>
+void linear_backward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> dy, matrix_ref<float> dx,
+                     matrix_ref<float> dw, span<float> db);
+
+/// One linear layer's quantized copies, scratch, delayed-scaling histories, stochastic-rounding
+/// step and last statistics. Copyable: a copy is a snapshot (a checkpoint of the layer's state).
+template <class LR>
+class linear_context {
+    static_assert(is_linear_recipe_v<LR>,
+                  "octet::linear_context: LR must be an octet::linear_recipe<...> (see octet::linear_recipes)");
+
+public:
+    using recipe_type = LR;
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    using GR = typename LR::g_quantize_recipe;
+
+    explicit linear_context(const linear_config& c)
+        : config_(checked(c)),
+          x_row_(c.max_tokens, c.in_features),
+          w_row_(c.out_features, c.in_features),
+          x_col_(c.in_features, wgrad_tokens(c.max_tokens)),
+          w_col_(c.in_features, c.out_features),
+          dy_row_(c.max_tokens, c.out_features),
+          dy_col_(c.out_features, wgrad_tokens(c.max_tokens)),
+          rotated_(LR::hadamard_wgrad ? wgrad_tokens(c.max_tokens) * std::max(c.in_features, c.out_features) : 0),
+          delayed_x_(c.delayed),
+          delayed_w_(c.delayed),
+          delayed_g_(c.delayed) {}
+
+    const linear_config& config() const { return config_; }
+    const linear_stats& stats() const { return stats_; }
+    /// Statistics cost more than the quantization itself on the host (about half of a step of a
+    /// 1024 x 256 x 256 layer): a training loop may gather them only on the steps it reports.
+    void set_collect_stats(bool on) { config_.collect_stats = on; }
+    linear_memory memory() const {
+        linear_memory m;
+        m.saved_for_backward = x_col_.bytes() + w_col_.bytes();
+        m.workspace =
+            x_row_.bytes() + w_row_.bytes() + dy_row_.bytes() + dy_col_.bytes() + rotated_.size() * sizeof(float);
+        if (LR::scaling == linear_scaling::delayed)
+            m.state = 3 * static_cast<std::size_t>(config_.delayed.history_length) * sizeof(float);
+        return m;
+    }
+    std::size_t bytes() const { return memory().total(); }
+
+    /// Backward passes completed (the stochastic-rounding offset is 4 * step()).
+    std::uint64_t step() const { return step_; }
+    void set_step(std::uint64_t s) { step_ = s; }
+    /// Token count of the training forward a backward may follow (none: no backward is allowed).
+    bool has_saved_forward() const { return saved_; }
+    std::size_t saved_tokens() const { return tokens_; }
+    /// Delayed scaling of X, W and dY (their histories; unused under current scaling).
+    const delayed_scaling& delayed_x() const { return delayed_x_; }
+    const delayed_scaling& delayed_w() const { return delayed_w_; }
+    const delayed_scaling& delayed_g() const { return delayed_g_; }
+
+    /// Tokens of the weight-gradient GEMM's K for `tokens` tokens (padded to 16 under HadamardWgrad).
+    static std::size_t wgrad_tokens(std::size_t tokens) {
+        return LR::hadamard_wgrad ? (tokens + LR::hadamard_block - 1) / LR::hadamard_block * LR::hadamard_block
+                                  : tokens;
+    }
+
+private:
+    friend void linear_forward<LR>(host_executor, linear_context<LR>&, matrix_ref<const float>, matrix_ref<const float>,
+                                   span<const float>, matrix_ref<float>, linear_pass);
+    friend void linear_backward<LR>(host_executor, linear_context<LR>&, matrix_ref<const float>, matrix_ref<float>,
+                                    matrix_ref<float>, span<float>);
+
+    static const linear_config& checked(const linear_config& c) {
+        constexpr const char* fn = "octet::linear_context";
+        OCTET_REQUIRE(c.in_features > 0, fn, "config.in_features", "is 0; pass the columns of X and W (>= 1)");
+        OCTET_REQUIRE(c.out_features > 0, fn, "config.out_features", "is 0; pass the rows of W (>= 1)");
+        return c;  // the history length and margin are checked by delayed_scaling
+    }
+
+    linear_config config_;
+    detail::quant_buffer<XR> x_row_;
+    detail::quant_buffer<WR> w_row_;
+    detail::quant_buffer<XR> x_col_;
+    detail::quant_buffer<WR> w_col_;
+    detail::quant_buffer<GR> dy_row_;
+    detail::quant_buffer<GR> dy_col_;
+    std::vector<float> rotated_;
+    delayed_scaling delayed_x_, delayed_w_, delayed_g_;
+    linear_stats stats_;
+    std::uint64_t step_ = 0;
+    std::size_t tokens_ = 0;
+    bool saved_ = false;
+};
+
+/// Y = X W^T + bias on quantized copies of X and W (bias: out_features floats, or empty for none).
+/// A training pass keeps X's and W's column-wise copies in ctx for linear_backward.
+template <class LR>
+void linear_forward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> x, matrix_ref<const float> w,
+                    span<const float> bias, matrix_ref<float> y, linear_pass pass) {
+    constexpr const char* fn = "octet::linear_forward";
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    const linear_config& c = ctx.config_;
+    const std::size_t in = c.in_features, out = c.out_features, tokens = x.rows;
+    OCTET_REQUIRE(
+        x.cols == in, fn, "x",
+        detail::message("has ", x.cols, " columns but the layer has in_features = ", in, "; pass X as tokens x ", in));
+    OCTET_REQUIRE(tokens <= c.max_tokens, fn, "x",
+                  detail::message("has ", tokens, " rows (tokens) but the context was built for max_tokens = ",
+                                  c.max_tokens, "; build the linear_context with a larger max_tokens"));
+    detail::validate_input(x, fn, "x");
+    detail::require_linear_matrix(w, out, in, fn, "w", "out_features x in_features");
+    detail::require_linear_matrix(y, tokens, out, fn, "y", "tokens x out_features");
+    OCTET_REQUIRE(bias.empty() || bias.size() == out, fn, "bias",
+                  detail::message("has ", bias.size(), " entries; pass out_features = ", out, " or none"));
+    OCTET_REQUIRE(bias.empty() || bias.data() != nullptr, fn, "bias", "is null with a non-zero size");
+
+    const bool training = pass == linear_pass::training;
+    constexpr bool delayed = LR::scaling == linear_scaling::delayed;
+    if (training) ctx.saved_ = false;  // until the new copies are complete
+    quantize_options opt;
+    opt.collect_stats = c.collect_stats;
+
+    // X: the forward operand, and (training, no rotation) the weight-gradient operand.
+    const bool x_col = training && !LR::hadamard_wgrad;
+    opt.tensor_amax = delayed ? ctx.delayed_x_.amax_for_scale() : -1.0f;
+    ctx.stats_.x =
+        quantize<XR>(ex, x, ctx.x_row_.ref(tokens, in), x_col ? ctx.x_col_.ref(in, tokens) : quantized_ref<XR>{}, opt);
+    // W: the forward operand, and (training) the data-gradient operand.
+    opt.tensor_amax = delayed ? ctx.delayed_w_.amax_for_scale() : -1.0f;
+    ctx.stats_.w =
+        quantize<WR>(ex, w, ctx.w_row_.ref(out, in), training ? ctx.w_col_.ref(in, out) : quantized_ref<WR>{}, opt);
+    if (delayed && training) {
+        ctx.delayed_x_.record(ctx.stats_.x.amax);
+        ctx.delayed_x_.update();
+        ctx.delayed_w_.record(ctx.stats_.w.amax);
+        ctx.delayed_w_.update();
+    }
+    ctx.stats_.x_hadamard = {};
+    if (LR::hadamard_wgrad && training) {
+        const std::size_t padded = linear_context<LR>::wgrad_tokens(tokens);
+        detail::hadamard_tokens(ex, x, c.seed, ctx.rotated_.data());
+        opt.tensor_amax = -1.0f;
+        ctx.stats_.x_hadamard = quantize<XR>(ex, matrix_ref<const float>(ctx.rotated_.data(), padded, in),
+                                             quantized_ref<XR>{}, ctx.x_col_.ref(in, padded), opt);
+    }
+
+    gemm_options g;
+    g.bias = bias;
+    scaled_gemm(ex, ctx.x_row_.cref(), ctx.w_row_.cref(), y, g);
+    if (training) {
+        ctx.tokens_ = tokens;
+        ctx.saved_ = true;
+    }
+}
+
+/// dX = dY W (skipped when dx is {}), dW = dY^T X (skipped when dw is {}) and db = the column sums
+/// of dY (skipped when db is empty), from the copies of the training forward before it. One
+/// backward per training forward.
+template <class LR>
+void linear_backward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> dy, matrix_ref<float> dx,
+                     matrix_ref<float> dw, span<float> db) {
+    constexpr const char* fn = "octet::linear_backward";
+    using GR = typename LR::g_quantize_recipe;
+    const linear_config& c = ctx.config_;
+    const std::size_t in = c.in_features, out = c.out_features;
+    OCTET_REQUIRE(ctx.saved_, fn, "ctx",
+                  "holds no training forward to differentiate; call linear_forward (linear_pass::training) before "
+                  "each linear_backward");
+    const std::size_t tokens = ctx.tokens_;
+    detail::require_linear_matrix(dy, tokens, out, fn, "dy", "the forward's tokens x out_features");
+    const bool want_dx = !(dx.data == nullptr && dx.rows == 0 && dx.cols == 0);
+    const bool want_dw = !(dw.data == nullptr && dw.rows == 0 && dw.cols == 0);
+    if (want_dx) detail::require_linear_matrix(dx, tokens, in, fn, "dx", "tokens x in_features, or {} to skip it");
+    if (want_dw) detail::require_linear_matrix(dw, out, in, fn, "dw", "out_features x in_features, or {} to skip it");
+    OCTET_REQUIRE(db.empty() || db.size() == out, fn, "db",
+                  detail::message("has ", db.size(), " entries; pass out_features = ", out, " or none"));
+    OCTET_REQUIRE(db.empty() || db.data() != nullptr, fn, "db", "is null with a non-zero size");
+
+    constexpr bool delayed = LR::scaling == linear_scaling::delayed;
+    quantize_options opt;
+    opt.collect_stats = c.collect_stats;
+    opt.rng = philox_stream{c.seed, 4 * ctx.step_};
+    opt.tensor_amax = delayed ? ctx.delayed_g_.amax_for_scale() : -1.0f;
+    const bool dy_col = want_dw && !LR::hadamard_wgrad;
+    ctx.stats_.dy = {};
+    if (want_dx || dy_col) {
+        ctx.stats_.dy = quantize<GR>(ex, dy, want_dx ? ctx.dy_row_.ref(tokens, out) : quantized_ref<GR>{},
+                                     dy_col ? ctx.dy_col_.ref(out, tokens) : quantized_ref<GR>{}, opt);
+        if (delayed) {
+            ctx.delayed_g_.record(ctx.stats_.dy.amax);
+            ctx.delayed_g_.update();
+        }
+    }
+    ctx.stats_.dy_hadamard = {};
+    const std::size_t padded = linear_context<LR>::wgrad_tokens(tokens);
+    if (LR::hadamard_wgrad && want_dw) {
+        detail::hadamard_tokens(ex, dy, c.seed, ctx.rotated_.data());
+        opt.tensor_amax = -1.0f;
+        opt.rng = philox_stream{c.seed, 4 * ctx.step_ + 2};
+        ctx.stats_.dy_hadamard = quantize<GR>(ex, matrix_ref<const float>(ctx.rotated_.data(), padded, out),
+                                              quantized_ref<GR>{}, ctx.dy_col_.ref(out, padded), opt);
+    }
+
+    if (want_dx) scaled_gemm(ex, ctx.dy_row_.cref(), ctx.w_col_.cref(), dx);
+    if (want_dw) scaled_gemm(ex, ctx.dy_col_.cref(), ctx.x_col_.cref(), dw);
+    if (!db.empty()) {
+        std::vector<double> sum(out, 0.0);
+        for (std::size_t t = 0; t < tokens; ++t)
+            for (std::size_t o = 0; o < out; ++o) sum[o] += static_cast<double>(dy(t, o));
+        for (std::size_t o = 0; o < out; ++o) db[o] = static_cast<float>(sum[o]);
+    }
+    ++ctx.step_;
+    ctx.saved_ = false;
+}
+
+}  // namespace octet
