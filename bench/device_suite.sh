@@ -11,6 +11,12 @@
 # prepare_device.sh leaves, else .device/build; reused when its binaries run there, else rebuilt), OCTET_SUITE_OUT=<dir> (logs; default .device/out; when $OUT is
 # set, as on the lent machine, the logs are also archived to $OUT/device_logs.tgz),
 # OCTET_SUITE_FILTER=<regex> (run only matching test/bench binaries).
+#
+# Every tests/cuda suite is found by its binary name (test_cuda_*). Checks that only a device can make:
+#   graph_capture   a training step (quantize, scaled GEMM, attention fwd/bwd, AdamW) with a lent
+#                   allocator captured into a CUDA graph (global capture mode) and replayed bit for bit
+#                   against the eager step; the scratch queries equal the allocator's requests
+#                   (OCTET_SUITE_FILTER=graph_capture runs it alone)
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${OCTET_SUITE_BUILD:-}" ] && [ -d .device/bin ]; then BUILD=.device/bin; else BUILD=${OCTET_SUITE_BUILD:-.device/build}; fi

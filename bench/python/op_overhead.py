@@ -26,8 +26,7 @@ def per_call_us(fn, number=2000, repeat=7):
 
 def main(binary):
     x = (torch.arange(16 * 64, dtype=torch.float32) % 17 * 0.25 - 2.0).reshape(16, 64)
-    q = torch.ops.octet.quantize(x, "mxfp8_e4m3", True, False)
-    codes, scales, ts = q[0].view(torch.uint8), q[1].view(torch.uint8), q[2]
+    codes, scales, ts = octet.torch.quantize(x, "mxfp8_e4m3")[0].raw()
     flat = x.reshape(-1)
     ops = {
         "quantize/mxfp8_e4m3/16x64": lambda: torch.ops.octet.quantize(x, "mxfp8_e4m3", True, False),

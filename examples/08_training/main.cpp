@@ -3,8 +3,9 @@
 // several recipes side by side, every step built from octet: FP8 linear layers
 // (octet/nn/linear.hpp: forward, data and weight gradient from the recipe's row- and column-wise
 // copies), FP8 attention forward and backward with a delta mode, AdamW with 8-bit moments over
-// bf16 master weights, the gradient codec with error feedback across in-process data-parallel
-// ranks (octet::compressed_allreduce), monitors that check every step BEFORE its update is
+// bf16 master weights, the gradient codec with error feedback across data-parallel ranks
+// (octet::compressed_allreduce; ranks are threads of one process, or processes under mpirun),
+// monitors that check every step BEFORE its update is
 // applied, and a recovery policy. It validates in the order the background essay asks:
 //   1. a gate of invariants on small controlled cases (gate.hpp); the run refuses to train if it fails;
 //   2. curves at the lengths and sizes asked for;  3. every recipe over several seeds;
@@ -14,6 +15,8 @@
 // Run:  cmake --workflow --preset demo        (the quick default; build/demo/examples/example_08_training)
 //       example_08_training --preset full     (every recipe, 3 seeds, 2 lengths, 2 sizes)
 //       example_08_training --help
+//       mpiexec -n 2 example_08_training ...   (built with MPI: each process is one rank; rank 0
+//                                               prints and writes the report)
 // Exit status: 0 when the gate passes and every FP8 recipe ends within the stated tolerance of
 // float32 on the same seeds; 1 otherwise; 2 on bad flags.
 #include <octet/octet.hpp>
@@ -21,6 +24,9 @@
 #include "gate.hpp"
 #include "model.hpp"
 #include "ranks.hpp"
+#ifdef OCTET_TRAINING_MPI
+#include "mpi_ranks.hpp"
+#endif
 #include "report.hpp"
 #include "train.hpp"
 
@@ -272,6 +278,10 @@ struct run_options {
     float clip = 1.0f;        // gradient-norm clipping threshold
     octet::host_executor ex = octet::on_host();
     std::string scratch;  // folder for the checkpoint file
+    // The ranks of other processes (mpirun: this process is rank procs->rank() of `ranks`);
+    // nullptr: all `ranks` ranks are threads of this process.
+    process_ranks* procs = nullptr;
+    int fail_rank = -1;  // the test hook OCTET_TRAINING_FAIL_RANK: this rank throws at step 1
 };
 
 float learning_rate(const run_options& o, std::int64_t step) {
@@ -286,10 +296,39 @@ double median_of(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+/// The optimizer's checkpoint file in `folder`: one per process under mpirun.
+std::string checkpoint_path(const std::string& folder, const process_ranks* procs) {
+    return folder + "/checkpoint" + (procs ? ".rank" + std::to_string(procs->rank()) : std::string()) + ".bin";
+}
+
+/// Each key's value summed over the processes (the keys are the same on every rank: one model).
+std::map<std::string, double> sum_over_ranks(const std::map<std::string, double>& mine, process_ranks* procs) {
+    if (!procs) return mine;
+    const int P = procs->size();
+    std::vector<double> values;
+    for (const auto& kv : mine) values.push_back(kv.second);
+    OCTET_REQUIRE(procs->allreduce_max(static_cast<int>(values.size())) == static_cast<int>(values.size()),
+                  "train::sum_over_ranks", "mine", "must have the same keys on every rank");
+    std::vector<double> all(values.size() * static_cast<std::size_t>(P));
+    procs->allgather(values.data(), values.size() * sizeof(double), all.data());
+    std::map<std::string, double> out;
+    std::size_t i = 0;
+    for (const auto& kv : mine) {
+        double s = 0;
+        for (int r = 0; r < P; ++r) s += all[static_cast<std::size_t>(r) * values.size() + i];
+        out[kv.first] = s, ++i;
+    }
+    return out;
+}
+
 run_result run_one(const run_options& o, const corpus& data, const std::function<void(double)>& advanced) {
     const model_config& mc = o.size;
     const recipe_config& rc = o.recipe;
     const int P = o.ranks, per_rank = o.batch / o.ranks;
+    // This process's ranks: all P in-process, or one under mpirun. `first` is the global rank of
+    // local rank 0; global rank 0 evaluates, samples and injects the faults.
+    const int L = o.procs ? 1 : P, first = o.procs ? o.procs->rank() : 0;
+    const bool lead = first == 0;
     run_result res;
     res.recipe = rc.name, res.size = mc.name, res.seed = o.seed, res.steps = o.steps, res.ranks = P;
     res.recovery = rc.recovery;
@@ -316,9 +355,9 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     std::vector<std::unique_ptr<transformer>> models;
     std::vector<metered_vector<float>> grads;
     std::vector<metered_vector<std::int32_t>> tokens;
-    for (int r = 0; r < P; ++r) {
+    for (int l = 0; l < L; ++l) {
         models.push_back(std::make_unique<transformer>(mc, rc, meter, o.ex, per_rank,
-                                                       static_cast<std::uint64_t>(o.seed) * 131u + r));
+                                                       static_cast<std::uint64_t>(o.seed) * 131u + first + l));
         grads.push_back(make_metered<float>(meter, memory_category::gradients, n));
         tokens.push_back(make_metered<std::int32_t>(meter, memory_category::temporaries,
                                                     static_cast<std::size_t>(per_rank) * (mc.seq_len + 1)));
@@ -330,11 +369,12 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     codec.transform = octet::transform_kind::hadamard;
     codec.block = 1024;
     std::vector<octet::error_feedback> feedback, reduced_feedback;
-    in_process_world world(P);
+    in_process_world world(L);
     if (rc.gradient_codec) {
-        for (int r = 0; r < P; ++r) {
+        for (int l = 0; l < L; ++l) {
             feedback.emplace_back(n, octet::residual_storage::bf16);
-            reduced_feedback.emplace_back(octet::allreduce_shard(codec, n, P, r).count, octet::residual_storage::bf16);
+            reduced_feedback.emplace_back(octet::allreduce_shard(codec, n, P, first + l).count,
+                                          octet::residual_storage::bf16);
             const double residual_bytes =
                 static_cast<double>(feedback.back().bytes() + reduced_feedback.back().bytes());
             meter.allocate(memory_category::gradients, residual_bytes);
@@ -342,8 +382,12 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
         }
         // compressed_allreduce's own message buffers (each rank: its P stage-1 messages, the P it
         // receives, and the all-gathered reduced messages), booked at their encoded sizes.
-        meter.allocate(memory_category::temporaries, 3.0 * P * static_cast<double>(octet::encoded_size(codec, n)));
+        meter.allocate(memory_category::temporaries, 3.0 * L * static_cast<double>(octet::encoded_size(codec, n)));
     }
+    // Without the codec, processes sum their gradients from an all-gather in rank order (the order
+    // the in-process ranks sum in), not with MPI_Allreduce, whose order MPI does not fix: both
+    // modes then produce the same bits.
+    auto gathered = make_metered<float>(meter, memory_category::gradients, o.procs && !rc.gradient_codec ? P * n : 0);
 
     // Held-out windows: fixed for every run, so that recipes and seeds are compared on the same text.
     const int eval_batch = std::min(o.eval_sequences, per_rank);
@@ -388,7 +432,8 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     // The crash falls between two checkpoints, so that the restart replays steps.
     const std::int64_t crash_step = o.faults ? o.steps * 4 / 5 + checkpoint_every / 2 : -1;
     bool fault_done = false, crash_done = false;
-    std::map<std::string, double> op_seconds;
+    std::map<std::string, double> op_seconds;     // the loop's own (all-reduce, optimizer): this process's
+    std::map<std::string, double> model_seconds;  // the models' operations: summed over every rank
     struct step_numbers {
         double loss = 0, norm = 0;
         std::uint64_t quantized = 0, saturated = 0, underflow = 0;
@@ -398,23 +443,44 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
         step_numbers s;
         s.residual.assign(static_cast<std::size_t>(mc.layers), 0.0);
         if (rc.attention == attention_mode::fp8) s.residual_q.assign(static_cast<std::size_t>(mc.layers), 0.0);
-        for (int r = 0; r < P; ++r) {
-            sample_batch(data.train, mc.seq_len, per_rank, static_cast<std::uint64_t>(o.seed), step, r,
-                         tokens[r].data());
-            if (raised) models[r]->set_high_precision(true);  // one rank at a time holds the float copies
+        // Each rank's share of the step's numbers: [loss, residual per layer, residual_q per layer]
+        // over P, and [quantized, saturated, underflow]; summed over the ranks in rank order.
+        const std::size_t nl = s.residual.size(), nq = s.residual_q.size(), nd = 1 + nl + nq;
+        std::vector<double> shares(static_cast<std::size_t>(P) * nd, 0.0);
+        std::vector<std::uint64_t> counts(static_cast<std::size_t>(P) * 3, 0);
+        for (int l = 0; l < L; ++l) {
+            sample_batch(data.train, mc.seq_len, per_rank, static_cast<std::uint64_t>(o.seed), step, first + l,
+                         tokens[l].data());
+            if (raised) models[l]->set_high_precision(true);  // one rank at a time holds the float copies
             const step_telemetry t =
-                models[r]->forward_backward(octet::span<const float>(params.data(), n), tokens[r].data(), per_rank,
-                                            octet::span<float>(grads[r].data(), n));
-            if (raised) models[r]->set_high_precision(false);
-            s.loss += t.loss / P;
-            s.quantized += t.quantized, s.saturated += t.saturated, s.underflow += t.underflow;
-            for (std::size_t l = 0; l < t.attention_residual.size() && l < s.residual.size(); ++l)
-                s.residual[l] += t.attention_residual[l] / P;
-            for (std::size_t l = 0; l < t.attention_residual_q.size() && l < s.residual_q.size(); ++l)
-                s.residual_q[l] += t.attention_residual_q[l] / P;
-            for (const auto& [k, v] : t.op_seconds) op_seconds[k] += v;
+                models[l]->forward_backward(octet::span<const float>(params.data(), n), tokens[l].data(), per_rank,
+                                            octet::span<float>(grads[l].data(), n));
+            if (raised) models[l]->set_high_precision(false);
+            double* d = shares.data() + static_cast<std::size_t>(first + l) * nd;
+            d[0] = t.loss / P;
+            for (std::size_t k = 0; k < t.attention_residual.size() && k < nl; ++k)
+                d[1 + k] = t.attention_residual[k] / P;
+            for (std::size_t k = 0; k < t.attention_residual_q.size() && k < nq; ++k)
+                d[1 + nl + k] = t.attention_residual_q[k] / P;
+            std::uint64_t* c = counts.data() + static_cast<std::size_t>(first + l) * 3;
+            c[0] = t.quantized, c[1] = t.saturated, c[2] = t.underflow;
+            for (const auto& [k, v] : t.op_seconds) model_seconds[k] += v;
         }
-        if (step == fault_step && !fault_done) {
+        if (o.procs) {
+            const std::vector<double> mine(shares.begin() + first * nd, shares.begin() + (first + 1) * nd);
+            const std::vector<std::uint64_t> my_counts(counts.begin() + first * 3, counts.begin() + first * 3 + 3);
+            o.procs->allgather(mine.data(), nd * sizeof(double), shares.data());
+            o.procs->allgather(my_counts.data(), 3 * sizeof(std::uint64_t), counts.data());
+        }
+        for (int r = 0; r < P; ++r) {
+            const double* d = shares.data() + static_cast<std::size_t>(r) * nd;
+            s.loss += d[0];
+            for (std::size_t k = 0; k < nl; ++k) s.residual[k] += d[1 + k];
+            for (std::size_t k = 0; k < nq; ++k) s.residual_q[k] += d[1 + nl + k];
+            const std::uint64_t* c = counts.data() + static_cast<std::size_t>(r) * 3;
+            s.quantized += c[0], s.saturated += c[1], s.underflow += c[2];
+        }
+        if (lead && step == fault_step && !fault_done) {
             // A silent data corruption on rank 0: 256 gradient entries with their exponent bumped
             // by 20 (a bit flip in the exponent field). Only the first attempt of the step sees it.
             fault_done = true;
@@ -422,15 +488,27 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
         }
         const auto t0 = clock_type::now();
         if (rc.gradient_codec) {
-            on_every_rank(P, [&](int r) {
-                in_process_transport t(world, r);
+            auto options = [&](int l) {
                 octet::allreduce_options ao;
                 ao.expected_ranks = P;
-                ao.feedback = feedback[r].view();
-                ao.reduced_feedback = reduced_feedback[r].view();
+                ao.feedback = feedback[l].view();
+                ao.reduced_feedback = reduced_feedback[l].view();
                 ao.executor = octet::on_host(1);
-                octet::compressed_allreduce_host(t, codec, octet::span<float>(grads[r].data(), n), ao);
-            });
+                return ao;
+            };
+            if (o.procs) {
+                o.procs->compressed_allreduce(codec, octet::span<float>(grads[0].data(), n), options(0));
+            } else {
+                on_every_rank(P, [&](int r) {
+                    in_process_transport t(world, r);
+                    octet::compressed_allreduce_host(t, codec, octet::span<float>(grads[r].data(), n), options(r));
+                });
+            }
+        } else if (o.procs) {
+            o.procs->allgather(grads[0].data(), n * sizeof(float), gathered.data());
+            std::copy_n(gathered.begin(), n, grads[0].begin());
+            for (int r = 1; r < P; ++r)
+                for (std::size_t i = 0; i < n; ++i) grads[0][i] += gathered[static_cast<std::size_t>(r) * n + i];
         } else {
             for (int r = 1; r < P; ++r)
                 for (std::size_t i = 0; i < n; ++i) grads[0][i] += grads[r][i];
@@ -490,7 +568,7 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     };
 
     // Checkpoints: the optimizer (octet's checkpoint format, a file) and the codec's residuals.
-    const std::string ckpt_path = o.scratch + "/checkpoint.bin";
+    const std::string ckpt_path = checkpoint_path(o.scratch, o.procs);
     std::int64_t ckpt_step = -1;
     std::vector<std::vector<unsigned char>> ckpt_feedback;
     auto save_checkpoint = [&](std::int64_t step) {
@@ -562,6 +640,9 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
             step = c + 1;
             continue;
         }
+        if (step == 1 && o.fail_rank >= first && o.fail_rank < first + L)
+            throw std::runtime_error("the failure OCTET_TRAINING_FAIL_RANK=" + std::to_string(o.fail_rank) +
+                                     " asked for, at step 1");
         keep_feedback();
         current = compute(step, false);
         measure(step, current);
@@ -605,7 +686,7 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
         executed_tokens += tokens_per_step;
         advanced(1.0);
         step = next;
-        if (apply && ((step % eval_every) == 0 || step == o.steps)) {
+        if (lead && apply && ((step % eval_every) == 0 || step == o.steps)) {
             res.heldout.emplace_back(static_cast<int>(step), evaluate());
         }
     }
@@ -618,6 +699,7 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     res.wall_seconds = wall;
     res.tokens_per_second = wall > 0 ? executed_tokens / wall : 0;
     res.op_seconds = op_seconds;
+    for (const auto& [k, v] : sum_over_ranks(model_seconds, o.procs)) res.op_seconds[k] += v;
     res.monitor_seconds = checks.cost_seconds();
     res.monitor_overhead = wall > 0 ? res.monitor_seconds / wall : 0;
     // Final training loss: mean of the last 10% of the steps applied.
@@ -631,7 +713,7 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     }
     res.final_heldout_loss = res.heldout.empty() ? not_measured : res.heldout.back().second;
     res.heldout_bpc = res.final_heldout_loss / std::log(2.0);
-    {
+    if (lead) {
         std::vector<std::int32_t> prompt;
         for (char c : std::string("And God said, ")) prompt.push_back(data.id(c));
         res.sample = data.text(models[0]->generate(octet::span<const float>(params.data(), n), prompt, 160,
@@ -647,24 +729,28 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     }
     // The prediction is written from the configuration (octet's bytes per parameter, the model's
     // buffer plan, the codec's encoded size), not from the meter.
-    const double tokens_bytes = 4.0 * (static_cast<double>(P) * per_rank + o.eval_sequences) * (mc.seq_len + 1);
+    // Under mpirun both count this process (rank `first`) alone.
+    const double tokens_bytes = 4.0 * (static_cast<double>(L) * per_rank + o.eval_sequences) * (mc.seq_len + 1);
     double codec_bytes = 0, residual_bytes = 0;
     if (rc.gradient_codec) {
-        codec_bytes = 3.0 * P * static_cast<double>(octet::encoded_size(codec, n));
-        for (int r = 0; r < P; ++r)
+        codec_bytes = 3.0 * L * static_cast<double>(octet::encoded_size(codec, n));
+        for (int r = first; r < first + L; ++r)
             residual_bytes += static_cast<double>(
                 octet::residual_bytes(octet::residual_storage::bf16, n) +
                 octet::residual_bytes(octet::residual_storage::bf16, octet::allreduce_shard(codec, n, P, r).count));
     }
     octet::optimizer_memory_config lc = optimizer_ledger_config(rc, static_cast<double>(n));
-    lc.gradient_bytes = 4.0 * P + residual_bytes / static_cast<double>(n);  // a float gradient per rank, residuals
+    // A float gradient per rank here, the residuals, and under mpirun without the codec the
+    // all-gathered gradients of every rank.
+    lc.gradient_bytes =
+        4.0 * L + residual_bytes / static_cast<double>(n) + (o.procs && !rc.gradient_codec ? 4.0 * P : 0.0);
     // Every rank's model; one of them at a time may run raised to float32 (a repeated step, or
     // sampling the generated text).
-    lc.activation_bytes = P * transformer::activation_bytes(mc, rc, per_rank, o.threads) +
+    lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, o.threads) +
                           transformer::raise_precision_bytes(mc, rc, per_rank);
     // Temporaries: the models' own, the token batches, the codec's messages, and two copies of the
     // residuals (the checkpoint's, and the one a repeated step restores).
-    lc.temporary_bytes = P * transformer::temporary_bytes(mc, rc, per_rank, o.threads) + tokens_bytes + codec_bytes +
+    lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, o.threads) + tokens_bytes + codec_bytes +
                          2.0 * residual_bytes;
     octet::memory_ledger predicted = octet::optimizer_memory_ledger(lc);
     predicted.set(memory_category::weights, predicted.bytes(memory_category::weights) + 4.0 * n);  // the float copy
@@ -685,7 +771,7 @@ struct flags {
     std::vector<int> seeds, steps;
     int ranks = 2, threads = 0, batch = 16, comparison_seeds = 1;
     float lr = 3e-3f, tolerance = 0.05f;
-    bool faults = true;
+    bool faults = true, help = false;
     std::string out = "training_report", corpus = OCTET_TRAINING_CORPUS;
 };
 
@@ -706,15 +792,19 @@ const char* usage =
     "  --recipes       any of: fp32 bf16 fp8_delayed fp8_tensorwise fp8_blockwise mxfp8 nvfp4 attn_fp8\n"
     "                  attn_matched_per_token_v attn_from_output_per_token_v optim_8bit grad_codec octet\n"
     "                  octet_no_recovery fp32_no_recovery\n"
-    "  --ranks         in-process data-parallel ranks (the batch is split over them; default 2)\n"
+    "  --ranks         data-parallel ranks (the batch is split over them; default 2): threads of this\n"
+    "                  process, or under mpirun (when built with MPI) its processes, one rank each;\n"
+    "                  there --ranks may be left out, or must equal the number of processes\n"
     "  --tolerance     largest accepted held-out loss gap to fp32, nats per character (default 0.05)\n"
     "  --comparison-seeds N  runs without recovery (the *_no_recovery recipes) on the first N seeds only\n"
     "                  (default 1: they show what recovery prevents, not a recipe to judge)\n"
     "  --no-faults     no injected gradient corruption and no scripted crash\n"
     "  --out           output folder for report.md, report.json and the SVG plots (default training_report)\n";
 
-flags parse_flags(int argc, char** argv) {
+/// `processes`: the size of the MPI world this process is a rank of (0: not started by mpirun).
+flags parse_flags(int argc, char** argv, int processes = 0) {
     flags f;
+    bool ranks_given = false;
     auto need = [&](int& i) -> std::string {
         if (i + 1 >= argc) throw std::invalid_argument(std::string(argv[i]) + " needs a value");
         return argv[++i];
@@ -734,8 +824,8 @@ flags parse_flags(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--help" || a == "-h") {
-            std::fputs(usage, stdout);
-            std::exit(0);
+            f.help = true;
+            return f;
         } else if (a == "--preset") {
             f.preset = need(i);
             if (f.preset != "quick" && f.preset != "full")
@@ -750,6 +840,7 @@ flags parse_flags(int argc, char** argv) {
             steps = ints(a, need(i));
         } else if (a == "--ranks") {
             f.ranks = ints(a, need(i)).at(0);
+            ranks_given = true;
         } else if (a == "--batch") {
             f.batch = ints(a, need(i)).at(0);
         } else if (a == "--threads") {
@@ -785,6 +876,13 @@ flags parse_flags(int argc, char** argv) {
     if (!sizes.empty()) f.sizes = sizes;
     if (!seeds.empty()) f.seeds = seeds;
     if (!steps.empty()) f.steps = steps;
+    if (processes > 0) {
+        if (ranks_given && f.ranks != processes)
+            throw std::invalid_argument(
+                "--ranks " + std::to_string(f.ranks) + " under mpirun with " + std::to_string(processes) +
+                " processes: each process is one rank; pass --ranks " + std::to_string(processes) + " or leave it out");
+        f.ranks = processes;
+    }
     if (f.ranks < 1) throw std::invalid_argument("--ranks must be at least 1");
     if (f.batch < f.ranks || f.batch % f.ranks)
         throw std::invalid_argument(
@@ -808,41 +906,67 @@ std::string machine_description(int threads) {
     return model + ", " + std::to_string(threads) + " threads";
 }
 
-}  // namespace train
-
-int main(int argc, char** argv) {
-    using namespace train;
+/// The program. `procs`: the processes' ranks under mpirun (nullptr: the ranks are threads of this
+/// process). Rank 0 alone prints and writes the report; every rank returns the same exit status.
+int run_program(int argc, char** argv, process_ranks* procs) {
+    const int rank = procs ? procs->rank() : 0;
+    const bool lead = rank == 0;
     flags f;
     try {
-        f = parse_flags(argc, argv);
+        f = parse_flags(argc, argv, procs ? procs->size() : 0);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "example_08_training: %s\n%s", e.what(), usage);
+        // Every rank parses the same flags and fails alike; rank 0 says why.
+        if (lead) std::fprintf(stderr, "example_08_training: %s\n%s", e.what(), usage);
         return 2;
     }
+    if (f.help) {
+        if (lead) std::fputs(usage, stdout);
+        return 0;
+    }
     const auto wall0 = clock_type::now();
-    const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // Processes of one mpirun on one machine share its cores.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = f.threads > 0 ? f.threads : std::max(1, cores / (procs ? procs->processes_here() : 1));
     octet::thread_pool pool(static_cast<std::size_t>(threads));
     const octet::host_executor ex = octet::on_host(pool);
 
     sweep_result sweep;
     for (int i = 0; i < argc; ++i) sweep.command += (i ? " " : "") + std::string(argv[i]);
     sweep.machine = machine_description(threads);
+    if (procs)
+        sweep.machine += " per process; " + std::to_string(procs->size()) +
+                         " MPI processes, one rank each (times and memory: rank 0's process)";
 
-    // 1. The gate.
-    std::printf("octet %s training demo: gate ...\n", OCTET_VERSION_STRING);
+    // 1. The gate, on every rank: each process checks the numerics it will train with (the ranks
+    // of one mpirun may run on different machines); one failure stops every rank.
+    if (lead) std::printf("octet %s training demo: gate ...\n", OCTET_VERSION_STRING);
     sweep.gate = run_gate(ex, 20261202u);
-    for (const auto& g : sweep.gate)
-        std::printf("  %-4s %-44s %.3g (limit %.3g)\n", g.passed ? "ok" : "FAIL", g.name.c_str(), g.value, g.limit);
-    if (!gate_passed(sweep.gate)) {
+    const bool gate_ok = gate_passed(sweep.gate);
+    for (const auto& g : sweep.gate) {
+        if (lead)
+            std::printf("  %-4s %-44s %.3g (limit %.3g)\n", g.passed ? "ok" : "FAIL", g.name.c_str(), g.value, g.limit);
+        else if (!g.passed)
+            std::fprintf(stderr, "example_08_training: rank %d: gate FAIL %s %.3g (limit %.3g)\n", rank, g.name.c_str(),
+                         g.value, g.limit);
+    }
+    const int failed_rank = procs ? procs->allreduce_max(gate_ok ? -1 : rank) : (gate_ok ? -1 : 0);
+    if (failed_rank >= 0) {
         sweep.passed = false;
-        sweep.verdicts.push_back("the gate failed: no training was run");
-        write_report(sweep, f.out);
-        std::printf("The gate failed; the run refuses to train. Report: %s/report.md\n", f.out.c_str());
+        sweep.verdicts.push_back(procs ? "the gate failed on rank " + std::to_string(failed_rank) +
+                                             " (the highest failing rank): no training was run"
+                                       : "the gate failed: no training was run");
+        if (lead) {
+            write_report(sweep, f.out);
+            std::printf("The gate failed; the run refuses to train. Report: %s/report.md\n", f.out.c_str());
+        }
         return 1;
     }
 
+    // The corpus and the output folder are each process's own (one machine may lack the file):
+    // the ranks agree before any of them starts training.
     corpus data;
     std::vector<recipe_config> recipes;
+    std::string problem;
     try {
         data = load_corpus(f.corpus);
         const auto known = all_recipes();
@@ -852,11 +976,20 @@ int main(int argc, char** argv) {
             recipes.push_back(*it);
         }
         for (const auto& s : f.sizes) size_config(s);
+        std::filesystem::create_directories(f.out);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "example_08_training: %s\n%s", e.what(), usage);
+        problem = e.what();
+    }
+    const int failed = procs ? procs->allreduce_max(!problem.empty()) : !problem.empty();
+    if (failed) {
+        if (!problem.empty())
+            std::fprintf(stderr, "example_08_training: %s%s\n%s",
+                         procs ? ("rank " + std::to_string(rank) + ": ").c_str() : "", problem.c_str(),
+                         lead ? usage : "");
+        else if (lead)
+            std::fprintf(stderr, "example_08_training: another rank could not start (its message says why)\n");
         return 2;
     }
-    std::filesystem::create_directories(f.out);
 
     // 2.-4. Every (size, length, recipe, seed).
     double total_steps = 0;
@@ -867,10 +1000,16 @@ int main(int argc, char** argv) {
                     static_cast<double>(st) *
                     (rc.recovery ? f.seeds.size()
                                  : std::min<std::size_t>(f.seeds.size(), static_cast<std::size_t>(f.comparison_seeds)));
-    std::printf("training: %zu recipes x %zu seeds x %zu lengths x %zu sizes on %s (%zu characters, %zu held out)\n",
-                recipes.size(), f.seeds.size(), f.steps.size(), f.sizes.size(), sweep.machine.c_str(),
-                data.train.size() + data.heldout.size(), data.heldout.size());
-    progress bar(total_steps, stdout);
+    if (lead)
+        std::printf(
+            "training: %zu recipes x %zu seeds x %zu lengths x %zu sizes on %s (%zu characters, %zu held out)\n",
+            recipes.size(), f.seeds.size(), f.steps.size(), f.sizes.size(), sweep.machine.c_str(),
+            data.train.size() + data.heldout.size(), data.heldout.size());
+    // A test hook: this rank throws at step 1 of its first run (the test that an error on one rank
+    // ends every rank with its message, instead of leaving the others blocked in a collective).
+    const char* fail_env = std::getenv("OCTET_TRAINING_FAIL_RANK");
+    const int fail_rank = fail_env ? std::atoi(fail_env) : -1;
+    progress bar(total_steps, lead ? stdout : nullptr);
     for (const auto& size_name : f.sizes) {
         model_config mc = size_config(size_name);
         mc.vocab = static_cast<int>(data.alphabet.size());
@@ -882,7 +1021,7 @@ int main(int argc, char** argv) {
                     run_options o;
                     o.size = mc, o.recipe = rc, o.seed = seed, o.steps = steps, o.ranks = f.ranks;
                     o.batch = f.batch, o.lr = f.lr, o.faults = f.faults, o.ex = ex, o.threads = threads;
-                    o.scratch = f.out;
+                    o.scratch = f.out, o.procs = procs, o.fail_rank = fail_rank;
                     const std::string label =
                         size_name + " " + std::to_string(steps) + " steps " + rc.name + " seed " + std::to_string(seed);
                     run_result r = run_one(o, data, [&](double units) { bar.advance(units, label); });
@@ -890,7 +1029,8 @@ int main(int argc, char** argv) {
                 }
     }
     bar.finish();
-    std::filesystem::remove(f.out + "/checkpoint.bin");
+    std::filesystem::remove(checkpoint_path(f.out, procs));
+    if (!lead) return procs->allreduce_max(0);  // rank 0's exit status
 
     // Verdicts: each low-precision recipe against fp32 on the same seeds, size and length.
     // Tolerance: the held-out loss gap, mean over seeds, paired by seed (see README: it is the
@@ -947,5 +1087,42 @@ int main(int argc, char** argv) {
     for (const auto& v : sweep.verdicts) std::printf("  %s\n", v.c_str());
     std::printf("\nreport: %s/report.md, %s/report.json, plots %s/*.svg (%.0f s)\n", f.out.c_str(), f.out.c_str(),
                 f.out.c_str(), sweep.wall_seconds);
-    return sweep.passed ? 0 : 1;
+    const int status = sweep.passed ? 0 : 1;
+    return procs ? procs->allreduce_max(status) : status;
+}
+
+}  // namespace train
+
+int main(int argc, char** argv) {
+#ifdef OCTET_TRAINING_MPI
+    // Under mpirun (with more than one process) each process is one rank; otherwise the ranks are
+    // threads of this process and MPI is never initialized.
+    std::unique_ptr<train::mpi_session> session;
+    std::unique_ptr<train::mpi_ranks> procs;
+    try {
+        if (train::started_by_mpi_launcher()) {
+            session = std::make_unique<train::mpi_session>(argc, argv);
+            procs = std::make_unique<train::mpi_ranks>();
+            if (procs->size() == 1) procs.reset();  // mpirun -n 1: in-process ranks
+        }
+        return train::run_program(argc, argv, procs.get());
+    } catch (const std::exception& e) {
+        if (!procs) {
+            std::fprintf(stderr, "example_08_training: %s\n", e.what());
+            return 1;
+        }
+        // The other ranks may wait in a collective for this one: end them all.
+        std::fprintf(stderr, "example_08_training: rank %d of %d: %s; ending every rank\n", procs->rank(),
+                     procs->size(), e.what());
+        std::fflush(stderr);
+        train::abort_all_ranks(1);
+    }
+#else
+    try {
+        return train::run_program(argc, argv, nullptr);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "example_08_training: %s\n", e.what());
+        return 1;
+    }
+#endif
 }

@@ -10,6 +10,7 @@
 #include <octet/octet.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -114,8 +115,13 @@ inline std::string cell(const std::string& s) {
 inline std::string jstr(const std::string& s) {
     return octet::detail::json_string(utf8(s));
 }
+/// The shortest text that reads back as the same double (so that two runs' reports compare bit
+/// for bit); null where JSON has no number.
 inline std::string jnum(double v) {
-    return octet::detail::json_number(v);
+    if (!std::isfinite(v)) return "null";
+    char buf[32];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, r.ptr);
 }
 
 // ---- statistics over seeds ---------------------------------------------------------------------

@@ -51,7 +51,7 @@ struct recipe_config {
     v_scale_mode v_scale = v_scale_mode::per_head;
     moment_mode moments = moment_mode::float32;
     master_mode master = master_mode::float32;
-    bool gradient_codec = false;  ///< gradients cross the (in-process) ranks through octet's codec with error feedback
+    bool gradient_codec = false;  ///< gradients cross the ranks through octet's codec with error feedback
     bool recovery = true;         ///< checks before each update, and the recovery policy
 };
 

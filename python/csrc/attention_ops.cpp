@@ -2,15 +2,17 @@
 //   octet::attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, v_scaling, telemetry)
 //       -> (o, lse, telemetry)
 //   octet::attention_backward(q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, causal, scale, delta,
-//                             v_scaling, telemetry) -> (dq, dk, dv, telemetry, dout_stats)
+//                             v_scaling, telemetry, fold_dq_residual) -> (dq, dk, dv, telemetry, dout_stats)
 // q, k, v, dout: float32 or bfloat16, [tokens, heads, head_dim] or [batch, tokens, heads, head_dim]
 // (layout and quantization: attention_ops.hpp); o, dq, dk, dv: the same dtype and shapes;
 // lse: [heads_q, total_q] float32 (natural log; +Inf for a row that sees no key).
 // Forward telemetry: float64 [3, 8], the quantization statistics of Q, K, V (octet.torch.STATS_FIELDS).
 // Backward telemetry: float64 [13], octet::attention_stats (rows, residual_max, residual_rel_max,
 // gap_max, gap_rel_max, residual_sumsq, abs_ds_sumsq, gap_sumsq, p_abs_dp_sumsq) then residual_rms,
-// gap_rms, residual_rel, gap_rel; dout_stats: float64 [8], dO's quantization statistics.
-// All zero unless telemetry is True.
+// gap_rms, residual_rel, gap_rel, then residual_dq_max, residual_dq_sumsq, residual_dk_max,
+// residual_dk_sumsq, residual_dq_rel, residual_dk_rel (the row sums of dS as the dQ and dK products
+// used it, after its E4M3 rounding); dout_stats: float64 [8], dO's quantization statistics.
+// All zero unless telemetry is True. fold_dq_residual: attention_backward_options::fold_dq_residual.
 #include "attention_ops.hpp"
 
 namespace octet_torch::attention {
@@ -53,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& q, cons
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const opt_tensor& o, const at::Tensor& lse,
     const at::Tensor& dout, const opt_tensor& cu_seqlens_q, const opt_tensor& cu_seqlens_k, bool causal, double scale,
-    c10::string_view delta, c10::string_view v_scaling, bool telemetry) {
+    c10::string_view delta, c10::string_view v_scaling, bool telemetry, bool fold_dq_residual) {
     constexpr const char* op = "attention_backward";
     const call c = make_call(q, k, v, cu_seqlens_q, cu_seqlens_k, op);
     check_tensor(dout, op, "dout", {q.scalar_type()});
@@ -80,6 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     a.opt.softmax_scale = scale_of(scale, op);
     a.opt.delta = matched ? octet::delta_mode::matched : octet::delta_mode::from_output;
     a.opt.telemetry = telemetry;
+    a.opt.fold_dq_residual = fold_dq_residual;
     a.per_token_v = per_token_v(v_scaling, op);
     at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
                dv = at::empty(v.sizes(), v.options());
@@ -117,8 +120,9 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
     m.def(
         "attention_backward(Tensor q, Tensor k, Tensor v, Tensor? o, Tensor lse, Tensor dout, Tensor? "
         "cu_seqlens_q=None, Tensor? cu_seqlens_k=None, bool causal=False, float scale=0.0, str delta=\"matched\", str "
-        "v_scaling=\"per_head\", bool telemetry=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor telemetry, Tensor "
-        "dout_stats)");
+        "v_scaling=\"per_head\", bool telemetry=False, bool fold_dq_residual=False) -> (Tensor dq, Tensor dk, Tensor "
+        "dv, "
+        "Tensor telemetry, Tensor dout_stats)");
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {

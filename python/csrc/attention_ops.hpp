@@ -191,8 +191,9 @@ inline float scale_of(double scale, const char* op) {
     return static_cast<float>(scale);
 }
 
-/// Backward telemetry: octet::attention_stats as doubles, then its derived ratios.
-inline constexpr int backward_telemetry_size = 13;
+/// Backward telemetry: octet::attention_stats as doubles, then its derived ratios, then the
+/// residuals of dS as the dQ and dK products used it (octet.torch's BACKWARD_FIELDS).
+inline constexpr int backward_telemetry_size = 19;
 
 /// Calls body(std::bool_constant<per_token_v>{}).
 template <class F>
@@ -284,7 +285,13 @@ void run_backward(const backward_args& a) {
                                                            st.residual_rms(),
                                                            st.gap_rms(),
                                                            st.residual_rel(),
-                                                           st.gap_rel()};
+                                                           st.gap_rel(),
+                                                           st.residual_dq_max,
+                                                           st.residual_dq_sumsq,
+                                                           st.residual_dk_max,
+                                                           st.residual_dk_sumsq,
+                                                           st.residual_dq_rel(),
+                                                           st.residual_dk_rel()};
     double* out = a.telemetry->data_ptr<double>();
     for (std::size_t i = 0; i < t.size(); ++i) out[i] = t[i];
 }

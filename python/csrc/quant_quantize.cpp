@@ -1,13 +1,25 @@
 // The quantizer (octet/quant/quantize.hpp) as a torch op:
-//   octet::quantize(x, recipe, rowwise, columnwise, tensor_amax, rounding, seed, offset, collect_stats)
-//       -> (codes, scales, tensor_scale, codes_t, scales_t, tensor_scale_t, amax, stats)
+//   octet::quantize(x, recipe, rowwise, columnwise, tensor_amax, rounding, seed, offset, collect_stats,
+//                   amax_history, philox)
+//       -> [codes, scales, (tensor_scale), codes_t, scales_t, (tensor_scale_t), amax, (stats)]
 // and octet::recipe_info(recipe), what Python needs to compute a copy's layout (fake kernels).
-// stats is float64 [2, 8] with collect_stats (else empty, [0]): per copy (row-wise, column-wise)
-// amax, elements, saturated, flushed_to_zero, non_finite, lost_to_nan, signal_energy,
-// noise_energy (quant/stats.hpp).
+// The list holds only what was asked for, in this order: the row-wise copy (when rowwise), the
+// column-wise copy of x^T (when columnwise), each with its tensor_scale only for two-level recipes
+// (NVFP4); amax (0-d float32, x's amax over finite inputs); stats only with collect_stats, float64
+// [2, 8]: per copy (row-wise, column-wise; zeros for one not made) amax, elements, saturated,
+// flushed_to_zero, non_finite, lost_to_nan, signal_energy, noise_energy (quant/stats.hpp).
+// (A fixed tuple of eight, empty where nothing was asked, cost 0.5-0.7 us per empty tensor in the
+// small-call path: bench/RESULTS.md, PyTorch embedding.)
+// amax_history (float32, 1-D) and philox (int64 [2]: seed, offset) are the tensor-valued forms of
+// tensor_amax and seed/offset: per-step values that torch.compile then keeps out of its guards.
+// A history whose max is positive scales with that max (delayed scaling); an all-zero (or NaN)
+// history scales with x's own amax (current scaling), as tensor_amax = -1 does.
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <optional>
 
 #include "octet/quant/quantize.hpp"
 #include "octet_torch.hpp"
@@ -17,13 +29,35 @@ namespace {
 
 using octet::span;
 
-using quantize_outputs =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using quantize_outputs = std::vector<at::Tensor>;
 
 quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool rowwise, bool columnwise,
                           double tensor_amax, c10::string_view rounding, int64_t seed, int64_t offset,
-                          bool collect_stats) {
+                          bool collect_stats, const std::optional<at::Tensor>& amax_history,
+                          const std::optional<at::Tensor>& philox) {
     check_tensor(x, "quantize", "x", float_inputs);
+    if (amax_history) {
+        TORCH_CHECK_VALUE(tensor_amax < 0, where("quantize", "amax_history"),
+                          "is given together with tensor_amax; pass one of them");
+        check_tensor(*amax_history, "quantize", "amax_history", {at::kFloat});
+        TORCH_CHECK_VALUE(amax_history->dim() == 1 && amax_history->is_contiguous(), where("quantize", "amax_history"),
+                          "has shape ", amax_history->sizes(), "; pass a contiguous 1-D float32 history");
+        const float* h = amax_history->data_ptr<float>();
+        float m = 0.0f;
+        bool nan = false;  // a NaN in the history (torch's max would be NaN): current scaling
+        for (int64_t i = 0; i < amax_history->numel(); ++i) {
+            nan = nan || std::isnan(h[i]);
+            m = std::max(m, h[i]);
+        }
+        if (!nan && m > 0.0f) tensor_amax = m;
+    }
+    if (philox) {
+        check_tensor(*philox, "quantize", "philox", {at::kLong});
+        TORCH_CHECK_VALUE(philox->numel() == 2 && philox->is_contiguous(), where("quantize", "philox"), "has shape ",
+                          philox->sizes(), "; pass a contiguous int64 tensor (seed, offset)");
+        seed = philox->data_ptr<int64_t>()[0];
+        offset = philox->data_ptr<int64_t>()[1];
+    }
     TORCH_CHECK_VALUE(rowwise || columnwise, where("quantize", "rowwise/columnwise"),
                       "are both False; ask for at least one copy");
     TORCH_CHECK_VALUE(rounding == "nearest_even" || rounding == "stochastic", where("quantize", "rounding"), "is '",
@@ -38,13 +72,12 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
             if constexpr (!std::is_same_v<Round, octet::round::nearest_even> &&
                           !std::is_same_v<Round, octet::round::stochastic>) {
                 TORCH_CHECK_VALUE(false, "unreachable");
+                return {};
             } else {
                 using R = with_rounding_t<Base, Round>;
-                copy_tensors<R> row(rowwise ? rows : 0, rowwise ? cols : 0, o);
-                copy_tensors<R> col(columnwise ? cols : 0, columnwise ? rows : 0, o);
-                // Only when asked: every output tensor costs the small-call path (op_overhead.py).
-                at::Tensor stats =
-                    collect_stats ? at::zeros({2, 8}, o.dtype(at::kDouble)) : at::empty({0}, o.dtype(at::kDouble));
+                std::optional<copy_tensors<R>> row, col;
+                if (rowwise) row.emplace(rows, cols, o);
+                if (columnwise) col.emplace(cols, rows, o);
                 at::Tensor amax = at::empty({}, o.dtype(at::kFloat));
                 octet::quantize_options opt;
                 opt.collect_stats = collect_stats;
@@ -61,17 +94,28 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                         return octet::quantize_result{};
                     } else {
                         return guarded([&] {
-                            return octet::quantize<R>(host(), xm, rowwise ? row.ref() : octet::quantized_ref<R>{},
-                                                      columnwise ? col.ref() : octet::quantized_ref<R>{}, opt);
+                            return octet::quantize<R>(host(), xm, row ? row->ref() : octet::quantized_ref<R>{},
+                                                      col ? col->ref() : octet::quantized_ref<R>{}, opt);
                         });
                     }
                 });
                 *amax.data_ptr<float>() = res.amax;
+                quantize_outputs out;
+                out.reserve(8);
+                for (auto* c : {&row, &col}) {
+                    if (!*c) continue;
+                    out.push_back((*c)->codes);
+                    out.push_back((*c)->scales);
+                    if constexpr (R::two_level) out.push_back((*c)->tensor_scale);
+                }
+                out.push_back(amax);
                 if (collect_stats) {
+                    at::Tensor stats = at::zeros({2, 8}, o.dtype(at::kDouble));
                     put_quant_stats(stats.data_ptr<double>(), res.rowwise);
                     put_quant_stats(stats.data_ptr<double>() + 8, res.columnwise);
+                    out.push_back(stats);
                 }
-                return {row.codes, row.scales, row.tensor_scale, col.codes, col.scales, col.tensor_scale, amax, stats};
+                return out;
             }
         });
     });
@@ -103,9 +147,8 @@ std::vector<int64_t> recipe_info(c10::string_view recipe) {
 TORCH_LIBRARY_FRAGMENT(octet, m) {
     m.def(
         "quantize(Tensor x, str recipe, bool rowwise=True, bool columnwise=False, float tensor_amax=-1.0, str "
-        "rounding=\"nearest_even\", int seed=0, int offset=0, bool collect_stats=False) -> (Tensor codes, Tensor "
-        "scales, Tensor tensor_scale, Tensor codes_t, Tensor scales_t, Tensor tensor_scale_t, Tensor amax, Tensor "
-        "stats)");
+        "rounding=\"nearest_even\", int seed=0, int offset=0, bool collect_stats=False, Tensor? amax_history=None, "
+        "Tensor? philox=None) -> Tensor[]");
     m.def("recipe_info(str recipe) -> int[]");
 }
 

@@ -11,7 +11,11 @@
 //     feedback in each residual storage, pre-rotated input), and leave the same residual bytes;
 //     outputs are poisoned first;
 //   * decode kernels equal the host decode bit for bit (original and transformed coordinates,
-//     accumulate); a corrupted or truncated message raises octet::error and leaves `out` untouched.
+//     accumulate), through the non-blocking decoders (status word ok) and the synchronizing ones;
+//     a corrupted message sets the status word (check_decode_status throws the host decoder's
+//     octet::error) and leaves `out` untouched; a message that differs from what the caller
+//     expects (first index, seed, count) is refused the same way; a truncated buffer is refused on
+//     the host; the synchronizing decoder throws for all of these.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -205,23 +209,37 @@ TEST_SUITE("gpu") {
                 }
                 // Decode: original coordinates, transformed, accumulate.
                 std::vector<float> out_host(n), yt_host(L);
-                decode_gradient(on_host(), m_host, out_host);
+                const wire_header hh = decode_gradient(on_host(), m_host, out_host);
                 decode_gradient_transformed(on_host(), m_host, yt_host);
                 guarded<float> dout(n, 0xEE), dyt(L, 0xEE);
-                decode_gradient(on_stream(), span<const std::uint8_t>(dm.buf.data(), bytes), dout.view());
-                decode_gradient_transformed(on_stream(), span<const std::uint8_t>(dm.buf.data(), bytes), dyt.view());
+                const span<const std::uint8_t> dmsg(dm.buf.data(), bytes);
+                cuda::device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{77u});
+                cuda::device_buffer<unsigned long long> nf(std::vector<unsigned long long>{12345});
+                device_decode_options dopt;
+                dopt.first_index = first;
+                dopt.device_non_finite = nf.data();
+                decode_gradient(on_stream(), cfg, dmsg, dout.view(), status.data(), dopt);
+                CHECK(status.download()[0] == 0u);
+                CHECK(nf.download()[0] == hh.non_finite_codes);
+                decode_gradient_transformed(on_stream(), cfg, n, dmsg, dyt.view(), status.data(), false, dopt);
+                CHECK(status.download()[0] == 0u);
                 CHECK(same_bits(dout.body(), out_host));
                 CHECK(same_bits(dyt.body(), yt_host));
                 CHECK(dout.canary_intact(0xEE));
                 CHECK(dyt.canary_intact(0xEE));
+                // The synchronizing decoders give the same floats.
+                guarded<float> sout(n, 0xEE);
+                const wire_header hs = decode_gradient_synchronizing(on_stream(), dmsg, sout.view());
+                CHECK(hs.non_finite_codes == hh.non_finite_codes);
+                CHECK(same_bits(sout.body(), out_host));
                 decode_gradient_transformed(on_host(), m_host, yt_host, true);
-                decode_gradient_transformed(on_stream(), span<const std::uint8_t>(dm.buf.data(), bytes), dyt.view(),
-                                            true);
+                decode_gradient_transformed(on_stream(), cfg, n, dmsg, dyt.view(), status.data(), true, dopt);
+                CHECK(status.download()[0] == 0u);
                 CHECK(same_bits(dyt.body(), yt_host));
             }
     }
 
-    TEST_CASE("device decode: corrupted and truncated messages raise octet::error and write nothing") {
+    TEST_CASE("device decode: corrupted, unexpected and truncated messages are refused and write nothing") {
         using namespace codec_device_test;
         auto g = octet_test::rng(33);
         const codec_config cfg{wire_format::mxfp8, transform_kind::hadamard, 1024, 0, 4};
@@ -230,26 +248,57 @@ TEST_SUITE("gpu") {
         std::vector<std::uint8_t> m(encoded_size(cfg, n));
         encode_gradient(on_host(), cfg, x, m);
         cuda::device_buffer<std::uint8_t> dm(m.size());
+        cuda::device_buffer<std::uint32_t> status(1);
         guarded<float> out(n, 0x7F);
+        auto untouched = [&] {
+            for (float v : out.body()) {
+                std::uint32_t u;
+                std::memcpy(&u, &v, 4);
+                if (u != 0x7F7F7F7Fu) return false;
+            }
+            return true;
+        };
         for (int trial = 0; trial < 40; ++trial) {
             std::vector<std::uint8_t> c = m;
             const std::size_t at = trial < 8 ? static_cast<std::size_t>(trial) * 8 + 1 : g() % c.size();
             c[at] ^= static_cast<std::uint8_t>(1u << (g() % 8));
             dm.upload(c);
-            CHECK_THROWS_WITH_AS(decode_gradient(on_stream(), dm.cview(), out.view()),
+            CAPTURE(at);
+            // Non-blocking: the status word says why, check_decode_status throws what the host would.
+            decode_gradient(on_stream(), cfg, dm.cview(), out.view(), status.data());
+            const std::uint32_t st = status.download()[0];
+            CHECK(st != 0u);
+            CHECK_THROWS_WITH_AS(check_decode_status(st), doctest::Contains("argument 'message'"), octet::error);
+            // The synchronizing decoder throws from the call.
+            CHECK_THROWS_WITH_AS(decode_gradient_synchronizing(on_stream(), dm.cview(), out.view()),
                                  doctest::Contains("argument 'message'"), octet::error);
+            CHECK(untouched());
         }
         dm.upload(m);
-        CHECK_THROWS_WITH_AS(
-            decode_gradient(on_stream(), span<const std::uint8_t>(dm.data(), m.size() - 16), out.view()),
-            doctest::Contains("truncated"), octet::error);
-        const std::vector<float> untouched = out.body();
-        for (float v : untouched) {
-            std::uint32_t u;
-            std::memcpy(&u, &v, 4);
-            CHECK(u == 0x7F7F7F7Fu);
+        // What the caller expects differs from the message: refused on the device.
+        for (const std::uint64_t first : {std::uint64_t{128}, std::uint64_t{0}}) {
+            codec_config other = cfg;
+            if (first == 0) other.seed = cfg.seed + 1;
+            device_decode_options o;
+            o.first_index = first;
+            decode_gradient(on_stream(), other, dm.cview(), out.view(), status.data(), o);
+            const std::uint32_t st = status.download()[0];
+            CHECK(st == static_cast<std::uint32_t>(decode_status::header_mismatch));
+            CHECK_THROWS_WITH_AS(check_decode_status(st), doctest::Contains("expected message"), octet::error);
+            CHECK(untouched());
         }
-        decode_gradient(on_stream(), dm.cview(), out.view());
+        // A buffer of the wrong size is refused on the host (no device work).
+        CHECK_THROWS_WITH_AS(decode_gradient(on_stream(), cfg, span<const std::uint8_t>(dm.data(), m.size() - 16),
+                                             out.view(), status.data()),
+                             doctest::Contains("truncated"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            decode_gradient_synchronizing(on_stream(), span<const std::uint8_t>(dm.data(), m.size() - 16), out.view()),
+            doctest::Contains("truncated"), octet::error);
+        CHECK_THROWS_WITH_AS(decode_gradient(on_stream(), cfg, dm.cview(), out.view(), nullptr),
+                             doctest::Contains("device_status"), octet::error);
+        CHECK(untouched());
+        decode_gradient(on_stream(), cfg, dm.cview(), out.view(), status.data());
+        CHECK(status.download()[0] == 0u);
         std::vector<float> host(n);
         decode_gradient(on_host(), m, host);
         CHECK(same_bits(out.body(), host));

@@ -179,7 +179,7 @@ TEST_SUITE("gpu") {
                             opt.feedback = residual_view{st, d1.data(), n};
                             opt.reduced_feedback = residual_view{st, d2.data(), allreduce_shard(cfg, n, P, r).count};
                         }
-                        compressed_allreduce(comm, cfg, data.view(), ws.view(), opt);
+                        compressed_allreduce_synchronizing(comm, cfg, data.view(), ws.view(), opt);
                         got[r] = data.download();
                         got1[r] = d1.download();
                         got2[r] = d2.download();
@@ -216,7 +216,7 @@ TEST_SUITE("gpu") {
                     opt.tamper = [](int, span<std::uint8_t> m) {
                         OCTET_CUDA_CHECK(cudaMemset(m.data() + m.size() - 24, 0x5A, 1));
                     };
-                compressed_allreduce(comm, cfg, data.view(), ws.view(), opt);
+                compressed_allreduce_synchronizing(comm, cfg, data.view(), ws.view(), opt);
             });
         };
         auto errors = attempt(true, false);

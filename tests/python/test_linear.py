@@ -206,24 +206,48 @@ def test_bad_input(gen):
         ot.Float8Linear(32, 16, recipe="tensorwise_delayed", amax_history_len=0)
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+@pytest.mark.parametrize("recipe", list(ot.LINEAR_RECIPES))
 def test_compile_fullgraph_forward_and_backward(gen, recipe):
-    # (tensorwise_delayed reads its history's max as a Python float, a data-dependent branch that
-    # fullgraph refuses; nvfp4 bakes its step's offsets into the graph, so each step recompiles.)
-    layer = ot.Float8Linear(128, 128, recipe=recipe)
-    x = torch.randn(3, 10, 128, generator=gen, requires_grad=True)
+    # Every recipe traces into one graph (fullgraph) and compiles once: the per-step state (amax
+    # histories, the Philox offset) travels as tensors, so later steps neither break the graph nor
+    # recompile, and each step equals eager bit for bit, as do the buffers the steps update.
+    import copy
 
-    def run(module):
-        x.grad = layer.weight.grad = layer.bias.grad = None
+    torch._dynamo.reset()
+    eager = ot.Float8Linear(128, 64, recipe=recipe, seed=int(torch.randint(1 << 30, (1,), generator=gen)))
+    twin = copy.deepcopy(eager)
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(gm)
+        # aot_eager: Dynamo and AOTAutograd (fake kernels, the autograd function, fullgraph)
+        # without inductor's C++ code generation, which is not octet's concern.
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    compiled = torch.compile(twin, backend=counting_backend, fullgraph=True)
+
+    def run(module, params, x, dy):
+        x = x.clone().requires_grad_()
+        for p in params:
+            p.grad = None
         y = module(x)
-        y.backward(torch.ones_like(y))
-        return y.detach(), x.grad, layer.weight.grad, layer.bias.grad
+        y.backward(dy)
+        return y.detach(), x.grad, *(p.grad for p in params)
 
-    eager = run(layer)
-    # aot_eager traces the module through Dynamo and AOTAutograd (fake kernels, the autograd
-    # function, fullgraph) without inductor's C++ code generation, which is not octet's concern.
-    compiled = run(torch.compile(layer, backend="aot_eager", fullgraph=True))
-    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for step in range(4):
+            x = torch.randn(3, 10, 128, generator=gen) * (1 + step)  # amaxes change; shapes do not
+            dy = torch.randn(3, 10, 64, generator=gen) * (2 - 0.3 * step)
+            want = run(eager, (eager.weight, eager.bias), x, dy)
+            got = run(compiled, (twin.weight, twin.bias), x, dy)
+            assert all(torch.equal(a, b) for a, b in zip(want, got)), f"step {step}"
+    assert len(compiles) == 1
+    for (name, a), (_, b) in zip(eager.named_buffers(), twin.named_buffers()):
+        assert torch.equal(a, b), name
+    if eager.recipe.delayed:
+        assert eager.amax_history_g[:4].min() > 0  # four steps recorded, in the compiled backward too
+    if eager.recipe.stochastic_gradients:
+        assert eager.step == twin.step == 4
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "nvfp4"])

@@ -103,11 +103,18 @@ def test_codes_and_scales_match_an_independent_oracle(recipe, shape, gen):
 
 @pytest.mark.parametrize("recipe", ["tensorwise_e4m3", "blockwise_1x128", "mxfp8_e4m3", "nvfp4"])
 def test_layout_mirror_matches_the_op_on_ragged_and_empty_shapes(recipe):
+    # The op returns only what was asked for: each copy's codes and scales (and tensor scale for
+    # two-level recipes), then amax, then the statistics when collected.
+    n = 3 if ot.recipe_info(recipe).two_level else 2
     for rows, cols in [(0, 0), (0, 5), (5, 0), (1, 129), (129, 1), (200, 300)]:
         x = torch.ones(rows, cols)
         out = torch.ops.octet.quantize(x, recipe, True, True)
-        assert (tuple(out[0].shape), tuple(out[1].shape), tuple(out[2].shape)) == ot.layout(recipe, rows, cols)
-        assert (tuple(out[3].shape), tuple(out[4].shape), tuple(out[5].shape)) == ot.layout(recipe, cols, rows)
+        shapes = [tuple(t.shape) for t in out]
+        assert shapes[:n] == list(ot.layout(recipe, rows, cols)[:n])
+        assert shapes[n:2 * n] == list(ot.layout(recipe, cols, rows)[:n])
+        assert shapes[2 * n:] == [()]
+        col_only = torch.ops.octet.quantize(x, recipe, False, True, collect_stats=True)
+        assert [tuple(t.shape) for t in col_only] == shapes[n:] + [(2, 8)]
 
 
 def test_inputs_in_bf16_fp16_and_transposed_views_give_the_same_codes(gen):
@@ -150,15 +157,53 @@ def test_stochastic_rounding_is_reproducible_and_unbiased(gen):
     assert float((acc / 64 - x.double()).abs().max()) < 5 / 128
 
 
+def test_tensor_valued_amax_history_and_philox(gen):
+    # amax_history and philox are tensor forms of tensor_amax and seed/offset (what a compiled
+    # training step passes): the same codes as the scalar forms, and current scaling while a
+    # history holds nothing positive (all zero, or a NaN).
+    x = torch.randn(24, 80, generator=gen) * 3
+    amax = float(x.abs().max())
+    hist = torch.tensor([0.5, 2 * amax, 0.0, amax])
+
+    def codes(**kw):
+        q, _, info = ot.quantize(x, "tensorwise_e4m3", **kw)
+        return q.codes.view(torch.uint8), q.scales, info["amax"]
+
+    got, want = codes(amax_history=hist), codes(tensor_amax=2 * amax)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[2].item() == want[2].item() == torch.tensor(amax).item()  # the input's own amax, either way
+    current = codes()
+    for h in (torch.zeros(4), torch.tensor([1.0, float("nan")]), torch.empty(0)):
+        got = codes(amax_history=h)
+        assert torch.equal(got[0], current[0]) and torch.equal(got[1], current[1])
+    kw = dict(rounding="stochastic", tensor_amax=448.0)
+    a = codes(seed=11, offset=6, **kw)[0]
+    b = codes(philox=torch.tensor([11, 6]), **kw)[0]
+    c = codes(philox=torch.tensor([11, 7]), **kw)[0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    torch.library.opcheck(torch.ops.octet.quantize.default, (x, "tensorwise_e5m2", True, True),
+                          {"amax_history": hist, "philox": torch.tensor([1, 2]), "rounding": "stochastic"})
+    with pytest.raises(ValueError, match="'amax_history'.*tensor_amax"):
+        ot.quantize(x, "tensorwise_e4m3", tensor_amax=1.0, amax_history=hist)
+    with pytest.raises(TypeError, match="'amax_history'"):
+        ot.quantize(x, "tensorwise_e4m3", amax_history=hist.double())
+    with pytest.raises(ValueError, match="'amax_history'"):
+        ot.quantize(x, "tensorwise_e4m3", amax_history=hist.reshape(2, 2))
+    with pytest.raises(TypeError, match="'philox'"):
+        ot.quantize(x, "tensorwise_e4m3", philox=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="'philox'"):
+        ot.quantize(x, "tensorwise_e4m3", philox=torch.tensor([1, 2, 3]))
+
+
 def test_opcheck_every_op(gen):
     x = torch.randn(20, 70, generator=gen)
     for recipe in ["tensorwise_e4m3", "blockwise_1x128", "mxfp8_e5m2", "mxfp4", "nvfp4"]:
         torch.library.opcheck(torch.ops.octet.quantize.default, (x, recipe, True, True))
-        out = torch.ops.octet.quantize(x, recipe, True, False)
+        torch.library.opcheck(torch.ops.octet.quantize.default, (x, recipe, False, True), {"collect_stats": True})
+        q, _, _ = ot.quantize(x, recipe)
         # Ops that read codes take them as uint8 views (torch's schema check compares inputs with
         # allclose, which float8 tensors do not implement); the Python API passes such views.
-        codes, scales = out[0].view(torch.uint8), out[1].view(torch.uint8)
-        torch.library.opcheck(torch.ops.octet.dequantize.default, (codes, scales, out[2], recipe, 70))
+        torch.library.opcheck(torch.ops.octet.dequantize.default, (*q.raw(), recipe, 70))
     torch.library.opcheck(torch.ops.octet.cast.default, (x, "e4m3"))
     torch.library.opcheck(torch.ops.octet.cast.default, (x, "e2m1", "stochastic", "saturate", 3, 4))
     torch.library.opcheck(torch.ops.octet.decode.default, (ot.cast(x, "e5m2").view(torch.uint8), "e5m2"))
@@ -166,12 +211,18 @@ def test_opcheck_every_op(gen):
 
 def test_torch_compile_fullgraph(gen):
     def roundtrip(x):
-        out = torch.ops.octet.quantize(x, "mxfp8_e4m3", True, False)
-        return torch.ops.octet.dequantize(out[0], out[1], out[2], "mxfp8_e4m3", x.shape[1])
+        a, b, info = ot.quantize(x, "mxfp8_e4m3", columnwise=True)
+        return a.dequantize(), b.dequantize(), info["amax"]
+
+    def roundtrip_nvfp4(x):
+        out = torch.ops.octet.quantize(x, "nvfp4", True, False)
+        return torch.ops.octet.dequantize(out[0], out[1], out[2], "nvfp4", x.shape[1])
 
     x = torch.randn(32, 64, generator=gen)
-    compiled = torch.compile(roundtrip, fullgraph=True, backend="aot_eager")
-    assert torch.equal(compiled(x), roundtrip(x))
+    for fn in (roundtrip, roundtrip_nvfp4):
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        want, got = fn(x), compiled(x)
+        assert all(torch.equal(a, b) for a, b in zip(want, got)) if isinstance(want, tuple) else torch.equal(want, got)
 
 
 def test_bad_input_raises_an_error_naming_the_argument():

@@ -10,7 +10,8 @@
 // and for the backward a float workspace of attention_backward_workspace_for(shape).floats
 // (row arrays and the float dQ accumulator; its row arrays hold the per-row telemetry afterwards,
 // see attention_row_array) and, optionally, `device_stats`: one attention_stats in device memory
-// that receives the telemetry summary (with options.telemetry). Nothing is synchronized.
+// that receives the telemetry summary (with options.telemetry). Nothing is synchronized and nothing
+// is allocated. options.fold_dq_residual is host-only: the stream backward rejects it.
 //
 // Kernels (FlashAttention-2 structure, one 64-row tile per block of 4 warps, 16 rows per warp):
 //   forward:  block = (64-query tile, head, sequence); loops over 64-key tiles (double-buffered
@@ -888,6 +889,9 @@ void attention_backward(stream_executor ex, const attention_shape& shape, const 
     static_assert(detail::is_attention_output_v<GT>,
                   "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
     constexpr const char* fn = "octet::attention_backward";
+    OCTET_REQUIRE(!opt.fold_dq_residual, fn, "options.fold_dq_residual",
+                  "is set, but folding the dQ residual is host-only (octet::on_host()); the stream overload does not "
+                  "implement it: clear it, or run the backward on the host");
     detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
     attn_kernel::check_device_shape(shape, fn);
     const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();

@@ -45,6 +45,7 @@
 #include "octet/core/bits.hpp"
 #include "octet/core/check.hpp"
 #include "octet/core/executor.hpp"
+#include "octet/core/isa_dispatch.hpp"
 #include "octet/core/matrix.hpp"
 #include "octet/core/span.hpp"
 #include "octet/quant/quantize.hpp"
@@ -98,8 +99,9 @@ struct attention_backward_options {
     /// Kbar_i = sum_j P_ij K_j (attention_stats), so that dQ is formed from dSq_ij - rq_i P_ij, whose
     /// rows sum to zero up to float rounding: E4M3 rounding of dS (and, with from_output, the stale
     /// delta) then leaves nothing along Kbar_i. dK and dV are unchanged (with from_output dK keeps
-    /// the stale delta). Costs one more head_dim-long product per (query, key) pair: +2.4%
-    /// (from_output) and +3.7% (matched) backward time at 2048 tokens; dQ's error along Kbar drops
+    /// the stale delta). Costs one more head_dim-long product per (query, key) pair, not vectorized
+    /// by instruction set like the others: +23-45% backward time at 2048 tokens (of 0.10-0.13 s;
+    /// it was +2.4-3.7% of the element-wise path's 0.49-0.83 s); dQ's error along Kbar drops
     /// 2.6-4.8x with matched, 4.5-48x with from_output (bench/RESULTS.md, attention_delta_study).
     bool fold_dq_residual = false;
 };
@@ -318,10 +320,109 @@ attention_plane decode_plane(host_executor ex, const quantized_ref<R, B>& x, int
     return p;
 }
 
-inline float dot_codes(const float* a, const float* b, int n) {
-    float acc = 0.0f;  // exact products, float sum
-    for (int k = 0; k < n; ++k) acc = attn::add(acc, attn::mul(a[k], b[k]));
-    return acc;
+// The host path's inner loops, as kernels that run compiled for the CPU's instruction set
+// (core/isa_dispatch.hpp). Each works on one 64-wide row of a tile and keeps the order of every
+// float sum of the element-wise definition (sum over channels in channel order, over keys or
+// queries in their order), vectorizing across independent outputs instead, so its results are
+// the same bits on every instruction set and thread count. The only products they sum are of two
+// FP8 values (exact in float), so a compiler fusing them into an fma changes nothing.
+
+/// out[j] = sum_c a[c] * panel[c * 64 + j] for j < 64, c < n: one row of a Q K^T or dO V^T tile
+/// against a transposed 64-key panel (sum in channel order from +0, as the kernels' definition).
+struct tile_row_dots_kernel {
+    OCTET_KERNEL_INLINE static void run(const float* __restrict a, const float* __restrict panel, int n,
+                                        float* __restrict out) {
+        constexpr int T = attn::tile_size;
+        float acc[T];
+        for (int j = 0; j < T; ++j) acc[j] = 0.0f;
+        for (int c = 0; c < n; ++c) {
+            const float x = a[c];
+            const float* col = panel + static_cast<std::size_t>(c) * T;
+            for (int j = 0; j < T; ++j) acc[j] = attn::add(acc[j], attn::mul(x, col[j]));
+        }
+        for (int j = 0; j < T; ++j) out[j] = acc[j];
+    }
+};
+
+/// out[e] = sum_a w[a] * rows[a * stride + e] for e < d, a < n (in a's order, from +0): a tile's
+/// contribution to one row of O, dV, dK or dQ from FP8-valued weights w and decoded code rows.
+/// D > 0: d == D known at compile time, so the sums stay in registers across the rows.
+template <int D>
+struct weighted_rows_kernel {
+    OCTET_KERNEL_INLINE static void run(const float* __restrict w, int n, const float* __restrict rows,
+                                        std::size_t stride, int d, float* __restrict out) {
+        if constexpr (D > 0) {
+            (void)d;
+            float acc[D];
+            for (int e = 0; e < D; ++e) acc[e] = 0.0f;
+            for (int a = 0; a < n; ++a) {
+                const float x = w[a];
+                const float* r = rows + static_cast<std::size_t>(a) * stride;
+                for (int e = 0; e < D; ++e) acc[e] = attn::add(acc[e], attn::mul(x, r[e]));
+            }
+            for (int e = 0; e < D; ++e) out[e] = acc[e];
+        } else {
+            for (int e = 0; e < d; ++e) out[e] = 0.0f;
+            for (int a = 0; a < n; ++a) {
+                const float x = w[a];
+                const float* r = rows + static_cast<std::size_t>(a) * stride;
+                for (int e = 0; e < d; ++e) out[e] = attn::add(out[e], attn::mul(x, r[e]));
+            }
+        }
+    }
+};
+inline void weighted_rows(simd_isa isa, const float* w, int n, const float* rows, std::size_t stride, int d,
+                          float* out) {
+    switch (d) {
+        case 32:
+            return run_kernel<weighted_rows_kernel<32>>(isa, w, n, rows, stride, d, out);
+        case 64:
+            return run_kernel<weighted_rows_kernel<64>>(isa, w, n, rows, stride, d, out);
+        case 128:
+            return run_kernel<weighted_rows_kernel<128>>(isa, w, n, rows, stride, d, out);
+        default:
+            return run_kernel<weighted_rows_kernel<0>>(isa, w, n, rows, stride, d, out);
+    }
+}
+
+/// dst[e] = fma(f, x[e], dst[e]) for e < d (dV and dK take a tile's partial sum times its scale).
+struct fma_accumulate_kernel {
+    OCTET_KERNEL_INLINE static void run(float f, const float* __restrict x, int d, float* __restrict dst) {
+        for (int e = 0; e < d; ++e) dst[e] = attn::fma(f, x[e], dst[e]);
+    }
+};
+
+/// acc[e] = fma(acc[e], alpha, c * x[e]) for e < d: the forward's rescaled running P V sum.
+struct rescale_accumulate_kernel {
+    OCTET_KERNEL_INLINE static void run(float alpha, float c, const float* __restrict x, int d, float* __restrict acc) {
+        for (int e = 0; e < d; ++e) acc[e] = attn::fma(acc[e], alpha, attn::mul(c, x[e]));
+    }
+};
+
+/// p[j] = exp2(x[j] - m) for j < 64 (attn::exp2, whose polynomial is a chain of explicit fmas).
+struct exp2_row_kernel {
+    OCTET_KERNEL_INLINE static void run(const float* __restrict x, float m, float* __restrict p) {
+        for (int j = 0; j < attn::tile_size; ++j) p[j] = attn::exp2(attn::sub(x[j], m));
+    }
+};
+
+/// out[j] = decode<e4m3>(encode<e4m3>(x[j] * f)) for j < 64: the values of a P or dS tile row's
+/// E4M3 codes (attn::encode_p is f = 256, attn::encode_ds is f = the reciprocal of the tile scale).
+struct e4m3_row_kernel {
+    OCTET_KERNEL_INLINE static void run(const float* __restrict x, float f, float* __restrict out) {
+        for (int j = 0; j < attn::tile_size; ++j) out[j] = decode<e4m3>(encode<e4m3>(attn::mul(x[j], f)));
+    }
+};
+
+/// panel[c * 64 + j] = plane row (t0 + j, head) channel c for j < n (zero for j >= n): the
+/// transposed 64-token panel the row dots read.
+inline void transposed_panel(const attention_plane& p, int t0, int n, int head, float* panel) {
+    constexpr int T = attn::tile_size;
+    std::fill(panel, panel + static_cast<std::size_t>(p.dim) * T, 0.0f);
+    for (int j = 0; j < n; ++j) {
+        const float* r = p.row(t0 + j, head);
+        for (int c = 0; c < p.dim; ++c) panel[static_cast<std::size_t>(c) * T + j] = r[c];
+    }
 }
 
 /// attention_stats from one row's sums (host; the device's finalize kernel applies the same rule).
@@ -361,7 +462,10 @@ inline void accumulate_quantized_row_stats(attention_stats& st, float residual_d
 /// quantized with the tile scale S. A key (or query) whose own scale s is 0 or NaN adds nothing
 /// to its product, so its dS counts unrounded.
 inline float dequantized_ds(float y, float tile_scale, float s, float ds) {
-    return s > 0.0f ? attn::mul(tile_scale, attn::div(y, s)) : ds;
+    // a bit mask rather than a float select, so that a loop of these vectorizes (same values)
+    const std::uint32_t use = 0u - static_cast<std::uint32_t>(s > 0.0f);
+    const float q = attn::mul(tile_scale, attn::div(y, s));
+    return bits_to_float((float_to_bits(q) & use) | (float_to_bits(ds) & ~use));
 }
 
 }  // namespace detail
@@ -404,51 +508,62 @@ void attention_forward(host_executor ex, const attention_shape& shape, const qua
         for (int h = 0; h < Hq; ++h)
             for (int qt = 0; qt * attn::tile_size < cuq[b + 1] - cuq[b]; ++qt) units.push_back({b, h, qt});
 
+    const detail::simd_isa isa = detail::best_isa();
+    const std::size_t kstride = static_cast<std::size_t>(Hk) * d;
     parallel_for(ex, units.size(), 1, [&](std::size_t ub, std::size_t ue) {
-        std::vector<float> acc(d), tmp(d), x(attn::tile_size), pq(attn::tile_size), ratio(attn::tile_size);
-        for (std::size_t u = ub; u < ue; ++u) {
-            const int b = units[u].b, h = units[u].h, qt = units[u].qt, hk = h / G;
+        constexpr int T = attn::tile_size;
+        std::vector<float> tmp(d), x(T), p(T), u(T), pq(T), ratio(T), ks(T), kt(static_cast<std::size_t>(d) * T);
+        for (std::size_t un = ub; un < ue; ++un) {
+            const int b = units[un].b, h = units[un].h, qt = units[un].qt, hk = h / G;
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
             const int ntiles = attn::key_tiles_for(qt, lq, lk, causal);
-            for (int i = qt * attn::tile_size; i < std::min(lq, (qt + 1) * attn::tile_size); ++i) {
-                const float* qrow = Q.row(q0 + i, h);
-                const float qf = attn::query_factor(Q.s(q0 + i, h), scale_log2);
-                float m = attn::neg_inf(), l = 0.0f;
-                std::fill(acc.begin(), acc.end(), 0.0f);
-                for (int jt = 0; jt < ntiles; ++jt) {
-                    const int j0 = jt * attn::tile_size, j1 = std::min(lk, j0 + attn::tile_size), n = j1 - j0;
-                    float mv = 0.0f, mt = attn::neg_inf();
-                    for (int j = j0; j < j1; ++j) mv = attn::fmax(mv, V.s(k0 + j, hk));
-                    for (int j = j0; j < j1; ++j) {
-                        x[j - j0] =
-                            attn::visible(i, j, lq, lk, causal)
-                                ? attn::score(detail::dot_codes(qrow, K.row(k0 + j, hk), d), qf, K.s(k0 + j, hk))
-                                : attn::neg_inf();
-                        mt = attn::fmax(mt, x[j - j0]);
+            const int i0 = qt * T, i1 = std::min(lq, i0 + T);
+            // Row i's running state across key tiles, for the tile's rows at once.
+            std::vector<float> m_row(static_cast<std::size_t>(i1 - i0), attn::neg_inf()),
+                l_row(static_cast<std::size_t>(i1 - i0), 0.0f), acc_rows(static_cast<std::size_t>(i1 - i0) * d, 0.0f);
+            for (int jt = 0; jt < ntiles; ++jt) {
+                const int j0 = jt * T, j1 = std::min(lk, j0 + T), n = j1 - j0;
+                detail::transposed_panel(K, k0 + j0, n, hk, kt.data());
+                float mv = 0.0f;
+                for (int j = j0; j < j1; ++j) {
+                    ks[j - j0] = K.s(k0 + j, hk);
+                    mv = attn::fmax(mv, V.s(k0 + j, hk));
+                }
+                for (int j = 0; j < n; ++j) ratio[j] = attn::scale_ratio(V.s(k0 + j0 + j, hk), mv);
+                const float cv = attn::mul(mv, attn::p_scale);
+                for (int i = i0; i < i1; ++i) {
+                    const float qf = attn::query_factor(Q.s(q0 + i, h), scale_log2);
+                    detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt.data(), d, x.data());
+                    float mt = attn::neg_inf();
+                    for (int j = 0; j < n; ++j) {
+                        x[j] =
+                            attn::visible(i, j0 + j, lq, lk, causal) ? attn::score(x[j], qf, ks[j]) : attn::neg_inf();
+                        mt = attn::fmax(mt, x[j]);
                     }
+                    float& m = m_row[i - i0];
                     const float m_new = attn::fmax(m, mt), mu = attn::usable_max(m_new);
                     const float alpha = attn::exp2(attn::sub(m, mu));
+                    detail::run_kernel<detail::exp2_row_kernel>(isa, x.data(), mu, p.data());
                     float rowsum = 0.0f;
                     for (int j = 0; j < n; ++j) {
-                        const float p = attn::exp2(attn::sub(x[j], mu));
-                        rowsum = attn::add(rowsum, p);
-                        ratio[j] = attn::scale_ratio(V.s(k0 + j0 + j, hk), mv);
-                        pq[j] = decode<e4m3>(attn::encode_p(attn::mul(p, ratio[j])));
+                        rowsum = attn::add(rowsum, p[j]);
+                        u[j] = attn::mul(p[j], ratio[j]);
                     }
-                    l = attn::fma(l, alpha, rowsum);
-                    std::fill(tmp.begin(), tmp.end(), 0.0f);
-                    for (int j = 0; j < n; ++j) {
-                        const float* vrow = V.row(k0 + j0 + j, hk);
-                        for (int c = 0; c < d; ++c) tmp[c] = attn::add(tmp[c], attn::mul(pq[j], vrow[c]));
-                    }
-                    const float cv = attn::mul(mv, attn::p_scale);
-                    for (int c = 0; c < d; ++c) acc[c] = attn::fma(acc[c], alpha, attn::mul(cv, tmp[c]));
+                    detail::run_kernel<detail::e4m3_row_kernel>(isa, u.data(), 256.0f, pq.data());
+                    l_row[i - i0] = attn::fma(l_row[i - i0], alpha, rowsum);
+                    detail::weighted_rows(isa, pq.data(), n, V.row(k0 + j0, hk), kstride, d, tmp.data());
+                    detail::run_kernel<detail::rescale_accumulate_kernel>(
+                        isa, alpha, cv, tmp.data(), d, acc_rows.data() + static_cast<std::size_t>(i - i0) * d);
                     m = m_new;
                 }
+            }
+            for (int i = i0; i < i1; ++i) {
+                const float l = l_row[i - i0];
+                const float* ar = acc_rows.data() + static_cast<std::size_t>(i - i0) * d;
                 const float inv = l > 0.0f ? attn::div(1.0f, l) : 0.0f;
                 OT* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
-                for (int c = 0; c < d; ++c) orow[c] = detail::attention_store<OT>(attn::mul(acc[c], inv));
-                lse[static_cast<std::size_t>(h) * Tq + q0 + i] = attn::log_sum_exp(m, l);
+                for (int c = 0; c < d; ++c) orow[c] = detail::attention_store<OT>(attn::mul(ar[c], inv));
+                lse[static_cast<std::size_t>(h) * Tq + q0 + i] = attn::log_sum_exp(m_row[i - i0], l_row[i - i0]);
             }
         }
     });
@@ -515,43 +630,83 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
         row_pabs.assign(R, 0.0f);
     }
 
-    // P_ij and dP_ij of one (row, key) pair, exactly as the kernels form them.
-    auto p_dp = [&](int b, int h, int i, int j, float& p, float& dp) {
-        const int hk = h / G, q0 = cuq[b], k0 = cuk[b], lq = cuq[b + 1] - q0, lk = cuk[b + 1] - k0;
+    constexpr int T = attn::tile_size;
+    const detail::simd_isa isa = detail::best_isa();
+    const std::size_t qstride = static_cast<std::size_t>(Hq) * d, kstride = static_cast<std::size_t>(Hk) * d;
+
+    // The panels of one 64-key tile of one key/value head: K and V transposed, and their scales.
+    struct key_tile {
+        std::vector<float> kt, vt, ks, vs;
+        int j0 = 0, n = 0;
+        key_tile(int dim) : kt(static_cast<std::size_t>(dim) * T), vt(kt.size()), ks(T), vs(T) {}
+        void load(const detail::attention_plane& Kp, const detail::attention_plane& Vp, int k0, int j0_, int lk,
+                  int hk) {
+            j0 = j0_;
+            n = std::min(lk, j0 + T) - j0;
+            detail::transposed_panel(Kp, k0 + j0, n, hk, kt.data());
+            detail::transposed_panel(Vp, k0 + j0, n, hk, vt.data());
+            for (int j = 0; j < n; ++j) {
+                ks[j] = Kp.s(k0 + j0 + j, hk);
+                vs[j] = Vp.s(k0 + j0 + j, hk);
+            }
+        }
+    };
+    // P_ij and dP_ij of query row i (of sequence b, head h) against one key tile, j < kt.n, exactly
+    // as the kernels form them (x is scratch).
+    auto p_dp_row = [&](int b, int h, int i, const key_tile& kt, float* p, float* dp, float* x) {
+        const int q0 = cuq[b], lq = cuq[b + 1] - q0, lk = cuk[b + 1] - cuk[b];
         const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
-        const float x = attn::score(detail::dot_codes(Q.row(q0 + i, h), K.row(k0 + j, hk), d),
-                                    attn::query_factor(Q.s(q0 + i, h), scale_log2), K.s(k0 + j, hk));
-        p = attn::visible(i, j, lq, lk, causal) ? attn::exp2(attn::sub(x, lc[r])) : 0.0f;
-        dp = attn::dprob(detail::dot_codes(DO.row(q0 + i, h), V.row(k0 + j, hk), d), DO.s(q0 + i, h), V.s(k0 + j, hk));
+        detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt.kt.data(), d, x);
+        detail::run_kernel<detail::tile_row_dots_kernel>(isa, DO.row(q0 + i, h), kt.vt.data(), d, dp);
+        const float qf = attn::query_factor(Q.s(q0 + i, h), scale_log2), sdo = DO.s(q0 + i, h);
+        for (int j = 0; j < kt.n; ++j) {
+            x[j] = attn::score(x[j], qf, kt.ks[j]);
+            dp[j] = attn::dprob(dp[j], sdo, kt.vs[j]);
+        }
+        detail::run_kernel<detail::exp2_row_kernel>(isa, x, lc[r], p);
+        // attn::visible(i, kt.j0 + j, lq, lk, causal) is j < seen (i < lq, kt.j0 + j < lk always hold here)
+        const int seen = causal ? std::max(0, std::min(kt.n, i + (lk - lq) - kt.j0 + 1)) : kt.n;
+        for (int j = seen; j < kt.n; ++j) p[j] = 0.0f;
     };
 
     // ---- pass 1: D per row ------------------------------------------------------------------
     parallel_for(ex, static_cast<std::size_t>(B) * Hq, 1, [&](std::size_t ub, std::size_t ue) {
+        key_tile kt(d);
+        std::vector<float> p(T), dp(T), x(T);
         for (std::size_t u = ub; u < ue; ++u) {
-            const int b = static_cast<int>(u / Hq), h = static_cast<int>(u % Hq);
-            const int q0 = cuq[b], lq = cuq[b + 1] - q0, lk = cuk[b + 1] - cuk[b];
+            const int b = static_cast<int>(u / Hq), h = static_cast<int>(u % Hq), hk = h / G;
+            const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
             for (int i = 0; i < lq; ++i) {
+                if (!have_o || o.empty()) break;
                 const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
-                if (have_o && !o.empty()) {
-                    float s = 0.0f;
-                    const float* dorow = DO.row(q0 + i, h);
-                    const float sd = DO.s(q0 + i, h);
-                    const O* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
-                    for (int c = 0; c < d; ++c)
-                        s = attn::add(s, attn::mul(attn::mul(dorow[c], sd), detail::attention_load(orow[c])));
-                    delta_out[r] = s;
-                }
-                if (opt.delta == delta_mode::matched) {
-                    float s = 0.0f;
-                    const int nt = attn::key_tiles_for(i / attn::tile_size, lq, lk, causal);
-                    for (int j = 0; j < std::min(lk, nt * attn::tile_size); ++j) {
-                        float p, dp;
-                        p_dp(b, h, i, j, p, dp);
-                        s = attn::add(s, attn::mul(p, dp));
-                    }
-                    delta[r] = s;
-                } else {
+                float s = 0.0f;
+                const float* dorow = DO.row(q0 + i, h);
+                const float sd = DO.s(q0 + i, h);
+                const O* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
+                for (int c = 0; c < d; ++c)
+                    s = attn::add(s, attn::mul(attn::mul(dorow[c], sd), detail::attention_load(orow[c])));
+                delta_out[r] = s;
+            }
+            if (opt.delta != delta_mode::matched) {
+                for (int i = 0; i < lq; ++i) {
+                    const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
                     delta[r] = delta_out[r];
+                }
+                continue;
+            }
+            // D_i = sum_j P_ij dP_ij over the key tiles row i's query tile visits, in key order.
+            for (int qt = 0; qt * T < lq; ++qt) {
+                const int i0 = qt * T, i1 = std::min(lq, i0 + T);
+                const int nt = attn::key_tiles_for(qt, lq, lk, causal);
+                for (int jt = 0; jt < nt; ++jt) {
+                    kt.load(K, V, k0, jt * T, lk, hk);
+                    for (int i = i0; i < i1; ++i) {
+                        p_dp_row(b, h, i, kt, p.data(), dp.data(), x.data());
+                        const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
+                        float s = delta[r];
+                        for (int j = 0; j < kt.n; ++j) s = attn::add(s, attn::mul(p[j], dp[j]));
+                        delta[r] = s;
+                    }
                 }
             }
         }
@@ -561,92 +716,94 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
     std::vector<float> dq_acc(static_cast<std::size_t>(Tq) * Hq * d, 0.0f),
         dk_acc(static_cast<std::size_t>(Tk) * Hk * d, 0.0f), dv_acc(dk_acc.size(), 0.0f);
     parallel_for(ex, static_cast<std::size_t>(B) * Hk, 1, [&](std::size_t ub, std::size_t ue) {
-        constexpr int T = attn::tile_size;
-        std::vector<float> P(T * T), dS(T * T), codes(T * T), tmp(d), kb(d);
+        key_tile kt(d);
+        std::vector<float> P(T * T), dS(T * T), dP(T * T), RQ(T * T), PQt(T * T), x(T), codes(T), y(T), sq(T), tmp(d),
+            kb(d);
         for (std::size_t u = ub; u < ue; ++u) {
             const int b = static_cast<int>(u / Hk), hk = static_cast<int>(u % Hk);
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
-            for (int kt = 0; kt * T < lk; ++kt) {
-                const int j0 = kt * T, nj = std::min(lk, j0 + T) - j0;
+            for (int jt = 0; jt * T < lk; ++jt) {
+                kt.load(K, V, k0, jt * T, lk, hk);
+                const int j0 = kt.j0, nj = kt.n;
                 for (int h = hk * G; h < (hk + 1) * G; ++h) {
-                    for (int qt = attn::first_query_tile_for(kt, lq, lk, causal); qt * T < lq; ++qt) {
+                    for (int qt = attn::first_query_tile_for(jt, lq, lk, causal); qt * T < lq; ++qt) {
                         const int i0 = qt * T, ni = std::min(lq, i0 + T) - i0;
+                        const std::size_t r0 = static_cast<std::size_t>(h) * Tq + q0 + i0;
                         // P, dP, dS of the tile
-                        for (int a = 0; a < ni; ++a)
-                            for (int c = 0; c < nj; ++c) {
-                                float p, dp;
-                                p_dp(b, h, i0 + a, j0 + c, p, dp);
-                                const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i0 + a;
-                                const float ds = attn::dscore(p, dp, delta[r]);
-                                P[a * T + c] = p;
-                                dS[a * T + c] = ds;
-                                if (tele) {
+                        for (int a = 0; a < ni; ++a) {
+                            float* pr = P.data() + a * T;
+                            float* dpr = dP.data() + a * T;
+                            float* dsr = dS.data() + a * T;
+                            p_dp_row(b, h, i0 + a, kt, pr, dpr, x.data());
+                            for (int c = 0; c < nj; ++c) dsr[c] = attn::dscore(pr[c], dpr[c], delta[r0 + a]);
+                        }
+                        // Row sums key by key, the tile's rows side by side: each row's sum keeps
+                        // key order, and the rows' independent chains overlap.
+                        if (tele)
+                            for (int c = 0; c < nj; ++c)
+                                for (int a = 0; a < ni; ++a) {
+                                    const float ds = dS[a * T + c], pv = P[a * T + c], dpv = dP[a * T + c];
+                                    const std::size_t r = r0 + a;
                                     row_res[r] = attn::add(row_res[r], ds);
                                     row_abs[r] = attn::add(row_abs[r], abs_float(ds));
-                                    row_pdp[r] = attn::add(row_pdp[r], attn::mul(p, dp));
-                                    row_pabs[r] = attn::add(row_pabs[r], attn::mul(p, abs_float(dp)));
+                                    row_pdp[r] = attn::add(row_pdp[r], attn::mul(pv, dpv));
+                                    row_pabs[r] = attn::add(row_pabs[r], attn::mul(pv, abs_float(dpv)));
                                 }
-                            }
                         // dV += P^T dO with s_do folded into P over the query tile
                         float mdo = 0.0f;
                         for (int a = 0; a < ni; ++a) mdo = attn::fmax(mdo, DO.s(q0 + i0 + a, h));
                         const float cdo = attn::mul(mdo, attn::p_scale);
+                        for (int a = 0; a < ni; ++a) {
+                            const float rd = attn::scale_ratio(DO.s(q0 + i0 + a, h), mdo);
+                            for (int c = 0; c < nj; ++c) codes[c] = attn::mul(P[a * T + c], rd);
+                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes.data(), 256.0f, y.data());
+                            for (int c = 0; c < nj; ++c) PQt[c * T + a] = y[c];
+                        }
                         for (int c = 0; c < nj; ++c) {
-                            std::fill(tmp.begin(), tmp.end(), 0.0f);
-                            for (int a = 0; a < ni; ++a) {
-                                const float pq = decode<e4m3>(attn::encode_p(
-                                    attn::mul(P[a * T + c], attn::scale_ratio(DO.s(q0 + i0 + a, h), mdo))));
-                                const float* dorow = DO.row(q0 + i0 + a, h);
-                                for (int e = 0; e < d; ++e) tmp[e] = attn::add(tmp[e], attn::mul(pq, dorow[e]));
-                            }
-                            float* dst = dv_acc.data() + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d;
-                            for (int e = 0; e < d; ++e) dst[e] = attn::fma(cdo, tmp[e], dst[e]);
+                            detail::weighted_rows(isa, PQt.data() + c * T, ni, DO.row(q0 + i0, h), qstride, d,
+                                                  tmp.data());
+                            detail::run_kernel<detail::fma_accumulate_kernel>(
+                                isa, cdo, tmp.data(), d,
+                                dv_acc.data() + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
                         }
                         // dK += (dS s_q)^T Q, one dS scale per key row of the tile
+                        for (int a = 0; a < ni; ++a) sq[a] = Q.s(q0 + i0 + a, h);
                         for (int c = 0; c < nj; ++c) {
                             float amax = 0.0f;
                             for (int a = 0; a < ni; ++a) {
-                                codes[a] = attn::mul(dS[a * T + c], Q.s(q0 + i0 + a, h));
+                                codes[a] = attn::mul(dS[a * T + c], sq[a]);
                                 amax = attn::fmax(amax, finite_abs(codes[a]));
                             }
                             const float sc = attn::ds_scale(amax), inv = attn::ds_inverse(sc);
-                            std::fill(tmp.begin(), tmp.end(), 0.0f);
-                            for (int a = 0; a < ni; ++a) {
-                                const float y = decode<e4m3>(attn::encode_ds(codes[a], inv));
-                                const float* qrow = Q.row(q0 + i0 + a, h);
-                                for (int e = 0; e < d; ++e) tmp[e] = attn::add(tmp[e], attn::mul(y, qrow[e]));
-                                if (tele) {
-                                    const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i0 + a;
-                                    row_res_dk[r] =
-                                        attn::add(row_res_dk[r],
-                                                  detail::dequantized_ds(y, sc, Q.s(q0 + i0 + a, h), dS[a * T + c]));
-                                }
-                            }
-                            float* dst = dk_acc.data() + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d;
-                            for (int e = 0; e < d; ++e) dst[e] = attn::fma(sc, tmp[e], dst[e]);
+                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes.data(), inv, y.data());
+                            detail::weighted_rows(isa, y.data(), ni, Q.row(q0 + i0, h), qstride, d, tmp.data());
+                            if (tele)
+                                for (int a = 0; a < ni; ++a)
+                                    row_res_dk[r0 + a] = attn::add(
+                                        row_res_dk[r0 + a], detail::dequantized_ds(y[a], sc, sq[a], dS[a * T + c]));
+                            detail::run_kernel<detail::fma_accumulate_kernel>(
+                                isa, sc, tmp.data(), d,
+                                dk_acc.data() + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
                         }
                         // dQ += scale * (dS s_k) K, one dS scale per query row of the tile
                         for (int a = 0; a < ni; ++a) {
                             float amax = 0.0f;
                             for (int c = 0; c < nj; ++c) {
-                                codes[c] = attn::mul(dS[a * T + c], K.s(k0 + j0 + c, hk));
+                                codes[c] = attn::mul(dS[a * T + c], kt.ks[c]);
                                 amax = attn::fmax(amax, finite_abs(codes[c]));
                             }
                             const float ds_sc = attn::ds_scale(amax), inv = attn::ds_inverse(ds_sc);
                             const float sc = attn::mul(scale, ds_sc);
-                            std::fill(tmp.begin(), tmp.end(), 0.0f);
-                            if (fold) std::fill(kb.begin(), kb.end(), 0.0f);
-                            const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i0 + a;
-                            for (int c = 0; c < nj; ++c) {
-                                const float y = decode<e4m3>(attn::encode_ds(codes[c], inv));
-                                const float* krow = K.row(k0 + j0 + c, hk);
-                                const float sk = K.s(k0 + j0 + c, hk);
-                                for (int e = 0; e < d; ++e) tmp[e] = attn::add(tmp[e], attn::mul(y, krow[e]));
-                                if (track_rq)
-                                    row_res_dq[r] =
-                                        attn::add(row_res_dq[r], detail::dequantized_ds(y, ds_sc, sk, dS[a * T + c]));
-                                if (fold) {  // Kbar_i += P_ij K_j, K_j = s_k(j) * codes
-                                    const float pk = attn::mul(P[a * T + c], sk);
+                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes.data(), inv, y.data());
+                            detail::weighted_rows(isa, y.data(), nj, K.row(k0 + j0, hk), kstride, d, tmp.data());
+                            if (track_rq)  // summed into row_res_dq after the tile's rows, below
+                                for (int c = 0; c < nj; ++c)
+                                    RQ[a * T + c] = detail::dequantized_ds(y[c], ds_sc, kt.ks[c], dS[a * T + c]);
+                            if (fold) {  // Kbar_i += P_ij K_j, K_j = s_k(j) * codes
+                                std::fill(kb.begin(), kb.end(), 0.0f);
+                                for (int c = 0; c < nj; ++c) {
+                                    const float pk = attn::mul(P[a * T + c], kt.ks[c]);
+                                    const float* krow = K.row(k0 + j0 + c, hk);
                                     for (int e = 0; e < d; ++e) kb[e] = attn::add(kb[e], attn::mul(pk, krow[e]));
                                 }
                             }
@@ -656,6 +813,10 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
                             if (fold)
                                 for (int e = 0; e < d; ++e) kbar[at + e] = attn::add(kbar[at + e], kb[e]);
                         }
+                        if (track_rq)
+                            for (int c = 0; c < nj; ++c)
+                                for (int a = 0; a < ni; ++a)
+                                    row_res_dq[r0 + a] = attn::add(row_res_dq[r0 + a], RQ[a * T + c]);
                     }
                 }
             }

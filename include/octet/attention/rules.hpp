@@ -128,10 +128,9 @@ OCTET_HD float exp2(float y) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
     return r;
 #else
-    if (y != y) return y;
-    if (y < -126.0f) return 0.0f;
-    if (y > 127.0f) return pos_inf();
-    return rn::exp2(y);  // the shared polynomial (core/rounded.hpp); on [-126, 127] its clamps do nothing
+    // Selects, not branches, so that a loop of exp2 vectorizes (the host path's tile kernels).
+    const float r = rn::exp2(y);  // the shared polynomial (core/rounded.hpp); on [-126, 127] its clamps do nothing
+    return y != y ? y : y < -126.0f ? 0.0f : y > 127.0f ? pos_inf() : r;
 #endif
 }
 

@@ -1,8 +1,10 @@
 // octet/codec/codec.cuh: the gradient codecs on a CUDA stream (device memory in and out).
 //
 //   octet::encode_gradient(octet::on_stream(s), cfg, x, msg, opt);          // x, msg, opt.feedback on the device
-//   octet::decode_gradient(octet::on_stream(s), msg, out);                  // validates first (synchronizes)
-//   octet::encode_gradient_transformed / decode_gradient_transformed        // as on the host
+//   octet::decode_gradient(octet::on_stream(s), cfg, msg, out, device_status, {first_index});  // no sync
+//   octet::check_decode_status(status_copied_to_host);                     // throws what the host would
+//   octet::decode_gradient_synchronizing(octet::on_stream(s), msg, out);    // reads the header (syncs)
+//   octet::encode_gradient_transformed / decode_gradient_transformed[_synchronizing]  // as on the host
 //
 // Same contract and the same bytes as the host overloads in codec.hpp: every kernel calls the
 // same OCTET_HD rules (transform stages in the same order, make_block_scale, encode_scaled,
@@ -18,16 +20,21 @@
 // block amax lands in the scale slots, and a last small kernel turns it into scales). The scales'
 // checksum and the header are written by two small kernels at the end.
 //
-// Decoding copies the 64-byte header to the host and validates it against the buffer's size,
-// then one kernel computes the checksum and checks every scale and padding byte; the result comes
-// back to the host, which throws octet::error on any problem before the decode kernel runs (so a
-// bad message never writes to `out`). Decoding therefore synchronizes the stream. It uses 16 bytes
-// of stream-ordered scratch (cudaMallocAsync).
+// Decoding never synchronizes: the caller states what it expects (the codec_config and element
+// count it encoded with, and the encode's first_index), the host checks the buffer's size against
+// that, and on the device one kernel compares the header with the expected one, computes the
+// checksum and checks every scale and padding byte, a one-thread kernel writes the verdict to the
+// caller's status word (decode_status), and the decode kernel reads it and writes `out` only when
+// the message is good: a bad message leaves `out` untouched. check_decode_status turns the status
+// into the octet::error the host decoder throws. The validation takes 24 bytes of scratch from
+// the executor's allocator. decode_gradient_synchronizing keeps the older contract (the header is
+// read on the host, any problem is thrown from the call): it synchronizes the stream twice.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "octet/codec/codec.hpp"
@@ -37,6 +44,38 @@
 #include "octet/cuda/warp.cuh"
 
 namespace octet {
+
+/// What a device decode found, written to the caller's status word (std::uint32_t in device
+/// memory): ok (0) when the message was good and decoded; otherwise the output was not written.
+enum class decode_status : std::uint32_t {
+    ok = 0,
+    header_mismatch = 1,    ///< the header differs from the expected one (config, n, first_index)
+    checksum_mismatch = 2,  ///< corrupted or truncated in transit
+    invalid_sections = 3,   ///< an invalid scale or non-zero padding
+};
+
+/// The text octet's decoders give for `status` (empty for ok).
+inline std::string decode_status_message(std::uint32_t status) {
+    switch (static_cast<decode_status>(status)) {
+        case decode_status::ok:
+            return "";
+        case decode_status::header_mismatch:
+            return "does not match the expected message: its header's format, transform, block, scale block, seed, "
+                   "first index, element count or size differ from the codec_config, n and first_index given";
+        case decode_status::checksum_mismatch:
+            return "fails its checksum: it was corrupted or truncated in transit";
+        case decode_status::invalid_sections:
+            return "has an invalid scale or non-zero padding";
+    }
+    return detail::message("has an unknown decode status ", status);
+}
+
+/// Throws the octet::error the decoder `fn` gives for a bad message (argument 'message') unless
+/// `status` (a device decode's status word, copied to the host by the caller) is ok.
+inline void check_decode_status(std::uint32_t status, const char* fn = "octet::decode_gradient") {
+    if (status != 0) detail::bad_message(fn, decode_status_message(status));
+}
+
 namespace detail {
 namespace codec_dev {
 
@@ -55,6 +94,7 @@ struct encode_args {
     std::uint8_t* msg = nullptr;
     std::uint64_t scales_offset = 0, payload_offset = 0, payload_bytes = 0;
     int mode = mode_fused;
+    const std::uint32_t* status = nullptr;  ///< if set: do nothing unless *status == 0 (non-blocking all-reduce)
 };
 
 struct decode_args {
@@ -68,6 +108,7 @@ struct decode_args {
     std::uint64_t scales_offset = 0, payload_offset = 0;
     float* out = nullptr;
     int mode = decode_original;
+    const std::uint32_t* status = nullptr;  ///< if set: decode only when *status == 0 (validated message)
 };
 
 __device__ __forceinline__ std::uint64_t warp_sum_u64(std::uint64_t v) {
@@ -137,6 +178,7 @@ OCTET_KERNEL void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a)
     using Fmt = typename RN::format;
     constexpr bool fp4 = Fmt::bits <= 4;
     extern __shared__ __align__(16) float smem[];
+    if (a.status && *a.status != 0) return;  // uniform per block: leaves the residual untouched
     const bool cross = a.log_b > log2_of(R) + 5;
     float* warp_part = smem + (cross ? blockDim.x * R : 0);
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
@@ -363,6 +405,7 @@ OCTET_KERNEL void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a)
     using RN = typename Tr::recipe;
     using Fmt = typename RN::format;
     extern __shared__ __align__(16) float smem[];
+    if (a.status && *a.status != 0) return;  // a bad message: leave the output untouched (uniform per block)
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
     const std::uint64_t i0 =
         static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
@@ -434,15 +477,23 @@ OCTET_KERNEL void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a)
     }
 }
 
+/// A message header as 8 little-endian words, passed by value to a kernel (no copy to the device).
+struct header_words {
+    std::uint64_t w[8];
+};
+
 /// Checks `count` messages of one layout (stride bytes apart): adds every word's checksum term to
-/// acc[m] and sets bad[m] when a header word differs from expected[m] (if given; the tensor-scale
-/// word and the checksum word are not compared), a scale is invalid, or padding is not zero.
+/// acc[m] and sets bad[m] when a header word differs from the expected one (bit 2; if given: the
+/// tensor-scale word and the checksum word are not compared), a scale is invalid, or padding is not
+/// zero (bit 1).
 struct validate_args {
     const std::uint8_t* msgs = nullptr;
     std::uint64_t stride = 0;
     int count = 0;
-    const std::uint8_t* expected = nullptr;  ///< count x 64 header bytes, or null
-    std::uint64_t words = 0;                 ///< message bytes / 8
+    const std::uint8_t* expected = nullptr;  ///< count x 64 header bytes (device memory), or null
+    bool has_expected_words = false;         ///< compare message 0's header with expected_words instead
+    header_words expected_words{};
+    std::uint64_t words = 0;  ///< message bytes / 8
     wire_format format = wire_format::e4m3;
     std::uint64_t scales_offset = 0, scale_count = 0, scale_bytes = 0, payload_offset = 0, payload_used = 0;
     bool odd_fp4 = false;
@@ -462,13 +513,16 @@ OCTET_KERNEL void validate_kernel(validate_args a) {
         t += checksum_term(k == 7 ? 0 : w, k);
         const std::uint64_t b0 = 8 * k;
         if (k < 8) {
-            if (a.expected && k != 5 && k != 7 && w != load_le64(a.expected + 64 * m + 8 * k)) bad = 1;
+            if (k != 5 && k != 7) {
+                if (a.expected && w != load_le64(a.expected + 64 * m + 8 * k)) bad |= 2;
+                if (a.has_expected_words && w != a.expected_words.w[k]) bad |= 2;
+            }
             if (k == 5) {
                 const float ts = bits_to_float(static_cast<std::uint32_t>(w));
-                if ((w >> 32) != 0) bad = 1;
+                if ((w >> 32) != 0) bad |= 2;
                 if (a.format == wire_format::nvfp4 ? !(ts > 0.0f && ts <= 3.40282347e38f)
                                                    : float_to_bits(ts) != float_to_bits(1.0f))
-                    bad = 1;
+                    bad |= 2;
             }
         } else if (b0 < a.payload_offset) {
             for (int i = 0; i < 8; ++i) {
@@ -477,29 +531,29 @@ OCTET_KERNEL void validate_kernel(validate_args a) {
                 if (a.scale_bytes == 4) {
                     if (i % 4 == 0 && pos / 4 < a.scale_count) {
                         const float s = bits_to_float(static_cast<std::uint32_t>(w >> (8 * i)));
-                        if (!(s > 0.0f && s <= 3.40282347e38f)) bad = 1;
+                        if (!(s > 0.0f && s <= 3.40282347e38f)) bad |= 1;
                     } else if (pos >= 4 * a.scale_count && byte != 0) {
-                        bad = 1;
+                        bad |= 1;
                     }
                 } else if (pos < a.scale_count) {
-                    if (a.format == wire_format::mxfp8 ? byte == 0xFF : byte >= 0x7F) bad = 1;
+                    if (a.format == wire_format::mxfp8 ? byte == 0xFF : byte >= 0x7F) bad |= 1;
                 } else if (byte != 0) {
-                    bad = 1;
+                    bad |= 1;
                 }
             }
         } else {
             for (int i = 0; i < 8; ++i) {
                 const std::uint64_t pos = b0 + i - a.payload_offset;
                 const std::uint8_t byte = static_cast<std::uint8_t>(w >> (8 * i));
-                if (pos >= a.payload_used && byte != 0) bad = 1;
-                if (a.odd_fp4 && pos == a.payload_used - 1 && (byte >> 4) != 0) bad = 1;
+                if (pos >= a.payload_used && byte != 0) bad |= 1;
+                if (a.odd_fp4 && pos == a.payload_used - 1 && (byte >> 4) != 0) bad |= 1;
                 if (pos < a.payload_used && non_finite_code(a.format, byte)) nf += 1;  // NVFP4: never
             }
         }
     }
     t = warp_sum_u64(t);
     if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(a.acc + m, static_cast<unsigned long long>(t));
-    if (bad) atomicOr(a.bad + m, 1u);
+    if (bad) atomicOr(a.bad + m, bad);
     if (a.non_finite && nf != 0) atomicAdd(a.non_finite, static_cast<unsigned long long>(nf));
 }
 
@@ -514,6 +568,23 @@ OCTET_KERNEL void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t
     }
     flag[0] = f ? rank_tag : 0;
     flag[1] = f;
+}
+
+/// The verdict of one validated message, in the order the host decoder checks: header, checksum,
+/// sections. Also passes the non-finite code count on (if asked).
+OCTET_KERNEL void decode_status_kernel(const std::uint8_t* msg, const unsigned long long* acc, const unsigned* bad,
+                                       const unsigned long long* non_finite, std::uint32_t* status,
+                                       unsigned long long* non_finite_out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    std::uint32_t s = 0;
+    if (*bad & 2u)
+        s = static_cast<std::uint32_t>(decode_status::header_mismatch);
+    else if (load_le64(msg + 56) != *acc)
+        s = static_cast<std::uint32_t>(decode_status::checksum_mismatch);
+    else if (*bad & 1u)
+        s = static_cast<std::uint32_t>(decode_status::invalid_sections);
+    *status = s;
+    if (non_finite_out) *non_finite_out = *non_finite;
 }
 
 inline validate_args validation_of(const wire_layout& l, wire_format f, const std::uint8_t* msgs, std::uint64_t stride,
@@ -551,7 +622,8 @@ inline void launch_validate(cudaStream_t s, const validate_args& v) {
 /// Every kernel of one encode (see the header comment), on stream s. No validation here.
 template <class Tr>
 void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l, const float* x, bool pre_rotated,
-                   std::uint64_t first_index, const residual_view& fb, std::uint64_t random_stream, std::uint8_t* msg) {
+                   std::uint64_t first_index, const residual_view& fb, std::uint64_t random_stream, std::uint8_t* msg,
+                   const std::uint32_t* status = nullptr) {
     OCTET_CUDA_CHECK(cudaMemsetAsync(msg, 0, l.payload_offset, s));
     const int log_b = cfg.transform == transform_kind::hadamard ? log2_exact(l.block) : 0;
     encode_args a;
@@ -570,6 +642,7 @@ void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l
     a.scales_offset = l.scales_offset;
     a.payload_offset = l.payload_offset;
     a.payload_bytes = l.payload_bytes;
+    a.status = status;
     if (l.coded > 0) {
         dispatch_regs(log_b, [&](auto r) {
             constexpr int R = decltype(r)::value;
@@ -620,7 +693,7 @@ void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l
 template <class Tr>
 void launch_decode(cudaStream_t s, const wire_layout& l, transform_kind t, std::uint64_t seed,
                    std::uint64_t first_index, const std::uint8_t* msgs, std::uint64_t stride, int count, float* out,
-                   int mode) {
+                   int mode, const std::uint32_t* status = nullptr) {
     if (l.coded == 0) return;
     const int log_b = t == transform_kind::hadamard ? log2_exact(l.block) : 0;
     decode_args a;
@@ -637,6 +710,7 @@ void launch_decode(cudaStream_t s, const wire_layout& l, transform_kind t, std::
     a.payload_offset = l.payload_offset;
     a.out = out;
     a.mode = mode;
+    a.status = status;
     dispatch_regs(log_b, [&](auto r) {
         constexpr int R = decltype(r)::value;
         const int threads = threads_for(log_b, R);
@@ -659,31 +733,45 @@ inline void check_device_encode_args(const codec_config& cfg, std::size_t n, spa
         OCTET_REQUIRE(is_aligned(opt.feedback.data, 4), fn, "options.feedback", "is not 4-byte aligned");
 }
 
-/// Validates a device message: header on the host, checksum and sections on the device. Throws.
-inline wire_header validate_device_message(cudaStream_t s, span<const std::uint8_t> msg, wire_layout& l,
-                                           const char* fn) {
+/// The header the encoder writes for (cfg, layout l, first_index), tensor-scale word 1.0 and
+/// checksum 0 (validate_kernel compares neither).
+inline void expected_header_fields(std::uint8_t* out, const codec_config& cfg, const wire_layout& l,
+                                   std::uint64_t first_index) {
+    write_header_fields(out, cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, first_index, l.count, 1.0f,
+                        l.total_bytes, cfg.stochastic);
+}
+
+/// Host checks of a device message buffer that need no header: size, device memory, alignment.
+inline void check_device_message(span<const std::uint8_t> msg, const char* fn) {
     OCTET_REQUIRE(msg.size() >= wire_header_bytes, fn, "message",
                   message("is truncated: ", msg.size(), " bytes, but a message has a 64-byte header"));
     cuda::require_device_accessible(msg.data(), fn, "message");
     OCTET_REQUIRE(is_aligned(msg.data(), 16), fn, "message",
                   "is not 16-byte aligned; device messages need 16-byte alignment");
+}
+
+/// The synchronizing validation: header on the host, checksum and sections on the device. Throws.
+inline wire_header validate_device_message_synchronizing(const stream_executor& ex, span<const std::uint8_t> msg,
+                                                         wire_layout& l, const char* fn) {
+    const cudaStream_t s = ex.stream;
+    check_device_message(msg, fn);
     std::uint8_t head[wire_header_bytes];
     OCTET_CUDA_CHECK(cudaMemcpyAsync(head, msg.data(), wire_header_bytes, cudaMemcpyDeviceToHost, s));
     OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
     // parse_header reads only the 64 header bytes and checks the fields against the buffer's size:
     // give it the copied header with the device buffer's size.
     wire_header h = parse_header(span<const std::uint8_t>(head, msg.size()), l, fn);
-    void* scratch = nullptr;
-    OCTET_CUDA_CHECK(cudaMallocAsync(&scratch, 24, s));
-    OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, 24, s));
-    auto* acc = static_cast<unsigned long long*>(scratch);
-    auto* bad = reinterpret_cast<unsigned*>(static_cast<std::uint8_t*>(scratch) + 8);
-    validate_args v = validation_of(l, h.format, msg.data(), 0, 1, nullptr, acc, bad);
-    v.non_finite = acc + 2;
-    launch_validate(s, v);
     std::uint64_t back[3] = {0, 0, 0};
-    OCTET_CUDA_CHECK(cudaMemcpyAsync(back, scratch, 24, cudaMemcpyDeviceToHost, s));
-    OCTET_CUDA_CHECK(cudaFreeAsync(scratch, s));
+    {
+        const stream_scratch scratch(ex, 24);
+        OCTET_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, 24, s));
+        auto* acc = scratch.as<unsigned long long>();
+        auto* bad = reinterpret_cast<unsigned*>(scratch.as<std::uint8_t>() + 8);
+        validate_args v = validation_of(l, h.format, msg.data(), 0, 1, nullptr, acc, bad);
+        v.non_finite = acc + 2;
+        launch_validate(s, v);
+        OCTET_CUDA_CHECK(cudaMemcpyAsync(back, scratch.get(), 24, cudaMemcpyDeviceToHost, s));
+    }
     OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
     if (back[0] != h.checksum) bad_message(fn, "fails its checksum: it was corrupted or truncated in transit");
     if (static_cast<std::uint32_t>(back[1]) != 0) bad_message(fn, "has an invalid scale or non-zero padding");
@@ -691,11 +779,52 @@ inline wire_header validate_device_message(cudaStream_t s, span<const std::uint8
     return h;
 }
 
+/// The non-blocking validation: host checks against what the caller expects, then the device
+/// compares header, checksum and sections and writes *status (decode_status). Returns the layout.
+inline wire_layout validate_device_message_async(const stream_executor& ex, const codec_config& cfg, std::size_t n,
+                                                 std::uint64_t first_index, span<const std::uint8_t> msg,
+                                                 std::uint32_t* status, unsigned long long* non_finite_out,
+                                                 const char* fn) {
+    validate_config(cfg, fn);
+    OCTET_REQUIRE(n <= wire_max_elements, fn, "n", message("is ", n, "; a message holds at most 2^40 elements"));
+    const wire_layout l = wire_layout_of(cfg, n);
+    OCTET_REQUIRE(first_index <= wire_max_index - l.coded, fn, "options.first_index",
+                  message("is ", first_index, "; first index + coordinates must stay below 2^62"));
+    check_device_message(msg, fn);
+    if (msg.size() != l.total_bytes)
+        bad_message(fn, message(msg.size() < l.total_bytes ? "is truncated: " : "has trailing bytes: ", msg.size(),
+                                " bytes, but the expected message (the codec_config and n given) has ", l.total_bytes));
+    OCTET_REQUIRE(status != nullptr, fn, "device_status",
+                  "is null; pass a std::uint32_t in device memory that receives the decode_status");
+    cuda::require_device_accessible(status, fn, "device_status");
+    OCTET_REQUIRE(is_aligned(status, 4), fn, "device_status", "is not 4-byte aligned");
+    if (non_finite_out) cuda::require_device_accessible(non_finite_out, fn, "options.device_non_finite");
+    header_words expected{};
+    std::uint8_t head[wire_header_bytes];
+    expected_header_fields(head, cfg, l, first_index);
+    for (int k = 0; k < 8; ++k) expected.w[k] = load_le64(head + 8 * k);
+
+    const cudaStream_t s = ex.stream;
+    const stream_scratch scratch(ex, 24);
+    OCTET_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, 24, s));
+    auto* acc = scratch.as<unsigned long long>();
+    auto* bad = reinterpret_cast<unsigned*>(scratch.as<std::uint8_t>() + 8);
+    validate_args v = validation_of(l, cfg.format, msg.data(), 0, 1, nullptr, acc, bad);
+    v.has_expected_words = true;
+    v.expected_words = expected;
+    v.non_finite = acc + 2;
+    launch_validate(s, v);
+    decode_status_kernel<<<1, 32, 0, s>>>(msg.data(), acc, bad, acc + 2, status, non_finite_out);
+    OCTET_CUDA_CHECK_LAUNCH();
+    return l;
+}
+
 }  // namespace codec_dev
 }  // namespace detail
 
 /// Encodes n = x.size() elements (device memory) into out (device memory, encoded_size bytes,
-/// 16-byte aligned). encode_result::amax is not measured on the device (-1).
+/// 16-byte aligned). encode_result::amax is not measured on the device (-1). Enqueues a memset of
+/// the header and scales and two to four kernels; no scratch, no host sync.
 template <class Ex, detail::if_stream_executor<Ex> = 0>
 encode_result encode_gradient(Ex ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
                               const encode_options& opt = {}) {
@@ -727,12 +856,63 @@ encode_result encode_gradient_transformed(Ex ex, const codec_config& cfg, span<c
     return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
 }
 
-/// Validates a device message (synchronizes) and decodes it into out (device memory).
+/// Options of the non-blocking device decoders.
+struct device_decode_options {
+    std::uint64_t first_index = 0;  ///< the encode's encode_options::first_index (part of the expected header)
+    /// Device memory or null: receives the message's payload codes that decode to NaN or +-Inf
+    /// (wire_header::non_finite_codes; overwritten, also for a bad message).
+    unsigned long long* device_non_finite = nullptr;
+};
+
+/// Decodes the message that encode_gradient(ex, cfg, x, message, {first_index}) wrote for
+/// n = out.size() elements into out (device memory), without synchronizing: the host checks the
+/// buffer's size against encoded_size(cfg, n); the device checks header (against cfg, n and
+/// opt.first_index), checksum, scales and padding, writes a decode_status to *device_status
+/// (std::uint32_t, device memory) and writes `out` only if it is ok (a bad message leaves `out`
+/// untouched). check_decode_status(status) on the host gives the error the host decoder throws.
+/// Enqueues a memset, a validation kernel, a one-thread status kernel and the decode kernel; takes
+/// 24 bytes of scratch from ex's allocator.
 template <class Ex, detail::if_stream_executor<Ex> = 0>
-wire_header decode_gradient(Ex ex, span<const std::uint8_t> message, span<float> out) {
+void decode_gradient(Ex ex, const codec_config& cfg, span<const std::uint8_t> message, span<float> out,
+                     std::uint32_t* device_status, const device_decode_options& opt = {}) {
+    constexpr const char* fn = "octet::decode_gradient";
+    if (!out.empty()) cuda::require_device_accessible(out.data(), fn, "out");
+    const wire_layout l = detail::codec_dev::validate_device_message_async(
+        ex, cfg, out.size(), opt.first_index, message, device_status, opt.device_non_finite, fn);
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        detail::codec_dev::launch_decode<decltype(tr)>(ex.stream, l, cfg.transform, cfg.seed, opt.first_index,
+                                                       message.data(), 0, 1, out.data(),
+                                                       detail::codec_dev::decode_original, device_status);
+    });
+}
+
+/// Writes (add: adds) the L = y.size() transformed coordinates of the message encoded from n
+/// elements under cfg into y (device memory), without synchronizing; as decode_gradient above (a
+/// bad message leaves y untouched, also with add).
+template <class Ex, detail::if_stream_executor<Ex> = 0>
+void decode_gradient_transformed(Ex ex, const codec_config& cfg, std::size_t n, span<const std::uint8_t> message,
+                                 span<float> y, std::uint32_t* device_status, bool add = false,
+                                 const device_decode_options& opt = {}) {
+    constexpr const char* fn = "octet::decode_gradient_transformed";
+    const wire_layout l = detail::codec_dev::validate_device_message_async(ex, cfg, n, opt.first_index, message,
+                                                                           device_status, opt.device_non_finite, fn);
+    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
+                  detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
+    if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        detail::codec_dev::launch_decode<decltype(tr)>(
+            ex.stream, l, cfg.transform, cfg.seed, opt.first_index, message.data(), 0, 1, y.data(),
+            add ? detail::codec_dev::decode_transformed_add : detail::codec_dev::decode_transformed, device_status);
+    });
+}
+
+/// Validates a device message and decodes it into out (device memory), reading the header on the
+/// host: SYNCHRONIZES the stream twice, and throws octet::error on a bad message before writing out.
+template <class Ex, detail::if_stream_executor<Ex> = 0>
+wire_header decode_gradient_synchronizing(Ex ex, span<const std::uint8_t> message, span<float> out) {
     constexpr const char* fn = "octet::decode_gradient";
     wire_layout l;
-    const wire_header h = detail::codec_dev::validate_device_message(ex.stream, message, l, fn);
+    const wire_header h = detail::codec_dev::validate_device_message_synchronizing(ex, message, l, fn);
     OCTET_REQUIRE(out.size() == h.count, fn, "out",
                   detail::message("has ", out.size(), " elements; the message holds ", h.count));
     if (!out.empty()) cuda::require_device_accessible(out.data(), fn, "out");
@@ -743,12 +923,14 @@ wire_header decode_gradient(Ex ex, span<const std::uint8_t> message, span<float>
     return h;
 }
 
-/// Validates a device message (synchronizes) and writes (add: adds) its L transformed coordinates to y.
+/// As decode_gradient_synchronizing, writing (add: adding) the L transformed coordinates to y.
+/// SYNCHRONIZES the stream twice.
 template <class Ex, detail::if_stream_executor<Ex> = 0>
-wire_header decode_gradient_transformed(Ex ex, span<const std::uint8_t> message, span<float> y, bool add = false) {
+wire_header decode_gradient_transformed_synchronizing(Ex ex, span<const std::uint8_t> message, span<float> y,
+                                                      bool add = false) {
     constexpr const char* fn = "octet::decode_gradient_transformed";
     wire_layout l;
-    const wire_header h = detail::codec_dev::validate_device_message(ex.stream, message, l, fn);
+    const wire_header h = detail::codec_dev::validate_device_message_synchronizing(ex, message, l, fn);
     OCTET_REQUIRE(y.size() == l.coded, fn, "y",
                   detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
     if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");

@@ -3,6 +3,11 @@
 //   octet::scaled_gemm(octet::on_stream(s), A, B, D, opt);       // D = alpha * A B^T + bias
 //   octet::scaled_gemm(octet::on_stream(s), A, B, C, D, opt);    // ... + beta * C
 //   octet::scaled_gemm(octet::on_stream(s), A, B, Dq, opt, device_amax);  // quantized D
+//   octet::scaled_gemm_scratch_bytes(ex, A, B, D, opt);         // scratch the call requests from ex
+//
+// Enqueued on the executor's stream, never a host sync: the GEMM kernel (octet's backends: one
+// kernel, no scratch), or the cublaslt backend's preparation kernels and one cublasLtMatmul with
+// the lent handle and workspace; scratch comes from the executor's allocator (cuda/executor.cuh).
 //
 // Same contract as the host overloads (scaled_gemm.hpp); all pointers are device memory (the
 // two-level tensor_scale too). D and C may be octet::bf16/fp16 or __nv_bfloat16/__half.
@@ -82,18 +87,11 @@ std::string gemm_device_backends_serving(const stream_executor& ex, std::size_t 
     return s;
 }
 
-template <class RA, class RB, class CT, class DT>
-gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
-                               const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+/// The backend scaled_gemm uses for (RA x RB) with inner dimension K on this GPU and executor;
+/// throws octet::error (naming the backends that would serve) when none does.
+template <class RA, class RB>
+gemm_backend choose_device_backend(const stream_executor& ex, std::size_t K, const gemm_options& opt) {
     constexpr const char* fn = "octet::scaled_gemm";
-    const cudaStream_t stream = ex.stream;
-    check_gemm_args(A, B, C, D, opt, C != nullptr);
-    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
-    gemm_result result;
-    OCTET_REQUIRE(opt.backend != gemm_backend::host, fn, "options.backend",
-                  "is host but the executor is a stream; call scaled_gemm with octet::on_host() and host memory");
-
-    // Choose the backend.
     gemm_backend backend = opt.backend;
     if (backend == gemm_backend::automatic) {
         for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma, gemm_backend::cublaslt})
@@ -117,6 +115,21 @@ gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<R
                               recipe_description<RB>(), ": ", why,
                               ". Backends that serve it here: ", gemm_device_backends_serving<RA, RB>(ex, K, opt)));
     }
+    return backend;
+}
+
+template <class RA, class RB, class CT, class DT>
+gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                               const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+    constexpr const char* fn = "octet::scaled_gemm";
+    const cudaStream_t stream = ex.stream;
+    check_gemm_args(A, B, C, D, opt, C != nullptr);
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    gemm_result result;
+    OCTET_REQUIRE(opt.backend != gemm_backend::host, fn, "options.backend",
+                  "is host but the executor is a stream; call scaled_gemm with octet::on_host() and host memory");
+
+    const gemm_backend backend = choose_device_backend<RA, RB>(ex, K, opt);
     result.backend = backend;
     if (M == 0 || N == 0) return result;
 
@@ -130,7 +143,7 @@ gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<R
     }
 
     if (backend == gemm_backend::cublaslt) {
-        run_cublaslt<RA, RB, CT, DT>(ex.cublaslt, stream, A, B, C, D, opt);
+        run_cublaslt<RA, RB, CT, DT>(ex, A, B, C, D, opt);
         return result;
     }
     // Kernels are instantiated only for pairs they can serve (gemm_kernel_pair); the checks above
@@ -165,8 +178,8 @@ matrix_ref<storage_of_t<T>> as_storage(const matrix_ref<T>& m) {
 /// it in this binary, no cuBLASLt on the executor, a pair or K the backend does not serve).
 /// `automatic` asks whether any CUDA backend serves the problem (and lists those that would);
 /// `host` is always served by the host overloads and is refused here (this is the stream question).
-/// The first call on a device may launch a one-thread probe kernel (whether this binary holds
-/// sm_89 / sm_90a code) and wait for it; later calls read a per-device cache.
+/// Whether this binary holds sm_89 / sm_90a code is read from cudaFuncGetAttributes (cached per
+/// device): the query allocates nothing, launches nothing and never synchronizes.
 template <class RA, class RB>
 std::string scaled_gemm_support(const stream_executor& ex, gemm_backend backend, std::size_t K,
                                 const gemm_options& opt = {}) {
@@ -203,23 +216,17 @@ gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_r
         ex, A, B, &c, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order), opt);
 }
 
-/// Quantized output on a stream: the float result is computed into stream-ordered scratch and
-/// quantized with RD (quantize.cuh); if `device_amax` is set it receives the result's finite amax
-/// (device memory, overwritten). gemm_result::amax stays 0 (the value lives on the device).
+/// Quantized output on a stream: the float result is computed into scratch from ex's allocator
+/// (M * N floats) and quantized with RD (quantize.cuh); if `device_amax` is set it receives the
+/// result's finite amax (device memory, overwritten). gemm_result::amax stays 0 (the value lives on
+/// the device). scaled_gemm_scratch_bytes gives the scratch the call requests. No host sync.
 template <class RA, class BA, class RB, class BB, class RD>
 gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D,
                         const gemm_options& opt = {}, float* device_amax = nullptr) {
     detail::check_gemm_quantized_d(A, B, D, opt);  // before any work: a bad D is reported here
     const std::size_t M = A.rows(), N = B.rows();
-    float* tmp = nullptr;
-    if (M > 0 && N > 0) OCTET_CUDA_CHECK(cudaMallocAsync(&tmp, M * N * sizeof(float), ex.stream));
-    struct release {
-        float* p;
-        cudaStream_t s;
-        ~release() {
-            if (p) cudaFreeAsync(p, s);
-        }
-    } guard{tmp, ex.stream};
+    const detail::stream_scratch tmp_buf(ex, M > 0 && N > 0 ? M * N * sizeof(float) : 0);
+    float* tmp = tmp_buf.as<float>();
     const gemm_result r = scaled_gemm(ex, A, B, matrix_ref<float>(tmp, M, N), opt);
     device_quantize_options qo;
     if (device_amax) {
@@ -228,6 +235,38 @@ gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_r
     }
     quantize<RD>(ex, matrix_ref<const float>(tmp, M, N), D, {}, qo);
     return r;
+}
+
+/// Bytes of device scratch scaled_gemm(ex, A, B, [C,] D, opt) requests from ex's allocator (the sum
+/// of its requests, each rounded up to 256: an arena of this size serves the call). octet's own
+/// kernels request none; the cublaslt backend requests re-laid scale grids (1x128 grids not
+/// already padded to 4 rows, every 128x128 grid), the bias in cuBLASLt's type, and for NVFP4 x
+/// NVFP4 both operands expanded to BF16 (2 bytes per element, K padded to 8). Throws as the call
+/// would when no backend serves the problem.
+template <class RA, class BA, class RB, class BB, class DT>
+std::size_t scaled_gemm_scratch_bytes(const stream_executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B,
+                                      matrix_ref<DT> D, const gemm_options& opt = {}) {
+    using D0 = detail::storage_of_t<std::remove_const_t<DT>>;
+    (void)D;
+    const quantized_cref<RA> a = A;
+    const quantized_cref<RB> b = B;
+    if (a.rows() == 0 || b.rows() == 0) return 0;
+    if (detail::choose_device_backend<RA, RB>(ex, a.cols(), opt) != gemm_backend::cublaslt) return 0;
+    if constexpr (detail::cublaslt_maps_pair_v<RA, RB>)
+        return detail::lt_scratch_for<RA, RB, D0>(a, b, opt).total();
+    else
+        return 0;
+}
+
+/// The quantized-output overload's scratch: M * N floats, the GEMM's own, and quantize's into RD.
+template <class RA, class BA, class RB, class BB, class RD>
+std::size_t scaled_gemm_scratch_bytes(const stream_executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B,
+                                      quantized_ref<RD> D, const gemm_options& opt = {}) {
+    const std::size_t M = A.rows(), N = B.rows();
+    if (M == 0 || N == 0) return 0;
+    const matrix_ref<float> tmp(nullptr, M, N);
+    return detail::scratch_round(M * N * sizeof(float)) + scaled_gemm_scratch_bytes(ex, A, B, tmp, opt) +
+           quantize_scratch_bytes<RD>(matrix_ref<const float>(nullptr, M, N), D);
 }
 
 }  // namespace octet

@@ -182,16 +182,19 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
 #endif
 }
 
-/// Writes 1 when this binary holds the sm_89+ code of the kernel above for the running device.
-OCTET_KERNEL void sm89_probe_kernel(int* flag) {
+/// Its sm_89+ images carry the probe marker (device_common.cuh): never launched, only inspected.
+OCTET_KERNEL void sm89_probe_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    *flag = 1;
+    OCTET_PROBE_MARKER();
 #endif
 }
 
+/// Whether this binary holds the sm_89+ code of the kernel above for the running device (no
+/// allocation, no launch, no synchronization).
 inline bool sm89_available() {
     if (cuda::compute_capability() < 89) return false;
-    return probe_once([](int* f) { sm89_probe_kernel<<<1, 1>>>(f); });
+    static std::atomic<int> cache[64] = {};
+    return image_has_marker(sm89_probe_kernel, cache);
 }
 
 template <class RA, class RB, class CT, class DT>

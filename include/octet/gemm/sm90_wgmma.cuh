@@ -409,16 +409,19 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
 #endif
 }
 
-/// Writes 1 when this binary holds sm_90a code (wgmma, setmaxnreg) for the running device.
-OCTET_KERNEL void sm90a_probe_kernel(int* flag) {
+/// Its sm_90a image carries the probe marker (device_common.cuh): never launched, only inspected.
+OCTET_KERNEL void sm90a_probe_kernel() {
 #if OCTET_SM90A
-    *flag = 1;
+    OCTET_PROBE_MARKER();
 #endif
 }
 
+/// Whether this binary holds sm_90a code (wgmma, setmaxnreg) for the running device (no
+/// allocation, no launch, no synchronization).
 inline bool sm90a_available() {
     if (cuda::compute_capability() != 90) return false;
-    return probe_once([](int* f) { sm90a_probe_kernel<<<1, 1>>>(f); });
+    static std::atomic<int> cache[64] = {};
+    return image_has_marker(sm90a_probe_kernel, cache);
 }
 
 // ---- host side: tensor maps and launch --------------------------------------------------------------

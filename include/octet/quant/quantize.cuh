@@ -400,10 +400,19 @@ bool local_blocks(const quant_layout& L) {
     return divides(L.block_rows) && divides(L.block_cols) && L.block_cols % 4 == 0 && L.block_cols / 4 <= 32;
 }
 
-inline void* device_alloc(std::size_t bytes, cudaStream_t s) {
-    void* p = nullptr;
-    OCTET_CUDA_CHECK(cudaMallocAsync(&p, bytes, s));
-    return p;
+/// Floats of scratch one quantize_device call takes (one request; 0: none): the tensor amax and,
+/// for outputs whose blocks do not tile 128 x 128 (global mode), an amax grid and a scale-value grid.
+template <class Recipe>
+std::size_t quantize_scratch_floats(const quantized_ref<Recipe>& row_out, const quantized_ref<Recipe>& col_out,
+                                    const device_quantize_options& opt, std::size_t grid_elems[2]) {
+    const quantized_ref<Recipe>* outs[2] = {&row_out, &col_out};
+    for (int c = 0; c < 2; ++c)
+        grid_elems[c] = !outs[c]->empty() && !local_blocks<Recipe>(outs[c]->layout)
+                            ? outs[c]->layout.scale_rows * outs[c]->layout.scale_cols
+                            : 0;
+    const bool need_tensor_amax = Recipe::two_level || Recipe::is_per_tensor;
+    const bool measure_tensor = need_tensor_amax && opt.device_tensor_amax == nullptr;
+    return (measure_tensor || grid_elems[0] || grid_elems[1]) ? 1 + 2 * (grid_elems[0] + grid_elems[1]) : 0;
 }
 
 template <class Recipe, class Byte>
@@ -416,11 +425,12 @@ void require_device_copy(const quantized_ref<Recipe, Byte>& q, const char* fn, c
 }
 
 template <class Recipe, class In>
-void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantized_ref<Recipe>& row_out,
+void quantize_device(const stream_executor& ex, matrix_ref<const In> x, const quantized_ref<Recipe>& row_out,
                      const quantized_ref<Recipe>& col_out, const device_quantize_options& opt,
                      const philox_stream& rng_row, const philox_stream& rng_col, quant_stats* stats_row,
                      quant_stats* stats_col) {
     // x is row-major here (the caller has swapped the roles for a column-major input).
+    const cudaStream_t stream = ex.stream;
     const std::size_t rows = x.rows, cols = x.cols;
     const dim3 grid(static_cast<unsigned>((cols + kQuantTile - 1) / kQuantTile),
                     static_cast<unsigned>((rows + kQuantTile - 1) / kQuantTile));
@@ -428,19 +438,14 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
     const bool vector_loads = is_aligned(x.data, 16) && (x.ld * sizeof(In)) % 16 == 0;
     const quantized_ref<Recipe>* outs[2] = {&row_out, &col_out};
 
-    // Scratch: tensor amax and, in global mode, amax grids and scale-value grids.
-    const bool need_tensor_amax = Recipe::two_level || Recipe::is_per_tensor;
-    std::size_t grid_elems[2] = {0, 0};
-    for (int c = 0; c < 2; ++c)
-        if (!outs[c]->empty() && !local_blocks<Recipe>(outs[c]->layout))
-            grid_elems[c] = outs[c]->layout.scale_rows * outs[c]->layout.scale_cols;
     // Scratch (tensor amax, amax and scale-value grids) only where a pass needs it: the common
-    // one-pass recipes (1x128, MX, 128x128) allocate nothing per call.
+    // one-pass recipes (1x128, MX, 128x128) request nothing per call.
+    const bool need_tensor_amax = Recipe::two_level || Recipe::is_per_tensor;
     const bool measure_tensor = need_tensor_amax && opt.device_tensor_amax == nullptr;
-    const std::size_t scratch_floats =
-        (measure_tensor || grid_elems[0] || grid_elems[1]) ? 1 + 2 * (grid_elems[0] + grid_elems[1]) : 0;
-    float* scratch =
-        scratch_floats ? static_cast<float*>(device_alloc(scratch_floats * sizeof(float), stream)) : nullptr;
+    std::size_t grid_elems[2] = {0, 0};
+    const std::size_t scratch_floats = quantize_scratch_floats<Recipe>(row_out, col_out, opt, grid_elems);
+    const stream_scratch scratch_buf(ex, scratch_floats * sizeof(float));
+    float* scratch = scratch_buf.as<float>();
     if (scratch) OCTET_CUDA_CHECK(cudaMemsetAsync(scratch, 0, scratch_floats * sizeof(float), stream));
     float* measured_tensor_amax = scratch;
     // Per-tensor recipes take their one scale from the tensor amax; their amax grid only tells
@@ -504,7 +509,6 @@ void quantize_device(cudaStream_t stream, matrix_ref<const In> x, const quantize
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     kernel<<<grid, kQuantThreads, smem, stream>>>(p);
     OCTET_CUDA_CHECK_LAUNCH();
-    if (scratch) OCTET_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
 template <class Recipe, class Out>
@@ -533,7 +537,24 @@ OCTET_KERNEL void dequantize_matrix_kernel(quantized_cref<Recipe> q, Out* out, s
 
 }  // namespace detail
 
+/// Bytes of device scratch quantize<Recipe>(ex, x, rowwise, columnwise, opt) requests from the
+/// executor's allocator (one request, rounded up to 256; 0 for the one-pass recipes whose blocks
+/// tile 128 x 128, e.g. 1x128, 128x128, MX, NVFP4 with opt.device_tensor_amax): 4 * (1 + 2 * the
+/// scale-grid elements of each copy whose blocks do not tile 128 x 128) when such a copy exists or
+/// the per-tensor / two-level amax must be measured. Same arguments as quantize (not checked here).
+template <class Recipe, class T>
+std::size_t quantize_scratch_bytes(matrix_ref<T> x, quantized_ref<Recipe> rowwise,
+                                   quantized_ref<Recipe> columnwise = {}, const device_quantize_options& opt = {}) {
+    if (x.empty()) return 0;
+    std::size_t grid_elems[2] = {0, 0};
+    return detail::scratch_round(detail::quantize_scratch_floats<Recipe>(rowwise, columnwise, opt, grid_elems) *
+                                 sizeof(float));
+}
+
 /// Quantize x (device memory) into a row-wise copy and/or a column-wise (transposed) copy.
+/// Enqueues on ex.stream: memsets of the scale grids (and of device_stats), then one kernel (one-
+/// pass recipes) or an amax kernel, a scale kernel per global-mode copy and the encode kernel; takes
+/// quantize_scratch_bytes(...) of scratch from ex's allocator, returned on the stream. No host sync.
 template <class Recipe, class T>
 void quantize(stream_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise,
               quantized_ref<Recipe> columnwise = {}, const device_quantize_options& opt = {}) {
@@ -560,15 +581,16 @@ void quantize(stream_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> roww
     quant_stats* s_col = opt.device_stats ? opt.device_stats + 1 : nullptr;
     const philox_stream rng_row = opt.rng, rng_col{opt.rng.seed, opt.rng.offset + 1};
     if (x.order == storage_order::row_major) {
-        detail::quantize_device<Recipe, In>(ex.stream, x, rowwise, columnwise, opt, rng_row, rng_col, s_row, s_col);
+        detail::quantize_device<Recipe, In>(ex, x, rowwise, columnwise, opt, rng_row, rng_col, s_row, s_col);
     } else {
         // A column-major x is a row-major x^T: its row-wise copy is x^T's column-wise copy.
-        detail::quantize_device<Recipe, In>(ex.stream, x.transposed(), columnwise, rowwise, opt, rng_col, rng_row,
-                                            s_col, s_row);
+        detail::quantize_device<Recipe, In>(ex, x.transposed(), columnwise, rowwise, opt, rng_col, rng_row, s_col,
+                                            s_row);
     }
 }
 
 /// Dequantize a copy (device memory) into float, bf16 or fp16: decode(code) * S.
+/// Enqueues one kernel on ex.stream; no scratch, no host sync.
 template <class Recipe, class Byte, class Out>
 void dequantize(stream_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref<Out> out_in) {
     using O = detail::storage_of_t<Out>;

@@ -230,61 +230,88 @@ void validate_input(const matrix_ref<T>& x, const char* fn, const char* arg = "x
 template <class In>
 float tensor_amax_host(host_executor ex, matrix_ref<const In> x);
 
-/// One quantized copy of x (rows x cols in x's logical orientation) on the host.
-/// Per code of a format (at most 8 bits): its value, and whether it is an edge code (the largest
-/// finite magnitude, Inf or NaN: the only codes an input beyond max_finite can encode to, under
-/// either overflow policy and either rounding).
+/// quant_stats of one quantized row (quant/stats.hpp defines each count), compiled per instruction
+/// set: branch-free so that it vectorizes. Counts are exact. The energies are sums in double over 8
+/// interleaved partial sums per row, each term formed by itself (the products are stored before they
+/// are summed, so no compiler fuses them into an fma on one instruction set and not another); their
+/// order is not part of the contract, only the counts are. The saturation test is beyond_max_finite
+/// of x / S for edge codes (the largest finite magnitude, Inf or NaN: the only codes an input beyond
+/// max_finite can encode to, under either overflow policy and either rounding).
 template <class Fmt>
-struct code_table {
-    float value[256];
-    bool edge[256];
-    code_table() {
-        for (unsigned c = 0; c < 256; ++c) {
-            const bool valid = c < (1u << Fmt::bits);
-            value[c] = valid ? decode<Fmt>(static_cast<std::uint8_t>(c)) : 0.0f;
-            const float a = value[c] < 0 ? -value[c] : value[c];
-            edge[c] = valid && !(a < static_cast<float>(Fmt::max_finite));
+struct row_stats_kernel {
+    static constexpr std::size_t lanes = 8, width = 64;  // rows are often 64 or 128 wide: little padding
+    OCTET_KERNEL_INLINE static void chunk(const float* __restrict v, const float* __restrict S_of,
+                                          const std::uint8_t* __restrict codes, double* __restrict sig,
+                                          double* __restrict err2, std::uint32_t* __restrict counts) {
+        std::uint32_t non_finite = 0, lost = 0, saturated = 0, flushed = 0;
+        for (std::size_t j = 0; j < width; ++j) {
+            const float val = v[j], S = S_of[j];
+            const std::uint32_t a = float_to_bits(val) & 0x7FFFFFFFu;
+            // unsigned 0/1 flags and & (not &&): no branch, so that the loop vectorizes
+            const unsigned finite = a < 0x7F800000u, nan_block = S != S;  // a NaN block: dequantizes to NaN
+            const unsigned used = finite & (nan_block ^ 1u);
+            const float value = decode<Fmt>(codes[j]);
+            const float back = value * S;
+            const unsigned edge = !(abs_float(value) < static_cast<float>(Fmt::max_finite));
+            non_finite += finite ^ 1u;
+            lost += finite & nan_block;
+            saturated +=
+                used & edge & static_cast<unsigned>(S != 0.0f) & static_cast<unsigned>(beyond_max_finite<Fmt>(val / S));
+            flushed += used & static_cast<unsigned>(a != 0u) & static_cast<unsigned>(back == 0.0f);
+            const std::uint32_t keep = 0u - used;  // all ones when used; a mask, since float selects do not vectorize
+            const double d = bits_to_float(float_to_bits(val) & keep),
+                         e = d - bits_to_float(float_to_bits(back) & keep);
+            sig[j] = d * d;
+            err2[j] = e * e;
         }
+        counts[0] += non_finite;
+        counts[1] += lost;
+        counts[2] += saturated;
+        counts[3] += flushed;
+    }
+    OCTET_KERNEL_INLINE static void sum_lanes(const double* __restrict sig, const double* __restrict err2,
+                                              double* __restrict signal, double* __restrict noise) {
+        for (std::size_t j = 0; j < width; j += lanes)
+            for (std::size_t l = 0; l < lanes; ++l) {
+                signal[l] += sig[j + l];
+                noise[l] += err2[j + l];
+            }
+    }
+    OCTET_KERNEL_INLINE static void run(const float* v, const float* S_of, const std::uint8_t* codes, std::size_t n,
+                                        quant_stats* st) {
+        double sig[width], err2[width], signal[lanes] = {}, noise[lanes] = {};
+        std::uint32_t counts[4] = {0, 0, 0, 0};
+        std::size_t j0 = 0;
+        for (; j0 + width <= n; j0 += width) {
+            chunk(v + j0, S_of + j0, codes + j0, sig, err2, counts);
+            sum_lanes(sig, err2, signal, noise);
+        }
+        if (j0 < n) {  // the tail on a copy padded with zeros (scale 1), which count nothing
+            float v_tail[width] = {}, S_tail[width];
+            std::uint8_t code_tail[width] = {};
+            std::fill(S_tail, S_tail + width, 1.0f);
+            std::memcpy(v_tail, v + j0, (n - j0) * sizeof(float));
+            std::memcpy(S_tail, S_of + j0, (n - j0) * sizeof(float));
+            std::memcpy(code_tail, codes + j0, n - j0);
+            chunk(v_tail, S_tail, code_tail, sig, err2, counts);
+            sum_lanes(sig, err2, signal, noise);
+        }
+        st->elements += n;
+        st->non_finite += counts[0];
+        st->lost_to_nan += counts[1];
+        st->saturated += counts[2];
+        st->flushed_to_zero += counts[3];
+        double s = 0.0, e = 0.0;
+        for (std::size_t l = 0; l < lanes; ++l) {
+            s += signal[l];
+            e += noise[l];
+        }
+        st->signal_energy += s;
+        st->noise_energy += e;
     }
 };
 
-/// quant_stats of one quantized row (quant/stats.hpp defines each count). The saturation test
-/// (beyond_max_finite of x / S, a division) runs only for edge codes, where it can be true; the
-/// energies use four partial sums (their order is not part of the contract, only the counts are).
-template <class Fmt>
-void accumulate_row_stats(const float* v, const float* S_of, const std::uint8_t* codes, std::size_t n,
-                          const code_table<Fmt>& facts, quant_stats& st) {
-    unsigned long long non_finite = 0, lost = 0, saturated = 0, flushed = 0;
-    double signal[4] = {0, 0, 0, 0}, noise[4] = {0, 0, 0, 0};
-    for (std::size_t j = 0; j < n; ++j) {
-        const float val = v[j];
-        const float S = S_of[j];
-        const std::uint32_t a = float_to_bits(val) & 0x7FFFFFFFu;
-        if (a >= 0x7F800000u) {
-            ++non_finite;
-            continue;
-        }
-        if (S != S) {  // a NaN block (nan_policy::propagate): the element dequantizes to NaN
-            ++lost;
-            continue;
-        }
-        const std::uint8_t c = codes[j];
-        const float back = facts.value[c] * S;
-        if (facts.edge[c] && S != 0.0f && beyond_max_finite<Fmt>(val / S)) ++saturated;
-        if (a != 0u && back == 0.0f) ++flushed;
-        signal[j & 3] += static_cast<double>(val) * val;
-        const double err = static_cast<double>(val) - back;
-        noise[j & 3] += err * err;
-    }
-    st.elements += n;
-    st.non_finite += non_finite;
-    st.lost_to_nan += lost;
-    st.saturated += saturated;
-    st.flushed_to_zero += flushed;
-    st.signal_energy += (signal[0] + signal[1]) + (signal[2] + signal[3]);
-    st.noise_energy += (noise[0] + noise[1]) + (noise[2] + noise[3]);
-}
-
+/// One quantized copy of x (rows x cols in x's logical orientation) on the host.
 template <class Recipe, class In>
 void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& out,
                         float amax_for_scale_override, float tensor_scale, const philox_stream& rng, bool stats_on,
@@ -292,6 +319,28 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
     const quant_layout& L = out.layout;
     const std::size_t rows = x.rows, cols = x.cols;
     const std::size_t R = L.block_rows, C = L.block_cols, sr = L.scale_rows, sc = L.scale_cols;
+    if (x.order != storage_order::row_major && rows > 0 && cols > 0) {
+        // A column-wise copy reads x down its columns: transpose it once, in cache-sized tiles,
+        // into a row-major temporary and quantize that (the same values, so the same codes).
+        constexpr std::size_t tile = 32;
+        std::vector<In> t(rows * cols);
+        In* const dst = t.data();
+        const In* const src = x.data;
+        const std::size_t ld = x.ld;
+        parallel_for(ex, (rows + tile - 1) / tile, 1, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i0 = b * tile; i0 < std::min(rows, e * tile); i0 += tile) {
+                const std::size_t i1 = std::min(rows, i0 + tile);
+                for (std::size_t j0 = 0; j0 < cols; j0 += tile) {
+                    const std::size_t j1 = std::min(cols, j0 + tile);
+                    for (std::size_t i = i0; i < i1; ++i)
+                        for (std::size_t j = j0; j < j1; ++j) dst[i * cols + j] = src[j * ld + i];
+                }
+            }
+        });
+        quantize_copy_host<Recipe, In>(ex, matrix_ref<const In>(t.data(), rows, cols), out, amax_for_scale_override,
+                                       tensor_scale, rng, stats_on, stats);
+        return;
+    }
 
     // Phase 1: the finite amax of every block (grid sr x sc, row-major here). max is exact and
     // order-free, so any split of the work gives the same grid.
@@ -356,7 +405,6 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
 
     // Phase 3: codes, row by row (a row never shares a byte with another row).
     using Fmt = typename Recipe::format;
-    const code_table<Fmt> code_facts;
     constexpr bool stochastic = std::is_same_v<typename Recipe::rounding, round::stochastic>;
     const bool row_major = x.order == storage_order::row_major;
     std::mutex m;
@@ -405,7 +453,10 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
                     std::fill(row, row + L.row_bytes, std::uint8_t{0});
                     for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
                 }
-                if (stats_on) accumulate_row_stats(v.data(), S_of.data(), codes.data(), cols, code_facts, local);
+                if (stats_on)
+                    run_kernel<row_stats_kernel<Fmt>>(isa, static_cast<const float*>(v.data()),
+                                                      static_cast<const float*>(S_of.data()),
+                                                      static_cast<const std::uint8_t*>(codes.data()), cols, &local);
             }
             if (stats_on) {
                 std::lock_guard<std::mutex> lock(m);

@@ -1,6 +1,7 @@
 """octet inside PyTorch: ``torch.ops.octet`` ops and the Python API over them.
 
 Ops (CPU kernels from octet's host paths): cast, decode, quantize, dequantize, recipe_info.
+RunReport: octet's run report (monitor op library).
 
 Developing one op family: OCTET_TORCH_FAMILIES=quant,gemm (a comma-separated list) imports only
 those families' modules, so a build tree that has only their libraries can be tested.
@@ -44,6 +45,8 @@ if _wanted("optim"):
     from .optim import AdamW  # noqa: F401
 if _wanted("attention"):
     from ._attention import AttentionFunction, AttentionTelemetry, attention  # noqa: F401
+if _wanted("monitor"):
+    from .monitor import RunReport  # noqa: F401
 
 if _wanted("codec"):
     comm_hook = codec_hook  # the name issue 11 uses

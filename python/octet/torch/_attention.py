@@ -4,7 +4,8 @@ Ops (CPU kernels from octet's host path; python/csrc/attention_ops.cpp has the s
   torch.ops.octet.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, v_scaling,
                                     telemetry) -> (o, lse, telemetry[3, 8])
   torch.ops.octet.attention_backward(q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, causal, scale,
-                                     delta, v_scaling, telemetry) -> (dq, dk, dv, telemetry[13], dout_stats[8])
+                                     delta, v_scaling, telemetry, fold_dq_residual)
+      -> (dq, dk, dv, telemetry[19], dout_stats[8])
 
 Layout: q, k, v are float32 or bfloat16, [tokens, heads, head_dim] (one sequence, or several packed
 along tokens with int32 cu_seqlens_q / cu_seqlens_k offsets, FlashAttention's varlen layout) or
@@ -35,10 +36,12 @@ DELTA_MODES = ("matched", "from_output")
 V_SCALINGS = ("per_head", "per_token")
 HEAD_DIMS = (32, 64, 128, 256)
 
-# The backward's telemetry vector (octet::attention_stats, then its derived ratios).
+# The backward's telemetry vector (octet::attention_stats, its derived ratios, then the residuals of
+# dS as the dQ and dK products used it, with their ratios).
 BACKWARD_FIELDS = ("rows", "residual_max", "residual_rel_max", "gap_max", "gap_rel_max", "residual_sumsq",
                    "abs_ds_sumsq", "gap_sumsq", "p_abs_dp_sumsq", "residual_rms", "gap_rms", "residual_rel",
-                   "gap_rel")
+                   "gap_rel", "residual_dq_max", "residual_dq_sumsq", "residual_dk_max", "residual_dk_sumsq",
+                   "residual_dq_rel", "residual_dk_rel")
 
 
 def _total_tokens(x):
@@ -54,7 +57,8 @@ def _attention_forward_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, causa
 
 @torch.library.register_fake("octet::attention_backward")
 def _attention_backward_fake(q, k, v, o, lse, dout, cu_seqlens_q=None, cu_seqlens_k=None, causal=False,
-                             scale=0.0, delta="matched", v_scaling="per_head", telemetry=False):
+                             scale=0.0, delta="matched", v_scaling="per_head", telemetry=False,
+                             fold_dq_residual=False):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty((len(BACKWARD_FIELDS),), dtype=torch.float64),
             q.new_empty((len(STATS_FIELDS),), dtype=torch.float64))
@@ -69,8 +73,11 @@ class AttentionTelemetry:
     octet::attention_stats over the query rows that see a key: ``residual_rel`` = ||r|| / ||a||
     with r_i = sum_j dS_ij and a_i = sum_j |dS_ij| (zero in exact arithmetic; float rounding with
     delta="matched", the stale delta with "from_output"), ``residual_max``, ``residual_rel_max``
-    (noisy), ``gap_rel`` (how far the stored O is from the P V the backward sees), ... (the names
-    of BACKWARD_FIELDS), plus ``dout``: dO's quantization statistics.
+    (noisy), ``gap_rel`` (how far the stored O is from the P V the backward sees),
+    ``residual_dq_rel`` / ``residual_dk_rel`` = ||rq|| / ||a||, ||rk|| / ||a|| with rq_i, rk_i the
+    row sums of dS as the dQ and dK products used it (after its E4M3 rounding, so about
+    u sqrt(sum_j dS_ij^2) per row even with "matched"; fold_dq_residual removes rq's effect on dQ),
+    ... (the names of BACKWARD_FIELDS), plus ``dout``: dO's quantization statistics.
     The raw float64 tensors are ``forward_tensor``, ``backward_tensor`` and ``dout_stats_tensor``.
     """
 
@@ -101,18 +108,21 @@ class AttentionTelemetry:
 class AttentionFunction(torch.autograd.Function):
     """O = softmax(scale * Q K^T) V through octet's FP8 forward, gradients through its FP8 backward.
 
-    apply(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, delta, v_scaling, telemetry) returns
+    apply(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, delta, v_scaling, telemetry,
+    fold_dq_residual) returns
     (o, lse, forward telemetry); lse and the telemetry are not differentiable. ``telemetry`` is an
     AttentionTelemetry (the backward records into it) or None (no telemetry is gathered)."""
 
     @staticmethod
-    def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, delta, v_scaling, telemetry):
+    def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, delta, v_scaling, telemetry,
+                fold_dq_residual=False):
         return _ops.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, v_scaling,
                                       telemetry is not None)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, delta, v_scaling, telemetry = inputs
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, delta, v_scaling, telemetry = inputs[:10]
+        ctx.fold_dq_residual = bool(inputs[10]) if len(inputs) > 10 else False
         o, lse, _ = output
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.mark_non_differentiable(lse, output[2])
@@ -124,16 +134,17 @@ class AttentionFunction(torch.autograd.Function):
         # the incoming gradient may be any view (an expanded scalar from .sum()); the op takes rows
         dq, dk, dv, tele, dout_stats = _ops.attention_backward(
             q, k, v, o, lse, do.contiguous(), cu_seqlens_q, cu_seqlens_k, ctx.causal, ctx.scale, ctx.delta,
-            ctx.v_scaling, ctx.telemetry is not None)
+            ctx.v_scaling, ctx.telemetry is not None, ctx.fold_dq_residual)
         if ctx.telemetry is not None:
             ctx.telemetry.backward_tensor = tele
             ctx.telemetry.dout_stats_tensor = dout_stats
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, delta: str = "matched",
               scale: Optional[float] = None, return_telemetry: bool = False, v_scaling: str = "per_head",
-              cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None):
+              cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+              fold_dq_residual: bool = False):
     """softmax(scale * Q K^T) V with octet's FP8 attention, differentiable in q, k and v.
 
     q: [tokens, heads_q, head_dim] or [batch, tokens, heads_q, head_dim], float32 or bfloat16;
@@ -143,7 +154,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     query i unless j <= i + Lk - Lq (aligned bottom-right, FlashAttention 2.1+). scale defaults to
     1 / sqrt(head_dim). delta: how the backward forms D in dS = P (dP - D): "matched" (from the P
     and dP the backward uses: rows of dS sum to zero) or "from_output" (rowsum(dO * O), stale under
-    FP8; kept for comparison). v_scaling: "per_head" or "per_token" V scales.
+    FP8; kept for comparison). v_scaling: "per_head" or "per_token" V scales. fold_dq_residual:
+    fold the row residual of dS as the dQ product used it back into dQ (octet's
+    attention_backward_options::fold_dq_residual; dK and dV are unchanged).
 
     Returns O (q's shape and dtype, contiguous), or (O, AttentionTelemetry) with
     return_telemetry=True; the telemetry's ``backward`` fills in when the backward of this call runs.
@@ -161,7 +174,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise ValueError(f"octet.torch.attention: scale is {scale}; pass a finite positive softmax scale")
     telemetry = AttentionTelemetry() if return_telemetry else None
     o, _lse, forward_stats = AttentionFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal),
-                                                     float(scale), delta, v_scaling, telemetry)
+                                                     float(scale), delta, v_scaling, telemetry,
+                                                     bool(fold_dq_residual))
     if telemetry is None:
         return o
     telemetry.forward_tensor = forward_stats

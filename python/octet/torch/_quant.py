@@ -58,6 +58,10 @@ def recipe_info(recipe: str) -> RecipeInfo:
     return _info_cache[recipe]
 
 
+for _r in RECIPES:  # at import: torch.compile then reads a dict instead of tracing the op
+    recipe_info(_r)
+
+
 def _ceil_div(a, b):
     return (a + b - 1) // b
 
@@ -96,21 +100,23 @@ def _decode_fake(codes, format):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
-def _copy_fake(x, recipe, rows, cols, present):
+def _copy_fake(x, recipe, rows, cols):
     info = recipe_info(recipe)
-    if not present:
-        rows = cols = 0
     cs, ss, ts = layout(recipe, rows, cols)
-    return (x.new_empty(cs, dtype=info.code_dtype), x.new_empty(ss, dtype=info.scale_dtype),
-            x.new_empty(ts, dtype=torch.float32))
+    out = [x.new_empty(cs, dtype=info.code_dtype), x.new_empty(ss, dtype=info.scale_dtype)]
+    return out + [x.new_empty(ts, dtype=torch.float32)] if info.two_level else out
 
 
 @torch.library.register_fake("octet::quantize")
 def _quantize_fake(x, recipe, rowwise=True, columnwise=False, tensor_amax=-1.0, rounding="nearest_even",
-                   seed=0, offset=0, collect_stats=False):
+                   seed=0, offset=0, collect_stats=False, amax_history=None, philox=None):
     rows, cols = x.shape
-    return (*_copy_fake(x, recipe, rows, cols, rowwise), *_copy_fake(x, recipe, cols, rows, columnwise),
-            x.new_empty((), dtype=torch.float32), x.new_empty((2, 8) if collect_stats else (0,), dtype=torch.float64))
+    out = (_copy_fake(x, recipe, rows, cols) if rowwise else []) + (_copy_fake(x, recipe, cols, rows) if columnwise
+                                                                     else [])
+    out.append(x.new_empty((), dtype=torch.float32))
+    if collect_stats:
+        out.append(x.new_empty((2, 8), dtype=torch.float64))
+    return out
 
 
 @torch.library.register_fake("octet::dequantize")
@@ -163,6 +169,18 @@ class QuantizedTensor:
         return s[:sr, :sc]
 
 
+_no_scale = {}
+
+
+def _no_tensor_scale(x):
+    """The empty tensor_scale of a one-level copy (the op returns none): one per device, read only."""
+    if torch.compiler.is_compiling():
+        return x.new_empty(0, dtype=torch.float32)
+    if x.device not in _no_scale:
+        _no_scale[x.device] = torch.empty(0, device=x.device)
+    return _no_scale[x.device]
+
+
 def stats_dict(row: torch.Tensor) -> dict:
     """One row of quantize's stats as a dict (plus sqnr_db)."""
     d = {k: float(v) for k, v in zip(STATS_FIELDS, row.tolist())}
@@ -177,23 +195,38 @@ def stats_dict(row: torch.Tensor) -> dict:
 
 def quantize(x: torch.Tensor, recipe: str, *, rowwise: bool = True, columnwise: bool = False,
              tensor_amax: Optional[float] = None, rounding: str = "nearest_even", seed: int = 0, offset: int = 0,
-             collect_stats: bool = False):
+             collect_stats: bool = False, amax_history: Optional[torch.Tensor] = None,
+             philox: Optional[torch.Tensor] = None):
     """Quantizes a 2-D float32/bf16/fp16 tensor with a named recipe.
 
-    Returns (rowwise copy or None, columnwise copy (of x^T) or None, info dict with 'amax' and,
-    when collect_stats, 'rowwise'/'columnwise' statistics)."""
-    out = _ops.quantize(x, recipe, rowwise, columnwise, -1.0 if tensor_amax is None else float(tensor_amax),
-                        rounding, seed, offset, collect_stats)
+    tensor_amax: the amax the tensor scale is sized for (delayed scaling; None: x's own amax).
+    amax_history: a float32 1-D history instead, scaled with its max (x's own amax while the
+    history is all zero). philox: an int64 tensor (seed, offset) instead of seed and offset for
+    stochastic rounding. The tensor forms keep per-step values out of torch.compile's guards.
+
+    Returns (rowwise copy or None, columnwise copy (of x^T) or None, info dict with 'amax' (the
+    amax of x, a 0-d float32 tensor) and, when collect_stats, 'rowwise'/'columnwise' statistics)."""
+    out = _ops.quantize.default(x, recipe, rowwise, columnwise,
+                                -1.0 if tensor_amax is None else float(tensor_amax), rounding, seed, offset,
+                                collect_stats, amax_history, philox)
     rows, cols = x.shape
-    row = QuantizedTensor(out[0], out[1], out[2], recipe, cols) if rowwise else None
-    col = QuantizedTensor(out[3], out[4], out[5], recipe, rows) if columnwise else None
-    info = {"amax": out[6]}
+    two_level = recipe_info(recipe).two_level
+    at = 0
+    copies = []
+    for present, n in ((rowwise, cols), (columnwise, rows)):
+        if not present:
+            copies.append(None)
+            continue
+        ts = out[at + 2] if two_level else _no_tensor_scale(x)
+        copies.append(QuantizedTensor(out[at], out[at + 1], ts, recipe, n))
+        at += 3 if two_level else 2
+    info = {"amax": out[at]}
     if collect_stats:
         if rowwise:
-            info["rowwise"] = stats_dict(out[7][0])
+            info["rowwise"] = stats_dict(out[at + 1][0])
         if columnwise:
-            info["columnwise"] = stats_dict(out[7][1])
-    return row, col, info
+            info["columnwise"] = stats_dict(out[at + 1][1])
+    return copies[0], copies[1], info
 
 
 def cast(x: torch.Tensor, format: str, *, rounding: str = "nearest_even", overflow: str = "saturate",

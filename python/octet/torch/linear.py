@@ -108,92 +108,108 @@ def rht_tokens(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     return torch.matmul(rotation, blocks).reshape(rows + pad, cols)
 
 
-class _StepState:
-    """What one step of a stateful layer passes to the autograd function (eager only)."""
-
-    def __init__(self, module, seed, offset, update_history):
-        self.module = module
-        self.seed = seed
-        self.offset = offset
-        self.update_history = update_history  # training steps record amaxes; evaluation does not
-
-
-def _history_amax(hist: Optional[torch.Tensor]) -> Optional[float]:
-    if hist is None:
-        return None
-    m = float(hist.max())
-    return m if m > 0 else None  # an empty history: current scaling
-
-
-def _push_amax(hist: Optional[torch.Tensor], amax: torch.Tensor):
-    if hist is not None:
-        with torch.no_grad():
-            hist.copy_(torch.cat([amax.reshape(1).to(hist.dtype), hist[:-1]]))
+def _push_amax(hist: torch.Tensor, amax: torch.Tensor):
+    """Puts this step's amax in front of the history; the oldest falls off (in place)."""
+    with torch.no_grad():
+        hist.copy_(torch.cat([amax.reshape(1).to(hist.dtype), hist[:-1]]))
 
 
 def _copy(t3, recipe, cols):
     return QuantizedTensor(t3[0], t3[1], t3[2], recipe, cols)
 
 
+def _stats_of(infos):
+    """{operand: quantize's stats dict} for the copies that were made: "x" / "w" / "dy" are the
+    row-wise copies, "x_t" / "w_t" / "dy_t" the column-wise ones (collect_stats)."""
+    out = {}
+    for name, info in infos.items():
+        key = "columnwise" if name.endswith("_t") else "rowwise"
+        if info is not None and key in info:
+            out[name] = info[key]
+    return out
+
+
+# Philox offsets one backward pass draws: dY's row-wise copy, then (+2) H dY's column-wise copy.
+_PHILOX_STRIDE = 4
+
+
 class _Float8LinearFn(torch.autograd.Function):
+    """Y = X W^T + b on quantized copies. Per-step state travels as tensors (the amax histories,
+    the Philox (seed, offset) pair, the RHT signs), so torch.compile neither breaks the graph nor
+    guards on it: the op reads a history's max itself, and the backward pushes dY's amax into
+    g_hist in place. Returns (Y, amax of X, amax of W); the module pushes the two amaxes."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe_name, need_x_t, need_w_t, state):
+    def forward(ctx, x, weight, bias, x_hist, w_hist, g_hist, philox, rht_signs, recipe_name, need_x_t, need_w_t,
+                keep):
         cfg = LINEAR_RECIPES[recipe_name]
-        module = state.module if state is not None else None
-        x_hist = getattr(module, "amax_history_x", None) if cfg.delayed else None
-        w_hist = getattr(module, "amax_history_w", None) if cfg.delayed else None
+        stats = keep is not None and keep.collect_stats
         x_col = need_x_t and not cfg.hadamard_wgrad
-        xq, x_t, x_info = quantize(x, cfg.x, rowwise=True, columnwise=x_col, tensor_amax=_history_amax(x_hist))
+        xq, x_t, x_info = quantize(x, cfg.x, rowwise=True, columnwise=x_col, amax_history=x_hist,
+                                   collect_stats=stats)
+        xh_info = None
         if need_x_t and cfg.hadamard_wgrad:
-            _, x_t, _ = quantize(rht_tokens(x, module.rht_signs), cfg.x, rowwise=False, columnwise=True)
-        wq, w_t, w_info = quantize(weight, cfg.w, rowwise=True, columnwise=need_w_t,
-                                   tensor_amax=_history_amax(w_hist))
-        if cfg.delayed and state.update_history:
-            _push_amax(x_hist, x_info["amax"])
-            _push_amax(w_hist, w_info["amax"])
+            _, x_t, xh_info = quantize(rht_tokens(x, rht_signs), cfg.x, rowwise=False, columnwise=True,
+                                       collect_stats=stats)
+        wq, w_t, w_info = quantize(weight, cfg.w, rowwise=True, columnwise=need_w_t, amax_history=w_hist,
+                                   collect_stats=stats)
         y = scaled_mm(xq, wq, bias=None if bias is None else bias.float(), out_dtype=x.dtype)
 
         empty = x.new_empty(0)
         saved = []
         for q in (x_t, w_t):
             saved += [q.codes, q.scales, q.tensor_scale] if q is not None else [empty, empty, empty]
+        saved.append(rht_signs if rht_signs is not None else empty)
         ctx.save_for_backward(*saved)
+        # g_hist and philox are written by the backward, so they are kept as references, not saved
+        # tensors (whose version check would fail when two forwards run before their backwards).
+        ctx.g_hist = g_hist
+        ctx.philox = philox
         ctx.recipe_name = recipe_name
-        ctx.state = state
+        ctx.keep = keep
         ctx.meta = (weight.shape[0], x.dtype, weight.dtype, None if bias is None else bias.dtype,
                     x_t.cols if x_t is not None else 0)
-        if module is not None and module.keep_operands:
-            module.last_operands = {"x": xq, "w": wq, "x_t": x_t, "w_t": w_t}
-        return y
+        if keep is not None and keep.keep_operands:
+            keep.last_operands = {"x": xq, "w": wq, "x_t": x_t, "w_t": w_t}
+        if stats:
+            keep.last_stats = _stats_of({"x": x_info, "x_t": xh_info or x_info, "w": w_info, "w_t": w_info})
+        x_amax, w_amax = x_info["amax"], w_info["amax"]
+        ctx.mark_non_differentiable(x_amax, w_amax)
+        return y, x_amax, w_amax
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, _dx_amax, _dw_amax):
         cfg = LINEAR_RECIPES[ctx.recipe_name]
-        state = ctx.state
-        module = state.module if state is not None else None
         out_features, x_dtype, w_dtype, b_dtype, x_t_cols = ctx.meta
         s = ctx.saved_tensors
+        rht_signs = s[6]
+        g_hist = ctx.g_hist
+        stats = ctx.keep is not None and ctx.keep.collect_stats
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         # An empty expanded gradient has zero strides, which is_contiguous() accepts but
         # octet's shape checks do not: give it fresh storage.
         dy = dy.contiguous() if dy.numel() else torch.zeros(dy.shape, dtype=dy.dtype, device=dy.device)
         if cfg.stochastic_gradients and dy.dtype == torch.float16:
             dy = dy.float()  # octet's stochastic rounding takes float32 or bfloat16
-        g_hist = getattr(module, "amax_history_g", None) if cfg.delayed else None
-        rounding, seed, offset = "nearest_even", 0, 0
+        rounding, philox = "nearest_even", None
         if cfg.stochastic_gradients:
-            # Offsets 4 step .. 4 step + 3: dY's row-wise copy, then (offset + 2, + 3) H dY's.
-            rounding, seed, offset = "stochastic", state.seed, state.offset
+            # This backward draws from (seed, offset) and moves the module's pair to the next step.
+            # (Read and advanced here, not in the forward: a compiled forward's copy of a buffer it
+            # then advances reached the backward advanced.)
+            rounding, philox = "stochastic", ctx.philox.clone()
+            with torch.no_grad():
+                ctx.philox.add_(torch.tensor([0, _PHILOX_STRIDE], device=philox.device))
         dy_col = need_dw and not cfg.hadamard_wgrad
-        dy_q = dy_t = None
+        dy_q = dy_t = info = h_info = None
         if need_dx or dy_col:
-            dy_q, dy_t, info = quantize(dy, cfg.g, rowwise=need_dx, columnwise=dy_col,
-                                        tensor_amax=_history_amax(g_hist), rounding=rounding, seed=seed,
-                                        offset=offset)
-            _push_amax(g_hist, info["amax"])
+            dy_q, dy_t, info = quantize(dy, cfg.g, rowwise=need_dx, columnwise=dy_col, amax_history=g_hist,
+                                        rounding=rounding, philox=philox, collect_stats=stats)
+            if g_hist is not None:
+                _push_amax(g_hist, info["amax"])
         if need_dw and cfg.hadamard_wgrad:
-            _, dy_t, _ = quantize(rht_tokens(dy, module.rht_signs), cfg.g, rowwise=False, columnwise=True,
-                                  rounding=rounding, seed=seed, offset=offset + 2)
+            _, dy_t, h_info = quantize(rht_tokens(dy, rht_signs), cfg.g, rowwise=False, columnwise=True,
+                                       rounding=rounding, philox=philox + torch.tensor([0, 2], device=philox.device),
+                                       collect_stats=stats)
         dx = dw = db = None
         if need_dx:
             w_t = _copy(s[3:6], cfg.w, out_features)
@@ -203,9 +219,11 @@ class _Float8LinearFn(torch.autograd.Function):
             dw = scaled_mm(dy_t, x_t, out_dtype=w_dtype)
         if need_db:
             db = dy.float().sum(0).to(b_dtype)
-        if module is not None and module.keep_operands:
-            module.last_operands.update({"dy": dy_q, "dy_t": dy_t})
-        return dx, dw, db, None, None, None, None
+        if ctx.keep is not None and ctx.keep.keep_operands:
+            ctx.keep.last_operands.update({"dy": dy_q, "dy_t": dy_t})
+        if stats:
+            ctx.keep.last_stats.update(_stats_of({"dy": info, "dy_t": h_info or info}))
+        return dx, dw, db, None, None, None, None, None, None, None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -215,23 +233,36 @@ class Float8Linear(nn.Linear):
     ``amax_history_len`` (tensorwise_delayed) and ``seed`` (stochastic rounding and the RHT signs
     of nvfp4). Inputs of any leading shape, float32, bfloat16 or float16; the output has the
     input's dtype. Set ``keep_operands = True`` to keep the last step's quantized copies in
-    ``last_operands`` (tests, inspection)."""
+    ``last_operands`` (tests, inspection), ``collect_stats = True`` to keep their quantization
+    statistics in ``last_stats`` ({"x", "w", "x_t", "w_t", "dy", "dy_t"} -> quantize's stats dict;
+    RunReport.record_linear reads them). Both are for eager mode: torch.compile(fullgraph=True)
+    refuses the side effect."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  recipe="tensorwise", amax_history_len: int = 16, seed: int = 0):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = linear_recipe(recipe)
         self.seed = int(seed)
-        self.step = 0  # backward passes that drew random bits (stochastic rounding offsets)
         self.keep_operands = False
         self.last_operands = None
+        self.collect_stats = False
+        self.last_stats = None
         if self.recipe.delayed:
             if amax_history_len < 1:
                 raise ValueError(f"octet.torch.Float8Linear: amax_history_len is {amax_history_len}; pass >= 1")
             for role in ("x", "w", "g"):
                 self.register_buffer(f"amax_history_{role}", torch.zeros(amax_history_len, device=device))
+        if self.recipe.stochastic_gradients:
+            # (seed, Philox offset of the next backward): a tensor, so that torch.compile does not
+            # guard on the step; saved with the model, so that a resumed run draws new bits.
+            self.register_buffer("philox", torch.tensor([self.seed, 0], dtype=torch.int64, device=device))
         if self.recipe.hadamard_wgrad:
             self.register_buffer("rht_signs", _rht_signs(self.seed).to(device), persistent=False)
+
+    @property
+    def step(self) -> int:
+        """Backward passes that drew random bits (stochastic rounding); 0 for other recipes."""
+        return int(self.philox[1]) // _PHILOX_STRIDE if self.recipe.stochastic_gradients else 0
 
     @classmethod
     def from_float(cls, linear: nn.Linear, *, recipe="tensorwise", **kwargs) -> "Float8Linear":
@@ -244,6 +275,8 @@ class Float8Linear(nn.Linear):
         dev = linear.weight.device
         for name, buf in list(new.named_buffers(recurse=False)):
             setattr(new, name, torch.zeros_like(buf, device=dev))
+        if new.recipe.stochastic_gradients:
+            new.philox = torch.tensor([new.seed, 0], dtype=torch.int64, device=dev)
         if new.recipe.hadamard_wgrad:
             new.rht_signs = _rht_signs(new.seed).to(dev)
         return new
@@ -268,13 +301,20 @@ class Float8Linear(nn.Linear):
         grad = torch.is_grad_enabled()
         need_x_t = grad and self.weight.requires_grad
         need_w_t = grad and x.requires_grad
-        state = None
         cfg = self.recipe
-        if cfg.delayed or cfg.stochastic_gradients or cfg.hadamard_wgrad or self.keep_operands:
-            state = _StepState(self, self.seed, 4 * self.step, grad)
-            if grad and cfg.stochastic_gradients:
-                self.step += 1
-        y = _Float8LinearFn.apply(x2d, self.weight, self.bias, cfg.name, need_x_t, need_w_t, state)
+        x_hist = w_hist = g_hist = philox = None
+        if cfg.delayed:
+            x_hist, w_hist, g_hist = self.amax_history_x, self.amax_history_w, self.amax_history_g
+        if cfg.stochastic_gradients:
+            philox = self.philox  # the backward draws from it and advances it
+        # eager inspection (a side effect that torch.compile refuses)
+        keep = self if self.keep_operands or self.collect_stats else None
+        y, x_amax, w_amax = _Float8LinearFn.apply(x2d, self.weight, self.bias, x_hist, w_hist, g_hist, philox,
+                                                  getattr(self, "rht_signs", None), cfg.name, need_x_t, need_w_t,
+                                                  keep)
+        if cfg.delayed and grad:  # training steps record amaxes; evaluation does not
+            _push_amax(x_hist, x_amax)
+            _push_amax(w_hist, w_amax)
         return y.reshape(*lead, self.out_features)
 
 

@@ -12,7 +12,6 @@
 #include <library_types.h>
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -48,19 +47,53 @@ struct cublaslt_matmul_args {
     std::string problem;  ///< "A x B, M=.. N=.. K=..", for error messages
 };
 
-/// Device scratch freed on the stream when it goes out of scope.
-struct stream_scratch {
-    void* p = nullptr;
-    cudaStream_t s = nullptr;
-    stream_scratch(std::size_t bytes, cudaStream_t stream) : s(stream) {
-        if (bytes) OCTET_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+/// The temporaries of one cublaslt-backend call (bytes; 0: none), in the order they are requested:
+/// expanded NVFP4 operands and the device alpha/beta (NVFP4 path), re-laid scale grids (VEC128 when
+/// octet's grid is not already cuBLASLt's, BLK128x128 always), the bias in cuBLASLt's type.
+struct lt_scratch_plan {
+    std::size_t expand_a = 0, expand_b = 0, alpha_beta = 0, scales_a = 0, scales_b = 0, bias = 0;
+    std::size_t total() const {
+        return scratch_round(expand_a) + scratch_round(expand_b) + scratch_round(alpha_beta) + scratch_round(scales_a) +
+               scratch_round(scales_b) + scratch_round(bias);
     }
-    ~stream_scratch() {
-        if (p) cudaFreeAsync(p, s);
-    }
-    stream_scratch(const stream_scratch&) = delete;
-    stream_scratch& operator=(const stream_scratch&) = delete;
 };
+
+/// Scale-grid bytes cuBLASLt needs re-laid for one operand (rows x K), 0 when used in place.
+template <class Recipe>
+std::size_t lt_relayout_bytes(const quantized_cref<Recipe>& q, std::size_t K) {
+    using T = gemm_operand_traits<Recipe>;
+    const std::size_t rows = q.rows(), kblocks = (K + 127) / 128;
+    if constexpr (T::per_tensor || T::per_row || T::nvfp4_like) {
+        return 0;
+    } else if constexpr (T::vec128) {
+        const std::size_t want_ld = (rows + 3) / 4 * 4;
+        return q.layout.scale_ld == want_ld ? 0 : kblocks * want_ld * sizeof(float);
+    } else if constexpr (T::blk128) {
+        return (rows + 127) / 128 * ((kblocks + 3) / 4 * 4) * sizeof(float);
+    } else {
+        return 0;  // a recipe the backend does not map
+    }
+}
+
+template <class RA, class RB, class DT>
+lt_scratch_plan lt_scratch_for(const quantized_cref<RA>& A, const quantized_cref<RB>& B, const gemm_options& opt) {
+    constexpr bool fp4_path = gemm_operand_traits<RA>::nvfp4_like && gemm_operand_traits<RB>::nvfp4_like;
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    lt_scratch_plan p;
+    if (M == 0 || N == 0 || K == 0) return p;
+    if constexpr (fp4_path) {
+        const std::size_t ldk = (K + 7) / 8 * 8;
+        p.expand_a = M * ldk * sizeof(bf16);
+        p.expand_b = N * ldk * sizeof(bf16);
+        p.alpha_beta = 2 * sizeof(float);
+    } else {
+        p.scales_a = lt_relayout_bytes(A, K);
+        p.scales_b = lt_relayout_bytes(B, K);
+    }
+    if (!opt.bias.empty() && !(fp4_path && std::is_same_v<DT, float>))
+        p.bias = N * (std::is_same_v<DT, fp16> ? sizeof(fp16) : sizeof(bf16));
+    return p;
+}
 
 template <class T>
 cudaDataType_t cuda_type() {
@@ -126,9 +159,8 @@ OCTET_KERNEL void lt_fold_tensor_scales(const float* tsa, const float* tsb, floa
 }
 
 template <class RA, class RB, class CT, class DT>
-void run_cublaslt_impl(const cublaslt_ref& lt, cudaStream_t stream, const quantized_cref<RA>& A,
-                       const quantized_cref<RB>& B, const matrix_ref<const CT>* C, const matrix_ref<DT>& D,
-                       const gemm_options& opt) {
+void run_cublaslt_impl(const stream_executor& ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                       const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
     constexpr const char* fn = "octet::scaled_gemm";
     using TA = gemm_operand_traits<RA>;
     using TB = gemm_operand_traits<RB>;
@@ -159,32 +191,32 @@ void run_cublaslt_impl(const cublaslt_ref& lt, cudaStream_t stream, const quanti
     args.type_d = cuda_type<DT>();
     args.problem = message(recipe_description<RA>(), " x ", recipe_description<RB>(), ", M=", M, " N=", N, " K=", K);
 
-    // Scratch: re-laid scales, bias in cuBLASLt's type, expanded FP4 operands, device alpha/beta.
-    std::unique_ptr<stream_scratch> sa_buf, sb_buf, bias_buf, pa_buf, pb_buf, ab_buf;
+    // Scratch from the executor's allocator (lt_scratch_for: one home for the sizes).
+    const cudaStream_t stream = ex.stream;
+    const lt_scratch_plan plan = lt_scratch_for<RA, RB, DT>(A, B, opt);
+    stream_scratch sa_buf, sb_buf, bias_buf, pa_buf, pb_buf, ab_buf;
     const unsigned blocks = 256;
 
     if constexpr (fp4_path) {
         const std::size_t ldk = (K + 7) / 8 * 8;  // 16-byte rows of bf16
-        pa_buf = std::make_unique<stream_scratch>(M * ldk * sizeof(bf16), stream);
-        pb_buf = std::make_unique<stream_scratch>(N * ldk * sizeof(bf16), stream);
-        lt_expand_fp4<RA>
-            <<<cuda::grid_stride_blocks(M * ldk, blocks), blocks, 0, stream>>>(A, static_cast<bf16*>(pa_buf->p), ldk);
+        pa_buf = stream_scratch(ex, plan.expand_a);
+        pb_buf = stream_scratch(ex, plan.expand_b);
+        lt_expand_fp4<RA><<<cuda::grid_stride_blocks(M * ldk, blocks), blocks, 0, stream>>>(A, pa_buf.as<bf16>(), ldk);
         OCTET_CUDA_CHECK_LAUNCH();
-        lt_expand_fp4<RB>
-            <<<cuda::grid_stride_blocks(N * ldk, blocks), blocks, 0, stream>>>(B, static_cast<bf16*>(pb_buf->p), ldk);
+        lt_expand_fp4<RB><<<cuda::grid_stride_blocks(N * ldk, blocks), blocks, 0, stream>>>(B, pb_buf.as<bf16>(), ldk);
         OCTET_CUDA_CHECK_LAUNCH();
-        ab_buf = std::make_unique<stream_scratch>(2 * sizeof(float), stream);
+        ab_buf = stream_scratch(ex, plan.alpha_beta);
         lt_fold_tensor_scales<<<1, 1, 0, stream>>>(A.tensor_scale, B.tensor_scale, args.alpha, args.beta,
-                                                   static_cast<float*>(ab_buf->p));
+                                                   static_cast<float*>(ab_buf.get()));
         OCTET_CUDA_CHECK_LAUNCH();
-        args.device_alpha_beta = static_cast<const float*>(ab_buf->p);
-        args.first = d_row ? pb_buf->p : pa_buf->p;
-        args.second = d_row ? pa_buf->p : pb_buf->p;
+        args.device_alpha_beta = static_cast<const float*>(ab_buf.get());
+        args.first = d_row ? pb_buf.get() : pa_buf.get();
+        args.second = d_row ? pa_buf.get() : pb_buf.get();
         args.ld_first = args.ld_second = ldk;
         args.type_first = args.type_second = CUDA_R_16BF;
     } else {
         // Scale pointers and modes of one octet operand (rows x K).
-        auto scales_of = [&](auto q, std::unique_ptr<stream_scratch>& buf, lt_scale_mode& mode) -> const void* {
+        auto scales_of = [&](auto q, stream_scratch& buf, std::size_t bytes, lt_scale_mode& mode) -> const void* {
             using T = gemm_operand_traits<typename decltype(q)::recipe_type>;
             const std::size_t rows = q.rows(), kblocks = (K + 127) / 128;
             const float* s = reinterpret_cast<const float*>(q.scales);
@@ -197,27 +229,27 @@ void run_cublaslt_impl(const cublaslt_ref& lt, cudaStream_t stream, const quanti
             } else if constexpr (T::vec128) {
                 mode = lt_scale_mode::vec128_32f;
                 const std::size_t want_ld = (rows + 3) / 4 * 4;
-                if (q.layout.scale_ld == want_ld) return s;
-                buf = std::make_unique<stream_scratch>(kblocks * want_ld * sizeof(float), stream);
+                if (bytes == 0) return s;  // octet's grid already is cuBLASLt's
+                buf = stream_scratch(ex, bytes);
                 lt_relayout_vec128<<<cuda::grid_stride_blocks(kblocks * want_ld, blocks), blocks, 0, stream>>>(
-                    s, q.layout.scale_ld, static_cast<float*>(buf->p), want_ld, static_cast<std::uint32_t>(rows),
+                    s, q.layout.scale_ld, buf.as<float>(), want_ld, static_cast<std::uint32_t>(rows),
                     static_cast<std::uint32_t>(kblocks));
                 OCTET_CUDA_CHECK_LAUNCH();
-                return buf->p;
+                return buf.get();
             } else {
                 mode = lt_scale_mode::blk128x128_32f;
                 const std::size_t rblocks = (rows + 127) / 128, want_ld = (kblocks + 3) / 4 * 4;
-                buf = std::make_unique<stream_scratch>(rblocks * want_ld * sizeof(float), stream);
+                buf = stream_scratch(ex, bytes);
                 lt_relayout_blk128<<<cuda::grid_stride_blocks(rblocks * want_ld, blocks), blocks, 0, stream>>>(
-                    s, q.layout.scale_ld, static_cast<float*>(buf->p), want_ld, static_cast<std::uint32_t>(rblocks),
+                    s, q.layout.scale_ld, buf.as<float>(), want_ld, static_cast<std::uint32_t>(rblocks),
                     static_cast<std::uint32_t>(kblocks));
                 OCTET_CUDA_CHECK_LAUNCH();
-                return buf->p;
+                return buf.get();
             }
         };
         lt_scale_mode mode_a = lt_scale_mode::none, mode_b = lt_scale_mode::none;
-        const void* scale_a = scales_of(A, sa_buf, mode_a);
-        const void* scale_b = scales_of(B, sb_buf, mode_b);
+        const void* scale_a = scales_of(A, sa_buf, plan.scales_a, mode_a);
+        const void* scale_b = scales_of(B, sb_buf, plan.scales_b, mode_b);
         args.scale_first = d_row ? scale_b : scale_a;
         args.scale_second = d_row ? scale_a : scale_b;
         args.mode_first = d_row ? mode_b : mode_a;
@@ -237,21 +269,21 @@ void run_cublaslt_impl(const cublaslt_ref& lt, cudaStream_t stream, const quanti
             args.bias = opt.bias.data();
             args.bias_type = CUDA_R_32F;
         } else if (std::is_same_v<DT, fp16>) {
-            bias_buf = std::make_unique<stream_scratch>(N * sizeof(fp16), stream);
+            bias_buf = stream_scratch(ex, plan.bias);
             lt_convert_bias<fp16><<<cuda::grid_stride_blocks(N, blocks), blocks, 0, stream>>>(
-                opt.bias.data(), static_cast<fp16*>(bias_buf->p), nb);
-            args.bias = bias_buf->p;
+                opt.bias.data(), static_cast<fp16*>(bias_buf.get()), nb);
+            args.bias = bias_buf.get();
             args.bias_type = CUDA_R_16F;
         } else {
-            bias_buf = std::make_unique<stream_scratch>(N * sizeof(bf16), stream);
+            bias_buf = stream_scratch(ex, plan.bias);
             lt_convert_bias<bf16><<<cuda::grid_stride_blocks(N, blocks), blocks, 0, stream>>>(
-                opt.bias.data(), static_cast<bf16*>(bias_buf->p), nb);
-            args.bias = bias_buf->p;
+                opt.bias.data(), static_cast<bf16*>(bias_buf.get()), nb);
+            args.bias = bias_buf.get();
             args.bias_type = CUDA_R_16BF;
         }
         OCTET_CUDA_CHECK_LAUNCH();
     }
-    lt.matmul(lt, stream, args);
+    ex.cublaslt.matmul(ex.cublaslt, stream, args);
 }
 
 /// Recipe pairs the backend maps (gemm_backend_support has the rules and the messages).
@@ -265,12 +297,13 @@ inline constexpr bool cublaslt_maps_pair_v =
       ((gemm_operand_traits<RA>::vec128 || gemm_operand_traits<RA>::blk128) &&
        (gemm_operand_traits<RB>::vec128 || gemm_operand_traits<RB>::blk128))));
 
-/// The cublaslt backend: octet's preparation kernels, then the lent cuBLASLt (lt.matmul).
+/// The cublaslt backend: octet's preparation kernels (scratch from ex's allocator), then the lent
+/// cuBLASLt (ex.cublaslt.matmul).
 template <class RA, class RB, class CT, class DT>
-void run_cublaslt(const cublaslt_ref& lt, cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+void run_cublaslt(const stream_executor& ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
                   const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
     if constexpr (cublaslt_maps_pair_v<RA, RB>)
-        run_cublaslt_impl<RA, RB, CT, DT>(lt, stream, A, B, C, D, opt);
+        run_cublaslt_impl<RA, RB, CT, DT>(ex, A, B, C, D, opt);
     else
         throw error("octet::scaled_gemm: the cublaslt backend does not map " + recipe_description<RA>() + " x " +
                     recipe_description<RB>());

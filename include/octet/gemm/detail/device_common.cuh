@@ -125,24 +125,27 @@ device_epilogue<CT, DT> make_device_epilogue(const matrix_ref<const CT>* C, cons
     return e;
 }
 
-/// Runs a probe kernel once per device and caches its answer (1: the feature's code was compiled in).
-template <class Probe>
-bool probe_once(Probe launch) {
+/// A probe kernel marks the code path it guards with probe_marker() (a 16-byte static shared
+/// array); image_has_marker tells whether the image the runtime loaded for the current device holds
+/// that path, from cudaFuncGetAttributes alone: no allocation, no launch, no synchronization (so it
+/// is safe during stream capture). No compatible image at all also answers false. Cached per device.
+#define OCTET_PROBE_MARKER()                         \
+    do {                                             \
+        __shared__ volatile int octet_probe_mark[4]; \
+        octet_probe_mark[threadIdx.x & 3] = 1;       \
+    } while (0)
+
+template <class Kernel>
+bool image_has_marker(Kernel kernel, std::atomic<int> (&cache)[64]) {
     int device = 0;
     OCTET_CUDA_CHECK(cudaGetDevice(&device));
-    static std::atomic<int> cached[64] = {};  // 0 unknown, 1 no, 2 yes (racing first calls agree)
-    if (device < 64 && cached[device].load(std::memory_order_relaxed))
-        return cached[device].load(std::memory_order_relaxed) == 2;
-    int* flag = nullptr;
-    OCTET_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
-    OCTET_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
-    launch(flag);
-    const cudaError_t err = cudaGetLastError();
-    int value = 0;
-    if (err == cudaSuccess) OCTET_CUDA_CHECK(cudaMemcpy(&value, flag, sizeof(int), cudaMemcpyDeviceToHost));
-    cudaFree(flag);
-    const bool yes = err == cudaSuccess && value == 1;
-    if (device < 64) cached[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+    if (device < 64 && cache[device].load(std::memory_order_relaxed))  // 0 unknown, 1 no, 2 yes
+        return cache[device].load(std::memory_order_relaxed) == 2;
+    cudaFuncAttributes attr{};
+    const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+    if (err != cudaSuccess) cudaGetLastError();  // no image for this device: not sticky, clear it
+    const bool yes = err == cudaSuccess && attr.sharedSizeBytes >= 4 * sizeof(int);
+    if (device < 64) cache[device].store(yes ? 2 : 1, std::memory_order_relaxed);
     return yes;
 }
 
