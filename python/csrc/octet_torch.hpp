@@ -34,6 +34,7 @@
 #include "octet/quant/recipe.hpp"
 #include "octet/quant/stats.hpp"
 #include "octet/quant/tensor.hpp"
+#include "recipe_list.hpp"
 
 namespace octet_torch {
 
@@ -161,28 +162,9 @@ inline constexpr const char* recipe_names =
 /// Calls f(type_tag<Recipe>{}) for a recipe name.
 template <class F>
 decltype(auto) with_recipe(std::string_view name, const char* op, F&& f) {
-    namespace r = octet::recipes;
 #define OCTET_TORCH_RECIPE(n) \
-    if (name == #n) return f(type_tag<r::n>{});
-    OCTET_TORCH_RECIPE(tensorwise_e4m3)
-    OCTET_TORCH_RECIPE(tensorwise_e5m2)
-    OCTET_TORCH_RECIPE(rowwise_e4m3)
-    OCTET_TORCH_RECIPE(columnwise_e4m3)
-    OCTET_TORCH_RECIPE(blockwise_1x128)
-    OCTET_TORCH_RECIPE(blockwise_128x128)
-    OCTET_TORCH_RECIPE(mxfp8_e4m3)
-    OCTET_TORCH_RECIPE(mxfp8_e5m2)
-    OCTET_TORCH_RECIPE(mxfp8_e4m3_ceil)
-    OCTET_TORCH_RECIPE(mxfp6_e2m3)
-    OCTET_TORCH_RECIPE(mxfp6_e3m2)
-    OCTET_TORCH_RECIPE(mxfp4)
-    OCTET_TORCH_RECIPE(nvfp4)
-    OCTET_TORCH_RECIPE(mxfp8_e4m3_nan)
-    OCTET_TORCH_RECIPE(mxfp8_e5m2_nan)
-    OCTET_TORCH_RECIPE(mxfp6_e2m3_nan)
-    OCTET_TORCH_RECIPE(mxfp6_e3m2_nan)
-    OCTET_TORCH_RECIPE(mxfp4_nan)
-    OCTET_TORCH_RECIPE(nvfp4_nan)
+    if (name == #n) return f(type_tag<octet::recipes::n>{});
+    OCTET_TORCH_RECIPES(OCTET_TORCH_RECIPE)
 #undef OCTET_TORCH_RECIPE
     TORCH_CHECK_VALUE(false, where(op, "recipe"), "is '", std::string(name), "'; pass one of ", recipe_names);
 }
@@ -224,12 +206,6 @@ octet::quantized_cref<Recipe> as_quantized(const at::Tensor& codes, const at::Te
 }
 
 // ---- shared by the quantization ops and those that quantize inside (gemm, linear) ----
-
-/// The recipe with its rounding replaced (stochastic rounding is a per-call choice in Python).
-template <class R, class Round>
-using with_rounding_t =
-    octet::recipe<typename R::format, typename R::granularity, typename R::scale_rule, typename R::scale_storage_type,
-                  Round, typename R::overflow_policy, typename R::nan_handling>;
 
 template <class F>
 decltype(auto) with_rounding(std::string_view name, const char* op, F&& f) {

@@ -23,6 +23,16 @@
 
 #include "octet/quant/quantize.hpp"
 #include "octet_torch.hpp"
+#include "quant_quantize_instances.hpp"
+
+// The quantizer itself is instantiated in quant_quantize_<rounding>_<input>.cpp.
+#define OCTET_TORCH_EXTERN extern
+OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_NEAREST_F32)
+OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_NEAREST_BF16)
+OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_NEAREST_F16)
+OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_STOCHASTIC_F32)
+OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_STOCHASTIC_BF16)
+#undef OCTET_TORCH_EXTERN
 
 namespace octet_torch {
 namespace {
