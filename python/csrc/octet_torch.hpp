@@ -241,7 +241,8 @@ constexpr bool one_code_per_dtype_element() {
     return Fmt::bits == 8;
 }
 
-/// Owning tensors of one quantized copy (rows x cols) in octet's layout, and its view.
+/// Owning tensors of one quantized copy (rows x cols) in octet's layout (tensor_scale only for
+/// two-level recipes), and its view.
 template <class Recipe>
 struct copy_tensors {
     at::Tensor codes, scales, tensor_scale;
@@ -254,12 +255,13 @@ struct copy_tensors {
         codes = at::empty({static_cast<int64_t>(rows), static_cast<int64_t>(code_cols)}, o.dtype(code_dtype<Fmt>()));
         scales = at::empty({static_cast<int64_t>(layout.scale_cols), static_cast<int64_t>(layout.scale_ld)},
                            o.dtype(scale_dtype<Recipe>()));
-        tensor_scale = at::empty({Recipe::two_level ? 1 : 0}, o.dtype(at::kFloat));
+        if constexpr (Recipe::two_level) tensor_scale = at::empty({1}, o.dtype(at::kFloat));  // else undefined
     }
     octet::quantized_ref<Recipe> ref() {
+        float* ts = nullptr;
+        if constexpr (Recipe::two_level) ts = tensor_scale.data_ptr<float>();
         return octet::quantized_ref<Recipe>(static_cast<std::uint8_t*>(codes.data_ptr()),
-                                            static_cast<std::uint8_t*>(scales.data_ptr()), layout,
-                                            Recipe::two_level ? tensor_scale.data_ptr<float>() : nullptr);
+                                            static_cast<std::uint8_t*>(scales.data_ptr()), layout, ts);
     }
 };
 
