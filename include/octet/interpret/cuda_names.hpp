@@ -1,0 +1,219 @@
+// octet/interpret/cuda_names.hpp: CUDA's kernel-side names for kernel source compiled as host code
+// under the interpreter (octet/interpret/interpret.hpp), and the shared-memory declaration macros
+// that are `__shared__` declarations under nvcc.
+//
+// With OCTET_INTERPRET defined and a compiler other than nvcc:
+//   threadIdx, blockIdx, blockDim, gridDim   the running fiber's interpret::thread_idx() ... grid_dim()
+//   warpSize                                 32
+//   __syncthreads()                          interpret::syncthreads() (the call site is recorded)
+//   __syncwarp, __activemask                 interpret::syncwarp, activemask
+//   __shfl_sync/_up/_down/_xor (int, unsigned, float, 64-bit types as two 32-bit shuffles)
+//                                            interpret::shfl_sync with CUDA's c = ((32 - width) << 8) | clamp
+//   __all_sync, __any_sync, __ballot_sync, __match_any_sync, __match_all_sync
+//   atomicAdd/Sub/Max/Min/Exch/CAS/And/Or/Xor on T* (global) and interpret::sptr<T> (shared)
+//   __threadfence*, __nanosleep              nothing, a yield
+//   __global__, __device__, __host__, __forceinline__, __noinline__, __launch_bounds__(...)  nothing
+//   __shared__                               NOT defined: a declaration not yet converted to the macros
+//                                            below fails to compile instead of being silently unchecked.
+// Without OCTET_INTERPRET (or under nvcc) the header defines only the macros below, as plain CUDA.
+//
+//   OCTET_SHARED(type, name)                 __shared__ type name;   (type may be an array: float[8][8])
+//   OCTET_SHARED_ALIGNED(type, name, align)  __shared__ __align__(align) type name;
+//   OCTET_DYNAMIC_SHARED(type, name)         extern __shared__ __align__(1024) type name[];
+//   octet::shared_ptr_t<T>                   T* on the device, interpret::sptr<T> here
+//   octet::shared_cast<U>(p)                 reinterpret_cast<U*>(p) on the device, the checked cast here
+#pragma once
+
+#include <type_traits>
+
+#include "octet/config.hpp"
+
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+#include <cstdint>
+#include <cstring>
+
+#include "octet/interpret/interpret.hpp"
+
+namespace octet {
+template <class T>
+using shared_ptr_t = interpret::sptr<T>;
+using interpret::shared_cast;
+}  // namespace octet
+
+#define OCTET_SHARED_ALIGNED(type, name, align)                                          \
+    static const char octet_shared_tag_##name = 0;                                       \
+    auto name = ::octet::interpret::static_shared<type>(&octet_shared_tag_##name, #name, \
+                                                        (align) > alignof(type) ? (align) : alignof(type))
+#define OCTET_SHARED(type, name) OCTET_SHARED_ALIGNED(type, name, alignof(type))
+#define OCTET_DYNAMIC_SHARED(type, name) auto name = ::octet::interpret::dynamic_shared<type>()
+
+#define threadIdx (::octet::interpret::thread_idx())
+#define blockIdx (::octet::interpret::block_idx())
+#define blockDim (::octet::interpret::block_dim())
+#define gridDim (::octet::interpret::grid_dim())
+#define warpSize 32
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __syncthreads() ::octet::interpret::syncthreads()
+
+namespace octet {
+namespace interpret {
+namespace names {
+template <class T>
+std::uint32_t lo_bits(T v) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "shuffles move 4- or 8-byte values");
+    std::uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof(T));
+    return static_cast<std::uint32_t>(u);
+}
+template <class T>
+std::uint32_t hi_bits(T v) {
+    std::uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof(T));
+    return static_cast<std::uint32_t>(u >> 32);
+}
+template <class T>
+T from_bits(std::uint32_t lo, std::uint32_t hi) {
+    const std::uint64_t u = lo | static_cast<std::uint64_t>(hi) << 32;
+    T v;
+    std::memcpy(&v, &u, sizeof(T));
+    return v;
+}
+/// CUDA's __shfl*_sync: c = ((32 - width) << 8) | clamp, clamp 0x1f except for up (0).
+template <class T>
+T shfl(shfl_mode mode, unsigned mask, T var, unsigned b, int width, const char* file, int line) {
+    const std::uint32_t c = (static_cast<std::uint32_t>(32 - width) << 8) | (mode == shfl_mode::up ? 0u : 0x1Fu);
+    const std::uint32_t lo = shfl_sync(mode, lo_bits(var), b, c, mask, file, line).value;
+    const std::uint32_t hi = sizeof(T) == 8 ? shfl_sync(mode, hi_bits(var), b, c, mask, file, line).value : 0u;
+    return from_bits<T>(lo, hi);
+}
+}  // namespace names
+}  // namespace interpret
+}  // namespace octet
+
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src, int width = 32, const char* file = __builtin_FILE(),
+              int line = __builtin_LINE()) {
+    return ::octet::interpret::names::shfl(::octet::interpret::shfl_mode::idx, mask, var, static_cast<unsigned>(src),
+                                           width, file, line);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32, const char* file = __builtin_FILE(),
+                 int line = __builtin_LINE()) {
+    return ::octet::interpret::names::shfl(::octet::interpret::shfl_mode::up, mask, var, delta, width, file, line);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32, const char* file = __builtin_FILE(),
+                   int line = __builtin_LINE()) {
+    return ::octet::interpret::names::shfl(::octet::interpret::shfl_mode::down, mask, var, delta, width, file, line);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32, const char* file = __builtin_FILE(),
+                  int line = __builtin_LINE()) {
+    return ::octet::interpret::names::shfl(::octet::interpret::shfl_mode::bfly, mask, var,
+                                           static_cast<unsigned>(lane_mask), width, file, line);
+}
+inline int __all_sync(unsigned mask, int p, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return ::octet::interpret::vote_all_sync(mask, p != 0, file, line);
+}
+inline int __any_sync(unsigned mask, int p, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return ::octet::interpret::vote_any_sync(mask, p != 0, file, line);
+}
+inline unsigned __ballot_sync(unsigned mask, int p, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return ::octet::interpret::vote_ballot_sync(mask, p != 0, file, line);
+}
+template <class T>
+unsigned __match_any_sync(unsigned mask, T value, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return ::octet::interpret::match_any_sync(
+        mask,
+        ::octet::interpret::names::lo_bits(value) | std::uint64_t{::octet::interpret::names::hi_bits(value)} << 32,
+        file, line);
+}
+template <class T>
+unsigned __match_all_sync(unsigned mask, T value, int* pred, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE()) {
+    bool p = false;
+    const unsigned r = ::octet::interpret::match_all_sync(
+        mask,
+        ::octet::interpret::names::lo_bits(value) | std::uint64_t{::octet::interpret::names::hi_bits(value)} << 32, &p,
+        file, line);
+    if (pred) *pred = p;
+    return r;
+}
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    ::octet::interpret::syncwarp(mask, file, line);
+}
+inline unsigned __activemask() {
+    return ::octet::interpret::activemask();
+}
+inline void __threadfence_block() {}
+inline void __threadfence() {}
+inline void __nanosleep(unsigned) {
+    ::octet::interpret::yield();
+}
+template <class P, class T>
+auto atomicAdd(P p, T v) {
+    return ::octet::interpret::atomic_add(p, v);
+}
+template <class P, class T>
+auto atomicSub(P p, T v) {
+    return ::octet::interpret::atomic_sub(p, v);
+}
+template <class P, class T>
+auto atomicMax(P p, T v) {
+    return ::octet::interpret::atomic_max(p, v);
+}
+template <class P, class T>
+auto atomicMin(P p, T v) {
+    return ::octet::interpret::atomic_min(p, v);
+}
+template <class P, class T>
+auto atomicExch(P p, T v) {
+    return ::octet::interpret::atomic_exch(p, v);
+}
+template <class P, class T>
+auto atomicCAS(P p, T compare, T v) {
+    return ::octet::interpret::atomic_cas(p, compare, v);
+}
+template <class P, class T>
+auto atomicAnd(P p, T v) {
+    return ::octet::interpret::atomic_and(p, v);
+}
+template <class P, class T>
+auto atomicOr(P p, T v) {
+    return ::octet::interpret::atomic_or(p, v);
+}
+template <class P, class T>
+auto atomicXor(P p, T v) {
+    return ::octet::interpret::atomic_xor(p, v);
+}
+
+#else  // nvcc, or a host build without the interpreter
+
+namespace octet {
+template <class T>
+using shared_ptr_t = T*;
+template <class U, class T>
+OCTET_HD U* shared_cast(T* p) {
+    return reinterpret_cast<U*>(p);
+}
+namespace interpret {
+namespace names {
+template <class T>
+struct identity {
+    using type = T;
+};
+}  // namespace names
+}  // namespace interpret
+}  // namespace octet
+
+#define OCTET_SHARED_ALIGNED(type, name, align) \
+    __shared__ __align__(align) typename ::octet::interpret::names::identity<type>::type name
+#define OCTET_SHARED(type, name) __shared__ typename ::octet::interpret::names::identity<type>::type name
+#define OCTET_DYNAMIC_SHARED(type, name) extern __shared__ __align__(1024) type name[]
+
+#endif

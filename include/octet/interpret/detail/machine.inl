@@ -1,0 +1,832 @@
+// octet/interpret/detail/machine.inl: the interpreter's machinery (fibers, scheduler, barriers, warp
+// collectives, shared-memory shadow state). Included by octet/interpret/interpret.hpp only.
+#pragma once
+
+#include <cstdio>
+
+namespace octet {
+namespace interpret {
+namespace detail {
+
+struct fiber_abort {};  // unwinds a fiber whose block is abandoned
+struct block_abort {};  // collect mode: a report stopped the block
+
+struct epoch {
+    std::uint32_t clock = 0;  // 0: no access (happens before everything)
+    std::uint32_t tid = 0;
+};
+struct shadow {
+    epoch w, r, a;  // last plain write, last read (unless read_shared), last atomic
+    bool init = false, read_shared = false, uninit_reported = false;
+};
+struct region {
+    std::string name;
+    std::size_t begin = 0, size = 0;
+};
+struct site {
+    const char* file = "";
+    int line = 0;
+};
+inline std::string to_string(const site& s) {
+    return std::string(s.file) + ":" + std::to_string(s.line);
+}
+inline std::string hex(std::uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+    return b;
+}
+/// "0-63, 70, 96-127"
+inline std::string id_ranges(const std::vector<unsigned>& ids) {
+    std::string s;
+    for (std::size_t i = 0; i < ids.size();) {
+        std::size_t j = i;
+        while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+        if (!s.empty()) s += ", ";
+        s += std::to_string(ids[i]);
+        if (j > i) s += "-" + std::to_string(ids[j]);
+        i = j + 1;
+    }
+    return s;
+}
+inline std::vector<unsigned> lanes_of(std::uint32_t mask) {
+    std::vector<unsigned> v;
+    for (unsigned l = 0; l < 32; ++l)
+        if (mask >> l & 1u) v.push_back(l);
+    return v;
+}
+
+enum class warp_kind {
+    shfl_idx,
+    shfl_up,
+    shfl_down,
+    shfl_bfly,
+    vote_all,
+    vote_any,
+    vote_ballot,
+    match_any,
+    match_all,
+    syncwarp
+};
+inline const char* name_of(warp_kind k) {
+    switch (k) {
+        case warp_kind::shfl_idx:
+            return "shfl.sync.idx";
+        case warp_kind::shfl_up:
+            return "shfl.sync.up";
+        case warp_kind::shfl_down:
+            return "shfl.sync.down";
+        case warp_kind::shfl_bfly:
+            return "shfl.sync.bfly";
+        case warp_kind::vote_all:
+            return "vote.sync.all";
+        case warp_kind::vote_any:
+            return "vote.sync.any";
+        case warp_kind::vote_ballot:
+            return "vote.sync.ballot";
+        case warp_kind::match_any:
+            return "match.sync.any";
+        case warp_kind::match_all:
+            return "match.sync.all";
+        case warp_kind::syncwarp:
+            return "bar.warp.sync";
+    }
+    return "?";
+}
+
+struct fiber {
+    ucontext_t ctx;
+    std::uint8_t* mapping = nullptr;  // guard page, then the stack
+    unsigned tid = 0;
+    dim3 idx;
+    bool started = false, done = false, ready = false, abort = false;
+    std::vector<std::uint32_t> vc;  // vector clock over the block's threads
+    std::exception_ptr error;
+    enum class wait { none, barrier, warp } waiting = wait::none;
+    unsigned bar_id = 0;
+    site at;
+    std::uint32_t wvalue = 0;  // a warp collective's result for this lane
+    bool wpred = false;
+};
+
+struct barrier_state {
+    unsigned expected = 0, arrived = 0;
+    bool all = false;  // the phase began with __syncthreads
+    std::vector<unsigned> waiters, arrivals;
+    std::vector<site> sites;  // per arrival
+    std::vector<std::uint32_t> vc;
+};
+
+struct warp_op {
+    warp_kind kind = warp_kind::syncwarp;
+    std::uint32_t mask = 0, arrived = 0;
+    site at;
+    std::uint32_t a[32] = {}, b[32] = {}, c[32] = {};
+    std::uint64_t key[32] = {};
+};
+
+inline void join(std::vector<std::uint32_t>& into, const std::vector<std::uint32_t>& from) {
+    for (std::size_t i = 0; i < into.size(); ++i) into[i] = std::max(into[i], from[i]);
+}
+
+struct machine;
+inline thread_local machine* tl_machine = nullptr;
+inline void fiber_entry();
+
+struct machine {
+    std::string kernel;
+    launch_config cfg;
+    options opt;
+    run_result result;
+    std::function<void()> body;
+    unsigned nthreads = 0;
+    dim3 block;
+    std::unique_ptr<fiber[]> fibers;
+    ucontext_t sched;
+    fiber* current = nullptr;
+    std::size_t page = 4096, stack_bytes = 0;
+    // The block's shared window: dynamic shared memory at offset 0, static variables after it.
+    std::uint8_t* window = nullptr;
+    std::size_t window_bytes = 0, static_begin = 0, static_end = 0, touched_end = 0;
+    std::vector<region> regions;  // [0]: the dynamic region
+    std::unordered_map<const void*, int> static_regions;
+    std::vector<shadow> shadows;
+    std::unordered_map<std::size_t, std::vector<epoch>> shared_reads;
+    barrier_state bars[16];
+    std::vector<std::vector<warp_op>> warp_ops;  // pending collectives per warp
+    bool block_aborted = false;
+
+    machine(const char* name, const launch_config& c, const options& o) : kernel(name), cfg(c), opt(o) {}
+    machine(const machine&) = delete;
+    machine& operator=(const machine&) = delete;
+    ~machine() {
+        if (fibers)
+            for (unsigned t = 0; t < nthreads; ++t)
+                if (fibers[t].mapping) munmap(fibers[t].mapping, page + stack_bytes);
+        if (window) munmap(window, window_bytes);
+    }
+
+    dim3 coords(unsigned tid) const {
+        const unsigned bx = cfg.block.x, by = cfg.block.y;
+        return dim3(tid % bx, (tid / bx) % by, tid / (bx * by));
+    }
+    std::string thread_name(unsigned tid) const {
+        const dim3 c = coords(tid);
+        return "thread (" + std::to_string(c.x) + "," + std::to_string(c.y) + "," + std::to_string(c.z) + ")";
+    }
+    report make(check k, unsigned tid, std::string address, std::string detail) const {
+        report r;
+        r.kind = k;
+        r.kernel = kernel;
+        r.block = block;
+        r.thread = coords(tid);
+        r.address = std::move(address);
+        r.detail = std::move(detail);
+        return r;
+    }
+    void keep(report r) {
+        if (result.reports.size() < opt.max_reports)
+            result.reports.push_back(std::move(r));
+        else
+            ++result.dropped_reports;
+    }
+    /// From a fiber: raise, or keep (and end the block when the report stops it).
+    void emit(report r, bool stops_block) {
+        if (opt.mode == on_report::raise) throw failure(std::move(r));
+        keep(std::move(r));
+        if (stops_block) throw block_abort{};
+    }
+
+    // ---- scheduling ------------------------------------------------------------------------------
+
+    void resume(fiber& f) {
+        current = &f;
+        f.started = true;
+        swapcontext(&sched, &f.ctx);
+        current = nullptr;
+        ++result.context_switches;
+    }
+    void block_wait(fiber& f) {
+        f.ready = false;
+        swapcontext(&f.ctx, &sched);
+        if (f.abort) throw fiber_abort{};
+    }
+    void abandon() {
+        for (unsigned t = 0; t < nthreads; ++t) {
+            fiber& f = fibers[t];
+            if (f.done) continue;
+            if (f.started) {
+                f.abort = true;
+                resume(f);
+            }
+            f.done = true;
+        }
+    }
+
+    void run_block(const dim3& b) {
+        block = b;
+        block_aborted = false;
+        std::fill(shadows.begin(), shadows.begin() + static_cast<std::ptrdiff_t>(touched_end), shadow{});
+        shared_reads.clear();
+        for (auto& B : bars) B = barrier_state{};
+        for (auto& w : warp_ops) w.clear();
+        for (unsigned t = 0; t < nthreads; ++t) {
+            fiber& f = fibers[t];
+            f.tid = t;
+            f.idx = coords(t);
+            f.started = f.done = f.abort = false;
+            f.ready = true;
+            f.error = nullptr;
+            f.waiting = fiber::wait::none;
+            f.vc.assign(nthreads, 0);
+            f.vc[t] = 1;
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.mapping + page;
+            f.ctx.uc_stack.ss_size = stack_bytes;
+            f.ctx.uc_link = &sched;
+            makecontext(&f.ctx, fiber_entry, 0);
+        }
+        while (true) {
+            bool progressed = false, all_done = true;
+            for (unsigned t = 0; t < nthreads; ++t) {
+                fiber& f = fibers[t];
+                if (!f.done && f.ready) {
+                    resume(f);
+                    progressed = true;
+                    if (f.error || block_aborted) {
+                        const std::exception_ptr e = f.error;
+                        abandon();
+                        if (e) std::rethrow_exception(e);
+                        return;
+                    }
+                }
+                all_done = all_done && f.done;
+            }
+            if (all_done) return;
+            if (!progressed) {
+                report r = diagnose();
+                abandon();
+                if (opt.mode == on_report::raise) throw failure(std::move(r));
+                keep(std::move(r));
+                return;
+            }
+        }
+    }
+
+    /// No fiber can run: a divergent __syncthreads, a warp collective missing exited lanes, or a deadlock.
+    report diagnose() const {
+        std::vector<unsigned> exited, blocked;
+        for (unsigned t = 0; t < nthreads; ++t) (fibers[t].done ? exited : blocked).push_back(t);
+        const barrier_state& B0 = bars[0];
+        if (B0.arrived > 0 && B0.all && !exited.empty())
+            return make(check::divergent_barrier, B0.arrivals.front(), "",
+                        "__syncthreads at " + to_string(B0.sites.front()) + " is waited on by threads " +
+                            id_ranges(B0.arrivals) + ", but threads " + id_ranges(exited) +
+                            " exited without reaching it");
+        for (std::size_t w = 0; w < warp_ops.size(); ++w)
+            for (const warp_op& op : warp_ops[w]) {
+                std::vector<unsigned> gone;
+                for (unsigned l : lanes_of(op.mask & ~op.arrived))
+                    if (fibers[32 * w + l].done) gone.push_back(l);
+                if (!gone.empty())
+                    return make(check::warp_sync, static_cast<unsigned>(32 * w + lanes_of(op.arrived).front()), "",
+                                std::string(name_of(op.kind)) + " with member mask " + hex(op.mask) + " at " +
+                                    to_string(op.at) + " in warp " + std::to_string(w) + " waits for lanes " +
+                                    id_ranges(gone) + ", which exited");
+            }
+        std::string d = "every live thread is blocked:";
+        for (unsigned id = 0; id < 16; ++id) {
+            const barrier_state& B = bars[id];
+            if (B.arrived == 0) continue;
+            d += " bar.sync " + std::to_string(id) + ", " + std::to_string(B.expected) + " at " +
+                 to_string(B.sites.front()) + ": " + std::to_string(B.arrived) + " of " + std::to_string(B.expected) +
+                 " threads arrived (threads " + id_ranges(B.arrivals) + ");";
+        }
+        for (std::size_t w = 0; w < warp_ops.size(); ++w)
+            for (const warp_op& op : warp_ops[w])
+                d += " " + std::string(name_of(op.kind)) + " with member mask " + hex(op.mask) + " at " +
+                     to_string(op.at) + " in warp " + std::to_string(w) + ": lanes " + id_ranges(lanes_of(op.arrived)) +
+                     " wait, lanes " + id_ranges(lanes_of(op.mask & ~op.arrived)) + " have not arrived;";
+        if (!exited.empty()) d += " threads " + id_ranges(exited) + " exited";
+        return make(check::deadlock, blocked.front(), "", d);
+    }
+
+    // ---- barriers --------------------------------------------------------------------------------
+
+    void bar(unsigned id, unsigned count, bool wait, bool all, site at) {
+        fiber& f = *current;
+        const char* op = all ? "__syncthreads" : wait ? "bar.sync" : "bar.arrive";
+        const std::string what =
+            std::string(op) + " " + std::to_string(id) + ", " + std::to_string(count) + " at " + to_string(at);
+        if (id >= 16) emit(make(check::barrier_misuse, f.tid, "", what + ": barrier ids are 0..15"), true);
+        if (count % 32 != 0)
+            emit(make(check::barrier_misuse, f.tid, "", what + ": the thread count must be a multiple of 32"), true);
+        const unsigned expected = count == 0 ? nthreads : count;
+        if (expected > nthreads)
+            emit(make(check::barrier_misuse, f.tid, "",
+                      what + ": waits for more threads than the block's " + std::to_string(nthreads)),
+                 true);
+        barrier_state& B = bars[id];
+        if (B.arrived == 0) {
+            B = barrier_state{};
+            B.expected = expected;
+            B.all = all;
+            B.vc.assign(nthreads, 0);
+        } else if (B.expected != expected) {
+            emit(make(check::barrier_misuse, f.tid, "",
+                      what + ": the barrier's current phase, begun by " + thread_name(B.arrivals.front()) + " at " +
+                          to_string(B.sites.front()) + ", counts " + std::to_string(B.expected) + " threads"),
+                 true);
+        }
+        join(B.vc, f.vc);
+        ++f.vc[f.tid];  // this thread's later accesses are not covered by the release
+        ++B.arrived;
+        B.arrivals.push_back(f.tid);
+        B.sites.push_back(at);
+        if (B.arrived == B.expected) {
+            if (B.all)
+                for (std::size_t i = 1; i < B.sites.size(); ++i)
+                    if (B.sites[i].line != B.sites[0].line || std::strcmp(B.sites[i].file, B.sites[0].file) != 0)
+                        emit(make(check::divergent_barrier, B.arrivals[i], "",
+                                  "__syncthreads reached at " + to_string(B.sites[i]) + " by this thread and at " +
+                                      to_string(B.sites[0]) + " by " + thread_name(B.arrivals[0])),
+                             true);
+            for (unsigned w : B.waiters) {
+                fiber& g = fibers[w];
+                join(g.vc, B.vc);
+                g.ready = true;
+                g.waiting = fiber::wait::none;
+            }
+            if (wait) join(f.vc, B.vc);
+            B = barrier_state{};
+            return;
+        }
+        if (!wait) return;
+        B.waiters.push_back(f.tid);
+        f.waiting = fiber::wait::barrier;
+        f.bar_id = id;
+        f.at = at;
+        block_wait(f);
+    }
+
+    // ---- warp collectives ------------------------------------------------------------------------
+
+    std::pair<std::uint32_t, bool> warp_collective(warp_kind k, std::uint32_t mask, std::uint32_t a, std::uint32_t b,
+                                                   std::uint32_t c, std::uint64_t key, site at) {
+        fiber& f = *current;
+        const unsigned lane = f.tid % 32, warp = f.tid / 32;
+        const unsigned size = std::min(32u, nthreads - 32 * warp);
+        const std::uint32_t exists = size == 32 ? 0xFFFFFFFFu : (1u << size) - 1;
+        const std::string what = std::string(name_of(k)) + " with member mask " + hex(mask) + " at " + to_string(at);
+        if (!(mask >> lane & 1u))
+            emit(make(check::warp_sync, f.tid, "",
+                      what + ": executed by lane " + std::to_string(lane) + ", which is not in the member mask"),
+                 true);
+        if (mask & ~exists)
+            emit(make(check::warp_sync, f.tid, "",
+                      what + ": names lanes " + id_ranges(lanes_of(mask & ~exists)) + " that this warp of " +
+                          std::to_string(size) + " threads does not have"),
+                 true);
+        auto& ops = warp_ops[warp];
+        std::size_t i = 0;
+        while (i < ops.size() && !(ops[i].mask >> lane & 1u)) ++i;
+        if (i < ops.size() && (ops[i].kind != k || ops[i].mask != mask))
+            emit(make(check::warp_sync, f.tid, "",
+                      what + ": lanes " + id_ranges(lanes_of(ops[i].arrived)) + " wait in " + name_of(ops[i].kind) +
+                          " with member mask " + hex(ops[i].mask) + " at " + to_string(ops[i].at)),
+                 true);
+        if (i == ops.size()) {
+            ops.emplace_back();
+            ops[i].kind = k;
+            ops[i].mask = mask;
+            ops[i].at = at;
+        }
+        warp_op& op = ops[i];
+        op.a[lane] = a;
+        op.b[lane] = b;
+        op.c[lane] = c;
+        op.key[lane] = key;
+        op.arrived |= 1u << lane;
+        if (op.arrived == mask) {
+            const warp_op done = op;
+            ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(i));
+            complete(done, warp, f.tid);
+            return {f.wvalue, f.wpred};
+        }
+        f.waiting = fiber::wait::warp;
+        f.at = at;
+        block_wait(f);
+        return {f.wvalue, f.wpred};
+    }
+
+    void complete(const warp_op& op, unsigned warp, unsigned self) {
+        const std::vector<unsigned> lanes = lanes_of(op.mask);
+        std::vector<std::uint32_t> vc;
+        if (op.kind == warp_kind::syncwarp) {
+            vc.assign(nthreads, 0);
+            for (unsigned l : lanes) join(vc, fibers[32 * warp + l].vc);
+        }
+        for (unsigned l : lanes) {
+            fiber& g = fibers[32 * warp + l];
+            std::uint32_t v = 0;
+            bool p = false;
+            switch (op.kind) {
+                case warp_kind::shfl_idx:
+                case warp_kind::shfl_up:
+                case warp_kind::shfl_down:
+                case warp_kind::shfl_bfly: {
+                    // PTX ISA, shfl.sync: c = clamp (bits 0-4) | segment mask (bits 8-12)
+                    const int lane = static_cast<int>(l), bval = static_cast<int>(op.b[l] & 31),
+                              cval = static_cast<int>(op.c[l] & 31), seg = static_cast<int>((op.c[l] >> 8) & 31);
+                    const int max_lane = (lane & seg) | (cval & ~seg), min_lane = lane & seg;
+                    int j = lane;
+                    if (op.kind == warp_kind::shfl_up) {
+                        j = lane - bval;
+                        p = j >= max_lane;
+                    } else if (op.kind == warp_kind::shfl_down) {
+                        j = lane + bval;
+                        p = j <= max_lane;
+                    } else if (op.kind == warp_kind::shfl_bfly) {
+                        j = lane ^ bval;
+                        p = j <= max_lane;
+                    } else {
+                        j = min_lane | (bval & ~seg);
+                        p = j <= max_lane;
+                    }
+                    if (!p) j = lane;
+                    if (!(op.mask >> j & 1u))
+                        emit(make(check::warp_sync, 32 * warp + l, "",
+                                  std::string(name_of(op.kind)) + " with member mask " + hex(op.mask) + " at " +
+                                      to_string(op.at) + ": lane " + std::to_string(l) + " reads lane " +
+                                      std::to_string(j) + ", which is outside the member mask (unpredictable value)"),
+                             false);
+                    v = op.a[j];
+                    break;
+                }
+                case warp_kind::vote_all:
+                    p = true;
+                    for (unsigned m : lanes) p = p && op.a[m] != 0;
+                    v = p;
+                    break;
+                case warp_kind::vote_any:
+                    for (unsigned m : lanes) p = p || op.a[m] != 0;
+                    v = p;
+                    break;
+                case warp_kind::vote_ballot:
+                    for (unsigned m : lanes)
+                        if (op.a[m] != 0) v |= 1u << m;
+                    break;
+                case warp_kind::match_any:
+                    for (unsigned m : lanes)
+                        if (op.key[m] == op.key[l]) v |= 1u << m;
+                    break;
+                case warp_kind::match_all:
+                    p = true;
+                    for (unsigned m : lanes) p = p && op.key[m] == op.key[lanes.front()];
+                    v = p ? op.mask : 0;
+                    break;
+                case warp_kind::syncwarp:
+                    join(g.vc, vc);
+                    ++g.vc[g.tid];
+                    break;
+            }
+            g.wvalue = v;
+            g.wpred = p;
+            if (g.tid != self) {
+                g.ready = true;
+                g.waiting = fiber::wait::none;
+            }
+        }
+    }
+
+    // ---- shared memory ---------------------------------------------------------------------------
+
+    std::size_t shared_limit() const {
+        return opt.max_dynamic_shared ? opt.device.shared_per_block_optin : opt.device.shared_per_block;
+    }
+    std::string describe(std::size_t off, int r) const {
+        if (r >= 0 && static_cast<std::size_t>(r) < regions.size())
+            return regions[static_cast<std::size_t>(r)].name + "+" +
+                   hex(off - regions[static_cast<std::size_t>(r)].begin) + " (shared " + hex(off) + ")";
+        return "shared " + hex(off);
+    }
+
+    std::uint8_t* alloc_static(const void* tag, const char* name, std::size_t bytes, std::size_t align, int* r) {
+        auto it = static_regions.find(tag);
+        if (it == static_regions.end()) {
+            align = std::max<std::size_t>(align, 1);
+            const std::size_t begin = (static_end + align - 1) / align * align, end = begin + bytes;
+            const std::size_t total = cfg.dynamic_shared + (end - static_begin);
+            if (total > shared_limit() || end > window_bytes)
+                emit(make(check::shared_limit, current->tid, "",
+                          std::string("static __shared__ ") + name + " (" + std::to_string(bytes) + " bytes) brings " +
+                              std::to_string(end - static_begin) + " static + " + std::to_string(cfg.dynamic_shared) +
+                              " dynamic bytes over the limit of " + std::to_string(shared_limit()) +
+                              (opt.max_dynamic_shared ? "" : " (without cudaFuncAttributeMaxDynamicSharedMemorySize)")),
+                     true);
+            regions.push_back(region{name, begin, bytes});
+            it = static_regions.emplace(tag, static_cast<int>(regions.size() - 1)).first;
+            static_end = end;
+            touched_end = std::max(touched_end, end);
+            result.static_shared = static_end - static_begin;
+        }
+        *r = it->second;
+        return window + regions[static_cast<std::size_t>(it->second)].begin;
+    }
+
+    bool hb(const epoch& e, const fiber& f) const { return e.clock <= f.vc[e.tid]; }
+
+    bool access(const std::uint8_t* p, std::size_t bytes, detail::access kind, int r) {
+        fiber& f = *current;
+        const std::uintptr_t pu = reinterpret_cast<std::uintptr_t>(p), wu = reinterpret_cast<std::uintptr_t>(window);
+        const char* verb = kind == detail::access::read    ? "reads "
+                           : kind == detail::access::write ? "writes "
+                                                           : "atomically updates ";
+        std::size_t lo = 0, hi = static_end;
+        if (r >= 0 && static_cast<std::size_t>(r) < regions.size()) {
+            lo = regions[static_cast<std::size_t>(r)].begin;
+            hi = lo + regions[static_cast<std::size_t>(r)].size;
+        }
+        if (pu < wu + lo || pu + bytes > wu + hi) {
+            const bool in_window = pu >= wu && pu < wu + window_bytes;
+            const std::size_t off = in_window ? pu - wu : 0;
+            std::string where = "outside the block's shared window";
+            if (r >= 0 && static_cast<std::size_t>(r) < regions.size())
+                where = "outside " + regions[static_cast<std::size_t>(r)].name + " (" +
+                        std::to_string(regions[static_cast<std::size_t>(r)].size) + " bytes at shared " + hex(lo) + ")";
+            const std::string addr = in_window ? describe(off, -1) : "host " + hex(pu);
+            const long long rel = static_cast<long long>(pu) - static_cast<long long>(wu + lo);
+            emit(make(check::out_of_bounds, f.tid, addr,
+                      std::string(verb) + std::to_string(bytes) + " bytes at offset " + std::to_string(rel) + ", " +
+                          where),
+                 false);
+            return false;
+        }
+        const std::size_t off = pu - wu;
+        const epoch me{f.vc[f.tid], f.tid};
+        bool reported = false;
+        auto race = [&](const epoch& other, const char* what) {
+            if (reported) return;
+            reported = true;
+            emit(make(check::race, f.tid, describe(off, r),
+                      std::string(verb) + std::to_string(bytes) + " bytes that " + thread_name(other.tid) + " " + what +
+                          " with no barrier between the two accesses"),
+                 false);
+        };
+        for (std::size_t i = 0; i < bytes; ++i) {
+            shadow& s = shadows[off + i];
+            if (kind != detail::access::write && opt.check_uninitialized && !s.init && !s.uninit_reported) {
+                s.uninit_reported = true;
+                if (i == 0 || !reported) {
+                    reported = true;
+                    emit(make(check::uninitialized_read, f.tid, describe(off + i, r),
+                              std::string(verb) + std::to_string(bytes) +
+                                  " bytes of which this byte was never written by the block"),
+                         false);
+                }
+            }
+            if (opt.check_races) {
+                if (!hb(s.w, f)) race(s.w, "wrote");
+                if (kind != detail::access::atomic && !hb(s.a, f)) race(s.a, "updated atomically");
+                if (kind != detail::access::read) {
+                    if (s.read_shared) {
+                        for (const epoch& e : shared_reads[off + i])
+                            if (!hb(e, f)) race(e, "read");
+                    } else if (!hb(s.r, f)) {
+                        race(s.r, "read");
+                    }
+                }
+            }
+            if (kind == detail::access::read) {
+                if (s.read_shared) {
+                    auto& v = shared_reads[off + i];
+                    v.erase(std::remove_if(v.begin(), v.end(), [&](const epoch& e) { return hb(e, f); }), v.end());
+                    v.push_back(me);
+                } else if (hb(s.r, f)) {
+                    s.r = me;
+                } else {
+                    s.read_shared = true;
+                    shared_reads[off + i] = {s.r, me};
+                }
+            } else {
+                if (s.read_shared) shared_reads.erase(off + i);
+                s.read_shared = false;
+                s.r = epoch{};
+                if (kind == detail::access::write) {
+                    s.w = me;
+                    s.a = epoch{};
+                } else {
+                    s.a = me;
+                }
+                s.init = true;
+            }
+        }
+        return true;
+    }
+
+    // ---- the launch ------------------------------------------------------------------------------
+
+    run_result run() {
+        const dim3 g = cfg.grid, b = cfg.block;
+        const device_model& dev = opt.device;
+        std::string bad;
+        if (g.count() == 0 || b.count() == 0)
+            bad = "grid and block dimensions must be at least 1";
+        else if (b.count() > dev.max_threads_per_block || b.z > dev.max_block_z)
+            bad = "a block of " + std::to_string(b.count()) + " threads (z " + std::to_string(b.z) +
+                  ") exceeds the device's " + std::to_string(dev.max_threads_per_block) + " threads (z at most " +
+                  std::to_string(dev.max_block_z) + ")";
+        else if (g.y > dev.max_grid_yz || g.z > dev.max_grid_yz)
+            bad = "gridDim.y and gridDim.z are at most " + std::to_string(dev.max_grid_yz);
+        else if (opt.max_dynamic_shared > dev.shared_per_block_optin)
+            bad = "options::max_dynamic_shared " + std::to_string(opt.max_dynamic_shared) +
+                  " exceeds the device's opt-in limit " + std::to_string(dev.shared_per_block_optin);
+        else if (cfg.dynamic_shared > (opt.max_dynamic_shared ? opt.max_dynamic_shared : dev.shared_per_block))
+            bad = std::to_string(cfg.dynamic_shared) + " bytes of dynamic shared memory exceed " +
+                  (opt.max_dynamic_shared ? "options::max_dynamic_shared ("
+                                          : "the default limit without cudaFuncAttributeMaxDynamicSharedMemorySize (") +
+                  std::to_string(opt.max_dynamic_shared ? opt.max_dynamic_shared : dev.shared_per_block) + ")";
+        if (!bad.empty()) {
+            report r;
+            r.kind = check::launch_config;
+            r.kernel = kernel;
+            r.detail = bad;
+            if (opt.mode == on_report::raise) throw failure(std::move(r));
+            keep(std::move(r));
+            return std::move(result);
+        }
+        nthreads = static_cast<unsigned>(b.count());
+        page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+        stack_bytes = (std::max<std::size_t>(opt.stack_bytes, 64 * 1024) + page - 1) / page * page;
+        window_bytes = (dev.shared_per_block_optin + 2048 + page - 1) / page * page;
+        void* w = mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (w == MAP_FAILED) throw octet::error("interpret: cannot map the shared window");
+        window = static_cast<std::uint8_t*>(w);  // page-aligned, hence 1024-aligned as swizzled tiles need
+        shadows.assign(window_bytes, shadow{});
+        regions.push_back(region{"dynamic shared", 0, cfg.dynamic_shared});
+        static_begin = static_end = (cfg.dynamic_shared + 15) / 16 * 16;
+        touched_end = static_end;
+        fibers.reset(new fiber[nthreads]);
+        for (unsigned t = 0; t < nthreads; ++t) {
+            void* m = mmap(nullptr, page + stack_bytes, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED) throw octet::error("interpret: cannot map a fiber stack");
+            fibers[t].mapping = static_cast<std::uint8_t*>(m);
+            mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
+        }
+        warp_ops.assign((nthreads + 31) / 32, {});
+        machine* const outer = tl_machine;
+        tl_machine = this;
+        try {
+            for (unsigned z = 0; z < g.z; ++z)
+                for (unsigned y = 0; y < g.y; ++y)
+                    for (unsigned x = 0; x < g.x; ++x) run_block(dim3(x, y, z));
+        } catch (...) {
+            tl_machine = outer;
+            throw;
+        }
+        tl_machine = outer;
+        return std::move(result);
+    }
+};
+
+inline void fiber_entry() {
+    machine& m = *tl_machine;
+    fiber& f = *m.current;
+    try {
+        m.body();
+    } catch (const fiber_abort&) {
+    } catch (const block_abort&) {
+        m.block_aborted = true;
+    } catch (...) {
+        f.error = std::current_exception();
+    }
+    f.done = true;
+    f.ready = false;
+}  // returns to uc_link, the scheduler
+
+inline machine& running(const char* what) {
+    machine* m = tl_machine;
+    if (!m || !m->current)
+        throw octet::error(std::string("interpret: ") + what +
+                           " used outside a kernel that octet::interpret::launch is running");
+    return *m;
+}
+
+inline bool shared_access(const std::uint8_t* p, std::size_t bytes, access kind, int region) {
+    return running("a shared-memory access").access(p, bytes, kind, region);
+}
+inline std::uint8_t* static_shared_alloc(const void* tag, const char* name, std::size_t bytes, std::size_t align,
+                                         int* region) {
+    return running("a __shared__ declaration").alloc_static(tag, name, bytes, align, region);
+}
+inline std::uint8_t* dynamic_shared_base(int* region) {
+    machine& m = running("extern __shared__");
+    *region = 0;
+    return m.window;
+}
+inline std::uint8_t* shared_window(std::size_t* bytes) {
+    machine& m = running("a shared address");
+    *bytes = m.static_end;
+    return m.window;
+}
+
+}  // namespace detail
+
+template <class Kernel, class... Args>
+run_result launch(const char* name, const launch_config& cfg, const options& opt, Kernel&& kernel, Args&&... args) {
+    auto params = std::make_tuple(std::decay_t<Args>(std::forward<Args>(args))...);
+    detail::machine m(name, cfg, opt);
+    m.body = [&kernel, &params] {
+        auto copy = params;  // each thread its own copy of the parameters, as on the device
+        std::apply(kernel, copy);
+    };
+    return m.run();
+}
+
+inline const dim3& thread_idx() {
+    return detail::running("threadIdx").current->idx;
+}
+inline const dim3& block_idx() {
+    return detail::running("blockIdx").block;
+}
+inline const dim3& block_dim() {
+    return detail::running("blockDim").cfg.block;
+}
+inline const dim3& grid_dim() {
+    return detail::running("gridDim").cfg.grid;
+}
+inline unsigned lane_id() {
+    return detail::running("laneid").current->tid % 32;
+}
+inline unsigned warp_id() {
+    return detail::running("warpid").current->tid / 32;
+}
+
+inline void syncthreads(const char* file, int line) {
+    detail::running("__syncthreads").bar(0, 0, true, true, detail::site{file, line});
+}
+inline void bar_sync(unsigned id, unsigned count, const char* file, int line) {
+    detail::running("bar.sync").bar(id, count, true, false, detail::site{file, line});
+}
+inline void bar_arrive(unsigned id, unsigned count, const char* file, int line) {
+    detail::running("bar.arrive").bar(id, count, false, false, detail::site{file, line});
+}
+inline void yield() {
+    detail::machine& m = detail::running("yield");
+    detail::fiber& f = *m.current;
+    swapcontext(&f.ctx, &m.sched);
+    if (f.abort) throw detail::fiber_abort{};
+}
+
+inline shfl_result shfl_sync(shfl_mode mode, std::uint32_t a, std::uint32_t b, std::uint32_t c,
+                             std::uint32_t membermask, const char* file, int line) {
+    const detail::warp_kind k = mode == shfl_mode::idx    ? detail::warp_kind::shfl_idx
+                                : mode == shfl_mode::up   ? detail::warp_kind::shfl_up
+                                : mode == shfl_mode::down ? detail::warp_kind::shfl_down
+                                                          : detail::warp_kind::shfl_bfly;
+    const auto r = detail::running("shfl.sync").warp_collective(k, membermask, a, b, c, 0, detail::site{file, line});
+    return {r.first, r.second};
+}
+inline bool vote_all_sync(std::uint32_t membermask, bool p, const char* file, int line) {
+    return detail::running("vote.sync")
+        .warp_collective(detail::warp_kind::vote_all, membermask, p, 0, 0, 0, detail::site{file, line})
+        .second;
+}
+inline bool vote_any_sync(std::uint32_t membermask, bool p, const char* file, int line) {
+    return detail::running("vote.sync")
+        .warp_collective(detail::warp_kind::vote_any, membermask, p, 0, 0, 0, detail::site{file, line})
+        .second;
+}
+inline std::uint32_t vote_ballot_sync(std::uint32_t membermask, bool p, const char* file, int line) {
+    return detail::running("vote.sync")
+        .warp_collective(detail::warp_kind::vote_ballot, membermask, p, 0, 0, 0, detail::site{file, line})
+        .first;
+}
+inline std::uint32_t match_any_sync(std::uint32_t membermask, std::uint64_t value, const char* file, int line) {
+    return detail::running("match.sync")
+        .warp_collective(detail::warp_kind::match_any, membermask, 0, 0, 0, value, detail::site{file, line})
+        .first;
+}
+inline std::uint32_t match_all_sync(std::uint32_t membermask, std::uint64_t value, bool* pred, const char* file,
+                                    int line) {
+    const auto r =
+        detail::running("match.sync")
+            .warp_collective(detail::warp_kind::match_all, membermask, 0, 0, 0, value, detail::site{file, line});
+    if (pred) *pred = r.second;
+    return r.first;
+}
+inline void syncwarp(std::uint32_t membermask, const char* file, int line) {
+    detail::running("__syncwarp")
+        .warp_collective(detail::warp_kind::syncwarp, membermask, 0, 0, 0, 0, detail::site{file, line});
+}
+inline std::uint32_t activemask() {
+    detail::machine& m = detail::running("__activemask");
+    const unsigned warp = m.current->tid / 32;
+    std::uint32_t mask = 0;
+    for (unsigned l = 0; l < 32 && 32 * warp + l < m.nthreads; ++l)
+        if (!m.fibers[32 * warp + l].done) mask |= 1u << l;
+    return mask;
+}
+
+}  // namespace interpret
+}  // namespace octet

@@ -1,0 +1,561 @@
+// octet/interpret/interpret.hpp: interpret mode, the CPU interpreter that runs a CUDA-style kernel over
+// a grid of thread blocks with CUDA's semantics and checks what compute-sanitizer would.
+//
+// Execution model
+//   A launch runs its blocks one after another on the calling host thread (blocks in parallel on a
+//   thread pool is a later step: all per-block state lives in one `detail::machine`). The threads of a
+//   block are fibers (ucontext, each with its own mmap'ed stack and a guard page below it), scheduled
+//   cooperatively in round-robin order of their linear thread id: a fiber runs until it waits (a
+//   barrier, a warp-synchronous instruction) or exits. Warps are groups of 32 consecutive linear ids
+//   (x fastest), as on the device. Kernel parameters are copied per thread, as a launch copies them.
+//
+// What it checks (each report names the kernel, block, thread and, where there is one, the address)
+//   - shared-memory races: two threads of a block touch the same byte, at least one writes, and no
+//     synchronisation orders the two accesses. Ordering is happens-before with vector clocks (the
+//     FastTrack algorithm): barriers (`__syncthreads`, `bar.sync`/`bar.arrive`, `__syncwarp`) order
+//     their participants; shfl/vote/match do not order memory (the PTX memory model gives them no
+//     release/acquire semantics). Atomics never race with atomics; an atomic races with a plain
+//     access it is not ordered with (only the last atomic per byte is remembered).
+//     Because the check is on happens-before, not on the schedule, it finds a race whichever order the
+//     fibers happen to run in.
+//   - reads of uninitialised shared memory (shared memory is not zeroed between blocks or launches;
+//     every block starts with all bytes uninitialised), including the read half of an atomic;
+//   - out-of-bounds shared accesses: outside the variable the pointer was derived from (stricter than
+//     the hardware, which only faults outside the block's window), or outside the window;
+//   - the device's shared-memory limits (48 KiB without the opt-in attribute, 227 KiB on sm_90 with it);
+//   - divergent barriers: `__syncthreads` that some threads never reach (they exited) or reach at a
+//     different call site; `bar.sync` with inconsistent thread counts or a count that is not a multiple
+//     of the warp size; warp-synchronous instructions whose member masks or operations disagree, that
+//     are executed by a thread outside its mask, or whose source lane lies outside the mask;
+//   - deadlock: every live fiber of a block is blocked (e.g. `bar.sync 1, 128` reached by 64 threads).
+//   Global memory is ordinary host memory here: its accesses are not checked yet (see below).
+//
+// Reports are thrown, by default, as `octet::interpret::failure` (an `octet::error` carrying the
+// `report`): the first report ends the launch, the block's other fibers are unwound, and a test's
+// CHECK_THROWS or the caller's handler sees it where it happened (after an out-of-bounds access or a
+// deadlock the kernel's further behaviour means nothing). `options::mode = on_report::collect` instead
+// gathers every report into `run_result::reports` and carries on: after a race or an uninitialised read
+// the fiber continues, an out-of-bounds read returns zero and an out-of-bounds write is dropped, and a
+// report that stops a block (deadlock, divergent barrier, misuse) ends that block and the launch goes on
+// with the next.
+//
+// What it cannot tell
+//   timing and performance (bank conflicts, occupancy); the hardware's order of accumulation inside
+//   tensor-core instructions and the FP8 accumulators' truncation (a model sums in a documented order,
+//   so kernels are compared with the host path only where the numerics contract fixes the order);
+//   `ex2.approx` and other approximate instructions' exact ulps (a model states its error bound); races
+//   that need a schedule the cooperative scheduler never produces when a kernel spins on memory
+//   (a spinning fiber must call `yield()`); global-memory races between blocks.
+//
+// Mapping of CUDA's names (octet/interpret/cuda_names.hpp, active when OCTET_INTERPRET is defined and
+// the compiler is not nvcc): threadIdx, blockIdx, blockDim, gridDim -> thread_idx(), block_idx(),
+// block_dim(), grid_dim() of the running fiber; __syncthreads() -> syncthreads(); __syncwarp,
+// __shfl*_sync, __all/__any/__ballot_sync, __match_any/all_sync, __activemask, atomicAdd... -> the
+// functions below; __global__/__device__/__host__/__forceinline__/__launch_bounds__ -> nothing.
+// `__shared__` is deliberately left undefined, so that a declaration not yet converted fails to compile:
+// kernels declare shared memory with OCTET_SHARED(type, name) and OCTET_DYNAMIC_SHARED(type, name,
+// align), which are `__shared__` declarations under nvcc and checked handles (sptr / sref) here, and
+// reinterpret shared pointers with octet::shared_cast<U>(p).
+//
+// What remains to model for octet's kernels, each as a function of a `ptx::` layer
+//   ldmatrix (.x1/.x2/.x4, .trans), mma.sync.m16n8k32 with E4M3/E5M2 operands (fragment layouts as in
+//   attention/detail/fragments.hpp), wgmma.mma_async m64nNk32 FP8 with shared-memory matrix
+//   descriptors (leading/stride byte offsets, the 32/64/128-byte swizzle modes) and the accumulator
+//   layout, wgmma.fence/commit_group/wait_group (a warpgroup-collective built like the warp collectives
+//   here, over 4 warps), TMA cp.async.bulk.tensor with tensor maps (box, swizzle, out-of-bounds zero
+//   fill, complete_tx on an mbarrier), cp.async (+ commit/wait_group: the copy lands at the wait, so a
+//   read before it is an uninitialised read), mbarrier (init, arrive, expect_tx, phase parity,
+//   try_wait: a waiting fiber blocks like a barrier waiter; transaction-count and parity misuse are
+//   reports), fence.proxy.async (async-proxy writes are visible to generic reads only after it: a shadow
+//   flag per byte), setmaxnreg (check warpgroup-uniform use), cvt to/from FP8/FP6/FP4 (octet's own
+//   encode/decode rules, tested against the toolkit's conversions), ex2.approx (exp2 in double rounded to
+//   float, documented as within the PTX bound of 2 ulp), and global-memory bounds (launch arguments
+//   registered as spans).
+//   The `ptx::` layer is one place (octet/cuda/ptx.cuh) of named functions, one per instruction, e.g.
+//     OCTET_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4],
+//                                         const std::uint32_t (&b)[2], const float (&c)[4]);
+//   whose body is `#if OCTET_DEVICE_PASS asm volatile("mma.sync.aligned.m16n8k32...") #elif
+//   defined(OCTET_INTERPRET) interpret::model::mma_m16n8k32<e4m3, e4m3>(...) #endif`; the model of a
+//   warp-collective instruction is a warp collective here (every lane deposits its registers, the last
+//   arrival computes all lanes' results from the PTX ISA's fragment definitions), and operands that live
+//   in shared memory are taken as shared addresses (shared_address / shared_at) so that the model's
+//   reads and writes go through the same checks as the kernel's.
+#pragma once
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "octet/config.hpp"
+
+namespace octet {
+namespace interpret {
+
+// =====================================================================================================
+// Public API
+// =====================================================================================================
+
+/// CUDA's dim3 (and uint3): the sizes and indices of a launch.
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+    constexpr unsigned long long count() const { return 1ull * x * y * z; }
+};
+
+/// What a report is about.
+enum class check {
+    race,                ///< two unordered accesses to one shared byte, at least one a write
+    uninitialized_read,  ///< a read of a shared byte no thread of the block has written
+    out_of_bounds,       ///< a shared access outside its variable or the block's window
+    shared_limit,        ///< static + dynamic shared memory over the device's limit
+    divergent_barrier,   ///< __syncthreads not reached by all threads, or at different call sites
+    barrier_misuse,      ///< bar.sync with a bad id or count, or counts that disagree
+    warp_sync,           ///< a warp-synchronous instruction with inconsistent masks or operations
+    deadlock,            ///< every live thread of a block is blocked
+    launch_config,       ///< the launch's grid, block or shared size is not launchable
+};
+inline const char* to_string(check c) {
+    switch (c) {
+        case check::race:
+            return "race";
+        case check::uninitialized_read:
+            return "uninitialized read";
+        case check::out_of_bounds:
+            return "out-of-bounds access";
+        case check::shared_limit:
+            return "shared memory limit";
+        case check::divergent_barrier:
+            return "divergent barrier";
+        case check::barrier_misuse:
+            return "barrier misuse";
+        case check::warp_sync:
+            return "warp-synchronous misuse";
+        case check::deadlock:
+            return "deadlock";
+        case check::launch_config:
+            return "launch configuration";
+    }
+    return "?";
+}
+
+/// One finding: which check, in which kernel, block and thread, at which address, and what happened.
+struct report {
+    check kind = check::race;
+    std::string kernel;
+    dim3 block{0, 0, 0}, thread{0, 0, 0};
+    std::string address;  ///< "red+0x10 (shared 0x410)"; empty when no address is involved
+    std::string detail;
+    std::string message() const {
+        auto d3 = [](const dim3& d) {
+            return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+        };
+        std::string m = std::string("interpret: ") + to_string(kind) + " in kernel " + kernel + ", block " + d3(block) +
+                        ", thread " + d3(thread);
+        if (!address.empty()) m += ", address " + address;
+        return m + ": " + detail;
+    }
+};
+
+/// What a launch in the default mode throws: an octet::error whose what() is the report's message.
+class failure : public octet::error {
+public:
+    explicit failure(report r) : octet::error(r.message()), report_(std::move(r)) {}
+    const report& which() const noexcept { return report_; }
+
+private:
+    report report_;
+};
+
+enum class on_report {
+    raise,    ///< throw the first report as `failure` (default)
+    collect,  ///< gather all reports into run_result::reports and go on
+};
+
+/// The device's limits the interpreter enforces (defaults: sm_90).
+struct device_model {
+    std::size_t shared_per_block = 48 * 1024;     ///< without the opt-in attribute
+    std::size_t shared_per_block_optin = 232448;  ///< sm_90: 227 KiB; sm_89: 101376 (99 KiB)
+    unsigned max_threads_per_block = 1024;
+    unsigned max_block_z = 64;
+    unsigned max_grid_yz = 65535;
+    static device_model sm90() { return {}; }
+    static device_model sm89() {
+        device_model d;
+        d.shared_per_block_optin = 101376;
+        return d;
+    }
+};
+
+struct options {
+    on_report mode = on_report::raise;
+    device_model device{};
+    /// cudaFuncAttributeMaxDynamicSharedMemorySize as the host code would set it; 0: not opted in, so
+    /// static + dynamic shared memory must fit in device.shared_per_block.
+    std::size_t max_dynamic_shared = 0;
+    std::size_t stack_bytes = 256 * 1024;  ///< per fiber (virtual; pages are touched as used)
+    bool check_races = true;
+    bool check_uninitialized = true;
+    std::size_t max_reports = 64;  ///< collect mode keeps this many (dropped_reports counts the rest)
+};
+
+struct launch_config {
+    dim3 grid, block;
+    std::size_t dynamic_shared = 0;  ///< bytes, the <<<grid, block, bytes>>> argument
+};
+
+struct run_result {
+    std::vector<report> reports;
+    std::size_t dropped_reports = 0;
+    std::size_t static_shared = 0;  ///< bytes of static shared memory the kernel declared
+    unsigned long long context_switches = 0;
+    bool clean() const { return reports.empty() && dropped_reports == 0; }
+};
+
+template <class T>
+class sptr;
+template <class T>
+class sref;
+
+/// Runs kernel(args...) for every thread of every block of cfg. `name` appears in reports.
+template <class Kernel, class... Args>
+run_result launch(const char* name, const launch_config& cfg, const options& opt, Kernel&& kernel, Args&&... args);
+template <class Kernel, class... Args, std::enable_if_t<!std::is_same<std::decay_t<Kernel>, options>::value, int> = 0>
+run_result launch(const char* name, const launch_config& cfg, Kernel&& kernel, Args&&... args) {
+    return launch(name, cfg, options{}, std::forward<Kernel>(kernel), std::forward<Args>(args)...);
+}
+
+// The running fiber's coordinates (throw octet::error outside an interpreted launch).
+inline const dim3& thread_idx();
+inline const dim3& block_idx();
+inline const dim3& block_dim();
+inline const dim3& grid_dim();
+inline unsigned lane_id();  ///< linear thread id % 32
+inline unsigned warp_id();  ///< linear thread id / 32
+
+/// __syncthreads: bar.sync 0 for all threads of the block; all must reach it at the same call site.
+inline void syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// bar.sync id, count (count 0: all threads of the block); count is a multiple of 32.
+inline void bar_sync(unsigned id, unsigned count = 0, const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// bar.arrive id, count: counts toward the barrier's completion (and releases this thread's
+/// writes to its waiters) without waiting.
+inline void bar_arrive(unsigned id, unsigned count, const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// Lets the other fibers run (for spin loops on memory, nanosleep).
+inline void yield();
+
+/// shfl.sync modes; c packs the clamp value (bits 0-4) and the segment mask (bits 8-12), as in PTX.
+enum class shfl_mode { idx, up, down, bfly };
+struct shfl_result {
+    std::uint32_t value;
+    bool in_range;  ///< PTX's predicate p: the source lane was inside the clamp/segment
+};
+inline shfl_result shfl_sync(shfl_mode mode, std::uint32_t a, std::uint32_t b, std::uint32_t c,
+                             std::uint32_t membermask, const char* file = __builtin_FILE(),
+                             int line = __builtin_LINE());
+inline bool vote_all_sync(std::uint32_t membermask, bool p, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE());
+inline bool vote_any_sync(std::uint32_t membermask, bool p, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE());
+inline std::uint32_t vote_ballot_sync(std::uint32_t membermask, bool p, const char* file = __builtin_FILE(),
+                                      int line = __builtin_LINE());
+/// match.sync.any.b32/b64: the lanes of membermask whose value equals this lane's.
+inline std::uint32_t match_any_sync(std::uint32_t membermask, std::uint64_t value, const char* file = __builtin_FILE(),
+                                    int line = __builtin_LINE());
+/// match.sync.all: membermask if all lanes of it hold the same value (pred true), else 0 (pred false).
+inline std::uint32_t match_all_sync(std::uint32_t membermask, std::uint64_t value, bool* pred,
+                                    const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// bar.warp.sync (__syncwarp): a barrier among the lanes of membermask that orders their memory.
+inline void syncwarp(std::uint32_t membermask = 0xFFFFFFFFu, const char* file = __builtin_FILE(),
+                     int line = __builtin_LINE());
+/// The lanes of this warp that have not exited.
+inline std::uint32_t activemask();
+
+// ---- block-shared memory ---------------------------------------------------------------------------
+
+namespace detail {
+enum class access { read, write, atomic };
+/// Checks (and records) an access of `bytes` bytes at p of shared region `region`; false when it is
+/// out of bounds (the caller then reads zero or drops the write).
+inline bool shared_access(const std::uint8_t* p, std::size_t bytes, access kind, int region);
+inline std::uint8_t* static_shared_alloc(const void* tag, const char* name, std::size_t bytes, std::size_t align,
+                                         int* region);
+inline std::uint8_t* dynamic_shared_base(int* region);
+inline std::uint8_t* shared_window(std::size_t* bytes);
+template <class T>
+using element_ref = std::conditional_t<std::is_array<T>::value, sptr<std::remove_extent_t<T>>, sref<T>>;
+template <class T>
+element_ref<T> make_ref(std::uint8_t* p, int region) {
+    return element_ref<T>(p, region);
+}
+}  // namespace detail
+
+/// A checked lvalue in shared memory: reading converts to T, assigning writes, both through the checks.
+template <class T>
+class sref {
+    static_assert(std::is_trivially_copyable<T>::value, "shared memory holds trivially copyable types");
+
+public:
+    sref(std::uint8_t* p, int region) : p_(p), region_(region) {}
+    sref(const sref&) = default;
+    T load() const {
+        T v{};
+        if (detail::shared_access(p_, sizeof(T), detail::access::read, region_)) std::memcpy(&v, p_, sizeof(T));
+        return v;
+    }
+    void store(const T& v) const {
+        if (detail::shared_access(p_, sizeof(T), detail::access::write, region_)) std::memcpy(p_, &v, sizeof(T));
+    }
+    operator T() const { return load(); }
+    const sref& operator=(const T& v) const {
+        store(v);
+        return *this;
+    }
+    const sref& operator=(const sref& o) const {
+        store(o.load());
+        return *this;
+    }
+    sref& operator=(const sref& o) {
+        store(o.load());
+        return *this;
+    }
+    template <class U>
+    const sref& operator+=(const U& u) const {
+        return *this = static_cast<T>(load() + u);
+    }
+    template <class U>
+    const sref& operator-=(const U& u) const {
+        return *this = static_cast<T>(load() - u);
+    }
+    template <class U>
+    const sref& operator*=(const U& u) const {
+        return *this = static_cast<T>(load() * u);
+    }
+    template <class U>
+    const sref& operator/=(const U& u) const {
+        return *this = static_cast<T>(load() / u);
+    }
+    template <class U>
+    const sref& operator|=(const U& u) const {
+        return *this = static_cast<T>(load() | u);
+    }
+    template <class U>
+    const sref& operator&=(const U& u) const {
+        return *this = static_cast<T>(load() & u);
+    }
+    template <class U>
+    const sref& operator^=(const U& u) const {
+        return *this = static_cast<T>(load() ^ u);
+    }
+    const sref& operator++() const { return *this += 1; }
+    const sref& operator--() const { return *this -= 1; }
+    T operator++(int) const {
+        T v = load();
+        store(static_cast<T>(v + 1));
+        return v;
+    }
+    T operator--(int) const {
+        T v = load();
+        store(static_cast<T>(v - 1));
+        return v;
+    }
+    sptr<T> operator&() const { return sptr<T>(p_, region_); }
+    std::uint8_t* bytes() const { return p_; }
+    int region() const { return region_; }
+
+private:
+    std::uint8_t* p_;
+    int region_;
+};
+
+/// A checked pointer into shared memory: arithmetic as T*, dereference yields sref<T> (or, for an
+/// array T, the decayed sptr of its element type). `region` is the variable it was derived from.
+template <class T>
+class sptr {
+public:
+    using element_type = T;
+    sptr() = default;
+    sptr(std::uint8_t* p, int region) : p_(p), region_(region) {}
+    template <class U,
+              std::enable_if_t<std::is_same<std::remove_const_t<T>, U>::value && !std::is_same<T, U>::value, int> = 0>
+    sptr(const sptr<U>& o) : p_(o.bytes()), region_(o.region()) {}  // NOLINT: T* -> const T*
+
+    template <class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>
+    detail::element_ref<T> operator[](I i) const {
+        return detail::make_ref<T>(at(static_cast<std::ptrdiff_t>(i)), region_);
+    }
+    detail::element_ref<T> operator*() const { return detail::make_ref<T>(p_, region_); }
+    template <class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>
+    sptr operator+(I i) const {
+        return sptr(at(static_cast<std::ptrdiff_t>(i)), region_);
+    }
+    template <class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>
+    sptr operator-(I i) const {
+        return sptr(at(-static_cast<std::ptrdiff_t>(i)), region_);
+    }
+    std::ptrdiff_t operator-(const sptr& o) const { return (p_ - o.p_) / static_cast<std::ptrdiff_t>(sizeof(T)); }
+    template <class I>
+    sptr& operator+=(I i) {
+        p_ = at(static_cast<std::ptrdiff_t>(i));
+        return *this;
+    }
+    template <class I>
+    sptr& operator-=(I i) {
+        p_ = at(-static_cast<std::ptrdiff_t>(i));
+        return *this;
+    }
+    sptr& operator++() { return *this += 1; }
+    sptr& operator--() { return *this -= 1; }
+    sptr operator++(int) {
+        sptr o = *this;
+        ++*this;
+        return o;
+    }
+    bool operator==(const sptr& o) const { return p_ == o.p_; }
+    bool operator!=(const sptr& o) const { return p_ != o.p_; }
+    bool operator<(const sptr& o) const { return p_ < o.p_; }
+    explicit operator bool() const { return p_ != nullptr; }
+    /// The host address, unchecked: for models that check their accesses themselves.
+    T* raw() const { return reinterpret_cast<T*>(p_); }
+    std::uint8_t* bytes() const { return p_; }
+    int region() const { return region_; }
+
+private:
+    // Pointer arithmetic through integers: an sptr may point anywhere (the access is what is checked).
+    std::uint8_t* at(std::ptrdiff_t i) const {
+        return reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(p_) +
+                                               static_cast<std::uintptr_t>(i * static_cast<std::ptrdiff_t>(sizeof(T))));
+    }
+    std::uint8_t* p_ = nullptr;
+    int region_ = -1;
+};
+
+/// reinterpret_cast for shared pointers (the region, hence the bounds, is kept).
+template <class U, class T>
+sptr<U> shared_cast(const sptr<T>& p) {
+    return sptr<U>(p.bytes(), p.region());
+}
+/// &p->*member as a shared pointer.
+template <class M, class S>
+sptr<M> member(const sptr<S>& p, M S::*m) {
+    const S* base = nullptr;
+    const auto offset = reinterpret_cast<std::uintptr_t>(&(base->*m));  // offsetof for any standard-layout S
+    return sptr<M>(p.bytes() + offset, p.region());
+}
+/// The 32-bit shared-window address of p (what cvta.to.shared gives a kernel) and back.
+template <class T>
+std::uint32_t shared_address(const sptr<T>& p) {
+    std::size_t n = 0;
+    return static_cast<std::uint32_t>(p.bytes() - detail::shared_window(&n));
+}
+template <class T>
+sptr<T> shared_at(std::uint32_t address) {
+    std::size_t n = 0;
+    return sptr<T>(detail::shared_window(&n) + address, -1);
+}
+
+/// A static __shared__ variable of type T (an array type gives the decayed element pointer, a
+/// scalar an sref), allocated in the block's window the first time a thread of the block reaches
+/// the declaration; `tag` identifies the declaration (the address of a static object).
+template <class T>
+detail::element_ref<T> static_shared(const void* tag, const char* name, std::size_t align = alignof(T)) {
+    int region = -1;
+    std::uint8_t* p = detail::static_shared_alloc(tag, name, sizeof(T), align, &region);
+    if constexpr (std::is_array<T>::value)
+        return sptr<std::remove_extent_t<T>>(p, region);
+    else
+        return sref<T>(p, region);
+}
+/// The extern __shared__ T name[] of the launch (its bytes: launch_config::dynamic_shared), aligned
+/// to 1024 bytes.
+template <class T>
+sptr<T> dynamic_shared() {
+    int region = -1;
+    std::uint8_t* p = detail::dynamic_shared_base(&region);
+    return sptr<T>(p, region);
+}
+
+// ---- atomics ---------------------------------------------------------------------------------------
+
+namespace detail {
+/// Atomic read-modify-write on host memory: *p = f(*p), returning the old value.
+template <class T, class F>
+T atomic_rmw(T* p, F f) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "atomics act on 4- and 8-byte values");
+    using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    U* q = reinterpret_cast<U*>(p);
+    U expected = __atomic_load_n(q, __ATOMIC_RELAXED);
+    while (true) {
+        T old;
+        std::memcpy(&old, &expected, sizeof(T));
+        const T next = f(old);
+        U desired;
+        std::memcpy(&desired, &next, sizeof(T));
+        if (__atomic_compare_exchange_n(q, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old;
+    }
+}
+template <class T, class F>
+T atomic_rmw(const sptr<T>& p, F f) {
+    T old{};
+    if (!shared_access(p.bytes(), sizeof(T), access::atomic, p.region())) return old;
+    std::memcpy(&old, p.bytes(), sizeof(T));
+    const T next = f(old);
+    std::memcpy(p.bytes(), &next, sizeof(T));
+    return old;
+}
+}  // namespace detail
+
+// The CUDA atomics' meanings (all return the old value); P is T* (global) or sptr<T> (shared).
+template <class P, class T>
+auto atomic_add(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto old) { return static_cast<decltype(old)>(old + v); });
+}
+template <class P, class T>
+auto atomic_sub(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto old) { return static_cast<decltype(old)>(old - v); });
+}
+template <class P, class T>
+auto atomic_max(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto old) { return old < v ? static_cast<decltype(old)>(v) : old; });
+}
+template <class P, class T>
+auto atomic_min(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto old) { return v < old ? static_cast<decltype(old)>(v) : old; });
+}
+template <class P, class T>
+auto atomic_exch(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto) { return v; });
+}
+template <class P, class T>
+auto atomic_cas(P p, T compare, T v) {
+    return detail::atomic_rmw(p, [compare, v](auto old) { return old == compare ? v : old; });
+}
+template <class P, class T>
+auto atomic_and(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto old) { return static_cast<decltype(old)>(old & v); });
+}
+template <class P, class T>
+auto atomic_or(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto old) { return static_cast<decltype(old)>(old | v); });
+}
+template <class P, class T>
+auto atomic_xor(P p, T v) {
+    return detail::atomic_rmw(p, [v](auto old) { return static_cast<decltype(old)>(old ^ v); });
+}
+
+}  // namespace interpret
+}  // namespace octet
+
+#include "octet/interpret/detail/machine.inl"
