@@ -315,15 +315,17 @@ struct machine {
     void bar(unsigned id, unsigned count, bool wait, bool all, site at) {
         fiber& f = *current;
         const char* op = all ? "__syncthreads" : wait ? "bar.sync" : "bar.arrive";
-        const std::string what =
-            std::string(op) + " " + std::to_string(id) + ", " + std::to_string(count) + " at " + to_string(at);
-        if (id >= 16) emit(make(check::barrier_misuse, f.tid, "", what + ": barrier ids are 0..15"), true);
+        // built only for a report: barriers are the interpreter's hot path
+        auto what = [&] {
+            return std::string(op) + " " + std::to_string(id) + ", " + std::to_string(count) + " at " + to_string(at);
+        };
+        if (id >= 16) emit(make(check::barrier_misuse, f.tid, "", what() + ": barrier ids are 0..15"), true);
         if (count % 32 != 0)
-            emit(make(check::barrier_misuse, f.tid, "", what + ": the thread count must be a multiple of 32"), true);
+            emit(make(check::barrier_misuse, f.tid, "", what() + ": the thread count must be a multiple of 32"), true);
         const unsigned expected = count == 0 ? nthreads : count;
         if (expected > nthreads)
             emit(make(check::barrier_misuse, f.tid, "",
-                      what + ": waits for more threads than the block's " + std::to_string(nthreads)),
+                      what() + ": waits for more threads than the block's " + std::to_string(nthreads)),
                  true);
         barrier_state& B = bars[id];
         if (B.arrived == 0) {
@@ -333,7 +335,7 @@ struct machine {
             B.vc.assign(nthreads, 0);
         } else if (B.expected != expected) {
             emit(make(check::barrier_misuse, f.tid, "",
-                      what + ": the barrier's current phase, begun by " + thread_name(B.arrivals.front()) + " at " +
+                      what() + ": the barrier's current phase, begun by " + thread_name(B.arrivals.front()) + " at " +
                           to_string(B.sites.front()) + ", counts " + std::to_string(B.expected) + " threads"),
                  true);
         }
@@ -376,14 +378,14 @@ struct machine {
         const unsigned lane = f.tid % 32, warp = f.tid / 32;
         const unsigned size = std::min(32u, nthreads - 32 * warp);
         const std::uint32_t exists = size == 32 ? 0xFFFFFFFFu : (1u << size) - 1;
-        const std::string what = std::string(name_of(k)) + " with member mask " + hex(mask) + " at " + to_string(at);
+        auto what = [&] { return std::string(name_of(k)) + " with member mask " + hex(mask) + " at " + to_string(at); };
         if (!(mask >> lane & 1u))
             emit(make(check::warp_sync, f.tid, "",
-                      what + ": executed by lane " + std::to_string(lane) + ", which is not in the member mask"),
+                      what() + ": executed by lane " + std::to_string(lane) + ", which is not in the member mask"),
                  true);
         if (mask & ~exists)
             emit(make(check::warp_sync, f.tid, "",
-                      what + ": names lanes " + id_ranges(lanes_of(mask & ~exists)) + " that this warp of " +
+                      what() + ": names lanes " + id_ranges(lanes_of(mask & ~exists)) + " that this warp of " +
                           std::to_string(size) + " threads does not have"),
                  true);
         auto& ops = warp_ops[warp];
@@ -391,7 +393,7 @@ struct machine {
         while (i < ops.size() && !(ops[i].mask >> lane & 1u)) ++i;
         if (i < ops.size() && (ops[i].kind != k || ops[i].mask != mask))
             emit(make(check::warp_sync, f.tid, "",
-                      what + ": lanes " + id_ranges(lanes_of(ops[i].arrived)) + " wait in " + name_of(ops[i].kind) +
+                      what() + ": lanes " + id_ranges(lanes_of(ops[i].arrived)) + " wait in " + name_of(ops[i].kind) +
                           " with member mask " + hex(ops[i].mask) + " at " + to_string(ops[i].at)),
                  true);
         if (i == ops.size()) {
