@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -636,6 +637,39 @@ TEST_CASE("every thread of a 3-D grid of 3-D blocks runs once with its coordinat
     for (unsigned b = 0; b < 12; ++b)
         for (unsigned t = 0; t < 30; ++t) CHECK(out[b * 30 + t] == b * 100000 + t * 10 + 1);
     CHECK_THROWS_AS((void)oi::thread_idx(), octet::error);  // outside a launch
+}
+
+}  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+__global__ void throwing_kernel(int bad_thread) {
+    OCTET_SHARED(int[64], s);
+    s[threadIdx.x] = 1;
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) == bad_thread) throw std::runtime_error("rule rejected its input");
+    __syncthreads();
+}
+__global__ void deep_stack_kernel(int* out) {
+    volatile int local[8192];  // 32 KiB of locals per thread, as a register-heavy kernel might spill
+    for (int i = 0; i < 8192; ++i) local[i] = i ^ static_cast<int>(threadIdx.x);
+    int acc = 0;
+    for (int i = 0; i < 8192; ++i) acc += local[i];
+    __syncthreads();
+    out[threadIdx.x] = acc;
+}
+
+TEST_CASE("an exception from kernel code ends the launch, the other fibers are unwound, the next launch runs") {
+    CHECK_THROWS_WITH_AS(oi::launch("throws", {oi::dim3(2), oi::dim3(64)}, throwing_kernel, 37),
+                         "rule rejected its input", std::runtime_error);
+    std::vector<int> out(64, -1);
+    const auto r = oi::launch("deep", {oi::dim3(1), oi::dim3(64)}, collect(), deep_stack_kernel, out.data());
+    CHECK(r.clean());
+    for (int t = 0; t < 64; ++t) {
+        int expect = 0;
+        for (int i = 0; i < 8192; ++i) expect += i ^ t;
+        CHECK(out[static_cast<std::size_t>(t)] == expect);
+    }
 }
 
 }  // namespace interpret_core_test

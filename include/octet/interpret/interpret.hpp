@@ -4,7 +4,8 @@
 // Execution model
 //   A launch runs its blocks one after another on the calling host thread (blocks in parallel on a
 //   thread pool is a later step: all per-block state lives in one `detail::machine`). The threads of a
-//   block are fibers (ucontext, each with its own mmap'ed stack and a guard page below it), scheduled
+//   block are fibers (each with its own mmap'ed stack and a guard page below it; a hand-written
+//   switch on x86-64, ucontext elsewhere or with OCTET_INTERPRET_UCONTEXT), scheduled
 //   cooperatively in round-robin order of their linear thread id: a fiber runs until it waits (a
 //   barrier, a warp-synchronous instruction) or exits. Warps are groups of 32 consecutive linear ids
 //   (x fastest), as on the device. Kernel parameters are copied per thread, as a launch copies them.
