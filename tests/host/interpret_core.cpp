@@ -673,3 +673,40 @@ TEST_CASE("an exception from kernel code ends the launch, the other fibers are u
 }
 
 }  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+struct temp_storage {  // a CUB-style TempStorage: a struct the caller puts in shared memory
+    float partial[8];
+    unsigned count;
+};
+
+__global__ void struct_kernel(float* out, bool skip_count) {
+    OCTET_SHARED(temp_storage, temp);
+    auto self = &temp;
+    const unsigned t = threadIdx.x, warp = t / 32;
+    auto partial = oi::member(self, &temp_storage::partial);  // sptr<float[8]>
+    if (t % 32 == 0) (*partial)[warp] = static_cast<float>(warp + 1);
+    if (t == 0 && !skip_count) *oi::member(self, &temp_storage::count) = blockDim.x / 32;
+    __syncthreads();
+    if (t == 0) {
+        float s = 0;
+        const unsigned n = *oi::member(self, &temp_storage::count);
+        for (unsigned w = 0; w < n && w < 8; ++w) s += (*partial)[w];
+        out[blockIdx.x] = s;
+    }
+}
+
+TEST_CASE("a struct in shared memory, its members reached through member()") {
+    std::vector<float> out(2, -1.0f);
+    const auto r = oi::launch("struct", {oi::dim3(2), oi::dim3(128)}, collect(), struct_kernel, out.data(), false);
+    CHECK_MESSAGE(r.clean(), all_messages(r));
+    CHECK(out[0] == 10.0f);
+    CHECK(out[1] == 10.0f);
+    const auto bad =
+        oi::launch("struct_uninit", {oi::dim3(1), oi::dim3(128)}, collect(), struct_kernel, out.data(), true);
+    REQUIRE(has(bad, oi::check::uninitialized_read));
+    CHECK(first(bad, oi::check::uninitialized_read).address.find("temp+0x20") == 0);
+}
+
+}  // namespace interpret_core_test

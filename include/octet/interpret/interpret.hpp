@@ -451,8 +451,9 @@ sptr<U> shared_cast(const sptr<T>& p) {
 /// &p->*member as a shared pointer.
 template <class M, class S>
 sptr<M> member(const sptr<S>& p, M S::*m) {
-    const S* base = nullptr;
-    const auto offset = reinterpret_cast<std::uintptr_t>(&(base->*m));  // offsetof for any standard-layout S
+    alignas(S) static unsigned char storage[sizeof(S)];  // offsetof for a member pointer: only addresses
+    const S* base = reinterpret_cast<const S*>(storage);
+    const auto offset = reinterpret_cast<const unsigned char*>(&(base->*m)) - storage;
     return sptr<M>(p.bytes() + offset, p.region());
 }
 /// The 32-bit shared-window address of p (what cvta.to.shared gives a kernel) and back.
