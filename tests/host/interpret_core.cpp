@@ -710,3 +710,48 @@ TEST_CASE("a struct in shared memory, its members reached through member()") {
 }
 
 }  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+__global__ void intrinsics_kernel(const unsigned* x, const unsigned* y, unsigned* out) {
+    const unsigned t = threadIdx.x;
+    out[4 * t + 0] = __byte_perm(x[t], 0u, 0x0123);    // byte reversal
+    out[4 * t + 1] = __byte_perm(x[t], y[t], 0x5410);  // the low halves, x's below y's
+    out[4 * t + 2] = __byte_perm(x[t], y[t], 0x7632);  // the high halves
+    out[4 * t + 3] = __float_as_uint(__uint_as_float(x[t])) ^
+                     static_cast<unsigned>(__float_as_int(__int_as_float(static_cast<int>(y[t]))));
+}
+
+TEST_CASE("__byte_perm and the bit casts, by their identities") {
+    auto g = octet_test::rng(1309);
+    std::vector<unsigned> x(32), y(32), out(128, 0);
+    for (unsigned t = 0; t < 32; ++t) {
+        x[t] = static_cast<unsigned>(g());
+        y[t] = static_cast<unsigned>(g());
+    }
+    oi::launch("intrinsics", {oi::dim3(1), oi::dim3(32)}, intrinsics_kernel, x.data(), y.data(), out.data());
+    for (unsigned t = 0; t < 32; ++t) {
+        CHECK(out[4 * t + 0] == __builtin_bswap32(x[t]));
+        CHECK(out[4 * t + 1] == ((x[t] & 0xFFFFu) | (y[t] << 16)));
+        CHECK(out[4 * t + 2] == ((x[t] >> 16) | (y[t] & 0xFFFF0000u)));
+        CHECK(out[4 * t + 3] == (x[t] ^ y[t]));
+    }
+}
+
+__global__ void trap_kernel(int* out) {
+    if (blockIdx.x == 1 && threadIdx.x == 3) __trap();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+
+TEST_CASE("__trap stops its block with a report; collect mode goes on with the next block") {
+    std::vector<int> out(3 * 32, 0);
+    const auto r = oi::launch("trap", {oi::dim3(3), oi::dim3(32)}, collect(), trap_kernel, out.data());
+    REQUIRE(r.reports.size() == 1);
+    CHECK(r.reports[0].kind == oi::check::trap);
+    CHECK(r.reports[0].block.x == 1);
+    CHECK(r.reports[0].thread.x == 3);
+    CHECK(out[2 * 32 + 5] == 1);  // block 2 ran
+    CHECK_THROWS_AS(oi::launch("trap", {oi::dim3(3), oi::dim3(32)}, trap_kernel, out.data()), oi::failure);
+}
+
+}  // namespace interpret_core_test

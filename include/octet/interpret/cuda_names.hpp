@@ -12,6 +12,10 @@
 //   __all_sync, __any_sync, __ballot_sync, __match_any_sync, __match_all_sync
 //   atomicAdd/Sub/Max/Min/Exch/CAS/And/Or/Xor on T* (global) and interpret::sptr<T> (shared)
 //   __threadfence*, __nanosleep              nothing, a yield
+//   __trap()                                 interpret::trap(): a report that stops the block
+//   __float_as_int/uint, __int/uint_as_float, __fmul_rn, __fadd_rn, __byte_perm, __ldg,
+//   __cvta_generic_to_shared (of an sptr)    their CUDA meanings
+//   __align__(n), __grid_constant__, __constant__  alignas(n), nothing, nothing
 //   __global__, __device__, __host__, __forceinline__, __noinline__, __launch_bounds__(...)  nothing
 //   __shared__                               NOT defined: a declaration not yet converted to the macros
 //                                            below fails to compile instead of being silently unchecked.
@@ -59,6 +63,10 @@ using interpret::shared_cast;
 #define __noinline__
 #define __launch_bounds__(...)
 #define __syncthreads() ::octet::interpret::syncthreads()
+#define __trap() ::octet::interpret::trap()
+#define __align__(n) alignas(n)
+#define __grid_constant__
+#define __constant__
 
 namespace octet {
 namespace interpret {
@@ -149,6 +157,50 @@ inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, const char* file = __builtin
 }
 inline unsigned __activemask() {
     return ::octet::interpret::activemask();
+}
+inline float __int_as_float(int v) {
+    float f;
+    std::memcpy(&f, &v, 4);
+    return f;
+}
+inline float __uint_as_float(unsigned v) {
+    float f;
+    std::memcpy(&f, &v, 4);
+    return f;
+}
+inline int __float_as_int(float f) {
+    int v;
+    std::memcpy(&v, &f, 4);
+    return v;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned v;
+    std::memcpy(&v, &f, 4);
+    return v;
+}
+/// The product rounded to nearest even: what host float arithmetic does (SSE, no excess precision).
+inline float __fmul_rn(float a, float b) {
+    return a * b;
+}
+inline float __fadd_rn(float a, float b) {
+    return a + b;
+}
+/// CUDA's __byte_perm: byte n of the result is byte ((s >> 4n) & 7) of the 8 bytes y:x (x lowest).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const std::uint64_t in = x | static_cast<std::uint64_t>(y) << 32;
+    unsigned r = 0;
+    for (unsigned n = 0; n < 4; ++n) r |= static_cast<unsigned>((in >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+    return r;
+}
+/// __ldg: a read through the read-only cache, here a plain read.
+template <class T>
+T __ldg(const T* p) {
+    return *p;
+}
+/// The shared-window address of a shared pointer (cvta.to.shared).
+template <class T>
+std::size_t __cvta_generic_to_shared(const ::octet::interpret::sptr<T>& p) {
+    return ::octet::interpret::shared_address(p);
 }
 inline void __threadfence_block() {}
 inline void __threadfence() {}

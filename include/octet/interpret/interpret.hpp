@@ -128,6 +128,7 @@ enum class check {
     warp_sync,           ///< a warp-synchronous instruction with inconsistent masks or operations
     deadlock,            ///< every live thread of a block is blocked
     launch_config,       ///< the launch's grid, block or shared size is not launchable
+    trap,                ///< the kernel executed trap (__trap): on the device, the launch fails
 };
 inline const char* to_string(check c) {
     switch (c) {
@@ -149,6 +150,8 @@ inline const char* to_string(check c) {
             return "deadlock";
         case check::launch_config:
             return "launch configuration";
+        case check::trap:
+            return "trap";
     }
     return "?";
 }
@@ -254,6 +257,8 @@ inline void bar_sync(unsigned id, unsigned count = 0, const char* file = __built
 /// bar.arrive id, count: counts toward the barrier's completion (and releases this thread's
 /// writes to its waiters) without waiting.
 inline void bar_arrive(unsigned id, unsigned count, const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// trap: ends the block with a report (stopping it) naming the call site.
+[[noreturn]] inline void trap(const char* file = __builtin_FILE(), int line = __builtin_LINE());
 /// Lets the other fibers run (for spin loops on memory, nanosleep).
 inline void yield();
 

@@ -824,6 +824,11 @@ inline void bar_sync(unsigned id, unsigned count, const char* file, int line) {
 inline void bar_arrive(unsigned id, unsigned count, const char* file, int line) {
     detail::running("bar.arrive").bar(id, count, false, false, detail::site{file, line});
 }
+inline void trap(const char* file, int line) {
+    detail::machine& m = detail::running("trap");
+    m.emit(m.make(check::trap, m.current->tid, "", "trap at " + detail::to_string(detail::site{file, line})), true);
+    throw detail::block_abort{};  // not reached: emit stops the block
+}
 inline void yield() {
     detail::machine& m = detail::running("yield");
     detail::fiber& f = *m.current;
