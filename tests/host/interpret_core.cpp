@@ -755,3 +755,33 @@ TEST_CASE("__trap stops its block with a report; collect mode goes on with the n
 }
 
 }  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+__global__ void syncthreads_count_kernel(const int* p, int* out) {
+    const unsigned t = threadIdx.x;
+    const int c = __syncthreads_count(p[t]);
+    const int a = __syncthreads_and(p[t]);
+    const int o = __syncthreads_or(p[t]);
+    out[3 * t] = c;
+    out[3 * t + 1] = a;
+    out[3 * t + 2] = o;
+}
+
+TEST_CASE("__syncthreads_count/_and/_or count the block's true predicates") {
+    auto g = octet_test::rng(1310);
+    for (int density : {0, 1, 2}) {
+        std::vector<int> p(96), out(3 * 96, -1);
+        for (auto& v : p) v = density == 0 ? 0 : density == 2 ? 7 : static_cast<int>(g() % 2);
+        oi::launch("sync_count", {oi::dim3(1), oi::dim3(96)}, syncthreads_count_kernel, p.data(), out.data());
+        int count = 0;
+        for (int v : p) count += v != 0;
+        for (unsigned t = 0; t < 96; ++t) {
+            CHECK(out[3 * t] == count);
+            CHECK(out[3 * t + 1] == (count == 96));
+            CHECK(out[3 * t + 2] == (count > 0));
+        }
+    }
+}
+
+}  // namespace interpret_core_test

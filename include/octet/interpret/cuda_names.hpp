@@ -6,6 +6,7 @@
 //   threadIdx, blockIdx, blockDim, gridDim   the running fiber's interpret::thread_idx() ... grid_dim()
 //   warpSize                                 32
 //   __syncthreads()                          interpret::syncthreads() (the call site is recorded)
+//   __syncthreads_count/_and/_or(p)          interpret::syncthreads_count
 //   __syncwarp, __activemask                 interpret::syncwarp, activemask
 //   __shfl_sync/_up/_down/_xor (int, unsigned, float, 64-bit types as two 32-bit shuffles)
 //                                            interpret::shfl_sync with CUDA's c = ((32 - width) << 8) | clamp
@@ -63,6 +64,10 @@ using interpret::shared_cast;
 #define __noinline__
 #define __launch_bounds__(...)
 #define __syncthreads() ::octet::interpret::syncthreads()
+#define __syncthreads_count(p) ::octet::interpret::syncthreads_count((p) != 0)
+#define __syncthreads_and(p) \
+    (::octet::interpret::syncthreads_count((p) != 0) == static_cast<int>(::octet::interpret::block_dim().count()))
+#define __syncthreads_or(p) (::octet::interpret::syncthreads_count((p) != 0) != 0)
 #define __trap() ::octet::interpret::trap()
 #define __align__(n) alignas(n)
 #define __grid_constant__

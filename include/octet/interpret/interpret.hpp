@@ -252,7 +252,11 @@ inline unsigned warp_id();  ///< linear thread id / 32
 
 /// __syncthreads: bar.sync 0 for all threads of the block; all must reach it at the same call site.
 inline void syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE());
-/// bar.sync id, count (count 0: all threads of the block); count is a multiple of 32.
+/// __syncthreads_count (bar.red.popc 0): __syncthreads that returns how many threads passed pred true;
+/// __syncthreads_and / _or compare it with the block's size and with 0.
+inline int syncthreads_count(bool pred, const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// bar.sync id, count (count 0: all threads of the block); count is a multiple of 32. Arrivals are
+/// counted per thread (the hardware counts whole warps: the two agree when warps arrive converged).
 inline void bar_sync(unsigned id, unsigned count = 0, const char* file = __builtin_FILE(), int line = __builtin_LINE());
 /// bar.arrive id, count: counts toward the barrier's completion (and releases this thread's
 /// writes to its waiters) without waiting.

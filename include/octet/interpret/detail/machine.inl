@@ -163,7 +163,7 @@ struct fiber {
 };
 
 struct barrier_state {
-    unsigned expected = 0, arrived = 0;
+    unsigned expected = 0, arrived = 0, popc = 0;
     bool all = false;  // the phase began with __syncthreads
     std::vector<unsigned> waiters, arrivals;
     std::vector<site> sites;  // per arrival
@@ -362,7 +362,8 @@ struct machine {
 
     // ---- barriers --------------------------------------------------------------------------------
 
-    void bar(unsigned id, unsigned count, bool wait, bool all, site at) {
+    /// Arrives at barrier id; returns the number of arrivals of this phase whose pred was true (bar.red.popc).
+    unsigned bar(unsigned id, unsigned count, bool wait, bool all, site at, bool pred = false) {
         fiber& f = *current;
         const char* op = all ? "__syncthreads" : wait ? "bar.sync" : "bar.arrive";
         // built only for a report: barriers are the interpreter's hot path
@@ -392,6 +393,7 @@ struct machine {
         join(B.vc, f.vc);
         ++f.vc[f.tid];  // this thread's later accesses are not covered by the release
         ++B.arrived;
+        B.popc += pred ? 1u : 0u;
         B.arrivals.push_back(f.tid);
         B.sites.push_back(at);
         if (B.arrived == B.expected) {
@@ -405,19 +407,22 @@ struct machine {
             for (unsigned w : B.waiters) {
                 fiber& g = fibers[w];
                 join(g.vc, B.vc);
+                g.wvalue = B.popc;
                 g.ready = true;
                 g.waiting = fiber::wait::none;
             }
             if (wait) join(f.vc, B.vc);
+            const unsigned popc = B.popc;
             B = barrier_state{};
-            return;
+            return popc;
         }
-        if (!wait) return;
+        if (!wait) return 0;
         B.waiters.push_back(f.tid);
         f.waiting = fiber::wait::barrier;
         f.bar_id = id;
         f.at = at;
         block_wait(f);
+        return f.wvalue;
     }
 
     // ---- warp collectives ------------------------------------------------------------------------
@@ -817,6 +822,10 @@ inline unsigned warp_id() {
 
 inline void syncthreads(const char* file, int line) {
     detail::running("__syncthreads").bar(0, 0, true, true, detail::site{file, line});
+}
+inline int syncthreads_count(bool pred, const char* file, int line) {
+    return static_cast<int>(
+        detail::running("__syncthreads_count").bar(0, 0, true, true, detail::site{file, line}, pred));
 }
 inline void bar_sync(unsigned id, unsigned count, const char* file, int line) {
     detail::running("bar.sync").bar(id, count, true, false, detail::site{file, line});
