@@ -785,3 +785,43 @@ TEST_CASE("__syncthreads_count/_and/_or count the block's true predicates") {
 }
 
 }  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+TEST_CASE("blocks on several host threads: the same answers, the reports in block order") {
+    auto g = octet_test::rng(1311);
+    const int n = 5000;
+    std::vector<int> x(n);
+    for (auto& v : x) v = static_cast<int>(g() % 1000);
+    std::vector<unsigned> expect(16, 0), hist(16, 0);
+    for (int v : x) ++expect[static_cast<std::size_t>(v % 16)];
+    oi::options o = collect();
+    o.host_threads = 2;
+    const auto ok =
+        oi::launch("histogram", {oi::dim3(7), oi::dim3(96)}, o, histogram_kernel, x.data(), n, hist.data(), false);
+    CHECK_MESSAGE(ok.clean(), all_messages(ok));
+    CHECK(hist == expect);
+
+    std::vector<float> xf(1000, 1.0f), sums(8);
+    const auto serial = oi::launch("block_sum_no_barrier", {oi::dim3(4), oi::dim3(256)}, collect(), block_sum_kernel,
+                                   xf.data(), 1000, sums.data(), false);
+    o.host_threads = 3;
+    const auto parallel = oi::launch("block_sum_no_barrier", {oi::dim3(4), oi::dim3(256)}, o, block_sum_kernel,
+                                     xf.data(), 1000, sums.data(), false);
+    REQUIRE(serial.reports.size() == parallel.reports.size());
+    for (std::size_t i = 0; i < serial.reports.size(); ++i)
+        CHECK(serial.reports[i].message() == parallel.reports[i].message());
+
+    std::vector<int> out(4 * 32, 0);
+    oi::options raise;
+    raise.host_threads = 2;
+    try {
+        oi::launch("trap", {oi::dim3(4), oi::dim3(32)}, raise, trap_kernel, out.data());
+        FAIL("no report");
+    } catch (const oi::failure& f) {
+        CHECK(f.which().kind == oi::check::trap);
+        CHECK(f.which().block.x == 1);
+    }
+}
+
+}  // namespace interpret_core_test

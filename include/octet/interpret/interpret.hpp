@@ -2,8 +2,8 @@
 // a grid of thread blocks with CUDA's semantics and checks what compute-sanitizer would.
 //
 // Execution model
-//   A launch runs its blocks one after another on the calling host thread (blocks in parallel on a
-//   thread pool is a later step: all per-block state lives in one `detail::machine`). The threads of a
+//   A launch runs its blocks one after another on the calling host thread, or spread over
+//   options::host_threads threads (each with its own `detail::machine`). The threads of a
 //   block are fibers (each with its own mmap'ed stack and a guard page below it; a hand-written
 //   switch on x86-64, ucontext elsewhere or with OCTET_INTERPRET_UCONTEXT), scheduled
 //   cooperatively in round-robin order of their linear thread id: a fiber runs until it waits (a
@@ -214,6 +214,9 @@ struct options {
     bool check_races = true;
     bool check_uninitialized = true;
     std::size_t max_reports = 64;  ///< collect mode keeps this many (dropped_reports counts the rest)
+    /// Blocks run on this many host threads (each with its own fibers and shared window); global
+    /// memory is shared as on the device, so blocks that race on it without atomics race here too.
+    unsigned host_threads = 1;
 };
 
 struct launch_config {

@@ -2,7 +2,9 @@
 // collectives, shared-memory shadow state). Included by octet/interpret/interpret.hpp only.
 #pragma once
 
+#include <atomic>
 #include <cstdio>
+#include <thread>
 
 namespace octet {
 namespace interpret {
@@ -682,7 +684,8 @@ struct machine {
 
     // ---- the launch ------------------------------------------------------------------------------
 
-    run_result run() {
+    /// False (after raising or keeping a launch_config report) when the launch is not launchable.
+    bool validate() {
         const dim3 g = cfg.grid, b = cfg.block;
         const device_model& dev = opt.device;
         std::string bad;
@@ -709,8 +712,15 @@ struct machine {
             r.detail = bad;
             if (opt.mode == on_report::raise) throw failure(std::move(r));
             keep(std::move(r));
-            return std::move(result);
+            return false;
         }
+        return true;
+    }
+
+    /// Maps the shared window and the fiber stacks.
+    void setup() {
+        const dim3 b = cfg.block;
+        const device_model& dev = opt.device;
         nthreads = static_cast<unsigned>(b.count());
         page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
         stack_bytes = (std::max<std::size_t>(opt.stack_bytes, 64 * 1024) + page - 1) / page * page;
@@ -731,20 +741,97 @@ struct machine {
             mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
         }
         warp_ops.assign((nthreads + 31) / 32, {});
+    }
+
+    /// Runs the blocks first, first + stride, ... (linear index, x fastest) while keep_going(index).
+    template <class KeepGoing>
+    void run_blocks(unsigned long long first, unsigned long long stride, KeepGoing keep_going) {
+        const dim3 g = cfg.grid;
         machine* const outer = tl_machine;
         tl_machine = this;
         try {
-            for (unsigned z = 0; z < g.z; ++z)
-                for (unsigned y = 0; y < g.y; ++y)
-                    for (unsigned x = 0; x < g.x; ++x) run_block(dim3(x, y, z));
+            for (unsigned long long i = first; i < g.count() && keep_going(i); i += stride)
+                run_block(dim3(static_cast<unsigned>(i % g.x), static_cast<unsigned>(i / g.x % g.y),
+                               static_cast<unsigned>(i / g.x / g.y)));
         } catch (...) {
             tl_machine = outer;
             throw;
         }
         tl_machine = outer;
-        return std::move(result);
     }
 };
+
+/// The launch: blocks in order on this thread, or spread over opt.host_threads threads, each with
+/// its own machine. Reports are ordered by block; in raise mode the report (or exception) of the
+/// lowest failing block is thrown, after every lower block has run, so the outcome does not depend
+/// on the threads' timing.
+inline run_result run_launch(const char* name, const launch_config& cfg, const options& opt,
+                             const std::function<void()>& body) {
+    machine probe(name, cfg, opt);
+    if (!probe.validate()) return std::move(probe.result);
+    const unsigned long long blocks = cfg.grid.count();
+    const unsigned workers =
+        static_cast<unsigned>(std::min<unsigned long long>(std::max(opt.host_threads, 1u), blocks));
+    if (workers == 1) {
+        probe.body = body;
+        probe.setup();
+        probe.run_blocks(0, 1, [](unsigned long long) { return true; });
+        return std::move(probe.result);
+    }
+    std::atomic<unsigned long long> first_failed{blocks};
+    std::vector<std::exception_ptr> errors(workers);
+    std::vector<unsigned long long> failed_at(workers, blocks);
+    std::vector<run_result> results(workers);
+    std::vector<std::thread> pool;
+    for (unsigned w = 0; w < workers; ++w)
+        pool.emplace_back([&, w] {
+            try {
+                machine m(name, cfg, opt);
+                m.body = body;
+                m.setup();
+                unsigned long long current = w;
+                try {
+                    m.run_blocks(w, workers, [&](unsigned long long i) {
+                        current = i;
+                        return i < first_failed.load();
+                    });
+                } catch (...) {
+                    errors[w] = std::current_exception();
+                    failed_at[w] = current;
+                    unsigned long long seen = first_failed.load();
+                    while (current < seen && !first_failed.compare_exchange_weak(seen, current)) {
+                    }
+                }
+                results[w] = std::move(m.result);
+            } catch (...) {
+                errors[w] = std::current_exception();  // setup failed
+                failed_at[w] = 0;
+                first_failed = 0;
+            }
+        });
+    for (auto& t : pool) t.join();
+    unsigned worst = workers;
+    for (unsigned w = 0; w < workers; ++w)
+        if (errors[w] && (worst == workers || failed_at[w] < failed_at[worst])) worst = w;
+    if (worst != workers) std::rethrow_exception(errors[worst]);
+    run_result out;
+    for (auto& r : results) {
+        out.reports.insert(out.reports.end(), r.reports.begin(), r.reports.end());
+        out.dropped_reports += r.dropped_reports;
+        out.static_shared = std::max(out.static_shared, r.static_shared);
+        out.context_switches += r.context_switches;
+    }
+    const auto linear = [&](const report& r) {
+        return r.block.x + 1ull * cfg.grid.x * (r.block.y + 1ull * cfg.grid.y * r.block.z);
+    };
+    std::stable_sort(out.reports.begin(), out.reports.end(),
+                     [&](const report& a, const report& b) { return linear(a) < linear(b); });
+    if (out.reports.size() > opt.max_reports) {
+        out.dropped_reports += out.reports.size() - opt.max_reports;
+        out.reports.resize(opt.max_reports);
+    }
+    return out;
+}
 
 inline void fiber_entry() {
     machine& m = *tl_machine;
@@ -793,12 +880,11 @@ inline std::uint8_t* shared_window(std::size_t* bytes) {
 template <class Kernel, class... Args>
 run_result launch(const char* name, const launch_config& cfg, const options& opt, Kernel&& kernel, Args&&... args) {
     auto params = std::make_tuple(std::decay_t<Args>(std::forward<Args>(args))...);
-    detail::machine m(name, cfg, opt);
-    m.body = [&kernel, &params] {
+    const std::function<void()> body = [&kernel, &params] {
         auto copy = params;  // each thread its own copy of the parameters, as on the device
         std::apply(kernel, copy);
     };
-    return m.run();
+    return detail::run_launch(name, cfg, opt, body);
 }
 
 inline const dim3& thread_idx() {
