@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -822,6 +823,76 @@ TEST_CASE("blocks on several host threads: the same answers, the reports in bloc
         CHECK(f.which().kind == oi::check::trap);
         CHECK(f.which().block.x == 1);
     }
+}
+
+}  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+// A model of ldmatrix.sync.aligned.m8n8.x4.shared.b16 written with warp_exchange, the way the ptx::
+// layer will model instructions: lane L supplies the address of row L % 8 of matrix L / 8 and reads
+// that 16-byte row itself (checked, and attributed to it); lane L receives, of each matrix m, the 4
+// bytes at offset 4 (L % 4) of row L / 4 (register m).
+struct row16 {
+    std::uint8_t b[16];
+};
+struct regs4 {
+    std::uint32_t r[4];
+};
+regs4 ldmatrix_x4(octet::shared_ptr_t<const std::uint8_t> row) {
+    row16 mine;
+    for (int i = 0; i < 16; ++i) mine.b[i] = row[i];
+    return oi::warp_exchange<row16, regs4>(
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16", 0xFFFFFFFFu, mine, [](const row16* const* rows, regs4* const* out) {
+            for (int L = 0; L < 32; ++L)
+                for (int m = 0; m < 4; ++m) std::memcpy(&out[L]->r[m], rows[8 * m + L / 4]->b + 4 * (L % 4), 4);
+        });
+}
+
+/// Rows stored XOR-permuted (row r at slot r ^ 5) by 32 threads, then ldmatrix by the warp.
+__global__ void ldmatrix_kernel(const std::uint8_t* rows, std::uint32_t* regs, bool with_barrier) {
+    OCTET_SHARED_ALIGNED(std::uint8_t[32 * 16], tile, 128);
+    const unsigned t = threadIdx.x;
+    const unsigned fill = (t + 7) % 32;  // each thread stores another lane's row
+    for (int i = 0; i < 16; ++i) tile[((fill ^ 5) * 16) + i] = rows[(blockIdx.x * 32 + fill) * 16 + i];
+    if (with_barrier) __syncthreads();
+    const unsigned lane = t % 32;
+    const unsigned my_row = 8 * (lane / 8) + lane % 8;  // = lane: row lane % 8 of matrix lane / 8
+    const regs4 r = ldmatrix_x4(tile + (my_row ^ 5) * 16);
+    for (int m = 0; m < 4; ++m) regs[4 * (blockIdx.x * blockDim.x + t) + m] = r.r[m];
+}
+__global__ void mixed_exchange_kernel() {
+    const int mine = 1;
+    if (threadIdx.x < 16)
+        (void)oi::warp_exchange<int, int>("ldmatrix.x4", 0xFFFFFFFFu, mine, [](const int* const*, int* const*) {});
+    else
+        (void)oi::warp_exchange<int, int>("ldmatrix.x2", 0xFFFFFFFFu, mine, [](const int* const*, int* const*) {});
+}
+
+TEST_CASE("warp_exchange: an ldmatrix.x4 model matches the PTX fragment definition; misuse is reported") {
+    auto g = octet_test::rng(1312);
+    std::vector<std::uint8_t> rows(2 * 32 * 16);
+    for (auto& b : rows) b = static_cast<std::uint8_t>(g());
+    std::vector<std::uint32_t> regs(2 * 32 * 4, 0xDEADBEEFu);
+    const auto r =
+        oi::launch("ldmatrix", {oi::dim3(2), oi::dim3(32)}, collect(), ldmatrix_kernel, rows.data(), regs.data(), true);
+    CHECK_MESSAGE(r.clean(), all_messages(r));
+    for (unsigned b = 0; b < 2; ++b)
+        for (unsigned L = 0; L < 32; ++L)
+            for (unsigned m = 0; m < 4; ++m) {
+                const std::uint8_t* row = rows.data() + b * 512 + (8 * m + L / 4) * 16 + 4 * (L % 4);
+                const std::uint32_t expect =
+                    row[0] | row[1] << 8 | row[2] << 16 | static_cast<std::uint32_t>(row[3]) << 24;
+                CHECK(regs[4 * (b * 32 + L) + m] == expect);
+            }
+    oi::options races_only = collect();      // the early lanes also read rows not yet written: those
+    races_only.check_uninitialized = false;  // reports would fill max_reports before the races
+    const auto bad = oi::launch("ldmatrix_no_barrier", {oi::dim3(1), oi::dim3(32)}, races_only, ldmatrix_kernel,
+                                rows.data(), regs.data(), false);
+    CHECK_MESSAGE(has(bad, oi::check::race), all_messages(bad));
+    const auto mixed = oi::launch("mixed", {oi::dim3(1), oi::dim3(32)}, collect(), mixed_exchange_kernel);
+    REQUIRE(has(mixed, oi::check::warp_sync));
+    CHECK(first(mixed, oi::check::warp_sync).detail.find("ldmatrix.x2") != std::string::npos);
 }
 
 }  // namespace interpret_core_test

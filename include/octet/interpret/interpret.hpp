@@ -54,9 +54,11 @@
 // __shfl*_sync, __all/__any/__ballot_sync, __match_any/all_sync, __activemask, atomicAdd... -> the
 // functions below; __global__/__device__/__host__/__forceinline__/__launch_bounds__ -> nothing.
 // `__shared__` is deliberately left undefined, so that a declaration not yet converted fails to compile:
-// kernels declare shared memory with OCTET_SHARED(type, name) and OCTET_DYNAMIC_SHARED(type, name,
-// align), which are `__shared__` declarations under nvcc and checked handles (sptr / sref) here, and
-// reinterpret shared pointers with octet::shared_cast<U>(p).
+// kernels declare shared memory with OCTET_SHARED(type, name) and OCTET_DYNAMIC_SHARED(type, name)
+// (1024-byte aligned), which are `__shared__` declarations under nvcc and checked handles (sptr /
+// sref) here, pass shared pointers as octet::shared_ptr_t<T> (T* on the device), and reinterpret them
+// with octet::shared_cast<U>(p). A kernel runs with launch("name", {grid, block, dynamic_bytes},
+// kernel, args...).
 //
 // What remains to model for octet's kernels, each as a function of a `ptx::` layer
 //   ldmatrix (.x1/.x2/.x4, .trans), mma.sync.m16n8k32 with E4M3/E5M2 operands (fragment layouts as in
@@ -293,6 +295,16 @@ inline std::uint32_t match_all_sync(std::uint32_t membermask, std::uint64_t valu
 /// bar.warp.sync (__syncwarp): a barrier among the lanes of membermask that orders their memory.
 inline void syncwarp(std::uint32_t membermask = 0xFFFFFFFFu, const char* file = __builtin_FILE(),
                      int line = __builtin_LINE());
+/// The building block of an instruction model (ldmatrix, mma.sync, ...): a warp collective over
+/// membermask in which every lane deposits its operands `mine`; when the last lane arrives, it calls
+/// compute(ins, outs) with ins[l] (const In*) and outs[l] (Out*) for every lane l of the mask (null
+/// for the others), and each lane returns its outs[l]. Lanes that reach different instructions
+/// (by name) or masks are a warp_sync report, as for shfl. A model that reads shared memory has each
+/// lane read its own operands (through sptr, so the reads are checked and attributed to that lane)
+/// before the exchange.
+template <class In, class Out, class F>
+Out warp_exchange(const char* instruction, std::uint32_t membermask, const In& mine, F compute,
+                  const char* file = __builtin_FILE(), int line = __builtin_LINE());
 /// The lanes of this warp that have not exited.
 inline std::uint32_t activemask();
 
@@ -323,8 +335,8 @@ class sref {
 public:
     sref(std::uint8_t* p, int region) : p_(p), region_(region) {}
     sref(const sref&) = default;
-    T load() const {
-        T v{};
+    std::remove_cv_t<T> load() const {
+        std::remove_cv_t<T> v{};
         if (detail::shared_access(p_, sizeof(T), detail::access::read, region_)) std::memcpy(&v, p_, sizeof(T));
         return v;
     }

@@ -67,7 +67,8 @@ enum class warp_kind {
     vote_ballot,
     match_any,
     match_all,
-    syncwarp
+    syncwarp,
+    custom  // a modelled instruction (warp_exchange), named by its tag
 };
 inline const char* name_of(warp_kind k) {
     switch (k) {
@@ -91,9 +92,12 @@ inline const char* name_of(warp_kind k) {
             return "match.sync.all";
         case warp_kind::syncwarp:
             return "bar.warp.sync";
+        case warp_kind::custom:
+            return "warp collective";
     }
     return "?";
 }
+using exchange_fn = std::function<void(const void* const*, void* const*)>;
 
 // ---- context switching ---------------------------------------------------------------------------
 // On x86-64 a fiber switch is a dozen instructions (callee-saved registers, MXCSR and the x87 control
@@ -178,6 +182,9 @@ struct warp_op {
     site at;
     std::uint32_t a[32] = {}, b[32] = {}, c[32] = {};
     std::uint64_t key[32] = {};
+    const char* tag = nullptr;  // custom: the instruction's name
+    const void* in[32] = {};    // custom: each lane's operands (on its blocked fiber's stack)
+    void* out[32] = {};         // custom: each lane's results
 };
 
 inline void join(std::vector<std::uint32_t>& into, const std::vector<std::uint32_t>& from) {
@@ -430,12 +437,16 @@ struct machine {
     // ---- warp collectives ------------------------------------------------------------------------
 
     std::pair<std::uint32_t, bool> warp_collective(warp_kind k, std::uint32_t mask, std::uint32_t a, std::uint32_t b,
-                                                   std::uint32_t c, std::uint64_t key, site at) {
+                                                   std::uint32_t c, std::uint64_t key, site at,
+                                                   const char* tag = nullptr, const void* in = nullptr,
+                                                   void* out = nullptr, const exchange_fn* fn = nullptr) {
         fiber& f = *current;
         const unsigned lane = f.tid % 32, warp = f.tid / 32;
         const unsigned size = std::min(32u, nthreads - 32 * warp);
         const std::uint32_t exists = size == 32 ? 0xFFFFFFFFu : (1u << size) - 1;
-        auto what = [&] { return std::string(name_of(k)) + " with member mask " + hex(mask) + " at " + to_string(at); };
+        auto what = [&] {
+            return std::string(tag ? tag : name_of(k)) + " with member mask " + hex(mask) + " at " + to_string(at);
+        };
         if (!(mask >> lane & 1u))
             emit(make(check::warp_sync, f.tid, "",
                       what() + ": executed by lane " + std::to_string(lane) + ", which is not in the member mask"),
@@ -448,18 +459,23 @@ struct machine {
         auto& ops = warp_ops[warp];
         std::size_t i = 0;
         while (i < ops.size() && !(ops[i].mask >> lane & 1u)) ++i;
-        if (i < ops.size() && (ops[i].kind != k || ops[i].mask != mask))
+        if (i < ops.size() &&
+            (ops[i].kind != k || ops[i].mask != mask || (tag && std::strcmp(tag, ops[i].tag ? ops[i].tag : "") != 0)))
             emit(make(check::warp_sync, f.tid, "",
-                      what() + ": lanes " + id_ranges(lanes_of(ops[i].arrived)) + " wait in " + name_of(ops[i].kind) +
-                          " with member mask " + hex(ops[i].mask) + " at " + to_string(ops[i].at)),
+                      what() + ": lanes " + id_ranges(lanes_of(ops[i].arrived)) + " wait in " +
+                          (ops[i].tag ? ops[i].tag : name_of(ops[i].kind)) + " with member mask " + hex(ops[i].mask) +
+                          " at " + to_string(ops[i].at)),
                  true);
         if (i == ops.size()) {
             ops.emplace_back();
             ops[i].kind = k;
             ops[i].mask = mask;
             ops[i].at = at;
+            ops[i].tag = tag;
         }
         warp_op& op = ops[i];
+        op.in[lane] = in;
+        op.out[lane] = out;
         op.a[lane] = a;
         op.b[lane] = b;
         op.c[lane] = c;
@@ -468,6 +484,7 @@ struct machine {
         if (op.arrived == mask) {
             const warp_op done = op;
             ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(i));
+            if (k == warp_kind::custom) (*fn)(done.in, done.out);  // the last lane computes for all
             complete(done, warp, f.tid);
             return {f.wvalue, f.wpred};
         }
@@ -546,6 +563,8 @@ struct machine {
                 case warp_kind::syncwarp:
                     join(g.vc, vc);
                     ++g.vc[g.tid];
+                    break;
+                case warp_kind::custom:
                     break;
             }
             g.wvalue = v;
@@ -971,6 +990,26 @@ inline std::uint32_t match_all_sync(std::uint32_t membermask, std::uint64_t valu
 inline void syncwarp(std::uint32_t membermask, const char* file, int line) {
     detail::running("__syncwarp")
         .warp_collective(detail::warp_kind::syncwarp, membermask, 0, 0, 0, 0, detail::site{file, line});
+}
+template <class In, class Out, class F>
+Out warp_exchange(const char* instruction, std::uint32_t membermask, const In& mine, F compute, const char* file,
+                  int line) {
+    static_assert(std::is_trivially_copyable<In>::value && std::is_trivially_copyable<Out>::value,
+                  "warp_exchange moves register values");
+    Out result{};
+    const detail::exchange_fn fn = [&compute](const void* const* in, void* const* out) {
+        const In* ins[32];
+        Out* outs[32];
+        for (int l = 0; l < 32; ++l) {
+            ins[l] = static_cast<const In*>(in[l]);
+            outs[l] = static_cast<Out*>(out[l]);
+        }
+        compute(ins, outs);
+    };
+    detail::running(instruction)
+        .warp_collective(detail::warp_kind::custom, membermask, 0, 0, 0, 0, detail::site{file, line}, instruction,
+                         &mine, &result, &fn);
+    return result;
 }
 inline std::uint32_t activemask() {
     detail::machine& m = detail::running("__activemask");
