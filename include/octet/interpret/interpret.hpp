@@ -46,7 +46,8 @@
 //   so kernels are compared with the host path only where the numerics contract fixes the order);
 //   `ex2.approx` and other approximate instructions' exact ulps (a model states its error bound); races
 //   that need a schedule the cooperative scheduler never produces when a kernel spins on memory
-//   (a spinning fiber must call `yield()`); global-memory races between blocks.
+//   (a spinning fiber must call `yield()`); global-memory races between blocks; bar.sync executed by
+//   part of a warp (counted per thread here, per warp by the hardware).
 //
 // Mapping of CUDA's names (octet/interpret/cuda_names.hpp, active when OCTET_INTERPRET is defined and
 // the compiler is not nvcc): threadIdx, blockIdx, blockDim, gridDim -> thread_idx(), block_idx(),
@@ -72,17 +73,21 @@
 //   reports), fence.proxy.async (async-proxy writes are visible to generic reads only after it: a shadow
 //   flag per byte), setmaxnreg (check warpgroup-uniform use), cvt to/from FP8/FP6/FP4 (octet's own
 //   encode/decode rules, tested against the toolkit's conversions), ex2.approx (exp2 in double rounded to
-//   float, documented as within the PTX bound of 2 ulp), and global-memory bounds (launch arguments
-//   registered as spans).
+//   float, documented as within the PTX bound of 2 ulp), and global-memory bounds (kernels take raw
+//   pointers, so either a checked global pointer type in the kernels' signatures, or test buffers
+//   placed against PROT_NONE guard pages with a SIGSEGV handler that turns the fault into a report).
 //   The `ptx::` layer is one place (octet/cuda/ptx.cuh) of named functions, one per instruction, e.g.
 //     OCTET_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4],
 //                                         const std::uint32_t (&b)[2], const float (&c)[4]);
 //   whose body is `#if OCTET_DEVICE_PASS asm volatile("mma.sync.aligned.m16n8k32...") #elif
-//   defined(OCTET_INTERPRET) interpret::model::mma_m16n8k32<e4m3, e4m3>(...) #endif`; the model of a
-//   warp-collective instruction is a warp collective here (every lane deposits its registers, the last
-//   arrival computes all lanes' results from the PTX ISA's fragment definitions), and operands that live
-//   in shared memory are taken as shared addresses (shared_address / shared_at) so that the model's
-//   reads and writes go through the same checks as the kernel's.
+//   defined(OCTET_INTERPRET) interpret::model::mma_m16n8k32<e4m3, e4m3>(...) #endif` (a .hpp: it
+//   compiles with g++ alone, emitting nothing outside the two modes); the model of a warp-collective
+//   instruction is a warp_exchange (every lane deposits its registers, the last arrival computes all
+//   lanes' results from the PTX ISA's fragment definitions; tests/host/interpret_core.cpp has an
+//   ldmatrix.x4 written so), and operands that live in shared memory are read by each lane through
+//   sptr (shared_at turns a 32-bit shared address back into one) so that the model's reads and writes
+//   go through the same checks as the kernel's and are attributed to the right thread. wgmma and the
+//   other warpgroup instructions need the same collective over 4 warps.
 #pragma once
 
 #include <sys/mman.h>
