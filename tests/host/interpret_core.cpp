@@ -896,3 +896,34 @@ TEST_CASE("warp_exchange: an ldmatrix.x4 model matches the PTX fragment definiti
 }
 
 }  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+/// Thread 0 publishes a value after the others start spinning on an atomic flag; the spinning
+/// fibers yield (as __nanosleep does), so the publisher gets to run.
+__global__ void spin_kernel(int* out) {
+    OCTET_SHARED(unsigned, flag);
+    OCTET_SHARED(int, value);
+    if (threadIdx.x == 0) {
+        flag = 0u;
+        value = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; ++i) oi::yield();  // let the others reach their spin loops first
+        atomicExch(&value, 42);
+        atomicExch(&flag, 1u);
+    } else {
+        while (atomicAdd(&flag, 0u) == 0u) __nanosleep(100);
+        out[threadIdx.x] = atomicAdd(&value, 0);
+    }
+}
+
+TEST_CASE("spinning fibers yield to the thread they wait for") {
+    std::vector<int> out(64, -1);
+    const auto r = oi::launch("spin", {oi::dim3(1), oi::dim3(64)}, collect(), spin_kernel, out.data());
+    CHECK_MESSAGE(r.clean(), all_messages(r));
+    for (unsigned t = 1; t < 64; ++t) CHECK(out[t] == 42);
+}
+
+}  // namespace interpret_core_test
