@@ -306,6 +306,8 @@ TEST_CASE("a block reduction: right with its barrier, a race without it") {
         CHECK(r.kernel == "block_sum_no_barrier");
         CHECK(r.address.find("partial+") == 0);
         CHECK(r.detail.find("no barrier") != std::string::npos);
+        CHECK(r.detail.find("last barrier or warp collective: ") != std::string::npos);
+        CHECK(r.detail.find("interpret_core.cpp:") != std::string::npos);
         CHECK(r.message().find("block (0,0,0)") != std::string::npos);
     }
     // the default mode throws the first report, as an octet::error

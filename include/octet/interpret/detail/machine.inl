@@ -164,6 +164,7 @@ struct fiber {
     enum class wait { none, barrier, warp } waiting = wait::none;
     unsigned bar_id = 0;
     site at;
+    site last_sync;            // the barrier or warp collective this thread passed last (for reports)
     std::uint32_t wvalue = 0;  // a warp collective's result for this lane
     bool wpred = false;
 };
@@ -300,6 +301,7 @@ struct machine {
             f.ready = true;
             f.error = nullptr;
             f.waiting = fiber::wait::none;
+            f.last_sync = site{};
             f.vc.assign(nthreads, 0);
             f.vc[t] = 1;
             make_context(f.ctx, f.mapping + page, stack_bytes, fiber_entry);
@@ -374,6 +376,7 @@ struct machine {
     /// Arrives at barrier id; returns the number of arrivals of this phase whose pred was true (bar.red.popc).
     unsigned bar(unsigned id, unsigned count, bool wait, bool all, site at, bool pred = false) {
         fiber& f = *current;
+        f.last_sync = at;
         const char* op = all ? "__syncthreads" : wait ? "bar.sync" : "bar.arrive";
         // built only for a report: barriers are the interpreter's hot path
         auto what = [&] {
@@ -441,6 +444,7 @@ struct machine {
                                                    const char* tag = nullptr, const void* in = nullptr,
                                                    void* out = nullptr, const exchange_fn* fn = nullptr) {
         fiber& f = *current;
+        f.last_sync = at;
         const unsigned lane = f.tid % 32, warp = f.tid / 32;
         const unsigned size = std::min(32u, nthreads - 32 * warp);
         const std::uint32_t exists = size == 32 ? 0xFFFFFFFFu : (1u << size) - 1;
@@ -615,6 +619,10 @@ struct machine {
 
     bool access(const std::uint8_t* p, std::size_t bytes, detail::access kind, int r) {
         fiber& f = *current;
+        auto context = [&f] {
+            return f.last_sync.line ? " (this thread's last barrier or warp collective: " + to_string(f.last_sync) + ")"
+                                    : std::string(" (before this thread's first barrier)");
+        };
         const std::uintptr_t pu = reinterpret_cast<std::uintptr_t>(p), wu = reinterpret_cast<std::uintptr_t>(window);
         const char* verb = kind == detail::access::read    ? "reads "
                            : kind == detail::access::write ? "writes "
@@ -635,7 +643,7 @@ struct machine {
             const long long rel = static_cast<long long>(pu) - static_cast<long long>(wu + lo);
             emit(make(check::out_of_bounds, f.tid, addr,
                       std::string(verb) + std::to_string(bytes) + " bytes at offset " + std::to_string(rel) + ", " +
-                          where),
+                          where + context()),
                  false);
             return false;
         }
@@ -647,7 +655,7 @@ struct machine {
             reported = true;
             emit(make(check::race, f.tid, describe(off, r),
                       std::string(verb) + std::to_string(bytes) + " bytes that " + thread_name(other.tid) + " " + what +
-                          " with no barrier between the two accesses"),
+                          " with no barrier between the two accesses" + context()),
                  false);
         };
         for (std::size_t i = 0; i < bytes; ++i) {
@@ -658,7 +666,7 @@ struct machine {
                     reported = true;
                     emit(make(check::uninitialized_read, f.tid, describe(off + i, r),
                               std::string(verb) + std::to_string(bytes) +
-                                  " bytes of which this byte was never written by the block"),
+                                  " bytes of which this byte was never written by the block" + context()),
                          false);
                 }
             }
