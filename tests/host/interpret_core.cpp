@@ -9,6 +9,7 @@
 #define OCTET_INTERPRET 1
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -926,6 +927,48 @@ TEST_CASE("spinning fibers yield to the thread they wait for") {
     const auto r = oi::launch("spin", {oi::dim3(1), oi::dim3(64)}, collect(), spin_kernel, out.data());
     CHECK_MESSAGE(r.clean(), all_messages(r));
     for (unsigned t = 1; t < 64; ++t) CHECK(out[t] == 42);
+}
+
+}  // namespace interpret_core_test
+
+namespace interpret_core_test {
+
+/// y[i] = 2 x[i] over a grid-stride loop whose bound is off by one when `off_by_one`.
+__global__ void scale_kernel(const float* x, float* y, int n, bool off_by_one) {
+    const int end = off_by_one ? n + 1 : n;
+    for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < end;
+         i += static_cast<int>(gridDim.x * blockDim.x))
+        y[i] = 2.0f * x[i];
+}
+
+TEST_CASE("global accesses past the end of a guarded buffer are reported, naming the buffer and offset") {
+    auto g = octet_test::rng(1313);
+    for (int n : {1000, 1024, 4096}) {
+        oi::guarded_buffer<float> x(static_cast<std::size_t>(n), "x"), y(static_cast<std::size_t>(n), "y");
+        std::normal_distribution<float> d;
+        for (auto& v : x) v = d(g);
+        for (auto& v : y) v = NAN;
+        const auto ok =
+            oi::launch("scale", {oi::dim3(3), oi::dim3(128)}, collect(), scale_kernel, x.data(), y.data(), n, false);
+        CHECK_MESSAGE(ok.clean(), all_messages(ok));
+        for (int i = 0; i < n; ++i) CHECK(y[static_cast<std::size_t>(i)] == 2.0f * x[static_cast<std::size_t>(i)]);
+        const auto bad = oi::launch("scale_off_by_one", {oi::dim3(3), oi::dim3(128)}, collect(), scale_kernel, x.data(),
+                                    y.data(), n, true);
+        REQUIRE(has(bad, oi::check::out_of_bounds));
+        const auto& r = first(bad, oi::check::out_of_bounds);
+        CHECK(r.address.find("x+" + std::to_string(4 * n)) == 0);
+        const unsigned thread = static_cast<unsigned>(n) % (3 * 128);
+        CHECK(r.block.x == thread / 128);
+        CHECK(r.thread.x == thread % 128);
+        CHECK_THROWS_AS(
+            oi::launch("scale_off_by_one", {oi::dim3(3), oi::dim3(128)}, scale_kernel, x.data(), y.data(), n, true),
+            oi::failure);
+    }
+    // the handler is removed after the launch; the next launches run as before
+    std::vector<float> xs(64, 1.0f), ys(64, 0.0f);
+    CHECK(oi::launch("scale", {oi::dim3(1), oi::dim3(64)}, collect(), scale_kernel, xs.data(), ys.data(), 64, false)
+              .clean());
+    CHECK(ys[63] == 2.0f);
 }
 
 }  // namespace interpret_core_test

@@ -28,8 +28,10 @@
 //     different call site; `bar.sync` with inconsistent thread counts or a count that is not a multiple
 //     of the warp size; warp-synchronous instructions whose member masks or operations disagree, that
 //     are executed by a thread outside its mask, or whose source lane lies outside the mask;
-//   - deadlock: every live fiber of a block is blocked (e.g. `bar.sync 1, 128` reached by 64 threads).
-//   Global memory is ordinary host memory here: its accesses are not checked yet (see below).
+//   - deadlock: every live fiber of a block is blocked (e.g. `bar.sync 1, 128` reached by 64 threads);
+//   - out-of-bounds global accesses past the end of a guarded_buffer (an inaccessible page after it:
+//     the fault becomes a report), and fiber stack overflows (the guard page below each stack).
+//   Other global memory is ordinary host memory: its accesses are not checked.
 //
 // Reports are thrown, by default, as `octet::interpret::failure` (an `octet::error` carrying the
 // `report`): the first report ends the launch, the block's other fibers are unwound, and a test's
@@ -73,9 +75,9 @@
 //   reports), fence.proxy.async (async-proxy writes are visible to generic reads only after it: a shadow
 //   flag per byte), setmaxnreg (check warpgroup-uniform use), cvt to/from FP8/FP6/FP4 (octet's own
 //   encode/decode rules, tested against the toolkit's conversions), ex2.approx (exp2 in double rounded to
-//   float, documented as within the PTX bound of 2 ulp), and global-memory bounds (kernels take raw
-//   pointers, so either a checked global pointer type in the kernels' signatures, or test buffers
-//   placed against PROT_NONE guard pages with a SIGSEGV handler that turns the fault into a report).
+//   float, documented as within the PTX bound of 2 ulp), and finer global-memory checks (kernels take
+//   raw pointers: guarded_buffer catches accesses past an end; races and uninitialised reads in global
+//   memory would need a checked pointer type in the kernels' signatures).
 //   The `ptx::` layer is one place (octet/cuda/ptx.cuh) of named functions, one per instruction, e.g.
 //     OCTET_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4],
 //                                         const std::uint32_t (&b)[2], const float (&c)[4]);
@@ -312,6 +314,34 @@ Out warp_exchange(const char* instruction, std::uint32_t membermask, const In& m
                   const char* file = __builtin_FILE(), int line = __builtin_LINE());
 /// The lanes of this warp that have not exited.
 inline std::uint32_t activemask();
+
+/// Host memory for a kernel's global operands whose last byte sits against an inaccessible page (the
+/// start rounded down to 16 bytes, so up to 15 bytes past the end go unnoticed; a page before the
+/// start is inaccessible too). An access beyond it during a launch is an out_of_bounds report naming
+/// the buffer and the byte offset; the faulting thread is ended there (not unwound). Create buffers
+/// before the launches that use them. Elements are not initialised.
+template <class T>
+class guarded_buffer {
+    static_assert(std::is_trivially_copyable<T>::value, "guarded buffers hold trivially copyable elements");
+
+public:
+    explicit guarded_buffer(std::size_t n, std::string name = "global buffer");
+    ~guarded_buffer();
+    guarded_buffer(const guarded_buffer&) = delete;
+    guarded_buffer& operator=(const guarded_buffer&) = delete;
+    T* data() { return data_; }
+    const T* data() const { return data_; }
+    std::size_t size() const { return size_; }
+    T& operator[](std::size_t i) { return data_[i]; }
+    const T& operator[](std::size_t i) const { return data_[i]; }
+    T* begin() { return data_; }
+    T* end() { return data_ + size_; }
+
+private:
+    std::uint8_t* map_ = nullptr;
+    std::size_t map_bytes_ = 0, size_ = 0;
+    T* data_ = nullptr;
+};
 
 // ---- block-shared memory ---------------------------------------------------------------------------
 

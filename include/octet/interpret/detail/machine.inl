@@ -2,8 +2,11 @@
 // collectives, shared-memory shadow state). Included by octet/interpret/interpret.hpp only.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 namespace octet {
@@ -165,6 +168,7 @@ struct fiber {
     unsigned bar_id = 0;
     site at;
     site last_sync;            // the barrier or warp collective this thread passed last (for reports)
+    std::uintptr_t fault = 0;  // the address of a fault that ended this fiber
     std::uint32_t wvalue = 0;  // a warp collective's result for this lane
     bool wpred = false;
 };
@@ -192,8 +196,69 @@ inline void join(std::vector<std::uint32_t>& into, const std::vector<std::uint32
     for (std::size_t i = 0; i < into.size(); ++i) into[i] = std::max(into[i], from[i]);
 }
 
+// ---- guarded global buffers and the fault handler ------------------------------------------------
+// A guarded_buffer's bytes end where an inaccessible page begins; an access past the end faults, and
+// the SIGSEGV handler (installed while a launch runs) turns a fault inside a guard, or inside a fiber's
+// stack guard page, into a report: it ends the faulting fiber (without unwinding it) and switches to
+// the scheduler. Any other fault is passed on to the previous handler (the program crashes as usual).
+struct guard_entry {
+    std::uintptr_t map_begin = 0, map_end = 0, data_begin = 0;
+    std::size_t bytes = 0;
+    std::string name;
+};
+inline std::mutex& guard_mutex() {
+    static std::mutex m;
+    return m;
+}
+inline std::vector<guard_entry>& guard_registry() {
+    static std::vector<guard_entry> v;
+    return v;
+}
+
 struct machine;
 inline thread_local machine* tl_machine = nullptr;
+inline void on_fault(int sig, siginfo_t* info, void* uc);
+/// Installs the handler (process-wide, counted) and an alternate signal stack (this thread) for the
+/// life of a launch on this thread.
+struct fault_scope {
+    static std::mutex& mutex() {
+        static std::mutex m;
+        return m;
+    }
+    static int& users() {
+        static int n = 0;
+        return n;
+    }
+    static struct sigaction& previous() {
+        static struct sigaction p;
+        return p;
+    }
+    std::vector<unsigned char> alt = std::vector<unsigned char>(64 * 1024);
+    stack_t old_alt{};
+    fault_scope() {
+        stack_t st{};
+        st.ss_sp = alt.data();
+        st.ss_size = alt.size();
+        sigaltstack(&st, &old_alt);
+        std::lock_guard<std::mutex> lock(mutex());
+        if (users()++ == 0) {
+            struct sigaction sa {};
+            sa.sa_sigaction = on_fault;
+            sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;  // NODEFER: the handler never returns
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGSEGV, &sa, &previous());
+        }
+    }
+    ~fault_scope() {
+        {
+            std::lock_guard<std::mutex> lock(mutex());
+            if (--users() == 0) sigaction(SIGSEGV, &previous(), nullptr);
+        }
+        sigaltstack(&old_alt, nullptr);
+    }
+    fault_scope(const fault_scope&) = delete;
+    fault_scope& operator=(const fault_scope&) = delete;
+};
 inline void fiber_entry();
 
 struct machine {
@@ -302,6 +367,7 @@ struct machine {
             f.error = nullptr;
             f.waiting = fiber::wait::none;
             f.last_sync = site{};
+            f.fault = 0;
             f.vc.assign(nthreads, 0);
             f.vc[t] = 1;
             make_context(f.ctx, f.mapping + page, stack_bytes, fiber_entry);
@@ -313,6 +379,13 @@ struct machine {
                 if (!f.done && f.ready) {
                     resume(f);
                     progressed = true;
+                    if (f.fault) {
+                        report r = fault_report(f);
+                        abandon();
+                        if (opt.mode == on_report::raise) throw failure(std::move(r));
+                        keep(std::move(r));
+                        return;
+                    }
                     if (f.error || block_aborted) {
                         const std::exception_ptr e = f.error;
                         abandon();
@@ -331,6 +404,27 @@ struct machine {
                 return;
             }
         }
+    }
+
+    report fault_report(const fiber& f) const {
+        const std::uintptr_t a = f.fault;
+        const auto stack = reinterpret_cast<std::uintptr_t>(f.mapping);
+        if (a >= stack && a < stack + page)
+            return make(check::out_of_bounds, f.tid, "host " + hex(a),
+                        "stack overflow: the thread ran past its " + std::to_string(stack_bytes) +
+                            "-byte stack (raise options::stack_bytes)");
+        std::lock_guard<std::mutex> lock(guard_mutex());
+        for (const guard_entry& g : guard_registry())
+            if (a >= g.map_begin && a < g.map_end) {
+                const long long off = static_cast<long long>(a) - static_cast<long long>(g.data_begin);
+                return make(
+                    check::out_of_bounds, f.tid, g.name + "+" + std::to_string(off) + " (host " + hex(a) + ")",
+                    "global access at byte offset " + std::to_string(off) + " of " + g.name + " (" +
+                        std::to_string(g.bytes) + " bytes); the thread was ended there" +
+                        (f.last_sync.line ? " (its last barrier or warp collective: " + to_string(f.last_sync) + ")"
+                                          : std::string(" (before its first barrier)")));
+            }
+        return make(check::out_of_bounds, f.tid, "host " + hex(a), "fault in a guard page");
     }
 
     /// No fiber can run: a divergent __syncthreads, a warp collective missing exited lanes, or a deadlock.
@@ -774,6 +868,7 @@ struct machine {
     template <class KeepGoing>
     void run_blocks(unsigned long long first, unsigned long long stride, KeepGoing keep_going) {
         const dim3 g = cfg.grid;
+        fault_scope faults;
         machine* const outer = tl_machine;
         tl_machine = this;
         try {
@@ -787,6 +882,33 @@ struct machine {
         tl_machine = outer;
     }
 };
+
+inline void on_fault(int sig, siginfo_t* info, void* uc) {
+    machine* m = tl_machine;
+    const auto a = reinterpret_cast<std::uintptr_t>(info->si_addr);
+    bool ours = false;
+    if (m && m->current) {
+        const auto stack = reinterpret_cast<std::uintptr_t>(m->current->mapping);
+        ours = a >= stack && a < stack + m->page;
+        for (const guard_entry& g : guard_registry())  // registered before the launch: not locked here
+            ours = ours || (a >= g.map_begin && a < g.map_end);
+    }
+    if (!ours) {  // not a guard: what the program had before decides
+        const struct sigaction& p = fault_scope::previous();
+        if (p.sa_flags & SA_SIGINFO) {
+            if (p.sa_sigaction) return p.sa_sigaction(sig, info, uc);
+        } else if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) {
+            return p.sa_handler(sig);
+        }
+        signal(SIGSEGV, SIG_DFL);  // the faulting instruction runs again and ends the program
+        return;
+    }
+    fiber& f = *m->current;
+    f.fault = a;
+    f.done = true;
+    f.ready = false;
+    switch_context(f.ctx, m->sched);  // never resumed: the fiber's stack is dropped, not unwound
+}
 
 /// The launch: blocks in order on this thread, or spread over opt.host_threads threads, each with
 /// its own machine. Reports are ordered by block; in raise mode the report (or exception) of the
@@ -903,6 +1025,38 @@ inline std::uint8_t* shared_window(std::size_t* bytes) {
 }
 
 }  // namespace detail
+
+template <class T>
+guarded_buffer<T>::guarded_buffer(std::size_t n, std::string name) : size_(n) {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t bytes = n * sizeof(T), data_pages = (bytes + page - 1) / page;
+    map_bytes_ = (data_pages + 2) * page;  // guard, data, guard
+    void* m = mmap(nullptr, map_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        throw octet::error("interpret: cannot map a guarded buffer of " + std::to_string(bytes) + " bytes");
+    map_ = static_cast<std::uint8_t*>(m);
+    if (data_pages) mprotect(map_ + page, data_pages * page, PROT_READ | PROT_WRITE);
+    // the data ends at the back guard, its start rounded down to 16 bytes for vector loads
+    const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(map_ + page + data_pages * page);
+    data_ = reinterpret_cast<T*>((end - bytes) & ~std::uintptr_t{15});
+    std::lock_guard<std::mutex> lock(detail::guard_mutex());
+    detail::guard_registry().push_back(
+        detail::guard_entry{reinterpret_cast<std::uintptr_t>(map_), reinterpret_cast<std::uintptr_t>(map_) + map_bytes_,
+                            reinterpret_cast<std::uintptr_t>(data_), bytes, std::move(name)});
+}
+template <class T>
+guarded_buffer<T>::~guarded_buffer() {
+    {
+        std::lock_guard<std::mutex> lock(detail::guard_mutex());
+        auto& reg = detail::guard_registry();
+        for (std::size_t i = 0; i < reg.size(); ++i)
+            if (reg[i].map_begin == reinterpret_cast<std::uintptr_t>(map_)) {
+                reg.erase(reg.begin() + static_cast<std::ptrdiff_t>(i));
+                break;
+            }
+    }
+    munmap(map_, map_bytes_);
+}
 
 template <class Kernel, class... Args>
 run_result launch(const char* name, const launch_config& cfg, const options& opt, Kernel&& kernel, Args&&... args) {
