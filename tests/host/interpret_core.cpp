@@ -329,6 +329,12 @@ __global__ void divergent_exit_kernel() {
     if (threadIdx.x >= 32) return;
     __syncthreads();
 }
+__global__ void divergent_named_kernel() {
+    if (threadIdx.x < 64)
+        __syncthreads();
+    else
+        oi::bar_sync(1, 128);
+}
 __global__ void divergent_sites_kernel() {
     if (threadIdx.x % 2)
         __syncthreads();
@@ -345,6 +351,10 @@ TEST_CASE("divergent __syncthreads: threads that exited, and different call site
     REQUIRE(has(r2, oi::check::divergent_barrier));
     CHECK(first(r2, oi::check::divergent_barrier).detail.find("reached at") != std::string::npos);
     CHECK_THROWS_AS(oi::launch("div_exit", {oi::dim3(1), oi::dim3(64)}, divergent_exit_kernel), oi::failure);
+    const auto r3 = oi::launch("div_named", {oi::dim3(1), oi::dim3(128)}, collect(), divergent_named_kernel);
+    REQUIRE(has(r3, oi::check::divergent_barrier));
+    CHECK(first(r3, oi::check::divergent_barrier).detail.find("thread (64,0,0) waits at bar.sync 1") !=
+          std::string::npos);
 }
 
 __global__ void named_deadlock_kernel() {

@@ -432,11 +432,31 @@ struct machine {
         std::vector<unsigned> exited, blocked;
         for (unsigned t = 0; t < nthreads; ++t) (fibers[t].done ? exited : blocked).push_back(t);
         const barrier_state& B0 = bars[0];
-        if (B0.arrived > 0 && B0.all && !exited.empty())
-            return make(check::divergent_barrier, B0.arrivals.front(), "",
-                        "__syncthreads at " + to_string(B0.sites.front()) + " is waited on by threads " +
-                            id_ranges(B0.arrivals) + ", but threads " + id_ranges(exited) +
-                            " exited without reaching it");
+        if (B0.arrived > 0 && B0.all) {
+            // the threads not at this __syncthreads exited or wait somewhere else
+            std::vector<bool> at_b0(nthreads, false);
+            for (unsigned t : B0.arrivals) at_b0[t] = true;
+            std::string elsewhere;
+            for (unsigned t = 0; t < nthreads; ++t) {
+                const fiber& g = fibers[t];
+                if (at_b0[t] || g.done) continue;
+                if (!elsewhere.empty()) elsewhere += "; ";
+                elsewhere += thread_name(t) + " waits at " +
+                             (g.waiting == fiber::wait::barrier ? "bar.sync " + std::to_string(g.bar_id)
+                                                                : std::string("a warp collective")) +
+                             " at " + to_string(g.at);
+                if (elsewhere.size() > 400) {
+                    elsewhere += "; ...";
+                    break;
+                }
+            }
+            return make(
+                check::divergent_barrier, B0.arrivals.front(), "",
+                "__syncthreads at " + to_string(B0.sites.front()) + " is waited on by threads " +
+                    id_ranges(B0.arrivals) + ", but " +
+                    (exited.empty() ? std::string() : "threads " + id_ranges(exited) + " exited without reaching it") +
+                    (!exited.empty() && !elsewhere.empty() ? ", and " : "") + elsewhere);
+        }
         for (std::size_t w = 0; w < warp_ops.size(); ++w)
             for (const warp_op& op : warp_ops[w]) {
                 std::vector<unsigned> gone;
