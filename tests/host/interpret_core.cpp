@@ -932,11 +932,21 @@ __global__ void spin_kernel(int* out) {
     }
 }
 
+__global__ void spin_forever_kernel(const unsigned* flag) {
+    while (atomicAdd(const_cast<unsigned*>(flag), 0u) == 0u) __nanosleep(100);  // nobody sets it
+}
+
 TEST_CASE("spinning fibers yield to the thread they wait for") {
     std::vector<int> out(64, -1);
     const auto r = oi::launch("spin", {oi::dim3(1), oi::dim3(64)}, collect(), spin_kernel, out.data());
     CHECK_MESSAGE(r.clean(), all_messages(r));
     for (unsigned t = 1; t < 64; ++t) CHECK(out[t] == 42);
+    unsigned flag = 0;
+    oi::options o = collect();
+    o.max_spins = 1000;
+    const auto r2 = oi::launch("spin_forever", {oi::dim3(1), oi::dim3(32)}, o, spin_forever_kernel, &flag);
+    REQUIRE(has(r2, oi::check::deadlock));
+    CHECK(first(r2, oi::check::deadlock).detail.find("yielded 1000 times") != std::string::npos);
 }
 
 }  // namespace interpret_core_test

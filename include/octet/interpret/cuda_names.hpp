@@ -209,8 +209,8 @@ std::size_t __cvta_generic_to_shared(const ::octet::interpret::sptr<T>& p) {
 }
 inline void __threadfence_block() {}
 inline void __threadfence() {}
-inline void __nanosleep(unsigned) {
-    ::octet::interpret::yield();
+inline void __nanosleep(unsigned, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    ::octet::interpret::yield(file, line);
 }
 template <class P, class T>
 auto atomicAdd(P p, T v) {

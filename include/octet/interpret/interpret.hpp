@@ -226,6 +226,7 @@ struct options {
     /// Blocks run on this many host threads (each with its own fibers and shared window); global
     /// memory is shared as on the device, so blocks that race on it without atomics race here too.
     unsigned host_threads = 1;
+    std::size_t max_spins = std::size_t{1} << 20;  ///< yields per thread and block before a deadlock report
 };
 
 struct launch_config {
@@ -275,8 +276,9 @@ inline void bar_sync(unsigned id, unsigned count = 0, const char* file = __built
 inline void bar_arrive(unsigned id, unsigned count, const char* file = __builtin_FILE(), int line = __builtin_LINE());
 /// trap: ends the block with a report (stopping it) naming the call site.
 [[noreturn]] inline void trap(const char* file = __builtin_FILE(), int line = __builtin_LINE());
-/// Lets the other fibers run (for spin loops on memory, nanosleep).
-inline void yield();
+/// Lets the other fibers run (for spin loops on memory, nanosleep). A thread that yields more than
+/// options::max_spins times in one block is reported as a deadlock.
+inline void yield(const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 /// shfl.sync modes; c packs the clamp value (bits 0-4) and the segment mask (bits 8-12), as in PTX.
 enum class shfl_mode { idx, up, down, bfly };

@@ -169,6 +169,7 @@ struct fiber {
     site at;
     site last_sync;            // the barrier or warp collective this thread passed last (for reports)
     std::uintptr_t fault = 0;  // the address of a fault that ended this fiber
+    std::size_t spins = 0;     // yields in this block
     std::uint32_t wvalue = 0;  // a warp collective's result for this lane
     bool wpred = false;
 };
@@ -368,6 +369,7 @@ struct machine {
             f.waiting = fiber::wait::none;
             f.last_sync = site{};
             f.fault = 0;
+            f.spins = 0;
             f.vc.assign(nthreads, 0);
             f.vc[t] = 1;
             make_context(f.ctx, f.mapping + page, stack_bytes, fiber_entry);
@@ -1125,9 +1127,16 @@ inline void trap(const char* file, int line) {
     m.emit(m.make(check::trap, m.current->tid, "", "trap at " + detail::to_string(detail::site{file, line})), true);
     throw detail::block_abort{};  // not reached: emit stops the block
 }
-inline void yield() {
+inline void yield(const char* file, int line) {
     detail::machine& m = detail::running("yield");
     detail::fiber& f = *m.current;
+    if (++f.spins > m.opt.max_spins)
+        m.emit(m.make(check::deadlock, f.tid, "",
+                      "the thread yielded " + std::to_string(m.opt.max_spins) + " times at " +
+                          detail::to_string(detail::site{file, line}) +
+                          " without what it waits for happening (another block's write? blocks run one after "
+                          "another here, and need not run concurrently on the device either)"),
+               true);
     detail::switch_context(f.ctx, m.sched);
     if (f.abort) throw detail::fiber_abort{};
 }
