@@ -9,6 +9,18 @@
 #include <mutex>
 #include <thread>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define OCTET_INTERPRET_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define OCTET_INTERPRET_ASAN 1
+#endif
+#endif
+#if defined(OCTET_INTERPRET_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace octet {
 namespace interpret {
 namespace detail {
@@ -106,6 +118,32 @@ using exchange_fn = std::function<void(const void* const*, void* const*)>;
 // On x86-64 a fiber switch is a dozen instructions (callee-saved registers, MXCSR and the x87 control
 // word, as the System V ABI has the callee keep them); elsewhere, or with OCTET_INTERPRET_UCONTEXT,
 // swapcontext, which also saves the signal mask with two system calls (about 4x slower).
+//
+// Under AddressSanitizer every switch is announced to it (__sanitizer_start/finish_switch_fiber), so
+// that it knows which stack is current (exceptions thrown in a fiber unpoison the right stack) and
+// keeps a fake stack per fiber (detect_stack_use_after_return); a context that is left for good
+// (exit_context) frees its fake stack. A stack's shadow is cleared before it is reused or unmapped:
+// a fiber ended by a fault, or dropped, leaves its frames' redzones behind. Without ASan none of
+// this is compiled.
+#if defined(OCTET_INTERPRET_ASAN)
+/// ASan's view of a context: the fake stack it keeps while switched out, and the bounds of its stack
+/// (a fiber's from make_context; the scheduler's learned when a fiber first runs, context_entered).
+struct asan_stack {
+    void* fake = nullptr;
+    const void* bottom = nullptr;
+    std::size_t size = 0;
+};
+#endif
+/// Clears the shadow of a stack about to be reused or unmapped (nothing without ASan).
+inline void forget_stack(void* stack, std::size_t bytes) {
+#if defined(OCTET_INTERPRET_ASAN)
+    __asan_unpoison_memory_region(stack, bytes);
+#else
+    (void)stack;
+    (void)bytes;
+#endif
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(OCTET_INTERPRET_UCONTEXT)
 #define OCTET_INTERPRET_X86_SWITCH 1
 /// Saves this context's registers on its stack, stores the stack pointer in *from, and continues on
@@ -120,9 +158,16 @@ __attribute__((naked, noinline)) inline void x86_switch(void** /*from: rdi*/, vo
 }
 struct context {
     void* sp = nullptr;
+#if defined(OCTET_INTERPRET_ASAN)
+    asan_stack asan;
+#endif
 };
 /// A context that starts entry() on the given stack; entry must never return.
 inline void make_context(context& c, std::uint8_t* stack, std::size_t bytes, void (*entry)()) {
+    forget_stack(stack, bytes);
+#if defined(OCTET_INTERPRET_ASAN)
+    c.asan = asan_stack{nullptr, stack, bytes};
+#endif
     const std::uintptr_t top = (reinterpret_cast<std::uintptr_t>(stack) + bytes) & ~std::uintptr_t{15};
     void** a = reinterpret_cast<void**>(top - 16);  // entry starts with rsp = a + 1, 8 mod 16 as after a call
     a[0] = reinterpret_cast<void*>(entry);
@@ -137,24 +182,57 @@ inline void make_context(context& c, std::uint8_t* stack, std::size_t bytes, voi
     std::memcpy(reinterpret_cast<std::uint8_t*>(sp) + 4, &fcw, 2);
     c.sp = sp;
 }
-inline void switch_context(context& from, context& to) {
+inline void raw_switch(context& from, context& to) {
     x86_switch(&from.sp, to.sp);
 }
 #else
 struct context {
-    ucontext_t uc;
+    ucontext_t uc{};  // zeroed: ASan's swapcontext reads uc_stack of the context it switches to
+#if defined(OCTET_INTERPRET_ASAN)
+    asan_stack asan;
+#endif
 };
 inline void make_context(context& c, std::uint8_t* stack, std::size_t bytes, void (*entry)()) {
+    forget_stack(stack, bytes);
+#if defined(OCTET_INTERPRET_ASAN)
+    c.asan = asan_stack{nullptr, stack, bytes};
+#endif
     getcontext(&c.uc);
     c.uc.uc_stack.ss_sp = stack;
     c.uc.uc_stack.ss_size = bytes;
     c.uc.uc_link = nullptr;  // entry never returns
     makecontext(&c.uc, entry, 0);
 }
-inline void switch_context(context& from, context& to) {
+inline void raw_switch(context& from, context& to) {
     swapcontext(&from.uc, &to.uc);
 }
 #endif
+/// Continues `to`; returns when another context switches back to `from`.
+inline void switch_context(context& from, context& to) {
+#if defined(OCTET_INTERPRET_ASAN)
+    __sanitizer_start_switch_fiber(&from.asan.fake, to.asan.bottom, to.asan.size);
+    raw_switch(from, to);
+    __sanitizer_finish_switch_fiber(from.asan.fake, nullptr, nullptr);
+#else
+    raw_switch(from, to);
+#endif
+}
+/// Continues `to` and leaves `from` for good: it is never resumed (under ASan its fake stack is freed).
+inline void exit_context(context& from, context& to) {
+#if defined(OCTET_INTERPRET_ASAN)
+    __sanitizer_start_switch_fiber(nullptr, to.asan.bottom, to.asan.size);
+#endif
+    raw_switch(from, to);
+}
+/// The first thing a context made by make_context does: `from` is the context that switched to it
+/// (under ASan, this learns the bounds of from's stack).
+inline void context_entered(context& from) {
+#if defined(OCTET_INTERPRET_ASAN)
+    __sanitizer_finish_switch_fiber(nullptr, &from.asan.bottom, &from.asan.size);
+#else
+    (void)from;
+#endif
+}
 
 struct fiber {
     context ctx;
@@ -291,7 +369,10 @@ struct machine {
     ~machine() {
         if (fibers)
             for (unsigned t = 0; t < nthreads; ++t)
-                if (fibers[t].mapping) munmap(fibers[t].mapping, page + stack_bytes);
+                if (fibers[t].mapping) {
+                    forget_stack(fibers[t].mapping + page, stack_bytes);
+                    munmap(fibers[t].mapping, page + stack_bytes);
+                }
         if (window) munmap(window, window_bytes);
     }
 
@@ -929,7 +1010,11 @@ inline void on_fault(int sig, siginfo_t* info, void* uc) {
     f.fault = a;
     f.done = true;
     f.ready = false;
-    switch_context(f.ctx, m->sched);  // never resumed: the fiber's stack is dropped, not unwound
+#if defined(OCTET_INTERPRET_ASAN)
+    stack_t alt{};  // this handler's frame never returns: clear the redzones it leaves on the signal stack
+    if (sigaltstack(nullptr, &alt) == 0 && (alt.ss_flags & SS_ONSTACK)) forget_stack(alt.ss_sp, alt.ss_size);
+#endif
+    exit_context(f.ctx, m->sched);  // never resumed: the fiber's stack is dropped, not unwound
 }
 
 /// The launch: blocks in order on this thread, or spread over opt.host_threads threads, each with
@@ -1006,6 +1091,7 @@ inline run_result run_launch(const char* name, const launch_config& cfg, const o
 
 inline void fiber_entry() {
     machine& m = *tl_machine;
+    context_entered(m.sched);
     fiber& f = *m.current;
     try {
         m.body();
@@ -1017,7 +1103,7 @@ inline void fiber_entry() {
     }
     f.done = true;
     f.ready = false;
-    switch_context(f.ctx, m.sched);  // never resumed
+    exit_context(f.ctx, m.sched);  // never resumed
 }
 
 inline machine& running(const char* what) {
