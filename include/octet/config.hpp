@@ -28,6 +28,12 @@
 /// launches must reach its own copy; nvcc 13 gives template kernels' host stubs this linkage
 /// by default (-static-global-template-stub), and this gives it to every kernel, with any nvcc.
 #define OCTET_KERNEL static __global__
+#elif defined(OCTET_INTERPRET)
+// Interpret mode: CUDA source compiled as host code and its kernels run by the interpreter
+// (octet/interpret/cuda.hpp, included at the end of this header).
+#define OCTET_HD inline
+#define OCTET_DEVICE inline
+#define OCTET_KERNEL static
 #else
 #define OCTET_HD inline
 #endif
@@ -66,3 +72,7 @@ inline constexpr int version_minor = OCTET_VERSION_MINOR;
 inline constexpr int version_patch = OCTET_VERSION_PATCH;
 
 }  // namespace octet
+
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+#include "octet/interpret/cuda.hpp"
+#endif

@@ -1,6 +1,7 @@
 // Main for CUDA tests. Test cases in TEST_SUITE("cuda") run anywhere (host code built by nvcc);
 // those in TEST_SUITE("gpu") need a device: without one, the gpu run prints why and returns 77,
-// which CTest reports as "skipped" (SKIP_RETURN_CODE), never as passed.
+// which CTest reports as "skipped" (SKIP_RETURN_CODE), never as passed. Built in interpret mode
+// (OCTET_INTERPRET), the device is the interpreter.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "octet/config.hpp"  // in interpret mode, the runtime the calls below reach (interpret/runtime.hpp)
 #include "support/random.hpp"
 
 int main(int argc, char** argv) {

@@ -1,4 +1,4 @@
-// octet/cuda/launch.cuh: launch-shape helpers.
+// octet/cuda/launch.cuh: kernel launches (on the device, or under the interpreter) and launch-shape helpers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <utility>
 
 #include "octet/cuda/check.cuh"
 
@@ -43,6 +44,26 @@ inline int multiprocessor_count() {
     OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     if (device < 64) cached[device].store(count, std::memory_order_relaxed);
     return count;
+}
+
+/// Launches kernel<<<grid, block, shared_bytes, stream>>>(args...); in interpret mode
+/// (OCTET_INTERPRET, octet/interpret/cuda.hpp) runs it under the interpreter instead, on the calling
+/// thread, with the dynamic shared memory opt-in cudaFuncSetAttribute gave the kernel; its reports
+/// are thrown as interpret::failure (an octet::error) naming `name`. Check the launch with
+/// OCTET_CUDA_CHECK_LAUNCH() as after <<<...>>>.
+template <class... Params, class... Args>
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+            cudaStream_t stream, Args&&... args) {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    (void)stream;  // every stream runs its work when it is enqueued (interpret/runtime.hpp)
+    interpret::options opt;
+    opt.max_dynamic_shared = interpret::runtime::max_dynamic_shared(reinterpret_cast<const void*>(kernel));
+    interpret::launch(name, {{grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes}, opt, kernel,
+                      std::forward<Args>(args)...);
+#else
+    (void)name;
+    kernel<<<grid, block, shared_bytes, stream> > >(std::forward<Args>(args)...);
+#endif
 }
 
 /// Blocks for a grid-stride loop over `work_items` with `threads` per block: enough to fill the

@@ -45,7 +45,7 @@ constexpr int kConvertPerThread = 16;
 
 /// Loads 16 consecutive inputs as floats with 16-byte loads (p must be 16-byte aligned).
 template <class In>
-__device__ __forceinline__ void load16_as_float(const In* __restrict__ p, float (&v)[16]) {
+OCTET_DEVICE void load16_as_float(const In* __restrict__ p, float (&v)[16]) {
     if constexpr (std::is_same_v<In, float>) {
         const float4* q = reinterpret_cast<const float4*>(p);
         OCTET_UNROLL
@@ -135,8 +135,8 @@ void encode_array(stream_executor ex, span<const In> in, span<std::uint8_t> out,
     constexpr int threads = 256;
     const unsigned blocks =
         cuda::grid_stride_blocks((in.size() + detail::kConvertPerThread - 1) / detail::kConvertPerThread, threads);
-    detail::encode_array_kernel<Fmt, Round, Overflow, Storage>
-        <<<blocks, threads, 0, ex.stream>>>(src, out.data(), in.size(), rng, vectorized);
+    cuda::launch("encode_array_kernel", detail::encode_array_kernel<Fmt, Round, Overflow, Storage>, blocks, threads, 0,
+                 ex.stream, src, out.data(), in.size(), rng, vectorized);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -150,8 +150,8 @@ void decode_array(stream_executor ex, span<const std::uint8_t> codes, span<float
     constexpr int threads = 256;
     const unsigned blocks =
         cuda::grid_stride_blocks((codes.size() + detail::kConvertPerThread - 1) / detail::kConvertPerThread, threads);
-    detail::decode_array_kernel<Fmt>
-        <<<blocks, threads, 0, ex.stream>>>(codes.data(), out.data(), codes.size(), vectorized);
+    cuda::launch("decode_array_kernel", detail::decode_array_kernel<Fmt>, blocks, threads, 0, ex.stream, codes.data(),
+                 out.data(), codes.size(), vectorized);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

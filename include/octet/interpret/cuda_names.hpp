@@ -52,6 +52,26 @@ using interpret::shared_cast;
 #define OCTET_SHARED(type, name) OCTET_SHARED_ALIGNED(type, name, alignof(type))
 #define OCTET_DYNAMIC_SHARED(type, name) auto name = ::octet::interpret::dynamic_shared<type>()
 
+// The toolkit's headers, when included before (octet/interpret/cuda.hpp does), define some of these.
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
+#undef warpSize
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __noinline__
+#undef __launch_bounds__
+#undef __syncthreads
+#undef __syncthreads_count
+#undef __syncthreads_and
+#undef __syncthreads_or
+#undef __trap
+#undef __align__
+#undef __grid_constant__
+#undef __constant__
 #define threadIdx (::octet::interpret::thread_idx())
 #define blockIdx (::octet::interpret::block_idx())
 #define blockDim (::octet::interpret::block_dim())
