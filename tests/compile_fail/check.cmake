@@ -1,7 +1,13 @@
 # Compiles SOURCE, expecting failure with a diagnostic that contains the text after "// expect: ".
 file(STRINGS ${SOURCE} expect_line REGEX "^// expect: " LIMIT_COUNT 1)
 string(REGEX REPLACE "^// expect: " "" expect "${expect_line}")
-execute_process(COMMAND ${CXX} -std=c++17 -fsyntax-only -I${INCLUDE} ${SOURCE}
+# A file with the line "// needs: interpret" compiles in interpret mode (CUDA_INCLUDE: the toolkit's headers).
+file(STRINGS ${SOURCE} interpret_line REGEX "^// needs: interpret" LIMIT_COUNT 1)
+set(mode_flags "")
+if(interpret_line)
+  set(mode_flags -DOCTET_INTERPRET -isystem ${CUDA_INCLUDE})
+endif()
+execute_process(COMMAND ${CXX} -std=c++17 -fsyntax-only -I${INCLUDE} ${mode_flags} ${SOURCE}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(rc EQUAL 0)
   message(FATAL_ERROR "${SOURCE} compiled, but it should fail with: ${expect}")
