@@ -288,9 +288,10 @@ struct identity {
 }  // namespace interpret
 }  // namespace octet
 
-#define OCTET_SHARED_ALIGNED(type, name, align) \
-    __shared__ __align__(align) typename ::octet::interpret::names::identity<type>::type name
-#define OCTET_SHARED(type, name) __shared__ typename ::octet::interpret::names::identity<type>::type name
+// (The parameter is not named `type`: it would replace the `::type` after identity<...>.)
+#define OCTET_SHARED_ALIGNED(decl_type, name, align) \
+    __shared__ __align__(align) typename ::octet::interpret::names::identity<decl_type>::type name
+#define OCTET_SHARED(decl_type, name) __shared__ typename ::octet::interpret::names::identity<decl_type>::type name
 #define OCTET_DYNAMIC_SHARED(type, name) extern __shared__ __align__(1024) type name[]
 
 #endif
