@@ -15,6 +15,7 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
+#include "octet/interpret/cuda_names.hpp"  // OCTET_SHARED, octet::shared_ptr_t
 #include "octet/rl/crossings.hpp"
 #include "octet/rl/surrogate.cuh"
 
@@ -28,7 +29,7 @@ OCTET_KERNEL void __launch_bounds__(kRlThreads)
     threshold_crossings_kernel(const float* __restrict__ a_in, const float* __restrict__ b_in,
                                const float* __restrict__ logp_old, const float* __restrict__ advantages, std::size_t n,
                                clip_range range, clip_range low_range, float limit, crossing_report* report) {
-    __shared__ unsigned long long block_counts[kCrossingCounters];
+    OCTET_SHARED(unsigned long long[kCrossingCounters], block_counts);
     for (int k = threadIdx.x; k < kCrossingCounters; k += blockDim.x) block_counts[k] = 0;
     __syncthreads();
 
@@ -94,11 +95,11 @@ inline void launch_crossings(stream_executor ex, bool from_logp, const float* a,
     if (n == 0) return;
     const unsigned blocks = cuda::grid_stride_blocks(n, kRlThreads);
     if (from_logp)
-        threshold_crossings_kernel<true>
-            <<<blocks, kRlThreads, 0, ex.stream>>>(a, b, old, adv, n, range, low_range, limit, report.data());
+        cuda::launch("threshold_crossings_kernel", threshold_crossings_kernel<true>, blocks, kRlThreads, 0, ex.stream,
+                     a, b, old, adv, n, range, low_range, limit, report.data());
     else
-        threshold_crossings_kernel<false>
-            <<<blocks, kRlThreads, 0, ex.stream>>>(a, b, nullptr, adv, n, range, low_range, limit, report.data());
+        cuda::launch("threshold_crossings_kernel", threshold_crossings_kernel<false>, blocks, kRlThreads, 0, ex.stream,
+                     a, b, static_cast<const float*>(nullptr), adv, n, range, low_range, limit, report.data());
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

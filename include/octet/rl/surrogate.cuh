@@ -16,25 +16,62 @@
 
 #include <cuda_runtime.h>
 
-#include <cub/block/block_reduce.cuh>
-
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
+#include "octet/interpret/cuda_names.hpp"  // OCTET_SHARED, octet::shared_ptr_t
 #include "octet/rl/surrogate.hpp"
 
 namespace octet {
 namespace detail {
 
 constexpr int kRlThreads = 256;
+constexpr int kRlWarps = kRlThreads / 32;
 
-struct surrogate_stats_sum {
-    OCTET_HD surrogate_stats operator()(const surrogate_stats& a, const surrogate_stats& b) const {
-        surrogate_stats s = a;
-        merge(s, b);
-        return s;
-    }
+/// The fields of surrogate_stats a block sums, as plain data (a __shared__ array needs a trivial
+/// constructor, which surrogate_stats's member initializers rule out). `tokens` is not among them:
+/// the kernel adds n once.
+struct stats_partial {
+    std::uint64_t count[8];  // non_finite, negative, positive, below, above, clipped_low, clipped_high, limited
+    double objective, ratio_sum;
 };
+
+OCTET_DEVICE stats_partial partial_of(const surrogate_stats& s) {
+    return {{s.non_finite, s.negative, s.positive, s.below, s.above, s.clipped_low, s.clipped_high, s.limited},
+            s.objective,
+            s.ratio_sum};
+}
+
+OCTET_DEVICE void add_partial(stats_partial& into, const stats_partial& p) {
+    OCTET_UNROLL
+    for (int k = 0; k < 8; ++k) into.count[k] += p.count[k];
+    into.objective += p.objective;
+    into.ratio_sum += p.ratio_sum;
+}
+
+/// The sum of `mine` over the kRlThreads threads of the block, in thread 0 (the others get partial
+/// sums); every thread of the block must call it, with `warp_partials` the same kRlWarps-element
+/// shared array. The doubles are summed in the order of the cub::BlockReduce (warp reductions) this
+/// replaces, so the device's bits do not change: within a warp, shuffles down by 1, 2, 4, 8, 16 (lane
+/// l adds lane l + offset's partial to its own: neighbours first, a balanced tree), then thread 0
+/// adds the warps' sums to warp 0's in warp order 1, ..., 7. Lanes whose source is past lane 31 get
+/// their own value back and hold sums no one reads (cub skips those adds; lane 0 never has one).
+OCTET_DEVICE stats_partial block_sum(stats_partial mine, shared_ptr_t<stats_partial> warp_partials) {
+    OCTET_UNROLL
+    for (unsigned offset = 1; offset < 32; offset *= 2) {
+        stats_partial other;
+        OCTET_UNROLL
+        for (int k = 0; k < 8; ++k) other.count[k] = __shfl_down_sync(0xFFFFFFFFu, mine.count[k], offset);
+        other.objective = __shfl_down_sync(0xFFFFFFFFu, mine.objective, offset);
+        other.ratio_sum = __shfl_down_sync(0xFFFFFFFFu, mine.ratio_sum, offset);
+        add_partial(mine, other);
+    }
+    if ((threadIdx.x & 31) == 0) warp_partials[threadIdx.x / 32] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < kRlWarps; ++w) add_partial(mine, warp_partials[w]);
+    return mine;
+}
 
 OCTET_KERNEL void importance_ratio_kernel(const float* __restrict__ logp_new, const float* __restrict__ logp_old,
                                           float* __restrict__ ratios, std::size_t n, float limit) {
@@ -50,8 +87,7 @@ OCTET_KERNEL void __launch_bounds__(kRlThreads)
                              loss_aggregation aggregation, const std::int64_t* __restrict__ offsets,
                              std::int64_t sequences, float* __restrict__ ratio_out, float* __restrict__ objective_out,
                              float* __restrict__ grad_out, surrogate_stats* stats) {
-    using block_reduce = cub::BlockReduce<surrogate_stats, kRlThreads>;
-    __shared__ typename block_reduce::TempStorage temp;
+    OCTET_SHARED(stats_partial[kRlWarps], warp_partials);
 
     surrogate_stats local;
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -69,19 +105,19 @@ OCTET_KERNEL void __launch_bounds__(kRlThreads)
         if (objective_out) objective_out[i] = t.objective;
         if (grad_out) grad_out[i] = -(static_cast<float>(w) * t.gradient);
     }
-    const surrogate_stats block = block_reduce(temp).Reduce(local, surrogate_stats_sum{});
+    const stats_partial block = block_sum(partial_of(local), warp_partials);
     if (threadIdx.x == 0) {
         auto add = [](std::uint64_t* p, std::uint64_t v) {
             if (v) atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
         };
-        add(&stats->non_finite, block.non_finite);
-        add(&stats->negative, block.negative);
-        add(&stats->positive, block.positive);
-        add(&stats->below, block.below);
-        add(&stats->above, block.above);
-        add(&stats->clipped_low, block.clipped_low);
-        add(&stats->clipped_high, block.clipped_high);
-        add(&stats->limited, block.limited);
+        add(&stats->non_finite, block.count[0]);
+        add(&stats->negative, block.count[1]);
+        add(&stats->positive, block.count[2]);
+        add(&stats->below, block.count[3]);
+        add(&stats->above, block.count[4]);
+        add(&stats->clipped_low, block.count[5]);
+        add(&stats->clipped_high, block.count[6]);
+        add(&stats->limited, block.count[7]);
         atomicAdd(&stats->objective, block.objective);
         atomicAdd(&stats->ratio_sum, block.ratio_sum);
         if (blockIdx.x == 0) add(&stats->tokens, n);
@@ -112,8 +148,8 @@ inline void importance_ratios(stream_executor ex, span<const float> logp_new, sp
     detail::require_device_input(logp_old, fn, "logp_old");
     detail::require_device_output(ratios, logp_new.size(), fn, "ratios");
     const unsigned blocks = cuda::grid_stride_blocks(logp_new.size(), detail::kRlThreads);
-    detail::importance_ratio_kernel<<<blocks, detail::kRlThreads, 0, ex.stream>>>(
-        logp_new.data(), logp_old.data(), ratios.data(), logp_new.size(), log_ratio_limit);
+    cuda::launch("importance_ratio_kernel", detail::importance_ratio_kernel, blocks, detail::kRlThreads, 0, ex.stream,
+                 logp_new.data(), logp_old.data(), ratios.data(), logp_new.size(), log_ratio_limit);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -160,13 +196,15 @@ inline void clipped_surrogate(stream_executor ex, span<const float> logp_new, sp
     const unsigned blocks = cuda::grid_stride_blocks(n, detail::kRlThreads);
     auto opt = [](span<float> s) { return s.empty() ? nullptr : s.data(); };
     if (by_sequence)
-        detail::clipped_surrogate_kernel<true><<<blocks, detail::kRlThreads, 0, ex.stream>>>(
-            logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit, cfg.aggregation,
-            sequence_offsets.data(), sequences, opt(out.ratio), opt(out.objective), opt(out.grad), stats.data());
+        cuda::launch("clipped_surrogate_kernel", detail::clipped_surrogate_kernel<true>, blocks, detail::kRlThreads, 0,
+                     ex.stream, logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit,
+                     cfg.aggregation, sequence_offsets.data(), sequences, opt(out.ratio), opt(out.objective),
+                     opt(out.grad), stats.data());
     else
-        detail::clipped_surrogate_kernel<false><<<blocks, detail::kRlThreads, 0, ex.stream>>>(
-            logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit, cfg.aggregation,
-            nullptr, 0, opt(out.ratio), opt(out.objective), opt(out.grad), stats.data());
+        cuda::launch("clipped_surrogate_kernel", detail::clipped_surrogate_kernel<false>, blocks, detail::kRlThreads, 0,
+                     ex.stream, logp_new.data(), logp_old.data(), advantages.data(), n, cfg.range, cfg.log_ratio_limit,
+                     cfg.aggregation, static_cast<const std::int64_t*>(nullptr), std::int64_t{0}, opt(out.ratio),
+                     opt(out.objective), opt(out.grad), stats.data());
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
