@@ -288,9 +288,10 @@ struct identity {
 }  // namespace interpret
 }  // namespace octet
 
-#define OCTET_SHARED_ALIGNED(type, name, align) \
-    __shared__ __align__(align) typename ::octet::interpret::names::identity<type>::type name
-#define OCTET_SHARED(type, name) __shared__ typename ::octet::interpret::names::identity<type>::type name
+// The parameter is T, not `type`: `identity<type>::type` would substitute the argument for both.
+#define OCTET_SHARED_ALIGNED(T, name, align) \
+    __shared__ __align__(align) typename ::octet::interpret::names::identity<T>::type name
+#define OCTET_SHARED(T, name) __shared__ typename ::octet::interpret::names::identity<T>::type name
 #define OCTET_DYNAMIC_SHARED(type, name) extern __shared__ __align__(1024) type name[]
 
 #endif
