@@ -9,6 +9,9 @@
 //   * the step kernel launched with very different grid shapes gives the same bits (the Philox
 //     bits of stochastic rounding are indexed by element);
 //   * encode_moments / decode_moments kernels against the host, outputs poisoned first.
+// Under the interpreter (interpret.optim_device) every case runs at its GPU sizes: the model
+// device's 2 multiprocessors cap the library's grid-stride launches at 16 CTAs, so the whole suite
+// takes about 10 s on one core, and the largest sizes still loop several times over the grid.
 #include <doctest/doctest.h>
 
 #include <cuda_bf16.h>
@@ -355,7 +358,8 @@ TEST_SUITE("gpu") {
                                                                         make_adamw_coeffs(h, 1, 1e-3f),
                                                                         h.on_nonfinite,
                                                                         true};
-            optim_detail::adamw_step_kernel<<<grids[k], threads[k]>>>(args, report.data(), false);
+            cuda::launch("adamw_step_kernel", optim_detail::adamw_step_kernel<MC, MC, M, float>, grids[k], threads[k],
+                         0, nullptr, args, report.data(), false);
             OCTET_CUDA_CHECK_LAUNCH();
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
             dev.download(k == 0 ? a : b);

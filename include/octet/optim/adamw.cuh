@@ -63,7 +63,7 @@ OCTET_KERNEL void __launch_bounds__(kStepThreads)
     adamw_step_kernel(adamw_block_args<MCodec, VCodec, Master, Grad> a, adamw_report* report, bool skip_if_counted) {
     codec_context ctx{};
     if constexpr (MCodec::needs_tables || VCodec::needs_tables) {
-        __shared__ float tables[codec_table_floats];
+        OCTET_SHARED(float[codec_table_floats], tables);
         ctx = load_codec_tables(tables);
     }
     if (skip_if_counted && *(volatile std::uint64_t*)&report->nonfinite_gradients != 0) {
@@ -110,8 +110,8 @@ void count_nonfinite(stream_executor ex, span<const Grad> grads, adamw_report* r
     OCTET_REQUIRE(grads.data() != nullptr, "octet::count_nonfinite", "grads", "is null with a non-zero size");
     cuda::require_device_accessible(grads.data(), "octet::count_nonfinite", "grads");
     const unsigned blocks = cuda::grid_stride_blocks(grads.size(), 256, 4);
-    optim_detail::count_nonfinite_kernel<<<blocks, 256, 0, ex.stream>>>(reinterpret_cast<const G*>(grads.data()),
-                                                                        grads.size(), report);
+    cuda::launch("count_nonfinite_kernel", optim_detail::count_nonfinite_kernel<G>, blocks, 256, 0, ex.stream,
+                 reinterpret_cast<const G*>(grads.data()), grads.size(), report);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -156,7 +156,8 @@ void adamw_step(stream_executor ex, const adamw_state_ref<MCodec, VCodec, Master
                                                                          vectorized};
     const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
     const unsigned ctas = cuda::grid_stride_blocks(blocks * 32, optim_detail::kStepThreads, 8);
-    optim_detail::adamw_step_kernel<<<ctas, optim_detail::kStepThreads, 0, ex.stream>>>(args, report, skip);
+    cuda::launch("adamw_step_kernel", optim_detail::adamw_step_kernel<MCodec, VCodec, Master, G>, ctas,
+                 optim_detail::kStepThreads, 0, ex.stream, args, report, skip);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

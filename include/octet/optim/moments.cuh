@@ -24,7 +24,7 @@ OCTET_KERNEL void __launch_bounds__(256)
                           typename Codec::meta_type* meta, std::size_t n, bool vectorized, philox_stream rng) {
     codec_context ctx{};
     if constexpr (Codec::needs_tables) {
-        __shared__ float tables[codec_table_floats];
+        OCTET_SHARED(float[codec_table_floats], tables);
         ctx = load_codec_tables(tables);
     }
     const warp_team team;
@@ -39,7 +39,7 @@ OCTET_KERNEL void __launch_bounds__(256) decode_moments_kernel(const typename Co
                                                                float* x, std::size_t n, bool vectorized) {
     codec_context ctx{};
     if constexpr (Codec::needs_tables) {
-        __shared__ float tables[codec_table_floats];
+        OCTET_SHARED(float[codec_table_floats], tables);
         ctx = load_codec_tables(tables);
     }
     const warp_team team;
@@ -69,8 +69,9 @@ void encode_moments(stream_executor ex, span<const float> x, span<typename Codec
     optim_detail::require_device_moment_views<Codec>(fn, x.data(), codes.data(), meta.data());
     const bool vec = detail::is_aligned(x.data(), 16) && detail::is_aligned(codes.data(), 16);
     const std::size_t blocks = (x.size() + optim_block - 1) / optim_block;
-    optim_detail::encode_moments_kernel<Codec, K><<<cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream>>>(
-        x.data(), codes.data(), meta.data(), x.size(), vec, rng);
+    cuda::launch("encode_moments_kernel", optim_detail::encode_moments_kernel<Codec, K>,
+                 cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream, x.data(), codes.data(), meta.data(),
+                 x.size(), vec, rng);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -85,8 +86,9 @@ void decode_moments(stream_executor ex, span<const typename Codec::code_type> co
     optim_detail::require_device_moment_views<Codec>(fn, x.data(), codes.data(), meta.data());
     const bool vec = detail::is_aligned(x.data(), 16) && detail::is_aligned(codes.data(), 16);
     const std::size_t blocks = (x.size() + optim_block - 1) / optim_block;
-    optim_detail::decode_moments_kernel<Codec, K><<<cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream>>>(
-        codes.data(), meta.data(), x.data(), x.size(), vec);
+    cuda::launch("decode_moments_kernel", optim_detail::decode_moments_kernel<Codec, K>,
+                 cuda::grid_stride_blocks(blocks * 32, 256, 8), 256, 0, ex.stream, codes.data(), meta.data(), x.data(),
+                 x.size(), vec);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,8 +7,20 @@
 #include <cstdint>
 #include <cstring>
 
+#include "octet/interpret/cuda_names.hpp"
 #include "octet/optim/detail/dynamic_map.hpp"
 #include "octet/optim/detail/team.hpp"
+
+// Where the warp team's lane code runs: nvcc's device pass, and interpret mode (CUDA source as host
+// code, kernels run by the CPU interpreter, whose fibers are the lanes and which serves threadIdx
+// and the shuffles). OCTET_DEVICE_PASS alone would leave interpret mode with the host pass's
+// stand-ins below (rank 0, no reduction): every lane would act as lane 0 of a warp that never
+// reduces, which is not what the kernels compute.
+#if OCTET_DEVICE_PASS || (defined(OCTET_INTERPRET) && !defined(__CUDACC__))
+#define OCTET_OPTIM_WARP_LANES 1
+#else
+#define OCTET_OPTIM_WARP_LANES 0
+#endif
 
 namespace octet {
 namespace optim_detail {
@@ -23,7 +35,10 @@ inline constexpr int codec_table_floats = 2 * 128 + 2 * 256;
 /// Copies the tables into shared memory (every thread of the block must call it; it syncs) and
 /// returns a context that points at them. Constant memory would serialize the data-dependent
 /// lookups of a warp; shared memory does not.
-__device__ __forceinline__ codec_context load_codec_tables(float* smem) {
+/// In interpret mode the copy's writes and the barrier go through the interpreter's checks, but the
+/// context holds the tables' plain host addresses: codec_context and dynamic_map_index take
+/// `const float*`, shared with the host path, so the lookups after the barrier are not checked.
+OCTET_DEVICE codec_context load_codec_tables(shared_ptr_t<float> smem) {
     for (int i = threadIdx.x; i < 128; i += blockDim.x) {
         smem[i] = device_dynamic_map_signed.values[i];
         smem[128 + i] = device_dynamic_map_signed.thresholds[i];
@@ -33,17 +48,22 @@ __device__ __forceinline__ codec_context load_codec_tables(float* smem) {
         smem[512 + i] = device_dynamic_map_unsigned.thresholds[i];
     }
     __syncthreads();
-    return codec_context{smem, smem + 128, smem + 256, smem + 512};
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    const float* t = smem.raw();
+#else
+    const float* t = smem;
+#endif
+    return codec_context{t, t + 128, t + 256, t + 512};
 }
 
 /// A warp: lane l owns elements [8 l, 8 l + 8) of a 256-element block. Members are
 /// __host__ __device__ so that the shared OCTET_HD block functions can name them; they only run
-/// on the device.
+/// in kernels (on the device or under the interpreter: OCTET_OPTIM_WARP_LANES).
 struct warp_team {
     static constexpr int per_member = 8;
 
     OCTET_HD int rank() const {
-#if OCTET_DEVICE_PASS
+#if OCTET_OPTIM_WARP_LANES
         return static_cast<int>(threadIdx.x & 31u);
 #else
         return 0;
@@ -52,7 +72,7 @@ struct warp_team {
 
     template <int Lanes>
     OCTET_HD group_stats reduce(group_stats s) const {
-#if OCTET_DEVICE_PASS
+#if OCTET_OPTIM_WARP_LANES
         OCTET_UNROLL
         for (int offset = Lanes / 2; offset >= 1; offset >>= 1) {
             const group_stats other{__shfl_xor_sync(0xFFFFFFFFu, s.absmax, offset),
@@ -64,7 +84,7 @@ struct warp_team {
     }
 
     OCTET_HD int sum(int x) const {
-#if OCTET_DEVICE_PASS
+#if OCTET_OPTIM_WARP_LANES
         OCTET_UNROLL
         for (int offset = 16; offset >= 1; offset >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
 #endif
@@ -125,10 +145,10 @@ struct warp_team {
 };
 
 /// Global warp index and warp count of a grid-stride loop over blocks.
-__device__ __forceinline__ std::size_t global_warp() {
+OCTET_DEVICE std::size_t global_warp() {
     return (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
 }
-__device__ __forceinline__ std::size_t warp_count() {
+OCTET_DEVICE std::size_t warp_count() {
     return (static_cast<std::size_t>(gridDim.x) * blockDim.x) >> 5;
 }
 
