@@ -16,6 +16,8 @@
 //     octet::error) and leaves `out` untouched; a message that differs from what the caller
 //     expects (first index, seed, count) is refused the same way; a truncated buffer is refused on
 //     the host; the synchronizing decoder throws for all of these.
+// In interpret mode (CTest interpret.codec_device) both suites run under the CPU interpreter, on
+// smaller messages (kInterpreted below), with the same bit-for-bit comparisons.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -32,6 +34,30 @@
 
 namespace codec_device_test {
 using namespace octet;
+
+// Under the interpreter (the `interpret` tests) the messages are smaller: every block size, format,
+// transform, scale block, residual storage and ragged shape is still there, on fewer elements.
+#if defined(OCTET_INTERPRET)
+constexpr bool kInterpreted = true;
+constexpr std::size_t kTransformOddN = 20011;
+#else
+constexpr bool kInterpreted = false;
+constexpr std::size_t kTransformOddN = 100003;
+#endif
+
+/// The encode test's ragged message length (with an all-zero tail of 1000). Under the interpreter it
+/// still spans several tiles, and with scale blocks of 4096 and up (the two-pass path) 9001 elements,
+/// so that the 4096 case has several scale blocks.
+std::size_t ragged_length(std::uint32_t scale_block) {
+    return !kInterpreted ? 70001 : (scale_block >= 4096 ? 9001 : 3001);
+}
+
+/// The encode test's second message length: two transform blocks. Under the interpreter, blocks of
+/// 16384 and 32768 (512- and 1024-thread CTAs, the slowest to interpret) take half a block and one
+/// element instead: one CTA with zero padding (the transform test runs their multi-CTA grids).
+std::size_t two_blocks(std::uint32_t block) {
+    return kInterpreted && block >= 16384 ? std::size_t{block} / 2 + 1 : std::size_t{block} * 2;
+}
 
 std::vector<float> random_gradient(std::mt19937_64& g, std::size_t n) {
     std::student_t_distribution<float> t(2.0f);
@@ -105,7 +131,7 @@ TEST_SUITE("gpu") {
         auto g = octet_test::rng(31);
         for (std::uint32_t B = 16; B <= 32768; B *= 2)
             for (const std::size_t n :
-                 {std::size_t{B} * 3, std::size_t{B} + 7, std::size_t{B} / 2 + 1, std::size_t{100003}}) {
+                 {std::size_t{B} * 3, std::size_t{B} + 7, std::size_t{B} / 2 + 1, kTransformOddN}) {
                 const std::uint64_t seed = g(), first = g() % 1000;  // often not a multiple of 32
                 const std::vector<float> x = random_gradient(g, n);
                 const std::size_t L = transform_length(transform_kind::hadamard, n, B);
@@ -153,12 +179,12 @@ TEST_SUITE("gpu") {
             cases.push_back({wire_format::e5m2, transform_kind::identity, 1024, sb, false, 0, false});
         }
         for (const cse& c : cases)
-            for (const std::size_t n : {std::size_t{70001}, std::size_t{c.block} * 2, std::size_t{5}}) {
+            for (const std::size_t n : {ragged_length(c.scale_block), two_blocks(c.block), std::size_t{5}}) {
                 const codec_config cfg{c.f, c.t, c.block, c.scale_block, g(), c.stochastic};
                 const std::uint64_t first = 128 * (g() % 50);
                 std::vector<float> x = random_gradient(g, n);
                 // An all-zero tail: the zero padding's sign must match the host's (+0) for zero results.
-                if (n == 70001) std::fill(x.end() - 1000, x.end(), 0.0f);
+                if (n == ragged_length(c.scale_block)) std::fill(x.end() - 1000, x.end(), 0.0f);
                 const std::size_t L = transform_length(c.t, n, c.block);
                 const std::vector<float> y_in = c.pre_rotated ? random_gradient(g, L) : std::vector<float>{};
                 const std::size_t bytes = encoded_size(cfg, n);

@@ -41,6 +41,8 @@
 #include "octet/codec/hadamard.cuh"
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
+#include "octet/cuda/launch.cuh"
+#include "octet/interpret/cuda_names.hpp"
 #include "octet/cuda/warp.cuh"
 
 namespace octet {
@@ -111,7 +113,7 @@ struct decode_args {
     const std::uint32_t* status = nullptr;  ///< if set: decode only when *status == 0 (validated message)
 };
 
-__device__ __forceinline__ std::uint64_t warp_sum_u64(std::uint64_t v) {
+OCTET_DEVICE std::uint64_t warp_sum_u64(std::uint64_t v) {
     OCTET_UNROLL
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
@@ -119,8 +121,7 @@ __device__ __forceinline__ std::uint64_t warp_sum_u64(std::uint64_t v) {
 
 /// Residual elements [i0, i0+R) of a residual view (positions >= limit read as 0).
 template <int R>
-__device__ __forceinline__ void load_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit,
-                                                  float (&v)[R]) {
+OCTET_DEVICE void load_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit, float (&v)[R]) {
     if (r.storage == residual_storage::f32) {
         const float* p = reinterpret_cast<const float*>(r.data);
         OCTET_UNROLL
@@ -142,8 +143,8 @@ __device__ __forceinline__ void load_residual_dev(const residual_view& r, std::u
 /// Stores residual elements [i0, i0+R) (positions >= limit are skipped; non-finite values store 0).
 /// Every lane of the warp must call it (the e4m3 storage reduces a block amax across lanes).
 template <int R>
-__device__ __forceinline__ void store_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit,
-                                                   const float (&v)[R]) {
+OCTET_DEVICE void store_residual_dev(const residual_view& r, std::uint64_t i0, std::uint64_t limit,
+                                     const float (&v)[R]) {
     if (r.storage == residual_storage::f32) {
         float* p = reinterpret_cast<float*>(r.data);
         OCTET_UNROLL
@@ -177,10 +178,10 @@ OCTET_KERNEL void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a)
     using RS = typename Tr::template recipe_with<round::stochastic>;
     using Fmt = typename RN::format;
     constexpr bool fp4 = Fmt::bits <= 4;
-    extern __shared__ __align__(16) float smem[];
+    OCTET_DYNAMIC_SHARED(float, smem);
     if (a.status && *a.status != 0) return;  // uniform per block: leaves the residual untouched
     const bool cross = a.log_b > log2_of(R) + 5;
-    float* warp_part = smem + (cross ? blockDim.x * R : 0);
+    shared_ptr_t<float> warp_part = smem + (cross ? blockDim.x * R : 0);
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
     const std::uint64_t i0 =
         static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
@@ -404,7 +405,7 @@ template <class Tr, int R>
 OCTET_KERNEL void __launch_bounds__(max_threads<R>) decode_kernel(decode_args a) {
     using RN = typename Tr::recipe;
     using Fmt = typename RN::format;
-    extern __shared__ __align__(16) float smem[];
+    OCTET_DYNAMIC_SHARED(float, smem);
     if (a.status && *a.status != 0) return;  // a bad message: leave the output untouched (uniform per block)
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
     const std::uint64_t i0 =
@@ -558,8 +559,10 @@ OCTET_KERNEL void validate_kernel(validate_args a) {
 }
 
 /// flag[0] = rank_tag if any message failed, else 0; flag[1] = the last failing message's index + 1.
-OCTET_KERNEL void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t stride, int count,
-                                         const unsigned long long* acc, const unsigned* bad, int* flag, int rank_tag) {
+/// (Launched by comm/nccl.cuh: maybe unused in a translation unit, where interpret mode's `static` warns.)
+[[maybe_unused]] OCTET_KERNEL void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t stride, int count,
+                                                          const unsigned long long* acc, const unsigned* bad, int* flag,
+                                                          int rank_tag) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int f = 0;
     for (int m = 0; m < count; ++m) {
@@ -610,7 +613,8 @@ inline validate_args validation_of(const wire_layout& l, wire_format f, const st
 inline void launch_validate(cudaStream_t s, const validate_args& v) {
     if (v.count == 0) return;
     const unsigned bx = static_cast<unsigned>(std::min<std::uint64_t>(1024, (v.words + 255) / 256));
-    validate_kernel<<<dim3(std::max(1u, bx), static_cast<unsigned>(v.count)), 256, 0, s>>>(v);
+    cuda::launch("validate_kernel", validate_kernel, dim3(std::max(1u, bx), static_cast<unsigned>(v.count)), 256, 0, s,
+                 v);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -655,23 +659,24 @@ void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l
             if (Tr::recipe::two_level) {
                 encode_args p = a;
                 p.mode = mode_tensor_amax;
-                encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
+                cuda::launch("encode_kernel", encode_kernel<Tr, R>, grid, threads, smem, s, p);
                 OCTET_CUDA_CHECK_LAUNCH();
             }
             if (large) {
                 encode_args p = a;
                 p.mode = mode_block_amax;
-                encode_kernel<Tr, R><<<grid, threads, smem, s>>>(p);
+                cuda::launch("encode_kernel", encode_kernel<Tr, R>, grid, threads, smem, s, p);
                 OCTET_CUDA_CHECK_LAUNCH();
             }
             a.mode = large ? mode_encode_slots : mode_fused;
-            encode_kernel<Tr, R><<<grid, threads, smem, s>>>(a);
+            cuda::launch("encode_kernel", encode_kernel<Tr, R>, grid, threads, smem, s, a);
             OCTET_CUDA_CHECK_LAUNCH();
             if (large) {
                 if constexpr (Tr::scale_bytes == 4) {
                     const unsigned g =
                         static_cast<unsigned>(std::min<std::uint64_t>(1024, (l.scale_count + 255) / 256));
-                    slots_to_scales_kernel<Tr><<<std::max(1u, g), 256, 0, s>>>(msg, l.scales_offset, l.scale_count);
+                    cuda::launch("slots_to_scales_kernel", slots_to_scales_kernel<Tr>, std::max(1u, g), 256, 0, s, msg,
+                                 l.scales_offset, l.scale_count);
                     OCTET_CUDA_CHECK_LAUNCH();
                 }
             }
@@ -680,12 +685,12 @@ void launch_encode(cudaStream_t s, const codec_config& cfg, const wire_layout& l
     const std::uint64_t w0 = l.scales_offset / 8, w1 = l.payload_offset / 8;
     if (w1 > w0) {
         const unsigned g = static_cast<unsigned>(std::min<std::uint64_t>(1024, (w1 - w0 + 255) / 256));
-        checksum_words_kernel<<<std::max(1u, g), 256, 0, s>>>(msg, w0, w1,
-                                                              reinterpret_cast<unsigned long long*>(msg + 56));
+        cuda::launch("checksum_words_kernel", checksum_words_kernel, std::max(1u, g), 256, 0, s, msg, w0, w1,
+                     reinterpret_cast<unsigned long long*>(msg + 56));
         OCTET_CUDA_CHECK_LAUNCH();
     }
-    finalize_header_kernel<<<1, 32, 0, s>>>(msg, cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed,
-                                            first_index, l.count, l.total_bytes, cfg.stochastic);
+    cuda::launch("finalize_header_kernel", finalize_header_kernel, 1, 32, 0, s, msg, cfg.format, cfg.transform, l.block,
+                 l.scale_block, cfg.seed, first_index, l.count, l.total_bytes, cfg.stochastic);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -717,7 +722,8 @@ void launch_decode(cudaStream_t s, const wire_layout& l, transform_kind t, std::
         const std::uint64_t tile = static_cast<std::uint64_t>(threads) * R;
         const std::size_t smem = smem_bytes(log_b, R, threads);
         set_smem(decode_kernel<Tr, R>, smem);
-        decode_kernel<Tr, R><<<static_cast<unsigned>((l.coded + tile - 1) / tile), threads, smem, s>>>(a);
+        cuda::launch("decode_kernel", decode_kernel<Tr, R>, static_cast<unsigned>((l.coded + tile - 1) / tile), threads,
+                     smem, s, a);
         OCTET_CUDA_CHECK_LAUNCH();
     });
 }
@@ -814,7 +820,8 @@ inline wire_layout validate_device_message_async(const stream_executor& ex, cons
     v.expected_words = expected;
     v.non_finite = acc + 2;
     launch_validate(s, v);
-    decode_status_kernel<<<1, 32, 0, s>>>(msg.data(), acc, bad, acc + 2, status, non_finite_out);
+    cuda::launch("decode_status_kernel", decode_status_kernel, 1, 32, 0, s, msg.data(), acc, bad, acc + 2, status,
+                 non_finite_out);
     OCTET_CUDA_CHECK_LAUNCH();
     return l;
 }

@@ -27,6 +27,8 @@
 #include "octet/codec/hadamard.hpp"
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
+#include "octet/cuda/launch.cuh"
+#include "octet/interpret/cuda_names.hpp"
 
 namespace octet {
 namespace detail {
@@ -55,7 +57,7 @@ inline std::size_t smem_bytes(int log_b, int R, int threads) {
 /// Unnormalized Walsh-Hadamard transform over index bits [0, log_b) of the CTA tile.
 /// Every thread of the CTA must call it (it synchronizes when the block spans several warps).
 template <int R>
-__device__ __forceinline__ void fwht_tile(float (&v)[R], int log_b, float* smem) {
+OCTET_DEVICE void fwht_tile(float (&v)[R], int log_b, shared_ptr_t<float> smem) {
     constexpr int LOG_R = log2_of(R);
     // Bits [0, log2 R): inside the thread.
     OCTET_UNROLL
@@ -88,7 +90,7 @@ __device__ __forceinline__ void fwht_tile(float (&v)[R], int log_b, float* smem)
         const int t = threadIdx.x;
         OCTET_UNROLL
         for (int j = 0; j < R; j += 4)
-            *reinterpret_cast<float4*>(smem + t * R + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+            *shared_cast<float4>(smem + t * R + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
         __syncthreads();
         const int ntb = (1 << log_b) / R;  // threads per transform block
         const int base = (t / ntb) << log_b, tb = t % ntb, span = 32 * R, wmask = (1 << cw) - 1;
@@ -112,7 +114,7 @@ __device__ __forceinline__ void fwht_tile(float (&v)[R], int log_b, float* smem)
         __syncthreads();
         OCTET_UNROLL
         for (int j = 0; j < R; j += 4) {
-            const float4 f = *reinterpret_cast<const float4*>(smem + t * R + j);
+            const float4 f = *shared_cast<const float4>(smem + t * R + j);
             v[j] = f.x, v[j + 1] = f.y, v[j + 2] = f.z, v[j + 3] = f.w;
         }
         __syncthreads();
@@ -123,8 +125,8 @@ __device__ __forceinline__ void fwht_tile(float (&v)[R], int log_b, float* smem)
 /// shared sign pattern. Elements at and beyond `limit` (the zero padding of a forward transform)
 /// become +0, as the host pads them (a flipped zero would be -0 and could change a zero result's sign).
 template <int R>
-__device__ __forceinline__ void apply_signs(float (&v)[R], std::uint64_t seed, std::uint64_t first_index,
-                                            std::uint64_t i0, std::uint64_t limit = ~std::uint64_t{0}) {
+OCTET_DEVICE void apply_signs(float (&v)[R], std::uint64_t seed, std::uint64_t first_index, std::uint64_t i0,
+                              std::uint64_t limit = ~std::uint64_t{0}) {
     const std::uint64_t g0 = first_index + i0;
     std::uint64_t w = g0 >> 5;
     std::uint32_t word = hadamard_sign_word(seed, w);
@@ -141,8 +143,7 @@ __device__ __forceinline__ void apply_signs(float (&v)[R], std::uint64_t seed, s
 
 /// Loads R floats at p[i0 .. i0+R) with zeros at and beyond `limit` (16-byte loads when possible).
 template <int R>
-__device__ __forceinline__ void load_floats(const float* __restrict__ p, std::uint64_t i0, std::uint64_t limit,
-                                            float (&v)[R]) {
+OCTET_DEVICE void load_floats(const float* __restrict__ p, std::uint64_t i0, std::uint64_t limit, float (&v)[R]) {
     if (i0 + R <= limit && (reinterpret_cast<std::uintptr_t>(p + i0) & 15u) == 0) {
         OCTET_UNROLL
         for (int j = 0; j < R; j += 4) {
@@ -157,8 +158,7 @@ __device__ __forceinline__ void load_floats(const float* __restrict__ p, std::ui
 
 /// Stores v[j] to p[i0 + j] for i0 + j < limit (16-byte stores when possible).
 template <int R>
-__device__ __forceinline__ void store_floats(float* __restrict__ p, std::uint64_t i0, std::uint64_t limit,
-                                             const float (&v)[R]) {
+OCTET_DEVICE void store_floats(float* __restrict__ p, std::uint64_t i0, std::uint64_t limit, const float (&v)[R]) {
     if (i0 + R <= limit && (reinterpret_cast<std::uintptr_t>(p + i0) & 15u) == 0) {
         OCTET_UNROLL
         for (int j = 0; j < R; j += 4)
@@ -176,7 +176,7 @@ template <int R>
 OCTET_KERNEL void __launch_bounds__(max_threads<R>)
     transform_kernel(const float* __restrict__ in, float* __restrict__ out, std::uint64_t n, std::uint64_t L, int log_b,
                      std::uint64_t seed, std::uint64_t first_index, bool inverse) {
-    extern __shared__ __align__(16) float smem[];
+    OCTET_DYNAMIC_SHARED(float, smem);
     const std::uint64_t tile = static_cast<std::uint64_t>(blockDim.x) * R;
     const std::uint64_t i0 =
         static_cast<std::uint64_t>(blockIdx.x) * tile + static_cast<std::uint64_t>(threadIdx.x) * R;
@@ -222,7 +222,8 @@ inline void launch_transform(cudaStream_t s, const float* in, float* out, std::u
         const std::size_t smem = smem_bytes(log_b, R, threads);
         set_smem(transform_kernel<R>, smem);
         const unsigned grid = static_cast<unsigned>((L + tile - 1) / tile);
-        transform_kernel<R><<<grid, threads, smem, s>>>(in, out, n, L, log_b, seed, first_index, inverse);
+        cuda::launch("transform_kernel", transform_kernel<R>, grid, threads, smem, s, in, out, n, L, log_b, seed,
+                     first_index, inverse);
         OCTET_CUDA_CHECK_LAUNCH();
     });
 }

@@ -6,7 +6,7 @@
 namespace octet {
 namespace cuda {
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(OCTET_INTERPRET)
 /// The maximum of `v` over aligned groups of `lanes` lanes (a power of two, at most 32), returned
 /// to every lane of the group; the whole warp must take part. fmaxf's rule applies: a NaN loses
 /// to any number, so callers that must see NaN test for it themselves.

@@ -15,7 +15,7 @@
 //   __threadfence*, __nanosleep              nothing, a yield
 //   __trap()                                 interpret::trap(): a report that stops the block
 //   __float_as_int/uint, __int/uint_as_float, __fmul_rn, __fadd_rn, __byte_perm, __ldg,
-//   __cvta_generic_to_shared (of an sptr)    their CUDA meanings
+//   __cvta_generic_to_shared (of an sptr), min/max (int, unsigned)  their CUDA meanings
 //   __align__(n), __grid_constant__, __constant__  alignas(n), nothing, nothing
 //   __global__, __device__, __host__, __forceinline__, __noinline__, __launch_bounds__(...)  nothing
 //   __shared__                               NOT defined: a declaration not yet converted to the macros
@@ -216,6 +216,19 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     unsigned r = 0;
     for (unsigned n = 0; n < 4; ++n) r |= static_cast<unsigned>((in >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
     return r;
+}
+/// CUDA's device-side integer min and max (int and unsigned; mixed calls are ambiguous here, not converted).
+inline int min(int a, int b) {
+    return a < b ? a : b;
+}
+inline unsigned min(unsigned a, unsigned b) {
+    return a < b ? a : b;
+}
+inline int max(int a, int b) {
+    return a > b ? a : b;
+}
+inline unsigned max(unsigned a, unsigned b) {
+    return a > b ? a : b;
 }
 /// __ldg: a read through the read-only cache, here a plain read.
 template <class T>
