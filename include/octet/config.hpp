@@ -33,7 +33,7 @@
 // (octet/interpret/cuda.hpp, included at the end of this header).
 #define OCTET_HD inline
 #define OCTET_DEVICE inline
-#define OCTET_KERNEL static
+#define OCTET_KERNEL [[maybe_unused]] static  // a translation unit launches only some of a header's kernels
 #else
 #define OCTET_HD inline
 #endif

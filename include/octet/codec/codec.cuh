@@ -42,8 +42,8 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
-#include "octet/interpret/cuda_names.hpp"
 #include "octet/cuda/warp.cuh"
+#include "octet/interpret/cuda_names.hpp"
 
 namespace octet {
 
@@ -559,10 +559,9 @@ OCTET_KERNEL void validate_kernel(validate_args a) {
 }
 
 /// flag[0] = rank_tag if any message failed, else 0; flag[1] = the last failing message's index + 1.
-/// (Launched by comm/nccl.cuh: maybe unused in a translation unit, where interpret mode's `static` warns.)
-[[maybe_unused]] OCTET_KERNEL void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t stride, int count,
-                                                          const unsigned long long* acc, const unsigned* bad, int* flag,
-                                                          int rank_tag) {
+/// (Launched by comm/nccl.cuh.)
+OCTET_KERNEL void validate_finish_kernel(const std::uint8_t* msgs, std::uint64_t stride, int count,
+                                         const unsigned long long* acc, const unsigned* bad, int* flag, int rank_tag) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int f = 0;
     for (int m = 0; m < count; ++m) {
