@@ -62,7 +62,10 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
                       std::forward<Args>(args)...);
 #else
     (void)name;
-    kernel<<<grid, block, shared_bytes, stream> > >(std::forward<Args>(args)...);
+    // clang-format 14 splits >>> into > > >, which nvcc does not parse.
+    // clang-format off
+    kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+    // clang-format on
 #endif
 }
 
