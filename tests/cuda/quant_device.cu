@@ -5,11 +5,14 @@
 // counts and amax, energies to rounding; for every named recipe and custom ones that take the
 // global (grid) path; float, bf16 and fp16 inputs; row- and column-major inputs; both copies from
 // one read; stochastic rounding; delayed scaling with device state; dequantize. Outputs are
-// poisoned before each run, so an unwritten byte cannot pass.
+// poisoned before each run, so an unwritten byte cannot pass. In interpret mode (the test
+// interpret.quant_device) the kernels run under the CPU interpreter on smaller matrices, and a
+// copy of the tile pattern with planted bugs checks that the interpreter reports them.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -53,7 +56,16 @@ void compare(device_copy<Recipe>& d, quantized_tensor<Recipe>& h, const quant_st
     for (std::size_t i = 0; i < scales.size(); ++i) bad_scales += scales[i] != h.scales()[i];
     CHECK(bad_data == 0);
     CHECK(bad_scales == 0);
-    if (Recipe::two_level) CHECK(d.tensor_scale.download()[0] == h.tensor_scale());
+    if (Recipe::two_level) {
+        const float ts = d.tensor_scale.download()[0];
+        if (h.layout().rows * h.layout().cols == 0) {
+            std::uint32_t bits = 0;  // an empty x writes nothing, on the host or the device: the poison stays
+            std::memcpy(&bits, &ts, 4);
+            CHECK(bits == 0xCDCDCDCDu);
+        } else {
+            CHECK(ts == h.tensor_scale());
+        }
+    }
     CHECK(ds.elements == hs.elements);
     CHECK(ds.saturated == hs.saturated);
     CHECK(ds.flushed_to_zero == hs.flushed_to_zero);
@@ -113,7 +125,15 @@ void check_device(std::size_t rows, std::size_t cols, std::uint64_t salt, bool c
 struct shape {
     std::size_t rows, cols;
 };
+// Under the interpreter (the `interpret` tests) the largest shapes shrink, still several 128 x 128
+// tiles each way and ragged: 300 x 260 for 300 x 700, 300 x 520 for the large 2048 x 3072.
+#if defined(OCTET_INTERPRET)
+const shape kShapes[] = {{1, 300}, {300, 1}, {129, 257}, {257, 33}, {128, 128}, {3, 5}, {0, 7}, {300, 260}};
+constexpr shape kLarge = {300, 520};
+#else
 const shape kShapes[] = {{1, 300}, {300, 1}, {129, 257}, {257, 33}, {128, 128}, {3, 5}, {0, 7}, {300, 700}};
+constexpr shape kLarge = {2048, 3072};
+#endif
 
 template <class Recipe>
 void check_all_shapes(std::uint64_t salt) {
@@ -198,7 +218,7 @@ TEST_SUITE("gpu") {
         check_device<r::blockwise_1x128, octet::fp16>(77, 300, 3003, false, 1.0f);
         check_device<r::blockwise_1x128, octet::bf16>(129, 300, 3004, true);
         check_device<r::rowwise_e4m3>(300, 129, 3005, true);
-        check_device<r::blockwise_1x128, octet::bf16>(2048, 3072, 3006);
+        check_device<r::blockwise_1x128, octet::bf16>(kLarge.rows, kLarge.cols, 3006);
         // unpadded layouts: rows start at any byte, so the packed stores fall back to bytes
         check_device<r::mxfp8_e4m3>(37, 70, 3007, false, 10.0f, false);
         check_device<r::mxfp4>(37, 70, 3008, false, 10.0f, false);
@@ -253,3 +273,70 @@ TEST_SUITE("gpu") {
                              doctest::Contains("host memory"), octet::error);
     }
 }
+
+#if defined(OCTET_INTERPRET)
+namespace quant_device_test {
+
+// A 32 x 32 copy of the quantizer's one-read tile (quantize_tile_kernel): warp 0 loads the tile into
+// shared memory with an odd pitch (row r by lane r), warp 1 reads it transposed, as the column-wise
+// copy does (column c by lane c), and writes each column's amax. Each planted bug is one the tile
+// kernel could have: a missing barrier between the load and the transposed read, a loop bound one
+// row past the tile.
+enum class planted { none, missing_sync, off_by_one };
+constexpr int kPlantedTile = 32;
+
+template <planted Bug>
+OCTET_KERNEL void planted_column_amax_kernel(const float* x, float* amax) {
+    constexpr int T = kPlantedTile, pitch = T + 1;
+    OCTET_SHARED(float[T * pitch], tile);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp == 0)
+        for (int c = 0; c < T; ++c) tile[lane * pitch + c] = x[lane * T + c];
+    if (Bug != planted::missing_sync) __syncthreads();
+    if (warp == 1) {
+        const int rows = Bug == planted::off_by_one ? T + 1 : T;
+        float m = 0.0f;
+        for (int r = 0; r < rows; ++r) m = fmaxf(m, fabsf(tile[r * pitch + lane]));
+        amax[lane] = m;
+    }
+}
+
+/// Runs the kernel on x (T x T, row-major) and returns the column amaxes; a report of the
+/// interpreter is thrown (interpret::failure).
+template <planted Bug>
+std::vector<float> run_planted(const std::vector<float>& x) {
+    cuda::device_buffer<float> dx(x), damax(kPlantedTile);
+    damax.fill_bytes(0xFF);
+    cuda::launch("planted_column_amax_kernel", planted_column_amax_kernel<Bug>, 1, 2 * 32, 0, nullptr, dx.data(),
+                 damax.data());
+    return damax.download();
+}
+
+}  // namespace quant_device_test
+
+TEST_SUITE("interpret") {
+    TEST_CASE("the interpreter reports a missing barrier or an off-by-one in a copy of the tile kernel") {
+        using namespace quant_device_test;
+        constexpr int T = kPlantedTile;
+        auto g = octet_test::rng(5000);
+        const auto x = octet_test::with_edge_cases(g, T * T, 10.0f);
+        // without a bug: no report, and the amaxes are right
+        const auto amax = run_planted<planted::none>(x);
+        std::size_t bad = 0;
+        for (int c = 0; c < T; ++c) {
+            float m = 0.0f;
+            for (int r = 0; r < T; ++r) m = std::fmax(m, std::fabs(x[r * T + c]));
+            bad += amax[c] != m;
+        }
+        CHECK(bad == 0);
+        // warp 1 reads what warp 0 wrote with nothing ordering the two
+        CHECK_THROWS_WITH_AS(run_planted<planted::missing_sync>(x),
+                             doctest::Contains("interpret: race in kernel planted_column_amax_kernel"),
+                             octet::interpret::failure);
+        // row 32 of a 32-row tile: past the shared variable
+        CHECK_THROWS_WITH_AS(run_planted<planted::off_by_one>(x),
+                             doctest::Contains("interpret: out-of-bounds access in kernel planted_column_amax_kernel"),
+                             octet::interpret::failure);
+    }
+}
+#endif

@@ -25,6 +25,9 @@
 //   OCTET_SHARED(type, name)                 __shared__ type name;   (type may be an array: float[8][8])
 //   OCTET_SHARED_ALIGNED(type, name, align)  __shared__ __align__(align) type name;
 //   OCTET_DYNAMIC_SHARED(type, name)         extern __shared__ __align__(1024) type name[];
+//   OCTET_DYNAMIC_SHARED_ALIGNED(type, name, align)  extern __shared__ __align__(align) type name[];
+//                                            (align <= 1024; a kernel's existing alignment, kept so that its
+//                                            static shared memory is not padded up to 1024 bytes)
 //   octet::shared_ptr_t<T>                   T* on the device, interpret::sptr<T> here
 //   octet::shared_cast<U>(p)                 reinterpret_cast<U*>(p) on the device, the checked cast here
 #pragma once
@@ -51,6 +54,10 @@ using interpret::shared_cast;
                                                         (align) > alignof(type) ? (align) : alignof(type))
 #define OCTET_SHARED(type, name) OCTET_SHARED_ALIGNED(type, name, alignof(type))
 #define OCTET_DYNAMIC_SHARED(type, name) auto name = ::octet::interpret::dynamic_shared<type>()
+// The interpreter's dynamic shared memory is 1024-byte aligned, which serves any align <= 1024.
+#define OCTET_DYNAMIC_SHARED_ALIGNED(type, name, align)                                   \
+    static_assert((align) <= 1024, "dynamic shared memory is at most 1024-byte aligned"); \
+    auto name = ::octet::interpret::dynamic_shared<type>()
 
 // The toolkit's headers, when included before (octet/interpret/cuda.hpp does), define some of these.
 #undef threadIdx
@@ -306,5 +313,8 @@ struct identity {
     __shared__ __align__(align) typename ::octet::interpret::names::identity<decl_type>::type name
 #define OCTET_SHARED(decl_type, name) __shared__ typename ::octet::interpret::names::identity<decl_type>::type name
 #define OCTET_DYNAMIC_SHARED(type, name) extern __shared__ __align__(1024) type name[]
+// clang-format off
+#define OCTET_DYNAMIC_SHARED_ALIGNED(type, name, align) extern __shared__ __align__(align) type name[]
+// clang-format on
 
 #endif

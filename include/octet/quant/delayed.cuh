@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "octet/cuda/executor.cuh"
+#include "octet/cuda/launch.cuh"
 #include "octet/quant/delayed.hpp"
 #include "octet/quant/quantize.cuh"
 
@@ -45,7 +46,8 @@ public:
         : host_(c),
           history_(ex, static_cast<std::size_t>(c.history_length) * sizeof(float)),
           state_(ex, sizeof(delayed_scaling_state)) {
-        detail::delayed_init_kernel<<<1, 128, 0, ex.stream>>>(history_.as<float>(), c.history_length, state());
+        cuda::launch("delayed_init_kernel", detail::delayed_init_kernel, 1, 128, 0, ex.stream, history_.as<float>(),
+                     c.history_length, state());
         OCTET_CUDA_CHECK_LAUNCH();
     }
     /// The state on the default stream with octet's default allocator.
@@ -65,7 +67,8 @@ public:
 
     /// End of step: push the step's amax (if the tensor was quantized) and reduce the window.
     void update(stream_executor ex) {
-        detail::delayed_update_kernel<<<1, 1, 0, ex.stream>>>(history_.as<float>(), state(), host_.config());
+        cuda::launch("delayed_update_kernel", detail::delayed_update_kernel, 1, 1, 0, ex.stream, history_.as<float>(),
+                     state(), host_.config());
         OCTET_CUDA_CHECK_LAUNCH();
         if (quantized_this_step_) ++steps_with_history_;
         quantized_this_step_ = false;

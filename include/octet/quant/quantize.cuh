@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "octet/cuda/check.cuh"
@@ -32,6 +33,7 @@
 #include "octet/cuda/launch.cuh"
 #include "octet/cuda/warp.cuh"
 #include "octet/format/convert.cuh"
+#include "octet/interpret/cuda_names.hpp"
 #include "octet/quant/quantize.hpp"
 
 namespace octet {
@@ -64,6 +66,12 @@ inline constexpr int smem_pitch = kQuantTile + static_cast<int>(4 / sizeof(In));
 
 OCTET_DEVICE void atomic_max_nonneg(float* addr, float v) {
     atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
+}
+/// The same on shared memory: under the interpreter a shared pointer is a checked type of its own
+/// (octet::shared_ptr_t); under nvcc it is float* and the overload above serves it.
+template <class SharedFloatPtr, std::enable_if_t<!std::is_pointer_v<SharedFloatPtr>, int> = 0>
+OCTET_DEVICE void atomic_max_nonneg(SharedFloatPtr addr, float v) {
+    atomicMax(shared_cast<unsigned int>(addr), __float_as_uint(v));
 }
 
 /// Warp max of block_abs values that keeps a NaN (nan_policy::propagate).
@@ -99,7 +107,7 @@ struct quant_kernel_args {
 /// thread's largest finite |x|.
 template <class In>
 OCTET_DEVICE float load_tile(const In* __restrict__ x, std::size_t rows, std::size_t cols, std::size_t ld,
-                             bool vector_loads, std::size_t r0, std::size_t c0, In* tile) {
+                             bool vector_loads, std::size_t r0, std::size_t c0, shared_ptr_t<In> tile) {
     constexpr int pitch = smem_pitch<In>;
     constexpr int V = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte vector
     constexpr int vectors_per_row = kQuantTile / V;
@@ -109,7 +117,10 @@ OCTET_DEVICE float load_tile(const In* __restrict__ x, std::size_t rows, std::si
         const std::size_t gr = r0 + r, gc = c0 + cv;
         alignas(16) In v[V];
         if (gr < rows && gc + V <= cols && vector_loads) {
-            *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(x + gr * ld + gc);
+            // memcpy into v (not a store through uint4*): no type punning for a host compiler (interpret
+            // mode); nvcc makes the same register moves of it.
+            const uint4 w = *reinterpret_cast<const uint4*>(x + gr * ld + gc);
+            std::memcpy(v, &w, sizeof w);
         } else {
             OCTET_UNROLL
             for (int k = 0; k < V; ++k) v[k] = (gr < rows && gc + k < cols) ? x[gr * ld + gc + k] : In{};
@@ -123,13 +134,17 @@ OCTET_DEVICE float load_tile(const In* __restrict__ x, std::size_t rows, std::si
     return amax;
 }
 
-/// Writes four codes of lane-consecutive elements starting at copy column gc (a multiple of 4),
-/// with one 16- or 32-bit store when rows are aligned for it, else byte by byte.
+/// Writes four codes of lane-consecutive elements starting at copy column gc (a multiple of 4,
+/// below the row's ld), with one 16- or 32-bit store when rows are aligned for it, else byte by
+/// byte and only the codes below ld: in an unpadded layout ld need not be a multiple of 4, and a
+/// code past it would land in the next row's first byte (or past the end of the data).
 template <class Fmt>
-OCTET_DEVICE void store_codes4(std::uint8_t* row, std::size_t gc, const std::uint8_t (&c)[4], bool aligned) {
+OCTET_DEVICE void store_codes4(std::uint8_t* row, std::size_t gc, std::size_t ld, const std::uint8_t (&c)[4],
+                               bool aligned) {
     if (!aligned) {
         OCTET_UNROLL
-        for (int k = 0; k < 4; ++k) store_code<Fmt>(row, gc + k, c[k]);
+        for (int k = 0; k < 4; ++k)
+            if (gc + k < ld) store_code<Fmt>(row, gc + k, c[k]);
         return;
     }
     if constexpr (Fmt::bits <= 4) {
@@ -197,9 +212,9 @@ struct stats_accumulator {
 /// (Copy == 0) element (cr, cc) is tile[cr][cc], for the column-wise copy tile[cc][cr].
 /// Local mode (scale_values == null): blocks are R x C with R, C dividing 128 and C % 4 == 0.
 template <class Recipe, class In, int Copy>
-OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In* tile, std::size_t copy_r0,
+OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, shared_ptr_t<const In> tile, std::size_t copy_r0,
                                      std::size_t copy_c0, std::size_t copy_rows, std::size_t copy_cols,
-                                     float tensor_scale, float* seg_amax, float* block_S) {
+                                     float tensor_scale, shared_ptr_t<float> seg_amax, shared_ptr_t<float> block_S) {
     using Fmt = typename Recipe::format;
     constexpr int pitch = smem_pitch<In>;
     const quant_layout& L = a.layout;
@@ -208,7 +223,7 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
     const int R = static_cast<int>(L.block_rows), C = static_cast<int>(L.block_cols);
     const int segs = local ? kQuantTile / C : 0;  // blocks per tile row
     auto elem = [&](int cr, int cc) -> float {
-        return as_float(Copy == 0 ? tile[cr * pitch + cc] : tile[cc * pitch + cr]);
+        return as_float<In>(Copy == 0 ? tile[cr * pitch + cc] : tile[cc * pitch + cr]);
     };
 
     if (local) {
@@ -264,7 +279,7 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
             codes[k] = c < copy_cols ? encode_scaled<Recipe>(v, S, bits) : std::uint8_t{0};
             if (a.stats && c < copy_cols) acc.add<Fmt>(v, S, codes[k]);
         }
-        store_codes4<Fmt>(a.data + gr * L.row_bytes, gc, codes, a.aligned_rows);
+        store_codes4<Fmt>(a.data + gr * L.row_bytes, gc, L.ld, codes, a.aligned_rows);
     }
     if (a.stats) acc.flush(a.stats);
     __syncthreads();
@@ -272,11 +287,12 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, const In*
 
 template <class Recipe, class In>
 OCTET_KERNEL void __launch_bounds__(kQuantThreads) quantize_tile_kernel(quant_kernel_args<Recipe, In> p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    In* tile = reinterpret_cast<In*>(smem_raw);
-    float* seg_amax = reinterpret_cast<float*>(smem_raw + kQuantTile * smem_pitch<In> * sizeof(In));  // [128][32]
-    float* block_S = seg_amax + kQuantTile * 32;                                                      // [128][32]
-    __shared__ float cta_amax;
+    OCTET_DYNAMIC_SHARED_ALIGNED(unsigned char, smem_raw, 16);
+    const shared_ptr_t<In> tile = shared_cast<In>(smem_raw);
+    const shared_ptr_t<float> seg_amax =
+        shared_cast<float>(smem_raw + kQuantTile * smem_pitch<In> * sizeof(In));  // [128][32]
+    const shared_ptr_t<float> block_S = seg_amax + kQuantTile * 32;               // [128][32]
+    OCTET_SHARED(float, cta_amax);
 
     const std::size_t r0 = static_cast<std::size_t>(blockIdx.y) * kQuantTile,
                       c0 = static_cast<std::size_t>(blockIdx.x) * kQuantTile;
@@ -315,10 +331,10 @@ OCTET_KERNEL void __launch_bounds__(kQuantThreads)
     block_amax_kernel(const In* __restrict__ x, std::size_t rows, std::size_t cols, std::size_t ld, bool vector_loads,
                       float* grid0, std::size_t R0, std::size_t C0, std::size_t sc0, float* grid1, std::size_t R1,
                       std::size_t C1, std::size_t sc1, float* tensor_amax) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    In* tile = reinterpret_cast<In*>(smem_raw);
+    OCTET_DYNAMIC_SHARED_ALIGNED(unsigned char, smem_raw, 16);
+    const shared_ptr_t<In> tile = shared_cast<In>(smem_raw);
     constexpr int kLocal = 4096;
-    __shared__ float local[kLocal];
+    OCTET_SHARED(float[kLocal], local);
     constexpr int pitch = smem_pitch<In>;
     const std::size_t r0 = static_cast<std::size_t>(blockIdx.y) * kQuantTile,
                       c0 = static_cast<std::size_t>(blockIdx.x) * kQuantTile;
@@ -347,7 +363,7 @@ OCTET_KERNEL void __launch_bounds__(kQuantThreads)
             const int tr = idx / kQuantTile, tc = idx % kQuantTile;
             const std::size_t gi = r0 + tr, gj = c0 + tc;
             if (gi >= rows || gj >= cols) continue;
-            const float x_abs = fabsf(as_float(tile[tr * pitch + tc]));
+            const float x_abs = fabsf(as_float<In>(tile[tr * pitch + tc]));
             const float v = PropagateNan && x_abs != x_abs ? __uint_as_float(0x7FFFFFFFu) : finite_abs(x_abs);
             if (v == 0.0f) continue;
             const std::size_t ci = copy == 0 ? gi : gj, cj = copy == 0 ? gj : gi;
@@ -464,9 +480,9 @@ void quantize_device(const stream_executor& ex, matrix_ref<const In> x, const qu
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile_bytes)));
         const quant_layout& L0 = row_out.layout;
         const quant_layout& L1 = col_out.layout;
-        kernel<<<grid, kQuantThreads, tile_bytes, stream>>>(
-            x.data, rows, cols, x.ld, vector_loads, amax_grid[0], L0.block_rows, L0.block_cols, L0.scale_cols,
-            amax_grid[1], L1.block_rows, L1.block_cols, L1.scale_cols, measure_tensor ? measured_tensor_amax : nullptr);
+        cuda::launch("block_amax_kernel", kernel, grid, kQuantThreads, tile_bytes, stream, x.data, rows, cols, x.ld,
+                     vector_loads, amax_grid[0], L0.block_rows, L0.block_cols, L0.scale_cols, amax_grid[1],
+                     L1.block_rows, L1.block_cols, L1.scale_cols, measure_tensor ? measured_tensor_amax : nullptr);
         OCTET_CUDA_CHECK_LAUNCH();
     }
     const float* tensor_amax = measured_tensor_amax;
@@ -475,8 +491,9 @@ void quantize_device(const stream_executor& ex, matrix_ref<const In> x, const qu
         if (!grid_elems[c]) continue;
         const quantized_ref<Recipe>& q = *outs[c];
         OCTET_CUDA_CHECK(cudaMemsetAsync(q.scales, 0, q.layout.scale_bytes, stream));
-        block_scales_from_amax_kernel<Recipe><<<cuda::grid_stride_blocks(grid_elems[c], 256), 256, 0, stream>>>(
-            amax_grid[c], tensor_amax, Recipe::is_per_tensor, q.layout, q.scales, value_grid[c], q.tensor_scale);
+        cuda::launch("block_scales_from_amax_kernel", block_scales_from_amax_kernel<Recipe>,
+                     cuda::grid_stride_blocks(grid_elems[c], 256), 256, 0, stream, amax_grid[c], tensor_amax,
+                     Recipe::is_per_tensor, q.layout, q.scales, value_grid[c], q.tensor_scale);
         OCTET_CUDA_CHECK_LAUNCH();
     }
 
@@ -507,7 +524,7 @@ void quantize_device(const stream_executor& ex, matrix_ref<const In> x, const qu
     const std::size_t smem = tile_bytes + 2 * kQuantTile * 32 * sizeof(float);
     auto kernel = quantize_tile_kernel<Recipe, In>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<grid, kQuantThreads, smem, stream>>>(p);
+    cuda::launch("quantize_tile_kernel", kernel, grid, kQuantThreads, smem, stream, p);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -602,8 +619,9 @@ void dequantize(stream_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref
     cuda::require_device_accessible(out.data, fn, "out");
     detail::require_device_copy(q, fn, "q");
     const std::size_t work = q.rows() * ((q.cols() + 3) / 4);
-    detail::dequantize_matrix_kernel<Recipe, O><<<cuda::grid_stride_blocks(work, 256), 256, 0, ex.stream>>>(
-        q, out.data, out.ld, out.order == storage_order::col_major);
+    cuda::launch("dequantize_matrix_kernel", detail::dequantize_matrix_kernel<Recipe, O>,
+                 cuda::grid_stride_blocks(work, 256), 256, 0, ex.stream, q, out.data, out.ld,
+                 out.order == storage_order::col_major);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
