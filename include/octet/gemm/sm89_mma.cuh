@@ -83,8 +83,10 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
             const std::uint32_t ga = m0 + row, gb = n0 + row;
             const std::uint8_t* srca = ga < M && kbytes ? p.a + static_cast<std::size_t>(ga) * p.a_row_bytes + k : p.a;
             const std::uint8_t* srcb = gb < N && kbytes ? p.b + static_cast<std::size_t>(gb) * p.b_row_bytes + k : p.b;
-            cp_async_16(smem_u32(As + (stage * kSm89BM + row) * kSm89Pitch + kc), srca, ga < M ? kbytes : 0u);
-            cp_async_16(smem_u32(Bs + (stage * kSm89BN + row) * kSm89Pitch + kc), srcb, gb < N ? kbytes : 0u);
+            cp_async_16(ptx::shared_address(As + (stage * kSm89BM + row) * kSm89Pitch + kc), srca,
+                        ga < M ? kbytes : 0u);
+            cp_async_16(ptx::shared_address(Bs + (stage * kSm89BN + row) * kSm89Pitch + kc), srcb,
+                        gb < N ? kbytes : 0u);
         }
     };
 

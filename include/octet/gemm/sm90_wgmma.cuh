@@ -273,8 +273,8 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     const std::uint32_t wg = tid / 128;
     if (tid == 0) {
         for (int s = 0; s < S; ++s) {
-            mbar_init(smem_u32(full + s), 128);                  // every producer thread arrives
-            mbar_init(smem_u32(empty + s), Cfg::consumers * 4);  // one arrival per consumer warp
+            mbar_init(ptx::shared_address(full + s), 128);                  // every producer thread arrives
+            mbar_init(ptx::shared_address(empty + s), Cfg::consumers * 4);  // one arrival per consumer warp
         }
         mbar_fence_init();
     }
@@ -295,13 +295,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
             const std::uint32_t m0 = mb * BM, n0 = nb * BN;
             for (std::uint32_t kb = 0; kb < p.num_kb; ++kb) {
-                mbar_wait(smem_u32(empty + stage), phase ^ 1u);
-                const std::uint32_t bar = smem_u32(full + stage);
+                mbar_wait(ptx::shared_address(empty + stage), phase ^ 1u);
+                const std::uint32_t bar = ptx::shared_address(full + stage);
                 if (ptid == 0) {
-                    tma_load_2d(smem_u32(sA + stage * Cfg::a_stage_bytes), &tma_a, static_cast<std::int32_t>(kb * BK),
-                                static_cast<std::int32_t>(m0), bar);
-                    tma_load_2d(smem_u32(sB + stage * Cfg::b_stage_bytes), &tma_b, static_cast<std::int32_t>(kb * BK),
-                                static_cast<std::int32_t>(n0), bar);
+                    tma_load_2d(ptx::shared_address(sA + stage * Cfg::a_stage_bytes), &tma_a,
+                                static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(m0), bar);
+                    tma_load_2d(ptx::shared_address(sB + stage * Cfg::b_stage_bytes), &tma_b,
+                                static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
                 }
                 const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
                 const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
@@ -343,7 +343,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             OCTET_UNROLL
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
             for (std::uint32_t kb = 0; kb < p.num_kb; ++kb) {
-                mbar_wait(smem_u32(full + stage), phase);
+                mbar_wait(ptx::shared_address(full + stage), phase);
                 const float sa0 = sSA[stage * BM + wg * 64 + row_in_wg];
                 const float sa1 = sSA[stage * BM + wg * 64 + row_in_wg + 8];
                 float sb[kScalarB ? 1 : BN / 4];
@@ -357,8 +357,9 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                         sb[2 * j + 1] = v.y;
                     }
                 }
-                const std::uint64_t da = sm90_smem_desc(smem_u32(sA + stage * Cfg::a_stage_bytes + wg * 64 * BK));
-                const std::uint64_t db = sm90_smem_desc(smem_u32(sB + stage * Cfg::b_stage_bytes));
+                const std::uint64_t da =
+                    sm90_smem_desc(ptx::shared_address(sA + stage * Cfg::a_stage_bytes + wg * 64 * BK));
+                const std::uint64_t db = sm90_smem_desc(ptx::shared_address(sB + stage * Cfg::b_stage_bytes));
                 OCTET_UNROLL
                 for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
                 wgmma_fence();
@@ -372,7 +373,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 OCTET_UNROLL
                 for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
                 __syncwarp();
-                if (lane == 0) mbar_arrive(smem_u32(empty + stage));  // this warp is done with the stage
+                if (lane == 0) mbar_arrive(ptx::shared_address(empty + stage));  // this warp is done with the stage
                 // promotion: acc += frag * (sA * sB)
                 if constexpr (kScalarB) {
                     const float s0 = sa0 * sb[0], s1 = sa1 * sb[0];

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "octet/attention/detail/fragments.hpp"
+#include "octet/cuda/ptx.cuh"
 #include "octet/format/float_format.hpp"
 
 namespace octet {
@@ -44,14 +45,10 @@ constexpr int kTile = 64;      // queries or keys per tile (attn::tile_size)
 using attn_frag::perm_pos;
 using attn_frag::swz;
 
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // ---- cp.async ---------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ptx::shared_address(smem)), "l"(gmem),
                  "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -87,7 +84,7 @@ __device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t add
 template <int RowBytes>
 __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const std::uint8_t* tile, int row0, int ks, int lane) {
     const attn_frag::row_chunk rc = attn_frag::a_address(lane, row0, ks);
-    ldsm_x4(a, smem_addr(tile + swz<RowBytes>(rc.row, rc.chunk)));
+    ldsm_x4(a, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
 }
 
 /// B fragments of two n8 tiles (columns n0..n0+15 = tile rows, k-step ks) of a tile with k contiguous:
@@ -96,7 +93,7 @@ template <int RowBytes>
 __device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int ks, int lane) {
     const attn_frag::row_chunk rc = attn_frag::b2_address(lane, n0, ks);
     std::uint32_t r[4];
-    ldsm_x4(r, smem_addr(tile + swz<RowBytes>(rc.row, rc.chunk)));
+    ldsm_x4(r, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
     b[0][0] = r[0];
     b[0][1] = r[1];
     b[1][0] = r[2];
@@ -108,7 +105,7 @@ __device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], const std::uin
 __device__ __forceinline__ void load_bt(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int lane) {
     const attn_frag::row_chunk rc = attn_frag::bt_address(lane, n0);
     std::uint32_t r[4];
-    ldsm_x4(r, smem_addr(tile + swz<64>(rc.row, rc.chunk)));
+    ldsm_x4(r, ptx::shared_address(tile + swz<64>(rc.row, rc.chunk)));
     b[0][0] = r[0];
     b[0][1] = r[1];
     b[1][0] = r[2];

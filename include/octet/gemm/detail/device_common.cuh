@@ -12,6 +12,7 @@
 
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/launch.cuh"
+#include "octet/cuda/ptx.cuh"
 #include "octet/format/convert.cuh"
 #include "octet/gemm/scaled_gemm.hpp"
 
@@ -171,10 +172,6 @@ void require_device_matrix(const matrix_ref<T>& m, const char* fn, const char* a
 }
 
 // ---- PTX helpers shared by the kernels ------------------------------------------------------------
-
-OCTET_DEVICE std::uint32_t smem_u32(const void* p) {
-    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
 
 /// 16-byte async copy global -> shared with zero fill of the bytes past `src_bytes` (0..16).
 OCTET_DEVICE void cp_async_16(std::uint32_t dst, const void* src, std::uint32_t src_bytes) {
