@@ -29,6 +29,7 @@
 #include <cuda.h>          // CUtensorMap and its enums (header only: octet does not link libcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
+#include "octet/cuda/ptx.cuh"
 #include "octet/gemm/detail/device_common.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -42,38 +43,35 @@ namespace detail {
 
 // ---- PTX wrappers (sm_90a) -------------------------------------------------------------------------
 
+// The mbarrier, TMA and setmaxnreg instructions are octet::ptx's (octet/cuda/ptx.cuh); these names
+// keep the kernel's spelling, and emit nothing outside the sm_90a device pass.
 OCTET_DEVICE void mbar_init(std::uint32_t bar, std::uint32_t count) {
 #if OCTET_SM90A
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+    ptx::mbarrier_init(bar, count);
 #endif
 }
 OCTET_DEVICE void mbar_fence_init() {
 #if OCTET_SM90A
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    ptx::fence_mbarrier_init();
 #endif
 }
 OCTET_DEVICE void mbar_arrive(std::uint32_t bar) {
 #if OCTET_SM90A
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+    ptx::mbarrier_arrive(bar);
 #endif
 }
 OCTET_DEVICE void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
 #if OCTET_SM90A
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    ptx::mbarrier_arrive_expect_tx(bar, bytes);
 #endif
 }
 /// Waits until the phase of parity `parity` has completed. Traps after about 2^35 clocks.
 OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
 #if OCTET_SM90A
-    std::uint32_t done = 0, spins = 0;
+    std::uint32_t spins = 0;
     long long start = 0;
     while (true) {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-        if (done) break;
+        if (ptx::mbarrier_try_wait_parity(bar, parity)) break;
         if ((++spins & 0x3FFu) == 0) {
             const long long now = clock64();
             if (start == 0)
@@ -87,28 +85,24 @@ OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
 OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t inner, std::int32_t outer,
                               std::uint32_t bar) {
 #if OCTET_SM90A
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-            "r"(dst),
-        "l"(reinterpret_cast<std::uint64_t>(map)), "r"(inner), "r"(outer), "r"(bar)
-        : "memory");
+    ptx::tma_load_2d(dst, map, inner, outer, bar);
 #endif
 }
 OCTET_DEVICE void tma_prefetch_map(const CUtensorMap* map) {
 #if OCTET_SM90A
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+    ptx::prefetch_tensormap(map);
 #endif
 }
 template <int N>
 OCTET_DEVICE void setmaxnreg_inc() {
 #if OCTET_SM90A
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+    ptx::setmaxnreg_inc<N>();
 #endif
 }
 template <int N>
 OCTET_DEVICE void setmaxnreg_dec() {
 #if OCTET_SM90A
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+    ptx::setmaxnreg_dec<N>();
 #endif
 }
 OCTET_DEVICE void wgmma_fence() {

@@ -32,6 +32,11 @@
 //     of the warp size; warp-synchronous instructions whose member masks or operations disagree, that
 //     are executed by a thread outside its mask, or whose source lane lies outside the mask;
 //   - deadlock: every live fiber of a block is blocked (e.g. `bar.sync 1, 128` reached by 64 threads);
+//   - mbarriers (ptx::mbarrier_*, the models in ptx_models.hpp): use before init, misalignment, more
+//     arrivals than a phase holds, a tx-count left negative (mbarrier_misuse); a completed phase orders
+//     its arrivals (and TMA copies) before its waiters; a wait that cannot end is a deadlock. TMA
+//     (cp.async.bulk.tensor) with maps from the interpret runtime's cuTensorMapEncodeTiled, and
+//     setmaxnreg's warpgroup-collective use (async_proxy). fence.proxy.async is not checked;
 //   - out-of-bounds global accesses past the end of a guarded_buffer (an inaccessible page after it:
 //     the fault becomes a report), and fiber stack overflows (the guard page below each stack).
 //   Other global memory is ordinary host memory: its accesses are not checked.
@@ -141,6 +146,8 @@ enum class check {
     deadlock,            ///< every live thread of a block is blocked
     launch_config,       ///< the launch's grid, block or shared size is not launchable
     trap,                ///< the kernel executed trap (__trap): on the device, the launch fails
+    mbarrier_misuse,     ///< an mbarrier used before init, misaligned, over-arrived or over-completed
+    async_proxy,         ///< an asynchronous-proxy instruction misused (tensor map, TMA, setmaxnreg)
 };
 inline const char* to_string(check c) {
     switch (c) {
@@ -164,6 +171,10 @@ inline const char* to_string(check c) {
             return "launch configuration";
         case check::trap:
             return "trap";
+        case check::mbarrier_misuse:
+            return "mbarrier misuse";
+        case check::async_proxy:
+            return "async-proxy misuse";
     }
     return "?";
 }

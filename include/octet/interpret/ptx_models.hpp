@@ -5,7 +5,11 @@
 // checks see them as that lane's accesses.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap, cuTensorMapEncodeTiled's enums (the toolkit's header; nothing is linked)
+
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include "octet/interpret/interpret.hpp"
 
@@ -20,10 +24,272 @@ namespace model {
 // ---- cp.async ---------------------------------------------------------------------------------------
 
 // ---- mbarrier ---------------------------------------------------------------------------------------
+// PTX ISA, mbarrier: an 8-byte shared object with a phase, a pending arrival count and a tx-count.
+// init(count): phase 0, `count` arrivals pending, tx-count 0. arrive: one arrival (release);
+// expect_tx(b): tx-count += b; complete_tx(b) (from an asynchronous copy): tx-count -= b. The phase
+// completes when the pending arrivals and the tx-count are both zero: the parity flips and the counts
+// reset. try_wait.parity(P) succeeds once the phase of parity P has completed, i.e. while the current
+// phase has parity !P (a fresh barrier is in phase 0, so a wait for parity 1 succeeds at once); the
+// successful wait acquires what the completed phase's arrivals released. Reports (mbarrier_misuse): use
+// before init, an address not 8-byte aligned, an arrival when the phase has all its arrivals, and a
+// tx-count still negative when the last arrival is in (more bytes completed than expected: a copy
+// completing before its expect_tx is legal, the tx-count is only checked once the arrivals are all
+// in). A wait that nothing can end (wrong parity, missing arrival, too few bytes) is a deadlock report.
+
+inline void mbarrier_init(std::uint32_t bar, std::uint32_t count, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE()) {
+    detail::running("mbarrier.init").mbar_init(bar, count, detail::site{file, line});
+}
+/// fence.mbarrier_init: nothing to do here; the init is a plain write of the object, so an arrival
+/// not ordered after it (by the __syncthreads that follows the fence) is reported as a race.
+inline void fence_mbarrier_init() {}
+inline void mbarrier_arrive(std::uint32_t bar, std::uint32_t tx_bytes, bool expect_tx,
+                            const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::running("mbarrier.arrive").mbar_arrive(bar, tx_bytes, expect_tx, detail::site{file, line});
+}
+inline bool mbarrier_try_wait_parity(std::uint32_t bar, std::uint32_t parity, const char* file = __builtin_FILE(),
+                                     int line = __builtin_LINE()) {
+    return detail::running("mbarrier.try_wait").mbar_wait(bar, parity, detail::site{file, line});
+}
 
 // ---- cp.async.bulk.tensor (TMA), prefetch.tensormap -------------------------------------------------
+// A CUtensorMap is opaque to kernels: in interpret mode the runtime's cuTensorMapEncodeTiled
+// (tensor_map_encode_tiled, reached through cudaGetDriverEntryPointByVersion) validates its arguments
+// as the driver documents them and stores this description in the 128 bytes.
+struct tensor_map_desc {
+    std::uint32_t magic;                                                              // kTensorMapMagic: encoded here
+    std::uint8_t rank, element_bytes, swizzle_bytes, interleave, oob_nan, data_type;  // swizzle 0/32/64/128
+    std::uint16_t box[5];
+    std::uint8_t element_strides[5];
+    std::uint64_t base, dims[5], strides[4];  // strides: globalStrides (bytes) of dimensions 1..4
+};
+static_assert(sizeof(tensor_map_desc) <= sizeof(CUtensorMap), "the description fits in a CUtensorMap");
+inline constexpr std::uint32_t kTensorMapMagic = 0x0C7E7A3Bu;
+
+/// The element size of a tensor map data type, 0 for the packed sub-byte types (not modelled).
+inline std::uint32_t tensor_map_element_bytes(CUtensorMapDataType t) {
+    switch (t) {
+        case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+            return 1;
+        case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+        case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+        case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+            return 2;
+        case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+        case CU_TENSOR_MAP_DATA_TYPE_INT32:
+        case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+        case CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ:
+        case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
+        case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ:
+            return 4;
+        case CU_TENSOR_MAP_DATA_TYPE_UINT64:
+        case CU_TENSOR_MAP_DATA_TYPE_INT64:
+        case CU_TENSOR_MAP_DATA_TYPE_FLOAT64:
+            return 8;
+        default:
+            return 0;
+    }
+}
+
+/// cuTensorMapEncodeTiled with the driver's documented argument rules (CUDA driver API, "Tensor Map
+/// Object Management"): rank 1..5 (3..5 when interleaved); globalAddress 16-byte aligned (32 with
+/// 32-byte interleave); globalDim[i] in 1..2^32; globalStrides[i] multiples of 16 below 2^40 (and
+/// each at least the previous dimension's extent in bytes); boxDim[i] in 1..256, boxDim[0] *
+/// element size a multiple of 16 bytes when not interleaved; elementStrides[i] in 1..8; with
+/// interleave NONE and a swizzle, the inner box extent in bytes at most the swizzle span; 32-byte
+/// interleave only with the 32-byte swizzle; NaN out-of-bounds fill only for floating-point types.
+/// CUDA_ERROR_INVALID_VALUE otherwise.
+inline CUresult tensor_map_encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                        const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                        const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                        CUtensorMapSwizzle swizzle, CUtensorMapL2promotion /*l2: a hint*/,
+                                        CUtensorMapFloatOOBfill oob) {
+    const std::uint32_t eb = tensor_map_element_bytes(type);
+    if (!map || !address || !dims || !box || !element_strides || eb == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (rank < 1 || rank > 5 || (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE && rank < 3))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (rank > 1 && !strides) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t align = interleave == CU_TENSOR_MAP_INTERLEAVE_32B ? 32 : 16;
+    if (reinterpret_cast<std::uintptr_t>(address) % align != 0) return CUDA_ERROR_INVALID_VALUE;
+    for (cuuint32_t i = 0; i < rank; ++i) {
+        if (dims[i] == 0 || dims[i] > (1ull << 32)) return CUDA_ERROR_INVALID_VALUE;
+        if (box[i] == 0 || box[i] > 256) return CUDA_ERROR_INVALID_VALUE;
+        if (element_strides[i] == 0 || element_strides[i] > 8) return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::uint64_t extent = dims[0] * eb;  // bytes spanned by dimensions 0..i
+    for (cuuint32_t i = 0; i + 1 < rank; ++i) {
+        if (strides[i] % align != 0 || strides[i] >= (1ull << 40) || strides[i] < extent)
+            return CUDA_ERROR_INVALID_VALUE;
+        extent = strides[i] * dims[i + 1];
+    }
+    std::uint32_t span = 0;
+    switch (swizzle) {
+        case CU_TENSOR_MAP_SWIZZLE_NONE:
+            break;
+        case CU_TENSOR_MAP_SWIZZLE_32B:
+            span = 32;
+            break;
+        case CU_TENSOR_MAP_SWIZZLE_64B:
+            span = 64;
+            break;
+        case CU_TENSOR_MAP_SWIZZLE_128B:
+            span = 128;
+            break;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;  // the 128B atom variants are not modelled
+    }
+    if (interleave == CU_TENSOR_MAP_INTERLEAVE_NONE) {
+        if (box[0] * eb % 16 != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (span && box[0] * eb > span) return CUDA_ERROR_INVALID_VALUE;
+    } else if (interleave == CU_TENSOR_MAP_INTERLEAVE_32B && span != 32) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    const bool is_float = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT16 || type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ||
+                          type == CU_TENSOR_MAP_DATA_TYPE_FLOAT64 || type == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 ||
+                          type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ || type == CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 ||
+                          type == CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ;
+    if (oob == CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA && !is_float) return CUDA_ERROR_INVALID_VALUE;
+    tensor_map_desc d{};
+    d.magic = kTensorMapMagic;
+    d.rank = static_cast<std::uint8_t>(rank);
+    d.element_bytes = static_cast<std::uint8_t>(eb);
+    d.swizzle_bytes = static_cast<std::uint8_t>(span);
+    d.interleave = static_cast<std::uint8_t>(interleave);
+    d.oob_nan = oob == CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA;
+    d.data_type = static_cast<std::uint8_t>(type);
+    d.base = reinterpret_cast<std::uintptr_t>(address);
+    for (cuuint32_t i = 0; i < rank; ++i) {
+        d.dims[i] = dims[i];
+        d.box[i] = static_cast<std::uint16_t>(box[i]);
+        d.element_strides[i] = static_cast<std::uint8_t>(element_strides[i]);
+        if (i > 0) d.strides[i - 1] = strides[i - 1];
+    }
+    std::memset(map, 0, sizeof(CUtensorMap));
+    std::memcpy(map, &d, sizeof d);
+    return CUDA_SUCCESS;
+}
+
+/// The shared-memory byte offset at which a swizzled copy puts logical byte `offset` of the box (row
+/// after row, from a destination aligned to the pattern's repeat): the swizzle permutes 16-byte
+/// chunks by XORing the chunk index (address bits 4..) with the index of the 128-byte line (address
+/// bits 7..), both taken modulo span / 16: 128B XORs bits 4-6 with bits 7-9 (for 128-byte rows,
+/// chunk ^= row % 8; the pattern repeats every 1024 bytes), 64B bits 4-5 with bits 7-8 (repeat 512),
+/// 32B bit 4 with bit 7 (repeat 256) (CUDA programming guide, "Tensor Memory Access", the swizzle
+/// patterns; PTX ISA, "Tensor swizzling modes").
+inline std::uint32_t tma_swizzle(std::uint32_t offset, std::uint32_t span) {
+    if (span == 0) return offset;
+    const std::uint32_t mask = span / 16 - 1;  // 7, 3, 1: the chunk bits
+    return offset ^ (((offset >> 7) & mask) << 4);
+}
+
+/// cp.async.bulk.tensor.2d global -> shared with complete_tx on an mbarrier, issued by one thread:
+/// the box of boxDim[1] rows of boxDim[0] elements at element coordinates (c0, c1) lands row after
+/// row (rows boxDim[0] * element bytes long) at dst, swizzled; elements outside the tensor (either
+/// coordinate negative or past globalDim) are zero (the FLOAT_OOB_FILL_NONE fill; NaN fill is not
+/// modelled). The writes are the issuing thread's (checked, attributed to it), made at issue; the
+/// copy then completes its bytes on the mbarrier, which releases them to the phase's waiters.
+inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::uint32_t bar,
+                        const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::machine& m = detail::running("cp.async.bulk.tensor");
+    const detail::site at{file, line};
+    const unsigned tid = m.current->tid;
+    const std::string what = "cp.async.bulk.tensor.2d at " + detail::to_string(at);
+    tensor_map_desc d{};
+    std::memcpy(&d, map, sizeof d);
+    if (d.magic != kTensorMapMagic)
+        m.emit(m.make(check::async_proxy, tid, "",
+                      what + ": the tensor map was not made by cuTensorMapEncodeTiled (interpret mode's)"),
+               true);
+    if (d.rank != 2 || d.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE || d.element_strides[0] != 1 ||
+        d.element_strides[1] != 1 || d.oob_nan)
+        m.emit(m.make(check::async_proxy, tid, "",
+                      what + ": the model covers rank-2 maps without interleave, element strides or NaN fill (rank " +
+                          std::to_string(d.rank) + ")"),
+               true);
+    const std::uint32_t align = d.swizzle_bytes ? 8u * d.swizzle_bytes : 128u;  // the swizzle pattern's repeat
+    if (dst % align != 0)
+        m.emit(m.make(check::async_proxy, tid, m.describe(dst, -1),
+                      what + ": the shared destination must be " + std::to_string(align) + "-byte aligned" +
+                          (d.swizzle_bytes ? " (the ISA asks 128; the model asks the swizzle pattern's repeat, as "
+                                             "the hardware derives the pattern from address bits)"
+                                           : "")),
+               true);
+    const std::uint32_t row_bytes = std::uint32_t{d.box[0]} * d.element_bytes, rows = d.box[1],
+                        bytes = row_bytes * rows;
+    std::size_t window = 0;
+    std::uint8_t* const base = detail::shared_window(&window);
+    std::uint8_t chunk[16];
+    for (std::uint32_t r = 0; r < rows; ++r) {
+        const long long y = static_cast<long long>(c1) + r;
+        for (std::uint32_t b = 0; b < row_bytes; b += 16) {
+            for (std::uint32_t i = 0; i < 16; i += d.element_bytes) {
+                const long long x = static_cast<long long>(c0) + (b + i) / d.element_bytes;
+                const bool inside = x >= 0 && y >= 0 && static_cast<unsigned long long>(x) < d.dims[0] &&
+                                    static_cast<unsigned long long>(y) < d.dims[1];
+                if (inside)
+                    std::memcpy(chunk + i,
+                                reinterpret_cast<const std::uint8_t*>(
+                                    static_cast<std::uintptr_t>(d.base + static_cast<std::uint64_t>(y) * d.strides[0] +
+                                                                static_cast<std::uint64_t>(x) * d.element_bytes)),
+                                d.element_bytes);
+                else
+                    std::memset(chunk + i, 0, d.element_bytes);
+            }
+            const std::uint32_t off = dst + tma_swizzle(r * row_bytes + b, d.swizzle_bytes);
+            if (detail::shared_access(base + off, 16, detail::access::write, -1)) std::memcpy(base + off, chunk, 16);
+        }
+    }
+    m.mbar_complete_tx(bar, bytes, "cp.async.bulk.tensor complete_tx", at);
+}
+/// prefetch.tensormap: a cache hint; the model checks that the map is one.
+inline void prefetch_tensormap(const CUtensorMap* map, const char* file = __builtin_FILE(),
+                               int line = __builtin_LINE()) {
+    tensor_map_desc d{};
+    std::memcpy(&d, map, sizeof d);
+    if (d.magic != kTensorMapMagic) {
+        detail::machine& m = detail::running("prefetch.tensormap");
+        m.emit(m.make(check::async_proxy, m.current->tid, "",
+                      "prefetch.tensormap at " + detail::to_string(detail::site{file, line}) +
+                          ": not a tensor map made by cuTensorMapEncodeTiled"),
+               true);
+    }
+}
 
 // ---- fence.proxy.async, setmaxnreg ------------------------------------------------------------------
+// fence.proxy.async: not checked. The asynchronous proxy's shared-memory readers (wgmma operands, TMA
+// stores) need generic writes fenced before them; the model's only async-proxy access is the TMA load,
+// whose writes reach generic readers through the mbarrier (which orders them, no fence needed), so the
+// fence is a no-op here and a missing one is not reported.
+inline void fence_proxy_async_shared() {}
+
+/// setmaxnreg.{inc,dec}.sync.aligned: warpgroup-collective. Each warp executes it convergently (a full
+/// warp collective: every lane, the same operand), and the k-th setmaxnreg of the 4 warps of a
+/// warpgroup must agree; a warp of the warpgroup that never executes it is reported when the block
+/// ends. Registers themselves are not modelled.
+inline void setmaxnreg(std::uint32_t n, bool inc, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    struct in_t {
+        std::uint32_t n;
+    };
+    struct out_t {
+        bool agree;
+    };
+    const char* name = inc ? "setmaxnreg.inc" : "setmaxnreg.dec";
+    const out_t r = warp_exchange<in_t, out_t>(
+        name, 0xFFFFFFFFu, in_t{n},
+        [](const in_t* const* ins, out_t* const* outs) {
+            bool agree = true;
+            for (int l = 0; l < 32; ++l) agree = agree && ins[l]->n == ins[0]->n;
+            for (int l = 0; l < 32; ++l) outs[l]->agree = agree;
+        },
+        file, line);
+    detail::machine& m = detail::running(name);
+    const detail::site at{file, line};
+    if (!r.agree)
+        m.emit(m.make(check::async_proxy, m.current->tid, "",
+                      std::string(name) + " at " + detail::to_string(at) + ": the lanes of the warp disagree on N"),
+               true);
+    if (m.current->tid % 32 == 0) m.setmaxnreg(n, inc, at);
+}
 
 // ---- wgmma ------------------------------------------------------------------------------------------
 

@@ -10,8 +10,10 @@
 // interpreter inside octet::cuda::launch), so a copy or a synchronization never waits. Launch failures
 // and the interpreter's reports are thrown (interpret::failure, an octet::error), not left for
 // cudaGetLastError. cudaPointerGetAttributes says "device" exactly for the allocations made here.
-// Graphs, events' timing, peer access and the driver API are not modelled: calling them does not compile
-// or does not link in interpret mode. Without OCTET_INTERPRET (or under nvcc) this header is empty.
+// cudaGetDriverEntryPoint[ByVersion] finds one driver function, the model's cuTensorMapEncodeTiled
+// (interpret/ptx_models.hpp). Graphs, events' timing, peer access and the rest of the driver API are not modelled:
+// calling them does not compile or does not link in interpret mode. Without OCTET_INTERPRET (or under nvcc) this header
+// is empty.
 #pragma once
 
 #if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
@@ -26,6 +28,7 @@
 #include <string>
 
 #include "octet/interpret/interpret.hpp"
+#include "octet/interpret/ptx_models.hpp"
 
 namespace octet {
 namespace interpret {
@@ -215,6 +218,22 @@ cudaError_t cuda_func_set_attribute(F* kernel, cudaFuncAttribute attr, int value
     return cudaSuccess;
 }
 
+/// The driver entry points a program may look up: cuTensorMapEncodeTiled (the model's, which stores its
+/// own description in the map for the TMA model). Any other symbol is not found.
+inline cudaError_t cuda_get_driver_entry_point_by_version(const char* symbol, void** fn, unsigned /*version*/,
+                                                          unsigned long long /*flags*/,
+                                                          cudaDriverEntryPointQueryResult* status = nullptr) {
+    if (!symbol || !fn) return cudaErrorInvalidValue;
+    const bool known = std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0;
+    *fn = known ? reinterpret_cast<void*>(&model::tensor_map_encode_tiled) : nullptr;
+    if (status) *status = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
+}
+inline cudaError_t cuda_get_driver_entry_point(const char* symbol, void** fn, unsigned long long flags,
+                                               cudaDriverEntryPointQueryResult* status = nullptr) {
+    return cuda_get_driver_entry_point_by_version(symbol, fn, 12000, flags, status);
+}
+
 inline const char* cuda_get_error_name(cudaError_t e) {
     switch (e) {
         case cudaSuccess:
@@ -295,4 +314,8 @@ inline const char* cuda_get_error_string(cudaError_t e) {
 #define cudaGetErrorName ::octet::interpret::runtime::cuda_get_error_name
 #undef cudaGetErrorString
 #define cudaGetErrorString ::octet::interpret::runtime::cuda_get_error_string
+#undef cudaGetDriverEntryPointByVersion
+#define cudaGetDriverEntryPointByVersion ::octet::interpret::runtime::cuda_get_driver_entry_point_by_version
+#undef cudaGetDriverEntryPoint
+#define cudaGetDriverEntryPoint ::octet::interpret::runtime::cuda_get_driver_entry_point
 #endif  // OCTET_INTERPRET

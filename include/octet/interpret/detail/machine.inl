@@ -242,8 +242,9 @@ struct fiber {
     bool started = false, done = false, ready = false, abort = false;
     std::vector<std::uint32_t> vc;  // vector clock over the block's threads
     std::exception_ptr error;
-    enum class wait { none, barrier, warp } waiting = wait::none;
+    enum class wait { none, barrier, warp, mbarrier } waiting = wait::none;
     unsigned bar_id = 0;
+    std::uint32_t mbar = 0, mbar_parity = 0;  // wait::mbarrier: its shared address and the awaited parity
     site at;
     site last_sync;            // the barrier or warp collective this thread passed last (for reports)
     std::uintptr_t fault = 0;  // the address of a fault that ended this fiber
@@ -258,6 +259,26 @@ struct barrier_state {
     std::vector<unsigned> waiters, arrivals;
     std::vector<site> sites;  // per arrival
     std::vector<std::uint32_t> vc;
+};
+
+/// An mbarrier object (PTX ISA, mbarrier): the interpreter keeps its state beside the 8 shared bytes it
+/// occupies (which init writes and every other operation touches atomically, so plain accesses that
+/// race with it are reported).
+struct mbarrier_state {
+    std::uint32_t count = 0, pending = 0;   // expected arrivals per phase, arrivals still missing
+    long long tx = 0;                       // transaction bytes expected minus completed, this phase
+    std::uint64_t phase = 0;                // completed phases: the current phase's parity is phase & 1
+    std::vector<std::uint32_t> vc;          // released by this phase's arrivals and completions
+    std::vector<std::uint32_t> done_vc[2];  // what the last completed phase of each parity released
+    site init_at;
+    std::vector<unsigned> waiters;
+};
+/// One setmaxnreg of a warp: the k-th of each warp of a warpgroup must agree (warpgroup-collective).
+struct maxnreg_op {
+    std::uint32_t n = 0;
+    bool inc = false;
+    unsigned warps = 0;  // bit w: warp w of the warpgroup executed it
+    site at;
 };
 
 struct warp_op {
@@ -360,7 +381,10 @@ struct machine {
     std::vector<shadow> shadows;
     std::unordered_map<std::size_t, std::vector<epoch>> shared_reads;
     barrier_state bars[16];
-    std::vector<std::vector<warp_op>> warp_ops;  // pending collectives per warp
+    std::vector<std::vector<warp_op>> warp_ops;               // pending collectives per warp
+    std::unordered_map<std::uint32_t, mbarrier_state> mbars;  // by shared address
+    std::vector<std::vector<maxnreg_op>> maxnreg;             // per warpgroup, in program order
+    std::vector<unsigned> maxnreg_count;                      // per warp: setmaxnreg executed so far
     bool block_aborted = false;
 
     machine(const char* name, const launch_config& c, const options& o) : kernel(name), cfg(c), opt(o) {}
@@ -440,6 +464,9 @@ struct machine {
         shared_reads.clear();
         for (auto& B : bars) B = barrier_state{};
         for (auto& w : warp_ops) w.clear();
+        mbars.clear();
+        maxnreg.assign((nthreads + 127) / 128, {});
+        maxnreg_count.assign((nthreads + 31) / 32, 0);
         for (unsigned t = 0; t < nthreads; ++t) {
             fiber& f = fibers[t];
             f.tid = t;
@@ -478,7 +505,10 @@ struct machine {
                 }
                 all_done = all_done && f.done;
             }
-            if (all_done) return;
+            if (all_done) {
+                end_of_block();
+                return;
+            }
             if (!progressed) {
                 report r = diagnose();
                 abandon();
@@ -525,8 +555,9 @@ struct machine {
                 if (at_b0[t] || g.done) continue;
                 if (!elsewhere.empty()) elsewhere += "; ";
                 elsewhere += thread_name(t) + " waits at " +
-                             (g.waiting == fiber::wait::barrier ? "bar.sync " + std::to_string(g.bar_id)
-                                                                : std::string("a warp collective")) +
+                             (g.waiting == fiber::wait::barrier    ? "bar.sync " + std::to_string(g.bar_id)
+                              : g.waiting == fiber::wait::mbarrier ? "mbarrier " + describe(g.mbar, -1)
+                                                                   : std::string("a warp collective")) +
                              " at " + to_string(g.at);
                 if (elsewhere.size() > 400) {
                     elsewhere += "; ...";
@@ -564,8 +595,21 @@ struct machine {
                 d += " " + std::string(name_of(op.kind)) + " with member mask " + hex(op.mask) + " at " +
                      to_string(op.at) + " in warp " + std::to_string(w) + ": lanes " + id_ranges(lanes_of(op.arrived)) +
                      " wait, lanes " + id_ranges(lanes_of(op.mask & ~op.arrived)) + " have not arrived;";
+        std::string address;
+        for (const auto& kv : mbars) {
+            const mbarrier_state& M = kv.second;
+            if (M.waiters.empty()) continue;
+            if (address.empty()) address = describe(kv.first, -1);
+            std::vector<unsigned> w = M.waiters;
+            std::sort(w.begin(), w.end());
+            d += " mbarrier " + describe(kv.first, -1) + " (initialised at " + to_string(M.init_at) + " for " +
+                 std::to_string(M.count) + " arrivals) in phase " + std::to_string(M.phase) + " (parity " +
+                 std::to_string(M.phase & 1) + "): " + std::to_string(M.pending) + " arrivals and " +
+                 std::to_string(M.tx) + " transaction bytes missing; threads " + id_ranges(w) +
+                 " wait for the phase of parity " + std::to_string(fibers[w.front()].mbar_parity) + " to complete;";
+        }
         if (!exited.empty()) d += " threads " + id_ranges(exited) + " exited";
-        return make(check::deadlock, blocked.front(), "", d);
+        return make(check::deadlock, blocked.front(), address, d);
     }
 
     // ---- barriers --------------------------------------------------------------------------------
@@ -775,6 +819,174 @@ struct machine {
                 g.waiting = fiber::wait::none;
             }
         }
+    }
+
+    // ---- mbarrier (PTX ISA: mbarrier, its phases, and the tx-count) ---------------------------------
+
+    std::string mbar_what(const char* op, std::uint32_t addr, site at) const {
+        return std::string(op) + " on mbarrier " + describe(addr, -1) + " at " + to_string(at);
+    }
+    /// The mbarrier at addr, reporting (and stopping the block) when it is misaligned or not initialised.
+    mbarrier_state& mbar_get(const char* op, std::uint32_t addr, site at) {
+        fiber& f = *current;
+        f.last_sync = at;
+        if (addr % 8 != 0)
+            emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
+                      mbar_what(op, addr, at) + ": an mbarrier is an 8-byte object and must be 8-byte aligned"),
+                 true);
+        auto it = mbars.find(addr);
+        if (it == mbars.end())
+            emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
+                      mbar_what(op, addr, at) + ": no mbarrier.init of this block initialised it"),
+                 true);
+        access(window + addr, 8, detail::access::atomic, -1);
+        return it->second;
+    }
+    void mbar_init(std::uint32_t addr, std::uint32_t count, site at) {
+        fiber& f = *current;
+        f.last_sync = at;
+        if (addr % 8 != 0)
+            emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
+                      mbar_what("mbarrier.init", addr, at) + ": an mbarrier must be 8-byte aligned"),
+                 true);
+        if (count < 1 || count > (1u << 20) - 1)
+            emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
+                      mbar_what("mbarrier.init", addr, at) + ": the count " + std::to_string(count) +
+                          " is outside 1..2^20-1"),
+                 true);
+        // the init is a plain write of the object: arrivals and waits must be ordered after it
+        if (access(window + addr, 8, detail::access::write, -1)) {
+            const std::uint64_t v = count;
+            std::memcpy(window + addr, &v, 8);
+        }
+        mbarrier_state& M = mbars[addr];
+        if (!M.waiters.empty())
+            emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
+                      mbar_what("mbarrier.init", addr, at) + ": threads wait on the mbarrier it re-initialises"),
+                 true);
+        M = mbarrier_state{};
+        M.count = M.pending = count;
+        M.vc.assign(nthreads, 0);
+        M.init_at = at;
+    }
+    /// Ends the current phase when its arrivals and transactions are all in: the next phase begins
+    /// (parity flips, the count is restored) and the waiters for the completed phase go on, acquiring
+    /// what the phase's arrivals released.
+    void mbar_try_complete(std::uint32_t addr, mbarrier_state& M, const char* op, site at) {
+        if (M.pending != 0) return;
+        if (M.tx < 0)
+            emit(make(check::mbarrier_misuse, current->tid, describe(addr, -1),
+                      mbar_what(op, addr, at) + ": the phase's arrivals are all in but " + std::to_string(-M.tx) +
+                          " more transaction bytes completed than were expected (tx-count negative)"),
+                 true);
+        if (M.tx != 0) return;
+        const unsigned parity = static_cast<unsigned>(M.phase & 1);
+        M.done_vc[parity] = M.vc;
+        ++M.phase;
+        M.pending = M.count;
+        M.vc.assign(nthreads, 0);
+        std::vector<unsigned> still;
+        for (unsigned w : M.waiters) {
+            fiber& g = fibers[w];
+            if (g.mbar_parity == parity) {
+                join(g.vc, M.done_vc[parity]);
+                g.ready = true;
+                g.waiting = fiber::wait::none;
+            } else {
+                still.push_back(w);
+            }
+        }
+        M.waiters = std::move(still);
+    }
+    /// mbarrier.arrive[.expect_tx]: adds `tx` expected bytes (expect_tx), then one arrival (release).
+    void mbar_arrive(std::uint32_t addr, std::uint32_t tx, bool expect, site at) {
+        const char* op = expect ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
+        fiber& f = *current;
+        mbarrier_state& M = mbar_get(op, addr, at);
+        if (M.pending == 0)
+            emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
+                      mbar_what(op, addr, at) + ": all " + std::to_string(M.count) +
+                          " arrivals of the current phase (" + std::to_string(M.phase) +
+                          ") are in already (more arrivals than the count given at " + to_string(M.init_at) + ")"),
+                 true);
+        if (expect) M.tx += tx;
+        join(M.vc, f.vc);
+        ++f.vc[f.tid];  // this thread's later accesses are not covered by the release
+        --M.pending;
+        mbar_try_complete(addr, M, op, at);
+    }
+    /// complete_tx from an asynchronous copy the running thread issued: its writes are released with it.
+    void mbar_complete_tx(std::uint32_t addr, std::uint32_t bytes, const char* op, site at) {
+        fiber& f = *current;
+        mbarrier_state& M = mbar_get(op, addr, at);
+        M.tx -= static_cast<long long>(bytes);
+        join(M.vc, f.vc);
+        ++f.vc[f.tid];
+        mbar_try_complete(addr, M, op, at);
+    }
+    /// mbarrier.try_wait.parity: returns once the phase of `parity` has completed (the thread is
+    /// suspended until then, as the instruction may be; a wait nothing can end is a deadlock).
+    bool mbar_wait(std::uint32_t addr, std::uint32_t parity, site at) {
+        fiber& f = *current;
+        mbarrier_state& M = mbar_get("mbarrier.try_wait.parity", addr, at);
+        parity &= 1u;
+        if ((M.phase & 1) != parity) {  // the current phase has the other parity: the awaited one is done
+            if (M.phase > 0) join(f.vc, M.done_vc[parity]);
+            return true;
+        }
+        M.waiters.push_back(f.tid);
+        f.waiting = fiber::wait::mbarrier;
+        f.mbar = addr;
+        f.mbar_parity = parity;
+        f.at = at;
+        block_wait(f);
+        return true;
+    }
+
+    // ---- setmaxnreg (warpgroup-collective) ---------------------------------------------------------
+
+    /// Called once per warp (its lanes already agreed, the model's warp_exchange): the k-th setmaxnreg
+    /// of each warp of a warpgroup must have the same form; end_of_block checks that all 4 warps ran it.
+    void setmaxnreg(std::uint32_t n, bool inc, site at) {
+        fiber& f = *current;
+        const unsigned warp = f.tid / 32, wg = warp / 4;
+        const char* op = inc ? "setmaxnreg.inc" : "setmaxnreg.dec";
+        if (nthreads < 128 * (wg + 1))
+            emit(make(check::async_proxy, f.tid, "",
+                      std::string(op) + " at " + to_string(at) + ": warpgroup " + std::to_string(wg) +
+                          " is incomplete (the block has " + std::to_string(nthreads) + " threads)"),
+                 true);
+        auto& ops = maxnreg[wg];
+        const unsigned k = maxnreg_count[warp]++;
+        if (k == ops.size()) ops.push_back(maxnreg_op{n, inc, 0u, at});
+        maxnreg_op& o = ops[k];
+        if (o.n != n || o.inc != inc)
+            emit(make(check::async_proxy, f.tid, "",
+                      std::string(op) + " " + std::to_string(n) + " at " + to_string(at) + " in warp " +
+                          std::to_string(warp) + ", but another warp of warpgroup " + std::to_string(wg) +
+                          " executed setmaxnreg." + (o.inc ? "inc " : "dec ") + std::to_string(o.n) + " at " +
+                          to_string(o.at) + " there (warpgroup-collective: all 4 warps, the same operand)"),
+                 true);
+        o.warps |= 1u << (warp % 4);
+    }
+
+    /// After every thread of the block exited: warpgroup collectives some warps never executed.
+    void end_of_block() {
+        for (std::size_t g = 0; g < maxnreg.size(); ++g)
+            for (const maxnreg_op& o : maxnreg[g])
+                if (o.warps != 0xFu) {
+                    std::vector<unsigned> missing;
+                    for (unsigned w = 0; w < 4; ++w)
+                        if (!(o.warps >> w & 1u)) missing.push_back(static_cast<unsigned>(4 * g + w));
+                    report r = make(check::async_proxy, static_cast<unsigned>(128 * g), "",
+                                    std::string("setmaxnreg.") + (o.inc ? "inc " : "dec ") + std::to_string(o.n) +
+                                        " at " + to_string(o.at) + " was not executed by warps " + id_ranges(missing) +
+                                        " of warpgroup " + std::to_string(g) +
+                                        " (warpgroup-collective: all 4 warps execute it)");
+                    if (opt.mode == on_report::raise) throw failure(std::move(r));
+                    keep(std::move(r));
+                    return;
+                }
     }
 
     // ---- shared memory ---------------------------------------------------------------------------
