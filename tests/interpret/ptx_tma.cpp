@@ -5,7 +5,8 @@
 // 16-byte chunks XORed with the 128-byte line index modulo span / 16, zeros outside the tensor);
 // the copy's completion on an mbarrier (expect_tx), and the broken variants: too many expected
 // bytes (deadlock), too few (negative tx-count), reading the tile without waiting (race), a
-// misaligned destination and a map the encoder did not make. setmaxnreg: warpgroup-collective.
+// misaligned destination and a map the encoder did not make. fence.proxy.async: generic writes an
+// async-proxy read sees need their writer's fence. setmaxnreg: warpgroup-collective.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -259,6 +260,33 @@ TEST_CASE("cp.async.bulk.tensor: a tensor map the encoder did not make is report
                               out.data(), variant::correct);
     REQUIRE(has(r, oi::check::async_proxy));
     CHECK(first(r, oi::check::async_proxy).detail.find("cuTensorMapEncodeTiled") != std::string::npos);
+}
+
+// ---- fence.proxy.async -----------------------------------------------------------------------------
+
+/// Every thread writes its byte of a tile (generic proxy), fences or not, and after a barrier thread 0
+/// reads the tile through the async proxy (what a wgmma operand read does, here the machine's hook).
+void proxy_kernel(bool fence, bool write_after_fence) {
+    OCTET_SHARED(std::uint8_t[128], tile);
+    const unsigned t = threadIdx.x;
+    tile[t] = static_cast<std::uint8_t>(t);
+    if (fence) ptx::fence_proxy_async_shared();
+    if (write_after_fence && t == 5) tile[t] = 7;  // a write after the fence is not covered by it
+    __syncthreads();
+    if (t == 0)
+        oi::detail::running("test").async_proxy_read(ptx::shared_address(tile) + oi::detail::running("test").window,
+                                                     128, "async read", oi::detail::site{__FILE__, __LINE__});
+}
+
+TEST_CASE("fence.proxy.async: generic writes read by the async proxy need their writer's fence") {
+    auto r = oi::launch("proxy", {oi::dim3(1), oi::dim3(128)}, collect(), proxy_kernel, true, false);
+    CHECK_MESSAGE(r.reports.empty(), all_messages(r));
+    r = oi::launch("proxy", {oi::dim3(1), oi::dim3(128)}, collect(), proxy_kernel, false, false);
+    REQUIRE(has(r, oi::check::async_proxy));
+    CHECK(first(r, oi::check::async_proxy).detail.find("thread (0,0,0) wrote") != std::string::npos);
+    r = oi::launch("proxy", {oi::dim3(1), oi::dim3(128)}, collect(), proxy_kernel, true, true);
+    REQUIRE(has(r, oi::check::async_proxy));
+    CHECK(first(r, oi::check::async_proxy).detail.find("thread (5,0,0) wrote") != std::string::npos);
 }
 
 // ---- setmaxnreg ------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@
 //     arrivals than a phase holds, a tx-count left negative (mbarrier_misuse); a completed phase orders
 //     its arrivals (and TMA copies) before its waiters; a wait that cannot end is a deadlock. TMA
 //     (cp.async.bulk.tensor) with maps from the interpret runtime's cuTensorMapEncodeTiled, and
-//     setmaxnreg's warpgroup-collective use (async_proxy). fence.proxy.async is not checked;
+//     setmaxnreg's warpgroup-collective use, generic writes read by the async proxy (a model calls
+//     machine::async_proxy_read) without their writer's fence.proxy.async (async_proxy);
 //   - out-of-bounds global accesses past the end of a guarded_buffer (an inaccessible page after it:
 //     the fault becomes a report), and fiber stack overflows (the guard page below each stack).
 //   Other global memory is ordinary host memory: its accesses are not checked.

@@ -256,11 +256,17 @@ inline void prefetch_tensormap(const CUtensorMap* map, const char* file = __buil
 }
 
 // ---- fence.proxy.async, setmaxnreg ------------------------------------------------------------------
-// fence.proxy.async: not checked. The asynchronous proxy's shared-memory readers (wgmma operands, TMA
-// stores) need generic writes fenced before them; the model's only async-proxy access is the TMA load,
-// whose writes reach generic readers through the mbarrier (which orders them, no fence needed), so the
-// fence is a no-op here and a missing one is not reported.
-inline void fence_proxy_async_shared() {}
+// fence.proxy.async (PTX ISA, memory consistency model, "proxies"): generic-proxy writes to shared
+// memory are seen by the async proxy (wgmma operand reads, TMA stores) only after the writer executes
+// fence.proxy.async (and, across threads, a barrier orders the fence before the reader). The model
+// records each thread's clock at its fence; a model of an async-proxy reader calls
+// machine::async_proxy_read, which reports (async_proxy) a byte whose last generic write its writer
+// did not fence. The TMA load writes through the async proxy, and its writes reach generic readers
+// through the mbarrier, which needs no fence. Not checked: generic reads of async-proxy writes made
+// visible by something other than an mbarrier or wgmma.wait_group.
+inline void fence_proxy_async_shared() {
+    detail::running("fence.proxy.async").fence_proxy_async();
+}
 
 /// setmaxnreg.{inc,dec}.sync.aligned: warpgroup-collective. Each warp executes it convergently (a full
 /// warp collective: every lane, the same operand), and the k-th setmaxnreg of the 4 warps of a

@@ -385,6 +385,7 @@ struct machine {
     std::unordered_map<std::uint32_t, mbarrier_state> mbars;  // by shared address
     std::vector<std::vector<maxnreg_op>> maxnreg;             // per warpgroup, in program order
     std::vector<unsigned> maxnreg_count;                      // per warp: setmaxnreg executed so far
+    std::vector<std::uint32_t> proxy_fenced;                  // per thread: its clock at its last fence.proxy.async
     bool block_aborted = false;
 
     machine(const char* name, const launch_config& c, const options& o) : kernel(name), cfg(c), opt(o) {}
@@ -467,6 +468,7 @@ struct machine {
         mbars.clear();
         maxnreg.assign((nthreads + 127) / 128, {});
         maxnreg_count.assign((nthreads + 31) / 32, 0);
+        proxy_fenced.assign(nthreads, 0);
         for (unsigned t = 0; t < nthreads; ++t) {
             fiber& f = fibers[t];
             f.tid = t;
@@ -940,6 +942,36 @@ struct machine {
         f.mbar_parity = parity;
         f.at = at;
         block_wait(f);
+        return true;
+    }
+
+    // ---- the async proxy (PTX ISA, memory consistency model: proxies) --------------------------------
+
+    /// fence.proxy.async by the running thread: its generic writes so far are visible to the async
+    /// proxy (its clock advances, so later writes are not covered).
+    void fence_proxy_async() {
+        fiber& f = *current;
+        proxy_fenced[f.tid] = f.vc[f.tid];
+        ++f.vc[f.tid];
+    }
+    /// A read of shared bytes by the async proxy on behalf of the running thread (a wgmma operand, a TMA
+    /// store's source): checked as the thread's read (race, bounds, initialisation), and each byte's
+    /// last generic write must have been followed by a fence.proxy.async of its writer (after the
+    /// write, in the writer's program order), else an async_proxy report.
+    bool async_proxy_read(const std::uint8_t* p, std::size_t bytes, const char* what, site at) {
+        if (!access(p, bytes, detail::access::read, -1)) return false;
+        const std::size_t off = static_cast<std::size_t>(p - window);
+        for (std::size_t i = 0; i < bytes; ++i) {
+            const epoch& w = shadows[off + i].w;
+            if (w.clock != 0 && w.clock > proxy_fenced[w.tid]) {
+                emit(make(check::async_proxy, current->tid, describe(off + i, -1),
+                          std::string(what) + " at " + to_string(at) + " reads through the async proxy a byte that " +
+                              thread_name(w.tid) +
+                              " wrote through the generic proxy without a fence.proxy.async after the write"),
+                     false);
+                break;
+            }
+        }
         return true;
     }
 
