@@ -248,8 +248,8 @@ TEST_CASE("cp.async.bulk.tensor: wrong expect_tx counts, a read before the wait,
         CHECK(x.address.find("shared 0x") != std::string::npos);
     }
     r = run_variant(variant::misaligned);
-    REQUIRE(has(r, oi::check::async_proxy));
-    CHECK(first(r, oi::check::async_proxy).detail.find("aligned") != std::string::npos);
+    REQUIRE(has(r, oi::check::ptx_misuse));
+    CHECK(first(r, oi::check::ptx_misuse).detail.find("aligned") != std::string::npos);
     CHECK_THROWS_AS(run_variant(variant::too_many_bytes, oi::on_report::raise), oi::failure);
 }
 
@@ -258,8 +258,8 @@ TEST_CASE("cp.async.bulk.tensor: a tensor map the encoder did not make is report
     std::vector<std::uint8_t> out(64);
     const auto r = oi::launch("tma_zero_map", {oi::dim3(1), oi::dim3(32), 1024}, collect(), load_kernel, map, 0, 0, 64u,
                               out.data(), variant::correct);
-    REQUIRE(has(r, oi::check::async_proxy));
-    CHECK(first(r, oi::check::async_proxy).detail.find("cuTensorMapEncodeTiled") != std::string::npos);
+    REQUIRE(has(r, oi::check::ptx_misuse));
+    CHECK(first(r, oi::check::ptx_misuse).detail.find("cuTensorMapEncodeTiled") != std::string::npos);
 }
 
 // ---- fence.proxy.async -----------------------------------------------------------------------------
@@ -323,13 +323,13 @@ TEST_CASE("setmaxnreg: executed by whole warpgroups with one operand, else repor
     auto r = run(regs::both);
     CHECK_MESSAGE(r.reports.empty(), all_messages(r));
     r = run(regs::missing_warp);
-    REQUIRE(has(r, oi::check::async_proxy));
-    CHECK(first(r, oi::check::async_proxy).detail.find("not executed by warps 2") != std::string::npos);
+    REQUIRE(has(r, oi::check::ptx_misuse));
+    CHECK(first(r, oi::check::ptx_misuse).detail.find("not executed by warps 2") != std::string::npos);
     r = run(regs::half_warp);
     CHECK(has(r, oi::check::warp_sync));
     r = run(regs::mixed);
-    REQUIRE(has(r, oi::check::async_proxy));
-    CHECK(first(r, oi::check::async_proxy).detail.find("another warp of warpgroup 0") != std::string::npos);
+    REQUIRE(has(r, oi::check::ptx_misuse));
+    CHECK(first(r, oi::check::ptx_misuse).detail.find("another warp of warpgroup 0") != std::string::npos);
 }
 
 }  // namespace ptx_tma_test

@@ -11,14 +11,26 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "octet/config.hpp"
+#include "octet/format/float_format.hpp"
 
 #if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
 #include "octet/interpret/ptx_models.hpp"
 #endif
 #if defined(__CUDACC__) || defined(OCTET_INTERPRET)
 #include <cuda.h>  // CUtensorMap (the toolkit's header only: nothing is linked)
+#endif
+
+// In interpret mode the functions take their call site (for reports) as defaulted arguments; the
+// device code has none.
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+#define OCTET_PTX_SITE , const char *file = __builtin_FILE(), int line = __builtin_LINE()
+#define OCTET_PTX_SITE_ONLY const char *file = __builtin_FILE(), int line = __builtin_LINE()
+#else
+#define OCTET_PTX_SITE
+#define OCTET_PTX_SITE_ONLY
 #endif
 
 namespace octet {
@@ -161,6 +173,150 @@ OCTET_DEVICE void setmaxnreg_dec() {
 }
 
 // ---- wgmma ------------------------------------------------------------------------------------------
+// Hopper's warpgroup MMA (sm_90a only: elsewhere in the device pass the bodies are empty). All four are
+// .sync.aligned: the 128 threads of a warpgroup execute them together. The model (ptx_models.hpp,
+// "wgmma") says what interpret mode computes and checks.
+
+/// wgmma's shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"), as byte values.
+enum class wgmma_swizzle : std::uint32_t { none = 0, b128 = 1, b64 = 2, b32 = 3 };
+struct wgmma_descriptor {
+    std::uint32_t start = 0;        ///< shared address of the matrix (16-byte aligned)
+    std::uint32_t leading = 0;      ///< LBO: bytes between core matrices adjacent in K (no swizzle)
+    std::uint32_t stride = 0;       ///< SBO: bytes between 8-row groups (core matrices / swizzle atoms) in M or N
+    std::uint32_t base_offset = 0;  ///< 3 bits; 0 when swizzle atoms are aligned to the pattern's repeat
+    wgmma_swizzle swizzle = wgmma_swizzle::none;
+    /// Bits 0-13 start >> 4, 16-29 LBO >> 4, 32-45 SBO >> 4, 49-51 base offset, 62-63 swizzle mode;
+    /// addresses and offsets keep their low 18 bits.
+    OCTET_HD constexpr std::uint64_t encode() const {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+        // the encoding drops the low 4 bits: a misaligned address or offset would silently move
+        if ((start | leading | stride) & 15u) interpret::model::wgmma_descriptor_misaligned(start, leading, stride);
+#endif
+        return static_cast<std::uint64_t>((start & 0x3FFFFu) >> 4) |
+               static_cast<std::uint64_t>((leading & 0x3FFFFu) >> 4) << 16 |
+               static_cast<std::uint64_t>((stride & 0x3FFFFu) >> 4) << 32 |
+               static_cast<std::uint64_t>(base_offset & 7u) << 49 | static_cast<std::uint64_t>(swizzle) << 62;
+    }
+};
+
+/// wgmma.fence.sync.aligned: orders the warpgroup's register accesses before the wgmma.mma_async
+/// that follow (required before the first, and after touching the accumulators).
+OCTET_DEVICE void wgmma_fence(OCTET_PTX_SITE_ONLY) {
+#if OCTET_DEVICE_PASS
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+#elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    interpret::model::wgmma_fence(file, line);
+#endif
+}
+/// wgmma.commit_group.sync.aligned: the uncommitted wgmma.mma_async become one wgmma-group.
+OCTET_DEVICE void wgmma_commit_group(OCTET_PTX_SITE_ONLY) {
+#if OCTET_DEVICE_PASS
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+#elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    interpret::model::wgmma_commit_group(file, line);
+#endif
+}
+/// wgmma.wait_group.sync.aligned N: waits until at most N wgmma-groups are pending; the accumulators
+/// of the completed ones may be read from then on.
+template <int N>
+OCTET_DEVICE void wgmma_wait_group(OCTET_PTX_SITE_ONLY) {
+#if OCTET_DEVICE_PASS
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+#elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    interpret::model::wgmma_wait_group(N, file, line);
+#endif
+}
+/// Keeps the compiler from moving accesses of an accumulator register across the wgmma fences (an
+/// empty asm that "modifies" r; nothing in interpret mode, where calls are not reordered).
+OCTET_DEVICE void fence_operand(float& r) {
+#if OCTET_DEVICE_PASS
+    asm volatile("" : "+f"(r)::"memory");
+#else
+    (void)r;
+#endif
+}
+
+/// wgmma.mma_async.sync.aligned.m64nNk32.f32.FA.FB with A (64 x 32) and B (N x 32), both K-major in
+/// shared memory as the descriptors say, N = 64 or 128 (FA, FB: e4m3 or e5m2):
+/// d = A B^T + (scale_d ? d : 0), complete at the wgmma.wait_group of its group.
+template <int N, class FA, class FB>
+OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b,
+                                 std::uint32_t scale_d OCTET_PTX_SITE) {
+    static_assert(N == 64 || N == 128, "wgmma_m64nNk32: N = 64 or 128 (add the operand list for others)");
+    static_assert(std::is_same_v<FA, e4m3> || std::is_same_v<FA, e5m2>, "wgmma_m64nNk32: FP8 A (e4m3, e5m2)");
+    static_assert(std::is_same_v<FB, e4m3> || std::is_same_v<FB, e5m2>, "wgmma_m64nNk32: FP8 B (e4m3, e5m2)");
+#if OCTET_DEVICE_PASS
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define OCTET_WGMMA_N128(TA, TB)                                                                                      \
+    asm volatile(                                                                                                     \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                  \
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32." TA "." TB                                                      \
+        " "                                                                                                           \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+        "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, "  \
+        "%65, p, 1, 1;\n}\n"                                                                                          \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),     \
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),     \
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),     \
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),     \
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                   \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define OCTET_WGMMA_N64(TA, TB)                                                                                       \
+    asm volatile(                                                                                                     \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                  \
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32." TA "." TB                                                       \
+        " "                                                                                                           \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"                                       \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                   \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define OCTET_WGMMA(TA, TB)       \
+    if constexpr (N == 128)       \
+        OCTET_WGMMA_N128(TA, TB); \
+    else                          \
+        OCTET_WGMMA_N64(TA, TB)
+    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>) {
+        OCTET_WGMMA("e4m3", "e4m3");
+    } else if constexpr (std::is_same_v<FA, e4m3>) {
+        OCTET_WGMMA("e4m3", "e5m2");
+    } else if constexpr (std::is_same_v<FB, e4m3>) {
+        OCTET_WGMMA("e5m2", "e4m3");
+    } else {
+        OCTET_WGMMA("e5m2", "e5m2");
+    }
+#undef OCTET_WGMMA
+#undef OCTET_WGMMA_N64
+#undef OCTET_WGMMA_N128
+#endif
+#elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    constexpr const char* name =
+        std::is_same_v<FA, e4m3>
+            ? (std::is_same_v<FB, e4m3>
+                   ? (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e4m3.e4m3" : "wgmma.mma_async.m64n64k32.f32.e4m3.e4m3")
+                   : (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2"
+                               : "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2"))
+            : (std::is_same_v<FB, e4m3>
+                   ? (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3" : "wgmma.mma_async.m64n64k32.f32.e5m2.e4m3")
+                   : (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2"
+                               : "wgmma.mma_async.m64n64k32.f32.e5m2.e5m2"));
+    interpret::model::wgmma_m64nNk32<N, FA, FB>(d, desc_a, desc_b, scale_d, name, file, line);
+#else
+    (void)d, (void)desc_a, (void)desc_b, (void)scale_d;
+#endif
+}
 
 }  // namespace ptx
 }  // namespace octet

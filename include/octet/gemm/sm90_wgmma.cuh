@@ -105,100 +105,14 @@ OCTET_DEVICE void setmaxnreg_dec() {
     ptx::setmaxnreg_dec<N>();
 #endif
 }
-OCTET_DEVICE void wgmma_fence() {
-#if OCTET_SM90A
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-OCTET_DEVICE void wgmma_commit() {
-#if OCTET_SM90A
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-OCTET_DEVICE void wgmma_wait_all() {
-#if OCTET_SM90A
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-/// Keeps the compiler from moving accesses of an accumulator register across wgmma fences.
-OCTET_DEVICE void fence_operand(float& r) {
-    asm volatile("" : "+f"(r)::"memory");
-}
-
 /// Shared-memory matrix descriptor of a K-major tile whose rows are 128 bytes, 128-byte swizzled
 /// (what TMA's SWIZZLE_128B writes): 8-row groups 1024 bytes apart (SBO), no leading offset.
 OCTET_DEVICE std::uint64_t sm90_smem_desc(std::uint32_t smem_addr) {
-    std::uint64_t d = 0;
-    d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFFu) >> 4);  // start address (bits 0-13)
-    d |= static_cast<std::uint64_t>(1024u >> 4) << 32;             // stride byte offset (bits 32-45)
-    d |= static_cast<std::uint64_t>(1u) << 62;                     // layout: 128-byte swizzle
-    return d;
-}
-
-/// wgmma m64n128k32, both operands from shared memory (K-major, 128-byte swizzle), f32 accumulate:
-/// d = a * b + (accumulate ? d : 0).
-template <class FA, class FB>
-OCTET_DEVICE void wgmma_m64n128k32(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
-                                   std::uint32_t accumulate) {
-#if OCTET_SM90A
-#define OCTET_WGMMA(TA, TB)                                                                                           \
-    asm volatile(                                                                                                     \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                  \
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32." TA "." TB                                                      \
-        " "                                                                                                           \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
-        "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, "  \
-        "%65, p, 1, 1;\n}\n"                                                                                          \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),     \
-          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),     \
-          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),     \
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),     \
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                   \
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>)
-        OCTET_WGMMA("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<FA, e4m3>)
-        OCTET_WGMMA("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<FB, e4m3>)
-        OCTET_WGMMA("e5m2", "e4m3");
-    else
-        OCTET_WGMMA("e5m2", "e5m2");
-#undef OCTET_WGMMA
-#endif
-}
-
-/// wgmma m64n64k32, both operands from shared memory (K-major, 128-byte swizzle), f32 accumulate:
-/// d = a * b + (accumulate ? d : 0).
-template <class FA, class FB>
-OCTET_DEVICE void wgmma_m64n64k32(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
-                                  std::uint32_t accumulate) {
-#if OCTET_SM90A
-#define OCTET_WGMMA(TA, TB)                                                                                           \
-    asm volatile(                                                                                                     \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                  \
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32." TA "." TB                                                       \
-        " "                                                                                                           \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"                                       \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                   \
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>)
-        OCTET_WGMMA("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<FA, e4m3>)
-        OCTET_WGMMA("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<FB, e4m3>)
-        OCTET_WGMMA("e5m2", "e4m3");
-    else
-        OCTET_WGMMA("e5m2", "e5m2");
-#undef OCTET_WGMMA
-#endif
+    ptx::wgmma_descriptor d;
+    d.start = smem_addr;
+    d.stride = 1024;
+    d.swizzle = ptx::wgmma_swizzle::b128;
+    return d.encode();
 }
 
 // ---- the kernel -------------------------------------------------------------------------------------
@@ -237,14 +151,6 @@ OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::
     const std::uint32_t in = t - group * G * tiles_n;
     mb = first + in % gm;
     nb = in / gm;
-}
-
-template <int BN, class FA, class FB>
-OCTET_DEVICE void sm90_wgmma(float (&frag)[BN / 2], std::uint64_t da, std::uint64_t db, std::uint32_t accumulate) {
-    if constexpr (BN == 128)
-        wgmma_m64n128k32<FA, FB>(frag, da, db, accumulate);
-    else
-        wgmma_m64n64k32<FA, FB>(frag, da, db, accumulate);
 }
 
 template <class FA, class FB, class Cfg, bool kScalarB, class CT, class DT>
@@ -355,17 +261,17 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                     sm90_smem_desc(ptx::shared_address(sA + stage * Cfg::a_stage_bytes + wg * 64 * BK));
                 const std::uint64_t db = sm90_smem_desc(ptx::shared_address(sB + stage * Cfg::b_stage_bytes));
                 OCTET_UNROLL
-                for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
-                wgmma_fence();
+                for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
+                ptx::wgmma_fence();
                 OCTET_UNROLL
                 for (int k = 0; k < BK / 32; ++k)  // 32 K-bytes per wgmma: +2 in the descriptor's address field
-                    sm90_wgmma<BN, FA, FB>(frag, da + 2u * k, db + 2u * k, k > 0 ? 1u : 0u);
-                wgmma_commit();
+                    ptx::wgmma_m64nNk32<BN, FA, FB>(frag, da + 2u * k, db + 2u * k, k > 0 ? 1u : 0u);
+                ptx::wgmma_commit_group();
                 OCTET_UNROLL
-                for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
-                wgmma_wait_all();
+                for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
+                ptx::wgmma_wait_group<0>();
                 OCTET_UNROLL
-                for (int i = 0; i < BN / 2; ++i) fence_operand(frag[i]);
+                for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
                 __syncwarp();
                 if (lane == 0) mbar_arrive(ptx::shared_address(empty + stage));  // this warp is done with the stage
                 // promotion: acc += frag * (sA * sB)

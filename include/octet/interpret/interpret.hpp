@@ -74,10 +74,7 @@
 //
 // What remains to model for octet's kernels, each as a function of a `ptx::` layer
 //   ldmatrix (.x1/.x2/.x4, .trans), mma.sync.m16n8k32 with E4M3/E5M2 operands (fragment layouts as in
-//   attention/detail/fragments.hpp), wgmma.mma_async m64nNk32 FP8 with shared-memory matrix
-//   descriptors (leading/stride byte offsets, the 32/64/128-byte swizzle modes) and the accumulator
-//   layout, wgmma.fence/commit_group/wait_group (a warpgroup-collective built like the warp collectives
-//   here, over 4 warps), TMA cp.async.bulk.tensor with tensor maps (box, swizzle, out-of-bounds zero
+//   attention/detail/fragments.hpp), TMA cp.async.bulk.tensor with tensor maps (box, swizzle, out-of-bounds zero
 //   fill, complete_tx on an mbarrier), cp.async (+ commit/wait_group: the copy lands at the wait, so a
 //   read before it is an uninitialised read), mbarrier (init, arrive, expect_tx, phase parity,
 //   try_wait: a waiting fiber blocks like a barrier waiter; transaction-count and parity misuse are
@@ -97,8 +94,9 @@
 //   lanes' results from the PTX ISA's fragment definitions; tests/host/interpret_core.cpp has an
 //   ldmatrix.x4 written so), and operands that live in shared memory are read by each lane through
 //   sptr (shared_at turns a 32-bit shared address back into one) so that the model's reads and writes
-//   go through the same checks as the kernel's and are attributed to the right thread. wgmma and the
-//   other warpgroup instructions need the same collective over 4 warps.
+//   go through the same checks as the kernel's and are attributed to the right thread. The warpgroup
+//   instructions (wgmma: modelled, ptx_models.hpp "wgmma") are warpgroup_exchange calls, the same
+//   collective over the 4 warps of a warpgroup.
 #pragma once
 
 #include <sys/mman.h>
@@ -148,7 +146,9 @@ enum class check {
     launch_config,       ///< the launch's grid, block or shared size is not launchable
     trap,                ///< the kernel executed trap (__trap): on the device, the launch fails
     mbarrier_misuse,     ///< an mbarrier used before init, misaligned, over-arrived or over-completed
-    async_proxy,         ///< an asynchronous-proxy instruction misused (tensor map, TMA, setmaxnreg)
+    async_proxy,         ///< shared bytes read through the async proxy (wgmma, TMA store) after a generic write without
+                         ///< fence.proxy.async
+    ptx_misuse,          ///< a modelled PTX instruction used against the ISA's rules (ptx_models.hpp)
 };
 inline const char* to_string(check c) {
     switch (c) {
@@ -175,7 +175,9 @@ inline const char* to_string(check c) {
         case check::mbarrier_misuse:
             return "mbarrier misuse";
         case check::async_proxy:
-            return "async-proxy misuse";
+            return "async proxy without fence";
+        case check::ptx_misuse:
+            return "PTX misuse";
     }
     return "?";
 }
@@ -329,6 +331,17 @@ inline void syncwarp(std::uint32_t membermask = 0xFFFFFFFFu, const char* file = 
 template <class In, class Out, class F>
 Out warp_exchange(const char* instruction, std::uint32_t membermask, const In& mine, F compute,
                   const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// warp_exchange over a warpgroup (the 128 threads 128 g .. 128 g + 127 of the block, g = linear id
+/// / 128), for the .sync.aligned warpgroup instructions (wgmma): every thread deposits `mine`, the last
+/// to arrive calls compute(ins, outs) with ins[t], outs[t] for t = 0..127 (index within the warpgroup).
+/// A warpgroup that the block does not fill, or threads that reach a different instruction (by
+/// name), are warp_sync reports. It does not order memory.
+template <class In, class Out, class F>
+Out warpgroup_exchange(const char* instruction, const In& mine, F compute, const char* file = __builtin_FILE(),
+                       int line = __builtin_LINE());
+/// For models: reports `kind` for the running thread (raised, or kept in collect mode; stops_block
+/// ends the block there).
+inline void model_report(check kind, std::string address, std::string detail, bool stops_block);
 /// The lanes of this warp that have not exited.
 inline std::uint32_t activemask();
 

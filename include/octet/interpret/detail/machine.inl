@@ -234,6 +234,21 @@ inline void context_entered(context& from) {
 #endif
 }
 
+/// A thread's in-flight wgmma.mma_async results (the model in octet/interpret/ptx_models.hpp): the
+/// accumulator registers they land in at wgmma.wait_group, and the wgmma-group they belong to.
+struct wgmma_inflight {
+    float* d = nullptr;  // the accumulator registers (the caller's array), poisoned until the wait
+    unsigned n = 0;
+    std::uint32_t group = 0;  // index of the wgmma-group (commit_group count when it was issued)
+    std::vector<float> value;
+    site at;
+};
+struct wgmma_thread {
+    bool fenced = false;       // wgmma.fence since this thread last took its registers back (wait_group)
+    std::uint32_t groups = 0;  // wgmma.commit_group executed so far
+    std::vector<wgmma_inflight> inflight;
+};
+
 struct fiber {
     context ctx;
     std::uint8_t* mapping = nullptr;  // guard page, then the stack
@@ -251,6 +266,7 @@ struct fiber {
     std::size_t spins = 0;     // yields in this block
     std::uint32_t wvalue = 0;  // a warp collective's result for this lane
     bool wpred = false;
+    wgmma_thread wgmma;  // model state of the warpgroup MMA (ptx_models.hpp)
 };
 
 struct barrier_state {
@@ -290,6 +306,17 @@ struct warp_op {
     const char* tag = nullptr;  // custom: the instruction's name
     const void* in[32] = {};    // custom: each lane's operands (on its blocked fiber's stack)
     void* out[32] = {};         // custom: each lane's results
+};
+
+/// A warpgroup collective in progress (warpgroup_exchange): the 128 threads 128 g .. 128 g + 127.
+struct warpgroup_op {
+    bool active = false;
+    const char* tag = nullptr;
+    site at;
+    unsigned arrived = 0;
+    std::vector<unsigned> who;  // arrival order (for reports)
+    const void* in[128] = {};
+    void* out[128] = {};
 };
 
 inline void join(std::vector<std::uint32_t>& into, const std::vector<std::uint32_t>& from) {
@@ -386,6 +413,7 @@ struct machine {
     std::vector<std::vector<maxnreg_op>> maxnreg;             // per warpgroup, in program order
     std::vector<unsigned> maxnreg_count;                      // per warp: setmaxnreg executed so far
     std::vector<std::uint32_t> proxy_fenced;                  // per thread: its clock at its last fence.proxy.async
+    std::vector<warpgroup_op> warpgroup_ops;                  // the pending collective per warpgroup
     bool block_aborted = false;
 
     machine(const char* name, const launch_config& c, const options& o) : kernel(name), cfg(c), opt(o) {}
@@ -469,6 +497,7 @@ struct machine {
         maxnreg.assign((nthreads + 127) / 128, {});
         maxnreg_count.assign((nthreads + 31) / 32, 0);
         proxy_fenced.assign(nthreads, 0);
+        for (auto& w : warpgroup_ops) w = warpgroup_op{};
         for (unsigned t = 0; t < nthreads; ++t) {
             fiber& f = fibers[t];
             f.tid = t;
@@ -480,6 +509,7 @@ struct machine {
             f.last_sync = site{};
             f.fault = 0;
             f.spins = 0;
+            f.wgmma = wgmma_thread{};
             f.vc.assign(nthreads, 0);
             f.vc[t] = 1;
             make_context(f.ctx, f.mapping + page, stack_bytes, fiber_entry);
@@ -610,6 +640,10 @@ struct machine {
                  std::to_string(M.tx) + " transaction bytes missing; threads " + id_ranges(w) +
                  " wait for the phase of parity " + std::to_string(fibers[w.front()].mbar_parity) + " to complete;";
         }
+        for (std::size_t g = 0; g < warpgroup_ops.size(); ++g)
+            if (warpgroup_ops[g].active)
+                d += std::string(" ") + warpgroup_ops[g].tag + " at " + to_string(warpgroup_ops[g].at) +
+                     " in warpgroup " + std::to_string(g) + ": threads " + id_ranges(warpgroup_ops[g].who) + " wait;";
         if (!exited.empty()) d += " threads " + id_ranges(exited) + " exited";
         return make(check::deadlock, blocked.front(), address, d);
     }
@@ -984,7 +1018,7 @@ struct machine {
         const unsigned warp = f.tid / 32, wg = warp / 4;
         const char* op = inc ? "setmaxnreg.inc" : "setmaxnreg.dec";
         if (nthreads < 128 * (wg + 1))
-            emit(make(check::async_proxy, f.tid, "",
+            emit(make(check::ptx_misuse, f.tid, "",
                       std::string(op) + " at " + to_string(at) + ": warpgroup " + std::to_string(wg) +
                           " is incomplete (the block has " + std::to_string(nthreads) + " threads)"),
                  true);
@@ -993,7 +1027,7 @@ struct machine {
         if (k == ops.size()) ops.push_back(maxnreg_op{n, inc, 0u, at});
         maxnreg_op& o = ops[k];
         if (o.n != n || o.inc != inc)
-            emit(make(check::async_proxy, f.tid, "",
+            emit(make(check::ptx_misuse, f.tid, "",
                       std::string(op) + " " + std::to_string(n) + " at " + to_string(at) + " in warp " +
                           std::to_string(warp) + ", but another warp of warpgroup " + std::to_string(wg) +
                           " executed setmaxnreg." + (o.inc ? "inc " : "dec ") + std::to_string(o.n) + " at " +
@@ -1010,7 +1044,7 @@ struct machine {
                     std::vector<unsigned> missing;
                     for (unsigned w = 0; w < 4; ++w)
                         if (!(o.warps >> w & 1u)) missing.push_back(static_cast<unsigned>(4 * g + w));
-                    report r = make(check::async_proxy, static_cast<unsigned>(128 * g), "",
+                    report r = make(check::ptx_misuse, static_cast<unsigned>(128 * g), "",
                                     std::string("setmaxnreg.") + (o.inc ? "inc " : "dec ") + std::to_string(o.n) +
                                         " at " + to_string(o.at) + " was not executed by warps " + id_ranges(missing) +
                                         " of warpgroup " + std::to_string(g) +
@@ -1019,6 +1053,54 @@ struct machine {
                     keep(std::move(r));
                     return;
                 }
+    }
+
+    // ---- warpgroup collectives --------------------------------------------------------------------
+
+    /// The warpgroup analogue of warp_collective(custom): the 128 threads of this thread's warpgroup
+    /// deposit `in`; the last to arrive runs fn over all of them; the others wait. A warpgroup the block
+    /// does not fill, or threads that reach a different instruction, are warp_sync reports. Like the
+    /// warp collectives it does not order memory.
+    void warpgroup_collective(const char* tag, site at, const void* in, void* out, const exchange_fn& fn) {
+        fiber& f = *current;
+        f.last_sync = at;
+        const unsigned g = f.tid / 128, member = f.tid % 128;
+        const std::string what = std::string(tag) + " at " + to_string(at);
+        if (128 * (g + 1) > nthreads)
+            emit(make(check::warp_sync, f.tid, "",
+                      what + ": a warpgroup instruction in warpgroup " + std::to_string(g) + ", which has only " +
+                          std::to_string(nthreads - 128 * g) + " of its 128 threads in this block"),
+                 true);
+        warpgroup_op& op = warpgroup_ops[g];
+        if (op.active && std::strcmp(op.tag, tag) != 0)
+            emit(make(check::warp_sync, f.tid, "",
+                      what + ": threads " + id_ranges(op.who) + " of the warpgroup wait in " + op.tag + " at " +
+                          to_string(op.at) + " (.aligned: all 128 threads execute the same instruction)"),
+                 true);
+        if (!op.active) {
+            op.active = true;
+            op.tag = tag;
+            op.at = at;
+            op.arrived = 0;
+            op.who.clear();
+        }
+        op.in[member] = in;
+        op.out[member] = out;
+        op.who.push_back(f.tid);
+        if (++op.arrived == 128) {
+            warpgroup_op done = op;
+            op = warpgroup_op{};
+            fn(done.in, done.out);  // the last thread computes for all
+            for (unsigned t : done.who)
+                if (t != f.tid) {
+                    fibers[t].ready = true;
+                    fibers[t].waiting = fiber::wait::none;
+                }
+            return;
+        }
+        f.waiting = fiber::wait::warp;
+        f.at = at;
+        block_wait(f);
     }
 
     // ---- shared memory ---------------------------------------------------------------------------
@@ -1209,6 +1291,7 @@ struct machine {
             mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
         }
         warp_ops.assign((nthreads + 31) / 32, {});
+        warpgroup_ops.assign((nthreads + 127) / 128, {});
     }
 
     /// Runs the blocks first, first + stride, ... (linear index, x fastest) while keep_going(index).
@@ -1356,6 +1439,11 @@ inline machine& running(const char* what) {
         throw octet::error(std::string("interpret: ") + what +
                            " used outside a kernel that octet::interpret::launch is running");
     return *m;
+}
+
+/// The running thread's wgmma model state (ptx_models.hpp).
+inline wgmma_thread& wgmma_state() {
+    return running("wgmma").current->wgmma;
 }
 
 inline bool shared_access(const std::uint8_t* p, std::size_t bytes, access kind, int region) {
@@ -1531,6 +1619,27 @@ Out warp_exchange(const char* instruction, std::uint32_t membermask, const In& m
         .warp_collective(detail::warp_kind::custom, membermask, 0, 0, 0, 0, detail::site{file, line}, instruction,
                          &mine, &result, &fn);
     return result;
+}
+template <class In, class Out, class F>
+Out warpgroup_exchange(const char* instruction, const In& mine, F compute, const char* file, int line) {
+    static_assert(std::is_trivially_copyable<In>::value && std::is_trivially_copyable<Out>::value,
+                  "warpgroup_exchange moves register values");
+    Out result{};
+    const detail::exchange_fn fn = [&compute](const void* const* in, void* const* out) {
+        const In* ins[128];
+        Out* outs[128];
+        for (int t = 0; t < 128; ++t) {
+            ins[t] = static_cast<const In*>(in[t]);
+            outs[t] = static_cast<Out*>(out[t]);
+        }
+        compute(ins, outs);
+    };
+    detail::running(instruction).warpgroup_collective(instruction, detail::site{file, line}, &mine, &result, fn);
+    return result;
+}
+inline void model_report(check kind, std::string address, std::string detail, bool stops_block) {
+    detail::machine& m = detail::running("a PTX model");
+    m.emit(m.make(kind, m.current->tid, std::move(address), std::move(detail)), stops_block);
 }
 inline std::uint32_t activemask() {
     detail::machine& m = detail::running("__activemask");

@@ -1,0 +1,329 @@
+// The wgmma model (octet/interpret/ptx_models.hpp, "wgmma") against the PTX ISA's definition of
+// wgmma.mma_async.sync.aligned.m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2} with both operands in shared memory:
+// random FP8 A (64 x K) and B (N x K, K-major) placed in shared memory in the canonical layout of each
+// swizzle mode (none, 32, 64, 128 bytes), descriptors encoded here from the ISA's bit layout, the
+// accumulator fragment read back with the ISA's fragment layout, compared with a float64 oracle; then
+// the misuses the model reports (and a swizzle mismatch it cannot see, which the oracle does).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "octet/cuda/ptx.cuh"
+#include "octet/format/encode.hpp"
+#include "octet/interpret/cuda_names.hpp"
+#include "support/random.hpp"
+
+namespace ptx_wgmma_test {
+namespace oi = octet::interpret;
+using octet::e4m3;
+using octet::e5m2;
+
+oi::options collect() {
+    oi::options o;
+    o.mode = oi::on_report::collect;
+    return o;
+}
+bool has(const oi::run_result& r, oi::check k) {
+    for (const auto& x : r.reports)
+        if (x.kind == k) return true;
+    return false;
+}
+std::string all_messages(const oi::run_result& r) {
+    std::string s;
+    for (const auto& x : r.reports) s += x.message() + "\n";
+    return s;
+}
+
+// ---- the ISA's descriptor and layouts, written out here --------------------------------------------
+
+enum swizzle { none = 0, b128 = 1, b64 = 2, b32 = 3 };  // the descriptor's bits 62-63
+unsigned width_of(swizzle s) {
+    return s == b128 ? 128 : s == b64 ? 64 : s == b32 ? 32 : 0;
+}
+
+/// Bits 0-13: start address >> 4; 16-29: leading byte offset >> 4; 32-45: stride byte offset >> 4;
+/// 49-51: base offset; 62-63: swizzle mode.
+std::uint64_t descriptor(std::uint32_t start, std::uint32_t lbo, std::uint32_t sbo, swizzle s) {
+    return (std::uint64_t{start} >> 4 & 0x3FFF) | (std::uint64_t{lbo} >> 4 & 0x3FFF) << 16 |
+           (std::uint64_t{sbo} >> 4 & 0x3FFF) << 32 | std::uint64_t{static_cast<unsigned>(s)} << 62;
+}
+
+/// An operand of `rows` x `kbytes` FP8 codes, K-major, in the canonical layout of `s` at byte `base`
+/// of the shared image. No swizzle: 8 x 16-byte core matrices, (r / 8) sbo + (k / 16) lbo apart.
+/// T-byte swizzle: 8-row atoms sbo = 8 T apart, rows T bytes apart, and the 16-byte chunk j of row r of
+/// an atom stored at chunk j XOR ((r mod 8) / (128 / T)) (the ISA's swizzle pictures; TMA's layout).
+struct placement {
+    swizzle s;
+    std::uint32_t base, lbo, sbo;
+    std::uint32_t offset(unsigned r, unsigned k) const {
+        if (s == none) return base + (r / 8) * sbo + (k / 16) * lbo + (r % 8) * 16 + k % 16;
+        const unsigned T = width_of(s);
+        const unsigned chunk = (k / 16) ^ ((r % 8) / (128 / T));
+        return base + (r / 8) * sbo + (r % 8) * T + chunk * 16 + k % 16;
+    }
+    /// The descriptor of the K step kstep (32 bytes of K): swizzled rows advance the start address by
+    /// 32 bytes inside the row; unswizzled ones by two core matrices along K.
+    std::uint64_t desc(unsigned kstep) const {
+        const std::uint32_t start = s == none ? base + 2 * kstep * lbo : base + 32 * kstep;
+        return descriptor(start, s == none ? lbo : 0, sbo, s);
+    }
+};
+
+template <class F>
+std::uint8_t random_code(std::mt19937_64& g) {
+    while (true) {  // finite codes only (the oracle's sums of NaN and inf are not the point here)
+        const auto c = static_cast<std::uint8_t>(g());
+        if (std::isfinite(octet::decode<F>(c))) return c;
+    }
+}
+
+// ---- the kernel ------------------------------------------------------------------------------------
+
+enum misuse {
+    ok = 0,
+    no_fence,
+    write_in_flight,
+    read_in_flight,
+    nonuniform_desc,
+    warps_disagree,
+    short_image,
+    warp_exits
+};
+
+/// One warpgroup: copies `image` into dynamic shared memory, then fence, `steps` mma_async (the first
+/// with scale-d = scale0, the others 1) on descs[2 s], descs[2 s + 1], commit, wait 0, and stores its
+/// accumulator fragment to d_out (d_in the initial registers).
+template <int N, class FA, class FB>
+__global__ void wgmma_kernel(const std::uint8_t* image, unsigned bytes, const std::uint64_t* descs, int steps,
+                             std::uint32_t scale0, const float* d_in, float* d_out, int how) {
+    OCTET_DYNAMIC_SHARED(std::uint8_t, smem);
+    const unsigned copy = how == short_image ? bytes / 2 : bytes;  // short_image: B never written
+    for (unsigned i = threadIdx.x; i < copy; i += blockDim.x) smem[i] = image[i];
+    __syncthreads();
+    const unsigned t = threadIdx.x;
+    if (how == warp_exits && t / 32 == 3) return;
+    float d[N / 2];
+    for (int i = 0; i < N / 2; ++i) d[i] = d_in[t * (N / 2) + i];
+    if (how != no_fence && !(how == warps_disagree && t / 32 == 1)) octet::ptx::wgmma_fence();
+    for (int s = 0; s < steps; ++s) {
+        std::uint64_t da = descs[2 * s];
+        if (how == nonuniform_desc && t == 37) da += 1;
+        octet::ptx::wgmma_m64nNk32<N, FA, FB>(d, da, descs[2 * s + 1], s > 0 ? 1u : scale0);
+    }
+    if (how == write_in_flight) d[3] = 1.0f;
+    if (how == read_in_flight) d_out[t * (N / 2)] = d[0];
+    octet::ptx::wgmma_commit_group();
+    octet::ptx::wgmma_wait_group<0>();
+    for (int i = (how == read_in_flight ? 1 : 0); i < N / 2; ++i) d_out[t * (N / 2) + i] = d[i];
+}
+
+// ---- the oracle --------------------------------------------------------------------------------------
+
+template <int N, class FA, class FB>
+struct problem {
+    static constexpr std::uint32_t image_bytes = 32768, a_base = 0, b_base = 16384;
+    unsigned K = 0;                  // bytes of K: 32 per step
+    std::vector<std::uint8_t> a, b;  // row-major codes: a[r * K + k], b[c * K + k]
+    std::vector<std::uint8_t> image = std::vector<std::uint8_t>(image_bytes);
+    std::vector<float> d_in = std::vector<float>(128 * (N / 2));
+    placement pa{}, pb{};
+
+    problem(std::mt19937_64& g, swizzle s) {
+        K = s == none ? 64 : width_of(s);
+        a.resize(64 * K);
+        b.resize(N * K);
+        for (auto& c : a) c = random_code<FA>(g);
+        for (auto& c : b) c = random_code<FB>(g);
+        std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+        for (auto& x : d_in) x = u(g);
+        const unsigned kcores = K / 16;
+        if (s == none) {
+            pa = {none, a_base, 128, 128 * kcores};   // A: a row group's K core matrices side by side
+            pb = {none, b_base, 128 * (N / 8), 128};  // B: a K chunk's row groups side by side
+        } else {
+            pa = {s, a_base, 0, 8 * width_of(s)};
+            pb = {s, b_base, 0, 8 * width_of(s)};
+        }
+        for (unsigned r = 0; r < 64; ++r)
+            for (unsigned k = 0; k < K; ++k) image[pa.offset(r, k)] = a[r * K + k];
+        for (unsigned c = 0; c < static_cast<unsigned>(N); ++c)
+            for (unsigned k = 0; k < K; ++k) image[pb.offset(c, k)] = b[c * K + k];
+    }
+    int steps() const { return static_cast<int>(K / 32); }
+    std::vector<std::uint64_t> descs(int steps_, const placement& qa, const placement& qb) const {
+        std::vector<std::uint64_t> v;
+        for (int s = 0; s < steps_; ++s) {
+            v.push_back(qa.desc(static_cast<unsigned>(s)));
+            v.push_back(qb.desc(static_cast<unsigned>(s)));
+        }
+        return v;
+    }
+    /// D[row][col] = sum_k A[row][k] B[col][k] (+ d_in), float64, and sum |terms| for the tolerance.
+    void oracle(unsigned t, int i, bool accumulate, double* value, double* magnitude) const {
+        const unsigned w = t / 32, l = t % 32;  // the ISA's m64nNk32 f32 accumulator fragment
+        const unsigned row = 16 * w + l / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+        double sum = 0, mag = 0;
+        for (unsigned k = 0; k < K; ++k) {
+            const double p = static_cast<double>(octet::decode<FA>(a[row * K + k])) *
+                             static_cast<double>(octet::decode<FB>(b[col * K + k]));
+            sum += p;
+            mag += std::fabs(p);
+        }
+        if (accumulate) {
+            const double d = d_in[t * (N / 2) + static_cast<unsigned>(i)];
+            sum += d;
+            mag += std::fabs(d);
+        }
+        *value = sum;
+        *magnitude = mag;
+    }
+    oi::run_result run(const std::vector<std::uint64_t>& descs_, int steps_, std::uint32_t scale0,
+                       std::vector<float>& out, int how = ok, const oi::options& opt = collect()) const {
+        out.assign(128 * (N / 2), -7.0f);
+        return oi::launch("wgmma", {oi::dim3(1), oi::dim3(128), image_bytes}, opt, wgmma_kernel<N, FA, FB>,
+                          image.data(), image_bytes, descs_.data(), steps_, scale0, d_in.data(), out.data(), how);
+    }
+    /// How many accumulator elements differ from the oracle by more than float rounding of the steps.
+    int mismatches(const std::vector<float>& out, bool accumulate) const {
+        int bad = 0;
+        for (unsigned t = 0; t < 128; ++t)
+            for (int i = 0; i < N / 2; ++i) {
+                double v, m;
+                oracle(t, i, accumulate, &v, &m);
+                const double tol = 4 * std::ldexp(m, -24) + 1e-30;
+                if (!(std::fabs(out[t * (N / 2) + static_cast<unsigned>(i)] - v) <= tol)) ++bad;
+            }
+        return bad;
+    }
+};
+
+template <int N, class FA, class FB>
+void check_all_swizzles(std::uint64_t salt) {
+    auto g = octet_test::rng(salt);
+    for (swizzle s : {none, b32, b64, b128}) {
+        CAPTURE(N);
+        CAPTURE(octet::format_name<FA>());
+        CAPTURE(octet::format_name<FB>());
+        CAPTURE(static_cast<int>(s));
+        const problem<N, FA, FB> p(g, s);
+        for (std::uint32_t scale0 : {0u, 1u}) {
+            std::vector<float> out;
+            const auto r = p.run(p.descs(p.steps(), p.pa, p.pb), p.steps(), scale0, out);
+            CHECK_MESSAGE(r.clean(), all_messages(r));
+            CHECK(p.mismatches(out, scale0 != 0) == 0);
+        }
+    }
+}
+
+TEST_CASE("wgmma m64nNk32: all FP8 type pairs, every swizzle mode, against a float64 oracle") {
+    check_all_swizzles<64, e4m3, e4m3>(9001);
+    check_all_swizzles<64, e4m3, e5m2>(9002);
+    check_all_swizzles<64, e5m2, e4m3>(9003);
+    check_all_swizzles<64, e5m2, e5m2>(9004);
+    check_all_swizzles<128, e4m3, e4m3>(9005);
+    check_all_swizzles<128, e4m3, e5m2>(9006);
+    check_all_swizzles<128, e5m2, e4m3>(9007);
+    check_all_swizzles<128, e5m2, e5m2>(9008);
+}
+
+TEST_CASE("wgmma descriptor: ptx::wgmma_descriptor encodes the ISA's bit layout") {
+    octet::ptx::wgmma_descriptor d;
+    d.start = 0x2A40;
+    d.leading = 0x180;
+    d.stride = 0x400;
+    d.swizzle = octet::ptx::wgmma_swizzle::b64;
+    CHECK(d.encode() == descriptor(0x2A40, 0x180, 0x400, b64));
+    d.base_offset = 5;
+    CHECK(d.encode() == (descriptor(0x2A40, 0x180, 0x400, b64) | std::uint64_t{5} << 49));
+    d.start = 0x2A48;  // not 16-byte aligned: outside a launch an error
+    CHECK_THROWS_AS((void)d.encode(), octet::error);
+}
+
+TEST_CASE("wgmma: a swizzle mode that does not match the layout gives a wrong product (seen by the oracle)") {
+    auto g = octet_test::rng(9100);
+    const problem<128, e4m3, e4m3> p(g, b128);
+    std::vector<float> out;
+    // data in the 128-byte layout, read as 64-byte swizzled and as unswizzled rows: the model cannot know
+    // (every byte it reads is initialised and in bounds), the product is wrong
+    for (swizzle wrong : {b64, none}) {
+        placement qa = p.pa, qb = p.pb;
+        qa.s = qb.s = wrong;
+        if (wrong == none) {  // 128-byte rows read as core matrices: LBO 16 keeps the reads in the tile
+            qa.lbo = qb.lbo = 16;
+        }
+        const auto r = p.run(p.descs(1, qa, qb), 1, 0, out);
+        CHECK_MESSAGE(r.clean(), all_messages(r));
+        // the first K step (32 bytes) in the right mode
+        std::vector<float> right;
+        const auto rr = p.run(p.descs(1, p.pa, p.pb), 1, 0, right);
+        CHECK(rr.clean());
+        int differ = 0;
+        for (std::size_t i = 0; i < out.size(); ++i) differ += out[i] != right[i];
+        CHECK(differ > static_cast<int>(out.size()) / 2);
+    }
+    // and the right mode over all four K steps matches the oracle
+    const auto r = p.run(p.descs(4, p.pa, p.pb), 4, 0, out);
+    CHECK(r.clean());
+    CHECK(p.mismatches(out, false) == 0);
+}
+
+TEST_CASE("wgmma: misuse is reported") {
+    auto g = octet_test::rng(9200);
+    const problem<64, e4m3, e5m2> p(g, b128);
+    const auto descs = p.descs(p.steps(), p.pa, p.pb);
+    std::vector<float> out;
+    {  // descriptor past the shared window: out-of-bounds reads, attributed to the reading thread
+        std::vector<std::uint64_t> far = descs;
+        far[0] = descriptor(0x3F000, 0, 1024, b128);
+        const auto r = p.run(far, 1, 0, out);
+        REQUIRE(has(r, oi::check::out_of_bounds));
+        CHECK(all_messages(r).find("kernel wgmma") != std::string::npos);
+    }
+    {  // B never written: uninitialised reads
+        const auto r = p.run(descs, p.steps(), 0, out, short_image);
+        CHECK(has(r, oi::check::uninitialized_read));
+    }
+    {  // no wgmma.fence before the first mma_async
+        const auto r = p.run(descs, p.steps(), 0, out, no_fence);
+        REQUIRE(has(r, oi::check::ptx_misuse));
+        CHECK(all_messages(r).find("no wgmma.fence") != std::string::npos);
+    }
+    {  // an accumulator register written while the mma_async is in flight
+        const auto r = p.run(descs, p.steps(), 0, out, write_in_flight);
+        REQUIRE(has(r, oi::check::ptx_misuse));
+        CHECK(all_messages(r).find("written before the wgmma.wait_group") != std::string::npos);
+    }
+    {  // read while in flight: not reported, but the value read is NaN; the rest lands at the wait
+        const auto r = p.run(descs, p.steps(), 1, out, read_in_flight);
+        CHECK(r.clean());
+        for (unsigned t = 0; t < 128; ++t) CHECK(std::isnan(out[t * 32]));
+        CHECK(std::isfinite(out[1]));
+    }
+    {  // descriptors that differ across the warpgroup
+        const auto r = p.run(descs, p.steps(), 0, out, nonuniform_desc);
+        REQUIRE(has(r, oi::check::warp_sync));
+        CHECK(all_messages(r).find("thread 37") != std::string::npos);
+    }
+    {  // warp 1 skips the fence the others execute: the warpgroup reaches different instructions
+        const auto r = p.run(descs, p.steps(), 0, out, warps_disagree);
+        REQUIRE(has(r, oi::check::warp_sync));
+        CHECK(all_messages(r).find("wgmma.fence") != std::string::npos);
+    }
+    {  // warp 3 exits before the warpgroup's fence: the other three wait for it for ever
+        const auto r = p.run(descs, p.steps(), 0, out, warp_exits);
+        REQUIRE(has(r, oi::check::deadlock));
+        CHECK(all_messages(r).find("wgmma.fence.sync.aligned") != std::string::npos);
+    }
+    {  // a warpgroup instruction in a block of 64 threads
+        const auto r = oi::launch("wgmma_small", {oi::dim3(1), oi::dim3(64), p.image_bytes}, collect(),
+                                  wgmma_kernel<64, e4m3, e5m2>, p.image.data(), p.image_bytes, descs.data(), p.steps(),
+                                  0u, p.d_in.data(), out.data(), static_cast<int>(ok));
+        CHECK(has(r, oi::check::warp_sync));
+    }
+}
+
+}  // namespace ptx_wgmma_test
