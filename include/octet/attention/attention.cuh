@@ -95,7 +95,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
         load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
         load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
     }
-    cp_async_commit();
+    ptx::cp_async_commit_group();
     // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
     auto fetch_scale = [&](int jt) -> float {
         const int j = jt * kTile + (tid & 63);
@@ -121,7 +121,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
 
     for (int jt = 0; jt < ntiles; ++jt) {
         const int st = jt & 1;
-        cp_async_wait_all();
+        ptx::cp_async_wait_group<0>();
         (tid < 64 ? sKs : sVs)[st * kTile + (tid & 63)] = scale_next;
         __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with tile jt - 1
         if (jt == 0) {
@@ -135,7 +135,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
                                k0 + lk, hk * D);
             scale_next = fetch_scale(jt + 1);
         }
-        cp_async_commit();
+        ptx::cp_async_commit_group();
         transpose_tile<D>(sV + st * kTile * D, sVt);
 
         // S = Q K^T: (16, 64) per warp
@@ -218,7 +218,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
         }
     }
 
-    cp_async_wait_all();  // nothing may be in flight at exit (ntiles == 0 leaves Q's copy)
+    ptx::cp_async_wait_group<0>();  // nothing may be in flight at exit (ntiles == 0 leaves Q's copy)
     OCTET_UNROLL
     for (int r = 0; r < 2; ++r) {
         l[r] = attn::add(l[r], shfl_xor(l[r], 1));
@@ -351,7 +351,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
         load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
         load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
     }
-    cp_async_commit();
+    ptx::cp_async_commit_group();
     {
         const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt);
         if (tid < 64)
@@ -376,7 +376,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
     for (int n = 0; n < 8; ++n) dacc[n][0] = dacc[n][1] = 0.0f;
     for (int jt = 0; jt < ntiles; ++jt) {
         const int st = jt & 1;
-        cp_async_wait_all();
+        ptx::cp_async_wait_group<0>();
         __syncthreads();
         const float sk[2] = {sk_next[0], sk_next[1]}, sv[2] = {sv_next[0], sv_next[1]};
         if (jt + 1 < ntiles) {
@@ -386,7 +386,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
                                k0 + lk, hk * D);
             fetch_kv(jt + 1, sk_next, sv_next);
         }
-        cp_async_commit();
+        ptx::cp_async_commit_group();
         float pp[8][4], dp[8][4];
         tile_p_dp<D, typename QR::format, typename KR::format, typename VR::format, typename DR::format>(
             sK + st * kTile * D, sV + st * kTile * D, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile,
@@ -401,7 +401,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
             dacc[n][e] = attn::add(dacc[n][e], v);
         }
     }
-    cp_async_wait_all();
+    ptx::cp_async_wait_group<0>();
     if (g == 0) OCTET_UNROLL
     for (int n = 0; n < 8; ++n) OCTET_UNROLL
     for (int e = 0; e < 2; ++e) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = dacc[n][e];
@@ -502,7 +502,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
     };
     qrow_values next{};
     if (n_iter > 0) next = issue_q(0, 0);
-    cp_async_commit();
+    ptx::cp_async_commit_group();
 
     float sk[2], sv[2];
     OCTET_UNROLL
@@ -520,7 +520,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
     for (int it = 0; it < n_iter; ++it) {
         const int st = it & 1;
         const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
-        cp_async_wait_all();
+        ptx::cp_async_wait_group<0>();
         if (tid < 64) {
             sLc[tid] = next.a;
             sDelta[tid] = next.b;
@@ -532,7 +532,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
         __syncthreads();  // S1: tiles and row vectors of this iteration visible; previous iteration done
         if (it == 0) transpose_tile<D>(sK, sKt);
         if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
-        cp_async_commit();
+        ptx::cp_async_commit_group();
         transpose_tile<D>(sQ + st * kTile * D, sQt);
         transpose_tile<D>(sdO + st * kTile * D, sdOt);
 
@@ -696,7 +696,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
         }
     }
 
-    cp_async_wait_all();
+    ptx::cp_async_wait_group<0>();
     OCTET_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);

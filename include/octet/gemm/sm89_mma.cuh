@@ -83,10 +83,10 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
             const std::uint32_t ga = m0 + row, gb = n0 + row;
             const std::uint8_t* srca = ga < M && kbytes ? p.a + static_cast<std::size_t>(ga) * p.a_row_bytes + k : p.a;
             const std::uint8_t* srcb = gb < N && kbytes ? p.b + static_cast<std::size_t>(gb) * p.b_row_bytes + k : p.b;
-            cp_async_16(ptx::shared_address(As + (stage * kSm89BM + row) * kSm89Pitch + kc), srca,
-                        ga < M ? kbytes : 0u);
-            cp_async_16(ptx::shared_address(Bs + (stage * kSm89BN + row) * kSm89Pitch + kc), srcb,
-                        gb < N ? kbytes : 0u);
+            ptx::cp_async_cg_16(ptx::shared_address(As + (stage * kSm89BM + row) * kSm89Pitch + kc), srca,
+                                ga < M ? kbytes : 0u);
+            ptx::cp_async_cg_16(ptx::shared_address(Bs + (stage * kSm89BN + row) * kSm89Pitch + kc), srcb,
+                                gb < N ? kbytes : 0u);
         }
     };
 
@@ -130,15 +130,15 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
     OCTET_UNROLL
     for (int s = 0; s < kSm89Stages - 1; ++s) {
         if (static_cast<std::uint32_t>(s) < KT) load_stage(s, s);
-        cp_async_commit();
+        ptx::cp_async_commit_group();
     }
     std::uint32_t seg_k0 = 0;
     for (std::uint32_t kt = 0; kt < KT; ++kt) {
-        cp_async_wait<kSm89Stages - 2>();
+        ptx::cp_async_wait_group<kSm89Stages - 2>();
         __syncthreads();  // stage kt is in shared memory, and every warp is done with stage kt - 1
         const std::uint32_t next = kt + kSm89Stages - 1;
         if (next < KT) load_stage(next % kSm89Stages, next);
-        cp_async_commit();
+        ptx::cp_async_commit_group();
 
         const std::uint8_t* as = As + (kt % kSm89Stages) * kSm89BM * kSm89Pitch;
         const std::uint8_t* bs = Bs + (kt % kSm89Stages) * kSm89BN * kSm89Pitch;
@@ -171,7 +171,7 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
             }
         }
     }
-    cp_async_wait<0>();
+    ptx::cp_async_wait_group<0>();
 
     OCTET_UNROLL
     for (int i = 0; i < 4; ++i) OCTET_UNROLL

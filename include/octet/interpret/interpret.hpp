@@ -384,6 +384,27 @@ inline std::uint8_t* static_shared_alloc(const void* tag, const char* name, std:
                                          int* region);
 inline std::uint8_t* dynamic_shared_base(int* region);
 inline std::uint8_t* shared_window(std::size_t* bytes);
+/// One cp.async in flight (octet/interpret/ptx_models.hpp): its source bytes, read when it was issued
+/// and zero-filled to its size, wait to be written at `dst` (a shared address) by the wait that
+/// completes its group.
+struct async_copy {
+    std::uint32_t dst = 0, bytes = 0;
+    std::uint8_t data[16] = {};
+};
+/// The running thread's cp.async state: copies issued since its last commit_group, and its committed
+/// groups, oldest first (a group may be empty).
+struct async_copies {
+    std::vector<async_copy> uncommitted;
+    std::vector<std::vector<async_copy>> groups;
+    bool empty() const { return uncommitted.empty() && groups.empty(); }
+};
+inline async_copies& thread_async_copies();
+/// An instruction model's report about the running thread: check::ptx_misuse at shared
+/// address `shared` (or none when negative), which ends the block as a fault would on the device.
+inline void ptx_misuse(long long shared, const std::string& detail);
+/// The shared variable (region) holding shared address `address`, or -1 (then only the window bounds
+/// apply): for models, whose operands are 32-bit addresses that carry no variable.
+inline int shared_region_at(std::uint32_t address);
 template <class T>
 using element_ref = std::conditional_t<std::is_array<T>::value, sptr<std::remove_extent_t<T>>, sref<T>>;
 template <class T>

@@ -45,19 +45,6 @@ constexpr int kTile = 64;      // queries or keys per tile (attn::tile_size)
 using attn_frag::perm_pos;
 using attn_frag::swz;
 
-// ---- cp.async ---------------------------------------------------------------------------------------
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ptx::shared_address(smem)), "l"(gmem),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
 /// Starts copying rows [row0, row0 + 64) (those below row_end; the rest are zero-filled) of an FP8
 /// matrix with `row_bytes` bytes per row, columns [col0, col0 + D), into a swizzled 64 x D tile.
 template <int D>
@@ -68,7 +55,7 @@ __device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::u
         const int r = c / chunks, ch = c % chunks;
         const bool valid = row0 + r < row_end;
         const std::uint8_t* src = valid ? base + static_cast<std::size_t>(row0 + r) * row_bytes + col0 + 16 * ch : base;
-        cp_async16(tile + swz<D>(r, ch), src, valid);
+        ptx::cp_async_cg_16(ptx::shared_address(tile + swz<D>(r, ch)), src, valid ? 16u : 0u);
     }
 }
 

@@ -171,19 +171,5 @@ void require_device_matrix(const matrix_ref<T>& m, const char* fn, const char* a
     cuda::require_device_accessible(m.data, fn, arg);
 }
 
-// ---- PTX helpers shared by the kernels ------------------------------------------------------------
-
-/// 16-byte async copy global -> shared with zero fill of the bytes past `src_bytes` (0..16).
-OCTET_DEVICE void cp_async_16(std::uint32_t dst, const void* src, std::uint32_t src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-OCTET_DEVICE void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-OCTET_DEVICE void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 }  // namespace detail
 }  // namespace octet

@@ -266,7 +266,8 @@ struct fiber {
     std::size_t spins = 0;     // yields in this block
     std::uint32_t wvalue = 0;  // a warp collective's result for this lane
     bool wpred = false;
-    wgmma_thread wgmma;  // model state of the warpgroup MMA (ptx_models.hpp)
+    wgmma_thread wgmma;   // model state of the warpgroup MMA (ptx_models.hpp)
+    async_copies copies;  // cp.async in flight
 };
 
 struct barrier_state {
@@ -510,6 +511,7 @@ struct machine {
             f.fault = 0;
             f.spins = 0;
             f.wgmma = wgmma_thread{};
+            f.copies = async_copies{};
             f.vc.assign(nthreads, 0);
             f.vc[t] = 1;
             make_context(f.ctx, f.mapping + page, stack_bytes, fiber_entry);
@@ -1108,6 +1110,35 @@ struct machine {
     std::size_t shared_limit() const {
         return opt.max_dynamic_shared ? opt.device.shared_per_block_optin : opt.device.shared_per_block;
     }
+    /// The variable holding shared offset off (-1: none).
+    int region_at(std::size_t off) const {
+        for (std::size_t r = regions.size(); r-- > 0;)
+            if (off >= regions[r].begin && off < regions[r].begin + regions[r].size) return static_cast<int>(r);
+        return -1;
+    }
+    std::string describe_any(std::size_t off) const { return describe(off, region_at(off)); }
+    /// A thread that exits with cp.async copies in flight: the ISA guarantees their writes to no one
+    /// (only a wait_group/wait_all of the issuing thread makes them visible), so they are dropped and
+    /// reported; octet's kernels end with wait_all.
+    void check_exit(fiber& f) {
+        if (f.copies.empty()) return;
+        std::size_t n = f.copies.uncommitted.size(), groups = f.copies.groups.size();
+        const async_copy* first = nullptr;  // the oldest pending copy
+        for (const auto& g : f.copies.groups) {
+            n += g.size();
+            if (!first && !g.empty()) first = &g.front();
+        }
+        if (!first && !f.copies.uncommitted.empty()) first = &f.copies.uncommitted.front();
+        const std::string what = std::to_string(n) + " cp.async copies (" + std::to_string(groups) +
+                                 " committed groups, " + std::to_string(f.copies.uncommitted.size()) +
+                                 " uncommitted copies) pending";
+        const std::string address = first ? describe_any(first->dst) : std::string();
+        f.copies = async_copies{};
+        emit(make(check::ptx_misuse, f.tid, address,
+                  "the thread exited with " + what +
+                      ": their writes are not guaranteed (cp.async.wait_all before exiting completes them)"),
+             false);
+    }
     std::string describe(std::size_t off, int r) const {
         if (r >= 0 && static_cast<std::size_t>(r) < regions.size())
             return regions[static_cast<std::size_t>(r)].name + "+" +
@@ -1422,6 +1453,7 @@ inline void fiber_entry() {
     fiber& f = *m.current;
     try {
         m.body();
+        m.check_exit(f);
     } catch (const fiber_abort&) {
     } catch (const block_abort&) {
         m.block_aborted = true;
@@ -1448,6 +1480,18 @@ inline wgmma_thread& wgmma_state() {
 
 inline bool shared_access(const std::uint8_t* p, std::size_t bytes, access kind, int region) {
     return running("a shared-memory access").access(p, bytes, kind, region);
+}
+inline async_copies& thread_async_copies() {
+    return running("cp.async").current->copies;
+}
+inline int shared_region_at(std::uint32_t address) {
+    return running("a shared address").region_at(address);
+}
+inline void ptx_misuse(long long shared, const std::string& detail) {
+    machine& m = running("a PTX instruction");
+    m.emit(m.make(check::ptx_misuse, m.current->tid,
+                  shared < 0 ? std::string() : m.describe_any(static_cast<std::size_t>(shared)), detail),
+           true);
 }
 inline std::uint8_t* static_shared_alloc(const void* tag, const char* name, std::size_t bytes, std::size_t align,
                                          int* region) {
