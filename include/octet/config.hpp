@@ -44,6 +44,23 @@
 #define OCTET_DEVICE_PASS 0
 #endif
 
+/// Kernel code for compute capability `cc` (890, 900) or newer, for #if: true in nvcc's device pass
+/// for such a target, and in interpret mode, whose device model is an sm_90a GPU; false elsewhere.
+#if defined(__CUDA_ARCH__)
+#define OCTET_ARCH_AT_LEAST(cc) (__CUDA_ARCH__ >= (cc))
+#elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+#define OCTET_ARCH_AT_LEAST(cc) ((cc) <= 900)
+#else
+#define OCTET_ARCH_AT_LEAST(cc) 0
+#endif
+/// sm_90a's architecture-specific instructions (wgmma, setmaxnreg): nvcc's device pass for sm_90a, or
+/// interpret mode.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(OCTET_INTERPRET) && !defined(__CUDACC__))
+#define OCTET_ARCH_SM90A 1
+#else
+#define OCTET_ARCH_SM90A 0
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define OCTET_UNROLL _Pragma("unroll")
 #elif defined(__CUDACC__)

@@ -148,8 +148,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
             for (int np = 0; np < 4; ++np) {
                 std::uint32_t bk[2][2];
                 load_b2<D>(bk, sK + st * kTile * D, 16 * np, ks, lane);
-                mma<QF, KF>(s[2 * np], qa[ks], bk[0]);
-                mma<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
+                ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np], qa[ks], bk[0]);
+                ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
             }
         }
         const float* ksc = sKs + st * kTile;
@@ -211,8 +211,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
             std::uint32_t bv[2][2];
             load_bt(bv, sVt, 8 * nd, lane);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma<e4m3, VF>(acc, pa[0], bv[0]);
-            mma<e4m3, VF>(acc, pa[1], bv[1]);
+            ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[0], bv[0]);
+            ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[1], bv[1]);
             OCTET_UNROLL
             for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, acc[x]));
         }
@@ -259,11 +259,11 @@ __device__ __forceinline__ void tile_p_dp(const std::uint8_t* sK, const std::uin
         for (int np = 0; np < 4; ++np) {
             std::uint32_t bq[2][2], bd[2][2];
             load_b2<D>(bq, sQ, 16 * np, ks, lane);
-            mma<KF, QF>(pp[2 * np], ak, bq[0]);
-            mma<KF, QF>(pp[2 * np + 1], ak, bq[1]);
+            ptx::mma_m16n8k32_acc<KF, QF>(pp[2 * np], ak, bq[0]);
+            ptx::mma_m16n8k32_acc<KF, QF>(pp[2 * np + 1], ak, bq[1]);
             load_b2<D>(bd, sdO, 16 * np, ks, lane);
-            mma<VF, DF>(dp[2 * np], av, bd[0]);
-            mma<VF, DF>(dp[2 * np + 1], av, bd[1]);
+            ptx::mma_m16n8k32_acc<VF, DF>(dp[2 * np], av, bd[0]);
+            ptx::mma_m16n8k32_acc<VF, DF>(dp[2 * np + 1], av, bd[1]);
         }
     }
     const bool whole = attn::tile_all_visible(qrow0, krow0, lq, lk, causal);  // no mask test inside
@@ -648,14 +648,14 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
             std::uint32_t bt[2][2];
             load_bt(bt, sdOt, 8 * nd, lane);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma<e4m3, DF>(acc, pa[0], bt[0]);
-            mma<e4m3, DF>(acc, pa[1], bt[1]);
+            ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[0], bt[0]);
+            ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[1], bt[1]);
             OCTET_UNROLL
             for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
             load_bt(bt, sQt, 8 * nd, lane);
             float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma<e4m3, QF>(acc2, da[0], bt[0]);
-            mma<e4m3, QF>(acc2, da[1], bt[1]);
+            ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[0], bt[0]);
+            ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[1], bt[1]);
             OCTET_UNROLL
             for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
         }
@@ -683,8 +683,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
                 std::uint32_t bt[2][2];
                 load_bt(bt, sKt, 8 * nd, lane);
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma<e4m3, KF>(acc, qa[0], bt[0]);
-                mma<e4m3, KF>(acc, qa[1], bt[1]);
+                ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[0], bt[0]);
+                ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[1], bt[1]);
                 OCTET_UNROLL
                 for (int r = 0; r < 2; ++r) {
                     if (rowi[r] >= lq) continue;

@@ -23,27 +23,6 @@ constexpr int kSm89Pitch = kSm89BK + 16;  // bytes per shared-memory row
 constexpr int kSm89StageBytes = (kSm89BM + kSm89BN) * kSm89Pitch;
 constexpr int kSm89SmemBytes = kSm89Stages * kSm89StageBytes;
 
-/// One m16n8k32 FP8 MMA: d += a * b (A row-major 16 x 32, B column-major 32 x 8, f32 accumulate).
-template <class FA, class FB>
-OCTET_DEVICE void mma_fp8_m16n8k32(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define OCTET_MMA_FP8(TA, TB)                                                   \
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB             \
-                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])               \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
-    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>)
-        OCTET_MMA_FP8("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<FA, e4m3>)
-        OCTET_MMA_FP8("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<FB, e4m3>)
-        OCTET_MMA_FP8("e5m2", "e4m3");
-    else
-        OCTET_MMA_FP8("e5m2", "e5m2");
-#undef OCTET_MMA_FP8
-#endif
-}
-
 template <class RA, class RB, class CT, class DT>
 struct sm89_params {
     const std::uint8_t* a;
@@ -163,7 +142,7 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
             }
             OCTET_UNROLL
             for (int i = 0; i < 4; ++i) OCTET_UNROLL
-            for (int j = 0; j < 4; ++j) mma_fp8_m16n8k32<FA, FB>(frag[i][j], a[i], b[j]);
+            for (int j = 0; j < 4; ++j) ptx::mma_m16n8k32_acc<FA, FB>(frag[i][j], a[i], b[j]);
             const std::uint32_t kend = kglob + 32;
             if (kend - seg_k0 >= p.segment || kend >= K) {
                 promote(seg_k0);

@@ -72,31 +72,24 @@
 // with octet::shared_cast<U>(p). A kernel runs with launch("name", {grid, block, dynamic_bytes},
 // kernel, args...).
 //
-// What remains to model for octet's kernels, each as a function of a `ptx::` layer
-//   ldmatrix (.x1/.x2/.x4, .trans), mma.sync.m16n8k32 with E4M3/E5M2 operands (fragment layouts as in
-//   attention/detail/fragments.hpp), TMA cp.async.bulk.tensor with tensor maps (box, swizzle, out-of-bounds zero
-//   fill, complete_tx on an mbarrier), cp.async (+ commit/wait_group: the copy lands at the wait, so a
-//   read before it is an uninitialised read), mbarrier (init, arrive, expect_tx, phase parity,
-//   try_wait: a waiting fiber blocks like a barrier waiter; transaction-count and parity misuse are
-//   reports), fence.proxy.async (async-proxy writes are visible to generic reads only after it: a shadow
-//   flag per byte), setmaxnreg (check warpgroup-uniform use), cvt to/from FP8/FP6/FP4 (octet's own
-//   encode/decode rules, tested against the toolkit's conversions), ex2.approx (exp2 in double rounded to
-//   float, documented as within the PTX bound of 2 ulp), and finer global-memory checks (kernels take
-//   raw pointers: guarded_buffer catches accesses past an end; races and uninitialised reads in global
-//   memory would need a checked pointer type in the kernels' signatures).
-//   The `ptx::` layer is one place (octet/cuda/ptx.cuh) of named functions, one per instruction, e.g.
-//     OCTET_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4],
-//                                         const std::uint32_t (&b)[2], const float (&c)[4]);
-//   whose body is `#if OCTET_DEVICE_PASS asm volatile("mma.sync.aligned.m16n8k32...") #elif
-//   defined(OCTET_INTERPRET) interpret::model::mma_m16n8k32<e4m3, e4m3>(...) #endif` (a .hpp: it
-//   compiles with g++ alone, emitting nothing outside the two modes); the model of a warp-collective
-//   instruction is a warp_exchange (every lane deposits its registers, the last arrival computes all
-//   lanes' results from the PTX ISA's fragment definitions; tests/host/interpret_core.cpp has an
-//   ldmatrix.x4 written so), and operands that live in shared memory are read by each lane through
-//   sptr (shared_at turns a 32-bit shared address back into one) so that the model's reads and writes
-//   go through the same checks as the kernel's and are attributed to the right thread. The warpgroup
-//   instructions (wgmma: modelled, ptx_models.hpp "wgmma") are warpgroup_exchange calls, the same
-//   collective over the 4 warps of a warpgroup.
+// PTX instructions (octet/cuda/ptx.cuh, the one home of octet's inline PTX, and their models in
+// octet/interpret/ptx_models.hpp, each written from the PTX ISA and tested on its own in tests/interpret):
+//   mma.sync.m16n8k32 with E4M3/E5M2 operands, ldmatrix (.x1/.x2/.x4, .trans), cp.async (+ commit_group,
+//   wait_group: a copy lands at the wait, as the issuing thread's writes), mbarrier (init, arrive,
+//   expect_tx, complete_tx, phase parity, try_wait: a waiting thread blocks like a barrier waiter),
+//   cp.async.bulk.tensor 2d loads through tensor maps (runtime.hpp serves cuTensorMapEncodeTiled; box,
+//   swizzle, out-of-bounds zero fill), fence.proxy.async, setmaxnreg, wgmma.mma_async m64nNk32 FP8 with
+//   shared-memory descriptors and their swizzle modes (+ fence, commit_group, wait_group: results land
+//   at the wait). A warp-collective instruction is a warp_exchange (every lane deposits its registers,
+//   the last arrival computes all lanes' results from the ISA's fragment definitions); a warpgroup
+//   instruction a warpgroup_exchange over the 4 warps of a warpgroup. Operands in shared memory are
+//   read and written by each thread through sptr (shared_at turns a 32-bit shared address back into
+//   one), so the model's accesses go through the same checks as the kernel's and are attributed to
+//   the right thread. Misuse the ISA leaves undefined is a ptx_misuse or mbarrier_misuse report.
+// Not modelled yet: cvt to/from FP8/FP6/FP4 as instructions (kernels reach them through octet's
+// encode/decode, which are host code here), ex2.approx, and finer global-memory checks (kernels take
+// raw pointers: guarded_buffer catches accesses past an end; races and uninitialised reads in global
+// memory would need a checked pointer type in the kernels' signatures).
 #pragma once
 
 #include <sys/mman.h>

@@ -1,7 +1,8 @@
 // octet/attention/detail/tiles.cuh: the tile machinery of the FP8 attention kernels (sm_89+):
-// FP8 mma.sync, ldmatrix, cp.async, the shared-memory layouts and the FP8 tile transpose.
+// fragment loads (ldmatrix), cp.async, the shared-memory layouts and the FP8 tile transpose.
 //
-// The tensor-core operation is mma.sync.m16n8k32 with E4M3/E5M2 operands and float accumulators.
+// The tensor-core operation is mma.sync.m16n8k32 (ptx::mma_m16n8k32_acc, octet/cuda/ptx.cuh, which
+// traps below sm_89) with E4M3/E5M2 operands and float accumulators.
 // Its fragments (per lane: g = lane / 4, t = lane % 4):
 //   A (16 x 32, row): reg 0 = row g, reg 1 = row g + 8, reg 2 = row g, reg 3 = row g + 8; regs 0/1
 //     hold the first half of k, regs 2/3 the second half, 4 bytes each;
@@ -61,17 +62,11 @@ __device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::u
 
 // ---- ldmatrix ---------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
 /// A fragments (16 rows from row0, k-step ks) of a tile with k contiguous.
 template <int RowBytes>
 __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const std::uint8_t* tile, int row0, int ks, int lane) {
     const attn_frag::row_chunk rc = attn_frag::a_address(lane, row0, ks);
-    ldsm_x4(a, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
+    ptx::ldmatrix_x4(a, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
 }
 
 /// B fragments of two n8 tiles (columns n0..n0+15 = tile rows, k-step ks) of a tile with k contiguous:
@@ -80,7 +75,7 @@ template <int RowBytes>
 __device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int ks, int lane) {
     const attn_frag::row_chunk rc = attn_frag::b2_address(lane, n0, ks);
     std::uint32_t r[4];
-    ldsm_x4(r, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
+    ptx::ldmatrix_x4(r, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
     b[0][0] = r[0];
     b[0][1] = r[1];
     b[1][0] = r[2];
@@ -92,42 +87,11 @@ __device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], const std::uin
 __device__ __forceinline__ void load_bt(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int lane) {
     const attn_frag::row_chunk rc = attn_frag::bt_address(lane, n0);
     std::uint32_t r[4];
-    ldsm_x4(r, ptx::shared_address(tile + swz<64>(rc.row, rc.chunk)));
+    ptx::ldmatrix_x4(r, ptx::shared_address(tile + swz<64>(rc.row, rc.chunk)));
     b[0][0] = r[0];
     b[0][1] = r[1];
     b[1][0] = r[2];
     b[1][1] = r[3];
-}
-
-// ---- FP8 mma.sync ------------------------------------------------------------------------------
-
-template <class A, class B>
-__device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-    static_assert(
-        (std::is_same_v<A, e4m3> || std::is_same_v<A, e5m2>)&&(std::is_same_v<B, e4m3> || std::is_same_v<B, e5m2>),
-        "attention kernels multiply E4M3 or E5M2 operands");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define OCTET_ATTN_MMA(TA, TB)                                      \
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB \
-                 ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "        \
-                 "{%8, %9}, {%0, %1, %2, %3};\n"                    \
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])   \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
-    if constexpr (std::is_same_v<A, e4m3> && std::is_same_v<B, e4m3>)
-        OCTET_ATTN_MMA("e4m3", "e4m3");
-    else if constexpr (std::is_same_v<A, e4m3>)
-        OCTET_ATTN_MMA("e4m3", "e5m2");
-    else if constexpr (std::is_same_v<B, e4m3>)
-        OCTET_ATTN_MMA("e5m2", "e4m3");
-    else
-        OCTET_ATTN_MMA("e5m2", "e5m2");
-#undef OCTET_ATTN_MMA
-#else
-    // FP8 tensor cores need sm_89 or newer; the launchers refuse older devices, so this never runs.
-    (void)a;
-    (void)b;
-    __trap();
-#endif
 }
 
 // ---- bytes ------------------------------------------------------------------------------------------
