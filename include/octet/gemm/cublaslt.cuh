@@ -102,6 +102,14 @@ inline cublasLtMatmulMatrixScale_t lt_scale(lt_scale_mode m) {
 
 /// cublaslt_ref::matmul: one cublasLtMatmul with the lent handle and workspace (enqueued on `stream`).
 inline void cublaslt_matmul(const cublaslt_ref& lt, cudaStream_t stream, const cublaslt_matmul_args& a) {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    // cuBLASLt is a closed library with no host model (nor is it linked): gemm_device_support refuses
+    // the backend in interpret mode before this is reached.
+    (void)lt;
+    (void)stream;
+    throw error(message("octet::scaled_gemm (cublaslt): cannot run ", a.problem,
+                        ": cuBLASLt is unavailable in interpret mode (OCTET_INTERPRET)"));
+#else
     const auto handle = static_cast<cublasLtHandle_t>(lt.handle);
     lt_matmul_desc desc(CUBLAS_COMPUTE_32F, CUDA_R_32F);
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -144,6 +152,7 @@ inline void cublaslt_matmul(const cublaslt_ref& lt, cudaStream_t stream, const c
     cublas_check(cublasLtMatmul(handle, desc.d, alpha, a.first, la.d, a.second, lb.d, beta, a.c, lc.d, a.d, ld.d,
                                 &heuristic.algo, lt.workspace, ws_bytes, stream),
                  "cublasLtMatmul");
+#endif
 }
 
 }  // namespace detail
@@ -172,6 +181,10 @@ namespace cuda {
 class cublaslt_context {
 public:
     explicit cublaslt_context(std::size_t workspace_bytes = std::size_t{32} << 20) {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+        (void)workspace_bytes;  // cuBLASLt is a closed library with no host model, and is not linked
+        throw error("octet::cuda::cublaslt_context: cuBLASLt is unavailable in interpret mode (OCTET_INTERPRET)");
+#else
         detail::cublas_check(cublasLtCreate(&handle_), "cublasLtCreate");
         if (workspace_bytes > 0) {
             const cudaError_t err = cudaMalloc(&workspace_, workspace_bytes);
@@ -181,17 +194,26 @@ public:
             }
             workspace_bytes_ = workspace_bytes;
         }
+#endif
     }
     ~cublaslt_context() {
+#if !(defined(OCTET_INTERPRET) && !defined(__CUDACC__))
         if (workspace_) cudaFree(workspace_);
         if (handle_) cublasLtDestroy(handle_);
+#endif
     }
     cublaslt_context(const cublaslt_context&) = delete;
     cublaslt_context& operator=(const cublaslt_context&) = delete;
 
-    cublasLtHandle_t handle() const { return handle_; }
-    void* workspace() const { return workspace_; }
-    std::size_t workspace_bytes() const { return workspace_bytes_; }
+    cublasLtHandle_t handle() const {
+        return handle_;
+    }
+    void* workspace() const {
+        return workspace_;
+    }
+    std::size_t workspace_bytes() const {
+        return workspace_bytes_;
+    }
 
 private:
     cublasLtHandle_t handle_ = nullptr;

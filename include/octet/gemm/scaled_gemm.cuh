@@ -53,6 +53,10 @@ std::string gemm_device_support(const stream_executor& ex, gemm_backend backend,
         return "the executor carries no cuBLASLt (pass octet::with_cublaslt(octet::on_stream(s), handle, workspace, "
                "bytes) from "
                "octet/gemm/cublaslt.cuh, and link CUDA::cublasLt)";
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    if (backend == gemm_backend::cublaslt)  // a closed library: nothing to run under the interpreter
+        return "cuBLASLt has no host model, so the cublaslt backend is unavailable in interpret mode (OCTET_INTERPRET)";
+#endif
     if (cuda::compute_capability() == 0) return "there is no CUDA device";
     switch (backend) {
         case gemm_backend::sm90_wgmma:

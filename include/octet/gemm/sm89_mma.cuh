@@ -14,6 +14,7 @@
 #pragma once
 
 #include "octet/gemm/detail/device_common.cuh"
+#include "octet/interpret/cuda_names.hpp"  // OCTET_DYNAMIC_SHARED_ALIGNED, octet::shared_ptr_t
 
 namespace octet {
 namespace detail {
@@ -38,8 +39,8 @@ struct sm89_params {
 template <class RA, class RB, class CT, class DT>
 OCTET_KERNEL void __launch_bounds__(kSm89Threads)
     sm89_gemm_kernel(const __grid_constant__ sm89_params<RA, RB, CT, DT> p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    extern __shared__ __align__(16) std::uint8_t gemm89_smem[];
+#if OCTET_ARCH_AT_LEAST(890)
+    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, gemm89_smem, 16);
     using FA = typename RA::format;
     using FB = typename RB::format;
     const std::uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -49,8 +50,8 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
     const std::uint32_t M = p.M, N = p.N, K = p.K;
 
     // (STAGES, BM, PITCH) then (STAGES, BN, PITCH)
-    std::uint8_t* const As = gemm89_smem;
-    std::uint8_t* const Bs = gemm89_smem + kSm89Stages * kSm89BM * kSm89Pitch;
+    const shared_ptr_t<std::uint8_t> As = gemm89_smem;
+    const shared_ptr_t<std::uint8_t> Bs = gemm89_smem + kSm89Stages * kSm89BM * kSm89Pitch;
 
     auto load_stage = [&](std::uint32_t stage, std::uint32_t kt) {
         const std::uint32_t k0 = kt * kSm89BK;
@@ -119,8 +120,8 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
         if (next < KT) load_stage(next % kSm89Stages, next);
         ptx::cp_async_commit_group();
 
-        const std::uint8_t* as = As + (kt % kSm89Stages) * kSm89BM * kSm89Pitch;
-        const std::uint8_t* bs = Bs + (kt % kSm89Stages) * kSm89BN * kSm89Pitch;
+        const shared_ptr_t<const std::uint8_t> as = As + (kt % kSm89Stages) * kSm89BM * kSm89Pitch;
+        const shared_ptr_t<const std::uint8_t> bs = Bs + (kt % kSm89Stages) * kSm89BN * kSm89Pitch;
         OCTET_UNROLL
         for (int ks = 0; ks < kSm89BK / 32; ++ks) {
             const std::uint32_t kglob = kt * kSm89BK + ks * 32;
@@ -128,17 +129,17 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
             std::uint32_t a[4][4], b[4][2];
             OCTET_UNROLL
             for (int i = 0; i < 4; ++i) {
-                const std::uint8_t* r0 = as + (wm * 64 + i * 16 + g) * kSm89Pitch + ks * 32 + t * 4;
-                a[i][0] = *reinterpret_cast<const std::uint32_t*>(r0);
-                a[i][1] = *reinterpret_cast<const std::uint32_t*>(r0 + 8 * kSm89Pitch);
-                a[i][2] = *reinterpret_cast<const std::uint32_t*>(r0 + 16);
-                a[i][3] = *reinterpret_cast<const std::uint32_t*>(r0 + 8 * kSm89Pitch + 16);
+                const shared_ptr_t<const std::uint8_t> r0 = as + (wm * 64 + i * 16 + g) * kSm89Pitch + ks * 32 + t * 4;
+                a[i][0] = *shared_cast<const std::uint32_t>(r0);
+                a[i][1] = *shared_cast<const std::uint32_t>(r0 + 8 * kSm89Pitch);
+                a[i][2] = *shared_cast<const std::uint32_t>(r0 + 16);
+                a[i][3] = *shared_cast<const std::uint32_t>(r0 + 8 * kSm89Pitch + 16);
             }
             OCTET_UNROLL
             for (int j = 0; j < 4; ++j) {
-                const std::uint8_t* c0 = bs + (wn * 32 + j * 8 + g) * kSm89Pitch + ks * 32 + t * 4;
-                b[j][0] = *reinterpret_cast<const std::uint32_t*>(c0);
-                b[j][1] = *reinterpret_cast<const std::uint32_t*>(c0 + 16);
+                const shared_ptr_t<const std::uint8_t> c0 = bs + (wn * 32 + j * 8 + g) * kSm89Pitch + ks * 32 + t * 4;
+                b[j][0] = *shared_cast<const std::uint32_t>(c0);
+                b[j][1] = *shared_cast<const std::uint32_t>(c0 + 16);
             }
             OCTET_UNROLL
             for (int i = 0; i < 4; ++i) OCTET_UNROLL
@@ -165,7 +166,7 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
 
 /// Its sm_89+ images carry the probe marker (device_common.cuh): never launched, only inspected.
 OCTET_KERNEL void sm89_probe_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#if OCTET_ARCH_AT_LEAST(890)
     OCTET_PROBE_MARKER();
 #endif
 }
@@ -203,7 +204,7 @@ void launch_sm89(cudaStream_t stream, const quantized_cref<RA>& A, const quantiz
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSm89SmemBytes));
     const dim3 grid(static_cast<unsigned>((N + kSm89BN - 1) / kSm89BN),
                     static_cast<unsigned>((M + kSm89BM - 1) / kSm89BM));
-    kernel<<<grid, kSm89Threads, kSm89SmemBytes, stream>>>(p);
+    cuda::launch("sm89_gemm_kernel", kernel, grid, dim3(kSm89Threads), kSm89SmemBytes, stream, p);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

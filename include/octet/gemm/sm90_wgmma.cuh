@@ -417,7 +417,7 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     const std::size_t tiles = static_cast<std::size_t>(p.tiles_m) * p.tiles_n;
     const unsigned grid =
         static_cast<unsigned>(std::min<std::size_t>(tiles, static_cast<std::size_t>(cuda::multiprocessor_count())));
-    kernel<<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(ma, mb, p);
+    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, p);
     OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -218,6 +218,21 @@ cudaError_t cuda_func_set_attribute(F* kernel, cudaFuncAttribute attr, int value
     return cudaSuccess;
 }
 
+/// cudaFuncGetAttributes: the kernel's limits as the model sees them. Not exact: static shared memory
+/// is known only at a launch (0 here), and registers are not modelled (numRegs is 255, the most a
+/// thread may have, so that a kernel's own register-budget checks pass).
+template <class F>
+cudaError_t cuda_func_get_attributes(cudaFuncAttributes* attr, F* kernel) {
+    if (!attr || !kernel) return cudaErrorInvalidValue;
+    const device_model m{};
+    *attr = cudaFuncAttributes{};
+    attr->maxThreadsPerBlock = static_cast<int>(m.max_threads_per_block);
+    attr->maxDynamicSharedSizeBytes = static_cast<int>(max_dynamic_shared(reinterpret_cast<const void*>(kernel)));
+    attr->numRegs = 255;
+    attr->ptxVersion = attr->binaryVersion = kComputeMajor * 10 + kComputeMinor;
+    return cudaSuccess;
+}
+
 /// The driver entry points a program may look up: cuTensorMapEncodeTiled (the model's, which stores its
 /// own description in the map for the TMA model). Any other symbol is not found.
 inline cudaError_t cuda_get_driver_entry_point_by_version(const char* symbol, void** fn, unsigned /*version*/,
@@ -310,6 +325,8 @@ inline const char* cuda_get_error_string(cudaError_t e) {
 #define cudaGetDeviceProperties ::octet::interpret::runtime::cuda_get_device_properties
 #undef cudaFuncSetAttribute
 #define cudaFuncSetAttribute ::octet::interpret::runtime::cuda_func_set_attribute
+#undef cudaFuncGetAttributes
+#define cudaFuncGetAttributes ::octet::interpret::runtime::cuda_func_get_attributes
 #undef cudaGetErrorName
 #define cudaGetErrorName ::octet::interpret::runtime::cuda_get_error_name
 #undef cudaGetErrorString

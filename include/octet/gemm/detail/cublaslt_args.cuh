@@ -201,13 +201,15 @@ void run_cublaslt_impl(const stream_executor& ex, const quantized_cref<RA>& A, c
         const std::size_t ldk = (K + 7) / 8 * 8;  // 16-byte rows of bf16
         pa_buf = stream_scratch(ex, plan.expand_a);
         pb_buf = stream_scratch(ex, plan.expand_b);
-        lt_expand_fp4<RA><<<cuda::grid_stride_blocks(M * ldk, blocks), blocks, 0, stream>>>(A, pa_buf.as<bf16>(), ldk);
+        cuda::launch("lt_expand_fp4", lt_expand_fp4<RA>, cuda::grid_stride_blocks(M * ldk, blocks), blocks, 0, stream,
+                     A, pa_buf.as<bf16>(), ldk);
         OCTET_CUDA_CHECK_LAUNCH();
-        lt_expand_fp4<RB><<<cuda::grid_stride_blocks(N * ldk, blocks), blocks, 0, stream>>>(B, pb_buf.as<bf16>(), ldk);
+        cuda::launch("lt_expand_fp4", lt_expand_fp4<RB>, cuda::grid_stride_blocks(N * ldk, blocks), blocks, 0, stream,
+                     B, pb_buf.as<bf16>(), ldk);
         OCTET_CUDA_CHECK_LAUNCH();
         ab_buf = stream_scratch(ex, plan.alpha_beta);
-        lt_fold_tensor_scales<<<1, 1, 0, stream>>>(A.tensor_scale, B.tensor_scale, args.alpha, args.beta,
-                                                   static_cast<float*>(ab_buf.get()));
+        cuda::launch("lt_fold_tensor_scales", lt_fold_tensor_scales, 1, 1, 0, stream, A.tensor_scale, B.tensor_scale,
+                     args.alpha, args.beta, static_cast<float*>(ab_buf.get()));
         OCTET_CUDA_CHECK_LAUNCH();
         args.device_alpha_beta = static_cast<const float*>(ab_buf.get());
         args.first = d_row ? pb_buf.get() : pa_buf.get();
@@ -231,18 +233,20 @@ void run_cublaslt_impl(const stream_executor& ex, const quantized_cref<RA>& A, c
                 const std::size_t want_ld = (rows + 3) / 4 * 4;
                 if (bytes == 0) return s;  // octet's grid already is cuBLASLt's
                 buf = stream_scratch(ex, bytes);
-                lt_relayout_vec128<<<cuda::grid_stride_blocks(kblocks * want_ld, blocks), blocks, 0, stream>>>(
-                    s, q.layout.scale_ld, buf.as<float>(), want_ld, static_cast<std::uint32_t>(rows),
-                    static_cast<std::uint32_t>(kblocks));
+                cuda::launch("lt_relayout_vec128", lt_relayout_vec128,
+                             cuda::grid_stride_blocks(kblocks * want_ld, blocks), blocks, 0, stream, s,
+                             q.layout.scale_ld, buf.as<float>(), want_ld, static_cast<std::uint32_t>(rows),
+                             static_cast<std::uint32_t>(kblocks));
                 OCTET_CUDA_CHECK_LAUNCH();
                 return buf.get();
             } else {
                 mode = lt_scale_mode::blk128x128_32f;
                 const std::size_t rblocks = (rows + 127) / 128, want_ld = (kblocks + 3) / 4 * 4;
                 buf = stream_scratch(ex, bytes);
-                lt_relayout_blk128<<<cuda::grid_stride_blocks(rblocks * want_ld, blocks), blocks, 0, stream>>>(
-                    s, q.layout.scale_ld, buf.as<float>(), want_ld, static_cast<std::uint32_t>(rblocks),
-                    static_cast<std::uint32_t>(kblocks));
+                cuda::launch("lt_relayout_blk128", lt_relayout_blk128,
+                             cuda::grid_stride_blocks(rblocks * want_ld, blocks), blocks, 0, stream, s,
+                             q.layout.scale_ld, buf.as<float>(), want_ld, static_cast<std::uint32_t>(rblocks),
+                             static_cast<std::uint32_t>(kblocks));
                 OCTET_CUDA_CHECK_LAUNCH();
                 return buf.get();
             }
@@ -270,14 +274,14 @@ void run_cublaslt_impl(const stream_executor& ex, const quantized_cref<RA>& A, c
             args.bias_type = CUDA_R_32F;
         } else if (std::is_same_v<DT, fp16>) {
             bias_buf = stream_scratch(ex, plan.bias);
-            lt_convert_bias<fp16><<<cuda::grid_stride_blocks(N, blocks), blocks, 0, stream>>>(
-                opt.bias.data(), static_cast<fp16*>(bias_buf.get()), nb);
+            cuda::launch("lt_convert_bias", lt_convert_bias<fp16>, cuda::grid_stride_blocks(N, blocks), blocks, 0,
+                         stream, opt.bias.data(), static_cast<fp16*>(bias_buf.get()), nb);
             args.bias = bias_buf.get();
             args.bias_type = CUDA_R_16F;
         } else {
             bias_buf = stream_scratch(ex, plan.bias);
-            lt_convert_bias<bf16><<<cuda::grid_stride_blocks(N, blocks), blocks, 0, stream>>>(
-                opt.bias.data(), static_cast<bf16*>(bias_buf.get()), nb);
+            cuda::launch("lt_convert_bias", lt_convert_bias<bf16>, cuda::grid_stride_blocks(N, blocks), blocks, 0,
+                         stream, opt.bias.data(), static_cast<bf16*>(bias_buf.get()), nb);
             args.bias = bias_buf.get();
             args.bias_type = CUDA_R_16BF;
         }
