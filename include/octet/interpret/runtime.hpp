@@ -218,6 +218,20 @@ cudaError_t cuda_func_set_attribute(F* kernel, cudaFuncAttribute attr, int value
     return cudaSuccess;
 }
 
+/// cudaFuncGetAttributes: the kernel's opt-in (maxDynamicSharedSizeBytes) and sm_90's limits. Not exact:
+/// the interpreter allocates no registers, so numRegs is the most a thread may have (255), and static
+/// shared memory is allocated when a launch reaches the declarations, so sharedSizeBytes is 0.
+template <class F>
+cudaError_t cuda_func_get_attributes(cudaFuncAttributes* attr, F* kernel) {
+    if (!attr || !kernel) return cudaErrorInvalidValue;
+    *attr = cudaFuncAttributes{};
+    attr->maxThreadsPerBlock = 1024;
+    attr->numRegs = 255;
+    attr->ptxVersion = attr->binaryVersion = kComputeMajor * 10 + kComputeMinor;
+    attr->maxDynamicSharedSizeBytes = static_cast<int>(max_dynamic_shared(reinterpret_cast<const void*>(kernel)));
+    return cudaSuccess;
+}
+
 /// The driver entry points a program may look up: cuTensorMapEncodeTiled (the model's, which stores its
 /// own description in the map for the TMA model). Any other symbol is not found.
 inline cudaError_t cuda_get_driver_entry_point_by_version(const char* symbol, void** fn, unsigned /*version*/,
@@ -310,6 +324,8 @@ inline const char* cuda_get_error_string(cudaError_t e) {
 #define cudaGetDeviceProperties ::octet::interpret::runtime::cuda_get_device_properties
 #undef cudaFuncSetAttribute
 #define cudaFuncSetAttribute ::octet::interpret::runtime::cuda_func_set_attribute
+#undef cudaFuncGetAttributes
+#define cudaFuncGetAttributes ::octet::interpret::runtime::cuda_func_get_attributes
 #undef cudaGetErrorName
 #define cudaGetErrorName ::octet::interpret::runtime::cuda_get_error_name
 #undef cudaGetErrorString
