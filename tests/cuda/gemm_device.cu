@@ -245,8 +245,7 @@ const std::vector<shape> kShapes =
                              {{1, 136, 264}, {64, 136, 320}, {129, 257, 256}, {37, 140, 392}, {130, 129, 1024}});
 
 TEST_SUITE("gpu") {
-    // the sm90 kernel is converted in branch iw-g90
-    TEST_CASE("sm90_wgmma against the host: every pair it serves, both tiles" * doctest::skip(kInterpreted)) {
+    TEST_CASE("sm90_wgmma against the host: every pair it serves, both tiles") {
         if (cuda::compute_capability() != 90 || !detail::sm90a_available()) {
             MESSAGE("skipped: needs an sm_90 GPU and sm_90a code");
             return;

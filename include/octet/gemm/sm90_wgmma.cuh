@@ -31,12 +31,7 @@
 
 #include "octet/cuda/ptx.cuh"
 #include "octet/gemm/detail/device_common.cuh"
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define OCTET_SM90A 1
-#else
-#define OCTET_SM90A 0
-#endif
+#include "octet/interpret/cuda_names.hpp"  // OCTET_DYNAMIC_SHARED, octet::shared_ptr_t, shared_cast
 
 namespace octet {
 namespace detail {
@@ -46,28 +41,28 @@ namespace detail {
 // The mbarrier, TMA and setmaxnreg instructions are octet::ptx's (octet/cuda/ptx.cuh); these names
 // keep the kernel's spelling, and emit nothing outside the sm_90a device pass.
 OCTET_DEVICE void mbar_init(std::uint32_t bar, std::uint32_t count) {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::mbarrier_init(bar, count);
 #endif
 }
 OCTET_DEVICE void mbar_fence_init() {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::fence_mbarrier_init();
 #endif
 }
 OCTET_DEVICE void mbar_arrive(std::uint32_t bar) {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::mbarrier_arrive(bar);
 #endif
 }
 OCTET_DEVICE void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::mbarrier_arrive_expect_tx(bar, bytes);
 #endif
 }
 /// Waits until the phase of parity `parity` has completed. Traps after about 2^35 clocks.
 OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     std::uint32_t spins = 0;
     long long start = 0;
     while (true) {
@@ -84,24 +79,24 @@ OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
 }
 OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t inner, std::int32_t outer,
                               std::uint32_t bar) {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::tma_load_2d(dst, map, inner, outer, bar);
 #endif
 }
 OCTET_DEVICE void tma_prefetch_map(const CUtensorMap* map) {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::prefetch_tensormap(map);
 #endif
 }
 template <int N>
 OCTET_DEVICE void setmaxnreg_inc() {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::setmaxnreg_inc<N>();
 #endif
 }
 template <int N>
 OCTET_DEVICE void setmaxnreg_dec() {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     ptx::setmaxnreg_dec<N>();
 #endif
 }
@@ -157,9 +152,20 @@ template <class FA, class FB, class Cfg, bool kScalarB, class CT, class DT>
 OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                      const __grid_constant__ sm90_params<CT, DT> p) {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, S = Cfg::stages;
-    extern __shared__ __align__(1024) std::uint8_t gemm90_smem[];
+    OCTET_DYNAMIC_SHARED(std::uint8_t, gemm90_smem);
+    // The same carving of the dynamic shared memory twice: under nvcc with reinterpret_cast, as before
+    // (shared_cast there, an inline function, changes the sm_90a schedule though not the result).
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    const shared_ptr_t<std::uint8_t> smem = gemm90_smem;  // the interpreter's is 1024-byte aligned already
+    const shared_ptr_t<std::uint8_t> sA = smem;
+    const shared_ptr_t<std::uint8_t> sB = smem + S * Cfg::a_stage_bytes;
+    const shared_ptr_t<float> sSA = shared_cast<float>(sB + S * Cfg::b_stage_bytes);
+    const shared_ptr_t<float> sSB = sSA + S * BM;
+    const shared_ptr_t<std::uint64_t> full = shared_cast<std::uint64_t>(sSB + S * BN);
+    const shared_ptr_t<std::uint64_t> empty = full + S;
+#else
     std::uint8_t* smem =
         reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(gemm90_smem) + 1023) & ~std::uintptr_t{1023});
     std::uint8_t* const sA = smem;                                               // (S, BM, 128) swizzled
@@ -168,6 +174,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     float* const sSB = sSA + S * BM;                                             // (S, BN)
     std::uint64_t* const full = reinterpret_cast<std::uint64_t*>(sSB + S * BN);  // (S)
     std::uint64_t* const empty = full + S;                                       // (S)
+#endif
 
     const std::uint32_t tid = threadIdx.x;
     const std::uint32_t wg = tid / 128;
@@ -252,7 +259,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 } else {
                     OCTET_UNROLL
                     for (int j = 0; j < BN / 8; ++j) {
-                        const float2 v = *reinterpret_cast<const float2*>(sSB + stage * BN + j * 8 + col_in_8);
+                        const float2 v = *shared_cast<const float2>(sSB + stage * BN + j * 8 + col_in_8);
                         sb[2 * j] = v.x;
                         sb[2 * j + 1] = v.y;
                     }
@@ -312,7 +319,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
 
 /// Its sm_90a image carries the probe marker (device_common.cuh): never launched, only inspected.
 OCTET_KERNEL void sm90a_probe_kernel() {
-#if OCTET_SM90A
+#if OCTET_ARCH_SM90A
     OCTET_PROBE_MARKER();
 #endif
 }

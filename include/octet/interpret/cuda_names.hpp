@@ -13,6 +13,7 @@
 //   __all_sync, __any_sync, __ballot_sync, __match_any_sync, __match_all_sync
 //   atomicAdd/Sub/Max/Min/Exch/CAS/And/Or/Xor on T* (global) and interpret::sptr<T> (shared)
 //   __threadfence*, __nanosleep              nothing, a yield
+//   clock64()                                a count of its calls (monotonic, not cycles)
 //   __trap()                                 interpret::trap(): a report that stops the block
 //   __float_as_int/uint, __int/uint_as_float, __fmul_rn, __fadd_rn, __byte_perm, __ldg,
 //   __cvta_generic_to_shared (of an sptr), min/max (int, unsigned)  their CUDA meanings
@@ -37,6 +38,7 @@
 #include "octet/config.hpp"
 
 #if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -246,6 +248,11 @@ T __ldg(const T* p) {
 template <class T>
 std::size_t __cvta_generic_to_shared(const ::octet::interpret::sptr<T>& p) {
     return ::octet::interpret::shared_address(p);
+}
+/// clock64: the SM's cycle counter; here a count of its calls (monotonic, not cycles).
+inline long long clock64() {
+    static std::atomic<long long> ticks{0};
+    return ++ticks;
 }
 inline void __threadfence_block() {}
 inline void __threadfence() {}

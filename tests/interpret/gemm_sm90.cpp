@@ -1,0 +1,114 @@
+// A broken configuration of the Hopper scaled GEMM kernel (octet/gemm/sm90_wgmma.cuh) under the
+// interpreter: a TMA map without the swizzle its wgmma descriptors assume must give wrong results. (The
+// kernel itself runs under the interpreter in interpret.gemm_device, every recipe pair it serves against
+// the host backend, as on a GPU.)
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "octet/cuda/buffer.cuh"
+#include "octet/gemm/sm90_wgmma.cuh"
+#include "support/random.hpp"
+
+namespace interpret_gemm_sm90_test {
+using namespace octet;
+
+template <class R>
+struct device_copy {
+    quant_layout layout;
+    cuda::device_buffer<std::uint8_t> data, scales;
+    cuda::device_buffer<float> ts;
+    explicit device_copy(const quantized_tensor<R>& h)
+        : layout(h.layout()), data(h.layout().data_bytes), scales(h.layout().scale_bytes), ts(1) {
+        auto& hh = const_cast<quantized_tensor<R>&>(h);
+        if (layout.data_bytes) data.upload(hh.data());
+        if (layout.scale_bytes) scales.upload(hh.scales());
+        ts.upload(std::vector<float>{h.tensor_scale()});
+    }
+    quantized_cref<R> cref() const { return quantized_cref<R>(data.data(), scales.data(), layout, ts.data()); }
+};
+
+template <class R>
+quantized_tensor<R> quantized(const std::vector<float>& x, std::size_t rows, std::size_t cols) {
+    quantized_tensor<R> q(rows, cols, true);
+    quantize<R>(on_host(), matrix_ref<const float>(x.data(), rows, cols), q.ref());
+    return q;
+}
+
+/// Values in {-1, 0, 1} with a 7 at the start of every `block`-wide run along K (so every scale is a
+/// power of two and every partial sum a small integer times one: any correct accumulator is exact).
+std::vector<float> exact_values(std::mt19937_64& g, std::size_t rows, std::size_t K, std::size_t block) {
+    std::uniform_int_distribution<int> d(-1, 1);
+    std::vector<float> x(rows * K);
+    for (auto& v : x) v = static_cast<float>(d(g));
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t k = 0; k < K; k += block) x[i * K + k] = 7.0f;
+    return x;
+}
+
+// A TMA map without the 128-byte swizzle that the kernel's wgmma descriptors (sm90_smem_desc) assume: the
+// copy lands linearly, the descriptors read it permuted, so all rows but every 8th get the wrong K bytes.
+// This is a legal program (neither the ISA nor the interpreter can know which layout was meant), so it
+// shows as wrong results, which the bit-exact comparison catches.
+TEST_CASE("sm90_wgmma with a tensor map whose swizzle does not match the descriptors gives wrong results") {
+    using R = recipes::tensorwise_e4m3;
+    using Cfg = detail::sm90_small;
+    const std::size_t M = 64, N = 64, K = 128;
+    auto g = octet_test::rng(7);
+    const auto ha = quantized<R>(exact_values(g, M, K, 128), M, K);
+    const auto hb = quantized<R>(exact_values(g, N, K, 128), N, K);
+    std::vector<float> hd(M * N);
+    scaled_gemm(on_host(), ha.cref(), hb.cref(), matrix_ref<float>(hd.data(), M, N));
+
+    const device_copy<R> da(ha), db(hb);
+    cuda::device_buffer<float> dd(M * N);
+    const auto A = da.cref(), B = db.cref();
+    detail::sm90_params<float, float> p{};
+    p.M = static_cast<std::uint32_t>(M);
+    p.N = static_cast<std::uint32_t>(N);
+    p.K = static_cast<std::uint32_t>(K);
+    p.num_kb = 1;
+    p.tiles_m = p.tiles_n = 1;
+    p.sa = reinterpret_cast<const float*>(A.scales);
+    p.sa_ld = static_cast<std::uint32_t>(A.layout.scale_ld);
+    p.sa_br = static_cast<std::uint32_t>(A.layout.block_rows);
+    p.sa_bc = static_cast<std::uint32_t>(A.layout.block_cols);
+    p.sb = reinterpret_cast<const float*>(B.scales);
+    p.sb_ld = static_cast<std::uint32_t>(B.layout.scale_ld);
+    p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
+    p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
+    p.epi = detail::make_device_epilogue<float, float>(nullptr, matrix_ref<float>(dd.data(), M, N), {});
+    auto unswizzled = [](const std::uint8_t* data, std::size_t rows, std::size_t row_bytes) {
+        CUtensorMap map{};
+        const cuuint64_t dims[2] = {K, rows};
+        const cuuint64_t strides[1] = {row_bytes};
+        const cuuint32_t box[2] = {128u, 64u};
+        const cuuint32_t elem[2] = {1u, 1u};
+        REQUIRE(detail::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data),
+                                             dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS);
+        return map;
+    };
+    auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, true, float, float>;
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+    auto wrong_elements = [&](const CUtensorMap& ma, const CUtensorMap& mb) {
+        dd.fill_bytes(0xFF);
+        cuda::launch("sm90_gemm_kernel", kernel, 1, Cfg::threads, Cfg::smem_bytes, nullptr, ma, mb, p);
+        const std::vector<float> got = dd.download();
+        std::size_t wrong = 0;
+        for (std::size_t o = 0; o < M * N; ++o) wrong += std::memcmp(&got[o], &hd[o], sizeof(float)) != 0;
+        return wrong;
+    };
+    // the control: the kernel's own maps (128-byte swizzle) give the host's bits
+    CHECK(wrong_elements(detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM),
+                         detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN)) == 0);
+    const std::size_t wrong =
+        wrong_elements(unswizzled(A.data, M, A.layout.row_bytes), unswizzled(B.data, N, B.layout.row_bytes));
+    INFO("wrong elements: " << wrong << " of " << M * N);
+    CHECK(wrong > M * N / 2);
+}
+
+}  // namespace interpret_gemm_sm90_test
