@@ -4,7 +4,8 @@
 // Execution model
 //   A launch runs its blocks one after another on the calling host thread, or spread over
 //   options::host_threads threads (each with its own `detail::machine`). The threads of a
-//   block are fibers (each with its own mmap'ed stack and a guard page below it; a hand-written
+//   block are fibers (each with its own mmap'ed stack and a guard page below it, kept with the shared
+//   window for the host thread's next launch and unmapped when it ends; a hand-written
 //   switch on x86-64, ucontext elsewhere or with OCTET_INTERPRET_UCONTEXT), scheduled
 //   cooperatively in round-robin order of their linear thread id: a fiber runs until it waits (a
 //   barrier, a warp-synchronous instruction) or exits. Warps are groups of 32 consecutive linear ids

@@ -35,6 +35,7 @@ struct epoch {
 struct shadow {
     epoch w, r, a;  // last plain write, last read (unless read_shared), last atomic
     bool init = false, read_shared = false, uninit_reported = false;
+    std::uint32_t readers = 0;  // read_shared: its index in machine::read_sets
 };
 struct region {
     std::string name;
@@ -276,6 +277,15 @@ struct barrier_state {
     std::vector<unsigned> waiters, arrivals;
     std::vector<site> sites;  // per arrival
     std::vector<std::uint32_t> vc;
+    /// A new phase; the vectors keep their capacity (barriers are the interpreter's hot path).
+    void reset() {
+        expected = arrived = popc = 0;
+        all = false;
+        waiters.clear();
+        arrivals.clear();
+        sites.clear();
+        vc.clear();
+    }
 };
 
 /// An mbarrier object (PTX ISA, mbarrier): the interpreter keeps its state beside the 8 shared bytes it
@@ -389,6 +399,60 @@ struct fault_scope {
 };
 inline void fiber_entry();
 
+/// Mappings a launch needs (fiber stacks with their guard page, the shared window), kept per host
+/// thread for its next launch: mapping them anew cost system calls and a fresh zeroed page for
+/// every page touched, most of a small launch's time. Nothing in them is state a launch sees: each
+/// block starts with its stacks' contexts made anew and every shared byte uninitialised (shadow
+/// state), as before. A nested launch, or the launches of other host threads, take other mappings.
+/// Unmapped when the host thread ends (at most `keep` mappings are kept).
+struct mapping_pool {
+    struct entry {
+        std::uint8_t* base;
+        std::size_t bytes;
+        bool guarded;  // its first page is the PROT_NONE guard of a stack
+    };
+    static constexpr std::size_t keep = 2048;
+    std::vector<entry> free;
+    mapping_pool() = default;
+    mapping_pool(const mapping_pool&) = delete;
+    mapping_pool& operator=(const mapping_pool&) = delete;
+    ~mapping_pool() {
+        for (const entry& e : free) unmap(e);
+    }
+    static void unmap(const entry& e) {
+        forget_stack(e.base, e.bytes);  // under ASan: a stack's frames may have left redzones behind
+        munmap(e.base, e.bytes);
+    }
+    /// A mapping of `bytes`, read-write, except its first page when `guard_page` is nonzero.
+    std::uint8_t* take(std::size_t bytes, std::size_t guard_page) {
+        for (std::size_t i = free.size(); i-- > 0;)
+            if (free[i].bytes == bytes && free[i].guarded == (guard_page != 0)) {
+                std::uint8_t* const m = free[i].base;
+                free[i] = free.back();
+                free.pop_back();
+                return m;
+            }
+        void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) return nullptr;
+        if (guard_page)
+            mprotect(m, guard_page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
+        return static_cast<std::uint8_t*>(m);
+    }
+    void give(std::uint8_t* base, std::size_t bytes, bool guarded) {
+        const entry e{base, bytes, guarded};
+        if (free.size() < keep) {
+            forget_stack(base, bytes);
+            free.push_back(e);
+        } else {
+            unmap(e);
+        }
+    }
+};
+inline mapping_pool& mappings() {
+    static thread_local mapping_pool pool;
+    return pool;
+}
+
 struct machine {
     std::string kernel;
     launch_config cfg;
@@ -406,8 +470,10 @@ struct machine {
     std::size_t window_bytes = 0, static_begin = 0, static_end = 0, touched_end = 0;
     std::vector<region> regions;  // [0]: the dynamic region
     std::unordered_map<const void*, int> static_regions;
-    std::vector<shadow> shadows;
-    std::unordered_map<std::size_t, std::vector<epoch>> shared_reads;
+    std::vector<shadow> shadows;  // per byte of the window below touched_end (what a block can access)
+    // The unordered reads of each read-shared byte (shadow::readers), and the unused read sets.
+    std::vector<std::vector<epoch>> read_sets;
+    std::vector<std::uint32_t> free_read_sets;
     barrier_state bars[16];
     std::vector<std::vector<warp_op>> warp_ops;               // pending collectives per warp
     std::unordered_map<std::uint32_t, mbarrier_state> mbars;  // by shared address
@@ -421,13 +487,11 @@ struct machine {
     machine(const machine&) = delete;
     machine& operator=(const machine&) = delete;
     ~machine() {
+        mapping_pool& pool = mappings();
         if (fibers)
             for (unsigned t = 0; t < nthreads; ++t)
-                if (fibers[t].mapping) {
-                    forget_stack(fibers[t].mapping + page, stack_bytes);
-                    munmap(fibers[t].mapping, page + stack_bytes);
-                }
-        if (window) munmap(window, window_bytes);
+                if (fibers[t].mapping) pool.give(fibers[t].mapping, page + stack_bytes, true);
+        if (window) pool.give(window, window_bytes, false);
     }
 
     dim3 coords(unsigned tid) const {
@@ -491,8 +555,12 @@ struct machine {
         block = b;
         block_aborted = false;
         std::fill(shadows.begin(), shadows.begin() + static_cast<std::ptrdiff_t>(touched_end), shadow{});
-        shared_reads.clear();
-        for (auto& B : bars) B = barrier_state{};
+        free_read_sets.clear();
+        for (std::size_t i = read_sets.size(); i-- > 0;) {
+            read_sets[i].clear();
+            free_read_sets.push_back(static_cast<std::uint32_t>(i));
+        }
+        for (auto& B : bars) B.reset();
         for (auto& w : warp_ops) w.clear();
         mbars.clear();
         maxnreg.assign((nthreads + 127) / 128, {});
@@ -671,7 +739,7 @@ struct machine {
                  true);
         barrier_state& B = bars[id];
         if (B.arrived == 0) {
-            B = barrier_state{};
+            B.reset();
             B.expected = expected;
             B.all = all;
             B.vc.assign(nthreads, 0);
@@ -690,7 +758,8 @@ struct machine {
         if (B.arrived == B.expected) {
             if (B.all)
                 for (std::size_t i = 1; i < B.sites.size(); ++i)
-                    if (B.sites[i].line != B.sites[0].line || std::strcmp(B.sites[i].file, B.sites[0].file) != 0)
+                    if (B.sites[i].line != B.sites[0].line ||
+                        (B.sites[i].file != B.sites[0].file && std::strcmp(B.sites[i].file, B.sites[0].file) != 0))
                         emit(make(check::divergent_barrier, B.arrivals[i], "",
                                   "__syncthreads reached at " + to_string(B.sites[i]) + " by this thread and at " +
                                       to_string(B.sites[0]) + " by " + thread_name(B.arrivals[0])),
@@ -704,7 +773,7 @@ struct machine {
             }
             if (wait) join(f.vc, B.vc);
             const unsigned popc = B.popc;
-            B = barrier_state{};
+            B.reset();
             return popc;
         }
         if (!wait) return 0;
@@ -778,7 +847,17 @@ struct machine {
     }
 
     void complete(const warp_op& op, unsigned warp, unsigned self) {
-        const std::vector<unsigned> lanes = lanes_of(op.mask);
+        // the lanes of the mask, without a heap allocation (collectives are on the hot path)
+        unsigned lane_list[32], nlanes = 0;
+        for (unsigned l = 0; l < 32; ++l)
+            if (op.mask >> l & 1u) lane_list[nlanes++] = l;
+        const unsigned* const lanes_begin = lane_list;
+        struct lane_range {
+            const unsigned *b, *e;
+            const unsigned* begin() const { return b; }
+            const unsigned* end() const { return e; }
+            unsigned front() const { return *b; }
+        } const lanes{lanes_begin, lanes_begin + nlanes};
         std::vector<std::uint32_t> vc;
         if (op.kind == warp_kind::syncwarp) {
             vc.assign(nthreads, 0);
@@ -1163,6 +1242,7 @@ struct machine {
             it = static_regions.emplace(tag, static_cast<int>(regions.size() - 1)).first;
             static_end = end;
             touched_end = std::max(touched_end, end);
+            if (shadows.size() < touched_end) shadows.resize(touched_end);
             result.static_shared = static_end - static_begin;
         }
         *r = it->second;
@@ -1229,7 +1309,7 @@ struct machine {
                 if (kind != detail::access::atomic && !hb(s.a, f)) race(s.a, "updated atomically");
                 if (kind != detail::access::read) {
                     if (s.read_shared) {
-                        for (const epoch& e : shared_reads[off + i])
+                        for (const epoch& e : read_sets[s.readers])
                             if (!hb(e, f)) race(e, "read");
                     } else if (!hb(s.r, f)) {
                         race(s.r, "read");
@@ -1238,17 +1318,27 @@ struct machine {
             }
             if (kind == detail::access::read) {
                 if (s.read_shared) {
-                    auto& v = shared_reads[off + i];
+                    auto& v = read_sets[s.readers];
                     v.erase(std::remove_if(v.begin(), v.end(), [&](const epoch& e) { return hb(e, f); }), v.end());
                     v.push_back(me);
                 } else if (hb(s.r, f)) {
                     s.r = me;
                 } else {
                     s.read_shared = true;
-                    shared_reads[off + i] = {s.r, me};
+                    if (free_read_sets.empty()) {
+                        s.readers = static_cast<std::uint32_t>(read_sets.size());
+                        read_sets.emplace_back();
+                    } else {
+                        s.readers = free_read_sets.back();
+                        free_read_sets.pop_back();
+                    }
+                    read_sets[s.readers].assign({s.r, me});
                 }
             } else {
-                if (s.read_shared) shared_reads.erase(off + i);
+                if (s.read_shared) {
+                    read_sets[s.readers].clear();
+                    free_read_sets.push_back(s.readers);
+                }
                 s.read_shared = false;
                 s.r = epoch{};
                 if (kind == detail::access::write) {
@@ -1306,20 +1396,19 @@ struct machine {
         page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
         stack_bytes = (std::max<std::size_t>(opt.stack_bytes, 64 * 1024) + page - 1) / page * page;
         window_bytes = (dev.shared_per_block_optin + 2048 + page - 1) / page * page;
-        void* w = mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (w == MAP_FAILED) throw octet::error("interpret: cannot map the shared window");
-        window = static_cast<std::uint8_t*>(w);  // page-aligned, hence 1024-aligned as swizzled tiles need
-        shadows.assign(window_bytes, shadow{});
+        mapping_pool& pool = mappings();
+        window = pool.take(window_bytes, 0);  // page-aligned, hence 1024-aligned as swizzled tiles need
+        if (!window) throw octet::error("interpret: cannot map the shared window");
         regions.push_back(region{"dynamic shared", 0, cfg.dynamic_shared});
         static_begin = static_end = (cfg.dynamic_shared + 15) / 16 * 16;
         touched_end = static_end;
+        // shadow state only for the bytes a block can access (the dynamic region; static variables
+        // add theirs as they are declared), not for the whole window
+        shadows.assign(touched_end, shadow{});
         fibers.reset(new fiber[nthreads]);
         for (unsigned t = 0; t < nthreads; ++t) {
-            void* m = mmap(nullptr, page + stack_bytes, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (m == MAP_FAILED) throw octet::error("interpret: cannot map a fiber stack");
-            fibers[t].mapping = static_cast<std::uint8_t*>(m);
-            mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
+            fibers[t].mapping = pool.take(page + stack_bytes, page);
+            if (!fibers[t].mapping) throw octet::error("interpret: cannot map a fiber stack");
         }
         warp_ops.assign((nthreads + 31) / 32, {});
         warpgroup_ops.assign((nthreads + 127) / 128, {});
