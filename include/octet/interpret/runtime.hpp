@@ -28,7 +28,7 @@
 #include <string>
 
 #include "octet/interpret/interpret.hpp"
-#include "octet/interpret/ptx_models.hpp"
+#include "octet/interpret/tensor_map.hpp"
 
 namespace octet {
 namespace interpret {
