@@ -75,13 +75,13 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
     using QF = typename QR::format;
     using KF = typename KR::format;
     using VF = typename VR::format;
-    extern __shared__ __align__(128) std::uint8_t smem[];
-    std::uint8_t* sQ = smem;                                 // (64, D)
-    std::uint8_t* sK = sQ + kTile * D;                       // 2 x (64, D)
-    std::uint8_t* sV = sK + 2 * kTile * D;                   // 2 x (64, D)
-    std::uint8_t* sVt = sV + 2 * kTile * D;                  // (D, 64), keys permuted
-    float* sKs = reinterpret_cast<float*>(sVt + kTile * D);  // 2 x 64 key scales
-    float* sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
+    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
+    shared_ptr_t<std::uint8_t> sQ = smem;                                      // (64, D)
+    shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                            // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                        // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;                       // (D, 64), keys permuted
+    shared_ptr_t<float> sKs = OCTET_ATTN_SHARED_CAST(float, sVt + kTile * D);  // 2 x 64 key scales
+    shared_ptr_t<float> sVs = sKs + 2 * kTile;                                 // 2 x 64 value scales
 
     const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
     const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
@@ -152,8 +152,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
                 ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
             }
         }
-        const float* ksc = sKs + st * kTile;
-        const float* vsc = sVs + st * kTile;
+        shared_ptr_t<const float> ksc = sKs + st * kTile;
+        shared_ptr_t<const float> vsc = sVs + st * kTile;
         float mt[2] = {attn::neg_inf(), attn::neg_inf()};
         const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
         OCTET_UNROLL
@@ -242,10 +242,11 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
 /// delta kernel and the gradient kernel form them. Element [n][2r + e] is key row g + 8r of the
 /// warp, query column 8n + 2t + e of the tile.
 template <int D, class QF, class KF, class VF, class DF>
-__device__ __forceinline__ void tile_p_dp(const std::uint8_t* sK, const std::uint8_t* sV, const std::uint8_t* sQ,
-                                          const std::uint8_t* sdO, const float* sQf, const float* sLc,
-                                          const float* sDOs, const float (&sk)[2], const float (&sv)[2], int warp,
-                                          int lane, int qrow0, int krow0, int lq, int lk, bool causal,
+__device__ __forceinline__ void tile_p_dp(shared_ptr_t<const std::uint8_t> sK, shared_ptr_t<const std::uint8_t> sV,
+                                          shared_ptr_t<const std::uint8_t> sQ, shared_ptr_t<const std::uint8_t> sdO,
+                                          shared_ptr_t<const float> sQf, shared_ptr_t<const float> sLc,
+                                          shared_ptr_t<const float> sDOs, const float (&sk)[2], const float (&sv)[2],
+                                          int warp, int lane, int qrow0, int krow0, int lq, int lk, bool causal,
                                           float (&pp)[8][4], float (&dp)[8][4]) {
     OCTET_UNROLL
     for (int n = 0; n < 8; ++n) OCTET_UNROLL
@@ -328,15 +329,15 @@ constexpr int delta_smem_bytes() {
 
 template <int D, class QR, class KR, class VR, class DR>
 OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inputs<QR, KR, VR, DR> p, float* delta) {
-    extern __shared__ __align__(128) std::uint8_t smem[];
-    std::uint8_t* sQ = smem;
-    std::uint8_t* sdO = sQ + kTile * D;
-    std::uint8_t* sK = sdO + kTile * D;     // 2 stages
-    std::uint8_t* sV = sK + 2 * kTile * D;  // 2 stages
-    float* sQf = reinterpret_cast<float*>(sV + 2 * kTile * D);
-    float* sLc = sQf + kTile;
-    float* sDOs = sLc + kTile;
-    float* sRed = sDOs + kTile;  // (4, 64)
+    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
+    shared_ptr_t<std::uint8_t> sQ = smem;
+    shared_ptr_t<std::uint8_t> sdO = sQ + kTile * D;
+    shared_ptr_t<std::uint8_t> sK = sdO + kTile * D;     // 2 stages
+    shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;  // 2 stages
+    shared_ptr_t<float> sQf = OCTET_ATTN_SHARED_CAST(float, sV + 2 * kTile * D);
+    shared_ptr_t<float> sLc = sQf + kTile;
+    shared_ptr_t<float> sDOs = sLc + kTile;
+    shared_ptr_t<float> sRed = sDOs + kTile;  // (4, 64)
 
     const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;
     const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
@@ -465,22 +466,22 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
     using QF = typename QR::format;
     using KF = typename KR::format;
     using DF = typename DR::format;
-    extern __shared__ __align__(128) std::uint8_t smem[];
-    std::uint8_t* sK = smem;                  // (64, D)
-    std::uint8_t* sV = sK + kTile * D;        // (64, D)
-    std::uint8_t* sKt = sV + kTile * D;       // (D, 64) keys permuted
-    std::uint8_t* sQ = sKt + kTile * D;       // 2 x (64, D)
-    std::uint8_t* sdO = sQ + 2 * kTile * D;   // 2 x (64, D)
-    std::uint8_t* sQt = sdO + 2 * kTile * D;  // (D, 64) queries permuted
-    std::uint8_t* sdOt = sQt + kTile * D;     // (D, 64) queries permuted
-    std::uint8_t* sDS = sdOt + kTile * D;     // (64 queries, 64 keys permuted): dS codes for dQ
-    float* sLc = reinterpret_cast<float*>(sDS + kTile * kTile);
-    float* sDelta = sLc + kTile;
-    float* sQs = sDelta + kTile;
-    float* sQf = sQs + kTile;
-    float* sDOs = sQf + kTile;
-    float* sRed = sDOs + kTile;       // (4, 64): per-warp column amax of dS s_k
-    float* sTele = sRed + 4 * kTile;  // (4 warps, 4 sums, 64)
+    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
+    shared_ptr_t<std::uint8_t> sK = smem;                  // (64, D)
+    shared_ptr_t<std::uint8_t> sV = sK + kTile * D;        // (64, D)
+    shared_ptr_t<std::uint8_t> sKt = sV + kTile * D;       // (D, 64) keys permuted
+    shared_ptr_t<std::uint8_t> sQ = sKt + kTile * D;       // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sdO = sQ + 2 * kTile * D;   // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sQt = sdO + 2 * kTile * D;  // (D, 64) queries permuted
+    shared_ptr_t<std::uint8_t> sdOt = sQt + kTile * D;     // (D, 64) queries permuted
+    shared_ptr_t<std::uint8_t> sDS = sdOt + kTile * D;     // (64 queries, 64 keys permuted): dS codes for dQ
+    shared_ptr_t<float> sLc = OCTET_ATTN_SHARED_CAST(float, sDS + kTile * kTile);
+    shared_ptr_t<float> sDelta = sLc + kTile;
+    shared_ptr_t<float> sQs = sDelta + kTile;
+    shared_ptr_t<float> sQf = sQs + kTile;
+    shared_ptr_t<float> sDOs = sQf + kTile;
+    shared_ptr_t<float> sRed = sDOs + kTile;       // (4, 64): per-warp column amax of dS s_k
+    shared_ptr_t<float> sTele = sRed + 4 * kTile;  // (4 warps, 4 sums, 64)
 
     const int b = blockIdx.z, hk = blockIdx.y, kt = blockIdx.x;
     const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
@@ -722,8 +723,8 @@ OCTET_KERNEL void dq_convert_kernel(const float* acc, GT* dq, std::size_t dq_ld,
 /// attention_stats over the row arrays (rows whose L is finite), into a zeroed struct.
 OCTET_KERNEL void __launch_bounds__(256)
     stats_kernel(const float* rows_base, std::size_t rows, const float* lse, bool have_o, attention_stats* st) {
-    __shared__ float red[8][8];
-    __shared__ unsigned cnt[8];
+    OCTET_SHARED(float[8][8], red);
+    OCTET_SHARED(unsigned[8], cnt);
     const float* res = rows_base + row_residual * rows;
     const float* abs_ds = rows_base + row_abs_ds * rows;
     const float* pdp = rows_base + row_p_dp * rows;
@@ -867,7 +868,7 @@ void attention_forward(stream_executor ex, const attention_shape& shape, const q
         auto kernel = attn_kernel::forward_kernel<D, QR, KR, VR, OT>;
         constexpr int smem = attn_kernel::fwd_smem_bytes<D>();
         attn_kernel::set_smem(kernel, smem);
-        kernel<<<grid, attn_kernel::kThreads, smem, ex.stream>>>(p);
+        cuda::launch("attn_kernel::forward_kernel", kernel, grid, attn_kernel::kThreads, smem, ex.stream, p);
         OCTET_CUDA_CHECK_LAUNCH();
     };
     if (d == 64)
@@ -958,32 +959,36 @@ void attention_backward(stream_executor ex, const attention_shape& shape, const 
         // D: rowsum(dO * O) when it is the delta, or for the telemetry's gap; sum_j P dP when matched
         if (have_o && Tq > 0 && (opt.delta == delta_mode::from_output || tele)) {
             const int rows = Tq * Hq, per_block = kThreads / 32;
-            delta_output_kernel<D, DR, O><<<(rows + per_block - 1) / per_block, kThreads, 0, ex.stream>>>(
-                dout, o.data, o.ld, Hq, Tq, delta_out, opt.delta == delta_mode::from_output ? delta : nullptr);
+            cuda::launch("attn_kernel::delta_output_kernel", delta_output_kernel<D, DR, O>,
+                         (rows + per_block - 1) / per_block, kThreads, 0, ex.stream, dout, o.data, o.ld, Hq, Tq,
+                         delta_out, opt.delta == delta_mode::from_output ? delta : nullptr);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (opt.delta == delta_mode::matched && max_q > 0) {
             auto kernel = delta_matched_kernel<D, QR, KR, VR, DR>;
             constexpr int smem = delta_smem_bytes<D>();
             set_smem(kernel, smem);
-            kernel<<<dim3((max_q + kTile - 1) / kTile, Hq, shape.batch()), kThreads, smem, ex.stream>>>(in, delta);
+            cuda::launch("attn_kernel::delta_matched_kernel", kernel,
+                         dim3((max_q + kTile - 1) / kTile, Hq, shape.batch()), kThreads, smem, ex.stream, in, delta);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (max_k > 0) {
             auto kernel = tele ? grad_kernel<D, true, QR, KR, VR, DR, GT> : grad_kernel<D, false, QR, KR, VR, DR, GT>;
             constexpr int smem = grad_smem_bytes<D>();
             set_smem(kernel, smem);
-            kernel<<<dim3((max_k + kTile - 1) / kTile, Hk, shape.batch()), kThreads, smem, ex.stream>>>(in, out);
+            cuda::launch("attn_kernel::grad_kernel", kernel, dim3((max_k + kTile - 1) / kTile, Hk, shape.batch()),
+                         kThreads, smem, ex.stream, in, out);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (dq_floats > 0) {
-            dq_convert_kernel<GT><<<cuda::grid_stride_blocks(dq_floats, 256), 256, 0, ex.stream>>>(
-                acc, dq.data, dq.ld, Tq, static_cast<std::size_t>(Hq) * d);
+            cuda::launch("attn_kernel::dq_convert_kernel", dq_convert_kernel<GT>,
+                         cuda::grid_stride_blocks(dq_floats, 256), 256, 0, ex.stream, acc, dq.data, dq.ld, Tq,
+                         static_cast<std::size_t>(Hq) * d);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (tele && device_stats && ws.rows > 0) {
-            stats_kernel<<<cuda::grid_stride_blocks(ws.rows, 256, 2), 256, 0, ex.stream>>>(wsp, ws.rows, lse.data(),
-                                                                                           have_o, device_stats);
+            cuda::launch("attn_kernel::stats_kernel", stats_kernel, cuda::grid_stride_blocks(ws.rows, 256, 2), 256, 0,
+                         ex.stream, wsp, ws.rows, lse.data(), have_o, device_stats);
             OCTET_CUDA_CHECK_LAUNCH();
         }
     };

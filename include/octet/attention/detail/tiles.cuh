@@ -34,6 +34,7 @@
 #include "octet/attention/detail/fragments.hpp"
 #include "octet/cuda/ptx.cuh"
 #include "octet/format/float_format.hpp"
+#include "octet/interpret/cuda_names.hpp"
 
 namespace octet {
 namespace attn_kernel {
@@ -49,8 +50,8 @@ using attn_frag::swz;
 /// Starts copying rows [row0, row0 + 64) (those below row_end; the rest are zero-filled) of an FP8
 /// matrix with `row_bytes` bytes per row, columns [col0, col0 + D), into a swizzled 64 x D tile.
 template <int D>
-__device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::uint8_t* base, std::size_t row_bytes,
-                                                int row0, int row_end, int col0) {
+__device__ __forceinline__ void load_tile_async(shared_ptr_t<std::uint8_t> tile, const std::uint8_t* base,
+                                                std::size_t row_bytes, int row0, int row_end, int col0) {
     constexpr int chunks = D / 16;
     for (int c = threadIdx.x; c < kTile * chunks; c += kThreads) {
         const int r = c / chunks, ch = c % chunks;
@@ -60,11 +61,22 @@ __device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::u
     }
 }
 
+/// A cast of a pointer into shared memory to U*: octet::shared_cast<U>(p) in interpret mode, and
+/// under nvcc the plain reinterpret_cast these kernels always had. Not shared_cast there: passing the
+/// pointer through a function, even a __forceinline__ one, changes how nvcc folds the tiles' constant
+/// offsets into the shared loads and stores (different PTX and SASS for these kernels).
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+#define OCTET_ATTN_SHARED_CAST(U, p) ::octet::shared_cast<U>(p)
+#else
+#define OCTET_ATTN_SHARED_CAST(U, p) reinterpret_cast<U*>(p)
+#endif
+
 // ---- ldmatrix ---------------------------------------------------------------------------------------
 
 /// A fragments (16 rows from row0, k-step ks) of a tile with k contiguous.
 template <int RowBytes>
-__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const std::uint8_t* tile, int row0, int ks, int lane) {
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], shared_ptr_t<const std::uint8_t> tile, int row0, int ks,
+                                       int lane) {
     const attn_frag::row_chunk rc = attn_frag::a_address(lane, row0, ks);
     ptx::ldmatrix_x4(a, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
 }
@@ -72,7 +84,8 @@ __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const std::uint8_t
 /// B fragments of two n8 tiles (columns n0..n0+15 = tile rows, k-step ks) of a tile with k contiguous:
 /// b[0] for columns n0..n0+7, b[1] for n0+8..n0+15.
 template <int RowBytes>
-__device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int ks, int lane) {
+__device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], shared_ptr_t<const std::uint8_t> tile, int n0, int ks,
+                                        int lane) {
     const attn_frag::row_chunk rc = attn_frag::b2_address(lane, n0, ks);
     std::uint32_t r[4];
     ptx::ldmatrix_x4(r, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
@@ -84,7 +97,8 @@ __device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], const std::uin
 
 /// B fragments of one n8 tile (tile rows n0..n0+7) for both k-steps of a 64-wide transposed tile:
 /// b[ks] for ks = 0, 1.
-__device__ __forceinline__ void load_bt(std::uint32_t (&b)[2][2], const std::uint8_t* tile, int n0, int lane) {
+__device__ __forceinline__ void load_bt(std::uint32_t (&b)[2][2], shared_ptr_t<const std::uint8_t> tile, int n0,
+                                        int lane) {
     const attn_frag::row_chunk rc = attn_frag::bt_address(lane, n0);
     std::uint32_t r[4];
     ptx::ldmatrix_x4(r, ptx::shared_address(tile + swz<64>(rc.row, rc.chunk)));
@@ -104,20 +118,20 @@ __device__ __forceinline__ std::uint32_t pack4(std::uint32_t c0, std::uint32_t c
 /// Transposes a swizzled 64 x D tile (rows = tokens) into a swizzled D x 64 tile (rows = channels)
 /// whose 16-token groups are permuted by perm_pos. All threads of the block take part.
 template <int D>
-__device__ __forceinline__ void transpose_tile(const std::uint8_t* src, std::uint8_t* dst) {
+__device__ __forceinline__ void transpose_tile(shared_ptr_t<const std::uint8_t> src, shared_ptr_t<std::uint8_t> dst) {
     for (int w = threadIdx.x; w < attn_frag::transpose_items<D>; w += kThreads) {
         const attn_frag::transpose_item it = attn_frag::transpose_work<D>(w);
         const int chunk = it.col / 16, inner = it.col % 16;
         std::uint32_t out[4];
         attn_frag::transpose_words(
-            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0, chunk) + inner),
-            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 1, chunk) + inner),
-            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 8, chunk) + inner),
-            *reinterpret_cast<const std::uint32_t*>(src + swz<D>(it.r0 + 9, chunk) + inner), out,
+            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0, chunk) + inner),
+            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 1, chunk) + inner),
+            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 8, chunk) + inner),
+            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 9, chunk) + inner), out,
             [](std::uint32_t a, std::uint32_t b, std::uint32_t sel) { return __byte_perm(a, b, sel); });
         OCTET_UNROLL
         for (int i = 0; i < 4; ++i)
-            *reinterpret_cast<std::uint32_t*>(dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
+            *OCTET_ATTN_SHARED_CAST(std::uint32_t, dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
     }
 }
 
