@@ -1,6 +1,6 @@
 // Interpret mode's costs, measured with a steady clock: per launch (empty kernel), per block, per
 // barrier (a context switch per thread), per checked shared access, per warp collective. Not a test:
-// build it by hand, e.g.
+// target bench_interpret_speed (bench/CMakeLists.txt), or by hand:
 //   g++ -std=c++17 -O2 -DOCTET_INTERPRET -I include -isystem /usr/local/cuda/include bench/interpret_speed.cpp
 #include <algorithm>
 #include <chrono>
