@@ -80,18 +80,6 @@ TEST_CASE("sm90_wgmma with a tensor map whose swizzle does not match the descrip
     p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
     p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
     p.epi = detail::make_device_epilogue<float, float>(nullptr, matrix_ref<float>(dd.data(), M, N), {});
-    auto unswizzled = [](const std::uint8_t* data, std::size_t rows, std::size_t row_bytes) {
-        CUtensorMap map{};
-        const cuuint64_t dims[2] = {K, rows};
-        const cuuint64_t strides[1] = {row_bytes};
-        const cuuint32_t box[2] = {128u, 64u};
-        const cuuint32_t elem[2] = {1u, 1u};
-        REQUIRE(detail::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data),
-                                             dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS);
-        return map;
-    };
     auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, true, float, float>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
     auto wrong_elements = [&](const CUtensorMap& ma, const CUtensorMap& mb) {
@@ -106,7 +94,8 @@ TEST_CASE("sm90_wgmma with a tensor map whose swizzle does not match the descrip
     CHECK(wrong_elements(detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM),
                          detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN)) == 0);
     const std::size_t wrong =
-        wrong_elements(unswizzled(A.data, M, A.layout.row_bytes), unswizzled(B.data, N, B.layout.row_bytes));
+        wrong_elements(detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM, CU_TENSOR_MAP_SWIZZLE_NONE),
+                       detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN, CU_TENSOR_MAP_SWIZZLE_NONE));
     INFO("wrong elements: " << wrong << " of " << M * N);
     CHECK(wrong > M * N / 2);
 }

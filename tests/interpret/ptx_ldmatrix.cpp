@@ -15,32 +15,16 @@
 
 #include "octet/cuda/ptx.cuh"
 #include "octet/interpret/cuda_names.hpp"
+#include "support/interpret_reports.hpp"
 #include "support/random.hpp"
 
 namespace ptx_ldmatrix_test {
 namespace oi = octet::interpret;
 
-oi::options collect() {
-    oi::options o;
-    o.mode = oi::on_report::collect;
-    return o;
-}
-bool has(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return true;
-    return false;
-}
-const oi::report& first(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return x;
-    FAIL("no report of kind " << oi::to_string(k));
-    return r.reports.front();
-}
-std::string all_messages(const oi::run_result& r) {
-    std::string s;
-    for (const auto& x : r.reports) s += x.message() + "\n";
-    return s;
-}
+using octet_test::all_messages;
+using octet_test::collect;
+using octet_test::first;
+using octet_test::has;
 
 constexpr int kRows = 48;  // the shared tile: 48 rows of 8 16-bit elements
 

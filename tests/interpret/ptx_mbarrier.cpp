@@ -13,32 +13,16 @@
 
 #include "octet/cuda/ptx.cuh"
 #include "octet/interpret/cuda_names.hpp"
+#include "support/interpret_reports.hpp"
 
 namespace ptx_mbarrier_test {
 namespace oi = octet::interpret;
 namespace ptx = octet::ptx;
 
-oi::options collect() {
-    oi::options o;
-    o.mode = oi::on_report::collect;
-    return o;
-}
-bool has(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return true;
-    return false;
-}
-const oi::report& first(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return x;
-    FAIL("no report of kind " << oi::to_string(k));
-    return r.reports.front();
-}
-std::string all_messages(const oi::run_result& r) {
-    std::string s;
-    for (const auto& x : r.reports) s += x.message() + "\n";
-    return s;
-}
+using octet_test::all_messages;
+using octet_test::collect;
+using octet_test::first;
+using octet_test::has;
 
 /// `phases` rounds: every thread writes its value of the round, arrives, waits for the phase of the
 /// round's parity, and then sums every thread's value (written by the others: ordered only by the

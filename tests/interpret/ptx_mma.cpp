@@ -16,6 +16,7 @@
 
 #include "octet/cuda/ptx.cuh"
 #include "octet/interpret/cuda_names.hpp"
+#include "support/interpret_reports.hpp"
 #include "support/random.hpp"
 
 namespace ptx_mma_test {
@@ -23,21 +24,9 @@ namespace oi = octet::interpret;
 using octet::e4m3;
 using octet::e5m2;
 
-oi::options collect() {
-    oi::options o;
-    o.mode = oi::on_report::collect;
-    return o;
-}
-bool has(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return true;
-    return false;
-}
-std::string all_messages(const oi::run_result& r) {
-    std::string s;
-    for (const auto& x : r.reports) s += x.message() + "\n";
-    return s;
-}
+using octet_test::all_messages;
+using octet_test::collect;
+using octet_test::has;
 
 // ---- FP8 from the OCP 8-bit floating point specification -------------------------------------------
 

@@ -17,32 +17,16 @@
 
 #include "octet/cuda/ptx.cuh"
 #include "octet/interpret/cuda_names.hpp"
+#include "support/interpret_reports.hpp"
 
 namespace ptx_tma_test {
 namespace oi = octet::interpret;
 namespace ptx = octet::ptx;
 
-oi::options collect() {
-    oi::options o;
-    o.mode = oi::on_report::collect;
-    return o;
-}
-bool has(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return true;
-    return false;
-}
-const oi::report& first(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return x;
-    FAIL("no report of kind " << oi::to_string(k));
-    return r.reports.front();
-}
-std::string all_messages(const oi::run_result& r) {
-    std::string s;
-    for (const auto& x : r.reports) s += x.message() + "\n";
-    return s;
-}
+using octet_test::all_messages;
+using octet_test::collect;
+using octet_test::first;
+using octet_test::has;
 
 using encode_fn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,

@@ -15,6 +15,7 @@
 #include "octet/cuda/ptx.cuh"
 #include "octet/format/encode.hpp"
 #include "octet/interpret/cuda_names.hpp"
+#include "support/interpret_reports.hpp"
 #include "support/random.hpp"
 
 namespace ptx_wgmma_test {
@@ -22,21 +23,9 @@ namespace oi = octet::interpret;
 using octet::e4m3;
 using octet::e5m2;
 
-oi::options collect() {
-    oi::options o;
-    o.mode = oi::on_report::collect;
-    return o;
-}
-bool has(const oi::run_result& r, oi::check k) {
-    for (const auto& x : r.reports)
-        if (x.kind == k) return true;
-    return false;
-}
-std::string all_messages(const oi::run_result& r) {
-    std::string s;
-    for (const auto& x : r.reports) s += x.message() + "\n";
-    return s;
-}
+using octet_test::all_messages;
+using octet_test::collect;
+using octet_test::has;
 
 // ---- the ISA's descriptor and layouts, written out here --------------------------------------------
 

@@ -350,18 +350,18 @@ inline tensor_map_encode_fn tensor_map_encoder() {
 }
 
 /// A TMA map over an operand's codes: rows x K bytes, rows `row_bytes` apart, boxes of box_rows x 128
-/// bytes with the 128-byte swizzle (zero fill outside the matrix).
+/// bytes with the 128-byte swizzle the kernel's wgmma descriptors assume (zero fill outside the matrix;
+/// another swizzle only for tests of a mismatched layout).
 inline CUtensorMap sm90_operand_map(const std::uint8_t* data, std::size_t rows, std::size_t K, std::size_t row_bytes,
-                                    std::uint32_t box_rows) {
+                                    std::uint32_t box_rows, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
     CUtensorMap map{};
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
     const cuuint32_t box[2] = {128u, box_rows};
     const cuuint32_t elem[2] = {1u, 1u};
-    const CUresult r =
-        tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data), dims, strides,
-                             box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data),
+                                            dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         throw error(message("octet::scaled_gemm: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
                             ") for a ", rows, " x ", K, " operand with row_bytes ", row_bytes));
