@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <tuple>
 #include <utility>
 
 #include "octet/cuda/check.cuh"
@@ -48,18 +49,23 @@ inline int multiprocessor_count() {
 
 /// Launches kernel<<<grid, block, shared_bytes, stream>>>(args...); in interpret mode
 /// (OCTET_INTERPRET, octet/interpret/cuda.hpp) runs it under the interpreter instead, on the calling
-/// thread, with the dynamic shared memory opt-in cudaFuncSetAttribute gave the kernel; its reports
-/// are thrown as interpret::failure (an octet::error) naming `name`. Check the launch with
-/// OCTET_CUDA_CHECK_LAUNCH() as after <<<...>>>.
+/// thread (or records it, when `stream` is being captured into a graph), with the dynamic shared memory opt-in
+/// cudaFuncSetAttribute gave the kernel; its reports are thrown as interpret::failure (an octet::error) naming `name`.
+/// Check the launch with OCTET_CUDA_CHECK_LAUNCH() as after <<<...>>>.
 template <class... Params, class... Args>
 void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
             cudaStream_t stream, Args&&... args) {
 #if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-    (void)stream;  // every stream runs its work when it is enqueued (interpret/runtime.hpp)
+    // Runs now, or at each launch of the graph when `stream` is being captured (interpret/runtime.hpp);
+    // the arguments are copied here, as a launch copies them.
     interpret::options opt;
     opt.max_dynamic_shared = interpret::runtime::max_dynamic_shared(reinterpret_cast<const void*>(kernel));
-    interpret::launch(name, {{grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes}, opt, kernel,
-                      std::forward<Args>(args)...);
+    const interpret::launch_config cfg{{grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes};
+    OCTET_CUDA_CHECK(interpret::runtime::enqueue(
+        stream, [name, kernel, cfg, opt, params = std::make_tuple(std::forward<Args>(args)...)] {
+            std::apply([&](const auto&... a) { interpret::launch(name, cfg, opt, kernel, a...); }, params);
+            return cudaSuccess;
+        }));
 #else
     (void)name;
     // clang-format 14 splits this `>>>` into `> > >` (template closers), which nvcc rejects.
