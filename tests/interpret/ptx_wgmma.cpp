@@ -64,7 +64,7 @@ struct placement {
 
 template <class F>
 std::uint8_t random_code(std::mt19937_64& g) {
-    while (true) {  // finite codes only (the oracle's sums of NaN and inf are not the point here)
+    while (true) {  // finite codes (the NaN and Inf case sets its specials where it wants them)
         const auto c = static_cast<std::uint8_t>(g());
         if (std::isfinite(octet::decode<F>(c))) return c;
     }
@@ -153,8 +153,8 @@ struct problem {
     }
     /// D[row][col] = sum_k A[row][k] B[col][k] (+ d_in), float64, and sum |terms| for the tolerance.
     void oracle(unsigned t, int i, bool accumulate, double* value, double* magnitude) const {
-        const unsigned w = t / 32, l = t % 32;  // the ISA's m64nNk32 f32 accumulator fragment
-        const unsigned row = 16 * w + l / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+        const unsigned l = t % 32;  // the ISA's m64nNk32 f32 accumulator fragment
+        const unsigned row = row_of(t, i), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
         double sum = 0, mag = 0;
         for (unsigned k = 0; k < K; ++k) {
             const double p = static_cast<double>(octet::decode<FA>(a[row * K + k])) *
@@ -176,18 +176,32 @@ struct problem {
         return oi::launch("wgmma", {oi::dim3(1), oi::dim3(128), image_bytes}, opt, wgmma_kernel<N, FA, FB>,
                           image.data(), image_bytes, descs_.data(), steps_, scale0, d_in.data(), out.data(), how);
     }
-    /// How many accumulator elements differ from the oracle by more than float rounding of the steps.
+    /// How many accumulator elements differ from the oracle by more than float rounding of the steps
+    /// (a NaN or infinite oracle value, IEEE arithmetic in float64 on the exact products, must be
+    /// matched exactly: NaN by NaN, an infinity by itself).
     int mismatches(const std::vector<float>& out, bool accumulate) const {
         int bad = 0;
         for (unsigned t = 0; t < 128; ++t)
             for (int i = 0; i < N / 2; ++i) {
                 double v, m;
                 oracle(t, i, accumulate, &v, &m);
-                const double tol = 4 * std::ldexp(m, -24) + 1e-30;
-                if (!(std::fabs(out[t * (N / 2) + static_cast<unsigned>(i)] - v) <= tol)) ++bad;
+                const float got = out[t * (N / 2) + static_cast<unsigned>(i)];
+                if (std::isnan(v)) {
+                    bad += !std::isnan(got);
+                } else if (std::isinf(v)) {
+                    bad += static_cast<double>(got) != v;
+                } else {
+                    const double tol = 4 * std::ldexp(m, -24) + 1e-30;
+                    bad += !(std::fabs(got - v) <= tol);
+                }
             }
         return bad;
     }
+    /// Element (r, k) of A, or (c, k) of B, set to `code`, in the codes and the shared image.
+    void set_a(unsigned r, unsigned k, std::uint8_t code) { image[pa.offset(r, k)] = a[r * K + k] = code; }
+    void set_b(unsigned c, unsigned k, std::uint8_t code) { image[pb.offset(c, k)] = b[c * K + k] = code; }
+    /// The accumulator row of fragment element i of thread t (the ISA's layout).
+    static unsigned row_of(unsigned t, int i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
 };
 
 template <int N, class FA, class FB>
@@ -217,6 +231,53 @@ TEST_CASE("wgmma m64nNk32: all FP8 type pairs, every swizzle mode, against a flo
     check_all_swizzles<128, e4m3, e5m2>(9006);
     check_all_swizzles<128, e5m2, e4m3>(9007);
     check_all_swizzles<128, e5m2, e5m2>(9008);
+}
+
+TEST_CASE("wgmma: NaN and Inf operands and accumulators give IEEE results on the exact products") {
+    // E5M2: +Inf 0x7C, -Inf 0xFC, NaN 0x7F, +1 0x3C, -1 0xBC, +0 0x00; E4M3: NaN 0x7F / 0xFF (no Inf).
+    CHECK(octet::decode<e5m2>(0x7C) == INFINITY);
+    CHECK(octet::decode<e5m2>(0xFC) == -INFINITY);
+    CHECK(std::isnan(octet::decode<e5m2>(0x7F)));
+    CHECK(std::isnan(octet::decode<e4m3>(0x7F)));
+    CHECK(std::isnan(octet::decode<e4m3>(0xFF)));
+    auto g = octet_test::rng(9050);
+    {
+        problem<64, e5m2, e5m2> p(g, b64);  // K = 64: two K steps
+        p.set_a(0, 40, 0x7F);               // row 0: a NaN operand (second K step)
+        p.set_a(1, 3, 0x7C);                // row 1: +Inf times +1 / -1 / 0 -> +Inf / -Inf / NaN
+        for (unsigned c = 0; c < 64; ++c) p.set_b(c, 3, c % 3 == 0 ? 0x00 : c % 3 == 1 ? 0x3C : 0xBC);
+        p.set_a(2, 10, 0x7C);  // row 2: +Inf and -Inf in one K step: NaN where both products are
+        p.set_a(2, 11, 0xFC);  // infinite with opposite signs, an infinity where they agree
+        p.set_a(5, 33, 0xFC);  // row 5: -Inf in the second step, then the accumulator below
+        for (unsigned t = 0; t < 128; ++t)
+            for (int i = 0; i < 32; ++i) {
+                const unsigned row = p.row_of(t, i);
+                if (row == 4 || row == 5) p.d_in[t * 32 + static_cast<unsigned>(i)] = INFINITY;  // +Inf accumulator
+            }
+        for (std::uint32_t scale0 : {0u, 1u}) {
+            CAPTURE(scale0);
+            std::vector<float> out;
+            const auto r = p.run(p.descs(p.steps(), p.pa, p.pb), p.steps(), scale0, out);
+            CHECK_MESSAGE(r.clean(), all_messages(r));
+            CHECK(p.mismatches(out, scale0 != 0) == 0);
+            int nan = 0, inf = 0;  // the oracle's specials really occur
+            for (float v : out) nan += std::isnan(v), inf += std::isinf(v);
+            CHECK(nan > 64);
+            CHECK(inf > 32);
+        }
+    }
+    {
+        problem<64, e4m3, e4m3> p(g, b128);  // K = 128: four K steps
+        p.set_a(7, 100, 0x7F);               // row 7: NaN
+        p.set_b(9, 64, 0xFF);                // column 9: NaN (negative-signed code)
+        std::vector<float> out;
+        const auto r = p.run(p.descs(p.steps(), p.pa, p.pb), p.steps(), 1, out);
+        CHECK_MESSAGE(r.clean(), all_messages(r));
+        CHECK(p.mismatches(out, true) == 0);
+        int nan = 0;
+        for (float v : out) nan += std::isnan(v);
+        CHECK(nan == 64 + 64 - 1);
+    }
 }
 
 TEST_CASE("wgmma descriptor: ptx::wgmma_descriptor encodes the ISA's bit layout") {
