@@ -13,7 +13,7 @@
 #define OCTET_TORCH_QUANTIZE_INSTANCE(extern_, Round, In, name)                           \
     extern_ template octet::quantize_result                                               \
     octet::quantize<octet_torch::with_rounding_t<octet::recipes::name, Round>, const In>( \
-        octet::host_executor, octet::matrix_ref<const In>,                                \
+        const octet::host_executor&, octet::matrix_ref<const In>,                         \
         octet::quantized_ref<octet_torch::with_rounding_t<octet::recipes::name, Round>>,  \
         octet::quantized_ref<octet_torch::with_rounding_t<octet::recipes::name, Round>>,  \
         const octet::quantize_options&);

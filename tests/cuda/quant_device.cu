@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "octet/cuda/buffer.cuh"
@@ -160,6 +161,45 @@ TEST_SUITE("cuda") {
                              doctest::Contains("argument 'rowwise' has a null data pointer"), octet::error);
         CHECK_THROWS_WITH_AS(quantize<R>(on_stream(), matrix_ref<const float>(x.data(), 4, 256), quantized_ref<R>{}),
                              doctest::Contains("are both absent"), octet::error);
+    }
+
+    TEST_CASE("one entry per operation: host and stream refuse the same bad arguments in the same words") {
+        using namespace octet;
+        using R = recipes::blockwise_1x128;
+        std::vector<float> x(4 * 256), y(4 * 256);
+        quantized_tensor<R> wrong(4, 255), ok(4, 256), okt(256, 4);
+        auto no_data = ok.ref();
+        no_data.data = nullptr;
+        auto no_scales = ok.ref();
+        no_scales.scales = nullptr;
+        const matrix_ref<const float> xr(x.data(), 4, 256), short_ld(x.data(), 4, 256, 3);
+        const matrix_ref<float> yr(y.data(), 4, 256), y_bad(y.data(), 256, 4);
+        const auto message_of = [](auto&& call) -> std::string {
+            try {
+                call();
+            } catch (const octet::error& e) {
+                return e.what();
+            }
+            return "(no error)";
+        };
+        int cases = 0;
+        const auto both = [&](auto&& call) {  // call(executor): the same call on each executor
+            ++cases;
+            CAPTURE(cases);
+            const std::string host = message_of([&] { call(on_host(1)); });
+            const std::string stream = message_of([&] { call(on_stream()); });
+            CHECK(host == stream);
+            CHECK(host.find("argument '") != std::string::npos);
+        };
+        both([&](auto ex) { quantize<R>(ex, xr, wrong.ref()); });
+        both([&](auto ex) { quantize<R>(ex, short_ld, ok.ref()); });
+        both([&](auto ex) { quantize<R>(ex, xr, no_data, okt.ref()); });
+        both([&](auto ex) { quantize<R>(ex, xr, quantized_ref<R>{}); });
+        both([&](auto ex) { quantize<R>(ex, xr, ok.ref(), wrong.ref()); });
+        both([&](auto ex) { dequantize(ex, wrong.cref(), yr); });
+        both([&](auto ex) { dequantize(ex, ok.cref(), y_bad); });
+        both([&](auto ex) { dequantize(ex, no_scales, yr); });
+        CHECK(cases == 8);
     }
 }
 

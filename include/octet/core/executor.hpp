@@ -5,8 +5,9 @@
 //   octet::on_host(pool)    host, the caller's octet::thread_pool (no thread started per call)
 //   octet::on_stream(s)     a CUDA stream (octet/cuda/executor.cuh)
 //
-// Every operation has one name for both executors; host overloads live in .hpp headers,
-// stream overloads in .cuh headers.
+// Every operation has one name for both executors; the host's implementation lives in a .hpp
+// header, the stream's in the .cuh beside it (quantize and dequantize: one entry in the .hpp that
+// dispatches to the executor's half, detail::quant_backend; the others: an overload per executor).
 #pragma once
 
 #include <algorithm>

@@ -3,7 +3,9 @@
 //   octet::quantize<Recipe>(octet::on_stream(s), x, rowwise, columnwise, options);
 //   octet::dequantize(octet::on_stream(s), q, y);
 //
-// Same contract and the same bits as the host overloads in quantize.hpp: every kernel calls the
+// The entries are quantize.hpp's (one per operation for every executor, which check the arguments
+// that do not depend on it); this header adds the stream's half, detail::quant_backend<stream_executor>.
+// Same contract and the same bits as on the host: every kernel calls the
 // OCTET_HD rules of scale.hpp. All pointers are device memory; options.device_stats (if set)
 // points at two quant_stats in device memory (row-wise, column-wise) that quantize zeroes and
 // fills; options.device_tensor_amax (if set) is the amax the per-tensor / two-level scale comes
@@ -568,61 +570,60 @@ std::size_t quantize_scratch_bytes(matrix_ref<T> x, quantized_ref<Recipe> rowwis
                                  sizeof(float));
 }
 
-/// Quantize x (device memory) into a row-wise copy and/or a column-wise (transposed) copy.
-/// Enqueues on ex.stream: memsets of the scale grids (and of device_stats), then one kernel (one-
-/// pass recipes) or an amax kernel, a scale kernel per global-mode copy and the encode kernel; takes
-/// quantize_scratch_bytes(...) of scratch from ex's allocator, returned on the stream. No host sync.
-template <class Recipe, class T>
-void quantize(stream_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise,
-              quantized_ref<Recipe> columnwise = {}, const device_quantize_options& opt = {}) {
-    using In = detail::storage_of_t<std::remove_const_t<T>>;
-    static_assert(detail::is_quant_input_v<In>, "octet::quantize: the input must be float, bf16 or fp16");
-    static_assert(is_recipe_v<Recipe>, "octet::quantize: Recipe must be an octet::recipe<...>");
-    const matrix_ref<const In> x(reinterpret_cast<const In*>(x_in.data), x_in.rows, x_in.cols, x_in.ld, x_in.order);
-    constexpr const char* fn = "octet::quantize";
-    detail::validate_input(x, fn);
-    const bool want_row = !rowwise.absent(), want_col = !columnwise.absent();
-    OCTET_REQUIRE(want_row || want_col || x.empty(), fn, "rowwise/columnwise",
-                  "are both absent ({}); pass at least one output copy");
-    if (want_row) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
-    if (want_col) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
-    if (opt.device_stats) OCTET_CUDA_CHECK(cudaMemsetAsync(opt.device_stats, 0, 2 * sizeof(quant_stats), ex.stream));
-    if (x.empty()) return;
-    cuda::require_device_accessible(x.data, fn, "x");
-    if (want_row) detail::require_device_copy(rowwise, fn, "rowwise");
-    if (want_col) detail::require_device_copy(columnwise, fn, "columnwise");
-    OCTET_REQUIRE(!opt.device_record_flag || opt.device_record, fn, "options.device_record_flag",
-                  "is set without device_record");
+namespace detail {
 
-    quant_stats* s_row = opt.device_stats;
-    quant_stats* s_col = opt.device_stats ? opt.device_stats + 1 : nullptr;
-    const philox_stream rng_row = opt.rng, rng_col{opt.rng.seed, opt.rng.offset + 1};
-    if (x.order == storage_order::row_major) {
-        detail::quantize_device<Recipe, In>(ex, x, rowwise, columnwise, opt, rng_row, rng_col, s_row, s_col);
-    } else {
-        // A column-major x is a row-major x^T: its row-wise copy is x^T's column-wise copy.
-        detail::quantize_device<Recipe, In>(ex, x.transposed(), columnwise, rowwise, opt, rng_col, rng_row, s_col,
-                                            s_row);
+/// quantize and dequantize on a stream (the entries, octet::quantize / octet::dequantize, are in
+/// quantize.hpp and check the executor-independent arguments first).
+template <>
+struct quant_backend<stream_executor> {
+    using options = device_quantize_options;
+    using result = void;
+    /// CUDA's __nv_bfloat16 / __half arguments are octet::bf16 / octet::fp16 to the kernels.
+    template <class T>
+    using element = storage_of_t<T>;
+
+    /// Enqueues on ex.stream: memsets of the scale grids (and of device_stats), then one kernel (one-
+    /// pass recipes) or an amax kernel, a scale kernel per global-mode copy and the encode kernel; takes
+    /// quantize_scratch_bytes(...) of scratch from ex's allocator, returned on the stream. No host sync.
+    template <class Recipe, class In>
+    static void run_quantize(const stream_executor& ex, matrix_ref<const In> x, const quantized_ref<Recipe>& rowwise,
+                             const quantized_ref<Recipe>& columnwise, const options& opt) {
+        constexpr const char* fn = "octet::quantize";
+        const bool want_row = !rowwise.absent(), want_col = !columnwise.absent();
+        if (opt.device_stats)
+            OCTET_CUDA_CHECK(cudaMemsetAsync(opt.device_stats, 0, 2 * sizeof(quant_stats), ex.stream));
+        if (x.empty()) return;
+        cuda::require_device_accessible(x.data, fn, "x");
+        if (want_row) require_device_copy(rowwise, fn, "rowwise");
+        if (want_col) require_device_copy(columnwise, fn, "columnwise");
+        OCTET_REQUIRE(!opt.device_record_flag || opt.device_record, fn, "options.device_record_flag",
+                      "is set without device_record");
+
+        quant_stats* s_row = opt.device_stats;
+        quant_stats* s_col = opt.device_stats ? opt.device_stats + 1 : nullptr;
+        const philox_stream rng_row = opt.rng, rng_col{opt.rng.seed, opt.rng.offset + 1};
+        if (x.order == storage_order::row_major) {
+            quantize_device<Recipe, In>(ex, x, rowwise, columnwise, opt, rng_row, rng_col, s_row, s_col);
+        } else {
+            // A column-major x is a row-major x^T: its row-wise copy is x^T's column-wise copy.
+            quantize_device<Recipe, In>(ex, x.transposed(), columnwise, rowwise, opt, rng_col, rng_row, s_col, s_row);
+        }
     }
-}
 
-/// Dequantize a copy (device memory) into float, bf16 or fp16: decode(code) * S.
-/// Enqueues one kernel on ex.stream; no scratch, no host sync.
-template <class Recipe, class Byte, class Out>
-void dequantize(stream_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref<Out> out_in) {
-    using O = detail::storage_of_t<Out>;
-    static_assert(detail::is_quant_input_v<O>, "octet::dequantize: the output must be float, bf16 or fp16");
-    const quantized_cref<Recipe> q = q_in;
-    const matrix_ref<O> out(reinterpret_cast<O*>(out_in.data), out_in.rows, out_in.cols, out_in.ld, out_in.order);
-    constexpr const char* fn = "octet::dequantize";
-    if (!detail::validate_dequantize(q, out)) return;
-    cuda::require_device_accessible(out.data, fn, "out");
-    detail::require_device_copy(q, fn, "q");
-    const std::size_t work = q.rows() * ((q.cols() + 3) / 4);
-    cuda::launch("dequantize_matrix_kernel", detail::dequantize_matrix_kernel<Recipe, O>,
-                 cuda::grid_stride_blocks(work, 256), 256, 0, ex.stream, q, out.data, out.ld,
-                 out.order == storage_order::col_major);
-    OCTET_CUDA_CHECK_LAUNCH();
-}
+    /// Enqueues one kernel on ex.stream; no scratch, no host sync.
+    template <class Recipe, class Out>
+    static void run_dequantize(const stream_executor& ex, const quantized_cref<Recipe>& q, matrix_ref<Out> out) {
+        constexpr const char* fn = "octet::dequantize";
+        cuda::require_device_accessible(out.data, fn, "out");
+        require_device_copy(q, fn, "q");
+        const std::size_t work = q.rows() * ((q.cols() + 3) / 4);
+        cuda::launch("dequantize_matrix_kernel", dequantize_matrix_kernel<Recipe, Out>,
+                     cuda::grid_stride_blocks(work, 256), 256, 0, ex.stream, q, out.data, out.ld,
+                     out.order == storage_order::col_major);
+        OCTET_CUDA_CHECK_LAUNCH();
+    }
+};
+
+}  // namespace detail
 
 }  // namespace octet

@@ -9,9 +9,9 @@
 // backward pass needs); pass a default ref ({}) to skip either. A ref that is only partly set (a
 // null data pointer beside valid scales, say) is an error, not a skipped copy. Per element:
 // code = encode<Format, Round, Overflow>(x / S) with S the effective scale of its block (see
-// scale.hpp for the edge contract). The stream overloads are in quantize.cuh and give the same
-// bits. On the host the two copies are produced by separate passes over x; the device quantizer
-// produces both from one read.
+// scale.hpp for the edge contract). Each operation has one entry for every executor: on a stream
+// (octet::on_stream, with octet/quant/quantize.cuh included) the same call gives the same bits. On the host the two
+// copies are produced by separate passes over x; the device quantizer produces both from one read.
 //
 // Stochastic rounding draws element (r, c) of a copy from rng.bits(r * copy_cols + c), with the
 // row-wise copy on rng.offset and the column-wise copy on rng.offset + 1.
@@ -508,14 +508,127 @@ bool validate_dequantize(const quantized_cref<Recipe>& q, const matrix_ref<T>& o
 
 }  // namespace detail
 
-/// Quantize x into a row-wise copy and/or a column-wise (transposed) copy.
-template <class Recipe, class T>
-quantize_result quantize(host_executor ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise,
-                         quantized_ref<Recipe> columnwise = {}, const quantize_options& opt = {}) {
-    using In = std::remove_const_t<T>;
+namespace detail {
+
+/// Where quantize and dequantize run: the executor's half of each operation, host_executor's below
+/// and stream_executor's in quantize.cuh. octet::quantize and octet::dequantize (after this) are the one
+/// entry of each operation: they check what does not depend on the executor, once, then call the
+/// backend's run_quantize / run_dequantize, which checks what does (device pointers, host options).
+template <class Executor>
+struct quant_backend {
+    static_assert(sizeof(Executor) == 0,
+                  "octet::quantize/dequantize: the executor is octet::on_host(...), or octet::on_stream(...) with "
+                  "octet/quant/quantize.cuh included");
+};
+
+template <>
+struct quant_backend<host_executor> {
+    using options = quantize_options;
+    using result = quantize_result;
+    /// The element type the kernels see for an argument's T.
+    template <class T>
+    using element = T;
+
+    template <class Recipe, class In>
+    static quantize_result run_quantize(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& rowwise,
+                                        const quantized_ref<Recipe>& columnwise, const options& opt) {
+        constexpr const char* fn = "octet::quantize";
+        const bool want_row = !rowwise.absent(), want_col = !columnwise.absent();
+        OCTET_REQUIRE(!(opt.tensor_amax > 3.40282347e38f) && opt.tensor_amax == opt.tensor_amax, fn,
+                      "options.tensor_amax", "is Inf or NaN; pass a finite amax (or a negative value to measure it)");
+
+        quantize_result result;
+        if (x.empty()) return result;
+
+        const bool need_tensor_amax = Recipe::is_per_tensor || Recipe::two_level;
+        float tensor_amax = opt.tensor_amax;
+        if (need_tensor_amax && tensor_amax <= 0.0f) {
+            const float measured = tensor_amax_host(ex, x);
+            // A zero amax beside non-zero data would give scale 1 and clamp everything (NVFP4: 9.75
+            // stored as 6 times its block scale): refuse it before writing anything.
+            OCTET_REQUIRE(tensor_amax < 0.0f || measured == 0.0f, fn, "options.tensor_amax",
+                          message("is 0 but x holds non-zero values (largest |x| ", measured,
+                                  "); pass the amax the scale should come from, or a negative value to measure it"));
+            tensor_amax = measured;
+        }
+        const float override_amax = Recipe::is_per_tensor ? tensor_amax : -1.0f;
+        const float tensor_scale = Recipe::two_level ? make_tensor_scale<Recipe>(tensor_amax) : 1.0f;
+
+        if (want_row) {
+            if constexpr (Recipe::two_level) *rowwise.tensor_scale = tensor_scale;
+            quantize_copy_host<Recipe, In>(ex, x, rowwise, override_amax, tensor_scale, opt.rng, opt.collect_stats,
+                                           result.rowwise);
+            result.amax = result.rowwise.amax;
+        }
+        if (want_col) {
+            if constexpr (Recipe::two_level) *columnwise.tensor_scale = tensor_scale;
+            const philox_stream rng_t{opt.rng.seed, opt.rng.offset + 1};
+            quantize_copy_host<Recipe, In>(ex, x.transposed(), columnwise, override_amax, tensor_scale, rng_t,
+                                           opt.collect_stats, result.columnwise);
+            result.amax = result.columnwise.amax;
+        }
+        return result;
+    }
+
+    template <class Recipe, class Out>
+    static void run_dequantize(host_executor ex, const quantized_cref<Recipe>& q, matrix_ref<Out> out) {
+        constexpr std::size_t chunk = kernel_chunk;
+        const simd_isa isa = best_isa();
+        parallel_for(ex, out.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(out.cols, 1)),
+                     [&](std::size_t b, std::size_t e) {
+                         for (std::size_t i = b; i < e; ++i) {
+                             if (out.order != storage_order::row_major) {
+                                 for (std::size_t j = 0; j < out.cols; ++j) {
+                                     const float v = q.value(i, j);
+                                     if constexpr (std::is_same_v<Out, float>)
+                                         out(i, j) = v;
+                                     else if constexpr (std::is_same_v<Out, bf16>)
+                                         out(i, j) = to_bf16(v);
+                                     else
+                                         out(i, j) = to_fp16(v);
+                                 }
+                                 continue;
+                             }
+                             // Row-major rows in segments: unpack the codes, spread the block scales, then the
+                             // dispatched kernel computes decode(code) * S exactly as q.value(i, j) does.
+                             const std::size_t band = i / q.layout.block_rows, C = q.layout.block_cols;
+                             for (std::size_t j0 = 0; j0 < out.cols; j0 += chunk) {
+                                 const std::size_t n = std::min(chunk, out.cols - j0);
+                                 std::uint8_t codes[chunk];
+                                 float S[chunk];
+                                 if (n < chunk) {
+                                     std::fill(codes + n, codes + chunk, std::uint8_t{0});
+                                     std::fill(S + n, S + chunk, 0.0f);
+                                 }
+                                 for (std::size_t k = 0; k < n; ++k) codes[k] = q.code(i, j0 + k);
+                                 for (std::size_t k = 0; k < n;) {
+                                     const std::size_t bj = (j0 + k) / C, end = std::min(n, (bj + 1) * C - j0);
+                                     std::fill(S + k, S + end, q.scale(band, bj));
+                                     k = end;
+                                 }
+                                 run_kernel<dequantize_kernel<typename Recipe::format, Out>>(
+                                     isa, static_cast<const std::uint8_t*>(codes), static_cast<const float*>(S),
+                                     &out(i, j0), n);
+                             }
+                         }
+                     });
+    }
+};
+
+}  // namespace detail
+
+/// Quantize x into a row-wise copy and/or a column-wise (transposed) copy, on the executor: the host
+/// (returns the amax and, with options.collect_stats, the statistics of each copy) or a CUDA stream
+/// (octet/quant/quantize.cuh: device_quantize_options; enqueues, returns nothing; same bits).
+template <class Recipe, class T, class Executor>
+typename detail::quant_backend<Executor>::result quantize(
+    const Executor& ex, matrix_ref<T> x_in, quantized_ref<Recipe> rowwise, quantized_ref<Recipe> columnwise = {},
+    const typename detail::quant_backend<Executor>::options& opt = {}) {
+    using backend = detail::quant_backend<Executor>;
+    using In = typename backend::template element<std::remove_const_t<T>>;
     static_assert(detail::is_quant_input_v<In>, "octet::quantize: the input must be float, octet::bf16 or octet::fp16");
     static_assert(is_recipe_v<Recipe>, "octet::quantize: Recipe must be an octet::recipe<...>");
-    const matrix_ref<const In> x = x_in;
+    const matrix_ref<const In> x(reinterpret_cast<const In*>(x_in.data), x_in.rows, x_in.cols, x_in.ld, x_in.order);
     constexpr const char* fn = "octet::quantize";
     detail::validate_input(x, fn);
     const bool want_row = !rowwise.absent(), want_col = !columnwise.absent();
@@ -523,90 +636,22 @@ quantize_result quantize(host_executor ex, matrix_ref<T> x_in, quantized_ref<Rec
                   "are both absent ({}); pass at least one output copy");
     if (want_row) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
     if (want_col) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
-    OCTET_REQUIRE(!(opt.tensor_amax > 3.40282347e38f) && opt.tensor_amax == opt.tensor_amax, fn, "options.tensor_amax",
-                  "is Inf or NaN; pass a finite amax (or a negative value to measure it)");
-
-    quantize_result result;
-    if (x.empty()) return result;
-
-    const bool need_tensor_amax = Recipe::is_per_tensor || Recipe::two_level;
-    float tensor_amax = opt.tensor_amax;
-    if (need_tensor_amax && tensor_amax <= 0.0f) {
-        const float measured = detail::tensor_amax_host(ex, x);
-        // A zero amax beside non-zero data would give scale 1 and clamp everything (NVFP4: 9.75
-        // stored as 6 times its block scale): refuse it before writing anything.
-        OCTET_REQUIRE(
-            tensor_amax < 0.0f || measured == 0.0f, fn, "options.tensor_amax",
-            detail::message("is 0 but x holds non-zero values (largest |x| ", measured,
-                            "); pass the amax the scale should come from, or a negative value to measure it"));
-        tensor_amax = measured;
-    }
-    const float override_amax = Recipe::is_per_tensor ? tensor_amax : -1.0f;
-    const float tensor_scale = Recipe::two_level ? make_tensor_scale<Recipe>(tensor_amax) : 1.0f;
-
-    if (want_row) {
-        if constexpr (Recipe::two_level) *rowwise.tensor_scale = tensor_scale;
-        detail::quantize_copy_host<Recipe, In>(ex, x, rowwise, override_amax, tensor_scale, opt.rng, opt.collect_stats,
-                                               result.rowwise);
-        result.amax = result.rowwise.amax;
-    }
-    if (want_col) {
-        if constexpr (Recipe::two_level) *columnwise.tensor_scale = tensor_scale;
-        const philox_stream rng_t{opt.rng.seed, opt.rng.offset + 1};
-        detail::quantize_copy_host<Recipe, In>(ex, x.transposed(), columnwise, override_amax, tensor_scale, rng_t,
-                                               opt.collect_stats, result.columnwise);
-        result.amax = result.columnwise.amax;
-    }
-    return result;
+    return backend::template run_quantize<Recipe, In>(ex, x, rowwise, columnwise, opt);
 }
 
-/// Dequantize a copy into a float, bf16 or fp16 matrix of the same shape: decode(code) * S.
-template <class Recipe, class Byte, class Out>
-void dequantize(host_executor ex, quantized_ref<Recipe, Byte> q_in, matrix_ref<Out> out) {
-    static_assert(detail::is_quant_input_v<Out>,
+/// Dequantize a copy into a float, bf16 or fp16 matrix of the same shape, decode(code) * S, on the
+/// executor (host, or a stream with octet/quant/quantize.cuh: one kernel, no scratch, no host sync).
+template <class Recipe, class Byte, class Out, class Executor>
+void dequantize(const Executor& ex, quantized_ref<Recipe, Byte> q_in, matrix_ref<Out> out_in) {
+    using backend = detail::quant_backend<Executor>;
+    static_assert(!std::is_const_v<Out>, "octet::dequantize: out must be writable (matrix_ref<float>, not const)");
+    using O = typename backend::template element<Out>;
+    static_assert(detail::is_quant_input_v<O>,
                   "octet::dequantize: the output must be float, octet::bf16 or octet::fp16");
     const quantized_cref<Recipe> q = q_in;
+    const matrix_ref<O> out(reinterpret_cast<O*>(out_in.data), out_in.rows, out_in.cols, out_in.ld, out_in.order);
     if (!detail::validate_dequantize(q, out)) return;
-    constexpr std::size_t chunk = detail::kernel_chunk;
-    const detail::simd_isa isa = detail::best_isa();
-    parallel_for(ex, out.rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(out.cols, 1)),
-                 [&](std::size_t b, std::size_t e) {
-                     for (std::size_t i = b; i < e; ++i) {
-                         if (out.order != storage_order::row_major) {
-                             for (std::size_t j = 0; j < out.cols; ++j) {
-                                 const float v = q.value(i, j);
-                                 if constexpr (std::is_same_v<Out, float>)
-                                     out(i, j) = v;
-                                 else if constexpr (std::is_same_v<Out, bf16>)
-                                     out(i, j) = to_bf16(v);
-                                 else
-                                     out(i, j) = to_fp16(v);
-                             }
-                             continue;
-                         }
-                         // Row-major rows in segments: unpack the codes, spread the block scales, then the
-                         // dispatched kernel computes decode(code) * S exactly as q.value(i, j) does.
-                         const std::size_t band = i / q.layout.block_rows, C = q.layout.block_cols;
-                         for (std::size_t j0 = 0; j0 < out.cols; j0 += chunk) {
-                             const std::size_t n = std::min(chunk, out.cols - j0);
-                             std::uint8_t codes[chunk];
-                             float S[chunk];
-                             if (n < chunk) {
-                                 std::fill(codes + n, codes + chunk, std::uint8_t{0});
-                                 std::fill(S + n, S + chunk, 0.0f);
-                             }
-                             for (std::size_t k = 0; k < n; ++k) codes[k] = q.code(i, j0 + k);
-                             for (std::size_t k = 0; k < n;) {
-                                 const std::size_t bj = (j0 + k) / C, end = std::min(n, (bj + 1) * C - j0);
-                                 std::fill(S + k, S + end, q.scale(band, bj));
-                                 k = end;
-                             }
-                             detail::run_kernel<detail::dequantize_kernel<typename Recipe::format, Out>>(
-                                 isa, static_cast<const std::uint8_t*>(codes), static_cast<const float*>(S),
-                                 &out(i, j0), n);
-                         }
-                     }
-                 });
+    backend::template run_dequantize<Recipe, O>(ex, q, out);
 }
 
 }  // namespace octet
