@@ -76,12 +76,12 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
     using KF = typename KR::format;
     using VF = typename VR::format;
     OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
-    shared_ptr_t<std::uint8_t> sQ = smem;                                      // (64, D)
-    shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                            // 2 x (64, D)
-    shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                        // 2 x (64, D)
-    shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;                       // (D, 64), keys permuted
-    shared_ptr_t<float> sKs = OCTET_ATTN_SHARED_CAST(float, sVt + kTile * D);  // 2 x 64 key scales
-    shared_ptr_t<float> sVs = sKs + 2 * kTile;                                 // 2 x 64 value scales
+    shared_ptr_t<std::uint8_t> sQ = smem;                                 // (64, D)
+    shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                       // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                   // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;                  // (D, 64), keys permuted
+    shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + kTile * D);  // 2 x 64 key scales
+    shared_ptr_t<float> sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
 
     const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
     const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
@@ -334,7 +334,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
     shared_ptr_t<std::uint8_t> sdO = sQ + kTile * D;
     shared_ptr_t<std::uint8_t> sK = sdO + kTile * D;     // 2 stages
     shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;  // 2 stages
-    shared_ptr_t<float> sQf = OCTET_ATTN_SHARED_CAST(float, sV + 2 * kTile * D);
+    shared_ptr_t<float> sQf = OCTET_SHARED_CAST(float, sV + 2 * kTile * D);
     shared_ptr_t<float> sLc = sQf + kTile;
     shared_ptr_t<float> sDOs = sLc + kTile;
     shared_ptr_t<float> sRed = sDOs + kTile;  // (4, 64)
@@ -475,7 +475,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
     shared_ptr_t<std::uint8_t> sQt = sdO + 2 * kTile * D;  // (D, 64) queries permuted
     shared_ptr_t<std::uint8_t> sdOt = sQt + kTile * D;     // (D, 64) queries permuted
     shared_ptr_t<std::uint8_t> sDS = sdOt + kTile * D;     // (64 queries, 64 keys permuted): dS codes for dQ
-    shared_ptr_t<float> sLc = OCTET_ATTN_SHARED_CAST(float, sDS + kTile * kTile);
+    shared_ptr_t<float> sLc = OCTET_SHARED_CAST(float, sDS + kTile * kTile);
     shared_ptr_t<float> sDelta = sLc + kTile;
     shared_ptr_t<float> sQs = sDelta + kTile;
     shared_ptr_t<float> sQf = sQs + kTile;

@@ -157,24 +157,18 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     OCTET_DYNAMIC_SHARED(std::uint8_t, gemm90_smem);
     // The same carving of the dynamic shared memory twice: under nvcc with reinterpret_cast, as before
     // (shared_cast there, an inline function, changes the sm_90a schedule though not the result).
-#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-    const shared_ptr_t<std::uint8_t> smem = gemm90_smem;  // the interpreter's is 1024-byte aligned already
-    const shared_ptr_t<std::uint8_t> sA = smem;
-    const shared_ptr_t<std::uint8_t> sB = smem + S * Cfg::a_stage_bytes;
-    const shared_ptr_t<float> sSA = shared_cast<float>(sB + S * Cfg::b_stage_bytes);
-    const shared_ptr_t<float> sSB = sSA + S * BM;
-    const shared_ptr_t<std::uint64_t> full = shared_cast<std::uint64_t>(sSB + S * BN);
-    const shared_ptr_t<std::uint64_t> empty = full + S;
-#else
-    std::uint8_t* smem =
-        reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(gemm90_smem) + 1023) & ~std::uintptr_t{1023});
-    std::uint8_t* const sA = smem;                                               // (S, BM, 128) swizzled
-    std::uint8_t* const sB = smem + S * Cfg::a_stage_bytes;                      // (S, BN, 128) swizzled
-    float* const sSA = reinterpret_cast<float*>(sB + S * Cfg::b_stage_bytes);    // (S, BM)
-    float* const sSB = sSA + S * BM;                                             // (S, BN)
-    std::uint64_t* const full = reinterpret_cast<std::uint64_t*>(sSB + S * BN);  // (S)
-    std::uint64_t* const empty = full + S;                                       // (S)
-#endif
+    // The stages start at the first 1024-byte boundary of dynamic shared memory (the 128-byte swizzle's
+    // atom; the launcher reserves the slack). The padding is added to the shared array itself, so that
+    // nvcc keeps every pointer below in the shared address space: rebuilt from an integer, the pointer
+    // made the scale reads generic loads. (The interpreter's window is aligned already: no padding.)
+    const shared_ptr_t<std::uint8_t> smem =
+        gemm90_smem + ((1024u - (ptx::shared_address(gemm90_smem) & 1023u)) & 1023u);
+    const shared_ptr_t<std::uint8_t> sA = smem;                                               // (S, BM, 128) swizzled
+    const shared_ptr_t<std::uint8_t> sB = smem + S * Cfg::a_stage_bytes;                      // (S, BN, 128) swizzled
+    const shared_ptr_t<float> sSA = OCTET_SHARED_CAST(float, sB + S * Cfg::b_stage_bytes);    // (S, BM)
+    const shared_ptr_t<float> sSB = sSA + S * BM;                                             // (S, BN)
+    const shared_ptr_t<std::uint64_t> full = OCTET_SHARED_CAST(std::uint64_t, sSB + S * BN);  // (S)
+    const shared_ptr_t<std::uint64_t> empty = full + S;                                       // (S)
 
     const std::uint32_t tid = threadIdx.x;
     const std::uint32_t wg = tid / 128;

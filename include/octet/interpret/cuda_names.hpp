@@ -31,6 +31,10 @@
 //                                            static shared memory is not padded up to 1024 bytes)
 //   octet::shared_ptr_t<T>                   T* on the device, interpret::sptr<T> here
 //   octet::shared_cast<U>(p)                 reinterpret_cast<U*>(p) on the device, the checked cast here
+//   OCTET_SHARED_CAST(U, p)                  the same, but a plain reinterpret_cast<U*>(p) under nvcc, not a
+//                                            call: through a function, even a __forceinline__ one, nvcc folds
+//                                            constant offsets into shared loads and stores differently (other
+//                                            SASS); kernels whose SASS that changed use the macro
 #pragma once
 
 #include <type_traits>
@@ -296,7 +300,11 @@ auto atomicXor(P p, T v) {
     return ::octet::interpret::atomic_xor(p, v);
 }
 
+#define OCTET_SHARED_CAST(U, p) ::octet::shared_cast<U>(p)
+
 #else  // nvcc, or a host build without the interpreter
+
+#define OCTET_SHARED_CAST(U, p) reinterpret_cast<U*>(p)
 
 namespace octet {
 template <class T>

@@ -61,16 +61,6 @@ __device__ __forceinline__ void load_tile_async(shared_ptr_t<std::uint8_t> tile,
     }
 }
 
-/// A cast of a pointer into shared memory to U*: octet::shared_cast<U>(p) in interpret mode, and
-/// under nvcc the plain reinterpret_cast these kernels always had. Not shared_cast there: passing the
-/// pointer through a function, even a __forceinline__ one, changes how nvcc folds the tiles' constant
-/// offsets into the shared loads and stores (different PTX and SASS for these kernels).
-#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-#define OCTET_ATTN_SHARED_CAST(U, p) ::octet::shared_cast<U>(p)
-#else
-#define OCTET_ATTN_SHARED_CAST(U, p) reinterpret_cast<U*>(p)
-#endif
-
 // ---- ldmatrix ---------------------------------------------------------------------------------------
 
 /// A fragments (16 rows from row0, k-step ks) of a tile with k contiguous.
@@ -124,14 +114,14 @@ __device__ __forceinline__ void transpose_tile(shared_ptr_t<const std::uint8_t> 
         const int chunk = it.col / 16, inner = it.col % 16;
         std::uint32_t out[4];
         attn_frag::transpose_words(
-            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0, chunk) + inner),
-            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 1, chunk) + inner),
-            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 8, chunk) + inner),
-            *OCTET_ATTN_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 9, chunk) + inner), out,
+            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0, chunk) + inner),
+            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 1, chunk) + inner),
+            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 8, chunk) + inner),
+            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 9, chunk) + inner), out,
             [](std::uint32_t a, std::uint32_t b, std::uint32_t sel) { return __byte_perm(a, b, sel); });
         OCTET_UNROLL
         for (int i = 0; i < 4; ++i)
-            *OCTET_ATTN_SHARED_CAST(std::uint32_t, dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
+            *OCTET_SHARED_CAST(std::uint32_t, dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
     }
 }
 
