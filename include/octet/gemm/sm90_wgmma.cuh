@@ -22,8 +22,9 @@
 //     (one arrival per warp), then promotes: acc += frag * (sA[row] * sB[col]).
 //   * the epilogue writes alpha * acc + beta C + bias straight from registers, while the producer
 //     already loads the next tile's first stages.
-// Every mbarrier wait has a watchdog (about 17 s of clock): a protocol bug traps the kernel instead
-// of hanging the GPU.
+// A debug build can give every mbarrier wait a watchdog (OCTET_MBARRIER_WATCHDOG: a wait that lasts
+// about 17 s of clock traps the kernel instead of hanging the GPU); by default a wait spins until its
+// phase completes, as a legitimate wait on a busy GPU may take long.
 #pragma once
 
 #include <cuda.h>          // CUtensorMap and its enums (header only: octet does not link libcuda)
@@ -60,9 +61,15 @@ OCTET_DEVICE void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) 
     ptx::mbarrier_arrive_expect_tx(bar, bytes);
 #endif
 }
-/// Waits until the phase of parity `parity` has completed. Traps after about 2^35 clocks.
+/// Waits until the phase of parity `parity` has completed. With OCTET_MBARRIER_WATCHDOG defined (a
+/// debug option; define it for every translation unit of the program) the wait traps after about 2^35
+/// clocks (~17 s at 1.98 GHz) instead of spinning for ever on a protocol bug; without it, the default,
+/// a legitimate long wait (a GPU shared with other work, a debugger) is never cut short.
 OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
-#if OCTET_ARCH_SM90A
+#if OCTET_ARCH_SM90A && !defined(OCTET_MBARRIER_WATCHDOG)
+    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+    }
+#elif OCTET_ARCH_SM90A
     std::uint32_t spins = 0;
     long long start = 0;
     while (true) {
