@@ -19,7 +19,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -264,6 +266,31 @@ struct copy_tensors {
                                             static_cast<std::uint8_t*>(scales.data_ptr()), layout, ts);
     }
 };
+
+/// The tensor_amax an amax history gives (delayed scaling, reduction max): the history's max when
+/// it is positive, else -1 (current scaling: the first step, or a NaN in the history, where
+/// torch's max would be NaN). The tensor form keeps per-step values out of torch.compile's guards.
+inline float history_amax(const at::Tensor& history, const char* op, const char* arg) {
+    check_tensor(history, op, arg, {at::kFloat});
+    TORCH_CHECK_VALUE(history.dim() == 1 && history.is_contiguous(), where(op, arg), "has shape ", history.sizes(),
+                      "; pass a contiguous 1-D float32 history");
+    const float* h = history.data_ptr<float>();
+    float m = 0.0f;
+    bool nan = false;
+    for (int64_t i = 0; i < history.numel(); ++i) {
+        nan = nan || std::isnan(h[i]);
+        m = std::max(m, h[i]);
+    }
+    return !nan && m > 0.0f ? m : -1.0f;
+}
+
+/// (seed, offset) from a Philox pair tensor: int64 [2].
+inline std::pair<int64_t, int64_t> philox_pair(const at::Tensor& philox, const char* op) {
+    check_tensor(philox, op, "philox", {at::kLong});
+    TORCH_CHECK_VALUE(philox.numel() == 2 && philox.is_contiguous(), where(op, "philox"), "has shape ", philox.sizes(),
+                      "; pass a contiguous int64 tensor (seed, offset)");
+    return {philox.data_ptr<int64_t>()[0], philox.data_ptr<int64_t>()[1]};
+}
 
 /// quant_stats as 8 doubles, in the order of octet::quantize's stats rows (octet.torch.STATS_FIELDS).
 inline void put_quant_stats(double* row, const octet::quant_stats& s) {

@@ -16,10 +16,8 @@
 // history scales with x's own amax (current scaling), as tensor_amax = -1 does.
 #include <ATen/ops/zeros.h>
 
-#include <algorithm>
-#include <array>
-#include <cmath>
 #include <optional>
+#include <tuple>
 
 #include "octet/quant/quantize.hpp"
 #include "octet_torch.hpp"
@@ -49,25 +47,9 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
     if (amax_history) {
         TORCH_CHECK_VALUE(tensor_amax < 0, where("quantize", "amax_history"),
                           "is given together with tensor_amax; pass one of them");
-        check_tensor(*amax_history, "quantize", "amax_history", {at::kFloat});
-        TORCH_CHECK_VALUE(amax_history->dim() == 1 && amax_history->is_contiguous(), where("quantize", "amax_history"),
-                          "has shape ", amax_history->sizes(), "; pass a contiguous 1-D float32 history");
-        const float* h = amax_history->data_ptr<float>();
-        float m = 0.0f;
-        bool nan = false;  // a NaN in the history (torch's max would be NaN): current scaling
-        for (int64_t i = 0; i < amax_history->numel(); ++i) {
-            nan = nan || std::isnan(h[i]);
-            m = std::max(m, h[i]);
-        }
-        if (!nan && m > 0.0f) tensor_amax = m;
+        tensor_amax = history_amax(*amax_history, "quantize", "amax_history");
     }
-    if (philox) {
-        check_tensor(*philox, "quantize", "philox", {at::kLong});
-        TORCH_CHECK_VALUE(philox->numel() == 2 && philox->is_contiguous(), where("quantize", "philox"), "has shape ",
-                          philox->sizes(), "; pass a contiguous int64 tensor (seed, offset)");
-        seed = philox->data_ptr<int64_t>()[0];
-        offset = philox->data_ptr<int64_t>()[1];
-    }
+    if (philox) std::tie(seed, offset) = philox_pair(*philox, "quantize");
     TORCH_CHECK_VALUE(rowwise || columnwise, where("quantize", "rowwise/columnwise"),
                       "are both False; ask for at least one copy");
     TORCH_CHECK_VALUE(rounding == "nearest_even" || rounding == "stochastic", where("quantize", "rounding"), "is '",

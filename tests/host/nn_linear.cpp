@@ -632,6 +632,109 @@ TEST_CASE_TEMPLATE("linear: zeros, no tokens, NaN", LR, OCTET_LINEAR_RECIPES) {
     }
 }
 
+/// One quantized copy in storage the test owns (what a framework's tensors are to linear_forward).
+template <class R>
+struct owned_copy {
+    quant_layout layout;
+    std::vector<std::uint8_t> data, scales;
+    float tensor_scale = 0.0f;
+    owned_copy(std::size_t rows, std::size_t cols)
+        : layout(quant_layout_of<R>::make(rows, cols)), data(layout.data_bytes), scales(layout.scale_bytes) {}
+    quantized_ref<R> ref() { return {data.data(), scales.data(), layout, R::two_level ? &tensor_scale : nullptr}; }
+};
+
+TEST_CASE_TEMPLATE("linear: the caller-owned buffers give the context's bits, step by step", LR, OCTET_LINEAR_RECIPES) {
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    using GR = typename LR::g_quantize_recipe;
+    INFO("run seed " << octet_test::run_seed());
+    auto g = octet_test::rng(0x11AEu);
+    const std::size_t T = 37, I = 48, O = 40;  // ragged tokens: the Hadamard pads 37 to 48
+    linear_config cfg{T, I, O};
+    cfg.seed = g();
+    linear_context<LR> ctx(cfg);
+    const std::size_t P = linear_wgrad_tokens<LR>(T);
+    owned_copy<XR> x(T, I), x_t(I, P);
+    owned_copy<WR> w(O, I), w_t(I, O);
+    owned_copy<GR> dy(T, O), dy_t(O, P);
+    std::vector<float> rotated(P * std::max(I, O));
+    for (int step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        const problem p = make_problem(g, T, I, O, step == 2);
+        linear_step_options o;
+        if constexpr (LR::scaling == linear_scaling::delayed) {
+            o.x_scale_amax = ctx.delayed_x().amax_for_scale();
+            o.w_scale_amax = ctx.delayed_w().amax_for_scale();
+            o.g_scale_amax = ctx.delayed_g().amax_for_scale();
+        }
+        o.seed = cfg.seed;
+        o.step = ctx.step();
+        outputs want(p), got(p);
+        run_layer(on_host(2), ctx, p, want);
+
+        linear_stats stats;
+        linear_forward_buffers<LR> fb{x.ref(), w.ref(), x_t.ref(), w_t.ref(), as_span(rotated)};
+        linear_forward<LR>(on_host(2), p.X(), p.W(), as_cspan(p.bias), matrix_ref<float>(got.y.data(), T, O), fb, o,
+                           stats);
+        linear_backward_buffers<LR> bb{x_t.ref(), w_t.ref(), dy.ref(), dy_t.ref(), as_span(rotated)};
+        linear_backward<LR>(on_host(2), p.dY(), matrix_ref<float>(got.dx.data(), T, I),
+                            matrix_ref<float>(got.dw.data(), O, I), as_span(got.db), bb, o, stats);
+        check_same_bits(got.y, want.y, "y");
+        check_same_bits(got.dx, want.dx, "dx");
+        check_same_bits(got.dw, want.dw, "dw");
+        check_same_bits(got.db, want.db, "db");
+        check_same_stats(stats.x.rowwise, ctx.stats().x.rowwise, "x");
+        check_same_stats(stats.w.columnwise, ctx.stats().w.columnwise, "w_t");
+        check_same_stats(stats.dy.rowwise, ctx.stats().dy.rowwise, "dy");
+        check_same_stats(stats.merged(), ctx.stats().merged(), "all copies");
+    }
+}
+
+TEST_CASE("linear: the caller-owned form names the buffer that is missing or too small") {
+    using LR = linear_recipes::nvfp4;
+    using XR = LR::x_recipe;
+    using WR = LR::w_recipe;
+    using GR = LR::g_quantize_recipe;
+    const std::size_t T = 20, I = 32, O = 16, P = 32;
+    std::vector<float> x(T * I, 1.0f), w(O * I, 1.0f), y(T * O), dx(T * I), dw(O * I), rotated(P * I);
+    owned_copy<XR> xq(T, I), x_t(I, P), x_t_short(I, T);
+    owned_copy<WR> wq(O, I), w_t(I, O);
+    owned_copy<GR> dyq(T, O), dy_t(O, P);
+    const matrix_ref<const float> X(x.data(), T, I), W(w.data(), O, I), dY(y.data(), T, O);
+    const matrix_ref<float> Y(y.data(), T, O), dX(dx.data(), T, I), dW(dw.data(), O, I);
+    linear_stats st;
+    using doctest::Contains;
+    CHECK_THROWS_WITH_AS(
+        linear_forward<LR>(on_host(), X, W, {}, Y,
+                           {xq.ref(), wq.ref(), x_t.ref(), w_t.ref(), span<float>(rotated.data(), 10)}, {}, st),
+        Contains("argument 'buffers.rotated'"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        linear_forward<LR>(on_host(), X, W, {}, Y, {{}, wq.ref(), x_t.ref(), w_t.ref(), as_span(rotated)}, {}, st),
+        Contains("argument 'buffers.x/buffers.w'"), octet::error);
+    CHECK_THROWS_WITH_AS(linear_forward<LR>(on_host(), X, W, {}, Y,
+                                            {xq.ref(), wq.ref(), x_t_short.ref(), w_t.ref(), as_span(rotated)}, {}, st),
+                         Contains("octet::quantize"), octet::error);  // the rotated copy spans 32 tokens, not 20
+    linear_forward<LR>(on_host(), X, W, {}, Y, {xq.ref(), wq.ref(), x_t.ref(), w_t.ref(), as_span(rotated)}, {}, st);
+    CHECK_THROWS_WITH_AS(linear_backward<LR>(on_host(), dY, dX, dW, {},
+                                             {{}, w_t.ref(), dyq.ref(), dy_t.ref(), as_span(rotated)}, {}, st),
+                         Contains("argument 'buffers.x_t'"), octet::error);
+    CHECK_THROWS_WITH_AS(linear_backward<LR>(on_host(), dY, dX, dW, {},
+                                             {x_t.ref(), {}, dyq.ref(), dy_t.ref(), as_span(rotated)}, {}, st),
+                         Contains("argument 'buffers.w_t'"), octet::error);
+    CHECK_THROWS_WITH_AS(linear_backward<LR>(on_host(), dY, dX, dW, {},
+                                             {x_t.ref(), w_t.ref(), {}, dy_t.ref(), as_span(rotated)}, {}, st),
+                         Contains("argument 'buffers.dy'"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        linear_backward<LR>(on_host(), dY, dX, dW, {}, {x_t.ref(), w_t.ref(), dyq.ref(), {}, as_span(rotated)}, {}, st),
+        Contains("argument 'buffers.dy_t'"), octet::error);
+    CHECK_THROWS_WITH_AS(linear_backward<LR>(on_host(), matrix_ref<const float>(y.data(), T - 4, O), {}, dW, {},
+                                             {x_t.ref(), w_t.ref(), dyq.ref(), dy_t.ref(), as_span(rotated)}, {}, st),
+                         Contains("argument 'buffers.x_t'"), octet::error);  // 16 tokens pad to 16, not 32
+    // Only what is wanted must be there: dX alone needs neither X^T's copy nor dY^T's.
+    linear_backward<LR>(on_host(), dY, dX, {}, {}, {{}, w_t.ref(), dyq.ref(), {}, {}}, {}, st);
+    CHECK(std::isfinite(dx[0]));
+}
+
 TEST_CASE("linear: arguments are checked once, with the argument and the fix named") {
     using LR = linear_recipes::blockwise;
     const std::size_t T = 32, I = 48, O = 16;

@@ -7,6 +7,11 @@
 //   octet::linear_backward(octet::on_host(), ctx, dy, dx, dw, db);  // dx or db may be {} (not needed)
 //   ctx.stats().x.rowwise.saturated;  ctx.memory().total();         // telemetry, memory for a ledger
 //
+// A framework that owns its memory calls the same two steps on its own buffers instead
+// (linear_forward_buffers / linear_backward_buffers, linear_step_options: the amaxes of delayed
+// scaling, the Philox seed and backward number); the context is that form over buffers it owns,
+// plus the delayed-scaling histories and the step count (python/csrc/linear_common.hpp is the other).
+//
 // X is tokens x in, W is out x in, Y is tokens x out, all float (either storage order). Every
 // GEMM multiplies quantized copies (quant/tensor.hpp; the column-wise copy of M is the quantized
 // copy of M^T) with scaled_gemm's default options (host backend, promotion every 128):
@@ -280,14 +285,172 @@ void require_linear_matrix(const matrix_ref<T>& m, std::size_t rows, std::size_t
 
 }  // namespace detail
 
+/// The buffers one forward writes, owned by the caller (a framework that allocates its own
+/// tensors: python/csrc/linear_common.hpp); linear_context owns them at its maximum shape.
 template <class LR>
-class linear_context;
+struct linear_forward_buffers {
+    quantized_ref<typename LR::x_recipe> x;    ///< X's row-wise copy, tokens x in
+    quantized_ref<typename LR::w_recipe> w;    ///< W's row-wise copy, out x in
+    quantized_ref<typename LR::x_recipe> x_t;  ///< X^T's copy, in x wgrad_tokens(tokens), or {} (no dW follows)
+    quantized_ref<typename LR::w_recipe> w_t;  ///< W^T's copy, in x out, or {} (no dX follows)
+    /// HadamardWgrad with x_t: wgrad_tokens(tokens) * in floats of scratch (else empty).
+    span<float> rotated;
+};
+
+/// The buffers one backward reads and writes, owned by the caller.
 template <class LR>
-void linear_forward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> x, matrix_ref<const float> w,
-                    span<const float> bias, matrix_ref<float> y, linear_pass pass = linear_pass::training);
+struct linear_backward_buffers {
+    quantized_cref<typename LR::x_recipe> x_t;           ///< the forward's X^T copy (read when dw is wanted)
+    quantized_cref<typename LR::w_recipe> w_t;           ///< the forward's W^T copy (read when dx is wanted)
+    quantized_ref<typename LR::g_quantize_recipe> dy;    ///< dY's row-wise copy, tokens x out (when dx is wanted)
+    quantized_ref<typename LR::g_quantize_recipe> dy_t;  ///< dY^T's copy, out x wgrad_tokens(tokens) (when dw is)
+    /// HadamardWgrad with dw: wgrad_tokens(tokens) * out floats of scratch (else empty).
+    span<float> rotated;
+};
+
+/// What one step of a layer draws on besides its buffers: the delayed-scaling amaxes (negative:
+/// current scaling), the random stream (Philox seed, backward number) and statistics.
+struct linear_step_options {
+    float x_scale_amax = -1.0f;  ///< tensor_amax of X's copies
+    float w_scale_amax = -1.0f;  ///< tensor_amax of W's copies
+    float g_scale_amax = -1.0f;  ///< tensor_amax of dY's copies
+    std::uint64_t seed = 0;      ///< Philox seed of stochastic rounding and of the Hadamard signs
+    std::uint64_t step = 0;      ///< backward number s: stochastic rounding draws from offset 4 s
+    bool collect_stats = true;
+};
+
+/// Tokens of the weight-gradient GEMM's K for `tokens` tokens (padded to 16 under HadamardWgrad).
 template <class LR>
-void linear_backward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> dy, matrix_ref<float> dx,
-                     matrix_ref<float> dw, span<float> db);
+constexpr std::size_t linear_wgrad_tokens(std::size_t tokens) {
+    return LR::hadamard_wgrad ? (tokens + LR::hadamard_block - 1) / LR::hadamard_block * LR::hadamard_block : tokens;
+}
+
+namespace detail {
+inline bool matrix_absent(const matrix_ref<float>& m) {
+    return m.data == nullptr && m.rows == 0 && m.cols == 0;
+}
+}  // namespace detail
+
+/// Y = X W^T + bias on quantized copies of X and W, in the caller's buffers (bias: out_features
+/// floats, or empty for none). Writes buf.x_t / buf.w_t when given (a backward reads them) and the
+/// statistics of the copies made into stats.x, stats.w and stats.x_hadamard. The caller records the
+/// amaxes of delayed scaling (stats.x.amax, stats.w.amax). Shapes come from x and w (tokens x in,
+/// out x in); every buffer is checked against them.
+template <class LR>
+void linear_forward(host_executor ex, matrix_ref<const float> x, matrix_ref<const float> w, span<const float> bias,
+                    matrix_ref<float> y, const linear_forward_buffers<LR>& buf, const linear_step_options& o,
+                    linear_stats& stats) {
+    static_assert(is_linear_recipe_v<LR>,
+                  "octet::linear_forward: LR must be an octet::linear_recipe<...> (see octet::linear_recipes)");
+    constexpr const char* fn = "octet::linear_forward";
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    const std::size_t tokens = x.rows, in = x.cols, out = w.rows;
+    detail::validate_input(x, fn, "x");
+    detail::require_linear_matrix(w, out, in, fn, "w", "out_features x in_features, in_features = x's columns");
+    detail::require_linear_matrix(y, tokens, out, fn, "y", "tokens x out_features");
+    OCTET_REQUIRE(bias.empty() || bias.size() == out, fn, "bias",
+                  detail::message("has ", bias.size(), " entries; pass out_features = ", out, " or none"));
+    OCTET_REQUIRE(bias.empty() || bias.data() != nullptr, fn, "bias", "is null with a non-zero size");
+    OCTET_REQUIRE(!buf.x.absent() && !buf.w.absent(), fn, "buffers.x/buffers.w",
+                  "must both be given: the forward GEMM multiplies X's and W's row-wise copies");
+    const std::size_t padded = linear_wgrad_tokens<LR>(tokens);
+    const bool rotate = LR::hadamard_wgrad && !buf.x_t.absent();
+    OCTET_REQUIRE(!rotate || buf.rotated.size() >= padded * in, fn, "buffers.rotated",
+                  detail::message("holds ", buf.rotated.size(), " floats; the Hadamard-rotated X needs ", padded, " x ",
+                                  in, " (linear_wgrad_tokens(tokens) x in_features)"));
+
+    quantize_options opt;
+    opt.collect_stats = o.collect_stats;
+    // X: the forward operand, and (no rotation) the weight-gradient operand.
+    opt.tensor_amax = o.x_scale_amax;
+    stats.x = quantize<XR>(ex, x, buf.x, rotate ? quantized_ref<XR>{} : buf.x_t, opt);
+    // W: the forward operand, and the data-gradient operand.
+    opt.tensor_amax = o.w_scale_amax;
+    stats.w = quantize<WR>(ex, w, buf.w, buf.w_t, opt);
+    stats.x_hadamard = {};
+    if (rotate) {
+        detail::hadamard_tokens(ex, x, o.seed, buf.rotated.data());
+        opt.tensor_amax = -1.0f;  // the rotated copy has its own amax, which no history tracks
+        stats.x_hadamard = quantize<XR>(ex, matrix_ref<const float>(buf.rotated.data(), padded, in),
+                                        quantized_ref<XR>{}, buf.x_t, opt);
+    }
+    gemm_options g;
+    g.bias = bias;
+    scaled_gemm(ex, quantized_cref<XR>(buf.x), quantized_cref<WR>(buf.w), y, g);
+}
+
+/// dX = dY W (skipped when dx is {}), dW = dY^T X (skipped when dw is {}) and db = the column sums
+/// of dY (skipped when db is empty), from the forward's copies in buf.w_t and buf.x_t, in the
+/// caller's buffers. Writes the statistics of dY's copies into stats.dy and stats.dy_hadamard; the
+/// caller records dY's amax (delayed scaling) and counts the step.
+template <class LR>
+void linear_backward(host_executor ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
+                     span<float> db, const linear_backward_buffers<LR>& buf, const linear_step_options& o,
+                     linear_stats& stats) {
+    static_assert(is_linear_recipe_v<LR>,
+                  "octet::linear_backward: LR must be an octet::linear_recipe<...> (see octet::linear_recipes)");
+    constexpr const char* fn = "octet::linear_backward";
+    using GR = typename LR::g_quantize_recipe;
+    const std::size_t tokens = dy.rows, out = dy.cols;
+    detail::validate_input(dy, fn, "dy");
+    const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
+    const std::size_t padded = linear_wgrad_tokens<LR>(tokens);
+    if (want_dx) {
+        OCTET_REQUIRE(!buf.w_t.absent(), fn, "buffers.w_t",
+                      "is absent; a data gradient reads the forward's W^T copy (keep it in the forward)");
+        OCTET_REQUIRE(buf.w_t.cols() == out, fn, "buffers.w_t",
+                      detail::message("is ", buf.w_t.rows(), " x ", buf.w_t.cols(), "; dy has ", out,
+                                      " columns (out_features), so W^T's copy must be in_features x ", out));
+        detail::require_linear_matrix(dx, tokens, buf.w_t.rows(), fn, "dx", "tokens x in_features, or {} to skip it");
+        OCTET_REQUIRE(!buf.dy.absent(), fn, "buffers.dy", "is absent; a data gradient needs dY's row-wise copy");
+    }
+    if (want_dw) {
+        OCTET_REQUIRE(!buf.x_t.absent(), fn, "buffers.x_t",
+                      "is absent; a weight gradient reads the forward's X^T copy (keep it in the forward)");
+        OCTET_REQUIRE(buf.x_t.cols() == padded, fn, "buffers.x_t",
+                      detail::message("is ", buf.x_t.rows(), " x ", buf.x_t.cols(), "; dy has ", tokens,
+                                      " rows (tokens), so X^T's copy must be in_features x ", padded,
+                                      " (the forward's tokens, padded to 16 under HadamardWgrad)"));
+        detail::require_linear_matrix(dw, out, buf.x_t.rows(), fn, "dw",
+                                      "out_features x in_features, or {} to skip it");
+        OCTET_REQUIRE(!buf.dy_t.absent(), fn, "buffers.dy_t", "is absent; a weight gradient needs dY^T's copy");
+    }
+    OCTET_REQUIRE(db.empty() || db.size() == out, fn, "db",
+                  detail::message("has ", db.size(), " entries; pass out_features = ", out, " or none"));
+    OCTET_REQUIRE(db.empty() || db.data() != nullptr, fn, "db", "is null with a non-zero size");
+    const bool rotate = LR::hadamard_wgrad && want_dw;
+    OCTET_REQUIRE(!rotate || buf.rotated.size() >= padded * out, fn, "buffers.rotated",
+                  detail::message("holds ", buf.rotated.size(), " floats; the Hadamard-rotated dY needs ", padded,
+                                  " x ", out, " (linear_wgrad_tokens(tokens) x out_features)"));
+
+    quantize_options opt;
+    opt.collect_stats = o.collect_stats;
+    opt.rng = philox_stream{o.seed, 4 * o.step};
+    opt.tensor_amax = o.g_scale_amax;
+    const bool dy_col = want_dw && !rotate;
+    stats.dy = {};
+    if (want_dx || dy_col)
+        stats.dy =
+            quantize<GR>(ex, dy, want_dx ? buf.dy : quantized_ref<GR>{}, dy_col ? buf.dy_t : quantized_ref<GR>{}, opt);
+    stats.dy_hadamard = {};
+    if (rotate) {
+        detail::hadamard_tokens(ex, dy, o.seed, buf.rotated.data());
+        opt.tensor_amax = -1.0f;
+        opt.rng = philox_stream{o.seed, 4 * o.step + 2};
+        stats.dy_hadamard = quantize<GR>(ex, matrix_ref<const float>(buf.rotated.data(), padded, out),
+                                         quantized_ref<GR>{}, buf.dy_t, opt);
+    }
+
+    if (want_dx) scaled_gemm(ex, quantized_cref<GR>(buf.dy), buf.w_t, dx);
+    if (want_dw) scaled_gemm(ex, quantized_cref<GR>(buf.dy_t), buf.x_t, dw);
+    if (!db.empty()) {
+        std::vector<double> sum(out, 0.0);
+        for (std::size_t t = 0; t < tokens; ++t)
+            for (std::size_t j = 0; j < out; ++j) sum[j] += static_cast<double>(dy(t, j));
+        for (std::size_t j = 0; j < out; ++j) db[j] = static_cast<float>(sum[j]);
+    }
+}
 
 /// One linear layer's quantized copies, scratch, delayed-scaling histories, stochastic-rounding
 /// step and last statistics. Copyable: a copy is a snapshot (a checkpoint of the layer's state).
@@ -343,22 +506,95 @@ public:
     const delayed_scaling& delayed_g() const { return delayed_g_; }
 
     /// Tokens of the weight-gradient GEMM's K for `tokens` tokens (padded to 16 under HadamardWgrad).
-    static std::size_t wgrad_tokens(std::size_t tokens) {
-        return LR::hadamard_wgrad ? (tokens + LR::hadamard_block - 1) / LR::hadamard_block * LR::hadamard_block
-                                  : tokens;
+    static std::size_t wgrad_tokens(std::size_t tokens) { return linear_wgrad_tokens<LR>(tokens); }
+
+    /// Y = X W^T + bias on quantized copies of X and W (bias: out_features floats, or empty for
+    /// none). A training pass keeps X's and W's column-wise copies here for backward() and pushes
+    /// delayed-scaling amaxes; an inference pass does neither.
+    void forward(host_executor ex, matrix_ref<const float> x, matrix_ref<const float> w, span<const float> bias,
+                 matrix_ref<float> y, linear_pass pass = linear_pass::training) {
+        constexpr const char* fn = "octet::linear_forward";
+        const std::size_t in = config_.in_features, out = config_.out_features, tokens = x.rows;
+        OCTET_REQUIRE(x.cols == in, fn, "x",
+                      detail::message("has ", x.cols, " columns but the layer has in_features = ", in,
+                                      "; pass X as tokens x ", in));
+        OCTET_REQUIRE(tokens <= config_.max_tokens, fn, "x",
+                      detail::message("has ", tokens, " rows (tokens) but the context was built for max_tokens = ",
+                                      config_.max_tokens, "; build the linear_context with a larger max_tokens"));
+        detail::require_linear_matrix(w, out, in, fn, "w", "out_features x in_features");
+        const bool training = pass == linear_pass::training;
+        if (training) saved_ = false;  // until the new copies are complete
+        linear_forward_buffers<LR> buf;
+        buf.x = x_row_.ref(tokens, in);
+        buf.w = w_row_.ref(out, in);
+        if (training) {
+            buf.x_t = x_col_.ref(in, wgrad_tokens(tokens));
+            buf.w_t = w_col_.ref(in, out);
+            buf.rotated = span<float>(rotated_.data(), rotated_.size());
+        }
+        linear_forward(ex, x, w, bias, y, buf, options(), stats_);
+        if (training) {
+            if constexpr (LR::scaling == linear_scaling::delayed) {
+                delayed_x_.record(stats_.x.amax);
+                delayed_x_.update();
+                delayed_w_.record(stats_.w.amax);
+                delayed_w_.update();
+            }
+            tokens_ = tokens;
+            saved_ = true;
+        }
+    }
+
+    /// dX, dW and db (each skipped when passed empty) from the copies of the training forward
+    /// before it. One backward per training forward.
+    void backward(host_executor ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
+                  span<float> db) {
+        constexpr const char* fn = "octet::linear_backward";
+        OCTET_REQUIRE(saved_, fn, "ctx",
+                      "holds no training forward to differentiate; call linear_forward (linear_pass::training) "
+                      "before each linear_backward");
+        const std::size_t in = config_.in_features, out = config_.out_features;
+        detail::require_linear_matrix(dy, tokens_, out, fn, "dy", "the forward's tokens x out_features");
+        const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
+        if (want_dx) detail::require_linear_matrix(dx, tokens_, in, fn, "dx", "tokens x in_features, or {} to skip it");
+        if (want_dw)
+            detail::require_linear_matrix(dw, out, in, fn, "dw", "out_features x in_features, or {} to skip it");
+        linear_backward_buffers<LR> buf;
+        buf.x_t = x_col_.cref();
+        buf.w_t = w_col_.cref();
+        if (want_dx) buf.dy = dy_row_.ref(tokens_, out);
+        if (want_dw) buf.dy_t = dy_col_.ref(out, wgrad_tokens(tokens_));
+        buf.rotated = span<float>(rotated_.data(), rotated_.size());
+        linear_backward(ex, dy, dx, dw, db, buf, options(), stats_);
+        if constexpr (LR::scaling == linear_scaling::delayed) {
+            if (want_dx || (want_dw && !LR::hadamard_wgrad)) {
+                delayed_g_.record(stats_.dy.amax);
+                delayed_g_.update();
+            }
+        }
+        ++step_;
+        saved_ = false;
     }
 
 private:
-    friend void linear_forward<LR>(host_executor, linear_context<LR>&, matrix_ref<const float>, matrix_ref<const float>,
-                                   span<const float>, matrix_ref<float>, linear_pass);
-    friend void linear_backward<LR>(host_executor, linear_context<LR>&, matrix_ref<const float>, matrix_ref<float>,
-                                    matrix_ref<float>, span<float>);
-
     static const linear_config& checked(const linear_config& c) {
         constexpr const char* fn = "octet::linear_context";
         OCTET_REQUIRE(c.in_features > 0, fn, "config.in_features", "is 0; pass the columns of X and W (>= 1)");
         OCTET_REQUIRE(c.out_features > 0, fn, "config.out_features", "is 0; pass the rows of W (>= 1)");
         return c;  // the history length and margin are checked by delayed_scaling
+    }
+
+    linear_step_options options() const {
+        linear_step_options o;
+        if constexpr (LR::scaling == linear_scaling::delayed) {
+            o.x_scale_amax = delayed_x_.amax_for_scale();
+            o.w_scale_amax = delayed_w_.amax_for_scale();
+            o.g_scale_amax = delayed_g_.amax_for_scale();
+        }
+        o.seed = config_.seed;
+        o.step = step_;
+        o.collect_stats = config_.collect_stats;
+        return o;
     }
 
     linear_config config_;
@@ -380,62 +616,8 @@ private:
 /// A training pass keeps X's and W's column-wise copies in ctx for linear_backward.
 template <class LR>
 void linear_forward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> x, matrix_ref<const float> w,
-                    span<const float> bias, matrix_ref<float> y, linear_pass pass) {
-    constexpr const char* fn = "octet::linear_forward";
-    using XR = typename LR::x_recipe;
-    using WR = typename LR::w_recipe;
-    const linear_config& c = ctx.config_;
-    const std::size_t in = c.in_features, out = c.out_features, tokens = x.rows;
-    OCTET_REQUIRE(
-        x.cols == in, fn, "x",
-        detail::message("has ", x.cols, " columns but the layer has in_features = ", in, "; pass X as tokens x ", in));
-    OCTET_REQUIRE(tokens <= c.max_tokens, fn, "x",
-                  detail::message("has ", tokens, " rows (tokens) but the context was built for max_tokens = ",
-                                  c.max_tokens, "; build the linear_context with a larger max_tokens"));
-    detail::validate_input(x, fn, "x");
-    detail::require_linear_matrix(w, out, in, fn, "w", "out_features x in_features");
-    detail::require_linear_matrix(y, tokens, out, fn, "y", "tokens x out_features");
-    OCTET_REQUIRE(bias.empty() || bias.size() == out, fn, "bias",
-                  detail::message("has ", bias.size(), " entries; pass out_features = ", out, " or none"));
-    OCTET_REQUIRE(bias.empty() || bias.data() != nullptr, fn, "bias", "is null with a non-zero size");
-
-    const bool training = pass == linear_pass::training;
-    constexpr bool delayed = LR::scaling == linear_scaling::delayed;
-    if (training) ctx.saved_ = false;  // until the new copies are complete
-    quantize_options opt;
-    opt.collect_stats = c.collect_stats;
-
-    // X: the forward operand, and (training, no rotation) the weight-gradient operand.
-    const bool x_col = training && !LR::hadamard_wgrad;
-    opt.tensor_amax = delayed ? ctx.delayed_x_.amax_for_scale() : -1.0f;
-    ctx.stats_.x =
-        quantize<XR>(ex, x, ctx.x_row_.ref(tokens, in), x_col ? ctx.x_col_.ref(in, tokens) : quantized_ref<XR>{}, opt);
-    // W: the forward operand, and (training) the data-gradient operand.
-    opt.tensor_amax = delayed ? ctx.delayed_w_.amax_for_scale() : -1.0f;
-    ctx.stats_.w =
-        quantize<WR>(ex, w, ctx.w_row_.ref(out, in), training ? ctx.w_col_.ref(in, out) : quantized_ref<WR>{}, opt);
-    if (delayed && training) {
-        ctx.delayed_x_.record(ctx.stats_.x.amax);
-        ctx.delayed_x_.update();
-        ctx.delayed_w_.record(ctx.stats_.w.amax);
-        ctx.delayed_w_.update();
-    }
-    ctx.stats_.x_hadamard = {};
-    if (LR::hadamard_wgrad && training) {
-        const std::size_t padded = linear_context<LR>::wgrad_tokens(tokens);
-        detail::hadamard_tokens(ex, x, c.seed, ctx.rotated_.data());
-        opt.tensor_amax = -1.0f;
-        ctx.stats_.x_hadamard = quantize<XR>(ex, matrix_ref<const float>(ctx.rotated_.data(), padded, in),
-                                             quantized_ref<XR>{}, ctx.x_col_.ref(in, padded), opt);
-    }
-
-    gemm_options g;
-    g.bias = bias;
-    scaled_gemm(ex, ctx.x_row_.cref(), ctx.w_row_.cref(), y, g);
-    if (training) {
-        ctx.tokens_ = tokens;
-        ctx.saved_ = true;
-    }
+                    span<const float> bias, matrix_ref<float> y, linear_pass pass = linear_pass::training) {
+    ctx.forward(ex, x, w, bias, y, pass);
 }
 
 /// dX = dY W (skipped when dx is {}), dW = dY^T X (skipped when dw is {}) and db = the column sums
@@ -444,58 +626,7 @@ void linear_forward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const 
 template <class LR>
 void linear_backward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> dy, matrix_ref<float> dx,
                      matrix_ref<float> dw, span<float> db) {
-    constexpr const char* fn = "octet::linear_backward";
-    using GR = typename LR::g_quantize_recipe;
-    const linear_config& c = ctx.config_;
-    const std::size_t in = c.in_features, out = c.out_features;
-    OCTET_REQUIRE(ctx.saved_, fn, "ctx",
-                  "holds no training forward to differentiate; call linear_forward (linear_pass::training) before "
-                  "each linear_backward");
-    const std::size_t tokens = ctx.tokens_;
-    detail::require_linear_matrix(dy, tokens, out, fn, "dy", "the forward's tokens x out_features");
-    const bool want_dx = !(dx.data == nullptr && dx.rows == 0 && dx.cols == 0);
-    const bool want_dw = !(dw.data == nullptr && dw.rows == 0 && dw.cols == 0);
-    if (want_dx) detail::require_linear_matrix(dx, tokens, in, fn, "dx", "tokens x in_features, or {} to skip it");
-    if (want_dw) detail::require_linear_matrix(dw, out, in, fn, "dw", "out_features x in_features, or {} to skip it");
-    OCTET_REQUIRE(db.empty() || db.size() == out, fn, "db",
-                  detail::message("has ", db.size(), " entries; pass out_features = ", out, " or none"));
-    OCTET_REQUIRE(db.empty() || db.data() != nullptr, fn, "db", "is null with a non-zero size");
-
-    constexpr bool delayed = LR::scaling == linear_scaling::delayed;
-    quantize_options opt;
-    opt.collect_stats = c.collect_stats;
-    opt.rng = philox_stream{c.seed, 4 * ctx.step_};
-    opt.tensor_amax = delayed ? ctx.delayed_g_.amax_for_scale() : -1.0f;
-    const bool dy_col = want_dw && !LR::hadamard_wgrad;
-    ctx.stats_.dy = {};
-    if (want_dx || dy_col) {
-        ctx.stats_.dy = quantize<GR>(ex, dy, want_dx ? ctx.dy_row_.ref(tokens, out) : quantized_ref<GR>{},
-                                     dy_col ? ctx.dy_col_.ref(out, tokens) : quantized_ref<GR>{}, opt);
-        if (delayed) {
-            ctx.delayed_g_.record(ctx.stats_.dy.amax);
-            ctx.delayed_g_.update();
-        }
-    }
-    ctx.stats_.dy_hadamard = {};
-    const std::size_t padded = linear_context<LR>::wgrad_tokens(tokens);
-    if (LR::hadamard_wgrad && want_dw) {
-        detail::hadamard_tokens(ex, dy, c.seed, ctx.rotated_.data());
-        opt.tensor_amax = -1.0f;
-        opt.rng = philox_stream{c.seed, 4 * ctx.step_ + 2};
-        ctx.stats_.dy_hadamard = quantize<GR>(ex, matrix_ref<const float>(ctx.rotated_.data(), padded, out),
-                                              quantized_ref<GR>{}, ctx.dy_col_.ref(out, padded), opt);
-    }
-
-    if (want_dx) scaled_gemm(ex, ctx.dy_row_.cref(), ctx.w_col_.cref(), dx);
-    if (want_dw) scaled_gemm(ex, ctx.dy_col_.cref(), ctx.x_col_.cref(), dw);
-    if (!db.empty()) {
-        std::vector<double> sum(out, 0.0);
-        for (std::size_t t = 0; t < tokens; ++t)
-            for (std::size_t o = 0; o < out; ++o) sum[o] += static_cast<double>(dy(t, o));
-        for (std::size_t o = 0; o < out; ++o) db[o] = static_cast<float>(sum[o]);
-    }
-    ++ctx.step_;
-    ctx.saved_ = false;
+    ctx.backward(ex, dy, dx, dw, db);
 }
 
 }  // namespace octet

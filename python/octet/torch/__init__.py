@@ -1,6 +1,8 @@
 """octet inside PyTorch: ``torch.ops.octet`` ops and the Python API over them.
 
-Ops (CPU kernels from octet's host paths): cast, decode, quantize, dequantize, recipe_info.
+Ops (CPU kernels from octet's host paths): cast, decode, quantize, dequantize, recipe_info,
+scaled_mm, linear_forward / linear_backward (Float8Linear), attention, the AdamW step, the
+gradient codec.
 RunReport: octet's run report (monitor op library).
 
 Developing one op family: OCTET_TORCH_FAMILIES=quant,gemm (a comma-separated list) imports only
@@ -30,6 +32,7 @@ from ._quant import (  # noqa: F401
 )
 if _wanted("gemm"):
     from ._gemm import SCALED_MM_PAIRS, gemm_error_bound, scaled_mm  # noqa: F401
+if _wanted("linear"):
     from .linear import LINEAR_RECIPES, Float8Linear, LinearRecipe, convert  # noqa: F401
 if _wanted("codec"):
     from .distributed import (  # noqa: F401

@@ -5,11 +5,16 @@ Transformer Engine's Linear:
     forward         Y  = X  W^T   A = X's row-wise copy          B = W's row-wise copy
     data gradient   dX = dY W     A = dY's row-wise copy         B = W's column-wise copy (W^T's rows)
     weight gradient dW = dY^T X   A = dY's column-wise copy      B = X's column-wise copy
-Every operand is quantized by octet.quantize and multiplied by octet.scaled_mm (float sums,
-promotion every 128 K elements, the contract of octet/gemm/scaled_gemm.hpp). The forward keeps
-the column-wise copies of X and W for the backward (not X and W themselves).
+The layer is octet's C++ layer (octet/nn/linear.hpp, linear_forward / linear_backward on buffers
+the op allocates as tensors) behind two ops, torch.ops.octet.linear_forward and linear_backward:
+the copies each GEMM multiplies, the delayed-scaling rule, the Philox offsets of stochastic
+rounding and the Hadamard rotation are the C++ layer's, so this module and octet's C++ training
+program run the same layer. The forward keeps the column-wise copies of X and W for the backward
+(not X and W themselves). Products are float sums promoted every 128 K elements (the contract of
+octet/gemm/scaled_gemm.hpp). The layer computes in float32: bfloat16 and float16 inputs, weights
+and gradients are widened to float32 for the op (a copy), and results are rounded back to them.
 
-Recipes (``recipe=``, LINEAR_RECIPES):
+Recipes (``recipe=``, LINEAR_RECIPES; octet::linear_recipes):
   tensorwise          E4M3 activations and weights, E5M2 gradients, one scale per tensor from
                       the tensor's current amax (current scaling).
   tensorwise_delayed  the same formats with delayed scaling (TE's DelayedScaling, amax_compute_algo
@@ -17,20 +22,19 @@ Recipes (``recipe=``, LINEAR_RECIPES):
                       steps in a buffer; a step quantizes with the scale of the history's max (the
                       amaxes of earlier steps, not its own), then pushes its own amax in front. While
                       a history is still all zero (the first step) that tensor uses current scaling.
-                      Values above a stale amax saturate (octet counts them in quantize's stats).
+                      Values above a stale amax saturate (octet counts them in the statistics).
   blockwise           DeepSeek-V3: 1x128 tiles for activations and gradients, 128x128 blocks for
                       weights, E4M3 everywhere, float scales.
   mxfp8               OCP MX (32-element blocks, UE8M0 scales): E4M3 activations and weights, E5M2
                       gradients (TE's HYBRID format choice).
   nvfp4               NVFP4 (16-element E2M1 blocks, E4M3 block scales on a float tensor scale) for
                       every operand; the output gradient is rounded stochastically (Philox seed =
-                      the module's ``seed``, offsets from a per-module step counter, so a run is
-                      reproducible), and the weight-gradient inputs dY and X are rotated along the
-                      token dimension by a 16x16 random Hadamard transform (H D / 4, fixed random
-                      signs D per module) before their column-wise copies: (H dY)^T (H X) = dY^T X.
-                      The RHT runs in torch float32 here (octet's C++ transform lives in the codec
-                      op library, a per-message transform that is not exposed as a torch op); NVFP4
-                      weights use 1x16 blocks (octet has no 16x16 NVFP4 recipe).
+                      the module's ``seed``; backward s draws from offset 4 s, so a run is
+                      reproducible and resumes from the saved ``philox`` buffer), and the
+                      weight-gradient inputs dY and X are rotated along the token dimension by the
+                      16-point random Hadamard transform of octet's codec (c H_16 D, signs from the
+                      seed and the token index; tokens zero-padded to a multiple of 16) before their
+                      column-wise copies: (H D dY)^T (H D X) = dY^T X. Weights use 1x16 blocks.
 """
 
 from dataclasses import dataclass
@@ -39,8 +43,11 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ._gemm import scaled_mm
-from ._quant import QuantizedTensor, quantize
+from .._library import load
+from ._quant import QuantizedTensor, _copy_fake, _no_tensor_scale, recipe_info, stats_dict
+
+load("linear")
+_ops = torch.ops.octet
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,12 @@ class LinearRecipe:
     stochastic_gradients: bool = False
     hadamard_wgrad: bool = False
 
+    def wgrad_tokens(self, tokens: int) -> int:
+        """K of the weight-gradient GEMM: the tokens, padded to 16 under the Hadamard rotation."""
+        return (tokens + 15) // 16 * 16 if self.hadamard_wgrad else tokens
 
+
+# The recipes of octet::linear_recipes (python/csrc/linear_common.hpp serves these names).
 LINEAR_RECIPES = {
     "tensorwise": LinearRecipe("tensorwise", "tensorwise_e4m3", "tensorwise_e4m3", "tensorwise_e5m2", 16),
     "tensorwise_delayed": LinearRecipe("tensorwise_delayed", "tensorwise_e4m3", "tensorwise_e4m3", "tensorwise_e5m2",
@@ -67,45 +79,13 @@ LINEAR_RECIPES = {
     "nvfp4": LinearRecipe("nvfp4", "nvfp4", "nvfp4", "nvfp4", 16, stochastic_gradients=True, hadamard_wgrad=True),
 }
 
-_RHT_BLOCK = 16
-
 
 def linear_recipe(recipe) -> LinearRecipe:
-    if isinstance(recipe, LinearRecipe):
-        # The autograd function finds a recipe by name (a string is what torch.compile traces best).
-        known = LINEAR_RECIPES.setdefault(recipe.name, recipe)
-        if known != recipe:
-            raise ValueError(f"octet.torch.Float8Linear: a different recipe is already named {recipe.name!r}")
-        return recipe
-    if recipe not in LINEAR_RECIPES:
+    name = recipe.name if isinstance(recipe, LinearRecipe) else recipe
+    if name not in LINEAR_RECIPES or (isinstance(recipe, LinearRecipe) and LINEAR_RECIPES[name] != recipe):
         raise ValueError(f"octet.torch.Float8Linear: recipe {recipe!r} is unknown; pass one of "
-                         f"{', '.join(LINEAR_RECIPES)} (or a LinearRecipe)")
-    return LINEAR_RECIPES[recipe]
-
-
-def _hadamard16() -> torch.Tensor:
-    h = torch.ones(1, 1)
-    while h.shape[0] < _RHT_BLOCK:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h
-
-
-def _rht_signs(seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 2, (_RHT_BLOCK,), generator=g, device="cpu").float() * 2 - 1
-
-
-def rht_tokens(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """(H D / 4) applied to every group of 16 rows of t (tokens x features), in float32; the token
-    count is zero-padded to a multiple of 16 (zero rows add nothing to dY^T X)."""
-    rows, cols = t.shape
-    pad = (-rows) % _RHT_BLOCK
-    t = t.float()
-    if pad:
-        t = torch.cat([t, t.new_zeros(pad, cols)])
-    rotation = _hadamard16().to(t.device) * signs.view(1, -1) * 0.25  # c H_16 D, c = 1/sqrt(16)
-    blocks = t.view(-1, _RHT_BLOCK, cols)
-    return torch.matmul(rotation, blocks).reshape(rows + pad, cols)
+                         f"{', '.join(LINEAR_RECIPES)} (the layers octet::linear_recipes instantiates)")
+    return LINEAR_RECIPES[name]
 
 
 def _push_amax(hist: torch.Tensor, amax: torch.Tensor):
@@ -114,115 +94,166 @@ def _push_amax(hist: torch.Tensor, amax: torch.Tensor):
         hist.copy_(torch.cat([amax.reshape(1).to(hist.dtype), hist[:-1]]))
 
 
-def _copy(t3, recipe, cols):
-    return QuantizedTensor(t3[0], t3[1], t3[2], recipe, cols)
+def _copy_count(recipe: str) -> int:
+    return 3 if recipe_info(recipe).two_level else 2
 
 
-def _stats_of(infos):
-    """{operand: quantize's stats dict} for the copies that were made: "x" / "w" / "dy" are the
-    row-wise copies, "x_t" / "w_t" / "dy_t" the column-wise ones (collect_stats)."""
-    out = {}
-    for name, info in infos.items():
-        key = "columnwise" if name.endswith("_t") else "rowwise"
-        if info is not None and key in info:
-            out[name] = info[key]
+def _take_copy(out, at, recipe, cols, like):
+    """The QuantizedTensor at out[at:] and the index after it."""
+    n = _copy_count(recipe)
+    ts = out[at + 2] if n == 3 else _no_tensor_scale(like)
+    return QuantizedTensor(out[at], out[at + 1], ts, recipe, cols), at + n
+
+
+def _raw(q: QuantizedTensor):
+    """A copy as linear_backward reads it: uint8 views of codes and one-byte scales (QuantizedTensor.raw)."""
+    codes, scales, ts = q.raw()
+    return [codes, scales] + ([ts] if recipe_info(q.recipe).two_level else [])
+
+
+# ---- fake (meta) kernels: shapes and dtypes only, for torch.compile and FakeTensor ----
+
+
+@torch.library.register_fake("octet::linear_forward")
+def _linear_forward_fake(x, w, bias, recipe, x_history=None, w_history=None, seed=0, save_x_t=True, save_w_t=True,
+                         keep_operands=False, collect_stats=False):
+    cfg = LINEAR_RECIPES[recipe]
+    tokens, in_f = x.shape
+    out_f = w.shape[0]
+    out = [x.new_empty((tokens, out_f)), x.new_empty(()), x.new_empty(())]
+    if save_x_t:
+        out += _copy_fake(x, cfg.x, in_f, cfg.wgrad_tokens(tokens))
+    if save_w_t:
+        out += _copy_fake(x, cfg.w, in_f, out_f)
+    if keep_operands:
+        out += _copy_fake(x, cfg.x, tokens, in_f) + _copy_fake(x, cfg.w, out_f, in_f)
+    if collect_stats:
+        out.append(x.new_empty((4, 8), dtype=torch.float64))
     return out
 
 
-# Philox offsets one backward pass draws: dY's row-wise copy, then (+2) H dY's column-wise copy.
+@torch.library.register_fake("octet::linear_backward")
+def _linear_backward_fake(dy, saved, recipe, g_history=None, seed=0, philox=None, need_dx=True, need_dw=True,
+                          need_db=True, keep_operands=False, collect_stats=False):
+    cfg = LINEAR_RECIPES[recipe]
+    tokens, out_f = dy.shape
+    in_f = saved[0].shape[0] if saved else 0
+    out = []
+    if need_dx:
+        out.append(dy.new_empty((tokens, in_f)))
+    if need_dw:
+        out.append(dy.new_empty((out_f, in_f)))
+    if need_db:
+        out.append(dy.new_empty((out_f,)))
+    out.append(dy.new_empty(()))
+    if keep_operands:
+        if need_dx:
+            out += _copy_fake(dy, cfg.g, tokens, out_f)
+        if need_dw:
+            out += _copy_fake(dy, cfg.g, out_f, cfg.wgrad_tokens(tokens))
+    if collect_stats:
+        out.append(dy.new_empty((2, 8), dtype=torch.float64))
+    return out
+
+
+_FORWARD_STATS = ("x", "x_t", "w", "w_t")  # rows of linear_forward's stats
+_BACKWARD_STATS = ("dy", "dy_t")
+
+
+def _stats_of(stats, names, made):
+    """{operand: quantize's stats dict} for the copies that were made (collect_stats)."""
+    return {name: stats_dict(stats[i]) for i, name in enumerate(names) if made[i]}
+
+
+# Philox offsets one backward pass draws (octet/nn/linear.hpp: backward s from offset 4 s).
 _PHILOX_STRIDE = 4
 
 
 class _Float8LinearFn(torch.autograd.Function):
-    """Y = X W^T + b on quantized copies. Per-step state travels as tensors (the amax histories,
-    the Philox (seed, offset) pair, the RHT signs), so torch.compile neither breaks the graph nor
-    guards on it: the op reads a history's max itself, and the backward pushes dY's amax into
-    g_hist in place. Returns (Y, amax of X, amax of W); the module pushes the two amaxes."""
+    """Y = X W^T + b through octet's linear ops, all float32. Per-step state travels as tensors
+    (the amax histories, the Philox (seed, offset) pair), so torch.compile neither breaks the
+    graph nor guards on it: the op reads a history's max itself, and the backward pushes dY's amax
+    into g_hist in place. Returns (Y, amax of X, amax of W); the module pushes the two amaxes."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, x_hist, w_hist, g_hist, philox, rht_signs, recipe_name, need_x_t, need_w_t,
-                keep):
+    def forward(ctx, x, weight, bias, x_hist, w_hist, g_hist, philox, seed, recipe_name, need_x_t, need_w_t, keep):
         cfg = LINEAR_RECIPES[recipe_name]
         stats = keep is not None and keep.collect_stats
-        x_col = need_x_t and not cfg.hadamard_wgrad
-        xq, x_t, x_info = quantize(x, cfg.x, rowwise=True, columnwise=x_col, amax_history=x_hist,
-                                   collect_stats=stats)
-        xh_info = None
-        if need_x_t and cfg.hadamard_wgrad:
-            _, x_t, xh_info = quantize(rht_tokens(x, rht_signs), cfg.x, rowwise=False, columnwise=True,
-                                       collect_stats=stats)
-        wq, w_t, w_info = quantize(weight, cfg.w, rowwise=True, columnwise=need_w_t, amax_history=w_hist,
-                                   collect_stats=stats)
-        y = scaled_mm(xq, wq, bias=None if bias is None else bias.float(), out_dtype=x.dtype)
-
-        empty = x.new_empty(0)
-        saved = []
-        for q in (x_t, w_t):
-            saved += [q.codes, q.scales, q.tensor_scale] if q is not None else [empty, empty, empty]
-        saved.append(rht_signs if rht_signs is not None else empty)
-        ctx.save_for_backward(*saved)
+        keep_ops = keep is not None and keep.keep_operands
+        out = _ops.linear_forward(x, weight, bias, recipe_name, x_hist, w_hist, seed, need_x_t, need_w_t, keep_ops,
+                                  stats)
+        y, x_amax, w_amax = out[0], out[1], out[2]
+        tokens, in_f = x.shape
+        at = 3
+        x_t = w_t = None
+        if need_x_t:
+            x_t, at = _take_copy(out, at, cfg.x, cfg.wgrad_tokens(tokens), x)
+        if need_w_t:
+            w_t, at = _take_copy(out, at, cfg.w, weight.shape[0], x)
+        ctx.save_for_backward(*(_raw(x_t) if x_t is not None else []), *(_raw(w_t) if w_t is not None else []))
         # g_hist and philox are written by the backward, so they are kept as references, not saved
         # tensors (whose version check would fail when two forwards run before their backwards).
         ctx.g_hist = g_hist
         ctx.philox = philox
+        ctx.seed = seed
         ctx.recipe_name = recipe_name
         ctx.keep = keep
-        ctx.meta = (weight.shape[0], x.dtype, weight.dtype, None if bias is None else bias.dtype,
-                    x_t.cols if x_t is not None else 0)
-        if keep is not None and keep.keep_operands:
+        ctx.saved_x_t, ctx.saved_w_t = need_x_t, need_w_t
+        if keep_ops:
+            xq, at = _take_copy(out, at, cfg.x, in_f, x)
+            wq, at = _take_copy(out, at, cfg.w, in_f, x)
             keep.last_operands = {"x": xq, "w": wq, "x_t": x_t, "w_t": w_t}
         if stats:
-            keep.last_stats = _stats_of({"x": x_info, "x_t": xh_info or x_info, "w": w_info, "w_t": w_info})
-        x_amax, w_amax = x_info["amax"], w_info["amax"]
+            keep.last_stats = _stats_of(out[at], _FORWARD_STATS, (True, need_x_t, True, need_w_t))
         ctx.mark_non_differentiable(x_amax, w_amax)
         return y, x_amax, w_amax
 
     @staticmethod
     def backward(ctx, dy, _dx_amax, _dw_amax):
         cfg = LINEAR_RECIPES[ctx.recipe_name]
-        out_features, x_dtype, w_dtype, b_dtype, x_t_cols = ctx.meta
-        s = ctx.saved_tensors
-        rht_signs = s[6]
-        g_hist = ctx.g_hist
+        saved = ctx.saved_tensors
         stats = ctx.keep is not None and ctx.keep.collect_stats
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        keep_ops = ctx.keep is not None and ctx.keep.keep_operands
+        need_dx = ctx.needs_input_grad[0] and ctx.saved_w_t
+        need_dw = ctx.needs_input_grad[1] and ctx.saved_x_t
+        need_db = ctx.needs_input_grad[2]
         # An empty expanded gradient has zero strides, which is_contiguous() accepts but
         # octet's shape checks do not: give it fresh storage.
-        dy = dy.contiguous() if dy.numel() else torch.zeros(dy.shape, dtype=dy.dtype, device=dy.device)
-        if cfg.stochastic_gradients and dy.dtype == torch.float16:
-            dy = dy.float()  # octet's stochastic rounding takes float32 or bfloat16
-        rounding, philox = "nearest_even", None
+        dy = dy.float().contiguous() if dy.numel() else torch.zeros(dy.shape, dtype=torch.float32, device=dy.device)
+        n_x = _copy_count(cfg.x) if ctx.saved_x_t else 0
+        copies = (list(saved[:n_x]) if need_dw else []) + (list(saved[n_x:]) if need_dx else [])
+        philox = None
         if cfg.stochastic_gradients:
             # This backward draws from (seed, offset) and moves the module's pair to the next step.
             # (Read and advanced here, not in the forward: a compiled forward's copy of a buffer it
             # then advances reached the backward advanced.)
-            rounding, philox = "stochastic", ctx.philox.clone()
+            philox = ctx.philox.clone()
             with torch.no_grad():
                 ctx.philox.add_(torch.tensor([0, _PHILOX_STRIDE], device=philox.device))
-        dy_col = need_dw and not cfg.hadamard_wgrad
-        dy_q = dy_t = info = h_info = None
-        if need_dx or dy_col:
-            dy_q, dy_t, info = quantize(dy, cfg.g, rowwise=need_dx, columnwise=dy_col, amax_history=g_hist,
-                                        rounding=rounding, philox=philox, collect_stats=stats)
-            if g_hist is not None:
-                _push_amax(g_hist, info["amax"])
-        if need_dw and cfg.hadamard_wgrad:
-            _, dy_t, h_info = quantize(rht_tokens(dy, rht_signs), cfg.g, rowwise=False, columnwise=True,
-                                       rounding=rounding, philox=philox + torch.tensor([0, 2], device=philox.device),
-                                       collect_stats=stats)
+        out = _ops.linear_backward(dy, copies, ctx.recipe_name, ctx.g_hist, ctx.seed, philox, need_dx, need_dw,
+                                   need_db, keep_ops, stats)
+        at = 0
         dx = dw = db = None
         if need_dx:
-            w_t = _copy(s[3:6], cfg.w, out_features)
-            dx = scaled_mm(dy_q, w_t, out_dtype=x_dtype)
+            dx, at = out[at], at + 1
         if need_dw:
-            x_t = _copy(s[0:3], cfg.x, x_t_cols)
-            dw = scaled_mm(dy_t, x_t, out_dtype=w_dtype)
+            dw, at = out[at], at + 1
         if need_db:
-            db = dy.float().sum(0).to(b_dtype)
-        if ctx.keep is not None and ctx.keep.keep_operands:
+            db, at = out[at], at + 1
+        dy_amax = out[at]
+        at += 1
+        if ctx.g_hist is not None and (need_dx or need_dw):  # dY was quantized (no rotation under delayed)
+            _push_amax(ctx.g_hist, dy_amax)
+        if keep_ops:
+            tokens, out_f = dy.shape
+            dy_q = dy_t = None
+            if need_dx:
+                dy_q, at = _take_copy(out, at, cfg.g, out_f, dy)
+            if need_dw:
+                dy_t, at = _take_copy(out, at, cfg.g, cfg.wgrad_tokens(tokens), dy)
             ctx.keep.last_operands.update({"dy": dy_q, "dy_t": dy_t})
         if stats:
-            ctx.keep.last_stats.update(_stats_of({"dy": info, "dy_t": h_info or info}))
+            ctx.keep.last_stats.update(_stats_of(out[at], _BACKWARD_STATS, (need_dx, need_dw)))
         return dx, dw, db, None, None, None, None, None, None, None, None, None
 
 
@@ -230,8 +261,8 @@ class Float8Linear(nn.Linear):
     """nn.Linear with octet's quantized GEMMs in forward and backward (see the module docstring).
 
     Same constructor as nn.Linear plus ``recipe`` (a name of LINEAR_RECIPES or a LinearRecipe),
-    ``amax_history_len`` (tensorwise_delayed) and ``seed`` (stochastic rounding and the RHT signs
-    of nvfp4). Inputs of any leading shape, float32, bfloat16 or float16; the output has the
+    ``amax_history_len`` (tensorwise_delayed) and ``seed`` (stochastic rounding and the Hadamard
+    signs of nvfp4). Inputs of any leading shape, float32, bfloat16 or float16; the output has the
     input's dtype. Set ``keep_operands = True`` to keep the last step's quantized copies in
     ``last_operands`` (tests, inspection), ``collect_stats = True`` to keep their quantization
     statistics in ``last_stats`` ({"x", "w", "x_t", "w_t", "dy", "dy_t"} -> quantize's stats dict;
@@ -256,8 +287,6 @@ class Float8Linear(nn.Linear):
             # (seed, Philox offset of the next backward): a tensor, so that torch.compile does not
             # guard on the step; saved with the model, so that a resumed run draws new bits.
             self.register_buffer("philox", torch.tensor([self.seed, 0], dtype=torch.int64, device=device))
-        if self.recipe.hadamard_wgrad:
-            self.register_buffer("rht_signs", _rht_signs(self.seed).to(device), persistent=False)
 
     @property
     def step(self) -> int:
@@ -277,8 +306,6 @@ class Float8Linear(nn.Linear):
             setattr(new, name, torch.zeros_like(buf, device=dev))
         if new.recipe.stochastic_gradients:
             new.philox = torch.tensor([new.seed, 0], dtype=torch.int64, device=dev)
-        if new.recipe.hadamard_wgrad:
-            new.rht_signs = _rht_signs(new.seed).to(dev)
         return new
 
     def _apply(self, fn, recurse=True):
@@ -309,13 +336,19 @@ class Float8Linear(nn.Linear):
             philox = self.philox  # the backward draws from it and advances it
         # eager inspection (a side effect that torch.compile refuses)
         keep = self if self.keep_operands or self.collect_stats else None
-        y, x_amax, w_amax = _Float8LinearFn.apply(x2d, self.weight, self.bias, x_hist, w_hist, g_hist, philox,
-                                                  getattr(self, "rht_signs", None), cfg.name, need_x_t, need_w_t,
-                                                  keep)
+        # The layer computes in float32 (widened copies of bfloat16 / float16; float64 is refused
+        # by the op, naming the argument): autograd rounds the gradients back to each dtype.
+        y, x_amax, w_amax = _Float8LinearFn.apply(_widen(x2d), _widen(self.weight),
+                                                  None if self.bias is None else _widen(self.bias), x_hist, w_hist,
+                                                  g_hist, philox, self.seed, cfg.name, need_x_t, need_w_t, keep)
         if cfg.delayed and grad:  # training steps record amaxes; evaluation does not
             _push_amax(x_hist, x_amax)
             _push_amax(w_hist, w_amax)
-        return y.reshape(*lead, self.out_features)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
 def fits(recipe, linear: nn.Linear) -> bool:

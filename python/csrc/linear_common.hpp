@@ -1,0 +1,216 @@
+// linear_common.hpp: the quantized linear layer (octet/nn/linear.hpp) as two torch ops, on buffers
+// the ops allocate as tensors (linear_forward_buffers / linear_backward_buffers): what
+// octet.torch.Float8Linear runs. linear_ops.cpp registers the ops and checks what needs no recipe;
+// linear_<recipe>.cpp instantiates one linear recipe each, so that they compile in parallel.
+//
+//   octet::linear_forward(x, w, bias, recipe, x_history, w_history, seed, save_x_t, save_w_t,
+//                         keep_operands, collect_stats) -> Tensor[]
+//       [y, x_amax, w_amax, X^T copy (save_x_t), W^T copy (save_w_t),
+//        X's and W's row-wise copies (keep_operands), stats float64 [4, 8] (collect_stats)]
+//   octet::linear_backward(dy, saved, recipe, g_history, seed, philox, need_dx, need_dw, need_db,
+//                          keep_operands, collect_stats) -> Tensor[]
+//       saved: the X^T copy (when need_dw), then the W^T copy (when need_dx), as the forward returned them
+//       [dx (need_dx), dw (need_dw), db (need_db), dy_amax, dY's row-wise copy (keep_operands and
+//        need_dx), dY^T's copy (keep_operands and need_dw), stats float64 [2, 8] (collect_stats)]
+// A copy is (codes, scales) plus tensor_scale for two-level recipes (NVFP4), as octet::quantize
+// returns it; X^T's copy spans linear_wgrad_tokens(tokens) columns (tokens padded to 16 under the
+// Hadamard rotation). Stats rows (quantize's 8 fields, zeros for a copy not made): forward X, X^T
+// (the rotated X's under HadamardWgrad), W, W^T; backward dY, dY^T. The amaxes (0-d float32) are
+// the inputs' own, for the caller's delayed-scaling history (dy_amax is 0 when dY was not quantized).
+// Histories give tensor_amax as the quantize op's amax_history does; philox (int64 [seed, offset])
+// gives the stochastic-rounding seed and the backward number offset / 4 (nn/linear.hpp draws
+// backward s from offset 4 s); without it, seed and backward 0. X, W and dY are float32.
+#pragma once
+
+#include <ATen/ops/zeros.h>
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "octet/nn/linear.hpp"
+#include "octet_torch.hpp"
+
+namespace octet_torch::linear {
+
+struct forward_args {
+    const at::Tensor& x;
+    const at::Tensor& w;
+    const std::optional<at::Tensor>& bias;
+    float x_scale_amax, w_scale_amax;
+    int64_t seed;
+    bool save_x_t, save_w_t, keep_operands, collect_stats;
+};
+
+struct backward_args {
+    const at::Tensor& dy;
+    at::TensorList saved;
+    float g_scale_amax;
+    int64_t seed, step;
+    bool need_dx, need_dw, need_db, keep_operands, collect_stats;
+};
+
+/// The named linear recipes (octet::linear_recipes; python/octet/torch/linear.py's LINEAR_RECIPES).
+#define OCTET_TORCH_LINEAR_RECIPES(X) \
+    X(tensorwise)                     \
+    X(tensorwise_delayed)             \
+    X(blockwise)                      \
+    X(mxfp8)                          \
+    X(nvfp4)
+
+inline constexpr const char* linear_recipe_names = "tensorwise, tensorwise_delayed, blockwise, mxfp8, nvfp4";
+
+template <class LR>
+std::vector<at::Tensor> run_forward(const forward_args& a);
+template <class LR>
+std::vector<at::Tensor> run_backward(const backward_args& a);
+
+template <class R>
+void push_copy(std::vector<at::Tensor>& out, const copy_tensors<R>& c) {
+    out.push_back(c.codes);
+    out.push_back(c.scales);
+    if constexpr (R::two_level) out.push_back(c.tensor_scale);
+}
+
+inline at::Tensor scalar(float v, const at::TensorOptions& o) {
+    at::Tensor t = at::empty({}, o.dtype(at::kFloat));
+    *t.data_ptr<float>() = v;
+    return t;
+}
+
+template <class LR>
+std::vector<at::Tensor> run_forward(const forward_args& a) {
+    constexpr const char* op = "linear_forward";
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    const auto X = as_matrix<const float>(a.x, op, "x");
+    const auto W = as_matrix<const float>(a.w, op, "w");
+    const std::size_t T = X.rows, I = X.cols, O = W.rows, P = octet::linear_wgrad_tokens<LR>(T);
+    const at::TensorOptions o = a.x.options();
+    copy_tensors<XR> xq(T, I, o);
+    copy_tensors<WR> wq(O, I, o);
+    std::optional<copy_tensors<XR>> x_t;
+    std::optional<copy_tensors<WR>> w_t;
+    if (a.save_x_t) x_t.emplace(I, P, o);
+    if (a.save_w_t) w_t.emplace(I, O, o);
+    at::Tensor rotated;
+    octet::linear_forward_buffers<LR> buf{xq.ref(),
+                                          wq.ref(),
+                                          x_t ? x_t->ref() : octet::quantized_ref<XR>{},
+                                          w_t ? w_t->ref() : octet::quantized_ref<WR>{},
+                                          {}};
+    if (LR::hadamard_wgrad && a.save_x_t) {
+        rotated = at::empty({static_cast<int64_t>(P * I)}, o);
+        buf.rotated = octet::span<float>(rotated.data_ptr<float>(), P * I);
+    }
+    at::Tensor y = at::empty({static_cast<int64_t>(T), static_cast<int64_t>(O)}, o);
+    octet::span<const float> bias;
+    if (a.bias) bias = octet::span<const float>(a.bias->data_ptr<float>(), static_cast<std::size_t>(a.bias->numel()));
+    octet::linear_step_options so;
+    so.x_scale_amax = a.x_scale_amax;
+    so.w_scale_amax = a.w_scale_amax;
+    so.seed = static_cast<std::uint64_t>(a.seed);
+    so.collect_stats = a.collect_stats;
+    octet::linear_stats st;
+    guarded([&] { octet::linear_forward<LR>(host(), X, W, bias, as_matrix<float>(y, op, "y"), buf, so, st); });
+
+    std::vector<at::Tensor> out{y, scalar(st.x.amax, o), scalar(st.w.amax, o)};
+    if (x_t) push_copy(out, *x_t);
+    if (w_t) push_copy(out, *w_t);
+    if (a.keep_operands) {
+        push_copy(out, xq);
+        push_copy(out, wq);
+    }
+    if (a.collect_stats) {
+        at::Tensor stats = at::zeros({4, 8}, o.dtype(at::kDouble));
+        double* s = stats.data_ptr<double>();
+        put_quant_stats(s, st.x.rowwise);
+        put_quant_stats(s + 8, LR::hadamard_wgrad ? st.x_hadamard.columnwise : st.x.columnwise);
+        put_quant_stats(s + 16, st.w.rowwise);
+        put_quant_stats(s + 24, st.w.columnwise);
+        out.push_back(stats);
+    }
+    return out;
+}
+
+/// The copy at saved[pos...] (codes, scales, and tensor_scale for two-level recipes); moves `pos` on.
+template <class R>
+octet::quantized_cref<R> saved_copy(at::TensorList saved, std::size_t& pos, int64_t cols, const char* arg) {
+    constexpr std::size_t n = R::two_level ? 3 : 2;
+    TORCH_CHECK_VALUE(saved.size() >= pos + n, where("linear_backward", "saved"), "holds ", saved.size(),
+                      " tensors; it needs ", arg, " as ", n, " tensors (codes, scales",
+                      R::two_level ? ", tensor_scale" : "", ") at position ", pos,
+                      ": pass the copies linear_forward returned (X^T's when need_dw, then W^T's when need_dx)");
+    static const at::Tensor none;
+    const at::Tensor& ts = R::two_level ? saved[pos + 2] : none;
+    const auto q = as_quantized<R>(saved[pos], saved[pos + 1], ts, cols, "linear_backward", arg);
+    pos += n;
+    return q;
+}
+
+template <class LR>
+std::vector<at::Tensor> run_backward(const backward_args& a) {
+    constexpr const char* op = "linear_backward";
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    using GR = typename LR::g_quantize_recipe;
+    const auto dY = as_matrix<const float>(a.dy, op, "dy");
+    const std::size_t T = dY.rows, O = dY.cols, P = octet::linear_wgrad_tokens<LR>(T);
+    const at::TensorOptions o = a.dy.options();
+    octet::linear_backward_buffers<LR> buf;
+    std::size_t pos = 0;
+    if (a.need_dw) buf.x_t = saved_copy<XR>(a.saved, pos, static_cast<int64_t>(P), "x_t");
+    if (a.need_dx) buf.w_t = saved_copy<WR>(a.saved, pos, static_cast<int64_t>(O), "w_t");
+    TORCH_CHECK_VALUE(pos == a.saved.size(), where(op, "saved"), "holds ", a.saved.size(),
+                      " tensors; need_dw = ", a.need_dw, " and need_dx = ", a.need_dx, " read ", pos);
+    TORCH_CHECK_VALUE(!(a.need_dx && a.need_dw) || buf.x_t.rows() == buf.w_t.rows(), where(op, "saved"),
+                      "holds an X^T copy of ", buf.x_t.rows(), " rows and a W^T copy of ", buf.w_t.rows(),
+                      "; both have in_features rows (pass one forward's copies)");
+    const std::size_t I = a.need_dx ? buf.w_t.rows() : buf.x_t.rows();
+    std::optional<copy_tensors<GR>> dy, dy_t;
+    if (a.need_dx) dy.emplace(T, O, o);
+    if (a.need_dw) dy_t.emplace(O, P, o);
+    if (dy) buf.dy = dy->ref();
+    if (dy_t) buf.dy_t = dy_t->ref();
+    at::Tensor rotated;
+    if (LR::hadamard_wgrad && a.need_dw) {
+        rotated = at::empty({static_cast<int64_t>(P * O)}, o);
+        buf.rotated = octet::span<float>(rotated.data_ptr<float>(), P * O);
+    }
+    auto matrix = [&](bool want, std::size_t rows, std::size_t cols) {
+        return want ? at::empty({static_cast<int64_t>(rows), static_cast<int64_t>(cols)}, o) : at::Tensor();
+    };
+    at::Tensor dx = matrix(a.need_dx, T, I), dw = matrix(a.need_dw, O, I);
+    at::Tensor db = a.need_db ? at::empty({static_cast<int64_t>(O)}, o) : at::Tensor();
+    octet::linear_step_options so;
+    so.g_scale_amax = a.g_scale_amax;
+    so.seed = static_cast<std::uint64_t>(a.seed);
+    so.step = static_cast<std::uint64_t>(a.step);
+    so.collect_stats = a.collect_stats;
+    octet::linear_stats st;
+    guarded([&] {
+        octet::linear_backward<LR>(host(), dY, a.need_dx ? as_matrix<float>(dx, op, "dx") : octet::matrix_ref<float>{},
+                                   a.need_dw ? as_matrix<float>(dw, op, "dw") : octet::matrix_ref<float>{},
+                                   a.need_db ? octet::span<float>(db.data_ptr<float>(), O) : octet::span<float>{}, buf,
+                                   so, st);
+    });
+
+    std::vector<at::Tensor> out;
+    for (const at::Tensor* t : {&dx, &dw, &db})
+        if (t->defined()) out.push_back(*t);
+    out.push_back(scalar(st.dy.amax, o));
+    if (a.keep_operands) {
+        if (dy) push_copy(out, *dy);
+        if (dy_t) push_copy(out, *dy_t);
+    }
+    if (a.collect_stats) {
+        at::Tensor stats = at::zeros({2, 8}, o.dtype(at::kDouble));
+        put_quant_stats(stats.data_ptr<double>(), st.dy.rowwise);
+        put_quant_stats(stats.data_ptr<double>() + 8,
+                        LR::hadamard_wgrad ? st.dy_hadamard.columnwise : st.dy.columnwise);
+        out.push_back(stats);
+    }
+    return out;
+}
+
+}  // namespace octet_torch::linear
