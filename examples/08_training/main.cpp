@@ -1009,7 +1009,7 @@ int run_program(int argc, char** argv, process_ranks* procs) {
     // ends every rank with its message, instead of leaving the others blocked in a collective).
     const char* fail_env = std::getenv("OCTET_TRAINING_FAIL_RANK");
     const int fail_rank = fail_env ? std::atoi(fail_env) : -1;
-    progress bar(total_steps, lead ? stdout : nullptr);
+    progress bar(total_steps, lead ? stdout : nullptr, /*plain=*/procs != nullptr);
     for (const auto& size_name : f.sizes) {
         model_config mc = size_config(size_name);
         mc.vocab = static_cast<int>(data.alphabet.size());

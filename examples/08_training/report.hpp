@@ -1080,12 +1080,14 @@ inline void write_report(const sweep_result& s, const std::string& folder) {
 }
 
 /// A one-line progress bar with elapsed time and an ETA from the measured rate. On a terminal it
-/// redraws in place (at most 10 times a second); elsewhere (CI logs) it prints a plain line at
-/// most every `plain_every_seconds`, and always at the start and at finish().
+/// redraws in place (at most 10 times a second); elsewhere (CI logs), or with plain = true, it
+/// prints a plain line at most every `plain_every_seconds`, and always at the start and at
+/// finish(). (plain: under mpirun, whose launcher gives each rank a pseudo-terminal even when its
+/// own output goes to a file, where in-place redraws would add ten lines a second.)
 class progress {
 public:
-    progress(double total_units, std::FILE* out, double plain_every_seconds = 5.0)
-        : total_(total_units), out_(out), tty_(out && OCTET_TRAIN_ISATTY(out)), every_(plain_every_seconds) {
+    progress(double total_units, std::FILE* out, bool plain = false, double plain_every_seconds = 5.0)
+        : total_(total_units), out_(out), tty_(out && !plain && OCTET_TRAIN_ISATTY(out)), every_(plain_every_seconds) {
         OCTET_REQUIRE(std::isfinite(total_units) && total_units > 0, "train::progress", "total_units",
                       "must be a finite positive amount of work; pass e.g. the total steps of the sweep");
     }

@@ -7,16 +7,24 @@
 #include "report.hpp"
 #include "support/random.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#ifndef _WIN32
+#include <fcntl.h>
+#include <termios.h>
+#include <unistd.h>
+#endif
 
 #ifndef OCTET_TRAINING_DIR
 #define OCTET_TRAINING_DIR "examples/08_training"
@@ -558,7 +566,7 @@ TEST_CASE("progress: plain lines off a terminal, throttled, with percent, ETA an
         p.finish();
     }
     {
-        train::progress p(4, f, 0.0);  // no throttle: one line per advance, then finish
+        train::progress p(4, f, false, 0.0);  // no throttle: one line per advance, then finish
         for (int i = 0; i < 4; ++i) p.advance(1, "step");
         p.finish();
     }
@@ -581,3 +589,47 @@ TEST_CASE("progress: plain lines off a terminal, throttled, with percent, ETA an
     }
     CHECK_THROWS_AS(train::progress(0, stdout), octet::error);
 }
+
+#ifndef _WIN32
+/// What a progress bar writes to a pseudo-terminal (raw mode: the line discipline adds no \r).
+/// (Empty when this machine offers no pseudo-terminal.)
+std::optional<std::string> progress_on_a_terminal(bool plain) {
+    const int master = posix_openpt(O_RDWR | O_NOCTTY);
+    if (master < 0) return std::nullopt;
+    REQUIRE(grantpt(master) == 0);
+    REQUIRE(unlockpt(master) == 0);
+    const int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    REQUIRE(slave >= 0);
+    termios t{};
+    REQUIRE(tcgetattr(slave, &t) == 0);
+    cfmakeraw(&t);
+    REQUIRE(tcsetattr(slave, TCSANOW, &t) == 0);
+    std::FILE* f = fdopen(slave, "w");
+    REQUIRE(f);
+    REQUIRE(isatty(fileno(f)));
+    {
+        train::progress p(3, f, plain, 0.0);
+        for (int i = 0; i < 3; ++i) p.advance(1, "step");
+    }
+    std::fclose(f);
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = read(master, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    close(master);
+    return out;
+}
+
+TEST_CASE("progress: a terminal gets one line redrawn in place, unless plain lines are asked for (mpirun)") {
+    const auto redrawn_out = progress_on_a_terminal(false), plain_out = progress_on_a_terminal(true);
+    if (!redrawn_out || !plain_out) {
+        MESSAGE("posix_openpt failed: no pseudo-terminal on this machine, the terminal case is not checked");
+        return;
+    }
+    const std::string &redrawn = *redrawn_out, &plain = *plain_out;
+    CHECK(redrawn.find('\r') != std::string::npos);
+    CHECK(std::count(redrawn.begin(), redrawn.end(), '\n') == 1);  // only finish() ends the line
+    CHECK(plain.find('\r') == std::string::npos);
+    CHECK(std::count(plain.begin(), plain.end(), '\n') == 3 + 1);  // each advance (no throttle), finish()
+    CHECK(plain.find("100.0%") != std::string::npos);
+}
+#endif
