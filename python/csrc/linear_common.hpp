@@ -141,8 +141,7 @@ octet::quantized_cref<R> saved_copy(at::TensorList saved, std::size_t& pos, int6
                       " tensors; it needs ", arg, " as ", n, " tensors (codes, scales",
                       R::two_level ? ", tensor_scale" : "", ") at position ", pos,
                       ": pass the copies linear_forward returned (X^T's when need_dw, then W^T's when need_dx)");
-    static const at::Tensor none;
-    const at::Tensor& ts = R::two_level ? saved[pos + 2] : none;
+    const at::Tensor ts = R::two_level ? saved[pos + 2] : at::Tensor();
     const auto q = as_quantized<R>(saved[pos], saved[pos + 1], ts, cols, "linear_backward", arg);
     pos += n;
     return q;
