@@ -17,6 +17,10 @@
 #                   allocator captured into a CUDA graph (global capture mode) and replayed bit for bit
 #                   against the eager step; the scratch queries equal the allocator's requests
 #                   (OCTET_SUITE_FILTER=graph_capture runs it alone)
+#   torch_cuda      the torch ops' CUDA kernels (tests/python/test_cuda.py): the op libraries are
+#                   built there against that machine's torch (its C++ ABI is the one that loads them),
+#                   with OCTET_TORCH_CUDA=ON, into .device/pybuild; then the test module runs with
+#                   OCTET_REQUIRE_CUDA=1 (a library without CUDA kernels fails instead of skipping)
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${OCTET_SUITE_BUILD:-}" ] && [ -d .device/bin ]; then BUILD=.device/bin; else BUILD=${OCTET_SUITE_BUILD:-.device/build}; fi
@@ -86,6 +90,28 @@ for b in "$BUILD"/bench/gpubench_*; do
     rows+=("bench|$bench|$metric|$value $unit|$note")
   done < <(grep '^OCTET_RESULT|' "$LOGS/bench_${name}.log")
 done
+
+# The torch ops' CUDA kernels, built against the torch that is here.
+if echo torch_cuda | grep -qE "$FILTER" && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  t0=$(date +%s%N)
+  PYBUILD=${OCTET_SUITE_PYBUILD:-.device/pybuild}
+  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+  if cmake -S . -B "$PYBUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+       -DOCTET_BUILD_TESTS=OFF -DOCTET_BUILD_BENCHMARKS=OFF -DOCTET_BUILD_EXAMPLES=OFF -DOCTET_BUILD_PYTHON=ON \
+       -DOCTET_TORCH_CUDA=ON -DPython3_EXECUTABLE="$(command -v python3)" >"$LOGS/py_configure.log" 2>&1 &&
+     cmake --build "$PYBUILD" -j "$(nproc)" --target octet_torch_quant octet_torch_gemm >"$LOGS/py_build.log" 2>&1; then
+    OCTET_REQUIRE_CUDA=1 OCTET_TORCH_FAMILIES=quant,gemm PYTHONPATH=python OCTET_LIBRARY_DIR="$PYBUILD/python/lib" \
+      timeout 600 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py >"$LOGS/py_torch_cuda.log" 2>&1
+    rc=$?
+    summary=$(tail -1 "$LOGS/py_torch_cuda.log")
+  else
+    rc=1; summary="build failed: see py_configure.log / py_build.log"
+    grep -E "error|Error" "$LOGS/py_configure.log" "$LOGS/py_build.log" | head -20
+  fi
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if [ $rc -eq 0 ]; then verdict=PASS; else verdict=FAIL; status=1; tail -40 "$LOGS/py_torch_cuda.log" 2>/dev/null; fi
+  rows+=("test|torch_cuda [pytest, build included]|$verdict|$ms ms|$summary")
+fi
 
 # Peers in Python (PyTorch is on the GPU machine; other wheels travel in .whl, see bench/prepare_device.sh).
 if command -v python3 >/dev/null; then

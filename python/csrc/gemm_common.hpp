@@ -11,11 +11,18 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <optional>
+
 #include <string>
 #include <string_view>
 
+#include "gemm_pairs.hpp"
 #include "octet/gemm/scaled_gemm.hpp"
 #include "octet_torch.hpp"
+#ifdef OCTET_TORCH_CUDA
+#include "device_ops.hpp"
+#include "octet_torch_cuda.hpp"
+#endif
 
 namespace octet_torch {
 
@@ -33,6 +40,7 @@ struct mm_args {
     double alpha, beta;
     at::ScalarType out_dtype;
     int64_t promotion_interval;
+    c10::DeviceType device;  ///< where the kernel runs (a_codes' device; every tensor is checked to be there)
 };
 
 /// The served pairs (A's recipe x B's recipe), for messages and for Python (scaled_mm_pairs).
@@ -47,8 +55,8 @@ inline constexpr const char* served_pairs =
 template <class RA, class RB>
 at::Tensor run_pair(const mm_args& m) {
     constexpr const char* op = "scaled_mm";
-    const auto A = as_quantized<RA>(m.a_codes, m.a_scales, m.a_tensor_scale, m.k, op, "a");
-    const auto B = as_quantized<RB>(m.b_codes, m.b_scales, m.b_tensor_scale, m.k, op, "b");
+    const auto A = as_quantized<RA>(m.a_codes, m.a_scales, m.a_tensor_scale, m.k, op, "a", m.device);
+    const auto B = as_quantized<RB>(m.b_codes, m.b_scales, m.b_tensor_scale, m.k, op, "b", m.device);
     octet::gemm_options opt;
     opt.alpha = static_cast<float>(m.alpha);
     opt.beta = static_cast<float>(m.beta);
@@ -59,12 +67,21 @@ at::Tensor run_pair(const mm_args& m) {
     auto run = [&](auto out) {
         using DT = typename decltype(out)::type;
         const auto D = as_matrix<DT>(d, op, "out");
-        guarded([&] {
-            if (m.c)
-                octet::scaled_gemm(host(), A, B, as_matrix<const DT>(*m.c, op, "c"), D, opt);
-            else
-                octet::scaled_gemm(host(), A, B, D, opt);
-        });
+        std::optional<octet::matrix_ref<const DT>> C;
+        if (m.c) C = as_matrix<const DT>(*m.c, op, "c");
+        if (m.device == c10::DeviceType::CUDA) {
+#ifdef OCTET_TORCH_CUDA
+            const c10::cuda::CUDAGuard guard(m.a_codes.device());
+            guarded([&] { device::scaled_gemm<RA, RB, DT>(device_executor(d), A, B, C ? &*C : nullptr, D, opt); });
+#endif
+        } else {
+            guarded([&] {
+                if (C)
+                    octet::scaled_gemm(host(), A, B, *C, D, opt);
+                else
+                    octet::scaled_gemm(host(), A, B, D, opt);
+            });
+        }
     };
     if (m.out_dtype == at::kBFloat16)
         run(type_tag<octet::bf16>{});

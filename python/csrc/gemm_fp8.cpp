@@ -7,13 +7,7 @@ at::Tensor serve_fp8_pairs(std::string_view a, std::string_view b, const mm_args
     namespace r = octet::recipes;
 #define OCTET_TORCH_PAIR(ra, rb) \
     if (a == #ra && b == #rb) return run_pair<r::ra, r::rb>(m);
-    OCTET_TORCH_PAIR(tensorwise_e4m3, tensorwise_e4m3)
-    OCTET_TORCH_PAIR(tensorwise_e4m3, tensorwise_e5m2)
-    OCTET_TORCH_PAIR(tensorwise_e5m2, tensorwise_e4m3)
-    OCTET_TORCH_PAIR(tensorwise_e5m2, tensorwise_e5m2)
-    OCTET_TORCH_PAIR(rowwise_e4m3, rowwise_e4m3)
-    OCTET_TORCH_PAIR(blockwise_1x128, blockwise_128x128)
-    OCTET_TORCH_PAIR(blockwise_1x128, blockwise_1x128)
+    OCTET_TORCH_GEMM_PAIRS_FP8(OCTET_TORCH_PAIR)
 #undef OCTET_TORCH_PAIR
     return {};
 }

@@ -7,14 +7,7 @@ at::Tensor serve_narrow_pairs(std::string_view a, std::string_view b, const mm_a
     namespace r = octet::recipes;
 #define OCTET_TORCH_PAIR(ra, rb) \
     if (a == #ra && b == #rb) return run_pair<r::ra, r::rb>(m);
-    OCTET_TORCH_PAIR(mxfp8_e4m3, mxfp8_e4m3)
-    OCTET_TORCH_PAIR(mxfp8_e4m3, mxfp8_e5m2)
-    OCTET_TORCH_PAIR(mxfp8_e5m2, mxfp8_e4m3)
-    OCTET_TORCH_PAIR(mxfp8_e5m2, mxfp8_e5m2)
-    OCTET_TORCH_PAIR(mxfp6_e2m3, mxfp6_e2m3)
-    OCTET_TORCH_PAIR(mxfp6_e3m2, mxfp6_e3m2)
-    OCTET_TORCH_PAIR(mxfp4, mxfp4)
-    OCTET_TORCH_PAIR(nvfp4, nvfp4)
+    OCTET_TORCH_GEMM_PAIRS_NARROW(OCTET_TORCH_PAIR)
 #undef OCTET_TORCH_PAIR
     return {};
 }

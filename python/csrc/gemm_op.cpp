@@ -36,6 +36,7 @@ at::Tensor scaled_mm(const at::Tensor& a_codes, const at::Tensor& a_scales, cons
                      const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& c, double alpha,
                      double beta, at::ScalarType out_dtype, int64_t promotion_interval) {
     constexpr const char* op = "scaled_mm";
+    const c10::DeviceType device = kernel_device(a_codes, op, "a_codes");
     const std::string_view ra = gemm_recipe(a_recipe, "a_recipe"), rb = gemm_recipe(b_recipe, "b_recipe");
     TORCH_CHECK_TYPE(out_dtype == at::kFloat || out_dtype == at::kBFloat16 || out_dtype == at::kHalf,
                      where(op, "out_dtype"), "is ", out_dtype, "; pass torch.float32, torch.bfloat16 or torch.float16");
@@ -48,16 +49,27 @@ at::Tensor scaled_mm(const at::Tensor& a_codes, const at::Tensor& a_scales, cons
     TORCH_CHECK_VALUE(a_codes.dim() == 2 && b_codes.dim() == 2, where(op, "a_codes/b_codes"),
                       "must be 2-D tensors of codes as octet.quantize returns them");
     if (bias) {
-        check_tensor(*bias, op, "bias", {at::kFloat});
+        check_tensor(*bias, op, "bias", {at::kFloat}, device);
         TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == b_codes.size(0) && bias->is_contiguous(),
                           where(op, "bias"), "has shape ", bias->sizes(),
                           "; pass a contiguous float32 vector of N = ", b_codes.size(0),
                           " entries (one per output column)");
     }
-    if (c) check_tensor(*c, op, "c", {out_dtype});
-    const mm_args m{a_codes,        a_scales,  a_tensor_scale,          b_codes,           b_scales,
-                    b_tensor_scale, k,         bias ? &*bias : nullptr, c ? &*c : nullptr, alpha,
-                    beta,           out_dtype, promotion_interval};
+    if (c) check_tensor(*c, op, "c", {out_dtype}, device);
+    const mm_args m{a_codes,
+                    a_scales,
+                    a_tensor_scale,
+                    b_codes,
+                    b_scales,
+                    b_tensor_scale,
+                    k,
+                    bias ? &*bias : nullptr,
+                    c ? &*c : nullptr,
+                    alpha,
+                    beta,
+                    out_dtype,
+                    promotion_interval,
+                    device};
     at::Tensor d = serve_fp8_pairs(ra, rb, m);
     if (!d.defined()) d = serve_narrow_pairs(ra, rb, m);
     TORCH_CHECK_VALUE(d.defined(), where(op, "a_recipe/b_recipe"), "are ", std::string(a_recipe), " x ",
@@ -76,5 +88,10 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
+    m.impl("scaled_mm", &octet_torch::scaled_mm);
+}
+
+// Without CUDA kernels the same function answers a CUDA tensor with an error that says so.
+TORCH_LIBRARY_IMPL(octet, CUDA, m) {
     m.impl("scaled_mm", &octet_torch::scaled_mm);
 }

@@ -81,6 +81,21 @@ inline void check_tensor(const at::Tensor& t, const char* op, const char* arg,
                       c10::DeviceTypeName(device), " (move it there, or all arguments to one device)");
 }
 
+/// The device an op's kernel runs on, from its leading tensor: the CPU, or CUDA where the op has
+/// CUDA kernels in this build (OCTET_TORCH_CUDA: torch with CUDA and nvcc at build time). Any
+/// other device is refused by name, as is CUDA in a build without them.
+inline c10::DeviceType kernel_device(const at::Tensor& t, const char* op, const char* arg) {
+    if (!t.defined() || t.is_cpu()) return c10::DeviceType::CPU;
+#ifdef OCTET_TORCH_CUDA
+    if (t.is_cuda()) return c10::DeviceType::CUDA;
+#endif
+    TORCH_CHECK_VALUE(false, where(op, arg), "is on ", t.device(), "; this build of octet's op libraries runs ", op,
+                      " on the CPU",
+                      (t.is_cuda() ? " only (it was built without CUDA kernels: see the README's "
+                                     "PyTorch section to build them), so move it to the CPU"
+                                   : ", so move it there"));
+}
+
 /// A 2-D tensor whose rows or columns are contiguous (a transposed view is accepted as it is;
 /// any other strides are rejected rather than copied).
 template <class T>

@@ -14,7 +14,11 @@
 // tensor_amax and seed/offset: per-step values that torch.compile then keeps out of its guards.
 // A history whose max is positive scales with that max (delayed scaling); an all-zero (or NaN)
 // history scales with x's own amax (current scaling), as tensor_amax = -1 does.
+#include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+
+#include <cstddef>
 
 #include <optional>
 #include <tuple>
@@ -22,6 +26,10 @@
 #include "octet/quant/quantize.hpp"
 #include "octet_torch.hpp"
 #include "quant_quantize_instances.hpp"
+#ifdef OCTET_TORCH_CUDA
+#include "device_ops.hpp"
+#include "octet_torch_cuda.hpp"
+#endif
 
 // The quantizer itself is instantiated in quant_quantize_<rounding>_<input>.cpp.
 #define OCTET_TORCH_EXTERN extern
@@ -39,11 +47,34 @@ using octet::span;
 
 using quantize_outputs = std::vector<at::Tensor>;
 
+#ifdef OCTET_TORCH_CUDA
+/// Two quant_stats written by the device (raw bytes, [2, 64]) as the op's float64 [2, 8], by
+/// reinterpreting views on the device: no kernel of its own, no synchronization.
+at::Tensor stats_from_device(const at::Tensor& raw) {
+    using S = octet::quant_stats;
+    static_assert(sizeof(S) == 64 && offsetof(S, elements) == 8 && offsetof(S, lost_to_nan) == 40 &&
+                      offsetof(S, signal_energy) == 48 && offsetof(S, noise_energy) == 56,
+                  "quant_stats' layout changed: update stats_from_device");
+    return at::cat({raw.view(at::kFloat).slice(1, 0, 1).to(at::kDouble),
+                    raw.view(at::kLong).slice(1, 1, 6).to(at::kDouble), raw.view(at::kDouble).slice(1, 6, 8)},
+                   1);
+}
+#endif
+
 quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool rowwise, bool columnwise,
                           double tensor_amax, c10::string_view rounding, int64_t seed, int64_t offset,
                           bool collect_stats, const std::optional<at::Tensor>& amax_history,
                           const std::optional<at::Tensor>& philox) {
-    check_tensor(x, "quantize", "x", float_inputs);
+    const c10::DeviceType device = kernel_device(x, "quantize", "x");
+    const bool on_cuda = device == c10::DeviceType::CUDA;
+    check_tensor(x, "quantize", "x", float_inputs, device);
+    // The history and the Philox pair are read by the host, so they stay on the CPU with any x.
+    auto host_read = [](const std::optional<at::Tensor>& t, const char* arg) {
+        TORCH_CHECK_VALUE(!t || !t->defined() || t->is_cpu(), where("quantize", arg), "is on ", t->device(),
+                          "; it is read on the host before the kernels are enqueued: keep it on the CPU");
+    };
+    host_read(amax_history, "amax_history");
+    host_read(philox, "philox");
     if (amax_history) {
         TORCH_CHECK_VALUE(tensor_amax < 0, where("quantize", "amax_history"),
                           "is given together with tensor_amax; pass one of them");
@@ -54,6 +85,10 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                       "are both False; ask for at least one copy");
     TORCH_CHECK_VALUE(rounding == "nearest_even" || rounding == "stochastic", where("quantize", "rounding"), "is '",
                       std::string(rounding), "'; quantize rounds nearest_even or stochastic");
+    // On the host a zero tensor_amax is refused where x holds a non-zero value; the device cannot
+    // look without a synchronization, so it refuses the value itself.
+    TORCH_CHECK_VALUE(!on_cuda || tensor_amax != 0.0, where("quantize", "tensor_amax"),
+                      "is 0 for a CUDA tensor; pass the positive amax to scale with, or -1 to measure it");
     const octet::matrix_ref<const std::uint8_t> shape_only = as_matrix<const std::uint8_t>(x, "quantize", "x");
     const std::size_t rows = shape_only.rows, cols = shape_only.cols;
     const at::TensorOptions o = x.options();
@@ -70,12 +105,11 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                 std::optional<copy_tensors<R>> row, col;
                 if (rowwise) row.emplace(rows, cols, o);
                 if (columnwise) col.emplace(cols, rows, o);
-                at::Tensor amax = at::empty({}, o.dtype(at::kFloat));
-                octet::quantize_options opt;
-                opt.collect_stats = collect_stats;
-                opt.tensor_amax = static_cast<float>(tensor_amax);
-                opt.rng = {static_cast<std::uint64_t>(seed), static_cast<std::uint64_t>(offset)};
-                const octet::quantize_result res = with_input(x, [&](auto in) {
+                const auto row_ref = row ? row->ref() : octet::quantized_ref<R>{};
+                const auto col_ref = col ? col->ref() : octet::quantized_ref<R>{};
+                const octet::philox_stream rng{static_cast<std::uint64_t>(seed), static_cast<std::uint64_t>(offset)};
+                at::Tensor amax, stats;
+                with_input(x, [&](auto in) {
                     using In = typename decltype(in)::type;
                     const auto xm = as_matrix<const In>(x, "quantize", "x");
                     // Stochastic rounding is what gradients get; they come as float32 or bf16
@@ -83,15 +117,42 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                     if constexpr (std::is_same_v<Round, octet::round::stochastic> && std::is_same_v<In, octet::fp16>) {
                         TORCH_CHECK_TYPE(false, where("quantize", "x"),
                                          "is float16; stochastic rounding takes float32 or bfloat16 input");
-                        return octet::quantize_result{};
+                    } else if (on_cuda) {
+#ifdef OCTET_TORCH_CUDA
+                        const c10::cuda::CUDAGuard guard(x.device());
+                        amax = at::zeros({}, o.dtype(at::kFloat));
+                        at::Tensor raw_stats, amax_in;
+                        device::quantize_args args;
+                        args.amax = amax.data_ptr<float>();
+                        args.rng = rng;
+                        if (collect_stats) {
+                            raw_stats =
+                                at::empty({2, static_cast<int64_t>(sizeof(octet::quant_stats))}, o.dtype(at::kByte));
+                            args.stats = static_cast<octet::quant_stats*>(raw_stats.data_ptr());
+                        }
+                        if (tensor_amax >= 0) {
+                            amax_in = at::full({1}, tensor_amax, o.dtype(at::kFloat));
+                            args.tensor_amax = amax_in.data_ptr<float>();
+                        }
+                        guarded([&] { device::quantize<R, In>(device_executor(x), xm, row_ref, col_ref, args); });
+                        if (collect_stats) stats = stats_from_device(raw_stats);
+#endif
                     } else {
-                        return guarded([&] {
-                            return octet::quantize<R>(host(), xm, row ? row->ref() : octet::quantized_ref<R>{},
-                                                      col ? col->ref() : octet::quantized_ref<R>{}, opt);
-                        });
+                        octet::quantize_options opt;
+                        opt.collect_stats = collect_stats;
+                        opt.tensor_amax = static_cast<float>(tensor_amax);
+                        opt.rng = rng;
+                        const octet::quantize_result res =
+                            guarded([&] { return octet::quantize<R>(host(), xm, row_ref, col_ref, opt); });
+                        amax = at::empty({}, o.dtype(at::kFloat));
+                        *amax.data_ptr<float>() = res.amax;
+                        if (collect_stats) {
+                            stats = at::zeros({2, 8}, o.dtype(at::kDouble));
+                            put_quant_stats(stats.data_ptr<double>(), res.rowwise);
+                            put_quant_stats(stats.data_ptr<double>() + 8, res.columnwise);
+                        }
                     }
                 });
-                *amax.data_ptr<float>() = res.amax;
                 quantize_outputs out;
                 out.reserve(8);
                 for (auto* c : {&row, &col}) {
@@ -101,12 +162,7 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                     if constexpr (R::two_level) out.push_back((*c)->tensor_scale);
                 }
                 out.push_back(amax);
-                if (collect_stats) {
-                    at::Tensor stats = at::zeros({2, 8}, o.dtype(at::kDouble));
-                    put_quant_stats(stats.data_ptr<double>(), res.rowwise);
-                    put_quant_stats(stats.data_ptr<double>() + 8, res.columnwise);
-                    out.push_back(stats);
-                }
+                if (collect_stats) out.push_back(stats);
                 return out;
             }
         });
@@ -133,6 +189,15 @@ std::vector<int64_t> recipe_info(c10::string_view recipe) {
     });
 }
 
+/// Whether this build of the op libraries has CUDA kernels (OCTET_TORCH_CUDA).
+bool cuda_kernels() {
+#ifdef OCTET_TORCH_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
 }  // namespace
 }  // namespace octet_torch
 
@@ -142,12 +207,19 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
         "rounding=\"nearest_even\", int seed=0, int offset=0, bool collect_stats=False, Tensor? amax_history=None, "
         "Tensor? philox=None) -> Tensor[]");
     m.def("recipe_info(str recipe) -> int[]");
+    m.def("cuda_kernels() -> bool");
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
     m.impl("quantize", &octet_torch::quantize);
 }
 
+// Without CUDA kernels the same function answers a CUDA tensor with an error that says so.
+TORCH_LIBRARY_IMPL(octet, CUDA, m) {
+    m.impl("quantize", &octet_torch::quantize);
+}
+
 TORCH_LIBRARY_IMPL(octet, CompositeExplicitAutograd, m) {
     m.impl("recipe_info", &octet_torch::recipe_info);
+    m.impl("cuda_kernels", &octet_torch::cuda_kernels);
 }

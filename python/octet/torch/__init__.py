@@ -2,7 +2,8 @@
 
 Ops (CPU kernels from octet's host paths): cast, decode, quantize, dequantize, recipe_info,
 scaled_mm, linear_forward / linear_backward (Float8Linear), attention, the AdamW step, the
-gradient codec.
+gradient codec. CUDA kernels (octet's stream paths, on torch's current stream, scratch from torch's
+caching allocator) where the libraries were built with them (cuda_kernels()): quantize, dequantize.
 RunReport: octet's run report (monitor op library).
 
 Developing one op family: OCTET_TORCH_FAMILIES=quant,gemm (a comma-separated list) imports only
@@ -24,6 +25,7 @@ from ._quant import (  # noqa: F401
     QuantizedTensor,
     cast,
     code_dtype,
+    cuda_kernels,
     decode,
     dequantize,
     layout,

@@ -21,6 +21,12 @@ RECIPES = (
 )
 
 
+def cuda_kernels() -> bool:
+    """Whether these op libraries were built with CUDA kernels (quantize and dequantize run on CUDA
+    tensors on torch's current stream; the other ops are CPU-only for now)."""
+    return bool(_ops.cuda_kernels())
+
+
 def code_dtype(fmt: str) -> torch.dtype:
     """The torch dtype that holds one code of a format (uint8 where torch has none)."""
     return {

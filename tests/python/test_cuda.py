@@ -1,0 +1,238 @@
+"""The torch ops' CUDA kernels against their CPU kernels (octet's host path, itself checked against
+independent oracles in test_quant.py): bit for bit, every named recipe, every input dtype and
+rounding, ragged shapes and edge values; no synchronization and no allocation outside torch's
+allocator (a CUDA-graph capture and replay); opcheck and torch.compile on CUDA; errors by name.
+
+Needs a CUDA device and op libraries built with CUDA kernels (OCTET_TORCH_CUDA); otherwise the
+module is skipped and says why (the CTest test reports it skipped). OCTET_REQUIRE_CUDA=1 (the
+device suite) turns a library without CUDA kernels into a failure instead."""
+
+import os
+
+import pytest
+import torch
+
+import octet.torch as ot
+
+if not torch.cuda.is_available():
+    pytest.skip("octet-gpu-skip: no CUDA device", allow_module_level=True)
+if not ot.cuda_kernels():
+    if os.environ.get("OCTET_REQUIRE_CUDA") == "1":
+        raise RuntimeError("OCTET_REQUIRE_CUDA=1 but octet's op libraries were built without CUDA kernels")
+    pytest.skip("octet-gpu-skip: the op libraries were built without CUDA kernels (OCTET_TORCH_CUDA)",
+                allow_module_level=True)
+
+DEV = torch.device("cuda")
+SHAPES = [(1, 1), (37, 200), (130, 129), (128, 256), (0, 5)]
+INPUTS = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _sample(rows, cols, dtype, gen, edges=True):
+    """Random values over many binades, with the edge values written over the first entries: zeros
+    of both signs, the smallest subnormals and largest finite values of float32, and +-Inf/NaN."""
+    x = torch.randn(rows, cols, generator=gen) * torch.exp2(torch.randint(-12, 12, (rows, cols), generator=gen).float())
+    flat = x.view(-1)
+    if edges and flat.numel() >= 12:
+        edge = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4028235e38, -3.4028235e38, 448.0, 57344.0,
+                             float("inf"), float("-inf"), float("nan")])
+        flat[: edge.numel()] = edge
+    return x.to(dtype)
+
+
+def _bits(t):
+    """A tensor's bytes, for bitwise comparison (NaN payloads included)."""
+    return t.contiguous().view(torch.uint8).cpu() if t.numel() else t.cpu()
+
+
+def _assert_same_quantize(out_cpu, out_cuda, what):
+    assert len(out_cpu) == len(out_cuda), what
+    for i, (a, b) in enumerate(zip(out_cpu, out_cuda)):
+        assert b.device.type == "cuda", f"{what}: output {i} is on {b.device}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: output {i}: {a.dtype}{tuple(a.shape)} vs " \
+                                                          f"{b.dtype}{tuple(b.shape)}"
+        assert torch.equal(_bits(a), _bits(b)), f"{what}: output {i} differs"
+
+
+def _quantize_both(x, recipe, **kw):
+    cpu = torch.ops.octet.quantize.default(x, recipe, **kw)
+    cuda = torch.ops.octet.quantize.default(x.to(DEV), recipe, **kw)
+    return cpu, cuda
+
+
+@pytest.mark.parametrize("recipe", ot.RECIPES)
+@pytest.mark.parametrize("dtype", INPUTS)
+def test_quantize_matches_the_cpu_kernel_bit_for_bit(recipe, dtype, gen):
+    for rows, cols in SHAPES:
+        x = _sample(rows, cols, dtype, gen)
+        for rowwise, columnwise in ((True, False), (False, True), (True, True)):
+            cpu, cuda = _quantize_both(x, recipe, rowwise=rowwise, columnwise=columnwise)
+            _assert_same_quantize(cpu, cuda, f"{recipe} {dtype} {rows}x{cols} row={rowwise} col={columnwise}")
+
+
+@pytest.mark.parametrize("recipe", ot.RECIPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stochastic_rounding_matches_the_cpu_kernel(recipe, dtype, gen):
+    x = _sample(70, 300, dtype, gen)
+    for seed, offset in ((0, 0), (12345, 8), (2**40 + 3, 2**33)):
+        cpu, cuda = _quantize_both(x, recipe, columnwise=True, rounding="stochastic", seed=seed, offset=offset)
+        _assert_same_quantize(cpu, cuda, f"{recipe} {dtype} seed {seed} offset {offset}")
+    philox = torch.tensor([77, 4], dtype=torch.int64)  # the tensor form stays on the CPU
+    cpu, cuda = _quantize_both(x, recipe, rounding="stochastic", philox=philox)
+    _assert_same_quantize(cpu, cuda, f"{recipe} {dtype} philox")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise_e4m3", "tensorwise_e5m2", "nvfp4", "mxfp8_e4m3", "blockwise_1x128"])
+def test_given_amax_and_history_match_the_cpu_kernel(recipe, gen):
+    x = _sample(40, 260, torch.float32, gen, edges=False)
+    amax = float(x.abs().max())
+    for given in (amax, 2 * amax, amax / 4):
+        cpu, cuda = _quantize_both(x, recipe, tensor_amax=given)
+        _assert_same_quantize(cpu, cuda, f"{recipe} tensor_amax {given}")
+    for history in (torch.zeros(8), torch.tensor([0.0, 3 * amax, amax]), torch.tensor([float("nan"), amax])):
+        cpu, cuda = _quantize_both(x, recipe, amax_history=history)
+        _assert_same_quantize(cpu, cuda, f"{recipe} history {history.tolist()}")
+
+
+@pytest.mark.parametrize("recipe", ot.RECIPES)
+def test_statistics_match_the_cpu_kernel(recipe, gen):
+    x = _sample(90, 333, torch.float32, gen)
+    cpu, cuda = _quantize_both(x, recipe, columnwise=True, collect_stats=True)
+    _assert_same_quantize(cpu[:-1], cuda[:-1], recipe)
+    s_cpu, s_cuda = cpu[-1], cuda[-1].cpu()
+    assert s_cuda.dtype == torch.float64 and s_cuda.shape == (2, 8)
+    # amax and the counts (elements, saturated, flushed, non-finite, lost to NaN) exactly; the
+    # energies are float64 sums in another order.
+    assert torch.equal(s_cpu[:, :6], s_cuda[:, :6]), (s_cpu, s_cuda)
+    torch.testing.assert_close(s_cuda[:, 6:], s_cpu[:, 6:], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("recipe", ot.RECIPES)
+@pytest.mark.parametrize("out_dtype", INPUTS)
+def test_dequantize_matches_the_cpu_kernel_bit_for_bit(recipe, out_dtype, gen):
+    for rows, cols in SHAPES:
+        x = _sample(rows, cols, torch.float32, gen)
+        row, _, _ = ot.quantize(x, recipe)
+        on_dev = ot.QuantizedTensor(row.codes.to(DEV), row.scales.to(DEV), row.tensor_scale.to(DEV), recipe, cols)
+        a, b = row.dequantize(out_dtype), on_dev.dequantize(out_dtype)
+        assert b.device.type == "cuda" and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(_bits(a), _bits(b)), f"{recipe} {out_dtype} {rows}x{cols}"
+
+
+def test_kernels_run_on_torchs_current_stream_and_capture_into_a_cuda_graph(gen):
+    """Quantize and dequantize captured into a CUDA graph on a side stream: a synchronization or an
+    allocation outside torch's allocator would fail the capture; each replay on new data in the
+    captured input equals the eager ops."""
+    for recipe in ("tensorwise_e4m3", "blockwise_1x128", "mxfp8_e4m3", "nvfp4"):
+        x = _sample(96, 384, torch.bfloat16, gen, edges=False).to(DEV)
+        ot.quantize(x, recipe, columnwise=True)  # warm up outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            row, col, info = ot.quantize(x, recipe, columnwise=True)
+            y = row.dequantize(torch.float32)
+        for _ in range(3):
+            x.copy_(_sample(96, 384, torch.bfloat16, gen, edges=False).to(DEV))
+            g.replay()
+            r2, c2, i2 = ot.quantize(x, recipe, columnwise=True)
+            torch.cuda.synchronize()
+            for a, b in ((row.codes, r2.codes), (row.scales, r2.scales), (col.codes, c2.codes), (info["amax"], i2["amax"])):
+                assert torch.equal(_bits(a), _bits(b)), recipe
+            assert torch.equal(_bits(y), _bits(r2.dequantize(torch.float32))), recipe
+
+
+def test_opcheck_on_cuda(gen):
+    x = _sample(33, 160, torch.bfloat16, gen, edges=False).to(DEV)
+    for recipe in ("tensorwise_e4m3", "blockwise_1x128", "mxfp8_e5m2", "mxfp4", "nvfp4"):
+        for kw in (dict(rowwise=True, columnwise=True), dict(collect_stats=True)):
+            torch.library.opcheck(torch.ops.octet.quantize.default, (x, recipe), kw)
+        row, _, _ = ot.quantize(x, recipe)
+        torch.library.opcheck(torch.ops.octet.dequantize.default, (*row.raw(), recipe, row.cols, torch.float32))
+
+
+def test_torch_compile_fullgraph_on_cuda(gen):
+    def roundtrip(t):
+        row, _, info = ot.quantize(t, "mxfp8_e4m3")
+        return row.dequantize(torch.float32), info["amax"]
+
+    x = _sample(64, 256, torch.float32, gen, edges=False).to(DEV)
+    eager = roundtrip(x)
+    compiled = torch.compile(roundtrip, fullgraph=True)(x)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_errors_name_the_argument_on_cuda(gen):
+    x = _sample(8, 64, torch.float32, gen, edges=False).to(DEV)
+    with pytest.raises(ValueError, match="amax_history.*keep it on the CPU"):
+        ot.quantize(x, "tensorwise_e4m3", amax_history=torch.ones(4, device=DEV))
+    with pytest.raises(ValueError, match="philox.*keep it on the CPU"):
+        ot.quantize(x, "mxfp8_e4m3", rounding="stochastic", philox=torch.tensor([1, 0], device=DEV))
+    with pytest.raises(ValueError, match="tensor_amax.*positive amax"):
+        ot.quantize(x, "tensorwise_e4m3", tensor_amax=0.0)
+    with pytest.raises(ValueError, match="x.*strides"):
+        ot.quantize(x[:, ::2], "mxfp8_e4m3")
+    row, _, _ = ot.quantize(x, "mxfp8_e4m3")
+    with pytest.raises(ValueError, match="q_scales.*is on cpu"):
+        torch.ops.octet.dequantize(row.codes.view(torch.uint8), row.scales.view(torch.uint8).cpu(), row.tensor_scale,
+                                   "mxfp8_e4m3", 64)
+
+
+# ---- scaled_mm ----
+
+TENSOR_CORE_PAIRS = [p for p in ot.SCALED_MM_PAIRS if p[0].startswith(("tensorwise", "rowwise", "blockwise", "mxfp8"))]
+HOST_ONLY_PAIRS = [p for p in ot.SCALED_MM_PAIRS if p not in TENSOR_CORE_PAIRS]
+
+
+def _exact_operand(rows, k, gen):
+    """Values in {-1, 0, 1} with a 7 at the start of every 32 columns (so in every scale block of
+    every served recipe): every scale is a power of two and every partial sum a small integer times
+    a power of two, exact in any correct accumulator (tensor cores included), so the GPU must equal
+    the host bit for bit (as tests/cuda/gemm_device.cu argues for the C++ API)."""
+    x = torch.randint(-1, 2, (rows, k), generator=gen).float()
+    x[:, ::32] = 7.0
+    return x
+
+
+def _to_dev(q):
+    return ot.QuantizedTensor(q.codes.to(DEV), q.scales.to(DEV), q.tensor_scale.to(DEV), q.recipe, q.cols)
+
+
+@pytest.mark.parametrize("ra,rb", TENSOR_CORE_PAIRS)
+@pytest.mark.parametrize("out_dtype", INPUTS)
+def test_scaled_mm_matches_the_cpu_kernel_on_exact_inputs(ra, rb, out_dtype, gen):
+    for m, n, k in ((1, 1, 32), (37, 70, 128), (130, 129, 256), (64, 200, 96), (5, 3, 0)):
+        a, _, _ = ot.quantize(_exact_operand(m, k, gen), ra)
+        b, _, _ = ot.quantize(_exact_operand(n, k, gen), rb)
+        bias = torch.randint(-3, 4, (n,), generator=gen).float()
+        c = torch.randint(-3, 4, (m, n), generator=gen).to(out_dtype)
+        for kw in (dict(), dict(alpha=0.5, bias=bias), dict(alpha=2.0, beta=0.25, c=c, bias=bias)):
+            host = ot.scaled_mm(a, b, out_dtype=out_dtype, **kw)
+            dev_kw = {key: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for key, v in kw.items()}
+            dev = ot.scaled_mm(_to_dev(a), _to_dev(b), out_dtype=out_dtype, **dev_kw)
+            assert dev.device.type == "cuda" and dev.dtype == out_dtype and dev.shape == (m, n)
+            assert torch.equal(_bits(host), _bits(dev)), f"{ra} x {rb} {m}x{n}x{k} {list(kw)}"
+
+
+@pytest.mark.parametrize("ra,rb", HOST_ONLY_PAIRS)
+def test_scaled_mm_pairs_without_tensor_core_kernels_say_so(ra, rb, gen):
+    a, _, _ = ot.quantize(_exact_operand(16, 64, gen), ra)
+    b, _, _ = ot.quantize(_exact_operand(8, 64, gen), rb)
+    with pytest.raises(ValueError, match="no CUDA backend"):
+        ot.scaled_mm(_to_dev(a), _to_dev(b))
+
+
+def test_scaled_mm_on_cuda_captures_and_checks_devices(gen):
+    a, _, _ = ot.quantize(_exact_operand(64, 128, gen).to(DEV), "blockwise_1x128")
+    b, _, _ = ot.quantize(_exact_operand(48, 128, gen).to(DEV), "blockwise_128x128")
+    torch.library.opcheck(torch.ops.octet.scaled_mm.default,
+                          (*a.raw(), a.recipe, *b.raw(), b.recipe, 128), dict(out_dtype=torch.bfloat16))
+    eager = ot.scaled_mm(a, b)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = ot.scaled_mm(a, b)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(eager), _bits(captured))
+    with pytest.raises(ValueError, match="b_codes.*is on cpu"):
+        ot.scaled_mm(a, ot.QuantizedTensor(b.codes.cpu(), b.scales, b.tensor_scale, b.recipe, b.cols))
+    with pytest.raises(ValueError, match="bias.*is on cpu"):
+        ot.scaled_mm(a, b, bias=torch.zeros(48))
