@@ -14,6 +14,7 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <vector>
 
@@ -53,15 +54,16 @@ master_layout master_of(std::string_view master, const char* op) {
     });
 }
 
-void check_state_tensor(const at::Tensor& t, const char* arg, at::ScalarType dtype, int64_t numel) {
-    check_tensor(t, step_op, arg, {dtype});
+void check_state_tensor(const at::Tensor& t, const char* arg, at::ScalarType dtype, int64_t numel,
+                        c10::DeviceType device) {
+    check_tensor(t, step_op, arg, {dtype}, device);
     check_vector(t, step_op, arg);
     TORCH_CHECK_VALUE(t.numel() == numel, where(step_op, arg), "has ", t.numel(), " elements; ", numel,
                       " expected (allocate it with the sizes octet::adamw_state_sizes gives)");
 }
 
-void check_meta(const at::Tensor& t, const char* arg, const codec_layout& l) {
-    check_state_tensor(t, arg, at::kByte, l.meta_bytes);
+void check_meta(const at::Tensor& t, const char* arg, const codec_layout& l, c10::DeviceType device) {
+    check_state_tensor(t, arg, at::kByte, l.meta_bytes, device);
     TORCH_CHECK_VALUE(l.meta_bytes == 0 || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % l.meta_align == 0,
                       where(step_op, arg), "is not aligned to ", l.meta_align,
                       " bytes (the codec's meta are floats); pass a tensor of its own, not an offset view");
@@ -80,29 +82,30 @@ at::Tensor adamw_step(const at::Tensor& params, const at::Tensor& compensation, 
                       c10::string_view master, double lr, double beta1, double beta2, double eps, double weight_decay,
                       int64_t step, int64_t seed, c10::string_view on_nonfinite, int64_t element_offset) {
     const master_layout ml = master_of(master, step_op);
-    check_tensor(params, step_op, "params", {ml.weight_dtype});
+    const c10::DeviceType device = kernel_device(params, step_op, "params");
+    check_tensor(params, step_op, "params", {ml.weight_dtype}, device);
     check_vector(params, step_op, "params");
     const auto n = static_cast<std::size_t>(params.numel());
     const codec_layout mc = layout_of(m_codec, step_op, "m_codec", n);
     const codec_layout vc = layout_of(v_codec, step_op, "v_codec", n);
     TORCH_CHECK_VALUE(m_codec == v_codec, where(step_op, "v_codec"), "is '", std::string(v_codec), "' and m_codec '",
                       std::string(m_codec), "'; this build instantiates the step with the same codec for both moments");
-    check_tensor(grads, step_op, "grads", {at::kFloat, at::kBFloat16});
+    check_tensor(grads, step_op, "grads", {at::kFloat, at::kBFloat16}, device);
     check_vector(grads, step_op, "grads");
     TORCH_CHECK_VALUE(grads.sizes() == params.sizes(), where(step_op, "grads"), "has shape ", grads.sizes(),
                       "; params has ", params.sizes(), " (one gradient per parameter)");
     if (ml.has_compensation) {
-        check_state_tensor(compensation, "compensation", at::kBFloat16, params.numel());
+        check_state_tensor(compensation, "compensation", at::kBFloat16, params.numel(), device);
     } else {
         TORCH_CHECK_VALUE(compensation.defined() && compensation.numel() == 0, where(step_op, "compensation"), "has ",
                           compensation.defined() ? compensation.numel() : 0, " elements; master '", std::string(master),
                           "' keeps none (pass an empty tensor)");
-        check_tensor(compensation, step_op, "compensation", {at::kBFloat16, at::kFloat, at::kByte});
+        check_tensor(compensation, step_op, "compensation", {at::kBFloat16, at::kFloat, at::kByte}, device);
     }
-    check_state_tensor(m_codes, "m_codes", mc.code_dtype, params.numel());
-    check_state_tensor(v_codes, "v_codes", vc.code_dtype, params.numel());
-    check_meta(m_meta, "m_meta", mc);
-    check_meta(v_meta, "v_meta", vc);
+    check_state_tensor(m_codes, "m_codes", mc.code_dtype, params.numel(), device);
+    check_state_tensor(v_codes, "v_codes", vc.code_dtype, params.numel(), device);
+    check_meta(m_meta, "m_meta", mc, device);
+    check_meta(v_meta, "v_meta", vc, device);
     // the step reads and writes every one of these in one pass: no two may share memory
     const std::pair<const at::Tensor*, const char*> all[] = {{&params, "params"},   {&compensation, "compensation"},
                                                              {&m_codes, "m_codes"}, {&m_meta, "m_meta"},
@@ -125,17 +128,22 @@ at::Tensor adamw_step(const at::Tensor& params, const at::Tensor& compensation, 
     h.weight_decay = static_cast<float>(weight_decay);
     h.on_nonfinite = parse_policy(on_nonfinite);
     h.seed = static_cast<std::uint64_t>(seed);
-    const step_args a{params,
-                      compensation,
-                      m_codes,
-                      m_meta,
-                      v_codes,
-                      v_meta,
-                      grads,
-                      h,
-                      static_cast<std::uint64_t>(step),
-                      static_cast<float>(lr),
-                      static_cast<std::uint64_t>(element_offset)};
+    step_args a{params,
+                compensation,
+                m_codes,
+                m_meta,
+                v_codes,
+                v_meta,
+                grads,
+                h,
+                static_cast<std::uint64_t>(step),
+                static_cast<float>(lr),
+                static_cast<std::uint64_t>(element_offset)};
+    // The report: three int64 counts, filled by the host step or, on CUDA, by the kernels on the
+    // stream (octet::adamw_report is three uint64, so the tensor is its device memory).
+    static_assert(sizeof(octet::adamw_report) == 3 * sizeof(int64_t), "adamw_report is three uint64 counts");
+    at::Tensor report = at::empty({3}, params.options().dtype(at::kLong));
+    a.device_report = device == c10::DeviceType::CUDA ? static_cast<octet::adamw_report*>(report.data_ptr()) : nullptr;
     octet::adamw_report r;
     if (master == "fp32")
         r = step_master_fp32(m_codec, a);
@@ -145,11 +153,12 @@ at::Tensor adamw_step(const at::Tensor& params, const at::Tensor& compensation, 
         r = step_master_bf16_stochastic(m_codec, a);
     else
         r = step_master_bf16_kahan(m_codec, a);
-    at::Tensor report = at::empty({3}, params.options().dtype(at::kLong));
-    auto* out = report.data_ptr<int64_t>();
-    out[0] = static_cast<int64_t>(r.nonfinite_gradients);
-    out[1] = static_cast<int64_t>(r.blocks_zeroed);
-    out[2] = static_cast<int64_t>(r.skipped);
+    if (device == c10::DeviceType::CPU) {
+        auto* out = report.data_ptr<int64_t>();
+        out[0] = static_cast<int64_t>(r.nonfinite_gradients);
+        out[1] = static_cast<int64_t>(r.blocks_zeroed);
+        out[2] = static_cast<int64_t>(r.skipped);
+    }
     return report;
 }
 
@@ -171,9 +180,24 @@ std::vector<int64_t> adamw_state_sizes(c10::string_view m_codec, c10::string_vie
 
 at::Tensor adamw_count_nonfinite(const at::Tensor& grads) {
     constexpr const char* op = "adamw_count_nonfinite";
-    check_tensor(grads, op, "grads", {at::kFloat, at::kBFloat16});
+    const c10::DeviceType device = kernel_device(grads, op, "grads");
+    check_tensor(grads, op, "grads", {at::kFloat, at::kBFloat16}, device);
     check_vector(grads, op, "grads");
     const auto n = static_cast<std::size_t>(grads.numel());
+    if (device == c10::DeviceType::CUDA) {
+#ifdef OCTET_TORCH_CUDA
+        const c10::cuda::CUDAGuard guard(grads.device());
+        at::Tensor report = at::zeros({3}, grads.options().dtype(at::kLong));  // an octet::adamw_report
+        auto* r = static_cast<octet::adamw_report*>(report.data_ptr());
+        guarded([&] {
+            if (grads.scalar_type() == at::kBFloat16)
+                device::count_nonfinite(device_executor(grads), span_of<const octet::bf16>(grads, n), r);
+            else
+                device::count_nonfinite(device_executor(grads), span_of<const float>(grads, n), r);
+        });
+        return report[0];
+#endif
+    }
     const std::uint64_t count = guarded([&] {
         if (grads.scalar_type() == at::kBFloat16)
             return octet::count_nonfinite(host(), span_of<const octet::bf16>(grads, n));
@@ -199,6 +223,12 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
+    m.impl("adamw_step", &octet_torch::optim::adamw_step);
+    m.impl("adamw_count_nonfinite", &octet_torch::optim::adamw_count_nonfinite);
+}
+
+// Without CUDA kernels the same functions answer a CUDA tensor with an error that says so.
+TORCH_LIBRARY_IMPL(octet, CUDA, m) {
     m.impl("adamw_step", &octet_torch::optim::adamw_step);
     m.impl("adamw_count_nonfinite", &octet_torch::optim::adamw_count_nonfinite);
 }

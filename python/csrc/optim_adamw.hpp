@@ -13,6 +13,10 @@
 
 #include "octet/optim/adamw.hpp"
 #include "octet_torch.hpp"
+#ifdef OCTET_TORCH_CUDA
+#include "octet_torch_cuda.hpp"
+#include "optim_device.hpp"
+#endif
 
 namespace octet_torch {
 namespace optim {
@@ -67,6 +71,9 @@ struct step_args {
     std::uint64_t step;
     float lr;
     std::uint64_t element_offset;
+    /// On CUDA: the report's device memory (the step fills it on the stream; the host report
+    /// run_step returns is then empty).
+    octet::adamw_report* device_report = nullptr;
 };
 
 template <class T>
@@ -87,6 +94,20 @@ octet::adamw_report run_step(const step_args& a) {
     ref.m_meta = span_of<typename Codec::meta_type>(a.m_meta, octet::state_meta_count<Codec>(n));
     ref.v_meta = span_of<typename Codec::meta_type>(a.v_meta, octet::state_meta_count<Codec>(n));
     ref.element_offset = a.element_offset;
+    if (a.device_report) {
+#ifdef OCTET_TORCH_CUDA
+        const c10::cuda::CUDAGuard guard(a.params.device());
+        const octet::stream_executor ex = device_executor(a.params);
+        guarded([&] {
+            if (a.grads.scalar_type() == at::kBFloat16)
+                device::adamw_step(ex, ref, span_of<const octet::bf16>(a.grads, n), a.hyper, a.step, a.lr,
+                                   a.device_report);
+            else
+                device::adamw_step(ex, ref, span_of<const float>(a.grads, n), a.hyper, a.step, a.lr, a.device_report);
+        });
+#endif
+        return {};
+    }
     return guarded([&] {
         if (a.grads.scalar_type() == at::kBFloat16)
             return octet::adamw_step(host(), ref, span_of<const octet::bf16>(a.grads, n), a.hyper, a.step, a.lr);

@@ -1,5 +1,5 @@
-"""The torch ops' CUDA kernels against their CPU kernels (octet's host path, itself checked against
-independent oracles in test_quant.py): bit for bit, every named recipe, every input dtype and
+"""The torch ops' CUDA kernels against their CPU kernels (octet's host paths, themselves checked
+against independent oracles in test_quant.py, test_gemm.py and test_optim.py): bit for bit, every named recipe, every input dtype and
 rounding, ragged shapes and edge values; no synchronization and no allocation outside torch's
 allocator (a CUDA-graph capture and replay); opcheck and torch.compile on CUDA; errors by name.
 
@@ -236,3 +236,94 @@ def test_scaled_mm_on_cuda_captures_and_checks_devices(gen):
         ot.scaled_mm(a, ot.QuantizedTensor(b.codes.cpu(), b.scales, b.tensor_scale, b.recipe, b.cols))
     with pytest.raises(ValueError, match="bias.*is on cpu"):
         ot.scaled_mm(a, b, bias=torch.zeros(48))
+
+
+# ---- the fused AdamW step ----
+
+from octet.torch import optim as oo  # noqa: E402
+
+
+def _state_to(state, device):
+    return {k: v.to(device) for k, v in state.items()}
+
+
+def _bitwise_equal_states(a, b):
+    return all(torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
+
+
+@pytest.mark.parametrize("codec", oo.CODECS)
+@pytest.mark.parametrize("master", oo.MASTERS)
+def test_adamw_step_matches_the_cpu_kernel_bit_for_bit(codec, master, gen):
+    pdt = torch.float32 if master == "fp32" else torch.bfloat16
+    for n, gdt in ((1000, torch.float32), (513, torch.bfloat16), (256, torch.float32), (0, torch.float32)):
+        p_cpu = torch.randn(n, generator=gen).to(pdt)
+        s_cpu = oo.new_state(p_cpu, codec, codec, master)
+        p_dev, s_dev = p_cpu.to(DEV), _state_to(s_cpu, DEV)
+        for step in range(1, 4):
+            g = (torch.randn(n, generator=gen) * 10.0 ** float(step - 2)).to(gdt)
+            if n > 300 and step == 3:
+                g[260] = float("nan")  # the second block is zeroed, the rest steps
+            kw = dict(m_codec=codec, v_codec=codec, master=master, lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8,
+                      weight_decay=0.05, step=step, seed=11, on_nonfinite="zero_block", element_offset=512)
+            r_cpu = oo.adamw_step(p_cpu, s_cpu, g, **kw)
+            r_dev = oo.adamw_step(p_dev, s_dev, g.to(DEV), **kw)
+            what = f"{codec}/{master} n={n} {gdt} step {step}"
+            assert r_dev.device.type == "cuda" and torch.equal(r_cpu, r_dev.cpu()), what
+            assert torch.equal(_bits(p_cpu), _bits(p_dev)), what
+            assert _bitwise_equal_states(s_cpu, s_dev), what
+
+
+def test_adamw_optimizer_on_cuda_matches_the_cpu_run(gen):
+    """octet.torch.AdamW over a small model on CUDA and on the CPU: the same bits after every step,
+    a skipped step (a NaN gradient under skip_step) included, and the same reports."""
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    model = torch.nn.Sequential(torch.nn.Linear(40, 300), torch.nn.GELU(), torch.nn.Linear(300, 7))
+    twin = [p.detach().clone().to(DEV).requires_grad_() for p in model.parameters()]
+    opt_cpu = ot.AdamW(model.parameters(), lr=3e-3, m_codec="e4m3_expanded", v_codec="e4m3_expanded")
+    opt_dev = ot.AdamW(twin, lr=3e-3, m_codec="e4m3_expanded", v_codec="e4m3_expanded")
+    for step in range(4):
+        for p, q in zip(model.parameters(), twin):
+            g = torch.randn(p.shape, generator=gen)
+            if step == 2:
+                g.view(-1)[0] = float("inf")
+            p.grad, q.grad = g, g.to(DEV)
+        opt_cpu.step()
+        opt_dev.step()
+        assert opt_cpu.report == opt_dev.report, step
+        for p, q in zip(model.parameters(), twin):
+            assert torch.equal(_bits(p.detach()), _bits(q.detach())), step
+    assert opt_dev.totals["skipped"] == 1
+
+
+def test_adamw_ops_opcheck_capture_and_errors_on_cuda(gen):
+    p = torch.randn(700, generator=gen, device="cpu").to(DEV)
+    s = oo.new_state(p, "dynamic8", "dynamic8", "fp32")
+    g = torch.randn(700, generator=gen).to(DEV)
+    args = (p, s["compensation"], s["m_codes"], s["m_meta"], s["v_codes"], s["v_meta"], g, "dynamic8", "dynamic8",
+            "fp32", 1e-3, 0.9, 0.999, 1e-8, 0.01, 3, 5, "skip_step", 256)
+    torch.library.opcheck(torch.ops.octet.adamw_step.default, args)
+    for t in (g, torch.tensor([1.0, float("nan"), float("inf"), 2.0**63, 2.0**62], device=DEV).bfloat16(),
+              torch.empty(0, device=DEV)):
+        torch.library.opcheck(torch.ops.octet.adamw_count_nonfinite.default, (t,))
+        assert int(torch.ops.octet.adamw_count_nonfinite(t)) == int(torch.ops.octet.adamw_count_nonfinite(t.cpu()))
+    # a step captured into a CUDA graph replays as the eager step does
+    p2, s2 = p.clone(), {k: v.clone() for k, v in s.items()}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.octet.adamw_step(p2, s2["compensation"], s2["m_codes"], s2["m_meta"], s2["v_codes"], s2["v_meta"],
+                                   g, *args[7:])
+    p3, s3 = p.clone(), {k: v.clone() for k, v in s.items()}
+    p2.copy_(p3)
+    for k in s2:
+        s2[k].copy_(s3[k])
+    graph.replay()
+    torch.ops.octet.adamw_step(p3, s3["compensation"], s3["m_codes"], s3["m_meta"], s3["v_codes"], s3["v_meta"], g,
+                               *args[7:])
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(p2), _bits(p3)) and _bitwise_equal_states(s2, s3)
+    with pytest.raises(ValueError, match="grads.*is on cpu"):
+        torch.ops.octet.adamw_step(p, s["compensation"], s["m_codes"], s["m_meta"], s["v_codes"], s["v_meta"],
+                                   g.cpu(), *args[7:])
+    with pytest.raises(ValueError, match="m_meta.*is on cpu"):
+        torch.ops.octet.adamw_step(p, s["compensation"], s["m_codes"], s["m_meta"].cpu(), s["v_codes"], s["v_meta"],
+                                   g, *args[7:])

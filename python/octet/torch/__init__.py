@@ -3,7 +3,8 @@
 Ops (CPU kernels from octet's host paths): cast, decode, quantize, dequantize, recipe_info,
 scaled_mm, linear_forward / linear_backward (Float8Linear), attention, the AdamW step, the
 gradient codec. CUDA kernels (octet's stream paths, on torch's current stream, scratch from torch's
-caching allocator) where the libraries were built with them (cuda_kernels()): quantize, dequantize.
+caching allocator) where the libraries were built with them (cuda_kernels()): quantize, dequantize,
+scaled_mm, adamw_step, adamw_count_nonfinite (so AdamW steps CUDA parameters).
 RunReport: octet's run report (monitor op library).
 
 Developing one op family: OCTET_TORCH_FAMILIES=quant,gemm (a comma-separated list) imports only

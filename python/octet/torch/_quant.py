@@ -22,8 +22,9 @@ RECIPES = (
 
 
 def cuda_kernels() -> bool:
-    """Whether these op libraries were built with CUDA kernels (quantize and dequantize run on CUDA
-    tensors on torch's current stream; the other ops are CPU-only for now)."""
+    """Whether these op libraries were built with CUDA kernels: quantize, dequantize, scaled_mm and
+    the AdamW ops then take CUDA tensors and run on torch's current stream (the other ops are
+    CPU-only for now)."""
     return bool(_ops.cuda_kernels())
 
 

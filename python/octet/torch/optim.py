@@ -89,6 +89,20 @@ def adamw_step(param, state, grad, *, m_codec, v_codec, master, lr, beta1, beta2
                            step, seed, on_nonfinite, element_offset)
 
 
+def _device_sums(tensors, width):
+    """The element-wise sums of int64 tensors (each `width` counts, or 0-d when width is 1) as
+    Python ints: one device-to-host copy per device (a CUDA step's reports are read once per step,
+    not once per parameter)."""
+    total = [0] * width
+    by_device = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t.reshape(width))
+    for ts in by_device.values():
+        for i, v in enumerate(torch.stack(ts).sum(0).tolist()):
+            total[i] += v
+    return total
+
+
 def _check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"octet.torch.AdamW: argument '{name}' is {value!r}; pass one of {', '.join(choices)}")
@@ -181,12 +195,13 @@ class AdamW(torch.optim.Optimizer):
         # nothing offends step with zero_block, which then reads each gradient once and is bitwise
         # the same as skip_step on clean gradients.
         scan = [self._grad(p) for p, g in work if g["on_nonfinite"] == "skip_step"]
-        bad = int(sum(_ops.adamw_count_nonfinite(x) for x in scan)) if scan else 0
+        bad = _device_sums([_ops.adamw_count_nonfinite(x) for x in scan], 1)[0]
         report = dict.fromkeys(REPORT_FIELDS, 0)
         if bad:
             report.update(nonfinite_gradients=bad, skipped=1)
         else:
             offsets = self._element_offsets() if any(not self.state[p] for p, _ in work) else None
+            reports = []
             for p, g in work:
                 state = self._init_state(p, g, offsets)
                 beta1, beta2 = g["betas"]
@@ -194,10 +209,11 @@ class AdamW(torch.optim.Optimizer):
                                master=g["master"], lr=float(g["lr"]), beta1=float(beta1), beta2=float(beta2),
                                eps=float(g["eps"]), weight_decay=float(g["weight_decay"]), step=state["step"] + 1,
                                seed=int(g["seed"]), on_nonfinite="zero_block",
-                               element_offset=state["element_offset"]).tolist()
+                               element_offset=state["element_offset"])
+                reports.append(r)
                 state["step"] += 1
-                report["nonfinite_gradients"] += r[0]
-                report["blocks_zeroed"] += r[1]
+            nonfinite, zeroed, _ = _device_sums(reports, 3)
+            report.update(nonfinite_gradients=nonfinite, blocks_zeroed=zeroed)
         self.report = report
         for k in REPORT_FIELDS:
             self.totals[k] += report[k]
