@@ -3,6 +3,8 @@
 //   octet::scaled_gemm(octet::on_stream(s), A, B, D, opt);       // D = alpha * A B^T + bias
 //   octet::scaled_gemm(octet::on_stream(s), A, B, C, D, opt);    // ... + beta * C
 //   octet::scaled_gemm(octet::on_stream(s), A, B, Dq, opt, device_amax);  // quantized D
+// (the entries are scaled_gemm.hpp's, one per form for every executor; this header adds the
+// stream's half, detail::gemm_executor_backend<stream_executor>)
 //   octet::scaled_gemm_scratch_bytes(ex, A, B, D, opt);         // scratch the call requests from ex
 //
 // Enqueued on the executor's stream, never a host sync: the GEMM kernel (octet's backends: one
@@ -126,8 +128,7 @@ template <class RA, class RB, class CT, class DT>
 gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
                                const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
     constexpr const char* fn = "octet::scaled_gemm";
-    const cudaStream_t stream = ex.stream;
-    check_gemm_args(A, B, C, D, opt, C != nullptr);
+    const cudaStream_t stream = ex.stream;  // the arguments were checked by the entry (scaled_gemm.hpp)
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     gemm_result result;
     OCTET_REQUIRE(opt.backend != gemm_backend::host, fn, "options.backend",
@@ -168,13 +169,6 @@ gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<R
     return result;
 }
 
-template <class T>
-matrix_ref<storage_of_t<T>> as_storage(const matrix_ref<T>& m) {
-    using S = storage_of_t<T>;
-    using Q = std::conditional_t<std::is_const_v<T>, const S, S>;
-    return matrix_ref<Q>(reinterpret_cast<Q*>(m.data), m.rows, m.cols, m.ld, m.order);
-}
-
 }  // namespace detail
 
 /// Why `backend` cannot run scaled_gemm of (RA x RB) with inner dimension K on the current GPU with
@@ -195,51 +189,44 @@ std::string scaled_gemm_support(const stream_executor& ex, gemm_backend backend,
                            detail::gemm_device_backends_serving<RA, RB>(ex, K, opt));
 }
 
-/// D = alpha * dequant(A) * dequant(B)^T + bias on a stream (device memory).
-template <class RA, class BA, class RB, class BB, class DT>
-gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D,
-                        const gemm_options& opt = {}) {
-    using D0 = detail::storage_of_t<DT>;
-    static_assert(detail::is_gemm_output_v<D0>,
-                  "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
-    return detail::scaled_gemm_device<RA, RB, float, D0>(
-        ex, A, B, nullptr, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order), opt);
-}
+namespace detail {
 
-/// D = alpha * dequant(A) * dequant(B)^T + beta * C + bias on a stream. C may be D itself.
-template <class RA, class BA, class RB, class BB, class CT, class DT>
-gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C,
-                        matrix_ref<DT> D, const gemm_options& opt = {}) {
-    using D0 = detail::storage_of_t<DT>;
-    using C0 = detail::storage_of_t<std::remove_const_t<CT>>;
-    static_assert(detail::is_gemm_output_v<D0>,
-                  "octet::scaled_gemm: D must be float, bf16 or fp16 (or a quantized_ref)");
-    static_assert(detail::is_gemm_output_v<C0>, "octet::scaled_gemm: C must be float, bf16 or fp16");
-    const matrix_ref<const C0> c(reinterpret_cast<const C0*>(C.data), C.rows, C.cols, C.ld, C.order);
-    return detail::scaled_gemm_device<RA, RB, C0, D0>(
-        ex, A, B, &c, matrix_ref<D0>(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order), opt);
-}
+/// scaled_gemm on a stream (the entries, octet::scaled_gemm, are in scaled_gemm.hpp and check the
+/// executor-independent arguments first).
+template <>
+struct gemm_executor_backend<stream_executor> {
+    /// CUDA's __nv_bfloat16 / __half outputs are octet::bf16 / octet::fp16 to the kernels.
+    template <class T>
+    using element = storage_of_t<T>;
 
-/// Quantized output on a stream: the float result is computed into scratch from ex's allocator
-/// (M * N floats) and quantized with RD (quantize.cuh); if `device_amax` is set it receives the
-/// result's finite amax (device memory, overwritten). gemm_result::amax stays 0 (the value lives on
-/// the device). scaled_gemm_scratch_bytes gives the scratch the call requests. No host sync.
-template <class RA, class BA, class RB, class BB, class RD>
-gemm_result scaled_gemm(stream_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D,
-                        const gemm_options& opt = {}, float* device_amax = nullptr) {
-    detail::check_gemm_quantized_d(A, B, D, opt);  // before any work: a bad D is reported here
-    const std::size_t M = A.rows(), N = B.rows();
-    const detail::stream_scratch tmp_buf(ex, M > 0 && N > 0 ? M * N * sizeof(float) : 0);
-    float* tmp = tmp_buf.as<float>();
-    const gemm_result r = scaled_gemm(ex, A, B, matrix_ref<float>(tmp, M, N), opt);
-    device_quantize_options qo;
-    if (device_amax) {
-        OCTET_CUDA_CHECK(cudaMemsetAsync(device_amax, 0, sizeof(float), ex.stream));
-        qo.device_record = device_amax;
+    /// Enqueued on ex.stream: the chosen backend's kernel (or cuBLASLt's preparation and matmul).
+    template <class RA, class RB, class CT, class DT>
+    static gemm_result run(const stream_executor& ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                           const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+        return scaled_gemm_device<RA, RB, CT, DT>(ex, A, B, C, D, opt);
     }
-    quantize<RD>(ex, matrix_ref<const float>(tmp, M, N), D, {}, qo);
-    return r;
-}
+
+    /// The float result in M * N floats of scratch from ex's allocator, then quantized with RD on the
+    /// stream; device_amax (if set) receives the result's finite amax. No host sync.
+    template <class RA, class RB, class RD>
+    static gemm_result run_quantized(const stream_executor& ex, const quantized_cref<RA>& A,
+                                     const quantized_cref<RB>& B, const quantized_ref<RD>& D, const gemm_options& opt,
+                                     float* device_amax) {
+        const std::size_t M = A.rows(), N = B.rows();
+        const stream_scratch tmp_buf(ex, M > 0 && N > 0 ? M * N * sizeof(float) : 0);
+        float* tmp = tmp_buf.as<float>();
+        const gemm_result r = run<RA, RB, float, float>(ex, A, B, nullptr, matrix_ref<float>(tmp, M, N), opt);
+        device_quantize_options qo;
+        if (device_amax) {
+            OCTET_CUDA_CHECK(cudaMemsetAsync(device_amax, 0, sizeof(float), ex.stream));
+            qo.device_record = device_amax;
+        }
+        quantize<RD>(ex, matrix_ref<const float>(tmp, M, N), D, {}, qo);
+        return r;
+    }
+};
+
+}  // namespace detail
 
 /// Bytes of device scratch scaled_gemm(ex, A, B, [C,] D, opt) requests from ex's allocator (the sum
 /// of its requests, each rounded up to 256: an arena of this size serves the call). octet's own

@@ -68,6 +68,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -757,57 +758,88 @@ void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quant
     host_scaled_gemm_tiled<host_gemm_tile_portable>(ex, A, B, C, D, opt);
 }
 
-template <class RA, class BA, class RB, class BB, class CT, class DT>
-gemm_result scaled_gemm_host_entry(host_executor ex, const quantized_ref<RA, BA>& A_in,
-                                   const quantized_ref<RB, BB>& B_in, const matrix_ref<CT>* C_in,
-                                   const matrix_ref<DT>& D, const gemm_options& opt) {
-    using C0 = std::remove_const_t<CT>;
-    static_assert(is_gemm_output_v<DT>,
+/// The executor half of octet::scaled_gemm, specialized per executor: `element<T>` maps the caller's
+/// element type to octet's (the stream's also takes CUDA's __nv_bfloat16 / __half); run(ex, A, B, C,
+/// D, opt) with the arguments already checked by the entry (C null when absent); run_quantized(ex,
+/// A, B, D, opt, device_amax) for a quantized D. The host's is here, the stream's in scaled_gemm.cuh.
+template <class Executor>
+struct gemm_executor_backend;
+
+template <>
+struct gemm_executor_backend<host_executor> {
+    template <class T>
+    using element = T;
+
+    template <class RA, class RB, class CT, class DT>
+    static gemm_result run(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                           const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+        check_host_backend(opt);
+        host_scaled_gemm<RA, RB, CT, DT>(ex, A, B, C, D, opt);
+        gemm_result result;
+        result.backend = gemm_backend::host;
+        return result;
+    }
+
+    /// The float result in a host vector, then quantized with RD; its amax is returned.
+    template <class RA, class RB, class RD>
+    static gemm_result run_quantized(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                                     const quantized_ref<RD>& D, const gemm_options& opt, float* device_amax) {
+        OCTET_REQUIRE(device_amax == nullptr, "octet::scaled_gemm", "device_amax",
+                      "is for a stream executor; on the host the amax is returned in gemm_result::amax");
+        const std::size_t M = A.rows(), N = B.rows();
+        std::vector<float> tmp(M * N);
+        gemm_result r = run<RA, RB, float, float>(ex, A, B, nullptr, matrix_ref<float>(tmp.data(), M, N), opt);
+        r.amax = quantize<RD>(ex, matrix_ref<const float>(tmp.data(), M, N), D).amax;
+        return r;
+    }
+};
+
+/// The entry of the matrix-output forms: element types, the checks every backend shares, then the
+/// executor's backend.
+template <class Executor, class RA, class BA, class RB, class BB, class CT, class DT>
+gemm_result scaled_gemm_entry(const Executor& ex, const quantized_ref<RA, BA>& A, const quantized_ref<RB, BB>& B,
+                              const matrix_ref<CT>* C_in, const matrix_ref<DT>& D_in, const gemm_options& opt) {
+    using backend = gemm_executor_backend<Executor>;
+    using D0 = typename backend::template element<DT>;
+    using C0 = typename backend::template element<std::remove_const_t<CT>>;
+    static_assert(is_gemm_output_v<D0>,
                   "octet::scaled_gemm: D must be float, octet::bf16 or octet::fp16 (or a quantized_ref)");
     static_assert(is_gemm_output_v<C0>, "octet::scaled_gemm: C must be float, octet::bf16 or octet::fp16");
-    check_gemm_args(A_in, B_in, C_in, D, opt, C_in != nullptr);
-    check_host_backend(opt);
-    const quantized_cref<RA> A = A_in;
-    const quantized_cref<RB> B = B_in;
-    gemm_result result;
-    result.backend = gemm_backend::host;
-    if (C_in) {
-        const matrix_ref<const C0> C = *C_in;
-        host_scaled_gemm<RA, RB, C0, DT>(ex, A, B, &C, D, opt);
-    } else {
-        host_scaled_gemm<RA, RB, float, DT>(ex, A, B, nullptr, D, opt);
-    }
-    return result;
+    const matrix_ref<D0> D(reinterpret_cast<D0*>(D_in.data), D_in.rows, D_in.cols, D_in.ld, D_in.order);
+    std::optional<matrix_ref<const C0>> C;
+    if (C_in) C.emplace(reinterpret_cast<const C0*>(C_in->data), C_in->rows, C_in->cols, C_in->ld, C_in->order);
+    check_gemm_args(A, B, C ? &*C : nullptr, D, opt, C_in != nullptr);
+    return backend::template run<RA, RB, C0, D0>(ex, A, B, C ? &*C : nullptr, D, opt);
 }
 
 }  // namespace detail
 
-/// D = alpha * dequant(A) * dequant(B)^T + bias, on the host (D float, bf16 or fp16).
-template <class RA, class BA, class RB, class BB, class DT>
-gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D,
+/// D = alpha * dequant(A) * dequant(B)^T + bias on the executor: the host (D float, octet::bf16 or
+/// octet::fp16, host memory) or a CUDA stream (octet/gemm/scaled_gemm.cuh: device memory; D may also
+/// be __nv_bfloat16 / __half; enqueues, never synchronizes).
+template <class RA, class BA, class RB, class BB, class DT, class Executor>
+gemm_result scaled_gemm(const Executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<DT> D,
                         const gemm_options& opt = {}) {
-    return detail::scaled_gemm_host_entry<RA, BA, RB, BB, const float, DT>(ex, A, B, nullptr, D, opt);
+    return detail::scaled_gemm_entry<Executor>(ex, A, B, static_cast<const matrix_ref<const float>*>(nullptr), D, opt);
 }
 
-/// D = alpha * dequant(A) * dequant(B)^T + beta * C + bias, on the host. C may be D itself.
-template <class RA, class BA, class RB, class BB, class CT, class DT>
-gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C,
+/// D = alpha * dequant(A) * dequant(B)^T + beta * C + bias on the executor. C may be D itself.
+template <class RA, class BA, class RB, class BB, class CT, class DT, class Executor>
+gemm_result scaled_gemm(const Executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C,
                         matrix_ref<DT> D, const gemm_options& opt = {}) {
-    return detail::scaled_gemm_host_entry<RA, BA, RB, BB, CT, DT>(ex, A, B, &C, D, opt);
+    return detail::scaled_gemm_entry<Executor>(ex, A, B, &C, D, opt);
 }
 
 /// Quantized output: the float result alpha * A B^T + bias is quantized into D with recipe RD
-/// (octet::quantize's contract); the result's amax is returned in gemm_result::amax.
-template <class RA, class BA, class RB, class BB, class RD>
-gemm_result scaled_gemm(host_executor ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D,
-                        const gemm_options& opt = {}) {
-    detail::check_gemm_quantized_d(A, B, D, opt);
-    detail::check_host_backend(opt);
-    const std::size_t M = A.rows(), N = B.rows();
-    std::vector<float> tmp(M * N);
-    gemm_result r = scaled_gemm(ex, A, B, matrix_ref<float>(tmp.data(), M, N), opt);
-    r.amax = quantize<RD>(ex, matrix_ref<const float>(tmp.data(), M, N), D).amax;
-    return r;
+/// (octet::quantize's contract). On the host its amax is returned in gemm_result::amax; on a stream
+/// the float result lives in M * N floats of scratch from the executor's allocator, and
+/// `device_amax` (device memory, overwritten; null to skip) receives the amax while
+/// gemm_result::amax stays 0 (scaled_gemm_scratch_bytes gives the scratch; no host sync).
+template <class RA, class BA, class RB, class BB, class RD, class Executor>
+gemm_result scaled_gemm(const Executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, quantized_ref<RD> D,
+                        const gemm_options& opt = {}, float* device_amax = nullptr) {
+    detail::check_gemm_quantized_d(A, B, D, opt);  // before any work: a bad D is reported here
+    return detail::gemm_executor_backend<Executor>::template run_quantized<RA, RB, RD>(ex, A, B, D, opt, device_amax);
 }
 
 }  // namespace octet

@@ -1,6 +1,8 @@
 // octet/optim/adamw.cuh: the fused AdamW step on a CUDA stream.
 //
 //   octet::adamw_step(octet::on_stream(s), state_ref, grads, hyper, step, lr, report_device);
+//   (the entry is adamw.hpp's, one for every executor; this header adds the stream's half,
+//   optim_detail::step_backend<stream_executor>)
 //
 // Same contract and same bits as the host overload in optim/adamw.hpp: each warp runs the shared
 // OCTET_HD adamw_block on one block of 256 elements (8 per lane; group statistics by warp
@@ -115,50 +117,56 @@ void count_nonfinite(stream_executor ex, span<const Grad> grads, adamw_report* r
     OCTET_CUDA_CHECK_LAUNCH();
 }
 
-/// One fused AdamW step on the stream (see the header comment and optim/adamw.hpp).
-template <class MCodec, class VCodec, class Master, class Grad>
-void adamw_step(stream_executor ex, const adamw_state_ref<MCodec, VCodec, Master>& state, span<const Grad> grads,
-                const adamw_hyper& hyper, std::uint64_t step, float lr, adamw_report* report) {
-    using G = optim_detail::grad_storage_t<Grad>;
-    constexpr const char* fn = "octet::adamw_step";
-    optim_detail::check_step<adamw_state_ref<MCodec, VCodec, Master>, G>(fn, state, grads.size(), hyper, step, lr);
-    OCTET_REQUIRE(report != nullptr, fn, "report", "is null; pass device memory for one octet::adamw_report");
-    cuda::require_device_accessible(report, fn, "report");
-    OCTET_REQUIRE(grads.empty() || grads.data(), fn, "grads", "is null with a non-zero size");
-    optim_detail::require_device_view(state.params, fn, "state.params");
-    optim_detail::require_device_view(state.compensation, fn, "state.compensation");
-    optim_detail::require_device_view(state.m_codes, fn, "state.m_codes");
-    optim_detail::require_device_view(state.m_meta, fn, "state.m_meta");
-    optim_detail::require_device_view(state.v_codes, fn, "state.v_codes");
-    optim_detail::require_device_view(state.v_meta, fn, "state.v_meta");
-    optim_detail::require_device_view(grads, fn, "grads");
+namespace optim_detail {
 
-    OCTET_CUDA_CHECK(cudaMemsetAsync(report, 0, sizeof(adamw_report), ex.stream));
-    if (state.size() == 0) return;
-    const bool skip = hyper.on_nonfinite == grad_nonfinite_policy::skip_step;
-    if (skip) count_nonfinite(ex, grads, report);
+/// adamw_step on a stream (the entry, octet::adamw_step, is in adamw.hpp and checks the
+/// executor-independent arguments first).
+template <>
+struct step_backend<stream_executor> {
+    template <class Grad>
+    using element = grad_storage_t<Grad>;
+    using report_out = adamw_report*;
+    using result = void;
 
-    const bool vectorized = detail::is_aligned(state.params.data(), 16) &&
-                            detail::is_aligned(state.m_codes.data(), 16) &&
-                            detail::is_aligned(state.v_codes.data(), 16) && detail::is_aligned(grads.data(), 16) &&
-                            (!Master::has_compensation || detail::is_aligned(state.compensation.data(), 16));
-    const optim_detail::adamw_block_args<MCodec, VCodec, Master, G> args{state.params.data(),
-                                                                         state.compensation.data(),
-                                                                         state.m_codes.data(),
-                                                                         state.m_meta.data(),
-                                                                         state.v_codes.data(),
-                                                                         state.v_meta.data(),
-                                                                         reinterpret_cast<const G*>(grads.data()),
-                                                                         state.size(),
-                                                                         state.element_offset,
-                                                                         make_adamw_coeffs(hyper, step, lr),
-                                                                         hyper.on_nonfinite,
-                                                                         vectorized};
-    const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
-    const unsigned ctas = cuda::grid_stride_blocks(blocks * 32, optim_detail::kStepThreads, 8);
-    cuda::launch("adamw_step_kernel", optim_detail::adamw_step_kernel<MCodec, VCodec, Master, G>, ctas,
-                 optim_detail::kStepThreads, 0, ex.stream, args, report, skip);
-    OCTET_CUDA_CHECK_LAUNCH();
-}
+    /// Enqueued on ex.stream: a memset of the report, with skip_step a counting kernel, then the
+    /// step kernel (see the header comment). No scratch, no host sync.
+    template <class MCodec, class VCodec, class Master, class G>
+    static void run(const stream_executor& ex, const adamw_state_ref<MCodec, VCodec, Master>& state,
+                    span<const G> grads, const adamw_hyper& hyper, std::uint64_t step, float lr, adamw_report* report) {
+        constexpr const char* fn = "octet::adamw_step";
+        OCTET_REQUIRE(report != nullptr, fn, "report", "is null; pass device memory for one octet::adamw_report");
+        cuda::require_device_accessible(report, fn, "report");
+        require_device_view(state.params, fn, "state.params");
+        require_device_view(state.compensation, fn, "state.compensation");
+        require_device_view(state.m_codes, fn, "state.m_codes");
+        require_device_view(state.m_meta, fn, "state.m_meta");
+        require_device_view(state.v_codes, fn, "state.v_codes");
+        require_device_view(state.v_meta, fn, "state.v_meta");
+        require_device_view(grads, fn, "grads");
+
+        OCTET_CUDA_CHECK(cudaMemsetAsync(report, 0, sizeof(adamw_report), ex.stream));
+        if (state.size() == 0) return;
+        const bool skip = hyper.on_nonfinite == grad_nonfinite_policy::skip_step;
+        if (skip) count_nonfinite(ex, grads, report);
+
+        const bool vectorized = detail::is_aligned(state.params.data(), 16) &&
+                                detail::is_aligned(state.m_codes.data(), 16) &&
+                                detail::is_aligned(state.v_codes.data(), 16) && detail::is_aligned(grads.data(), 16) &&
+                                (!Master::has_compensation || detail::is_aligned(state.compensation.data(), 16));
+        const adamw_block_args<MCodec, VCodec, Master, G> args{state.params.data(),  state.compensation.data(),
+                                                               state.m_codes.data(), state.m_meta.data(),
+                                                               state.v_codes.data(), state.v_meta.data(),
+                                                               grads.data(),         state.size(),
+                                                               state.element_offset, make_adamw_coeffs(hyper, step, lr),
+                                                               hyper.on_nonfinite,   vectorized};
+        const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
+        const unsigned ctas = cuda::grid_stride_blocks(blocks * 32, kStepThreads, 8);
+        cuda::launch("adamw_step_kernel", adamw_step_kernel<MCodec, VCodec, Master, G>, ctas, kStepThreads, 0,
+                     ex.stream, args, report, skip);
+        OCTET_CUDA_CHECK_LAUNCH();
+    }
+};
+
+}  // namespace optim_detail
 
 }  // namespace octet

@@ -411,45 +411,80 @@ std::uint64_t count_nonfinite(host_executor ex, span<const Grad> grads) {
     return total.load();
 }
 
-/// One fused AdamW step over the state on the host; `step` counts from 1.
-template <class MCodec, class VCodec, class Master, class Grad>
-adamw_report adamw_step(host_executor ex, const adamw_state_ref<MCodec, VCodec, Master>& state, span<const Grad> grads,
-                        const adamw_hyper& hyper, std::uint64_t step, float lr) {
-    constexpr const char* fn = "octet::adamw_step";
-    optim_detail::check_step<adamw_state_ref<MCodec, VCodec, Master>, Grad>(fn, state, grads.size(), hyper, step, lr);
-    OCTET_REQUIRE(grads.empty() || grads.data(), fn, "grads", "is null with a non-zero size");
-    adamw_report report;
-    if (hyper.on_nonfinite == grad_nonfinite_policy::skip_step) {
-        report.nonfinite_gradients = count_nonfinite(ex, grads);
-        if (report.nonfinite_gradients != 0) {
-            report.skipped = 1;
-            return report;
+namespace optim_detail {
+
+/// The executor half of octet::adamw_step, specialized per executor: `element<Grad>` maps the
+/// caller's gradient type to octet's (the stream's also takes CUDA's __nv_bfloat16); `report_out`
+/// is where the report goes besides the result (the host returns it: nothing; a stream writes it to
+/// device memory: adamw_report*); run(...) with the arguments already checked by the entry. The
+/// host's is here, the stream's in adamw.cuh.
+template <class Executor>
+struct step_backend;
+
+template <>
+struct step_backend<host_executor> {
+    template <class Grad>
+    using element = Grad;
+    using report_out = std::nullptr_t;
+    using result = adamw_report;
+
+    template <class MCodec, class VCodec, class Master, class Grad>
+    static adamw_report run(host_executor ex, const adamw_state_ref<MCodec, VCodec, Master>& state,
+                            span<const Grad> grads, const adamw_hyper& hyper, std::uint64_t step, float lr,
+                            std::nullptr_t) {
+        adamw_report report;
+        if (hyper.on_nonfinite == grad_nonfinite_policy::skip_step) {
+            report.nonfinite_gradients = count_nonfinite(ex, grads);
+            if (report.nonfinite_gradients != 0) {
+                report.skipped = 1;
+                return report;
+            }
         }
+        const adamw_block_args<MCodec, VCodec, Master, Grad> args{
+            state.params.data(),  state.compensation.data(),
+            state.m_codes.data(), state.m_meta.data(),
+            state.v_codes.data(), state.v_meta.data(),
+            grads.data(),         state.size(),
+            state.element_offset, make_adamw_coeffs(hyper, step, lr),
+            hyper.on_nonfinite,   false};
+        const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
+        std::atomic<std::uint64_t> bad{0}, zeroed{0};
+        parallel_for(ex, blocks, 64, [&](std::size_t b, std::size_t e) {
+            const host_team team;
+            const codec_context ctx = host_codec_context();
+            std::uint64_t lb = 0, lz = 0;
+            for (std::size_t blk = b; blk < e; ++blk) {
+                const auto r = adamw_block(team, args, ctx, blk);
+                lb += r.nonfinite;
+                lz += r.zeroed;
+            }
+            bad += lb;
+            zeroed += lz;
+        });
+        report.nonfinite_gradients = bad.load();
+        report.blocks_zeroed = zeroed.load();
+        return report;
     }
-    const optim_detail::adamw_block_args<MCodec, VCodec, Master, Grad> args{
-        state.params.data(),  state.compensation.data(),
-        state.m_codes.data(), state.m_meta.data(),
-        state.v_codes.data(), state.v_meta.data(),
-        grads.data(),         state.size(),
-        state.element_offset, make_adamw_coeffs(hyper, step, lr),
-        hyper.on_nonfinite,   false};
-    const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
-    std::atomic<std::uint64_t> bad{0}, zeroed{0};
-    parallel_for(ex, blocks, 64, [&](std::size_t b, std::size_t e) {
-        const optim_detail::host_team team;
-        const codec_context ctx = host_codec_context();
-        std::uint64_t lb = 0, lz = 0;
-        for (std::size_t blk = b; blk < e; ++blk) {
-            const auto r = optim_detail::adamw_block(team, args, ctx, blk);
-            lb += r.nonfinite;
-            lz += r.zeroed;
-        }
-        bad += lb;
-        zeroed += lz;
-    });
-    report.nonfinite_gradients = bad.load();
-    report.blocks_zeroed = zeroed.load();
-    return report;
+};
+
+}  // namespace optim_detail
+
+/// One fused AdamW step over the state, on the executor; `step` counts from 1. On the host it
+/// returns the report; on a CUDA stream (octet/optim/adamw.cuh: device memory everywhere, grads
+/// may also be __nv_bfloat16) it enqueues the step, writes the report to `report` (device memory
+/// for one adamw_report) and returns nothing, never synchronizing.
+template <class MCodec, class VCodec, class Master, class Grad, class Executor>
+typename optim_detail::step_backend<Executor>::result adamw_step(
+    const Executor& ex, const adamw_state_ref<MCodec, VCodec, Master>& state, span<const Grad> grads,
+    const adamw_hyper& hyper, std::uint64_t step, float lr,
+    typename optim_detail::step_backend<Executor>::report_out report = {}) {
+    using backend = optim_detail::step_backend<Executor>;
+    using G = typename backend::template element<Grad>;
+    constexpr const char* fn = "octet::adamw_step";
+    optim_detail::check_step<adamw_state_ref<MCodec, VCodec, Master>, G>(fn, state, grads.size(), hyper, step, lr);
+    OCTET_REQUIRE(grads.empty() || grads.data(), fn, "grads", "is null with a non-zero size");
+    const span<const G> g(reinterpret_cast<const G*>(grads.data()), grads.size());
+    return backend::run(ex, state, g, hyper, step, lr, report);
 }
 
 }  // namespace octet
