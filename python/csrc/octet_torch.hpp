@@ -272,7 +272,12 @@ struct copy_tensors {
         codes = at::empty({static_cast<int64_t>(rows), static_cast<int64_t>(code_cols)}, o.dtype(code_dtype<Fmt>()));
         scales = at::empty({static_cast<int64_t>(layout.scale_cols), static_cast<int64_t>(layout.scale_ld)},
                            o.dtype(scale_dtype<Recipe>()));
-        if constexpr (Recipe::two_level) tensor_scale = at::empty({1}, o.dtype(at::kFloat));  // else undefined
+        if constexpr (Recipe::two_level) {  // else undefined
+            tensor_scale = at::empty({1}, o.dtype(at::kFloat));
+            // octet writes the tensor scale only when x holds elements; an empty copy's is 1, the
+            // scale of an amax of 0 (so that no op returns an unwritten value)
+            if (rows == 0 || cols == 0) tensor_scale.fill_(1.0f);
+        }
     }
     octet::quantized_ref<Recipe> ref() {
         float* ts = nullptr;
