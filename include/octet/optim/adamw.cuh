@@ -153,12 +153,7 @@ struct step_backend<stream_executor> {
                                 detail::is_aligned(state.m_codes.data(), 16) &&
                                 detail::is_aligned(state.v_codes.data(), 16) && detail::is_aligned(grads.data(), 16) &&
                                 (!Master::has_compensation || detail::is_aligned(state.compensation.data(), 16));
-        const adamw_block_args<MCodec, VCodec, Master, G> args{state.params.data(),  state.compensation.data(),
-                                                               state.m_codes.data(), state.m_meta.data(),
-                                                               state.v_codes.data(), state.v_meta.data(),
-                                                               grads.data(),         state.size(),
-                                                               state.element_offset, make_adamw_coeffs(hyper, step, lr),
-                                                               hyper.on_nonfinite,   vectorized};
+        const auto args = block_args_of(state, grads, hyper, step, lr, vectorized);
         const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
         const unsigned ctas = cuda::grid_stride_blocks(blocks * 32, kStepThreads, 8);
         cuda::launch("adamw_step_kernel", adamw_step_kernel<MCodec, VCodec, Master, G>, ctas, kStepThreads, 0,

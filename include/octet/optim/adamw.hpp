@@ -421,6 +421,20 @@ namespace optim_detail {
 template <class Executor>
 struct step_backend;
 
+/// The step kernel's arguments for one state and its gradients (host and stream alike);
+/// `vectorized` when every pointer is 16-byte aligned (device loads).
+template <class MCodec, class VCodec, class Master, class Grad>
+adamw_block_args<MCodec, VCodec, Master, Grad> block_args_of(const adamw_state_ref<MCodec, VCodec, Master>& state,
+                                                             span<const Grad> grads, const adamw_hyper& hyper,
+                                                             std::uint64_t step, float lr, bool vectorized) {
+    return {state.params.data(),  state.compensation.data(),
+            state.m_codes.data(), state.m_meta.data(),
+            state.v_codes.data(), state.v_meta.data(),
+            grads.data(),         state.size(),
+            state.element_offset, make_adamw_coeffs(hyper, step, lr),
+            hyper.on_nonfinite,   vectorized};
+}
+
 template <>
 struct step_backend<host_executor> {
     template <class Grad>
@@ -440,13 +454,7 @@ struct step_backend<host_executor> {
                 return report;
             }
         }
-        const adamw_block_args<MCodec, VCodec, Master, Grad> args{
-            state.params.data(),  state.compensation.data(),
-            state.m_codes.data(), state.m_meta.data(),
-            state.v_codes.data(), state.v_meta.data(),
-            grads.data(),         state.size(),
-            state.element_offset, make_adamw_coeffs(hyper, step, lr),
-            hyper.on_nonfinite,   false};
+        const auto args = block_args_of(state, grads, hyper, step, lr, false);
         const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
         std::atomic<std::uint64_t> bad{0}, zeroed{0};
         parallel_for(ex, blocks, 64, [&](std::size_t b, std::size_t e) {
