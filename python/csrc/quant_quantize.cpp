@@ -20,6 +20,7 @@
 
 #include <cstddef>
 
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -80,6 +81,11 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
                           "is given together with tensor_amax; pass one of them");
         tensor_amax = history_amax(*amax_history, "quantize", "amax_history");
     }
+    // Checked here for both devices: the CUDA kernels would take an Inf as the scale's amax and a
+    // NaN as "measure", where the host path refuses both.
+    TORCH_CHECK_VALUE(tensor_amax == tensor_amax && !(tensor_amax > std::numeric_limits<float>::max()),
+                      where("quantize", amax_history ? "amax_history" : "tensor_amax"), "holds ", tensor_amax,
+                      "; pass a finite amax (or a negative value to measure it)");
     if (philox) std::tie(seed, offset) = philox_pair(*philox, "quantize");
     TORCH_CHECK_VALUE(rowwise || columnwise, where("quantize", "rowwise/columnwise"),
                       "are both False; ask for at least one copy");

@@ -168,6 +168,9 @@ def test_errors_name_the_argument_on_cuda(gen):
         ot.quantize(x, "mxfp8_e4m3", rounding="stochastic", philox=torch.tensor([1, 0], device=DEV))
     with pytest.raises(ValueError, match="tensor_amax.*positive amax"):
         ot.quantize(x, "tensorwise_e4m3", tensor_amax=0.0)
+    for bad in (float("inf"), float("nan")):  # the host refuses them too; the device must not take them
+        with pytest.raises(ValueError, match="'tensor_amax'.*finite"):
+            ot.quantize(x, "nvfp4", tensor_amax=bad)
     with pytest.raises(ValueError, match="x.*strides"):
         ot.quantize(x[:, ::2], "mxfp8_e4m3")
     row, _, _ = ot.quantize(x, "mxfp8_e4m3")

@@ -241,8 +241,11 @@ def test_bad_input_raises_an_error_naming_the_argument():
         ot.quantize(x, "mxfp9")
     with pytest.raises(ValueError, match="'rowwise/columnwise'"):
         ot.quantize(x, "mxfp8_e4m3", rowwise=False)
-    with pytest.raises(ValueError, match="tensor_amax"):
-        ot.quantize(x, "tensorwise_e4m3", tensor_amax=float("inf"))
+    for bad in (float("inf"), float("nan"), 1e300):  # 1e300 is finite as a double, Inf as the float32 amax
+        with pytest.raises(ValueError, match="'tensor_amax'.*finite"):
+            ot.quantize(x, "tensorwise_e4m3", tensor_amax=bad)
+    with pytest.raises(ValueError, match="'amax_history'.*finite"):
+        ot.quantize(x, "tensorwise_e4m3", amax_history=torch.tensor([1.0, float("inf")]))
     q, _, _ = ot.quantize(x, "mxfp8_e4m3")
     with pytest.raises(ValueError, match="'q_codes'"):
         torch.ops.octet.dequantize(q.codes, q.scales, q.tensor_scale, "mxfp8_e4m3", 100)
