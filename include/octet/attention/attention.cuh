@@ -5,7 +5,9 @@
 //   octet::attention_backward(octet::on_stream(s), shape, q, k, v, o, lse, dout, dq, dk, dv, workspace, bopt,
 //   device_stats);
 //
-// Same arguments, layout and numerics as the host overloads in attention.hpp (which see), with
+// The backend of the entries in attention.hpp (attention_backend<stream_executor>), which check the
+// arguments every executor shares once; the stream backward's own form, with its workspace, is
+// below. Same arguments, layout and numerics as the host forms (attention.hpp, which see), with
 // device memory everywhere, plus: `shape.device_cu_seqlens_q/_k` (device copies of the offsets),
 // and for the backward a float workspace of attention_backward_workspace_for(shape).floats
 // (row arrays and the float dQ accumulator; its row arrays hold the per-row telemetry afterwards,
@@ -818,27 +820,21 @@ inline void check_device_shape(const attention_shape& s, const char* fn) {
 }  // namespace attn_kernel
 
 // =================================================================================================
-// Stream overloads
+// The stream backend
 // =================================================================================================
 
-/// The forward on a CUDA stream (see the header comment and attention.hpp).
+namespace detail {
+
+/// The forward on a stream (the entry, octet::attention_forward, checked the shared arguments into
+/// `dims`): the device's own checks, then the forward kernel enqueued on ex.stream.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
-void attention_forward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
-                       const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
-                       span<float> lse, const attention_options& opt = {}) {
-    static_assert(detail::is_attention_output_v<OT>, "octet::attention_forward: O must be float or octet::bf16");
+void stream_attention_forward(const stream_executor& ex, const attention_dims& dims, const attention_shape& shape,
+                              const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
+                              const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<float> lse,
+                              const attention_options& opt) {
     constexpr const char* fn = "octet::attention_forward";
-    detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
     attn_kernel::check_device_shape(shape, fn);
-    const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();
-    detail::check_operand(q, Tq, Hq, d, fn, "q");
-    detail::check_operand(k, Tk, Hk, d, fn, "k");
-    detail::check_operand(v, Tk, Hk, d, fn, "v");
-    detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
-    OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
-                  detail::message("has ", lse.size(),
-                                  " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
-    const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
+    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q;
     const int max_q = shape.max_seqlen_q();
     if (max_q == 0) return;
     attn_kernel::require_fp8_device(fn);
@@ -860,7 +856,7 @@ void attention_forward(stream_executor ex, const attention_shape& shape, const q
         Hq,
         Hq / Hk,
         Tq,
-        attn::mul(scale, attn::log2e),
+        attn::mul(dims.scale, attn::log2e),
         opt.mask == attention_mask::causal};
     const dim3 grid((max_q + attn_kernel::kTile - 1) / attn_kernel::kTile, Hq, shape.batch());
     auto launch = [&](auto dim) {
@@ -877,44 +873,26 @@ void attention_forward(stream_executor ex, const attention_shape& shape, const q
         launch(std::integral_constant<int, 128>{});
 }
 
-/// The backward on a CUDA stream (see the header comment and attention.hpp). `workspace` holds at
-/// least attention_backward_workspace_for(shape).floats floats of device memory.
+/// The backward on a stream (the entry, octet::attention_backward, checked the shared arguments
+/// into `dims`): the workspace and the device's own checks, then memsets of device_stats and the
+/// workspace and the delta, gradient, dQ conversion and stats kernels enqueued on ex.stream.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
-void attention_backward(stream_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
-                        const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
-                        span<const float> lse, const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq, matrix_ref<GT> dk,
-                        matrix_ref<GT> dv, span<float> workspace, const attention_backward_options& opt = {},
-                        attention_stats* device_stats = nullptr) {
+void stream_attention_backward(const stream_executor& ex, const attention_dims& dims, const attention_shape& shape,
+                               const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
+                               const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<const float> lse,
+                               const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq, matrix_ref<GT> dk,
+                               matrix_ref<GT> dv, const attention_backward_options& opt, span<float> workspace,
+                               attention_stats* device_stats) {
     using O = std::remove_const_t<OT>;
-    static_assert(detail::is_attention_output_v<O>, "octet::attention_backward: O must be float or octet::bf16");
-    static_assert(detail::is_attention_output_v<GT>,
-                  "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
     constexpr const char* fn = "octet::attention_backward";
-    OCTET_REQUIRE(!opt.fold_dq_residual, fn, "options.fold_dq_residual",
-                  "is set, but folding the dQ residual is host-only (octet::on_host()); the stream overload does not "
-                  "implement it: clear it, or run the backward on the host");
-    detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
     attn_kernel::check_device_shape(shape, fn);
-    const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();
-    detail::check_operand(q, Tq, Hq, d, fn, "q");
-    detail::check_operand(k, Tk, Hk, d, fn, "k");
-    detail::check_operand(v, Tk, Hk, d, fn, "v");
-    detail::check_operand(dout, Tq, Hq, d, fn, "dout");
+    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q, Tk = dims.total_k;
     const bool have_o = !o.empty();
-    OCTET_REQUIRE(have_o || opt.delta == delta_mode::matched || Tq == 0, fn, "o",
-                  "is empty; delta_mode::from_output computes D = rowsum(dO * O) and needs the forward's output");
-    if (have_o) detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
-    OCTET_REQUIRE(lse.size() >= static_cast<std::size_t>(Hq) * Tq, fn, "lse",
-                  detail::message("has ", lse.size(),
-                                  " floats but needs heads_q * total_q = ", static_cast<std::size_t>(Hq) * Tq));
-    detail::check_matrix(dq, Tq, static_cast<std::size_t>(Hq) * d, fn, "dq");
-    detail::check_matrix(dk, Tk, static_cast<std::size_t>(Hk) * d, fn, "dk");
-    detail::check_matrix(dv, Tk, static_cast<std::size_t>(Hk) * d, fn, "dv");
     const attention_backward_workspace ws = attention_backward_workspace_for(shape);
     OCTET_REQUIRE(workspace.size() >= ws.floats, fn, "workspace",
                   detail::message("has ", workspace.size(),
                                   " floats but needs attention_backward_workspace_for(shape).floats = ", ws.floats));
-    const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
+    const float scale = dims.scale;
     const bool tele = opt.telemetry;
     if (device_stats) {
         cuda::require_device_accessible(device_stats, fn, "device_stats");
@@ -996,6 +974,46 @@ void attention_backward(stream_executor ex, const attention_shape& shape, const 
         launch(std::integral_constant<int, 64>{});
     else
         launch(std::integral_constant<int, 128>{});
+}
+
+/// octet::attention_forward / attention_backward on a stream (the entries are in attention.hpp).
+template <>
+struct attention_backend<stream_executor> {
+    /// options.fold_dq_residual is host-only: refused before any other argument is read.
+    static void require_supported(const attention_backward_options& opt) {
+        OCTET_REQUIRE(!opt.fold_dq_residual, "octet::attention_backward", "options.fold_dq_residual",
+                      "is set, but folding the dQ residual is host-only (octet::on_host()); the stream overload does "
+                      "not implement it: clear it, or run the backward on the host");
+    }
+
+    template <class... Args>
+    static void forward(const stream_executor& ex, const Args&... args) {
+        stream_attention_forward(ex, args...);
+    }
+
+    /// extra: the workspace and device_stats of the stream form of octet::attention_backward.
+    template <class... Args>
+    static void backward(const stream_executor& ex, const Args&... args) {
+        stream_attention_backward(ex, args...);
+    }
+};
+
+}  // namespace detail
+
+/// The backward on a CUDA stream: the host form's arguments (attention.hpp; device memory, see the
+/// header comment) plus `workspace`, at least attention_backward_workspace_for(shape).floats floats
+/// of device memory, and `device_stats` (device memory for one attention_stats, or null), which
+/// replace the host's returned summary and `rows`. Goes through the same entry as the host form
+/// (attention_backward_entry: the shared checks once), then enqueues on ex.stream memsets of
+/// device_stats and the workspace and the delta, gradient, dQ conversion and (with telemetry and
+/// device_stats) stats kernels. Allocates nothing and never synchronizes.
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
+void attention_backward(const stream_executor& ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                        const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
+                        span<const float> lse, const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq, matrix_ref<GT> dk,
+                        matrix_ref<GT> dv, span<float> workspace, const attention_backward_options& opt = {},
+                        attention_stats* device_stats = nullptr) {
+    detail::attention_backward_entry(ex, shape, q, k, v, o, lse, dout, dq, dk, dv, opt, workspace, device_stats);
 }
 
 }  // namespace octet

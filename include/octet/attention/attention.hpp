@@ -1,5 +1,6 @@
 // octet/attention/attention.hpp: FP8 attention, forward and backward, with a choice of how the
-// backward's row term D is formed (delta matching) and row-sum telemetry. Host path.
+// backward's row term D is formed (delta matching) and row-sum telemetry. The entries (one per
+// operation, for every executor) and the host backend; the stream backend is in attention.cuh.
 //
 //   octet::attention_shape shape{cu_q, cu_k, heads_q, heads_kv, head_dim};
 //   octet::attention_forward(octet::on_host(), shape, q, k, v, o, lse, {octet::attention_mask::causal});
@@ -292,6 +293,70 @@ void check_matrix(const matrix_ref<T>& m, std::size_t rows, std::size_t cols, co
                   message("has ld ", m.ld, " below its ", cols, " columns"));
 }
 
+/// The sizes of one attention call and its softmax scale, once the checks every executor shares
+/// have passed (check_forward_args, check_backward_args).
+struct attention_dims {
+    int heads_q = 0, heads_kv = 0, head_dim = 0, total_q = 0, total_k = 0;
+    float scale = 0.0f;  ///< options.softmax_scale, or 1 / sqrt(head_dim) for 0
+    std::size_t q_cols() const { return static_cast<std::size_t>(heads_q) * head_dim; }
+    std::size_t k_cols() const { return static_cast<std::size_t>(heads_kv) * head_dim; }
+};
+
+/// The checks of the forward and the backward alike: the shape, Q, K, V, L and the softmax scale.
+template <class QR, class QB, class KR, class KB, class VR, class VB, class L>
+attention_dims check_attention_inputs(const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                                      const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, span<L> lse,
+                                      float softmax_scale, const char* fn) {
+    check_shape(shape, q.layout.rows, k.layout.rows, fn);
+    attention_dims dims;
+    dims.heads_q = shape.heads_q;
+    dims.heads_kv = shape.heads_kv;
+    dims.head_dim = shape.head_dim;
+    dims.total_q = shape.total_q();
+    dims.total_k = shape.total_k();
+    check_operand(q, dims.total_q, dims.heads_q, dims.head_dim, fn, "q");
+    check_operand(k, dims.total_k, dims.heads_kv, dims.head_dim, fn, "k");
+    check_operand(v, dims.total_k, dims.heads_kv, dims.head_dim, fn, "v");
+    check_lse(lse, static_cast<std::size_t>(dims.heads_q) * dims.total_q, fn);
+    dims.scale = resolve_scale(softmax_scale, dims.head_dim, fn);
+    return dims;
+}
+
+/// Every executor-independent check of octet::attention_forward.
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
+attention_dims check_forward_args(const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                                  const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v,
+                                  const matrix_ref<OT>& o, span<float> lse, const attention_options& opt) {
+    static_assert(is_attention_output_v<OT>, "octet::attention_forward: O must be float or octet::bf16");
+    constexpr const char* fn = "octet::attention_forward";
+    const attention_dims dims = check_attention_inputs(shape, q, k, v, lse, opt.softmax_scale, fn);
+    check_matrix(o, dims.total_q, dims.q_cols(), fn, "o");
+    return dims;
+}
+
+/// Every executor-independent check of octet::attention_backward. `o` may be empty only with
+/// delta_mode::matched (or no query tokens).
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
+attention_dims check_backward_args(const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                                   const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v,
+                                   const matrix_ref<OT>& o, span<const float> lse, const quantized_ref<DR, DB>& dout,
+                                   const matrix_ref<GT>& dq, const matrix_ref<GT>& dk, const matrix_ref<GT>& dv,
+                                   const attention_backward_options& opt) {
+    static_assert(is_attention_output_v<std::remove_const_t<OT>>,
+                  "octet::attention_backward: O must be float or octet::bf16");
+    static_assert(is_attention_output_v<GT>, "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
+    constexpr const char* fn = "octet::attention_backward";
+    const attention_dims dims = check_attention_inputs(shape, q, k, v, lse, opt.softmax_scale, fn);
+    check_operand(dout, dims.total_q, dims.heads_q, dims.head_dim, fn, "dout");
+    OCTET_REQUIRE(!o.empty() || opt.delta == delta_mode::matched || dims.total_q == 0, fn, "o",
+                  "is empty; delta_mode::from_output computes D = rowsum(dO * O) and needs the forward's output");
+    if (!o.empty()) check_matrix(o, dims.total_q, dims.q_cols(), fn, "o");
+    check_matrix(dq, dims.total_q, dims.q_cols(), fn, "dq");
+    check_matrix(dk, dims.total_k, dims.k_cols(), fn, "dk");
+    check_matrix(dv, dims.total_k, dims.k_cols(), fn, "dv");
+    return dims;
+}
+
 /// Decoded codes [tokens][heads][head_dim] and scales [tokens][heads] of an operand (host).
 struct attention_plane {
     std::vector<float> code, scale;
@@ -468,27 +533,18 @@ inline float dequantized_ds(float y, float tile_scale, float s, float ds) {
     return bits_to_float((float_to_bits(q) & use) | (float_to_bits(ds) & ~use));
 }
 
-}  // namespace detail
-
 // =================================================================================================
 // Forward
 // =================================================================================================
 
-/// O = softmax(scale * Q K^T) V with FP8 Q, K, V and P, and the log-sum-exp L (host path).
+/// The forward on the host (the entry, octet::attention_forward, checked the arguments into `dims`).
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
-void attention_forward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
-                       const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
-                       span<float> lse, const attention_options& opt = {}) {
-    static_assert(detail::is_attention_output_v<OT>, "octet::attention_forward: O must be float or octet::bf16");
-    constexpr const char* fn = "octet::attention_forward";
-    detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
-    const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();
-    detail::check_operand(q, Tq, Hq, d, fn, "q");
-    detail::check_operand(k, Tk, Hk, d, fn, "k");
-    detail::check_operand(v, Tk, Hk, d, fn, "v");
-    detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
-    detail::check_lse(lse, static_cast<std::size_t>(Hq) * Tq, fn);
-    const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
+void host_attention_forward(host_executor ex, const attention_dims& dims, const attention_shape& shape,
+                            const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
+                            const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<float> lse,
+                            const attention_options& opt) {
+    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q, Tk = dims.total_k;
+    const float scale = dims.scale;
     const float scale_log2 = attn::mul(scale, attn::log2e);
     const bool causal = opt.mask == attention_mask::causal;
 
@@ -573,36 +629,19 @@ void attention_forward(host_executor ex, const attention_shape& shape, const qua
 // Backward
 // =================================================================================================
 
-/// dQ, dK, dV of attention_forward (host path). `o` is the forward's output: needed for
-/// delta_mode::from_output and for the telemetry's gap; with matched and no telemetry it may be
-/// empty ({}). Returns the telemetry summary (zeros unless options.telemetry); `rows`, when given,
-/// receives the per-row arrays.
+/// The backward on the host (the entry, octet::attention_backward, checked the arguments into
+/// `dims`); `rows`, when given, receives the per-row arrays.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
-attention_stats attention_backward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
-                                   const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
-                                   span<const float> lse, const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq,
-                                   matrix_ref<GT> dk, matrix_ref<GT> dv, const attention_backward_options& opt = {},
-                                   attention_row_telemetry* rows = nullptr) {
+attention_stats host_attention_backward(host_executor ex, const attention_dims& dims, const attention_shape& shape,
+                                        const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
+                                        const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<const float> lse,
+                                        const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq, matrix_ref<GT> dk,
+                                        matrix_ref<GT> dv, const attention_backward_options& opt,
+                                        attention_row_telemetry* rows) {
     using O = std::remove_const_t<OT>;
-    static_assert(detail::is_attention_output_v<O>, "octet::attention_backward: O must be float or octet::bf16");
-    static_assert(detail::is_attention_output_v<GT>,
-                  "octet::attention_backward: dQ, dK, dV must be float or octet::bf16");
-    constexpr const char* fn = "octet::attention_backward";
-    detail::check_shape(shape, q.layout.rows, k.layout.rows, fn);
-    const int Hq = shape.heads_q, Hk = shape.heads_kv, d = shape.head_dim, Tq = shape.total_q(), Tk = shape.total_k();
-    detail::check_operand(q, Tq, Hq, d, fn, "q");
-    detail::check_operand(k, Tk, Hk, d, fn, "k");
-    detail::check_operand(v, Tk, Hk, d, fn, "v");
-    detail::check_operand(dout, Tq, Hq, d, fn, "dout");
-    const bool have_o = !o.empty() || Tq == 0;
-    OCTET_REQUIRE(have_o || opt.delta == delta_mode::matched, fn, "o",
-                  "is empty; delta_mode::from_output computes D = rowsum(dO * O) and needs the forward's output");
-    if (!o.empty()) detail::check_matrix(o, Tq, static_cast<std::size_t>(Hq) * d, fn, "o");
-    detail::check_lse(lse, static_cast<std::size_t>(Hq) * Tq, fn);
-    detail::check_matrix(dq, Tq, static_cast<std::size_t>(Hq) * d, fn, "dq");
-    detail::check_matrix(dk, Tk, static_cast<std::size_t>(Hk) * d, fn, "dk");
-    detail::check_matrix(dv, Tk, static_cast<std::size_t>(Hk) * d, fn, "dv");
-    const float scale = detail::resolve_scale(opt.softmax_scale, d, fn);
+    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q, Tk = dims.total_k;
+    const float scale = dims.scale;
+    const bool have_o = !o.empty();
     const float scale_log2 = attn::mul(scale, attn::log2e);
     const bool causal = opt.mask == attention_mask::causal;
     const bool tele = opt.telemetry;
@@ -677,7 +716,7 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
             const int b = static_cast<int>(u / Hq), h = static_cast<int>(u % Hq), hk = h / G;
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
             for (int i = 0; i < lq; ++i) {
-                if (!have_o || o.empty()) break;
+                if (!have_o) break;
                 const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
                 float s = 0.0f;
                 const float* dorow = DO.row(q0 + i, h);
@@ -853,8 +892,7 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
         for (std::size_t r = 0; r < R; ++r)
             if (lse[r] < attn::pos_inf()) {
                 detail::accumulate_row_stats(st, row_res[r], row_abs[r],
-                                             have_o && !o.empty() ? attn::sub(delta_out[r], row_pdp[r]) : 0.0f,
-                                             row_pabs[r]);
+                                             have_o ? attn::sub(delta_out[r], row_pdp[r]) : 0.0f, row_pabs[r]);
                 detail::accumulate_quantized_row_stats(st, row_res_dq[r], row_res_dk[r]);
             }
         if (rows) {
@@ -872,6 +910,78 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
         rows->delta_from_output = delta_out;
     }
     return st;
+}
+
+// =================================================================================================
+// The executor backends and the entries
+// =================================================================================================
+
+/// The executor half of octet::attention_forward / attention_backward, specialized per executor:
+/// require_supported(opt) refuses backward options the executor does not implement (before any
+/// other argument is read); forward(ex, dims, shape, q, k, v, o, lse, opt) and backward(ex, dims,
+/// shape, q, k, v, o, lse, dout, dq, dk, dv, opt, extra...) run with the arguments the entry checked.
+/// The host's is here, the stream's in attention.cuh.
+template <class Executor>
+struct attention_backend;
+
+template <>
+struct attention_backend<host_executor> {
+    static void require_supported(const attention_backward_options&) {}
+
+    template <class... Args>
+    static void forward(host_executor ex, const Args&... args) {
+        host_attention_forward(ex, args...);
+    }
+
+    /// extra: the attention_row_telemetry* that receives the per-row arrays (null to skip).
+    template <class... Args>
+    static attention_stats backward(host_executor ex, const Args&... args) {
+        return host_attention_backward(ex, args...);
+    }
+};
+
+/// The backward's entry for every executor: the executor's supported options, the checks every
+/// executor shares (check_backward_args), then the executor's backend with its own `extra` arguments.
+template <class Executor, class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB,
+          class GT, class... Extra>
+decltype(auto) attention_backward_entry(const Executor& ex, const attention_shape& shape,
+                                        const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
+                                        const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<const float> lse,
+                                        const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq, matrix_ref<GT> dk,
+                                        matrix_ref<GT> dv, const attention_backward_options& opt, Extra... extra) {
+    using backend = attention_backend<Executor>;
+    backend::require_supported(opt);
+    const attention_dims dims = check_backward_args(shape, q, k, v, o, lse, dout, dq, dk, dv, opt);
+    return backend::backward(ex, dims, shape, q, k, v, o, lse, dout, dq, dk, dv, opt, extra...);
+}
+
+}  // namespace detail
+
+/// O = softmax(scale * Q K^T) V with FP8 Q, K, V and P, and the log-sum-exp L, on the executor: the
+/// host (host memory; any head_dim) or a CUDA stream (octet/attention/attention.cuh: device memory
+/// and shape.device_cu_seqlens_q/_k, head dims 64 and 128, sm_89+; enqueues the forward kernel on
+/// ex.stream, allocates nothing and never synchronizes). The arguments every executor shares are
+/// checked here, once, before the executor's backend runs.
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class Executor>
+void attention_forward(const Executor& ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                       const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
+                       span<float> lse, const attention_options& opt = {}) {
+    const detail::attention_dims dims = detail::check_forward_args(shape, q, k, v, o, lse, opt);
+    detail::attention_backend<Executor>::forward(ex, dims, shape, q, k, v, o, lse, opt);
+}
+
+/// dQ, dK, dV of attention_forward on the host. `o` is the forward's output: needed for
+/// delta_mode::from_output and for the telemetry's gap; with matched and no telemetry it may be
+/// empty ({}). Returns the telemetry summary (zeros unless options.telemetry); `rows`, when given,
+/// receives the per-row arrays. The stream form, with a workspace and device_stats instead of
+/// `rows`, is in attention.cuh; both go through the one entry (attention_backward_entry).
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
+attention_stats attention_backward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                                   const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
+                                   span<const float> lse, const quantized_ref<DR, DB>& dout, matrix_ref<GT> dq,
+                                   matrix_ref<GT> dk, matrix_ref<GT> dv, const attention_backward_options& opt = {},
+                                   attention_row_telemetry* rows = nullptr) {
+    return detail::attention_backward_entry(ex, shape, q, k, v, o, lse, dout, dq, dk, dv, opt, rows);
 }
 
 }  // namespace octet
