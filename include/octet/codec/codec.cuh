@@ -6,7 +6,11 @@
 //   octet::decode_gradient_synchronizing(octet::on_stream(s), msg, out);    // reads the header (syncs)
 //   octet::encode_gradient_transformed / decode_gradient_transformed[_synchronizing]  // as on the host
 //
-// Same contract and the same bytes as the host overloads in codec.hpp: every kernel calls the
+// The stream backend (codec_backend<stream_executor>) of the entries in codec.hpp, which check the
+// arguments every executor shares once; the non-synchronizing decoders, which take the
+// codec_config instead of reading the header, are the stream's own forms (below), and share the
+// destination checks with the entries (check_decode_destination).
+// Same contract and the same bytes as the host forms in codec.hpp: every kernel calls the
 // same OCTET_HD rules (transform stages in the same order, make_block_scale, encode_scaled,
 // decode, the checksum terms), and products that feed an add use __fmul_rn, so nvcc cannot fuse
 // them into FMAs the host does not do. Message buffers must be 16-byte aligned (cudaMalloc's are).
@@ -77,6 +81,14 @@ inline std::string decode_status_message(std::uint32_t status) {
 inline void check_decode_status(std::uint32_t status, const char* fn = "octet::decode_gradient") {
     if (status != 0) detail::bad_message(fn, decode_status_message(status));
 }
+
+/// Options of the non-blocking device decoders.
+struct device_decode_options {
+    std::uint64_t first_index = 0;  ///< the encode's encode_options::first_index (part of the expected header)
+    /// Device memory or null: receives the message's payload codes that decode to NaN or +-Inf
+    /// (wire_header::non_finite_codes; overwritten, also for a bad message).
+    unsigned long long* device_non_finite = nullptr;
+};
 
 namespace detail {
 namespace codec_dev {
@@ -727,17 +739,6 @@ void launch_decode(cudaStream_t s, const wire_layout& l, transform_kind t, std::
     });
 }
 
-inline void check_device_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out,
-                                     const encode_options& opt, wire_layout& l, const char* fn) {
-    check_encode_args(cfg, n, out, opt, l, fn);
-    cuda::require_device_accessible(out.data(), fn, "out");
-    OCTET_REQUIRE(is_aligned(out.data(), 16), fn, "out",
-                  "is not 16-byte aligned; device messages need 16-byte alignment (cudaMalloc gives 256)");
-    if (!opt.feedback.empty()) cuda::require_device_accessible(opt.feedback.data, fn, "options.feedback");
-    if (!opt.feedback.empty() && opt.feedback.storage != residual_storage::bf16)
-        OCTET_REQUIRE(is_aligned(opt.feedback.data, 4), fn, "options.feedback", "is not 4-byte aligned");
-}
-
 /// The header the encoder writes for (cfg, layout l, first_index), tensor-scale word 1.0 and
 /// checksum 0 (validate_kernel compares neither).
 inline void expected_header_fields(std::uint8_t* out, const codec_config& cfg, const wire_layout& l,
@@ -784,17 +785,14 @@ inline wire_header validate_device_message_synchronizing(const stream_executor& 
     return h;
 }
 
-/// The non-blocking validation: host checks against what the caller expects, then the device
-/// compares header, checksum and sections and writes *status (decode_status). Returns the layout.
-inline wire_layout validate_device_message_async(const stream_executor& ex, const codec_config& cfg, std::size_t n,
-                                                 std::uint64_t first_index, span<const std::uint8_t> msg,
-                                                 std::uint32_t* status, unsigned long long* non_finite_out,
-                                                 const char* fn) {
-    validate_config(cfg, fn);
-    OCTET_REQUIRE(n <= wire_max_elements, fn, "n", message("is ", n, "; a message holds at most 2^40 elements"));
-    const wire_layout l = wire_layout_of(cfg, n);
-    OCTET_REQUIRE(first_index <= wire_max_index - l.coded, fn, "options.first_index",
-                  message("is ", first_index, "; first index + coordinates must stay below 2^62"));
+/// The host checks of a non-blocking decode: the message the caller expects (cfg, n, first_index)
+/// against the buffer, the status word, and the destination (decoded_space). Returns the layout.
+inline wire_layout check_expected_message(const codec_config& cfg, std::size_t n, std::uint64_t first_index,
+                                          span<const std::uint8_t> msg, span<float> dst, decoded_space space,
+                                          std::uint32_t* status, unsigned long long* non_finite_out, const char* fn) {
+    const wire_layout l = checked_layout(cfg, n, "n", first_index, fn);
+    check_decode_destination(dst, l, space, fn);
+    if (!dst.empty()) cuda::require_device_accessible(dst.data(), fn, space == decoded_space::original ? "out" : "y");
     check_device_message(msg, fn);
     if (msg.size() != l.total_bytes)
         bad_message(fn, message(msg.size() < l.total_bytes ? "is truncated: " : "has trailing bytes: ", msg.size(),
@@ -804,6 +802,14 @@ inline wire_layout validate_device_message_async(const stream_executor& ex, cons
     cuda::require_device_accessible(status, fn, "device_status");
     OCTET_REQUIRE(is_aligned(status, 4), fn, "device_status", "is not 4-byte aligned");
     if (non_finite_out) cuda::require_device_accessible(non_finite_out, fn, "options.device_non_finite");
+    return l;
+}
+
+/// The device half of a non-blocking validation: compares header (against cfg, l, first_index),
+/// checksum and sections and writes *status (decode_status). 24 bytes of scratch, no host sync.
+inline void validate_device_message_async(const stream_executor& ex, const codec_config& cfg, const wire_layout& l,
+                                          std::uint64_t first_index, span<const std::uint8_t> msg,
+                                          std::uint32_t* status, unsigned long long* non_finite_out) {
     header_words expected{};
     std::uint8_t head[wire_header_bytes];
     expected_header_fields(head, cfg, l, first_index);
@@ -822,53 +828,74 @@ inline wire_layout validate_device_message_async(const stream_executor& ex, cons
     cuda::launch("decode_status_kernel", decode_status_kernel, 1, 32, 0, s, msg.data(), acc, bad, acc + 2, status,
                  non_finite_out);
     OCTET_CUDA_CHECK_LAUNCH();
-    return l;
+}
+
+/// The decode kernel's mode for a decoded_space.
+inline int decode_mode_of(decoded_space space) {
+    if (space == decoded_space::original) return decode_original;
+    return space == decoded_space::transformed_add ? decode_transformed_add : decode_transformed;
+}
+
+/// The non-blocking decoders' body: host checks, then the validation, status and decode kernels
+/// enqueued on ex.stream (the decode kernel writes dst only if the status says ok). No host sync.
+inline void decode_expected(const stream_executor& ex, const codec_config& cfg, std::size_t n,
+                            span<const std::uint8_t> message, span<float> dst, decoded_space space,
+                            std::uint32_t* status, const device_decode_options& opt, const char* fn) {
+    const wire_layout l =
+        check_expected_message(cfg, n, opt.first_index, message, dst, space, status, opt.device_non_finite, fn);
+    validate_device_message_async(ex, cfg, l, opt.first_index, message, status, opt.device_non_finite);
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        launch_decode<decltype(tr)>(ex.stream, l, cfg.transform, cfg.seed, opt.first_index, message.data(), 0, 1,
+                                    dst.data(), decode_mode_of(space), status);
+    });
 }
 
 }  // namespace codec_dev
-}  // namespace detail
 
-/// Encodes n = x.size() elements (device memory) into out (device memory, encoded_size bytes,
-/// 16-byte aligned). encode_result::amax is not measured on the device (-1). Enqueues a memset of
-/// the header and scales and two to four kernels; no scratch, no host sync.
-template <class Ex, detail::if_stream_executor<Ex> = 0>
-encode_result encode_gradient(Ex ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
-                              const encode_options& opt = {}) {
-    constexpr const char* fn = "octet::encode_gradient";
-    wire_layout l;
-    detail::codec_dev::check_device_encode_args(cfg, x.size(), out, opt, l, fn);
-    if (!x.empty()) cuda::require_device_accessible(x.data(), fn, "x");
-    dispatch_wire_format(cfg.format, [&](auto tr) {
-        detail::codec_dev::launch_encode<decltype(tr)>(ex.stream, cfg, l, x.data(), false, opt.first_index,
-                                                       opt.feedback, opt.random_stream, out.data());
-    });
-    return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
-}
+/// The gradient codec on a stream (the entries are in codec.hpp and check the arguments every
+/// executor shares first).
+template <>
+struct codec_backend<stream_executor> {
+    /// Enqueued on ex.stream: a memset of the header and scales and two to four kernels; no
+    /// scratch, no host sync. encode_result::amax is not measured on the device (-1).
+    static encode_result encode(const stream_executor& ex, const codec_config& cfg, const wire_layout& l,
+                                span<const float> in, bool transformed, span<std::uint8_t> out,
+                                const encode_options& opt) {
+        const char* fn = transformed ? "octet::encode_gradient_transformed" : "octet::encode_gradient";
+        cuda::require_device_accessible(out.data(), fn, "out");
+        OCTET_REQUIRE(is_aligned(out.data(), 16), fn, "out",
+                      "is not 16-byte aligned; device messages need 16-byte alignment (cudaMalloc gives 256)");
+        if (!opt.feedback.empty()) cuda::require_device_accessible(opt.feedback.data, fn, "options.feedback");
+        if (!opt.feedback.empty() && opt.feedback.storage != residual_storage::bf16)
+            OCTET_REQUIRE(is_aligned(opt.feedback.data, 4), fn, "options.feedback", "is not 4-byte aligned");
+        if (!in.empty()) cuda::require_device_accessible(in.data(), fn, transformed ? "y" : "x");
+        dispatch_wire_format(cfg.format, [&](auto tr) {
+            codec_dev::launch_encode<decltype(tr)>(ex.stream, cfg, l, in.data(), transformed, opt.first_index,
+                                                   opt.feedback, opt.random_stream, out.data());
+        });
+        return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
+    }
 
-/// Encodes L transformed coordinates y (device memory) as the message of n elements.
-template <class Ex, detail::if_stream_executor<Ex> = 0>
-encode_result encode_gradient_transformed(Ex ex, const codec_config& cfg, span<const float> y, std::size_t n,
-                                          span<std::uint8_t> out, const encode_options& opt = {}) {
-    constexpr const char* fn = "octet::encode_gradient_transformed";
-    wire_layout l;
-    detail::codec_dev::check_device_encode_args(cfg, n, out, opt, l, fn);
-    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
-                  detail::message("has ", y.size(), " coordinates; ", n, " elements transform to ", l.coded));
-    if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
-    dispatch_wire_format(cfg.format, [&](auto tr) {
-        detail::codec_dev::launch_encode<decltype(tr)>(ex.stream, cfg, l, y.data(), true, opt.first_index, opt.feedback,
-                                                       opt.random_stream, out.data());
-    });
-    return encode_result{static_cast<std::size_t>(l.total_bytes), -1.0f};
-}
+    /// The header read on the host, checksum and sections on the device: SYNCHRONIZES the stream
+    /// twice and throws on a bad message.
+    static wire_header read_header(const stream_executor& ex, span<const std::uint8_t> message, wire_layout& l,
+                                   const char* fn) {
+        return codec_dev::validate_device_message_synchronizing(ex, message, l, fn);
+    }
 
-/// Options of the non-blocking device decoders.
-struct device_decode_options {
-    std::uint64_t first_index = 0;  ///< the encode's encode_options::first_index (part of the expected header)
-    /// Device memory or null: receives the message's payload codes that decode to NaN or +-Inf
-    /// (wire_header::non_finite_codes; overwritten, also for a bad message).
-    unsigned long long* device_non_finite = nullptr;
+    /// Enqueues the decode kernel (the message was validated by read_header).
+    static void decode(const stream_executor& ex, const wire_header& h, const wire_layout& l,
+                       span<const std::uint8_t> message, span<float> dst, decoded_space space, const char* fn) {
+        if (!dst.empty())
+            cuda::require_device_accessible(dst.data(), fn, space == decoded_space::original ? "out" : "y");
+        dispatch_wire_format(h.format, [&](auto tr) {
+            codec_dev::launch_decode<decltype(tr)>(ex.stream, l, h.transform, h.seed, h.first_index, message.data(), 0,
+                                                   1, dst.data(), codec_dev::decode_mode_of(space));
+        });
+    }
 };
+
+}  // namespace detail
 
 /// Decodes the message that encode_gradient(ex, cfg, x, message, {first_index}) wrote for
 /// n = out.size() elements into out (device memory), without synchronizing: the host checks the
@@ -881,15 +908,8 @@ struct device_decode_options {
 template <class Ex, detail::if_stream_executor<Ex> = 0>
 void decode_gradient(Ex ex, const codec_config& cfg, span<const std::uint8_t> message, span<float> out,
                      std::uint32_t* device_status, const device_decode_options& opt = {}) {
-    constexpr const char* fn = "octet::decode_gradient";
-    if (!out.empty()) cuda::require_device_accessible(out.data(), fn, "out");
-    const wire_layout l = detail::codec_dev::validate_device_message_async(
-        ex, cfg, out.size(), opt.first_index, message, device_status, opt.device_non_finite, fn);
-    dispatch_wire_format(cfg.format, [&](auto tr) {
-        detail::codec_dev::launch_decode<decltype(tr)>(ex.stream, l, cfg.transform, cfg.seed, opt.first_index,
-                                                       message.data(), 0, 1, out.data(),
-                                                       detail::codec_dev::decode_original, device_status);
-    });
+    detail::codec_dev::decode_expected(ex, cfg, out.size(), message, out, detail::decoded_space::original,
+                                       device_status, opt, "octet::decode_gradient");
 }
 
 /// Writes (add: adds) the L = y.size() transformed coordinates of the message encoded from n
@@ -899,34 +919,16 @@ template <class Ex, detail::if_stream_executor<Ex> = 0>
 void decode_gradient_transformed(Ex ex, const codec_config& cfg, std::size_t n, span<const std::uint8_t> message,
                                  span<float> y, std::uint32_t* device_status, bool add = false,
                                  const device_decode_options& opt = {}) {
-    constexpr const char* fn = "octet::decode_gradient_transformed";
-    const wire_layout l = detail::codec_dev::validate_device_message_async(ex, cfg, n, opt.first_index, message,
-                                                                           device_status, opt.device_non_finite, fn);
-    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
-                  detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
-    if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
-    dispatch_wire_format(cfg.format, [&](auto tr) {
-        detail::codec_dev::launch_decode<decltype(tr)>(
-            ex.stream, l, cfg.transform, cfg.seed, opt.first_index, message.data(), 0, 1, y.data(),
-            add ? detail::codec_dev::decode_transformed_add : detail::codec_dev::decode_transformed, device_status);
-    });
+    detail::codec_dev::decode_expected(
+        ex, cfg, n, message, y, add ? detail::decoded_space::transformed_add : detail::decoded_space::transformed,
+        device_status, opt, "octet::decode_gradient_transformed");
 }
 
 /// Validates a device message and decodes it into out (device memory), reading the header on the
 /// host: SYNCHRONIZES the stream twice, and throws octet::error on a bad message before writing out.
 template <class Ex, detail::if_stream_executor<Ex> = 0>
 wire_header decode_gradient_synchronizing(Ex ex, span<const std::uint8_t> message, span<float> out) {
-    constexpr const char* fn = "octet::decode_gradient";
-    wire_layout l;
-    const wire_header h = detail::codec_dev::validate_device_message_synchronizing(ex, message, l, fn);
-    OCTET_REQUIRE(out.size() == h.count, fn, "out",
-                  detail::message("has ", out.size(), " elements; the message holds ", h.count));
-    if (!out.empty()) cuda::require_device_accessible(out.data(), fn, "out");
-    dispatch_wire_format(h.format, [&](auto tr) {
-        detail::codec_dev::launch_decode<decltype(tr)>(ex.stream, l, h.transform, h.seed, h.first_index, message.data(),
-                                                       0, 1, out.data(), detail::codec_dev::decode_original);
-    });
-    return h;
+    return detail::decode_reading_header(ex, message, out, detail::decoded_space::original, "octet::decode_gradient");
 }
 
 /// As decode_gradient_synchronizing, writing (add: adding) the L transformed coordinates to y.
@@ -934,18 +936,9 @@ wire_header decode_gradient_synchronizing(Ex ex, span<const std::uint8_t> messag
 template <class Ex, detail::if_stream_executor<Ex> = 0>
 wire_header decode_gradient_transformed_synchronizing(Ex ex, span<const std::uint8_t> message, span<float> y,
                                                       bool add = false) {
-    constexpr const char* fn = "octet::decode_gradient_transformed";
-    wire_layout l;
-    const wire_header h = detail::codec_dev::validate_device_message_synchronizing(ex, message, l, fn);
-    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
-                  detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
-    if (!y.empty()) cuda::require_device_accessible(y.data(), fn, "y");
-    dispatch_wire_format(h.format, [&](auto tr) {
-        detail::codec_dev::launch_decode<decltype(tr)>(
-            ex.stream, l, h.transform, h.seed, h.first_index, message.data(), 0, 1, y.data(),
-            add ? detail::codec_dev::decode_transformed_add : detail::codec_dev::decode_transformed);
-    });
-    return h;
+    return detail::decode_reading_header(
+        ex, message, y, add ? detail::decoded_space::transformed_add : detail::decoded_space::transformed,
+        "octet::decode_gradient_transformed");
 }
 
 }  // namespace octet

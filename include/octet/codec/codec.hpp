@@ -1,4 +1,6 @@
-// octet/codec/codec.hpp: geometry-aware gradient codecs on the host (multi-threaded).
+// octet/codec/codec.hpp: geometry-aware gradient codecs: the entries (the encoders, one template
+// over the executor; the header-reading decoders) and the host backend (multi-threaded); the
+// stream backend and the stream's non-synchronizing decoders are in codec.cuh.
 //
 //   octet::codec_config cfg{octet::wire_format::e4m3, octet::transform_kind::hadamard, 1024};
 //   std::vector<std::uint8_t> msg(octet::encoded_size(cfg, g.size()));
@@ -277,94 +279,167 @@ inline encode_result encode_coded(host_executor ex, const codec_config& cfg, con
     return res;
 }
 
-inline void check_encode_args(const codec_config& cfg, std::size_t n, span<std::uint8_t> out, const encode_options& opt,
-                              wire_layout& l, const char* fn) {
+/// The checks of a call that states its message (every encoder, and the stream's decoders given
+/// the codec_config): the config, the element count n (the argument n_arg) and the first index of
+/// its coordinates. Returns the message's layout.
+inline wire_layout checked_layout(const codec_config& cfg, std::size_t n, const char* n_arg, std::uint64_t first_index,
+                                  const char* fn) {
     validate_config(cfg, fn);
-    OCTET_REQUIRE(n <= wire_max_elements, fn, "x", message("has ", n, " elements; a message holds at most 2^40"));
-    l = wire_layout_of(cfg, n);
+    OCTET_REQUIRE(n <= wire_max_elements, fn, n_arg, message("counts ", n, " elements; a message holds at most 2^40"));
+    const wire_layout l = wire_layout_of(cfg, n);
+    OCTET_REQUIRE(first_index <= wire_max_index - l.coded, fn, "options.first_index",
+                  message("is ", first_index, "; first index + coordinates must stay below 2^62"));
+    return l;
+}
+
+/// The checks every executor's encoder shares (the message, the options, the input `in`: n elements,
+/// or with `transformed` the L coordinates of n elements). Returns the message's layout.
+inline wire_layout check_encode_args(const codec_config& cfg, span<const float> in, std::size_t n, bool transformed,
+                                     span<std::uint8_t> out, const encode_options& opt, const char* fn) {
+    const wire_layout l = checked_layout(cfg, n, "x", opt.first_index, fn);
     OCTET_REQUIRE(out.size() == l.total_bytes, fn, "out",
                   message("has ", out.size(), " bytes; the message for ", n, " elements is ", l.total_bytes,
                           " bytes (encoded_size)"));
     OCTET_REQUIRE(out.data() != nullptr, fn, "out", "is null");
-    OCTET_REQUIRE(opt.first_index <= wire_max_index - l.coded, fn, "options.first_index",
-                  message("is ", opt.first_index, "; first index + coordinates must stay below 2^62"));
     check_feedback(opt.feedback, n, fn);
+    const char* in_arg = transformed ? "y" : "x";
+    if (transformed)
+        OCTET_REQUIRE(in.size() == l.coded, fn, in_arg,
+                      message("has ", in.size(), " coordinates; ", n, " elements transform to ", l.coded));
+    OCTET_REQUIRE(in.empty() || in.data() != nullptr, fn, in_arg, "is null with a non-zero size");
+    return l;
+}
+
+/// What a decode writes: the n original elements, or the L transformed coordinates (set or added).
+enum class decoded_space { original, transformed, transformed_add };
+
+/// The checks every executor's decoder shares on where the decoded values go: `out` holds the
+/// message's n elements, `y` its L coordinates.
+inline void check_decode_destination(span<float> dst, const wire_layout& l, decoded_space space, const char* fn) {
+    const bool original = space == decoded_space::original;
+    const char* arg = original ? "out" : "y";
+    if (original)
+        OCTET_REQUIRE(dst.size() == l.count, fn, arg,
+                      message("has ", dst.size(), " elements; the message holds ", l.count));
+    else
+        OCTET_REQUIRE(dst.size() == l.coded, fn, arg,
+                      message("has ", dst.size(), " elements; the message carries ", l.coded, " coordinates"));
+    OCTET_REQUIRE(dst.empty() || dst.data() != nullptr, fn, arg, "is null with a non-zero size");
+}
+
+/// The executor half of the gradient codec, specialized per executor: encode(ex, cfg, l, in,
+/// transformed, out, opt) and, for the decoders that read the message's header,
+/// read_header(ex, message, l, fn) and decode(ex, header, l, message, dst, space, fn), all with the
+/// arguments the entries checked. The host's is here, the stream's in codec.cuh (which also has the
+/// stream's non-synchronizing decoders, given the codec_config instead of reading the header).
+template <class Executor>
+struct codec_backend;
+
+template <>
+struct codec_backend<host_executor> {
+    /// Steps 1-5 of encoding x (the L coordinates y with `transformed`) into `out`.
+    static encode_result encode(host_executor ex, const codec_config& cfg, const wire_layout& l, span<const float> in,
+                                bool transformed, span<std::uint8_t> out, const encode_options& opt) {
+        std::vector<float> y(l.coded);
+        if (transformed) {
+            std::copy(in.begin(), in.end(), y.begin());
+            if (!opt.feedback.empty()) {
+                std::vector<float> e(l.count), te(l.coded);
+                load_residual(opt.feedback, 0, e.size(), e.data());
+                transform_forward(ex, cfg.transform, e, te, cfg.block, cfg.seed, opt.first_index);
+                for (std::size_t j = 0; j < y.size(); ++j) y[j] = y[j] + te[j];
+            }
+        } else if (opt.feedback.empty()) {
+            transform_forward(ex, cfg.transform, in, y, cfg.block, cfg.seed, opt.first_index);
+        } else {
+            std::vector<float> xf(in.size());
+            load_residual(opt.feedback, 0, in.size(), xf.data());
+            for (std::size_t i = 0; i < xf.size(); ++i) xf[i] = in[i] + xf[i];
+            transform_forward(ex, cfg.transform, xf, y, cfg.block, cfg.seed, opt.first_index);
+        }
+        return encode_coded(ex, cfg, l, y, opt, out);
+    }
+
+    /// Validates the whole message (wire.hpp) and reads its header and layout.
+    static wire_header read_header(host_executor, span<const std::uint8_t> message, wire_layout& l, const char* fn) {
+        return read_wire_header(message, &l, fn);
+    }
+
+    static void decode(host_executor ex, const wire_header& h, const wire_layout& l, span<const std::uint8_t> message,
+                       span<float> dst, decoded_space space, const char* /*fn*/) {
+        std::vector<float> y(space == decoded_space::original ? l.coded : 0);
+        float* coords = space == decoded_space::original ? y.data() : dst.data();
+        dispatch_wire_format(h.format, [&](auto tr) {
+            dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, coords,
+                                           space == decoded_space::transformed_add);
+        });
+        if (space == decoded_space::original)
+            transform_inverse(ex, h.transform, y, dst,
+                              h.transform == transform_kind::hadamard ? h.block : hadamard_min_block, h.seed,
+                              h.first_index);
+    }
+};
+
+/// The encoders' entry for every executor: the shared checks once, then the executor's backend.
+template <class Executor>
+encode_result encode_entry(const Executor& ex, const codec_config& cfg, span<const float> in, std::size_t n,
+                           bool transformed, span<std::uint8_t> out, const encode_options& opt, const char* fn) {
+    const wire_layout l = check_encode_args(cfg, in, n, transformed, out, opt, fn);
+    return codec_backend<Executor>::encode(ex, cfg, l, in, transformed, out, opt);
+}
+
+/// The entry of the decoders that read the message's header (the host's, and the stream's
+/// _synchronizing ones): the executor reads and validates the header, the destination is checked
+/// against it here, then the executor's backend decodes. Returns the header.
+template <class Executor>
+wire_header decode_reading_header(const Executor& ex, span<const std::uint8_t> message, span<float> dst,
+                                  decoded_space space, const char* fn) {
+    using backend = codec_backend<Executor>;
+    wire_layout l;
+    const wire_header h = backend::read_header(ex, message, l, fn);
+    check_decode_destination(dst, l, space, fn);
+    backend::decode(ex, h, l, message, dst, space, fn);
+    return h;
 }
 
 }  // namespace detail
 
-/// Encodes n = x.size() elements into out (exactly encoded_size(cfg, n) bytes).
-inline encode_result encode_gradient(host_executor ex, const codec_config& cfg, span<const float> x,
-                                     span<std::uint8_t> out, const encode_options& opt = {}) {
-    constexpr const char* fn = "octet::encode_gradient";
-    wire_layout l;
-    detail::check_encode_args(cfg, x.size(), out, opt, l, fn);
-    OCTET_REQUIRE(x.empty() || x.data() != nullptr, fn, "x", "is null with a non-zero size");
-    std::vector<float> y(l.coded);
-    if (opt.feedback.empty()) {
-        transform_forward(ex, cfg.transform, x, y, cfg.block, cfg.seed, opt.first_index);
-    } else {
-        std::vector<float> xf(x.size());
-        load_residual(opt.feedback, 0, x.size(), xf.data());
-        for (std::size_t i = 0; i < xf.size(); ++i) xf[i] = x[i] + xf[i];
-        transform_forward(ex, cfg.transform, xf, y, cfg.block, cfg.seed, opt.first_index);
-    }
-    return detail::encode_coded(ex, cfg, l, y, opt, out);
+/// Encodes n = x.size() elements into out (exactly encoded_size(cfg, n) bytes) on the executor:
+/// the host (host memory; returns the message's amax), or a CUDA stream (octet/codec/codec.cuh:
+/// device memory, out 16-byte aligned; enqueues a memset of the header and scales and two to four
+/// kernels, takes no scratch and never synchronizes; encode_result::amax is -1, not measured).
+template <class Executor>
+encode_result encode_gradient(const Executor& ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
+                              const encode_options& opt = {}) {
+    return detail::encode_entry(ex, cfg, x, x.size(), false, out, opt, "octet::encode_gradient");
 }
 
 /// Encodes the L = transform_length(cfg.transform, n, cfg.block) coordinates y, already in cfg's
 /// transformed coordinates (for example a sum of dequantized messages), as the message of n
 /// elements. A feedback residual is in original coordinates (n elements) and is transformed first.
-inline encode_result encode_gradient_transformed(host_executor ex, const codec_config& cfg, span<const float> y_in,
-                                                 std::size_t n, span<std::uint8_t> out,
-                                                 const encode_options& opt = {}) {
-    constexpr const char* fn = "octet::encode_gradient_transformed";
-    wire_layout l;
-    detail::check_encode_args(cfg, n, out, opt, l, fn);
-    OCTET_REQUIRE(y_in.size() == l.coded, fn, "y",
-                  detail::message("has ", y_in.size(), " coordinates; ", n, " elements transform to ", l.coded));
-    OCTET_REQUIRE(y_in.empty() || y_in.data() != nullptr, fn, "y", "is null with a non-zero size");
-    std::vector<float> y(y_in.begin(), y_in.end());
-    if (!opt.feedback.empty()) {
-        std::vector<float> e(n), te(l.coded);
-        load_residual(opt.feedback, 0, n, e.data());
-        transform_forward(ex, cfg.transform, e, te, cfg.block, cfg.seed, opt.first_index);
-        for (std::size_t j = 0; j < y.size(); ++j) y[j] = y[j] + te[j];
-    }
-    return detail::encode_coded(ex, cfg, l, y, opt, out);
+/// On the executor as encode_gradient (a stream enqueues the same work and never synchronizes).
+template <class Executor>
+encode_result encode_gradient_transformed(const Executor& ex, const codec_config& cfg, span<const float> y,
+                                          std::size_t n, span<std::uint8_t> out, const encode_options& opt = {}) {
+    return detail::encode_entry(ex, cfg, y, n, true, out, opt, "octet::encode_gradient_transformed");
 }
 
 /// Validates a message and writes its L dequantized coordinates in the transformed space into y
-/// (add: y += them). Returns the header.
+/// (add: y += them). Returns the header. Host memory; the stream forms are in codec.cuh
+/// (decode_gradient_transformed with the codec_config, which never synchronizes, and
+/// decode_gradient_transformed_synchronizing, which reads the header as this one does).
 inline wire_header decode_gradient_transformed(host_executor ex, span<const std::uint8_t> message, span<float> y,
                                                bool add = false) {
-    constexpr const char* fn = "octet::decode_gradient_transformed";
-    wire_layout l;
-    const wire_header h = read_wire_header(message, &l, fn);
-    OCTET_REQUIRE(y.size() == l.coded, fn, "y",
-                  detail::message("has ", y.size(), " elements; the message carries ", l.coded, " coordinates"));
-    OCTET_REQUIRE(y.empty() || y.data() != nullptr, fn, "y", "is null with a non-zero size");
-    dispatch_wire_format(h.format, [&](auto tr) {
-        detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), add);
-    });
-    return h;
+    return detail::decode_reading_header(
+        ex, message, y, add ? detail::decoded_space::transformed_add : detail::decoded_space::transformed,
+        "octet::decode_gradient_transformed");
 }
 
-/// Validates a message and decodes its n elements into out (out.size() must be the header's count).
+/// Validates a message and decodes its n elements into out (out.size() must be the header's
+/// count). Host memory; the stream forms are in codec.cuh (decode_gradient with the codec_config,
+/// which never synchronizes, and decode_gradient_synchronizing, which reads the header as this one does).
 inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> message, span<float> out) {
-    constexpr const char* fn = "octet::decode_gradient";
-    wire_layout l;
-    const wire_header h = read_wire_header(message, &l, fn);
-    OCTET_REQUIRE(out.size() == h.count, fn, "out",
-                  detail::message("has ", out.size(), " elements; the message holds ", h.count));
-    OCTET_REQUIRE(out.empty() || out.data() != nullptr, fn, "out", "is null with a non-zero size");
-    std::vector<float> y(l.coded);
-    dispatch_wire_format(h.format, [&](auto tr) {
-        detail::dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, y.data(), false);
-    });
-    transform_inverse(ex, h.transform, y, out, h.transform == transform_kind::hadamard ? h.block : hadamard_min_block,
-                      h.seed, h.first_index);
-    return h;
+    return detail::decode_reading_header(ex, message, out, detail::decoded_space::original, "octet::decode_gradient");
 }
 
 /// The configuration a message was encoded with (block: its effective block).
