@@ -105,19 +105,16 @@ inline void launch_crossings(stream_executor ex, bool from_logp, const float* a,
 
 }  // namespace detail
 
-/// Crossings from log-probabilities on the stream (device memory); `report` is zeroed and filled.
+/// Crossings from log-probabilities on the stream (device memory): the host form's checks
+/// (check_crossing_args), then a memset of `report` (one crossing_report in device memory) and the
+/// counting kernel enqueued on ex.stream; never synchronizes.
 inline void threshold_crossings(stream_executor ex, span<const float> logp_low, span<const float> logp_high,
                                 span<const float> logp_old, span<const float> advantages, clip_range range,
                                 clip_range low_range, span<crossing_report> report,
                                 float log_ratio_limit = default_log_ratio_limit) {
     constexpr const char* fn = "octet::threshold_crossings";
     const std::size_t n = logp_low.size();
-    detail::require_same_length(n, logp_high.size(), fn, "logp_high", "logp_low");
-    detail::require_same_length(n, logp_old.size(), fn, "logp_old", "logp_low");
-    detail::require_same_length(n, advantages.size(), fn, "advantages", "logp_low");
-    detail::require_range(range, fn, "range");
-    detail::require_range(low_range, fn, "low_range");
-    OCTET_REQUIRE(log_ratio_limit > 0.0f, fn, "log_ratio_limit", "must be positive (or INFINITY for none)");
+    detail::check_crossing_args(true, logp_low, logp_high, logp_old, advantages, range, low_range, log_ratio_limit, fn);
     detail::require_report(report, fn);
     if (n > 0) {
         detail::require_device_input(logp_low, fn, "logp_low");
@@ -129,16 +126,15 @@ inline void threshold_crossings(stream_executor ex, span<const float> logp_low, 
                              low_range, log_ratio_limit, report, fn);
 }
 
-/// Crossings from ratios on the stream (device memory); `report` is zeroed and filled.
+/// Crossings from ratios on the stream (device memory): the host form's checks, then a memset of
+/// `report` and the counting kernel enqueued on ex.stream; never synchronizes.
 inline void threshold_crossings_from_ratios(stream_executor ex, span<const float> ratio_low,
                                             span<const float> ratio_high, span<const float> advantages,
                                             clip_range range, clip_range low_range, span<crossing_report> report) {
     constexpr const char* fn = "octet::threshold_crossings_from_ratios";
     const std::size_t n = ratio_low.size();
-    detail::require_same_length(n, ratio_high.size(), fn, "ratio_high", "ratio_low");
-    detail::require_same_length(n, advantages.size(), fn, "advantages", "ratio_low");
-    detail::require_range(range, fn, "range");
-    detail::require_range(low_range, fn, "low_range");
+    detail::check_crossing_args(false, ratio_low, ratio_high, {}, advantages, range, low_range, default_log_ratio_limit,
+                                fn);
     detail::require_report(report, fn);
     if (n > 0) {
         detail::require_device_input(ratio_low, fn, "ratio_low");

@@ -1,7 +1,8 @@
 // octet/rl/crossings.hpp: threshold-crossing diagnostics. Given low-precision and high-precision
 // log-probabilities of the same tokens (and the shared behaviour log-probabilities), count the
 // tokens whose clip region or clip branch differs between the two, split by the advantage's sign.
-// Stream overload: octet/rl/crossings.cuh.
+// The host forms return the report; the stream forms (octet/rl/crossings.cuh) write it to device
+// memory; both run the same checks (check_crossing_args).
 //
 //   octet::crossing_report c = octet::threshold_crossings(octet::on_host(), logp_low, logp_high,
 //                                                         logp_old, advantages, range);
@@ -161,9 +162,20 @@ OCTET_HD bool crossing_token(float ratio_low, float ratio_high, float advantage,
     return true;
 }
 
-inline void require_range(clip_range r, const char* function, const char* argument) {
-    OCTET_REQUIRE(r.lower <= r.upper && is_finite_float(r.lower) && is_finite_float(r.upper), function, argument,
-                  message("is [", r.lower, ", ", r.upper, "]; pass finite bounds with lower <= upper"));
+/// Every executor-independent check of threshold_crossings (from_logp: `low`, `high` are
+/// log-probabilities with `logp_old` and the log-ratio limit) and threshold_crossings_from_ratios
+/// (ratios; logp_old and the limit unused): one entry per token in each input, valid ranges.
+inline void check_crossing_args(bool from_logp, span<const float> low, span<const float> high,
+                                span<const float> logp_old, span<const float> advantages, clip_range range,
+                                clip_range low_range, float log_ratio_limit, const char* fn) {
+    const char* low_arg = from_logp ? "logp_low" : "ratio_low";
+    const std::size_t n = low.size();
+    require_same_length(n, high.size(), fn, from_logp ? "logp_high" : "ratio_high", low_arg);
+    if (from_logp) require_same_length(n, logp_old.size(), fn, "logp_old", low_arg);
+    require_same_length(n, advantages.size(), fn, "advantages", low_arg);
+    require_range(range, fn, "range");
+    require_range(low_range, fn, "low_range");
+    if (from_logp) require_log_ratio_limit(log_ratio_limit, fn, "log_ratio_limit");
 }
 
 /// Host loop shared by both entry points: ratio_of(i) gives (ratio_low, ratio_high). Each token
@@ -215,15 +227,9 @@ crossing_report crossings_host(host_executor ex, std::size_t n, span<const float
 inline crossing_report threshold_crossings(host_executor ex, span<const float> logp_low, span<const float> logp_high,
                                            span<const float> logp_old, span<const float> advantages, clip_range range,
                                            clip_range low_range, float log_ratio_limit = default_log_ratio_limit) {
-    constexpr const char* fn = "octet::threshold_crossings";
-    const std::size_t n = logp_low.size();
-    detail::require_same_length(n, logp_high.size(), fn, "logp_high", "logp_low");
-    detail::require_same_length(n, logp_old.size(), fn, "logp_old", "logp_low");
-    detail::require_same_length(n, advantages.size(), fn, "advantages", "logp_low");
-    detail::require_range(range, fn, "range");
-    detail::require_range(low_range, fn, "low_range");
-    OCTET_REQUIRE(log_ratio_limit > 0.0f, fn, "log_ratio_limit", "must be positive (or INFINITY for none)");
-    return detail::crossings_host(ex, n, advantages, range, low_range, [&](std::size_t i) {
+    detail::check_crossing_args(true, logp_low, logp_high, logp_old, advantages, range, low_range, log_ratio_limit,
+                                "octet::threshold_crossings");
+    return detail::crossings_host(ex, logp_low.size(), advantages, range, low_range, [&](std::size_t i) {
         return std::pair<float, float>{importance_ratio(logp_low[i], logp_old[i], log_ratio_limit),
                                        importance_ratio(logp_high[i], logp_old[i], log_ratio_limit)};
     });
@@ -238,13 +244,9 @@ inline crossing_report threshold_crossings(host_executor ex, span<const float> l
 inline crossing_report threshold_crossings_from_ratios(host_executor ex, span<const float> ratio_low,
                                                        span<const float> ratio_high, span<const float> advantages,
                                                        clip_range range, clip_range low_range) {
-    constexpr const char* fn = "octet::threshold_crossings_from_ratios";
-    const std::size_t n = ratio_low.size();
-    detail::require_same_length(n, ratio_high.size(), fn, "ratio_high", "ratio_low");
-    detail::require_same_length(n, advantages.size(), fn, "advantages", "ratio_low");
-    detail::require_range(range, fn, "range");
-    detail::require_range(low_range, fn, "low_range");
-    return detail::crossings_host(ex, n, advantages, range, low_range, [&](std::size_t i) {
+    detail::check_crossing_args(false, ratio_low, ratio_high, {}, advantages, range, low_range, default_log_ratio_limit,
+                                "octet::threshold_crossings_from_ratios");
+    return detail::crossings_host(ex, ratio_low.size(), advantages, range, low_range, [&](std::size_t i) {
         return std::pair<float, float>{ratio_low[i], ratio_high[i]};
     });
 }

@@ -3,7 +3,9 @@
 //   octet::importance_ratios(octet::on_stream(s), logp_new, logp_old, ratios);
 //   octet::clipped_surrogate(octet::on_stream(s), logp_new, logp_old, adv, cfg, outputs, stats);
 //
-// Same rules and contract as the host overloads in surrogate.hpp (the kernels call the same
+// The stream backend of the importance_ratios entry in surrogate.hpp, and the stream's
+// clipped_surrogate, which shares the host form's checks (check_surrogate_args).
+// Same rules and contract as the host forms in surrogate.hpp (the kernels call the same
 // OCTET_HD functions of clip.hpp). All spans are device memory; `stats` is one surrogate_stats in
 // device memory, zeroed and filled by the call (read it back with cudaMemcpy after the stream).
 // Differences from the host overloads, all documented and tested:
@@ -133,55 +135,42 @@ inline void require_device_output(span<float> x, std::size_t n, const char* fn, 
     cuda::require_device_accessible(x.data(), fn, arg);
 }
 
+/// octet::importance_ratios on a stream (the entry, in surrogate.hpp, checked the arguments every
+/// executor shares): one kernel enqueued on ex.stream, no host sync.
+template <>
+struct ratio_backend<stream_executor> {
+    static void ratios(const stream_executor& ex, span<const float> logp_new, span<const float> logp_old,
+                       span<float> ratios, float log_ratio_limit) {
+        constexpr const char* fn = "octet::importance_ratios";
+        if (logp_new.empty()) return;
+        require_device_input(logp_new, fn, "logp_new");
+        require_device_input(logp_old, fn, "logp_old");
+        require_device_output(ratios, logp_new.size(), fn, "ratios");
+        const unsigned blocks = cuda::grid_stride_blocks(logp_new.size(), kRlThreads);
+        cuda::launch("importance_ratio_kernel", importance_ratio_kernel, blocks, kRlThreads, 0, ex.stream,
+                     logp_new.data(), logp_old.data(), ratios.data(), logp_new.size(), log_ratio_limit);
+        OCTET_CUDA_CHECK_LAUNCH();
+    }
+};
+
 }  // namespace detail
 
-/// ratios[t] = importance_ratio(logp_new[t], logp_old[t]) on the stream (device memory).
-inline void importance_ratios(stream_executor ex, span<const float> logp_new, span<const float> logp_old,
-                              span<float> ratios, float log_ratio_limit = default_log_ratio_limit) {
-    constexpr const char* fn = "octet::importance_ratios";
-    detail::require_same_length(logp_new.size(), logp_old.size(), fn, "logp_old", "logp_new");
-    detail::require_same_length(logp_new.size(), ratios.size(), fn, "ratios", "logp_new");
-    OCTET_REQUIRE(log_ratio_limit > 0.0f, fn, "log_ratio_limit",
-                  detail::message("is ", log_ratio_limit, "; pass a positive limit (or INFINITY for none)"));
-    if (logp_new.empty()) return;
-    detail::require_device_input(logp_new, fn, "logp_new");
-    detail::require_device_input(logp_old, fn, "logp_old");
-    detail::require_device_output(ratios, logp_new.size(), fn, "ratios");
-    const unsigned blocks = cuda::grid_stride_blocks(logp_new.size(), detail::kRlThreads);
-    cuda::launch("importance_ratio_kernel", detail::importance_ratio_kernel, blocks, detail::kRlThreads, 0, ex.stream,
-                 logp_new.data(), logp_old.data(), ratios.data(), logp_new.size(), log_ratio_limit);
-    OCTET_CUDA_CHECK_LAUNCH();
-}
-
-/// The clipped surrogate on the stream; `stats` (device, one element) is zeroed and filled.
+/// The clipped surrogate on the stream: the host form's checks (check_surrogate_args; the
+/// sequence offsets' values are trusted), then a memset of `stats` (one surrogate_stats in device
+/// memory) and the surrogate kernel enqueued on ex.stream. No scratch, never synchronizes.
 inline void clipped_surrogate(stream_executor ex, span<const float> logp_new, span<const float> logp_old,
                               span<const float> advantages, const surrogate_config& cfg, surrogate_outputs out,
                               span<surrogate_stats> stats, span<const std::int64_t> sequence_offsets = {}) {
     constexpr const char* fn = "octet::clipped_surrogate";
     const std::size_t n = logp_new.size();
-    detail::require_same_length(n, logp_old.size(), fn, "logp_old", "logp_new");
-    detail::require_same_length(n, advantages.size(), fn, "advantages", "logp_new");
     OCTET_REQUIRE(stats.size() == 1 && stats.data() != nullptr, fn, "stats",
                   detail::message("has ", stats.size(), " elements; pass one surrogate_stats in device memory"));
-    OCTET_REQUIRE(
-        cfg.range.lower <= cfg.range.upper && is_finite_float(cfg.range.lower) && is_finite_float(cfg.range.upper), fn,
-        "cfg.range",
-        detail::message("is [", cfg.range.lower, ", ", cfg.range.upper, "]; pass finite bounds with lower <= upper"));
-    OCTET_REQUIRE(cfg.log_ratio_limit > 0.0f, fn, "cfg.log_ratio_limit", "must be positive (or INFINITY for none)");
     OCTET_REQUIRE(cfg.on_nonfinite == token_nonfinite_policy::count, fn, "cfg.on_nonfinite",
                   "is token_nonfinite_policy::raise, which device code cannot do; use token_nonfinite_policy::count "
                   "and check stats.non_finite");
-    const bool by_sequence = cfg.aggregation == loss_aggregation::sequence_mean;
-    if (by_sequence)
-        OCTET_REQUIRE(sequence_offsets.size() >= 2 && sequence_offsets.data() != nullptr, fn, "sequence_offsets",
-                      detail::message("has ", sequence_offsets.size(),
-                                      " entries; sequence_mean needs S + 1 >= 2 offsets in device memory"));
-    else
-        OCTET_REQUIRE(sequence_offsets.empty(), fn, "sequence_offsets",
-                      "is only used by loss_aggregation::sequence_mean; pass an empty span or set cfg.aggregation");
-    detail::require_output(out.ratio, n, fn, "out.ratio");  // sizes first: no device call for a wrong shape
-    detail::require_output(out.objective, n, fn, "out.objective");
-    detail::require_output(out.grad, n, fn, "out.grad");
+    // sizes first: no device call for a wrong shape
+    const bool by_sequence =
+        detail::check_surrogate_args(logp_new, logp_old, advantages, cfg, out, sequence_offsets, fn);
     cuda::require_device_accessible(stats.data(), fn, "stats");
     if (by_sequence) cuda::require_device_accessible(sequence_offsets.data(), fn, "sequence_offsets");
     OCTET_CUDA_CHECK(cudaMemsetAsync(stats.data(), 0, sizeof(surrogate_stats), ex.stream));

@@ -1,5 +1,6 @@
 // octet/rl/surrogate.hpp: importance ratios, the PPO/GRPO clipped surrogate and its per-token
-// gradient, and GRPO group advantages, on the host. Stream overloads: octet/rl/surrogate.cuh.
+// gradient, and GRPO group advantages: the entries and the host backend. The stream backend and
+// the stream's clipped_surrogate (statistics in device memory): octet/rl/surrogate.cuh.
 //
 //   octet::importance_ratios(octet::on_host(), logp_new, logp_old, ratios);
 //   octet::surrogate_config cfg;                              // [0.8, 1.2], token mean
@@ -167,13 +168,19 @@ inline void require_all_finite(span<const float> x, const char* function, const 
                     "; fix the producer, or use token_nonfinite_policy::count to mask and count such tokens"));
 }
 
-/// Validates GRPO sequence offsets: S + 1 entries, 0 first, n last, non-decreasing.
-inline void require_offsets(span<const std::int64_t> offsets, std::size_t n, const char* function) {
+/// GRPO sequence offsets are there: S + 1 >= 2 entries (what every executor can check; a stream's
+/// offsets are device memory, whose values it trusts).
+inline void require_offsets_given(span<const std::int64_t> offsets, const char* function) {
     OCTET_REQUIRE(offsets.empty() || offsets.data() != nullptr, function, "sequence_offsets",
                   "is null with a non-zero size");
     OCTET_REQUIRE(offsets.size() >= 2, function, "sequence_offsets",
                   message("has ", offsets.size(),
                           " entries; sequence_mean needs S + 1 offsets (0, ..., n) for S >= 1 sequences"));
+}
+
+/// Validates GRPO sequence offsets in host memory: S + 1 entries, 0 first, n last, non-decreasing.
+inline void require_offsets(span<const std::int64_t> offsets, std::size_t n, const char* function) {
+    require_offsets_given(offsets, function);
     OCTET_REQUIRE(offsets[0] == 0 && offsets[offsets.size() - 1] == static_cast<std::int64_t>(n), function,
                   "sequence_offsets",
                   message("must start at 0 and end at the token count ", n, " (got ", offsets[0], " ... ",
@@ -182,6 +189,40 @@ inline void require_offsets(span<const std::int64_t> offsets, std::size_t n, con
         OCTET_REQUIRE(offsets[s] >= offsets[s - 1], function, "sequence_offsets",
                       message("decreases at entry ", s, " (", offsets[s - 1], " then ", offsets[s],
                               "); offsets must be non-decreasing"));
+}
+
+inline void require_log_ratio_limit(float limit, const char* function, const char* argument) {
+    OCTET_REQUIRE(limit > 0.0f, function, argument,
+                  message("is ", limit, "; pass a positive limit (or INFINITY for none)"));
+}
+
+inline void require_range(clip_range r, const char* function, const char* argument) {
+    OCTET_REQUIRE(r.lower <= r.upper && is_finite_float(r.lower) && is_finite_float(r.upper), function, argument,
+                  message("is [", r.lower, ", ", r.upper, "]; pass finite bounds with lower <= upper"));
+}
+
+/// Every executor-independent check of octet::clipped_surrogate: one entry per token in each input
+/// and each non-empty output, cfg's range and log-ratio limit, and sequence_offsets given exactly
+/// when cfg.aggregation is sequence_mean (their values are checked where they can be read: on the
+/// host). Returns whether the loss is aggregated by sequence.
+inline bool check_surrogate_args(span<const float> logp_new, span<const float> logp_old, span<const float> advantages,
+                                 const surrogate_config& cfg, const surrogate_outputs& out,
+                                 span<const std::int64_t> sequence_offsets, const char* fn) {
+    const std::size_t n = logp_new.size();
+    require_same_length(n, logp_old.size(), fn, "logp_old", "logp_new");
+    require_same_length(n, advantages.size(), fn, "advantages", "logp_new");
+    require_output(out.ratio, n, fn, "out.ratio");
+    require_output(out.objective, n, fn, "out.objective");
+    require_output(out.grad, n, fn, "out.grad");
+    require_range(cfg.range, fn, "cfg.range");
+    require_log_ratio_limit(cfg.log_ratio_limit, fn, "cfg.log_ratio_limit");
+    const bool by_sequence = cfg.aggregation == loss_aggregation::sequence_mean;
+    if (by_sequence)
+        require_offsets_given(sequence_offsets, fn);
+    else
+        OCTET_REQUIRE(sequence_offsets.empty(), fn, "sequence_offsets",
+                      "is only used by loss_aggregation::sequence_mean; pass an empty span or set cfg.aggregation");
+    return by_sequence;
 }
 
 }  // namespace detail
@@ -199,45 +240,49 @@ namespace detail {
 /// Fixed reduction blocks: partial sums per block, then summed in block order (thread-count independent).
 inline constexpr std::size_t kRlReduceBlock = 4096;
 
+/// The executor half of octet::importance_ratios, specialized per executor: ratios(ex, logp_new,
+/// logp_old, ratios, log_ratio_limit) with the arguments the entry checked. The host's is here, the
+/// stream's in surrogate.cuh.
+template <class Executor>
+struct ratio_backend;
+
+template <>
+struct ratio_backend<host_executor> {
+    static void ratios(host_executor ex, span<const float> logp_new, span<const float> logp_old, span<float> ratios,
+                       float log_ratio_limit) {
+        parallel_for(ex, logp_new.size(), std::size_t{1} << 15, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) ratios[i] = importance_ratio(logp_new[i], logp_old[i], log_ratio_limit);
+        });
+    }
+};
+
 }  // namespace detail
 
-/// ratios[t] = importance_ratio(logp_new[t], logp_old[t], log_ratio_limit) (NaN for non-finite).
-inline void importance_ratios(host_executor ex, span<const float> logp_new, span<const float> logp_old,
-                              span<float> ratios, float log_ratio_limit = default_log_ratio_limit) {
+/// ratios[t] = importance_ratio(logp_new[t], logp_old[t], log_ratio_limit) (NaN for non-finite), on
+/// the executor: the host, or a CUDA stream (octet/rl/surrogate.cuh: device memory; enqueues one
+/// kernel, never synchronizes). The arguments every executor shares are checked here, once.
+template <class Executor>
+void importance_ratios(const Executor& ex, span<const float> logp_new, span<const float> logp_old, span<float> ratios,
+                       float log_ratio_limit = default_log_ratio_limit) {
     constexpr const char* fn = "octet::importance_ratios";
     detail::require_same_length(logp_new.size(), logp_old.size(), fn, "logp_old", "logp_new");
     detail::require_same_length(logp_new.size(), ratios.size(), fn, "ratios", "logp_new");
-    OCTET_REQUIRE(log_ratio_limit > 0.0f, fn, "log_ratio_limit",
-                  detail::message("is ", log_ratio_limit, "; pass a positive limit (or INFINITY for none)"));
-    parallel_for(ex, logp_new.size(), std::size_t{1} << 15, [&](std::size_t b, std::size_t e) {
-        for (std::size_t i = b; i < e; ++i) ratios[i] = importance_ratio(logp_new[i], logp_old[i], log_ratio_limit);
-    });
+    detail::require_log_ratio_limit(log_ratio_limit, fn, "log_ratio_limit");
+    detail::ratio_backend<Executor>::ratios(ex, logp_new, logp_old, ratios, log_ratio_limit);
 }
 
-/// The clipped surrogate over n tokens: statistics (with the aggregated objective) and the
-/// optional per-token outputs. See the header comment for the aggregation and the contract.
+/// The clipped surrogate over n tokens on the host: statistics (with the aggregated objective) and
+/// the optional per-token outputs. See the header comment for the aggregation and the contract.
+/// The stream form (surrogate.cuh) writes the statistics to device memory instead of returning
+/// them; both run the same checks (check_surrogate_args).
 inline surrogate_stats clipped_surrogate(host_executor ex, span<const float> logp_new, span<const float> logp_old,
                                          span<const float> advantages, const surrogate_config& cfg,
                                          surrogate_outputs out = {}, span<const std::int64_t> sequence_offsets = {}) {
     constexpr const char* fn = "octet::clipped_surrogate";
     const std::size_t n = logp_new.size();
-    detail::require_same_length(n, logp_old.size(), fn, "logp_old", "logp_new");
-    detail::require_same_length(n, advantages.size(), fn, "advantages", "logp_new");
-    detail::require_output(out.ratio, n, fn, "out.ratio");
-    detail::require_output(out.objective, n, fn, "out.objective");
-    detail::require_output(out.grad, n, fn, "out.grad");
-    OCTET_REQUIRE(
-        cfg.range.lower <= cfg.range.upper && is_finite_float(cfg.range.lower) && is_finite_float(cfg.range.upper), fn,
-        "cfg.range",
-        detail::message("is [", cfg.range.lower, ", ", cfg.range.upper, "]; pass finite bounds with lower <= upper"));
-    OCTET_REQUIRE(cfg.log_ratio_limit > 0.0f, fn, "cfg.log_ratio_limit",
-                  detail::message("is ", cfg.log_ratio_limit, "; pass a positive limit (or INFINITY for none)"));
-    const bool by_sequence = cfg.aggregation == loss_aggregation::sequence_mean;
-    if (by_sequence)
-        detail::require_offsets(sequence_offsets, n, fn);
-    else
-        OCTET_REQUIRE(sequence_offsets.empty(), fn, "sequence_offsets",
-                      "is only used by loss_aggregation::sequence_mean; pass an empty span or set cfg.aggregation");
+    const bool by_sequence =
+        detail::check_surrogate_args(logp_new, logp_old, advantages, cfg, out, sequence_offsets, fn);
+    if (by_sequence) detail::require_offsets(sequence_offsets, n, fn);  // host memory: the values too
     if (cfg.on_nonfinite == token_nonfinite_policy::raise) {
         detail::require_all_finite(logp_new, fn, "logp_new");
         detail::require_all_finite(logp_old, fn, "logp_old");
