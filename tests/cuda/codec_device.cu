@@ -122,6 +122,15 @@ TEST_SUITE("cuda") {
         CHECK_THROWS_WITH_AS(
             encode_gradient(on_stream(), {}, span<const float>(nullptr, 10), span<std::uint8_t>(msg.data(), 5)),
             doctest::Contains("argument 'out'"), octet::error);
+        // The checks the host forms share (one entry, one destination rule) come before the stream's own.
+        std::vector<float> y(3);
+        CHECK_THROWS_WITH_AS(encode_gradient_transformed(on_stream(), {}, span<const float>(y.data(), y.size()), 10,
+                                                         span<std::uint8_t>(msg.data(), msg.size())),
+                             doctest::Contains("argument 'y' has 3 coordinates"), octet::error);
+        CHECK_THROWS_WITH_AS(
+            decode_gradient_transformed(on_stream(), {}, 10, span<const std::uint8_t>(msg.data(), msg.size()),
+                                        span<float>(y.data(), y.size()), nullptr),
+            doctest::Contains("argument 'y' has 3 elements"), octet::error);
     }
 }
 
