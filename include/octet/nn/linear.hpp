@@ -1,5 +1,6 @@
 // octet/nn/linear.hpp: the quantized linear layer Y = X W^T + b (forward, and backward giving dX,
-// dW and db), built from octet::quantize and octet::scaled_gemm, on the host.
+// dW and db), built from octet::quantize and octet::scaled_gemm, on the host or (the buffer form,
+// nn/linear.cuh) on a CUDA stream.
 //
 //   using LR = octet::linear_recipes::blockwise;
 //   octet::linear_context<LR> ctx({/*max_tokens=*/512, /*in_features=*/256, /*out_features=*/1024});
@@ -319,29 +320,111 @@ struct linear_step_options {
     bool collect_stats = true;
 };
 
+/// What one step of a layer on a CUDA stream (nn/linear.cuh) draws on: the delayed-scaling amaxes in device memory
+/// (null: current scaling, the tensor's own amax), the Philox seed and backward number (as linear_step_options), and
+/// whether the copies' quant statistics are gathered.
+struct device_linear_step_options {
+    const float* x_scale_amax = nullptr;  ///< device: tensor_amax of X's copies, or null
+    const float* w_scale_amax = nullptr;  ///< device: tensor_amax of W's copies, or null
+    const float* g_scale_amax = nullptr;  ///< device: tensor_amax of dY's copies, or null
+    std::uint64_t seed = 0;               ///< Philox seed of stochastic rounding and of the Hadamard signs
+    std::uint64_t step = 0;               ///< backward number s: stochastic rounding draws from offset 4 s
+    bool collect_stats = true;
+};
+
+/// What a forward on a stream writes (device memory): each copy's statistics as {row-wise,
+/// column-wise} (zeros for a copy not made, and all zeros without collect_stats), and the finite
+/// amaxes of X and W (what delayed scaling records).
+struct device_linear_forward_stats {
+    quant_stats x[2], w[2], x_hadamard[2];
+    float x_amax, w_amax;
+};
+
+/// What a backward on a stream writes (device memory): dY's and the rotated dY's statistics and
+/// dY's finite amax (0 when dY was not quantized).
+struct device_linear_backward_stats {
+    quant_stats dy[2], dy_hadamard[2];
+    float dy_amax;
+};
+
 /// Tokens of the weight-gradient GEMM's K for `tokens` tokens (padded to 16 under HadamardWgrad).
 template <class LR>
 constexpr std::size_t linear_wgrad_tokens(std::size_t tokens) {
     return LR::hadamard_wgrad ? (tokens + LR::hadamard_block - 1) / LR::hadamard_block * LR::hadamard_block : tokens;
 }
 
+/// Which input of a layer a quantize call copies (the backends' statistics slots): X and W in the
+/// forward, dY in the backward, and under HadamardWgrad the rotated X and dY.
+enum class linear_operand { x, w, x_hadamard, dy, dy_hadamard };
+
 namespace detail {
 inline bool matrix_absent(const matrix_ref<float>& m) {
     return m.data == nullptr && m.rows == 0 && m.cols == 0;
 }
+
+/// The executor half of octet::linear_forward / linear_backward, specialized per executor:
+/// `options` (what a step draws on), `forward_stats` / `backward_stats` (where the statistics go),
+/// begin_forward / begin_backward (clear the slots a call writes), quantize_operand (one quantize
+/// with the operand's scale amax, random stream and statistics slot), hadamard_tokens and
+/// column_sums. The host's is here, the stream's in nn/linear.cuh; the entries below hold the
+/// argument checks and the order of the steps, once for every executor.
+template <class Executor>
+struct linear_backend;
+
+template <>
+struct linear_backend<host_executor> {
+    using options = linear_step_options;
+    using forward_stats = linear_stats&;
+    using backward_stats = linear_stats&;
+
+    static void begin_forward(host_executor, linear_stats& st) { st.x_hadamard = {}; }
+    static void begin_backward(host_executor, linear_stats& st) { st.dy = st.dy_hadamard = {}; }
+
+    template <class R>
+    static void quantize_operand(host_executor ex, linear_operand which, matrix_ref<const float> x,
+                                 const quantized_ref<R>& rowwise, const quantized_ref<R>& columnwise, const options& o,
+                                 philox_stream rng, linear_stats& st) {
+        quantize_options q;
+        q.collect_stats = o.collect_stats;
+        q.rng = rng;
+        q.tensor_amax = which == linear_operand::x    ? o.x_scale_amax
+                        : which == linear_operand::w  ? o.w_scale_amax
+                        : which == linear_operand::dy ? o.g_scale_amax
+                                                      : -1.0f;  // a rotated copy: its own amax, no history
+        quantize_result* slot[] = {&st.x, &st.w, &st.x_hadamard, &st.dy, &st.dy_hadamard};
+        *slot[static_cast<int>(which)] = quantize<R>(ex, x, rowwise, columnwise, q);
+    }
+
+    static void hadamard_tokens(host_executor ex, matrix_ref<const float> x, std::uint64_t seed, span<float> out,
+                                const char* /*fn*/) {
+        detail::hadamard_tokens(ex, x, seed, out.data());
+    }
+
+    static void column_sums(host_executor, matrix_ref<const float> dy, span<float> db) {
+        std::vector<double> sum(dy.cols, 0.0);
+        for (std::size_t t = 0; t < dy.rows; ++t)
+            for (std::size_t j = 0; j < dy.cols; ++j) sum[j] += static_cast<double>(dy(t, j));
+        for (std::size_t j = 0; j < dy.cols; ++j) db[j] = static_cast<float>(sum[j]);
+    }
+};
 }  // namespace detail
 
 /// Y = X W^T + bias on quantized copies of X and W, in the caller's buffers (bias: out_features
-/// floats, or empty for none). Writes buf.x_t / buf.w_t when given (a backward reads them) and the
-/// statistics of the copies made into stats.x, stats.w and stats.x_hadamard. The caller records the
-/// amaxes of delayed scaling (stats.x.amax, stats.w.amax). Shapes come from x and w (tokens x in,
-/// out x in); every buffer is checked against them.
-template <class LR>
-void linear_forward(host_executor ex, matrix_ref<const float> x, matrix_ref<const float> w, span<const float> bias,
-                    matrix_ref<float> y, const linear_forward_buffers<LR>& buf, const linear_step_options& o,
-                    linear_stats& stats) {
+/// floats, or empty for none), on the executor: the host (host memory; linear_step_options,
+/// statistics into a linear_stats) or a CUDA stream (nn/linear.cuh: device memory;
+/// device_linear_step_options, statistics into device memory; enqueues, never synchronizes).
+/// Writes buf.x_t / buf.w_t when given (a backward reads them) and the statistics of the copies
+/// made (X's, W's, and the rotated X's under HadamardWgrad). The caller records the amaxes of
+/// delayed scaling (X's and W's). Shapes come from x and w (tokens x in, out x in); every buffer is
+/// checked against them.
+template <class LR, class Executor>
+void linear_forward(const Executor& ex, matrix_ref<const float> x, matrix_ref<const float> w, span<const float> bias,
+                    matrix_ref<float> y, const linear_forward_buffers<LR>& buf,
+                    const typename detail::linear_backend<Executor>::options& o,
+                    typename detail::linear_backend<Executor>::forward_stats stats) {
     static_assert(is_linear_recipe_v<LR>,
                   "octet::linear_forward: LR must be an octet::linear_recipe<...> (see octet::linear_recipes)");
+    using backend = detail::linear_backend<Executor>;
     constexpr const char* fn = "octet::linear_forward";
     using XR = typename LR::x_recipe;
     using WR = typename LR::w_recipe;
@@ -360,20 +443,17 @@ void linear_forward(host_executor ex, matrix_ref<const float> x, matrix_ref<cons
                   detail::message("holds ", buf.rotated.size(), " floats; the Hadamard-rotated X needs ", padded, " x ",
                                   in, " (linear_wgrad_tokens(tokens) x in_features)"));
 
-    quantize_options opt;
-    opt.collect_stats = o.collect_stats;
+    backend::begin_forward(ex, stats);
     // X: the forward operand, and (no rotation) the weight-gradient operand.
-    opt.tensor_amax = o.x_scale_amax;
-    stats.x = quantize<XR>(ex, x, buf.x, rotate ? quantized_ref<XR>{} : buf.x_t, opt);
+    backend::quantize_operand(ex, linear_operand::x, x, buf.x, rotate ? quantized_ref<XR>{} : buf.x_t, o,
+                              philox_stream{}, stats);
     // W: the forward operand, and the data-gradient operand.
-    opt.tensor_amax = o.w_scale_amax;
-    stats.w = quantize<WR>(ex, w, buf.w, buf.w_t, opt);
-    stats.x_hadamard = {};
+    backend::quantize_operand(ex, linear_operand::w, w, buf.w, buf.w_t, o, philox_stream{}, stats);
     if (rotate) {
-        detail::hadamard_tokens(ex, x, o.seed, buf.rotated.data());
-        opt.tensor_amax = -1.0f;  // the rotated copy has its own amax, which no history tracks
-        stats.x_hadamard = quantize<XR>(ex, matrix_ref<const float>(buf.rotated.data(), padded, in),
-                                        quantized_ref<XR>{}, buf.x_t, opt);
+        const span<float> rotated(buf.rotated.data(), padded * in);
+        backend::hadamard_tokens(ex, x, o.seed, rotated, fn);
+        backend::quantize_operand(ex, linear_operand::x_hadamard, matrix_ref<const float>(rotated.data(), padded, in),
+                                  quantized_ref<XR>{}, buf.x_t, o, philox_stream{}, stats);
     }
     gemm_options g;
     g.bias = bias;
@@ -382,14 +462,17 @@ void linear_forward(host_executor ex, matrix_ref<const float> x, matrix_ref<cons
 
 /// dX = dY W (skipped when dx is {}), dW = dY^T X (skipped when dw is {}) and db = the column sums
 /// of dY (skipped when db is empty), from the forward's copies in buf.w_t and buf.x_t, in the
-/// caller's buffers. Writes the statistics of dY's copies into stats.dy and stats.dy_hadamard; the
-/// caller records dY's amax (delayed scaling) and counts the step.
-template <class LR>
-void linear_backward(host_executor ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
-                     span<float> db, const linear_backward_buffers<LR>& buf, const linear_step_options& o,
-                     linear_stats& stats) {
+/// caller's buffers, on the executor (as linear_forward). Writes the statistics of dY's copies (and
+/// of the rotated dY's under HadamardWgrad); the caller records dY's amax (delayed scaling) and
+/// counts the step.
+template <class LR, class Executor>
+void linear_backward(const Executor& ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
+                     span<float> db, const linear_backward_buffers<LR>& buf,
+                     const typename detail::linear_backend<Executor>::options& o,
+                     typename detail::linear_backend<Executor>::backward_stats stats) {
     static_assert(is_linear_recipe_v<LR>,
                   "octet::linear_backward: LR must be an octet::linear_recipe<...> (see octet::linear_recipes)");
+    using backend = detail::linear_backend<Executor>;
     constexpr const char* fn = "octet::linear_backward";
     using GR = typename LR::g_quantize_recipe;
     const std::size_t tokens = dy.rows, out = dy.cols;
@@ -424,32 +507,21 @@ void linear_backward(host_executor ex, matrix_ref<const float> dy, matrix_ref<fl
                   detail::message("holds ", buf.rotated.size(), " floats; the Hadamard-rotated dY needs ", padded,
                                   " x ", out, " (linear_wgrad_tokens(tokens) x out_features)"));
 
-    quantize_options opt;
-    opt.collect_stats = o.collect_stats;
-    opt.rng = philox_stream{o.seed, 4 * o.step};
-    opt.tensor_amax = o.g_scale_amax;
+    backend::begin_backward(ex, stats);
     const bool dy_col = want_dw && !rotate;
-    stats.dy = {};
     if (want_dx || dy_col)
-        stats.dy =
-            quantize<GR>(ex, dy, want_dx ? buf.dy : quantized_ref<GR>{}, dy_col ? buf.dy_t : quantized_ref<GR>{}, opt);
-    stats.dy_hadamard = {};
+        backend::quantize_operand(ex, linear_operand::dy, dy, want_dx ? buf.dy : quantized_ref<GR>{},
+                                  dy_col ? buf.dy_t : quantized_ref<GR>{}, o, philox_stream{o.seed, 4 * o.step}, stats);
     if (rotate) {
-        detail::hadamard_tokens(ex, dy, o.seed, buf.rotated.data());
-        opt.tensor_amax = -1.0f;
-        opt.rng = philox_stream{o.seed, 4 * o.step + 2};
-        stats.dy_hadamard = quantize<GR>(ex, matrix_ref<const float>(buf.rotated.data(), padded, out),
-                                         quantized_ref<GR>{}, buf.dy_t, opt);
+        const span<float> rotated(buf.rotated.data(), padded * out);
+        backend::hadamard_tokens(ex, dy, o.seed, rotated, fn);
+        backend::quantize_operand(ex, linear_operand::dy_hadamard, matrix_ref<const float>(rotated.data(), padded, out),
+                                  quantized_ref<GR>{}, buf.dy_t, o, philox_stream{o.seed, 4 * o.step + 2}, stats);
     }
 
     if (want_dx) scaled_gemm(ex, quantized_cref<GR>(buf.dy), buf.w_t, dx);
     if (want_dw) scaled_gemm(ex, quantized_cref<GR>(buf.dy_t), buf.x_t, dw);
-    if (!db.empty()) {
-        std::vector<double> sum(out, 0.0);
-        for (std::size_t t = 0; t < tokens; ++t)
-            for (std::size_t j = 0; j < out; ++j) sum[j] += static_cast<double>(dy(t, j));
-        for (std::size_t j = 0; j < out; ++j) db[j] = static_cast<float>(sum[j]);
-    }
+    if (!db.empty()) backend::column_sums(ex, dy, db);
 }
 
 /// One linear layer's quantized copies, scratch, delayed-scaling histories, stochastic-rounding
