@@ -22,14 +22,21 @@
 // backward s from offset 4 s); without it, seed and backward 0. X, W and dY are float32.
 #pragma once
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
+#include <cstddef>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "octet/nn/linear.hpp"
 #include "octet_torch.hpp"
+#ifdef OCTET_TORCH_CUDA
+#include "linear_device.hpp"
+#include "octet_torch_cuda.hpp"
+#endif
 
 namespace octet_torch::linear {
 
@@ -78,6 +85,95 @@ inline at::Tensor scalar(float v, const at::TensorOptions& o) {
     return t;
 }
 
+/// The device's tensor_amax of a delayed-scaling operand (null: current scaling), staged on the
+/// stream by a fill kernel into `keep` (no synchronization).
+inline const float* device_scale_amax(float amax, const at::TensorOptions& o, at::Tensor& keep) {
+    if (amax < 0) return nullptr;
+    keep = at::full({1}, amax, o.dtype(at::kFloat));
+    return keep.data_ptr<float>();
+}
+
+/// NVFP4's linear on CUDA: its FP4 GEMMs need cuBLASLt, which the ops do not lend.
+template <class LR>
+void require_linear_on_cuda(const char* op) {
+#ifdef OCTET_TORCH_CUDA
+    TORCH_CHECK_VALUE(device::linear_on_cuda<LR>, where(op, "recipe"),
+                      "is nvfp4, whose FP4 GEMMs have no CUDA kernels in octet's torch ops (octet runs them through "
+                      "cuBLASLt, which the ops do not use); run this layer on the CPU, or pick mxfp8, blockwise or "
+                      "tensorwise on CUDA");
+#else
+    TORCH_CHECK_VALUE(false, where(op, "x"), "is a CUDA tensor in a build without CUDA kernels (unreachable)");
+#endif
+}
+
+/// The forward on torch's current stream: statistics and amaxes from the device's
+/// device_linear_forward_stats by views and copies (no synchronization).
+template <class LR>
+void run_forward_cuda(const forward_args& a, octet::matrix_ref<const float> X, octet::matrix_ref<const float> W,
+                      octet::span<const float> bias, octet::matrix_ref<float> y,
+                      const octet::linear_forward_buffers<LR>& buf, at::Tensor& x_amax, at::Tensor& w_amax,
+                      at::Tensor& stats) {
+    require_linear_on_cuda<LR>("linear_forward");
+#ifdef OCTET_TORCH_CUDA
+    if constexpr (device::linear_on_cuda<LR>) {
+        using S = octet::device_linear_forward_stats;
+        const c10::cuda::CUDAGuard guard(a.x.device());
+        const at::TensorOptions o = a.x.options();
+        const at::Tensor raw = at::empty({static_cast<int64_t>(sizeof(S))}, o.dtype(at::kByte));
+        at::Tensor keep_x, keep_w;
+        octet::device_linear_step_options so;
+        so.x_scale_amax = device_scale_amax(a.x_scale_amax, o, keep_x);
+        so.w_scale_amax = device_scale_amax(a.w_scale_amax, o, keep_w);
+        so.seed = static_cast<std::uint64_t>(a.seed);
+        so.collect_stats = a.collect_stats;
+        guarded([&] {
+            device::linear_forward<LR>(device_executor(a.x), X, W, bias, y, buf, so, static_cast<S*>(raw.data_ptr()));
+        });
+        x_amax = float_from_device(raw, offsetof(S, x_amax));
+        w_amax = float_from_device(raw, offsetof(S, w_amax));
+        if (a.collect_stats) {  // rows x, w, x_hadamard, each {row-wise, column-wise}
+            const at::Tensor s = stats_from_device(raw, offsetof(S, x), 6);
+            stats = at::cat({s.narrow(0, 0, 1), s.narrow(0, LR::hadamard_wgrad ? 5 : 1, 1), s.narrow(0, 2, 2)});
+        }
+    }
+#else
+    (void)a, (void)X, (void)W, (void)bias, (void)y, (void)buf, (void)x_amax, (void)w_amax, (void)stats;
+#endif
+}
+
+/// The backward on torch's current stream (as run_forward_cuda).
+template <class LR>
+void run_backward_cuda(const backward_args& a, octet::matrix_ref<const float> dY, octet::matrix_ref<float> dx,
+                       octet::matrix_ref<float> dw, octet::span<float> db,
+                       const octet::linear_backward_buffers<LR>& buf, at::Tensor& dy_amax, at::Tensor& stats) {
+    require_linear_on_cuda<LR>("linear_backward");
+#ifdef OCTET_TORCH_CUDA
+    if constexpr (device::linear_on_cuda<LR>) {
+        using S = octet::device_linear_backward_stats;
+        const c10::cuda::CUDAGuard guard(a.dy.device());
+        const at::TensorOptions o = a.dy.options();
+        const at::Tensor raw = at::empty({static_cast<int64_t>(sizeof(S))}, o.dtype(at::kByte));
+        at::Tensor keep_g;
+        octet::device_linear_step_options so;
+        so.g_scale_amax = device_scale_amax(a.g_scale_amax, o, keep_g);
+        so.seed = static_cast<std::uint64_t>(a.seed);
+        so.step = static_cast<std::uint64_t>(a.step);
+        so.collect_stats = a.collect_stats;
+        guarded([&] {
+            device::linear_backward<LR>(device_executor(a.dy), dY, dx, dw, db, buf, so,
+                                        static_cast<S*>(raw.data_ptr()));
+        });
+        dy_amax = float_from_device(raw, offsetof(S, dy_amax));
+        if (a.collect_stats) {  // rows dy, dy_hadamard, each {row-wise, column-wise}
+            const at::Tensor s = stats_from_device(raw, offsetof(S, dy), 4);
+            stats = at::cat({s.narrow(0, 0, 1), s.narrow(0, LR::hadamard_wgrad ? 3 : 1, 1)});
+        }
+    }
+#else
+    (void)a, (void)dY, (void)dx, (void)dw, (void)db, (void)buf, (void)dy_amax, (void)stats;
+#endif
+}
+
 template <class LR>
 std::vector<at::Tensor> run_forward(const forward_args& a) {
     constexpr const char* op = "linear_forward";
@@ -106,43 +202,51 @@ std::vector<at::Tensor> run_forward(const forward_args& a) {
     at::Tensor y = at::empty({static_cast<int64_t>(T), static_cast<int64_t>(O)}, o);
     octet::span<const float> bias;
     if (a.bias) bias = octet::span<const float>(a.bias->data_ptr<float>(), static_cast<std::size_t>(a.bias->numel()));
-    octet::linear_step_options so;
-    so.x_scale_amax = a.x_scale_amax;
-    so.w_scale_amax = a.w_scale_amax;
-    so.seed = static_cast<std::uint64_t>(a.seed);
-    so.collect_stats = a.collect_stats;
-    octet::linear_stats st;
-    guarded([&] { octet::linear_forward<LR>(host(), X, W, bias, as_matrix<float>(y, op, "y"), buf, so, st); });
+    at::Tensor x_amax, w_amax, stats;
+    if (a.x.is_cuda()) {
+        run_forward_cuda<LR>(a, X, W, bias, as_matrix<float>(y, op, "y"), buf, x_amax, w_amax, stats);
+    } else {
+        octet::linear_step_options so;
+        so.x_scale_amax = a.x_scale_amax;
+        so.w_scale_amax = a.w_scale_amax;
+        so.seed = static_cast<std::uint64_t>(a.seed);
+        so.collect_stats = a.collect_stats;
+        octet::linear_stats st;
+        guarded([&] { octet::linear_forward<LR>(host(), X, W, bias, as_matrix<float>(y, op, "y"), buf, so, st); });
+        x_amax = scalar(st.x.amax, o);
+        w_amax = scalar(st.w.amax, o);
+        if (a.collect_stats) {
+            stats = at::zeros({4, 8}, o.dtype(at::kDouble));
+            double* s = stats.data_ptr<double>();
+            put_quant_stats(s, st.x.rowwise);
+            put_quant_stats(s + 8, LR::hadamard_wgrad ? st.x_hadamard.columnwise : st.x.columnwise);
+            put_quant_stats(s + 16, st.w.rowwise);
+            put_quant_stats(s + 24, st.w.columnwise);
+        }
+    }
 
-    std::vector<at::Tensor> out{y, scalar(st.x.amax, o), scalar(st.w.amax, o)};
+    std::vector<at::Tensor> out{y, x_amax, w_amax};
     if (x_t) push_copy(out, *x_t);
     if (w_t) push_copy(out, *w_t);
     if (a.keep_operands) {
         push_copy(out, xq);
         push_copy(out, wq);
     }
-    if (a.collect_stats) {
-        at::Tensor stats = at::zeros({4, 8}, o.dtype(at::kDouble));
-        double* s = stats.data_ptr<double>();
-        put_quant_stats(s, st.x.rowwise);
-        put_quant_stats(s + 8, LR::hadamard_wgrad ? st.x_hadamard.columnwise : st.x.columnwise);
-        put_quant_stats(s + 16, st.w.rowwise);
-        put_quant_stats(s + 24, st.w.columnwise);
-        out.push_back(stats);
-    }
+    if (a.collect_stats) out.push_back(stats);
     return out;
 }
 
 /// The copy at saved[pos...] (codes, scales, and tensor_scale for two-level recipes); moves `pos` on.
 template <class R>
-octet::quantized_cref<R> saved_copy(at::TensorList saved, std::size_t& pos, int64_t cols, const char* arg) {
+octet::quantized_cref<R> saved_copy(at::TensorList saved, std::size_t& pos, int64_t cols, const char* arg,
+                                    c10::DeviceType device) {
     constexpr std::size_t n = R::two_level ? 3 : 2;
     TORCH_CHECK_VALUE(saved.size() >= pos + n, where("linear_backward", "saved"), "holds ", saved.size(),
                       " tensors; it needs ", arg, " as ", n, " tensors (codes, scales",
                       R::two_level ? ", tensor_scale" : "", ") at position ", pos,
                       ": pass the copies linear_forward returned (X^T's when need_dw, then W^T's when need_dx)");
     const at::Tensor ts = R::two_level ? saved[pos + 2] : at::Tensor();
-    const auto q = as_quantized<R>(saved[pos], saved[pos + 1], ts, cols, "linear_backward", arg);
+    const auto q = as_quantized<R>(saved[pos], saved[pos + 1], ts, cols, "linear_backward", arg, device);
     pos += n;
     return q;
 }
@@ -158,8 +262,9 @@ std::vector<at::Tensor> run_backward(const backward_args& a) {
     const at::TensorOptions o = a.dy.options();
     octet::linear_backward_buffers<LR> buf;
     std::size_t pos = 0;
-    if (a.need_dw) buf.x_t = saved_copy<XR>(a.saved, pos, static_cast<int64_t>(P), "x_t");
-    if (a.need_dx) buf.w_t = saved_copy<WR>(a.saved, pos, static_cast<int64_t>(O), "w_t");
+    const c10::DeviceType device = a.dy.device().type();
+    if (a.need_dw) buf.x_t = saved_copy<XR>(a.saved, pos, static_cast<int64_t>(P), "x_t", device);
+    if (a.need_dx) buf.w_t = saved_copy<WR>(a.saved, pos, static_cast<int64_t>(O), "w_t", device);
     TORCH_CHECK_VALUE(pos == a.saved.size(), where(op, "saved"), "holds ", a.saved.size(),
                       " tensors; need_dw = ", a.need_dw, " and need_dx = ", a.need_dx, " read ", pos);
     TORCH_CHECK_VALUE(!(a.need_dx && a.need_dw) || buf.x_t.rows() == buf.w_t.rows(), where(op, "saved"),
@@ -181,34 +286,38 @@ std::vector<at::Tensor> run_backward(const backward_args& a) {
     };
     at::Tensor dx = matrix(a.need_dx, T, I), dw = matrix(a.need_dw, O, I);
     at::Tensor db = a.need_db ? at::empty({static_cast<int64_t>(O)}, o) : at::Tensor();
-    octet::linear_step_options so;
-    so.g_scale_amax = a.g_scale_amax;
-    so.seed = static_cast<std::uint64_t>(a.seed);
-    so.step = static_cast<std::uint64_t>(a.step);
-    so.collect_stats = a.collect_stats;
-    octet::linear_stats st;
-    guarded([&] {
-        octet::linear_backward<LR>(host(), dY, a.need_dx ? as_matrix<float>(dx, op, "dx") : octet::matrix_ref<float>{},
-                                   a.need_dw ? as_matrix<float>(dw, op, "dw") : octet::matrix_ref<float>{},
-                                   a.need_db ? octet::span<float>(db.data_ptr<float>(), O) : octet::span<float>{}, buf,
-                                   so, st);
-    });
+    const auto dx_m = a.need_dx ? as_matrix<float>(dx, op, "dx") : octet::matrix_ref<float>{};
+    const auto dw_m = a.need_dw ? as_matrix<float>(dw, op, "dw") : octet::matrix_ref<float>{};
+    const auto db_s = a.need_db ? octet::span<float>(db.data_ptr<float>(), O) : octet::span<float>{};
+    at::Tensor dy_amax, stats;
+    if (a.dy.is_cuda()) {
+        run_backward_cuda<LR>(a, dY, dx_m, dw_m, db_s, buf, dy_amax, stats);
+    } else {
+        octet::linear_step_options so;
+        so.g_scale_amax = a.g_scale_amax;
+        so.seed = static_cast<std::uint64_t>(a.seed);
+        so.step = static_cast<std::uint64_t>(a.step);
+        so.collect_stats = a.collect_stats;
+        octet::linear_stats st;
+        guarded([&] { octet::linear_backward<LR>(host(), dY, dx_m, dw_m, db_s, buf, so, st); });
+        dy_amax = scalar(st.dy.amax, o);
+        if (a.collect_stats) {
+            stats = at::zeros({2, 8}, o.dtype(at::kDouble));
+            put_quant_stats(stats.data_ptr<double>(), st.dy.rowwise);
+            put_quant_stats(stats.data_ptr<double>() + 8,
+                            LR::hadamard_wgrad ? st.dy_hadamard.columnwise : st.dy.columnwise);
+        }
+    }
 
     std::vector<at::Tensor> out;
     for (const at::Tensor* t : {&dx, &dw, &db})
         if (t->defined()) out.push_back(*t);
-    out.push_back(scalar(st.dy.amax, o));
+    out.push_back(dy_amax);
     if (a.keep_operands) {
         if (dy) push_copy(out, *dy);
         if (dy_t) push_copy(out, *dy_t);
     }
-    if (a.collect_stats) {
-        at::Tensor stats = at::zeros({2, 8}, o.dtype(at::kDouble));
-        put_quant_stats(stats.data_ptr<double>(), st.dy.rowwise);
-        put_quant_stats(stats.data_ptr<double>() + 8,
-                        LR::hadamard_wgrad ? st.dy_hadamard.columnwise : st.dy.columnwise);
-        out.push_back(stats);
-    }
+    if (a.collect_stats) out.push_back(stats);
     return out;
 }
 

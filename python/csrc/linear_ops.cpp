@@ -1,6 +1,6 @@
 // The quantized linear layer's two torch ops (linear_common.hpp): argument checks that need no
-// recipe, the recipe dispatch and the registration. Each recipe is instantiated in its own
-// linear_<recipe>.cpp.
+// recipe, the recipe dispatch and the registration (CPU and CUDA). Each recipe is instantiated in
+// its own linear_<recipe>.cpp, and its CUDA half in linear_device_<recipe>.cu.
 #include "linear_common.hpp"
 
 namespace octet_torch::linear {
@@ -38,15 +38,16 @@ std::vector<at::Tensor> linear_forward(const at::Tensor& x, const at::Tensor& w,
                                        const std::optional<at::Tensor>& w_history, int64_t seed, bool save_x_t,
                                        bool save_w_t, bool keep_operands, bool collect_stats) {
     constexpr const char* op = "linear_forward";
-    check_tensor(x, op, "x", {at::kFloat});
-    check_tensor(w, op, "w", {at::kFloat});
+    const c10::DeviceType device = kernel_device(x, op, "x");
+    check_tensor(x, op, "x", {at::kFloat}, device);
+    check_tensor(w, op, "w", {at::kFloat}, device);
     TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 2, where(op, "x/w"),
                       "must be 2-D (tokens x in_features and out_features x in_features); they have ", x.dim(), " and ",
                       w.dim(), " dimensions");
     TORCH_CHECK_VALUE(w.size(1) == x.size(1), where(op, "w"), "has ", w.size(1), " columns but x has ", x.size(1),
                       " (in_features); pass W as out_features x in_features");
     if (bias) {
-        check_tensor(*bias, op, "bias", {at::kFloat});
+        check_tensor(*bias, op, "bias", {at::kFloat}, device);
         TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == w.size(0) && bias->is_contiguous(), where(op, "bias"),
                           "has shape ", bias->sizes(),
                           "; pass a contiguous float32 vector of out_features = ", w.size(0), " entries");
@@ -72,7 +73,7 @@ std::vector<at::Tensor> linear_backward(const at::Tensor& dy, at::TensorList sav
                                         const std::optional<at::Tensor>& philox, bool need_dx, bool need_dw,
                                         bool need_db, bool keep_operands, bool collect_stats) {
     constexpr const char* op = "linear_backward";
-    check_tensor(dy, op, "dy", {at::kFloat});
+    check_tensor(dy, op, "dy", {at::kFloat}, kernel_device(dy, op, "dy"));
     TORCH_CHECK_VALUE(dy.dim() == 2, where(op, "dy"), "has ", dy.dim(),
                       " dimensions; pass a 2-D tokens x out_features gradient");
     int64_t step = 0;
@@ -108,6 +109,12 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
+    m.impl("linear_forward", &octet_torch::linear::linear_forward);
+    m.impl("linear_backward", &octet_torch::linear::linear_backward);
+}
+
+// Without CUDA kernels the same functions answer a CUDA tensor with an error that says so.
+TORCH_LIBRARY_IMPL(octet, CUDA, m) {
     m.impl("linear_forward", &octet_torch::linear::linear_forward);
     m.impl("linear_backward", &octet_torch::linear::linear_backward);
 }

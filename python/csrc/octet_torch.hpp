@@ -23,6 +23,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -301,6 +302,9 @@ inline float history_amax(const at::Tensor& history, const char* op, const char*
         nan = nan || std::isnan(h[i]);
         m = std::max(m, h[i]);
     }
+    // An Inf would become the scale's amax (the host path refuses it; the device would take it).
+    TORCH_CHECK_VALUE(!(m > std::numeric_limits<float>::max()), where(op, arg),
+                      "holds an infinite amax; pass a history of finite amaxes (a NaN entry means: measure)");
     return !nan && m > 0.0f ? m : -1.0f;
 }
 

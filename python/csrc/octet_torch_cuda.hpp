@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -12,6 +13,7 @@
 #include <cstddef>
 
 #include "octet/cuda/executor.cuh"
+#include "octet/quant/stats.hpp"
 
 namespace octet_torch {
 
@@ -30,6 +32,32 @@ inline octet::stream_executor device_executor(const at::Tensor& t) {
     const c10::cuda::CUDAStream s = c10::cuda::getCurrentCUDAStream(t.device().index());
     return octet::with_allocator(octet::on_stream(s.stream()),
                                  octet::device_allocator{nullptr, &torch_device_allocate, &torch_device_deallocate});
+}
+
+/// n quant_stats written by the device (raw bytes, [n, 64]) as float64 [n, 8] in the order of
+/// octet.torch.STATS_FIELDS (put_quant_stats' on the host), by reinterpreting views on the device:
+/// no kernel of its own, no synchronization.
+inline at::Tensor stats_from_device(const at::Tensor& raw) {
+    using S = octet::quant_stats;
+    static_assert(sizeof(S) == 64 && offsetof(S, elements) == 8 && offsetof(S, lost_to_nan) == 40 &&
+                      offsetof(S, signal_energy) == 48 && offsetof(S, noise_energy) == 56,
+                  "quant_stats' layout changed: update stats_from_device");
+    return at::cat({raw.view(at::kFloat).slice(1, 0, 1).to(at::kDouble),
+                    raw.view(at::kLong).slice(1, 1, 6).to(at::kDouble), raw.view(at::kDouble).slice(1, 6, 8)},
+                   1);
+}
+
+/// The float at byte `offset` of a 1-D byte tensor the device wrote, as a 0-d float32 tensor of
+/// its own (a copy on the stream, no synchronization).
+inline at::Tensor float_from_device(const at::Tensor& raw, std::size_t offset) {
+    return raw.narrow(0, static_cast<int64_t>(offset), 4).view(at::kFloat).reshape({}).clone();
+}
+
+/// `count` consecutive quant_stats at byte `offset` of a 1-D byte tensor the device wrote, as
+/// float64 [count, 8].
+inline at::Tensor stats_from_device(const at::Tensor& raw, std::size_t offset, std::size_t count) {
+    const auto n = static_cast<int64_t>(count), bytes = static_cast<int64_t>(sizeof(octet::quant_stats));
+    return stats_from_device(raw.narrow(0, static_cast<int64_t>(offset), n * bytes).view({n, bytes}));
 }
 
 }  // namespace octet_torch

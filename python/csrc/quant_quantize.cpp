@@ -48,20 +48,6 @@ using octet::span;
 
 using quantize_outputs = std::vector<at::Tensor>;
 
-#ifdef OCTET_TORCH_CUDA
-/// Two quant_stats written by the device (raw bytes, [2, 64]) as the op's float64 [2, 8], by
-/// reinterpreting views on the device: no kernel of its own, no synchronization.
-at::Tensor stats_from_device(const at::Tensor& raw) {
-    using S = octet::quant_stats;
-    static_assert(sizeof(S) == 64 && offsetof(S, elements) == 8 && offsetof(S, lost_to_nan) == 40 &&
-                      offsetof(S, signal_energy) == 48 && offsetof(S, noise_energy) == 56,
-                  "quant_stats' layout changed: update stats_from_device");
-    return at::cat({raw.view(at::kFloat).slice(1, 0, 1).to(at::kDouble),
-                    raw.view(at::kLong).slice(1, 1, 6).to(at::kDouble), raw.view(at::kDouble).slice(1, 6, 8)},
-                   1);
-}
-#endif
-
 quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool rowwise, bool columnwise,
                           double tensor_amax, c10::string_view rounding, int64_t seed, int64_t offset,
                           bool collect_stats, const std::optional<at::Tensor>& amax_history,

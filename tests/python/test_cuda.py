@@ -330,3 +330,126 @@ def test_adamw_ops_opcheck_capture_and_errors_on_cuda(gen):
     with pytest.raises(ValueError, match="m_meta.*is on cpu"):
         torch.ops.octet.adamw_step(p, s["compensation"], s["m_codes"], s["m_meta"].cpu(), s["v_codes"], s["v_meta"],
                                    g, *args[7:])
+
+
+# ---- the quantized linear layer (Float8Linear) ----
+
+LINEAR_ON_CUDA = [r for r in ot.LINEAR_RECIPES if r != "nvfp4"]
+
+
+def _exact_linear_input(rows, cols, gen):
+    """_exact_operand with the 7s on the diagonals i + j = 0 mod 32, so that every scale block of
+    the row-wise AND the column-wise copies (1x128, 128x128, 32-element MX blocks, whole tensors)
+    holds a 7: power-of-two scales and exact sums for all three GEMMs of the layer."""
+    x = torch.randint(-1, 2, (rows, cols), generator=gen).float()
+    i = torch.arange(rows).unsqueeze(1)
+    j = torch.arange(cols).unsqueeze(0)
+    x[(i + j) % 32 == 0] = 7.0
+    return x
+
+
+def _layer_pair(recipe, in_f, out_f, gen):
+    cpu = ot.Float8Linear(in_f, out_f, recipe=recipe, seed=5)
+    with torch.no_grad():
+        cpu.weight.copy_(_exact_linear_input(out_f, in_f, gen))
+        cpu.bias.copy_(torch.randint(-3, 4, (out_f,), generator=gen).float())
+    dev = ot.Float8Linear(in_f, out_f, recipe=recipe, seed=5).to(DEV)
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev
+
+
+@pytest.mark.parametrize("recipe", LINEAR_ON_CUDA)
+def test_float8_linear_on_cuda_matches_the_cpu_layer_bit_for_bit(recipe, gen):
+    """Three training steps on exact inputs: Y, dX, dW, db, the delayed-scaling histories and every
+    quantized copy equal the CPU layer's bit for bit; the statistics too (energies to 1e-9)."""
+    # 37 and 160 tokens: the weight-gradient K is ragged for 32- and 128-blocks, and every block
+    # along the tokens (the last one too) still holds a 7
+    for tokens in (37, 160):
+        cpu, dev = _layer_pair(recipe, 96, 64, gen)
+        for layer in (cpu, dev):
+            layer.keep_operands = layer.collect_stats = True
+        for step in range(3):
+            x = _exact_linear_input(tokens, 96, gen)
+            dy = _exact_linear_input(tokens, 64, gen) * 0.25
+            xs = [x.clone().requires_grad_(), x.to(DEV).requires_grad_()]
+            outs = []
+            for layer, xi in zip((cpu, dev), xs):
+                layer.zero_grad()
+                y = layer(xi)
+                y.backward(dy.to(xi.device))
+                outs.append((y, xi.grad, layer.weight.grad, layer.bias.grad))
+            what = f"{recipe} tokens {tokens} step {step}"
+            for a, b in zip(*outs):
+                assert b.device.type == "cuda", what
+                assert torch.equal(_bits(a), _bits(b)), what
+            for name, buf in cpu.named_buffers():
+                assert torch.equal(buf, dict(dev.named_buffers())[name]), f"{what}: buffer {name}"
+            for key, q in cpu.last_operands.items():
+                if q is None:
+                    assert dev.last_operands[key] is None, f"{what}: {key}"
+                    continue
+                for a, b in zip(q.raw(), dev.last_operands[key].raw()):
+                    assert torch.equal(_bits(a), _bits(b)), f"{what}: copy {key}"
+            for key, s in cpu.last_stats.items():
+                d = dev.last_stats[key]
+                for field, v in s.items():
+                    if "energy" in field:
+                        assert d[field] == pytest.approx(v, rel=1e-9), f"{what}: {key}.{field}"
+                    else:
+                        assert d[field] == v, f"{what}: {key}.{field}"
+
+
+@pytest.mark.parametrize("recipe", LINEAR_ON_CUDA)
+def test_float8_linear_copies_on_cuda_match_on_edge_values(recipe, gen):
+    """Random inputs over many binades with zeros, subnormals, the largest finite values, +-Inf
+    and NaN: the quantized copies are the quantizer's, equal on both devices bit for bit."""
+    cpu, dev = _layer_pair(recipe, 64, 96, gen)
+    for layer in (cpu, dev):
+        layer.keep_operands = True
+    x, dy = _sample(45, 64, torch.float32, gen), _sample(45, 96, torch.float32, gen, edges=False)
+    for layer in (cpu, dev):
+        xi = x.to(layer.weight.device).requires_grad_()
+        layer(xi).backward(dy.to(xi.device))
+    for key, q in cpu.last_operands.items():
+        for a, b in zip(q.raw(), dev.last_operands[key].raw()):
+            assert torch.equal(_bits(a), _bits(b)), f"{recipe}: copy {key}"
+
+
+def test_linear_ops_on_cuda_capture_opcheck_and_errors(gen):
+    ops = torch.ops.octet
+    x = _sample(40, 128, torch.float32, gen, edges=False).to(DEV)
+    w = _sample(64, 128, torch.float32, gen, edges=False).to(DEV)
+    b = torch.randn(64, generator=gen).to(DEV)
+    dy = _sample(40, 64, torch.float32, gen, edges=False).to(DEV)
+    for recipe in ("tensorwise", "blockwise", "mxfp8"):
+        torch.library.opcheck(ops.linear_forward.default, (x, w, b, recipe, None, None, 7, True, True, True, True))
+        out = ops.linear_forward(x, w, b, recipe, None, None, 7)
+        saved = [t.view(torch.uint8) if t.element_size() == 1 else t for t in out[3:7]]
+        torch.library.opcheck(ops.linear_backward.default, (dy, saved, recipe, None, 7, None, True, True, True, True,
+                                                            True))
+        # forward and backward captured into a CUDA graph replay as the eager ops do
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            f = ops.linear_forward(x, w, b, recipe, None, None, 7)
+            g = ops.linear_backward(dy, [t.view(torch.uint8) if t.element_size() == 1 else t for t in f[3:7]],
+                                    recipe, None, 7)
+        x.copy_(_sample(40, 128, torch.float32, gen, edges=False).to(DEV))
+        graph.replay()
+        f2 = ops.linear_forward(x, w, b, recipe, None, None, 7)
+        g2 = ops.linear_backward(dy, [t.view(torch.uint8) if t.element_size() == 1 else t for t in f2[3:7]], recipe,
+                                 None, 7)
+        torch.cuda.synchronize()
+        for a, c in zip(list(f) + list(g), list(f2) + list(g2)):
+            assert torch.equal(_bits(a), _bits(c)), recipe
+    with pytest.raises(ValueError, match="'recipe' is nvfp4.*CPU"):
+        ops.linear_forward(x, w, b, "nvfp4")
+    with pytest.raises(ValueError, match="'w' is on cpu"):
+        ops.linear_forward(x, w.cpu(), b, "tensorwise")
+    with pytest.raises(ValueError, match="'bias' is on cpu"):
+        ops.linear_forward(x, w, b.cpu(), "tensorwise")
+    with pytest.raises(ValueError, match="'x_history' is on cuda"):
+        ops.linear_forward(x, w, b, "tensorwise_delayed", torch.ones(4, device=DEV), None)
+    out = ops.linear_forward(x, w, b, "tensorwise", None, None, 7)
+    with pytest.raises(ValueError, match="x_t_codes.*is on cpu"):
+        ops.linear_backward(dy, [t.cpu().view(torch.uint8) if t.element_size() == 1 else t.cpu() for t in out[3:7]],
+                            "tensorwise", None, 7)

@@ -14,6 +14,15 @@ program run the same layer. The forward keeps the column-wise copies of X and W 
 octet/gemm/scaled_gemm.hpp). The layer computes in float32: bfloat16 and float16 inputs, weights
 and gradients are widened to float32 for the op (a copy), and results are rounded back to them.
 
+Devices: the CPU, and CUDA where the op libraries have their CUDA kernels
+(``octet.torch.cuda_kernels()``; the same C++ layer on torch's current stream, with torch's
+caching allocator, never synchronizing) for tensorwise, tensorwise_delayed, blockwise and mxfp8
+(nvfp4's FP4 GEMMs run through cuBLASLt in octet, which the ops do not use: it stays on the CPU).
+The amax histories and the Philox pair are read on the host before the kernels are enqueued, so
+they stay on the CPU when the module moves to a GPU; tensorwise_delayed then reads each step's
+amaxes back into its histories (one synchronization per layer and step), while the
+current-scaling recipes never synchronize.
+
 Recipes (``recipe=``, LINEAR_RECIPES; octet::linear_recipes):
   tensorwise          E4M3 activations and weights, E5M2 gradients, one scale per tensor from
                       the tensor's current amax (current scaling).
@@ -89,9 +98,10 @@ def linear_recipe(recipe) -> LinearRecipe:
 
 
 def _push_amax(hist: torch.Tensor, amax: torch.Tensor):
-    """Puts this step's amax in front of the history; the oldest falls off (in place)."""
+    """Puts this step's amax in front of the history; the oldest falls off (in place). The history
+    stays on the CPU (the ops read it on the host): a CUDA amax is read back here."""
     with torch.no_grad():
-        hist.copy_(torch.cat([amax.reshape(1).to(hist.dtype), hist[:-1]]))
+        hist.copy_(torch.cat([amax.reshape(1).to(device=hist.device, dtype=hist.dtype), hist[:-1]]))
 
 
 def _copy_count(recipe: str) -> int:
@@ -282,11 +292,11 @@ class Float8Linear(nn.Linear):
             if amax_history_len < 1:
                 raise ValueError(f"octet.torch.Float8Linear: amax_history_len is {amax_history_len}; pass >= 1")
             for role in ("x", "w", "g"):
-                self.register_buffer(f"amax_history_{role}", torch.zeros(amax_history_len, device=device))
+                self.register_buffer(f"amax_history_{role}", torch.zeros(amax_history_len, device="cpu"))
         if self.recipe.stochastic_gradients:
             # (seed, Philox offset of the next backward): a tensor, so that torch.compile does not
             # guard on the step; saved with the model, so that a resumed run draws new bits.
-            self.register_buffer("philox", torch.tensor([self.seed, 0], dtype=torch.int64, device=device))
+            self.register_buffer("philox", torch.tensor([self.seed, 0], dtype=torch.int64, device="cpu"))
 
     @property
     def step(self) -> int:
@@ -301,19 +311,19 @@ class Float8Linear(nn.Linear):
                       **kwargs)
         new.weight = linear.weight
         new.bias = linear.bias
-        dev = linear.weight.device
-        for name, buf in list(new.named_buffers(recurse=False)):
-            setattr(new, name, torch.zeros_like(buf, device=dev))
+        for name, buf in list(new.named_buffers(recurse=False)):  # host-read state: on the CPU
+            setattr(new, name, torch.zeros_like(buf, device="cpu"))
         if new.recipe.stochastic_gradients:
-            new.philox = torch.tensor([new.seed, 0], dtype=torch.int64, device=dev)
+            new.philox = torch.tensor([new.seed, 0], dtype=torch.int64)
         return new
 
     def _apply(self, fn, recurse=True):
-        # .half() / .to(dtype) must not round the amax histories: they stay float32, and move.
-        kept = {n: b for n, b in self.named_buffers(recurse=False) if n.startswith("amax_history")}
+        # The amax histories and the Philox pair are host-read state: .cuda() / .half() / .to(...)
+        # leave them on the CPU in their dtype (float32, int64).
+        kept = dict(self.named_buffers(recurse=False))
         super()._apply(fn, recurse)
         for name, before in kept.items():
-            setattr(self, name, before.to(device=getattr(self, name).device, dtype=torch.float32))
+            setattr(self, name, before)
         return self
 
     def extra_repr(self) -> str:
