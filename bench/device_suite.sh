@@ -18,7 +18,7 @@
 #                   against the eager step; the scratch queries equal the allocator's requests
 #                   (OCTET_SUITE_FILTER=graph_capture runs it alone)
 #   torch_cuda      the torch ops' CUDA kernels (tests/python/test_cuda.py: quantize, dequantize,
-#                   scaled_mm, AdamW, Float8Linear's ops): the op libraries are
+#                   scaled_mm, AdamW, Float8Linear's ops, attention, the codec): the op libraries are
 #                   built there against that machine's torch (its C++ ABI is the one that loads them),
 #                   with OCTET_TORCH_CUDA=ON, into .device/pybuild; then the test module runs with
 #                   OCTET_REQUIRE_CUDA=1 (a library without CUDA kernels fails instead of skipping)
@@ -100,8 +100,8 @@ if echo torch_cuda | grep -qE "$FILTER" && python3 -c "import torch; assert torc
   if cmake -S . -B "$PYBUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
        -DOCTET_BUILD_TESTS=OFF -DOCTET_BUILD_BENCHMARKS=OFF -DOCTET_BUILD_EXAMPLES=OFF -DOCTET_BUILD_PYTHON=ON \
        -DOCTET_TORCH_CUDA=ON -DPython3_EXECUTABLE="$(command -v python3)" >"$LOGS/py_configure.log" 2>&1 &&
-     cmake --build "$PYBUILD" -j "$(nproc)" --target octet_torch_quant octet_torch_gemm octet_torch_optim octet_torch_linear >"$LOGS/py_build.log" 2>&1; then
-    OCTET_REQUIRE_CUDA=1 OCTET_TORCH_FAMILIES=quant,gemm,optim,linear PYTHONPATH=python OCTET_LIBRARY_DIR="$PYBUILD/python/lib" \
+     cmake --build "$PYBUILD" -j "$(nproc)" --target octet_torch_quant octet_torch_gemm octet_torch_optim octet_torch_linear octet_torch_attention octet_torch_codec >"$LOGS/py_build.log" 2>&1; then
+    OCTET_REQUIRE_CUDA=1 OCTET_TORCH_FAMILIES=quant,gemm,optim,linear,attention,codec PYTHONPATH=python OCTET_LIBRARY_DIR="$PYBUILD/python/lib" \
       timeout 600 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py >"$LOGS/py_torch_cuda.log" 2>&1
     rc=$?
     summary=$(tail -1 "$LOGS/py_torch_cuda.log")

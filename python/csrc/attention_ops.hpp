@@ -19,13 +19,13 @@
 
 #include <ATen/ops/zeros.h>
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "attention_rules.hpp"
 #include "octet/attention/bf16_inputs.hpp"
 #include "octet_torch.hpp"
 
@@ -87,12 +87,14 @@ inline std::vector<std::int32_t> uniform_offsets(std::int64_t batch, std::int64_
 
 /// Checks q, k, v (dtype, device, matching ranks and sizes) and the offsets; builds the shape.
 /// Offsets are checked against the token counts by octet (check_shape: ValueError with its message).
+/// The offsets are read on the host (the launch grid depends on them), so cu_seqlens_q / _k are CPU
+/// tensors for either device; the CUDA kernels get device copies (device_offsets).
 inline call make_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-                      const char* op) {
-    check_tensor(q, op, "q", {at::kFloat, at::kBFloat16});
-    check_tensor(k, op, "k", {q.scalar_type()});
-    check_tensor(v, op, "v", {q.scalar_type()});
+                      const char* op, c10::DeviceType device) {
+    check_tensor(q, op, "q", {at::kFloat, at::kBFloat16}, device);
+    check_tensor(k, op, "k", {q.scalar_type()}, device);
+    check_tensor(v, op, "v", {q.scalar_type()}, device);
     for (auto [t, arg] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
         TORCH_CHECK_VALUE(t->dim() == 3 || t->dim() == 4, where(op, arg), "has ", t->dim(),
                           " dimensions; pass [tokens, heads, head_dim] or [batch, tokens, heads, head_dim]");
@@ -153,14 +155,6 @@ decltype(auto) with_head_dim(int d, const char* op, F&& f) {
     }
 }
 
-/// The operand recipes: Q, K, dO per token and head; V per head ("per_head") or per token and head.
-template <int D, bool PerTokenV>
-struct recipes {
-    using qk = typename octet::attention_input_recipes<D>::qk;
-    using dout = typename octet::attention_input_recipes<D>::dout;
-    using v = std::conditional_t<PerTokenV, qk, typename octet::attention_input_recipes<D>::v>;
-};
-
 /// True for "per_token", false for "per_head" (the V scaling's name).
 inline bool per_token_v(std::string_view name, const char* op) {
     TORCH_CHECK_VALUE(name == "per_head" || name == "per_token", where(op, "v_scaling"), "is '", std::string(name),
@@ -190,10 +184,6 @@ inline float scale_of(double scale, const char* op) {
                       "; pass a finite positive softmax scale (0 for 1 / sqrt(head_dim))");
     return static_cast<float>(scale);
 }
-
-/// Backward telemetry: octet::attention_stats as doubles, then its derived ratios, then the
-/// residuals of dS as the dQ and dK products used it (octet.torch's BACKWARD_FIELDS).
-inline constexpr int backward_telemetry_size = 19;
 
 /// Calls body(std::bool_constant<per_token_v>{}).
 template <class F>
@@ -273,27 +263,7 @@ void run_backward(const backward_args& a) {
                                            dkm, dvm, a.opt);
         });
     });
-    const std::array<double, backward_telemetry_size> t = {static_cast<double>(st.rows),
-                                                           st.residual_max,
-                                                           st.residual_rel_max,
-                                                           st.gap_max,
-                                                           st.gap_rel_max,
-                                                           st.residual_sumsq,
-                                                           st.abs_ds_sumsq,
-                                                           st.gap_sumsq,
-                                                           st.p_abs_dp_sumsq,
-                                                           st.residual_rms(),
-                                                           st.gap_rms(),
-                                                           st.residual_rel(),
-                                                           st.gap_rel(),
-                                                           st.residual_dq_max,
-                                                           st.residual_dq_sumsq,
-                                                           st.residual_dk_max,
-                                                           st.residual_dk_sumsq,
-                                                           st.residual_dq_rel(),
-                                                           st.residual_dk_rel()};
-    double* out = a.telemetry->data_ptr<double>();
-    for (std::size_t i = 0; i < t.size(); ++i) out[i] = t[i];
+    put_backward_telemetry(st, a.telemetry->data_ptr<double>());
 }
 extern template void run_backward<float>(const backward_args&);
 extern template void run_backward<octet::bf16>(const backward_args&);

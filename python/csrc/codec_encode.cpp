@@ -1,8 +1,9 @@
 // octet::encode_gradient(x, format, transform, block, scale_block, seed, stochastic, first_index,
 //                        random_stream, residual) -> message (uint8)
 // octet::encode_gradient_transformed(y, n, ...same...) -> message
-// (octet/codec/codec.hpp). The optional residual is error feedback, updated in place: float32 (f32),
-// bfloat16 (bf16) or uint8 (the e4m3 block layout of octet/codec/feedback.hpp).
+// (octet/codec/codec.hpp; on CUDA tensors codec.cuh's stream forms, which never synchronize). The
+// optional residual is error feedback, updated in place: float32 (f32), bfloat16 (bf16) or uint8 (the
+// e4m3 block layout of octet/codec/feedback.hpp), on x's device.
 #include "codec_torch.hpp"
 
 namespace octet_torch {
@@ -21,7 +22,7 @@ at::Tensor encode_gradient(const at::Tensor& x, c10::string_view format, c10::st
                            int64_t scale_block, int64_t seed, bool stochastic, int64_t first_index,
                            int64_t random_stream, const std::optional<at::Tensor>& residual) {
     constexpr const char* op = "encode_gradient";
-    check_tensor(x, op, "x", {at::kFloat});
+    check_tensor(x, op, "x", {at::kFloat}, kernel_device(x, op, "x"));
     check_vector(x, op, "x");
     const octet::codec_config cfg = codec_config_of(format, transform, block, scale_block, seed, stochastic, op);
     octet::encode_options opt = options_of(first_index, random_stream, op);
@@ -29,9 +30,16 @@ at::Tensor encode_gradient(const at::Tensor& x, c10::string_view format, c10::st
     if (residual.has_value()) opt.feedback = residual_of(*residual, n, x, op);
     return guarded([&] {
         at::Tensor out = at::empty({static_cast<int64_t>(octet::encoded_size(cfg, n))}, x.options().dtype(at::kByte));
-        octet::encode_gradient(host(), cfg, span<const float>(x.data_ptr<float>(), n),
-                               span<std::uint8_t>(out.data_ptr<std::uint8_t>(), static_cast<std::size_t>(out.numel())),
-                               opt);
+        const span<const float> xs(x.data_ptr<float>(), n);
+        const span<std::uint8_t> os(out.data_ptr<std::uint8_t>(), static_cast<std::size_t>(out.numel()));
+        if (x.is_cuda()) {
+#ifdef OCTET_TORCH_CUDA
+            const c10::cuda::CUDAGuard guard(x.device());
+            device::encode_gradient(device_executor(x), cfg, xs, os, opt);
+#endif
+        } else {
+            octet::encode_gradient(host(), cfg, xs, os, opt);
+        }
         return out;
     });
 }
@@ -41,7 +49,7 @@ at::Tensor encode_gradient_transformed(const at::Tensor& y, int64_t n, c10::stri
                                        bool stochastic, int64_t first_index, int64_t random_stream,
                                        const std::optional<at::Tensor>& residual) {
     constexpr const char* op = "encode_gradient_transformed";
-    check_tensor(y, op, "y", {at::kFloat});
+    check_tensor(y, op, "y", {at::kFloat}, kernel_device(y, op, "y"));
     TORCH_CHECK_VALUE(y.dim() == 1 && y.is_contiguous(), where(op, "y"),
                       "must be a contiguous 1-D tensor of transformed coordinates (shape ", y.sizes(), ")");
     const octet::codec_config cfg = codec_config_of(format, transform, block, scale_block, seed, stochastic, op);
@@ -53,9 +61,16 @@ at::Tensor encode_gradient_transformed(const at::Tensor& y, int64_t n, c10::stri
         TORCH_CHECK_VALUE(static_cast<std::uint64_t>(y.numel()) == l.coded, where(op, "y"), "has ", y.numel(),
                           " coordinates; ", count, " elements transform to ", l.coded, " (octet.transform_length)");
         at::Tensor out = at::empty({static_cast<int64_t>(l.total_bytes)}, y.options().dtype(at::kByte));
-        octet::encode_gradient_transformed(
-            host(), cfg, span<const float>(y.data_ptr<float>(), static_cast<std::size_t>(y.numel())), count,
-            span<std::uint8_t>(out.data_ptr<std::uint8_t>(), static_cast<std::size_t>(out.numel())), opt);
+        const span<const float> ys(y.data_ptr<float>(), static_cast<std::size_t>(y.numel()));
+        const span<std::uint8_t> os(out.data_ptr<std::uint8_t>(), static_cast<std::size_t>(out.numel()));
+        if (y.is_cuda()) {
+#ifdef OCTET_TORCH_CUDA
+            const c10::cuda::CUDAGuard guard(y.device());
+            device::encode_gradient_transformed(device_executor(y), cfg, ys, count, os, opt);
+#endif
+        } else {
+            octet::encode_gradient_transformed(host(), cfg, ys, count, os, opt);
+        }
         return out;
     });
 }
@@ -75,6 +90,12 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
+    m.impl("encode_gradient", &octet_torch::encode_gradient);
+    m.impl("encode_gradient_transformed", &octet_torch::encode_gradient_transformed);
+}
+
+// Without CUDA kernels the same functions answer a CUDA tensor with an error that says so.
+TORCH_LIBRARY_IMPL(octet, CUDA, m) {
     m.impl("encode_gradient", &octet_torch::encode_gradient);
     m.impl("encode_gradient_transformed", &octet_torch::encode_gradient_transformed);
 }

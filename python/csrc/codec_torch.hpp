@@ -10,6 +10,10 @@
 
 #include "octet/codec/codec.hpp"
 #include "octet_torch.hpp"
+#ifdef OCTET_TORCH_CUDA
+#include "codec_device.hpp"
+#include "octet_torch_cuda.hpp"
+#endif
 
 namespace octet_torch {
 
@@ -55,7 +59,7 @@ inline octet::codec_config codec_config_of(c10::string_view format, c10::string_
 /// A residual tensor's storage (by dtype: float32 f32, bfloat16 bf16, uint8 the e4m3 block layout
 /// of feedback.hpp) as a view of n elements; checked, never copied. x is the tensor it must not overlap.
 inline octet::residual_view residual_of(const at::Tensor& r, std::size_t n, const at::Tensor& x, const char* op) {
-    check_tensor(r, op, "residual", {at::kFloat, at::kBFloat16, at::kByte});
+    check_tensor(r, op, "residual", {at::kFloat, at::kBFloat16, at::kByte}, x.device().type());
     check_vector(r, op, "residual");
     const octet::residual_storage s = r.scalar_type() == at::kFloat      ? octet::residual_storage::f32
                                       : r.scalar_type() == at::kBFloat16 ? octet::residual_storage::bf16
@@ -69,9 +73,10 @@ inline octet::residual_view residual_of(const at::Tensor& r, std::size_t n, cons
     return octet::residual_view{s, static_cast<std::uint8_t*>(r.data_ptr()), n};
 }
 
-/// A 1-D contiguous uint8 message on the CPU.
-inline octet::span<const std::uint8_t> message_of(const at::Tensor& m, const char* op) {
-    check_tensor(m, op, "message", {at::kByte});
+/// A 1-D contiguous uint8 message on `device`.
+inline octet::span<const std::uint8_t> message_of(const at::Tensor& m, const char* op,
+                                                  c10::DeviceType device = c10::DeviceType::CPU) {
+    check_tensor(m, op, "message", {at::kByte}, device);
     TORCH_CHECK_VALUE(m.dim() == 1 && m.is_contiguous(), where(op, "message"),
                       "must be a contiguous 1-D uint8 tensor (shape ", m.sizes(), ")");
     return {static_cast<const std::uint8_t*>(m.data_ptr()), static_cast<std::size_t>(m.numel())};

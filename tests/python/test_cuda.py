@@ -1,7 +1,11 @@
 """The torch ops' CUDA kernels against their CPU kernels (octet's host paths, themselves checked
-against independent oracles in test_quant.py, test_gemm.py and test_optim.py): bit for bit, every named recipe, every input dtype and
-rounding, ragged shapes and edge values; no synchronization and no allocation outside torch's
-allocator (a CUDA-graph capture and replay); opcheck and torch.compile on CUDA; errors by name.
+against independent oracles in test_quant.py, test_gemm.py, test_optim.py, test_linear.py,
+test_attention.py and test_codec.py): bit for bit where the contract says so (quantize,
+dequantize, scaled_mm on exact inputs, AdamW, Float8Linear on exact inputs and every quantized copy,
+the codec's messages and decodes), and for attention much closer to the CPU op than the CPU op is to
+float64; every named recipe, every input dtype and rounding, ragged shapes and edge values; no
+synchronization and no allocation outside torch's allocator (CUDA-graph captures and replays);
+opcheck and torch.compile on CUDA; errors by name.
 
 Needs a CUDA device and op libraries built with CUDA kernels (OCTET_TORCH_CUDA); otherwise the
 module is skipped and says why (the CTest test reports it skipped). OCTET_REQUIRE_CUDA=1 (the
@@ -453,3 +457,171 @@ def test_linear_ops_on_cuda_capture_opcheck_and_errors(gen):
     with pytest.raises(ValueError, match="x_t_codes.*is on cpu"):
         ops.linear_backward(dy, [t.cpu().view(torch.uint8) if t.element_size() == 1 else t.cpu() for t in out[3:7]],
                             "tensorwise", None, 7)
+
+
+# ---- FP8 attention ----
+
+import math  # noqa: E402
+
+from octet.torch import _attention as oa  # noqa: E402
+
+
+def _attention64(q, k, v, causal):
+    """Float64 softmax attention of [batch, tokens, heads, dim] inputs (GQA: heads_q / heads_kv
+    query heads per key head), the oracle both devices are measured against."""
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2)
+
+
+def _rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_on_cuda_agrees_with_the_cpu_op(head_dim, dtype, causal, gen):
+    """The CUDA kernels differ from the host path only in the order and precision of the sums inside
+    the FP8 products (and P codes that flip at a rounding boundary), so against the CPU op they must
+    be much closer than the CPU op is to float64 (the quantization of Q, K, V, P and dS): O within a
+    quarter, the gradients within half (tests/cuda/attention_device.cu has the per-element bounds).
+    The quantizer is exact, so the quantization statistics are equal; the matched delta keeps every
+    row sum of dS at float level on the device as on the host."""
+    ops = torch.ops.octet
+    shape_q, shape_kv = (2, 70, 4, head_dim), (2, 70, 2, head_dim)  # GQA, ragged 64-tiles
+    q, dout = (torch.randn(*shape_q, generator=gen).to(dtype) for _ in range(2))
+    k, v = (torch.randn(*shape_kv, generator=gen).to(dtype) for _ in range(2))
+    fwd = [ops.attention_forward(*(t.to(dev) for t in (q, k, v)), None, None, causal, 0.0, "per_head", True)
+           for dev in ("cpu", DEV)]
+    (o_c, lse_c, tele_c), (o_d, lse_d, tele_d) = fwd
+    assert o_d.device.type == "cuda" and o_d.dtype == dtype and lse_d.shape == lse_c.shape
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref = _attention64(q64, k64, v64, causal)
+    assert _rel(o_d, o_c) <= 0.25 * _rel(o_c, ref), (_rel(o_d, o_c), _rel(o_c, ref))
+    assert (lse_d.cpu() - lse_c).abs().max().item() <= 1e-3
+    counts = [i for i, f in enumerate(oa.STATS_FIELDS) if "energy" not in f]
+    assert torch.equal(tele_d.cpu()[:, counts], tele_c[:, counts])
+    assert torch.allclose(tele_d.cpu(), tele_c, rtol=1e-9, atol=0)
+    ref.backward(dout.double())
+    bwd = [ops.attention_backward(*(t.to(dev) for t in (q, k, v, o, lse, dout)), None, None, causal, 0.0,
+                                  "matched", "per_head", True)
+           for dev, o, lse in (("cpu", o_c, lse_c), (DEV, o_d, lse_d))]
+    for i, (name, g64) in enumerate((("dq", q64.grad), ("dk", k64.grad), ("dv", v64.grad))):
+        got, host = bwd[1][i], bwd[0][i]
+        assert got.device.type == "cuda" and got.shape == host.shape and got.dtype == dtype
+        assert _rel(got, host) <= 0.5 * _rel(host, g64), (name, _rel(got, host), _rel(host, g64))
+    tele_b = dict(zip(oa.BACKWARD_FIELDS, bwd[1][3].tolist()))
+    assert tele_b["rows"] == dict(zip(oa.BACKWARD_FIELDS, bwd[0][3].tolist()))["rows"] > 0
+    assert tele_b["residual_rel"] <= 1e-5, tele_b
+    assert torch.equal(bwd[1][4].cpu()[counts], bwd[0][4][counts])
+
+
+def test_attention_varlen_on_cuda(gen):
+    """Packed sequences with CPU offsets (one empty), causal, per-token V: against the CPU op."""
+    ops = torch.ops.octet
+    cu = torch.tensor([0, 33, 33, 130, 200], dtype=torch.int32)
+    q, k, v, dout = (torch.randn(200, 2, 64, generator=gen) for _ in range(4))
+    outs = [ops.attention_forward(*(t.to(dev) for t in (q, k, v)), cu, cu, True, 0.0, "per_token", False)
+            for dev in ("cpu", DEV)]
+    assert _rel(outs[1][0], outs[0][0]) <= 1e-2
+    grads = [ops.attention_backward(*(t.to(dev) for t in (q, k, v, o, lse, dout)), cu, cu, True, 0.0, "from_output",
+                                    "per_token", False)
+             for dev, (o, lse, _) in zip(("cpu", DEV), outs)]
+    for a, b in zip(grads[0][:3], grads[1][:3]):
+        assert _rel(b, a) <= 2e-2
+
+
+def test_attention_on_cuda_captures_and_says_what_it_does_not_serve(gen):
+    ops = torch.ops.octet
+    q, k, v, dout = (torch.randn(2, 96, 2, 64, generator=gen).to(DEV) for _ in range(4))
+    torch.library.opcheck(ops.attention_forward.default, (q, k, v, None, None, True, 0.0, "per_head", True))
+    o, lse, _ = ops.attention_forward(q, k, v, None, None, True)
+    eager = list(ops.attention_forward(q, k, v, None, None, True)) + list(
+        ops.attention_backward(q, k, v, o, lse, dout, None, None, True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o2, lse2, t2 = ops.attention_forward(q, k, v, None, None, True)
+        grads = ops.attention_backward(q, k, v, o2, lse2, dout, None, None, True)
+    graph.replay()
+    torch.cuda.synchronize()
+    captured = [o2, lse2, t2] + list(grads)
+    for i, (a, b) in enumerate(zip(eager, captured)):
+        if i == 3:  # dQ sums its tiles with atomics: the order may differ between runs
+            assert _rel(b, a) <= 1e-5
+        else:
+            assert torch.equal(_bits(a), _bits(b)), i
+    with pytest.raises(ValueError, match="'q' has head_dim 32.*64 and 128"):
+        ops.attention_forward(*(torch.randn(8, 2, 32).to(DEV) for _ in range(3)))
+    with pytest.raises(ValueError, match="cu_seqlens_q.*is on cuda"):
+        cu = torch.tensor([0, 96], dtype=torch.int32, device=DEV)
+        ops.attention_forward(q[0], k[0], v[0], cu, cu)
+    with pytest.raises(ValueError, match="fold_dq_residual"):
+        ops.attention_backward(q, k, v, o, lse, dout, fold_dq_residual=True)
+    with pytest.raises(ValueError, match="'k' is on cpu"):
+        ops.attention_forward(q, k.cpu(), v)
+
+
+# ---- the gradient codec ----
+
+CODEC_OPS_ARGS = [("e4m3", "hadamard", 1024, 0, False), ("e5m2", "identity", 1024, 0, True),
+                  ("mxfp8", "hadamard", 256, 0, True), ("nvfp4", "hadamard", 64, 0, True),
+                  ("e4m3", "hadamard", 16, 4096, False)]
+
+
+@pytest.mark.parametrize("cfg", CODEC_OPS_ARGS)
+@pytest.mark.parametrize("storage", [None, "f32", "bf16", "e4m3"])
+def test_codec_ops_on_cuda_match_the_cpu_ops_bit_for_bit(cfg, storage, gen):
+    """encode_gradient(_transformed) on CUDA writes the CPU op's message byte for byte and leaves the
+    same residual; decode_gradient(_transformed) on CUDA returns the CPU op's values bit for bit."""
+    from octet.torch import distributed as od
+    ops = torch.ops.octet
+    for n in (1, 1000, 70001):
+        x = _sample(1, n, torch.float32, gen).view(-1)
+        x[~torch.isfinite(x)] = 0.0  # a gradient the codec encodes (non-finite values are refused or kept alike)
+        fmt, tr, block, sblock, stoch = cfg
+        res = {dev: (od.new_residual(n, storage).to(dev) if storage else None) for dev in ("cpu", DEV)}
+        if storage:
+            start = (torch.randn(n, generator=gen) * 1e-3)
+            for r in res.values():
+                if r.dtype != torch.uint8:
+                    r.copy_(start.to(r.dtype))
+        msg = {dev: ops.encode_gradient(x.to(dev), fmt, tr, block, sblock, 11, stoch, 5, 3, res[dev])
+               for dev in ("cpu", DEV)}
+        what = f"{cfg} {storage} n={n}"
+        assert torch.equal(msg["cpu"], msg[DEV].cpu()), what
+        if storage:
+            assert torch.equal(_bits(res["cpu"]), _bits(res[DEV])), what
+        dec = {dev: ops.decode_gradient(msg[dev], n, 5) for dev in ("cpu", DEV)}
+        assert dec[DEV].device.type == "cuda" and torch.equal(_bits(dec["cpu"]), _bits(dec[DEV])), what
+        y = {dev: ops.decode_gradient_transformed(msg[dev], n, fmt, tr, block, sblock, 11, stoch, 5)
+             for dev in ("cpu", DEV)}
+        assert torch.equal(_bits(y["cpu"]), _bits(y[DEV])), what
+        again = {dev: ops.encode_gradient_transformed(y[dev], n, fmt, tr, block, sblock, 11, stoch, 5, 3)
+                 for dev in ("cpu", DEV)}
+        assert torch.equal(again["cpu"], again[DEV].cpu()), what
+
+
+def test_codec_ops_on_cuda_errors(gen):
+    ops = torch.ops.octet
+    x = torch.randn(3000, generator=gen).to(DEV)
+    msg = ops.encode_gradient(x)
+    with pytest.raises(ValueError, match="carries elements"):
+        ops.decode_gradient(msg, 3000, 1)
+    with pytest.raises(ValueError, match="carries elements"):
+        ops.decode_gradient(msg, 2999)
+    bad = msg.clone()
+    bad[-1] ^= 1  # a corrupted message: ValueError, as from the CPU op
+    with pytest.raises(ValueError, match="message"):
+        ops.decode_gradient(bad, 3000)
+    with pytest.raises(ValueError, match="another configuration"):
+        ops.decode_gradient_transformed(msg, 3000, "e4m3", "hadamard", 1024, 0, 12)
+    with pytest.raises(ValueError, match="'residual' is on cpu"):
+        ops.encode_gradient(x, residual=torch.zeros(3000))
+    with pytest.raises(TypeError, match="'message' has dtype"):
+        ops.decode_gradient(msg.float(), 3000)

@@ -131,18 +131,18 @@ struct attention_stats {
     float residual_sumsq = 0.0f, abs_ds_sumsq = 0.0f, gap_sumsq = 0.0f, p_abs_dp_sumsq = 0.0f;
     float residual_dq_max = 0.0f, residual_dq_sumsq = 0.0f, residual_dk_max = 0.0f, residual_dk_sumsq = 0.0f;
 
-    double residual_rms() const { return rows ? std::sqrt(static_cast<double>(residual_sumsq) / rows) : 0.0; }
-    double gap_rms() const { return rows ? std::sqrt(static_cast<double>(gap_sumsq) / rows) : 0.0; }
-    double residual_rel() const {
+    OCTET_HD double residual_rms() const { return rows ? std::sqrt(static_cast<double>(residual_sumsq) / rows) : 0.0; }
+    OCTET_HD double gap_rms() const { return rows ? std::sqrt(static_cast<double>(gap_sumsq) / rows) : 0.0; }
+    OCTET_HD double residual_rel() const {
         return abs_ds_sumsq > 0 ? std::sqrt(static_cast<double>(residual_sumsq) / abs_ds_sumsq) : 0.0;
     }
-    double gap_rel() const {
+    OCTET_HD double gap_rel() const {
         return p_abs_dp_sumsq > 0 ? std::sqrt(static_cast<double>(gap_sumsq) / p_abs_dp_sumsq) : 0.0;
     }
-    double residual_dq_rel() const {
+    OCTET_HD double residual_dq_rel() const {
         return abs_ds_sumsq > 0 ? std::sqrt(static_cast<double>(residual_dq_sumsq) / abs_ds_sumsq) : 0.0;
     }
-    double residual_dk_rel() const {
+    OCTET_HD double residual_dk_rel() const {
         return abs_ds_sumsq > 0 ? std::sqrt(static_cast<double>(residual_dk_sumsq) / abs_ds_sumsq) : 0.0;
     }
 };

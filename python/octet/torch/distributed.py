@@ -371,7 +371,8 @@ def codec_hook(state: CodecHookState, bucket: _GradBucket) -> torch.futures.Futu
     with error feedback (compressed_allreduce, then / world size). Every rank returns the same bits,
     so replicas stay bit-identical. Runs synchronously (the returned future is complete): per bucket
     an all-to-all, an all-gather and two one-integer all-reduces (the error flags). CPU tensors only
-    (gloo): the codec ops have no CUDA kernels yet."""
+    (gloo): the codec ops run on CUDA tensors, but this hook keeps its residuals and messages on the
+    CPU (a GPU job's DDP hook over NCCL is not written yet; octet/comm/nccl.cuh is the C++ one)."""
     grad = bucket.buffer()
     index = bucket.index()
     params = bucket.parameters()
