@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "format_list.hpp"
 #include "octet/core/executor.hpp"
 #include "octet/core/matrix.hpp"
 #include "octet/core/span.hpp"
@@ -153,20 +154,17 @@ at::ScalarType scale_dtype() {
 }
 
 /// The format names Python passes (octet::format_name), in a fixed order (recipe_info's ids).
-inline constexpr std::string_view format_names[] = {"e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz",
-                                                    "e2m3", "e3m2", "e2m1",     "ue8m0"};
+#define OCTET_TORCH_NAME(n) #n,
+inline constexpr std::string_view format_names[] = {OCTET_TORCH_FORMATS(OCTET_TORCH_NAME)};
+#undef OCTET_TORCH_NAME
 
 /// Calls f(type_tag<Fmt>{}) for a format name.
 template <class F>
 decltype(auto) with_format(std::string_view name, const char* op, F&& f) {
-    if (name == "e4m3") return f(type_tag<octet::e4m3>{});
-    if (name == "e5m2") return f(type_tag<octet::e5m2>{});
-    if (name == "e4m3fnuz") return f(type_tag<octet::e4m3fnuz>{});
-    if (name == "e5m2fnuz") return f(type_tag<octet::e5m2fnuz>{});
-    if (name == "e2m3") return f(type_tag<octet::e2m3>{});
-    if (name == "e3m2") return f(type_tag<octet::e3m2>{});
-    if (name == "e2m1") return f(type_tag<octet::e2m1>{});
-    if (name == "ue8m0") return f(type_tag<octet::ue8m0>{});
+#define OCTET_TORCH_FORMAT(n) \
+    if (name == #n) return f(type_tag<octet::n>{});
+    OCTET_TORCH_FORMATS(OCTET_TORCH_FORMAT)
+#undef OCTET_TORCH_FORMAT
     TORCH_CHECK_VALUE(false, where(op, "format"), "is '", std::string(name),
                       "'; pass one of e4m3, e5m2, e4m3fnuz, e5m2fnuz, e2m3, e3m2, e2m1, ue8m0");
 }
@@ -227,20 +225,20 @@ octet::quantized_cref<Recipe> as_quantized(const at::Tensor& codes, const at::Te
 
 template <class F>
 decltype(auto) with_rounding(std::string_view name, const char* op, F&& f) {
-    namespace rd = octet::round;
-    if (name == "nearest_even") return f(type_tag<rd::nearest_even>{});
-    if (name == "stochastic") return f(type_tag<rd::stochastic>{});
-    if (name == "toward_zero") return f(type_tag<rd::toward_zero>{});
-    if (name == "up") return f(type_tag<rd::up>{});
-    if (name == "down") return f(type_tag<rd::down>{});
+#define OCTET_TORCH_ROUNDING(n) \
+    if (name == #n) return f(type_tag<octet::round::n>{});
+    OCTET_TORCH_ROUNDINGS(OCTET_TORCH_ROUNDING)
+#undef OCTET_TORCH_ROUNDING
     TORCH_CHECK_VALUE(false, where(op, "rounding"), "is '", std::string(name),
                       "'; pass nearest_even, stochastic, toward_zero, up or down");
 }
 
 template <class F>
 decltype(auto) with_overflow(std::string_view name, const char* op, F&& f) {
-    if (name == "saturate") return f(type_tag<octet::overflow::saturate>{});
-    if (name == "to_nonfinite") return f(type_tag<octet::overflow::to_nonfinite>{});
+#define OCTET_TORCH_OVERFLOW(n) \
+    if (name == #n) return f(type_tag<octet::overflow::n>{});
+    OCTET_TORCH_OVERFLOWS(OCTET_TORCH_OVERFLOW)
+#undef OCTET_TORCH_OVERFLOW
     TORCH_CHECK_VALUE(false, where(op, "overflow"), "is '", std::string(name), "'; pass saturate or to_nonfinite");
 }
 

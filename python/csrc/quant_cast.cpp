@@ -1,8 +1,13 @@
-// Element-wise conversions (octet/format/convert.hpp) as torch ops:
+// Element-wise conversions (octet/format/convert.hpp; on CUDA tensors convert.cuh through
+// quant_cast_device.hpp) as torch ops:
 //   octet::cast(x, format, rounding, overflow, seed, offset) -> codes, one per element
 //   octet::decode(codes, format) -> float32
 #include "octet/format/convert.hpp"
 #include "octet_torch.hpp"
+#ifdef OCTET_TORCH_CUDA
+#include "octet_torch_cuda.hpp"
+#include "quant_cast_device.hpp"
+#endif
 
 namespace octet_torch {
 namespace {
@@ -11,7 +16,7 @@ using octet::span;
 
 at::Tensor cast(const at::Tensor& x, c10::string_view format, c10::string_view rounding, c10::string_view overflow,
                 int64_t seed, int64_t offset) {
-    check_tensor(x, "cast", "x", float_inputs);
+    check_tensor(x, "cast", "x", float_inputs, kernel_device(x, "cast", "x"));
     check_vector(x, "cast", "x");
     return with_format(format, "cast", [&](auto fmt) {
         using Fmt = typename decltype(fmt)::type;
@@ -30,16 +35,20 @@ at::Tensor cast(const at::Tensor& x, c10::string_view format, c10::string_view r
                               std::is_same_v<Overflow, octet::overflow::to_nonfinite>) {
                     TORCH_CHECK_VALUE(false, where("cast", "overflow"), "is to_nonfinite, but ",
                                       octet::format_name<Fmt>(), " has neither Inf nor NaN; pass saturate");
-                } else if constexpr (Fmt::special_codes == octet::specials::exponent_only &&
-                                     std::is_same_v<Round, octet::round::stochastic>) {
-                } else {
+                } else if constexpr (cast_serves<Fmt, Round, Overflow>) {  // ue8m0 + stochastic refused above
                     with_input(x, [&](auto in) {
                         using In = typename decltype(in)::type;
-                        guarded([&] {
-                            octet::encode_array<Fmt, Round, Overflow>(
-                                host(), span<const In>(static_cast<const In*>(x.data_ptr()), n),
-                                span<std::uint8_t>(dst, n), rng);
-                        });
+                        const span<const In> xs(static_cast<const In*>(x.data_ptr()), n);
+                        const span<std::uint8_t> os(dst, n);
+                        if (x.is_cuda()) {
+#ifdef OCTET_TORCH_CUDA
+                            const c10::cuda::CUDAGuard guard(x.device());
+                            guarded(
+                                [&] { device::cast<In>(device_executor(x), format, rounding, overflow, xs, os, rng); });
+#endif
+                        } else {
+                            guarded([&] { octet::encode_array<Fmt, Round, Overflow>(host(), xs, os, rng); });
+                        }
                     });
                 }
             });
@@ -51,15 +60,20 @@ at::Tensor cast(const at::Tensor& x, c10::string_view format, c10::string_view r
 at::Tensor decode(const at::Tensor& codes, c10::string_view format) {
     return with_format(format, "decode", [&](auto fmt) {
         using Fmt = typename decltype(fmt)::type;
-        check_tensor(codes, "decode", "codes", {code_dtype<Fmt>(), at::kByte});
+        check_tensor(codes, "decode", "codes", {code_dtype<Fmt>(), at::kByte}, kernel_device(codes, "decode", "codes"));
         check_vector(codes, "decode", "codes");
         at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kFloat));
         const auto n = static_cast<std::size_t>(codes.numel());
-        guarded([&] {
-            octet::decode_array<Fmt>(host(),
-                                     span<const std::uint8_t>(static_cast<const std::uint8_t*>(codes.data_ptr()), n),
-                                     span<float>(out.data_ptr<float>(), n));
-        });
+        const span<const std::uint8_t> cs(static_cast<const std::uint8_t*>(codes.data_ptr()), n);
+        const span<float> os(out.data_ptr<float>(), n);
+        if (codes.is_cuda()) {
+#ifdef OCTET_TORCH_CUDA
+            const c10::cuda::CUDAGuard guard(codes.device());
+            guarded([&] { device::decode(device_executor(codes), format, cs, os); });
+#endif
+        } else {
+            guarded([&] { octet::decode_array<Fmt>(host(), cs, os); });
+        }
         return out;
     });
 }
@@ -75,6 +89,12 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
+    m.impl("cast", &octet_torch::cast);
+    m.impl("decode", &octet_torch::decode);
+}
+
+// Without CUDA kernels the same functions answer a CUDA tensor with an error that says so.
+TORCH_LIBRARY_IMPL(octet, CUDA, m) {
     m.impl("cast", &octet_torch::cast);
     m.impl("decode", &octet_torch::decode);
 }
