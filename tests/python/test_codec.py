@@ -349,7 +349,7 @@ def _ddp_worker(rank, world, store, seed, out_dir):
         # Ranks that disagree on the configuration all stop with ValueError (no one waits).
         bad = ot.CodecHookState(od.CodecConfig("e4m3" if rank == 0 else "e5m2"))
         try:
-            bad._prepare(0, ("layout",), 100)
+            bad._prepare(0, ("layout",), 100, torch.device("cpu"))
             result["mismatch"] = None
         except ValueError as e:
             result["mismatch"] = str(e)

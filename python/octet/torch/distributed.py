@@ -201,12 +201,12 @@ def _group_info(group):
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def _stop_everywhere(failure: Optional[Exception], rank: int, group, what: str):
+def _stop_everywhere(failure: Optional[Exception], rank: int, group, what: str, device):
     """Every rank learns whether any rank failed, so that none is left waiting in a later collective
-    (the error-flag all-reduce of allreduce.hpp)."""
+    (the error-flag all-reduce of allreduce.hpp; on the tensors' device: NCCL takes CUDA tensors)."""
     import torch.distributed as dist
 
-    flag = torch.tensor([0 if failure is None else rank + 1], dtype=torch.int64)
+    flag = torch.tensor([0 if failure is None else rank + 1], dtype=torch.int64, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     if failure is not None:
         raise ValueError(f"octet.compressed_allreduce: {what} on rank {rank}: {failure}") from failure
@@ -228,7 +228,9 @@ def compressed_allreduce(x: torch.Tensor, config: Optional[CodecConfig] = None, 
     its own shard, codec_shards(...)[rank + 1] - [rank] elements); an all-gather hands every rank
     every reduced message, and every rank decodes the same bytes. Every rank must pass the same
     config and size. A message that fails validation makes every rank raise ValueError.
-    Error without feedback: allreduce_error_bound."""
+    Error without feedback: allreduce_error_bound. x, the residuals and every buffer live on x's
+    device: the CPU with gloo, CUDA with NCCL (the codec ops' CUDA kernels; each decode reads its
+    message's header on the host, and the error flags are read there too)."""
     import torch.distributed as dist
 
     if x.dtype != torch.float32:
@@ -249,7 +251,8 @@ def compressed_allreduce(x: torch.Tensor, config: Optional[CodecConfig] = None, 
                         residual=_residual_slice(residual, bounds[r], counts[r]))
         for r in range(world)
     ]
-    received = torch.empty(world * sizes[rank], dtype=torch.uint8)
+    dev = x.device
+    received = torch.empty(world * sizes[rank], dtype=torch.uint8, device=dev)
     dist.all_to_all_single(received, torch.cat(messages), output_split_sizes=[sizes[rank]] * world,
                            input_split_sizes=sizes, group=group)
 
@@ -266,15 +269,15 @@ def compressed_allreduce(x: torch.Tensor, config: Optional[CodecConfig] = None, 
                                               residual=reduced_residual)
     except (ValueError, TypeError, RuntimeError) as e:
         failure = e
-    _stop_everywhere(failure, rank, group, "stage-1 message")
+    _stop_everywhere(failure, rank, group, "stage-1 message", dev)
 
     # Stage 3: every rank gathers and decodes every reduced message (all-gather needs equal sizes).
     largest = max(sizes)
-    padded = torch.zeros(largest, dtype=torch.uint8)
+    padded = torch.zeros(largest, dtype=torch.uint8, device=dev)
     padded[: sizes[rank]] = reduced
-    gathered = [torch.empty(largest, dtype=torch.uint8) for _ in range(world)]
+    gathered = [torch.empty(largest, dtype=torch.uint8, device=dev) for _ in range(world)]
     dist.all_gather(gathered, padded, group=group)
-    out = torch.empty(n, dtype=torch.float32)
+    out = torch.empty(n, dtype=torch.float32, device=dev)
     failure = None
     try:
         for r in range(world):
@@ -282,7 +285,7 @@ def compressed_allreduce(x: torch.Tensor, config: Optional[CodecConfig] = None, 
                                                             first_index=bounds[r])
     except (ValueError, TypeError, RuntimeError) as e:
         failure = e
-    _stop_everywhere(failure, rank, group, "reduced message")
+    _stop_everywhere(failure, rank, group, "reduced message", dev)
     return out
 
 
@@ -332,23 +335,24 @@ class CodecHookState:
         self.reduced_residuals: Dict[int, torch.Tensor] = {}
         self._layouts: Dict[int, tuple] = {}
 
-    def _descriptor(self, n: int) -> torch.Tensor:
+    def _descriptor(self, n: int, device) -> torch.Tensor:
         c = self.config
         storages = (None, "f32", "bf16", "e4m3")
         return torch.tensor([n, WIRE_FORMATS.index(c.format) if c.format in WIRE_FORMATS else -1,
                              TRANSFORMS.index(c.transform) if c.transform in TRANSFORMS else -1, c.block,
                              c.scale_block, c.with_seed(c.seed).seed, int(c.stochastic), self.step,
                              storages.index(self.feedback), storages.index(self.reduced_feedback)],
-                            dtype=torch.int64)
+                            dtype=torch.int64, device=device)
 
-    def _prepare(self, index: int, layout: tuple, n: int):
-        """Residuals of a bucket; on a new layout, zeroes them and checks that all ranks agree."""
+    def _prepare(self, index: int, layout: tuple, n: int, device):
+        """Residuals of a bucket (on its device); on a new layout, zeroes them and checks that all
+        ranks agree."""
         if self._layouts.get(index) == layout:
             return
         import torch.distributed as dist
 
         world, rank = _group_info(self.process_group)
-        mine = self._descriptor(n)
+        mine = self._descriptor(n, device)
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine, group=self.process_group)
         for r, d in enumerate(everyone):
@@ -360,9 +364,10 @@ class CodecHookState:
         self.residuals.pop(index, None)
         self.reduced_residuals.pop(index, None)
         if self.feedback:
-            self.residuals[index] = new_residual(n, self.feedback)
+            self.residuals[index] = new_residual(n, self.feedback).to(device)
         if self.reduced_feedback:
-            self.reduced_residuals[index] = new_residual(bounds[rank + 1] - bounds[rank], self.reduced_feedback)
+            self.reduced_residuals[index] = new_residual(bounds[rank + 1] - bounds[rank],
+                                                         self.reduced_feedback).to(device)
         self._layouts[index] = layout
 
 
@@ -370,14 +375,14 @@ def codec_hook(state: CodecHookState, bucket: _GradBucket) -> torch.futures.Futu
     """DDP communication hook: the bucket's gradients averaged over the group through octet's codec
     with error feedback (compressed_allreduce, then / world size). Every rank returns the same bits,
     so replicas stay bit-identical. Runs synchronously (the returned future is complete): per bucket
-    an all-to-all, an all-gather and two one-integer all-reduces (the error flags). CPU tensors only
-    (gloo): the codec ops run on CUDA tensors, but this hook keeps its residuals and messages on the
-    CPU (a GPU job's DDP hook over NCCL is not written yet; octet/comm/nccl.cuh is the C++ one)."""
+    an all-to-all, an all-gather and two one-integer all-reduces (the error flags). The bucket's
+    device: CPU tensors over gloo, CUDA tensors over NCCL (residuals and messages on the GPU; the
+    decodes and the error flags are read on the host, so a CUDA bucket synchronizes)."""
     grad = bucket.buffer()
     index = bucket.index()
     params = bucket.parameters()
     layout = (grad.numel(), tuple(id(p) for p in params), tuple(tuple(p.shape) for p in params))
-    state._prepare(index, layout, grad.numel())
+    state._prepare(index, layout, grad.numel(), grad.device)
     world, _ = _group_info(state.process_group)
     config = state.config.with_seed(state.config.seed + state.step)
     total = compressed_allreduce(grad.detach().float().contiguous(), config, group=state.process_group,
