@@ -33,12 +33,6 @@ namespace {
 
 using opt_tensor = std::optional<at::Tensor>;
 
-/// The CUDA kernels serve head dims 64 and 128 (the CPU op also 32 and 256).
-void require_device_head_dim(const call& c, const char* op) {
-    TORCH_CHECK_VALUE(c.head_dim == 64 || c.head_dim == 128, where(op, "q"), "has head_dim ", c.head_dim,
-                      "; the CUDA kernels serve head dims 64 and 128 (the CPU op serves ", head_dims, ")");
-}
-
 /// Calls f(type_tag<float>) or f(type_tag<octet::bf16>) for q's dtype (make_call admits these two).
 template <class F>
 void with_dtype(const at::Tensor& q, F&& f) {
@@ -49,6 +43,12 @@ void with_dtype(const at::Tensor& q, F&& f) {
 }
 
 #ifdef OCTET_TORCH_CUDA
+/// The CUDA kernels serve head dims 64 and 128 (the CPU op also 32 and 256).
+void require_device_head_dim(const call& c, const char* op) {
+    TORCH_CHECK_VALUE(c.head_dim == 64 || c.head_dim == 128, where(op, "q"), "has head_dim ", c.head_dim,
+                      "; the CUDA kernels serve head dims 64 and 128 (the CPU op serves ", head_dims, ")");
+}
+
 /// Device copies of c's offsets into c.shape (the kernels read them there): a kernel for the uniform
 /// layouts (arange: capturable in a CUDA graph), an asynchronous copy from pinned memory for given
 /// cu_seqlens. The returned tensors hold them.
