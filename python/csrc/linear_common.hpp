@@ -93,7 +93,8 @@ inline const float* device_scale_amax(float amax, const at::TensorOptions& o, at
     return keep.data_ptr<float>();
 }
 
-/// NVFP4's linear on CUDA: its FP4 GEMMs need cuBLASLt, which the ops do not lend.
+/// NVFP4's linear on CUDA: its FP4 GEMMs need cuBLASLt, which the ops do not lend (checked before
+/// any buffer is allocated).
 template <class LR>
 void require_linear_on_cuda(const char* op) {
 #ifdef OCTET_TORCH_CUDA
@@ -113,7 +114,6 @@ void run_forward_cuda(const forward_args& a, octet::matrix_ref<const float> X, o
                       octet::span<const float> bias, octet::matrix_ref<float> y,
                       const octet::linear_forward_buffers<LR>& buf, at::Tensor& x_amax, at::Tensor& w_amax,
                       at::Tensor& stats) {
-    require_linear_on_cuda<LR>("linear_forward");
 #ifdef OCTET_TORCH_CUDA
     if constexpr (device::linear_on_cuda<LR>) {
         using S = octet::device_linear_forward_stats;
@@ -146,7 +146,6 @@ template <class LR>
 void run_backward_cuda(const backward_args& a, octet::matrix_ref<const float> dY, octet::matrix_ref<float> dx,
                        octet::matrix_ref<float> dw, octet::span<float> db,
                        const octet::linear_backward_buffers<LR>& buf, at::Tensor& dy_amax, at::Tensor& stats) {
-    require_linear_on_cuda<LR>("linear_backward");
 #ifdef OCTET_TORCH_CUDA
     if constexpr (device::linear_on_cuda<LR>) {
         using S = octet::device_linear_backward_stats;
@@ -179,6 +178,7 @@ std::vector<at::Tensor> run_forward(const forward_args& a) {
     constexpr const char* op = "linear_forward";
     using XR = typename LR::x_recipe;
     using WR = typename LR::w_recipe;
+    if (a.x.is_cuda()) require_linear_on_cuda<LR>(op);
     const auto X = as_matrix<const float>(a.x, op, "x");
     const auto W = as_matrix<const float>(a.w, op, "w");
     const std::size_t T = X.rows, I = X.cols, O = W.rows, P = octet::linear_wgrad_tokens<LR>(T);
@@ -257,6 +257,7 @@ std::vector<at::Tensor> run_backward(const backward_args& a) {
     using XR = typename LR::x_recipe;
     using WR = typename LR::w_recipe;
     using GR = typename LR::g_quantize_recipe;
+    if (a.dy.is_cuda()) require_linear_on_cuda<LR>(op);
     const auto dY = as_matrix<const float>(a.dy, op, "dy");
     const std::size_t T = dY.rows, O = dY.cols, P = octet::linear_wgrad_tokens<LR>(T);
     const at::TensorOptions o = a.dy.options();

@@ -62,16 +62,16 @@ quantize_outputs quantize(const at::Tensor& x, c10::string_view recipe, bool row
     };
     host_read(amax_history, "amax_history");
     host_read(philox, "philox");
+    // Checked here for both devices: the CUDA kernels would take an Inf as the scale's amax and a
+    // NaN as "measure", where the host path refuses both (history_amax refuses a history's Inf).
+    TORCH_CHECK_VALUE(tensor_amax == tensor_amax && !(tensor_amax > std::numeric_limits<float>::max()),
+                      where("quantize", "tensor_amax"), "holds ", tensor_amax,
+                      "; pass a finite amax (or a negative value to measure it)");
     if (amax_history) {
         TORCH_CHECK_VALUE(tensor_amax < 0, where("quantize", "amax_history"),
                           "is given together with tensor_amax; pass one of them");
         tensor_amax = history_amax(*amax_history, "quantize", "amax_history");
     }
-    // Checked here for both devices: the CUDA kernels would take an Inf as the scale's amax and a
-    // NaN as "measure", where the host path refuses both.
-    TORCH_CHECK_VALUE(tensor_amax == tensor_amax && !(tensor_amax > std::numeric_limits<float>::max()),
-                      where("quantize", amax_history ? "amax_history" : "tensor_amax"), "holds ", tensor_amax,
-                      "; pass a finite amax (or a negative value to measure it)");
     if (philox) std::tie(seed, offset) = philox_pair(*philox, "quantize");
     TORCH_CHECK_VALUE(rowwise || columnwise, where("quantize", "rowwise/columnwise"),
                       "are both False; ask for at least one copy");
