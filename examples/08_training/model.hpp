@@ -461,6 +461,39 @@ private:
 };
 #endif
 
+/// A linear layer of `mode` for up to max_tokens rows (in -> out features); an FP8 layer draws its
+/// stochastic rounding from `seed`. Throws octet::error for an FP8 mode this build lacks.
+inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_mode mode, std::size_t max_tokens,
+                                                       int in, int out, std::uint64_t seed) {
+    if (mode == linear_mode::float32) {
+        auto l = std::make_unique<float32_linear>();
+        l->in = in;
+        l->out = out;
+        return l;
+    }
+    if (mode == linear_mode::bf16) return std::make_unique<bf16_linear>(m, max_tokens, in, out);
+#if TRAIN_HAS_FP8_LINEAR
+    namespace lr = octet::linear_recipes;
+    switch (mode) {
+        case linear_mode::tensorwise_delayed:
+            return std::make_unique<fp8_linear<lr::tensorwise_delayed>>(m, max_tokens, in, out, seed);
+        case linear_mode::tensorwise:
+            return std::make_unique<fp8_linear<lr::tensorwise>>(m, max_tokens, in, out, seed);
+        case linear_mode::blockwise:
+            return std::make_unique<fp8_linear<lr::blockwise>>(m, max_tokens, in, out, seed);
+        case linear_mode::mxfp8:
+            return std::make_unique<fp8_linear<lr::mxfp8>>(m, max_tokens, in, out, seed);
+        case linear_mode::nvfp4:
+            return std::make_unique<fp8_linear<lr::nvfp4>>(m, max_tokens, in, out, seed);
+        default:
+            break;
+    }
+#endif
+    (void)seed;
+    OCTET_REQUIRE(false, "train::make_linear_layer", "mode", "names no linear mode this build has");
+    return nullptr;
+}
+
 // =================================================================================================
 // float32 attention (causal, grouped-query heads)
 // =================================================================================================
@@ -850,6 +883,81 @@ public:
         return t;
     }
 
+    /// The policy side of RL: a training forward over `batch` sequences in forward_backward's
+    /// layout that writes, per target position n (batch * seq_len of them, sequence-major),
+    /// logp[n] = log p(tokens[target n]) and entropy[n] = -sum_v p_v log p_v of the predicted
+    /// distribution (both from the float logits, log-softmax in double). Keeps what
+    /// policy_backward needs. Returns the forward's telemetry (loss: mean -logp).
+    step_telemetry score(octet::span<const float> params, const std::int32_t* tokens, int batch,
+                         octet::span<float> logp, octet::span<float> entropy) {
+        constexpr const char* fn = "train::transformer::score";
+        check_call(fn, params, tokens, batch);
+        const std::size_t n = static_cast<std::size_t>(batch) * T_;
+        OCTET_REQUIRE(logp.size() == n, fn, "logp",
+                      octet::detail::message("has ", logp.size(), " floats; pass batch * seq_len = ", n));
+        OCTET_REQUIRE(entropy.size() == n, fn, "entropy",
+                      octet::detail::message("has ", entropy.size(), " floats; pass batch * seq_len = ", n));
+        step_telemetry t;
+        t.attention_residual.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
+        if (!float_attention()) t.attention_residual_q.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
+        forward(params.data(), tokens, batch, T_, T_ + 1, true, &t);
+        timer tm{&t, "loss"};
+        double sum = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+            const float* z = logits_.data() + r * V_;
+            const double m = *std::max_element(z, z + V_);
+            double s = 0, zs = 0;
+            for (std::size_t v = 0; v < V_; ++v) {
+                const double e = std::exp(static_cast<double>(z[v]) - m);
+                s += e;
+                zs += e * (static_cast<double>(z[v]) - m);
+            }
+            const double lse = m + std::log(s);
+            const std::int32_t target = tokens[(r / T_) * (T_ + 1) + r % T_ + 1];
+            logp[r] = static_cast<float>(static_cast<double>(z[target]) - lse);
+            entropy[r] = static_cast<float>(std::log(s) - zs / s);  // lse - E[z] = -sum p log p
+            sum -= logp[r];
+        }
+        t.loss = sum / static_cast<double>(n);
+        scored_batch_ = batch;
+        return t;
+    }
+
+    /// Gradient of a loss whose derivative by each logp[n] of the last score() is dloss_dlogp[n]
+    /// (0 for a position outside the loss): d loss / d logits = dloss_dlogp[n] (onehot - softmax)
+    /// per position (d logp / d z_v = [v == target] - p_v), then the backward. `tokens` and `batch` must be score()'s.
+    /// grads is overwritten; the backward's timings and telemetry are added to `t`.
+    void policy_backward(octet::span<const float> params, const std::int32_t* tokens, int batch,
+                         octet::span<const float> dloss_dlogp, octet::span<float> grads, step_telemetry& t) {
+        constexpr const char* fn = "train::transformer::policy_backward";
+        OCTET_REQUIRE(scored_batch_ == batch, fn, "batch",
+                      octet::detail::message("is ", batch, " but the last score() was over ", scored_batch_,
+                                             " sequences (0: none since the last backward); call score first"));
+        check_call(fn, params, tokens, batch);
+        const std::size_t n = static_cast<std::size_t>(batch) * T_;
+        OCTET_REQUIRE(dloss_dlogp.size() == n, fn, "dloss_dlogp",
+                      octet::detail::message("has ", dloss_dlogp.size(), " floats; pass batch * seq_len = ", n));
+        OCTET_REQUIRE(grads.size() == lay_.total, fn, "grads",
+                      octet::detail::message("has ", grads.size(), " floats but the model has ", lay_.total));
+        {
+            timer tm{&t, "loss"};
+            for (std::size_t r = 0; r < n; ++r) {
+                float* z = logits_.data() + r * V_;
+                const double c = dloss_dlogp[r];
+                const std::int32_t target = tokens[(r / T_) * (T_ + 1) + r % T_ + 1];
+                const double m = *std::max_element(z, z + V_);
+                double s = 0;
+                for (std::size_t v = 0; v < V_; ++v) s += std::exp(static_cast<double>(z[v]) - m);
+                const double lse = m + std::log(s);
+                for (std::size_t v = 0; v < V_; ++v)
+                    z[v] = static_cast<float>(c * ((v == static_cast<std::size_t>(target) ? 1.0 : 0.0) -
+                                                   std::exp(static_cast<double>(z[v]) - lse)));
+            }
+        }
+        scored_batch_ = 0;
+        backward(params.data(), tokens, batch, grads.data(), &t);
+    }
+
     /// Mean cross-entropy over the batch, forward only.
     double evaluate(octet::span<const float> params, const std::int32_t* tokens, int batch) {
         check_call("train::transformer::evaluate", params, tokens, batch);
@@ -1085,42 +1193,8 @@ private:
     }
 
     std::unique_ptr<linear_layer> make_linear(int in, int out) {
-        std::unique_ptr<linear_layer> l;
-        switch (recipe_.linear) {
-            case linear_mode::float32:
-                l = std::make_unique<float32_linear>();
-                l->in = in;
-                l->out = out;
-                return l;
-            case linear_mode::bf16:
-                return std::make_unique<bf16_linear>(meter_, Nmax_, in, out);
-            default:
-                return make_fp8_linear(in, out);
-        }
-    }
-    std::unique_ptr<linear_layer> make_fp8_linear(int in, int out) {
-#if TRAIN_HAS_FP8_LINEAR
         const std::uint64_t seed = seed_ * 1000003u + linear_count_++;  // one stream per layer
-        namespace lr = octet::linear_recipes;
-        switch (recipe_.linear) {
-            case linear_mode::tensorwise_delayed:
-                return std::make_unique<fp8_linear<lr::tensorwise_delayed>>(meter_, Nmax_, in, out, seed);
-            case linear_mode::tensorwise:
-                return std::make_unique<fp8_linear<lr::tensorwise>>(meter_, Nmax_, in, out, seed);
-            case linear_mode::blockwise:
-                return std::make_unique<fp8_linear<lr::blockwise>>(meter_, Nmax_, in, out, seed);
-            case linear_mode::mxfp8:
-                return std::make_unique<fp8_linear<lr::mxfp8>>(meter_, Nmax_, in, out, seed);
-            case linear_mode::nvfp4:
-                return std::make_unique<fp8_linear<lr::nvfp4>>(meter_, Nmax_, in, out, seed);
-            default:
-                break;
-        }
-#endif
-        (void)in;
-        (void)out;
-        OCTET_REQUIRE(false, "train::transformer", "recipe.linear", "names no linear mode this build has");
-        return nullptr;
+        return make_linear_layer(meter_, recipe_.linear, Nmax_, in, out, seed);
     }
 
     void allocate() {
@@ -1208,6 +1282,7 @@ private:
     void forward(const float* P, const std::int32_t* tokens, int batch, std::size_t len, std::size_t stride,
                  bool training, step_telemetry* t) {
         const std::size_t N = static_cast<std::size_t>(batch) * len;
+        scored_batch_ = 0;  // logits_ is about to change
         if (t) {
             for (const char* k : {"linear", "attention", "norm", "mlp_activation", "embedding_head", "loss"})
                 t->op_seconds[k] = 0.0;
@@ -1503,6 +1578,7 @@ private:
     std::uint64_t linear_count_ = 0;
     std::size_t n_ = 0, len_ = 0;  // the last forward's token count and sequence length
     int batch_ = 0;
+    int scored_batch_ = 0;  // batch of the score() whose logits policy_backward may use (0: none)
 
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;

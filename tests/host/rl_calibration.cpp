@@ -271,3 +271,43 @@ TEST_CASE("drift: the reference is refreshed early when the low-precision nomina
     CHECK_THROWS_WITH_AS(calibrated_clipping({clip_range::symmetric(0.2f), 5, 0.5, -1.0}),
                          doctest::Contains("argument 'cfg.drift_tolerance'"), octet::error);
 }
+
+TEST_CASE("state() and restore(): a resumed calibrator continues bit for bit") {
+    auto g = octet_test::rng(307);
+    std::lognormal_distribution<float> spread(0.0f, 0.15f);
+    auto batch = [&](std::size_t n) {
+        std::vector<float> v(n);
+        for (auto& x : v) x = spread(g);
+        return v;
+    };
+    std::vector<std::vector<float>> refs, lows;
+    for (int s = 0; s < 12; ++s) refs.push_back(batch(500)), lows.push_back(batch(700 + 13 * s));
+    calibration_config cfg{clip_range::asymmetric(0.2f, 0.28f), 4, 0.7, 0.5};
+    auto run = [&](calibrated_clipping& c, int from, int to, std::vector<clip_range>& out) {
+        for (int s = from; s < to; ++s) {
+            if (c.reference_due(s)) c.set_reference(s, refs[static_cast<std::size_t>(s)]);
+            out.push_back(c.update(s, lows[static_cast<std::size_t>(s)]));
+        }
+    };
+    calibrated_clipping whole(cfg), first(cfg), resumed(cfg);
+    std::vector<clip_range> a, b;
+    run(whole, 0, 12, a);
+    run(first, 0, 5, b);
+    const calibration_state saved = first.state();
+    CHECK(saved.cost.updates == 5);
+    resumed.restore(saved);
+    CHECK(resumed.bounds().lower == first.bounds().lower);
+    run(resumed, 5, 12, b);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(i);
+        CHECK(a[i].lower == b[i].lower);
+        CHECK(a[i].upper == b[i].upper);
+    }
+    CHECK(resumed.cost().updates == whole.cost().updates);
+    CHECK(resumed.cost().references == whole.cost().references);
+    CHECK(resumed.targets().step == whole.targets().step);
+    calibration_state bad = saved;
+    bad.lower = std::nan("");
+    CHECK_THROWS_AS(resumed.restore(bad), octet::error);
+}

@@ -13,6 +13,7 @@
 //       octet::clip_range bounds = cal.update(step, ratio_low);   // use these for the low-precision ratios
 //   }
 //   cal.cost();   // updates, references, seconds in each, the caller's high-precision forwards
+//   octet::calibration_state saved = cal.state();   // checkpoint; cal.restore(saved) resumes bit for bit
 //
 // Rules (host; O(n) per step with std::nth_element on a scratch copy):
 //   * Targets: p_below = #(r_high < nominal.lower) / n_f, p_above = #(r_high > nominal.upper) / n_f
@@ -97,6 +98,17 @@ struct calibration_step {
     double below_nominal = 0;
     double above_nominal = 0;
     std::uint64_t tokens = 0;
+};
+
+/// Everything reference_due() and update() depend on besides the config: what a checkpoint keeps
+/// so that a resumed run calibrates bit for bit as the uninterrupted one (state(), restore()).
+/// Plain data.
+struct calibration_state {
+    double lower = 0, upper = 0;  ///< the smoothed bounds
+    calibration_targets targets{};
+    calibration_cost cost{};
+    calibration_step last{}, at_reference{};
+    std::uint64_t drift_refreshes = 0;
 };
 
 class calibrated_clipping {
@@ -216,6 +228,18 @@ public:
     }
     const calibration_targets& targets() const { return targets_; }
     const calibration_cost& cost() const { return cost_; }
+
+    /// The state a checkpoint keeps; restore() puts it back (on a calibrator of the same config).
+    calibration_state state() const {
+        return calibration_state{bounds_lo_, bounds_hi_, targets_, cost_, last_, at_reference_, drift_refreshes_};
+    }
+    void restore(const calibration_state& s) {
+        OCTET_REQUIRE(std::isfinite(s.lower) && std::isfinite(s.upper), "octet::calibrated_clipping::restore", "s",
+                      detail::message("holds bounds [", s.lower, ", ", s.upper, "]; pass a state from state()"));
+        bounds_lo_ = s.lower, bounds_hi_ = s.upper;
+        targets_ = s.targets, cost_ = s.cost, last_ = s.last, at_reference_ = s.at_reference;
+        drift_refreshes_ = s.drift_refreshes;
+    }
     const calibration_step& last_step() const { return last_; }
 
 private:
