@@ -24,6 +24,7 @@
 #include "corpus.hpp"
 #include "gate.hpp"
 #include "model.hpp"
+#include "model_file.hpp"
 #include "ranks.hpp"
 #ifdef OCTET_TRAINING_MPI
 #include "mpi_ranks.hpp"
@@ -129,21 +130,6 @@ bool is_low_precision(const recipe_config& r) {
            r.moments != moment_mode::float32 || r.master != master_mode::float32 || r.gradient_codec;
 }
 
-model_config size_config(const std::string& name) {
-    model_config m;
-    m.name = name;
-    if (name == "tiny") {  // ~0.2M parameters
-        m.d_model = 128, m.layers = 1, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512, m.seq_len = 64;
-    } else if (name == "small") {  // ~0.8M parameters
-        m.d_model = 128, m.layers = 4, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512;
-    } else if (name == "medium") {  // ~2M parameters
-        m.d_model = 256, m.layers = 3, m.heads_q = 8, m.heads_kv = 4, m.head_dim = 32, m.d_ff = 1024;
-    } else {
-        throw std::invalid_argument("--sizes: unknown size '" + name + "' (use tiny, small or medium)");
-    }
-    return m;
-}
-
 // ------------------------------------------------------------------------------------------------
 // The optimizer: octet::adamw_optimizer with the recipe's moment codec and master weights, behind
 // one interface so that the training loop is written once.
@@ -233,7 +219,8 @@ struct run_options {
     bool faults = true;       // a corrupted gradient and a crash, each once
     float clip = 1.0f;        // gradient-norm clipping threshold
     octet::host_executor ex = octet::on_host();
-    std::string scratch;  // folder for the checkpoint file
+    std::string scratch;     // folder for the checkpoint file
+    std::string save_model;  // where to write the final weights (model_file.hpp); empty: nowhere
     // The ranks of other processes (mpirun: this process is rank procs->rank() of `ranks`);
     // nullptr: all `ranks` ranks are threads of this process.
     process_ranks* procs = nullptr;
@@ -669,6 +656,8 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     }
     res.final_heldout_loss = res.heldout.empty() ? not_measured : res.heldout.back().second;
     res.heldout_bpc = res.final_heldout_loss / std::log(2.0);
+    if (lead && !o.save_model.empty())
+        write_model_file(o.save_model, mc, std::vector<float>(params.begin(), params.begin() + n));
     if (lead) {
         std::vector<std::int32_t> prompt;
         for (char c : std::string("And God said, ")) prompt.push_back(data.id(c));
@@ -727,7 +716,7 @@ struct flags {
     std::vector<int> seeds, steps;
     int ranks = 2, threads = 0, batch = 16, comparison_seeds = 1;
     float lr = 3e-3f, tolerance = 0.05f;
-    bool faults = true, help = false;
+    bool faults = true, help = false, save_models = false;
     std::string out = "training_report", corpus = OCTET_TRAINING_CORPUS;
 };
 
@@ -755,6 +744,8 @@ const char* usage =
     "  --comparison-seeds N  runs without recovery (the *_no_recovery recipes) on the first N seeds only\n"
     "                  (default 1: they show what recovery prevents, not a recipe to judge)\n"
     "  --no-faults     no injected gradient corruption and no scripted crash\n"
+    "  --save-models   write each run's final weights to FOLDER/models/SIZE_RECIPE_STEPS_seedN.bin\n"
+    "                  (model_file.hpp; examples/09_rl starts from one with --init)\n"
     "  --out           output folder for report.md, report.json and the SVG plots (default training_report)\n";
 
 /// `processes`: the size of the MPI world this process is a rank of (0: not started by mpirun).
@@ -807,6 +798,8 @@ flags parse_flags(int argc, char** argv, int processes = 0) {
             f.comparison_seeds = ints(a, need(i)).at(0);
         } else if (a == "--tolerance") {
             f.tolerance = std::strtof(need(i).c_str(), nullptr);
+        } else if (a == "--save-models") {
+            f.save_models = true;
         } else if (a == "--no-faults") {
             f.faults = false;
         } else if (a == "--out") {
@@ -978,6 +971,11 @@ int run_program(int argc, char** argv, process_ranks* procs) {
                     o.size = mc, o.recipe = rc, o.seed = seed, o.steps = steps, o.ranks = f.ranks;
                     o.batch = f.batch, o.lr = f.lr, o.faults = f.faults, o.ex = ex, o.threads = threads;
                     o.scratch = f.out, o.procs = procs, o.fail_rank = fail_rank;
+                    if (f.save_models) {
+                        std::filesystem::create_directories(f.out + "/models");
+                        o.save_model = f.out + "/models/" + size_name + "_" + rc.name + "_" + std::to_string(steps) +
+                                       "_seed" + std::to_string(seed) + ".bin";
+                    }
                     const std::string label =
                         size_name + " " + std::to_string(steps) + " steps " + rc.name + " seed " + std::to_string(seed);
                     run_result r = run_one(o, data, [&](double units) { bar.advance(units, label); });

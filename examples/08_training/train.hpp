@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,22 @@ struct model_config {
     int seq_len = 128;  ///< tokens per sequence (the model sees seq_len inputs, predicts seq_len targets)
     bool tied_head = true;
 };
+
+/// The named sizes: tiny, small, medium (vocab is left 0: set it from the corpus).
+inline model_config size_config(const std::string& name) {
+    model_config m;
+    m.name = name;
+    if (name == "tiny") {  // ~0.2M parameters
+        m.d_model = 128, m.layers = 1, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512, m.seq_len = 64;
+    } else if (name == "small") {  // ~0.8M parameters
+        m.d_model = 128, m.layers = 4, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512;
+    } else if (name == "medium") {  // ~2M parameters
+        m.d_model = 256, m.layers = 3, m.heads_q = 8, m.heads_kv = 4, m.head_dim = 32, m.d_ff = 1024;
+    } else {
+        throw std::invalid_argument("--sizes: unknown size '" + name + "' (use tiny, small or medium)");
+    }
+    return m;
+}
 
 /// How the linear layers compute (forward, data gradient, weight gradient).
 enum class linear_mode { float32, bf16, tensorwise_delayed, tensorwise, blockwise, mxfp8, nvfp4 };

@@ -18,6 +18,7 @@
 // Exit status: 0 on a completed comparison; 1 on an error; 2 on bad flags.
 #include "../08_training/corpus.hpp"
 #include "../08_training/model.hpp"
+#include "../08_training/model_file.hpp"
 #include "../08_training/report.hpp"
 #include "grpo.hpp"
 #include "records.hpp"
@@ -68,7 +69,10 @@ const char* usage =
     "  --variants        any of: float_rollout fp8_nominal fp8_calibrated fp8_tis (default: all)\n"
     "  --steps           GRPO steps per run (default 30)\n"
     "  --pretrain-steps  float32 pretraining steps of the starting policy (default 300); it is\n"
-    "                    written to FOLDER/policy_init.bin, and --init FILE starts from such a file\n"
+    "                    written to FOLDER/policy_init.bin\n"
+    "  --init FILE       start from a model file instead: FOLDER/policy_init.bin of an earlier run, or\n"
+    "                    the main job's weights (example_08_training --sizes tiny --save-models writes\n"
+    "                    FOLDER/models/tiny_RECIPE_STEPS_seedN.bin)\n"
     "  --rollout-linear  the FP8 copy's linear recipe: fp8_tensorwise fp8_blockwise (default) mxfp8\n"
     "  --no-faults       no scripted bad update (by default one run per variant, seed 0, gets one)\n"
     "  --save-state F / --resume F   write the run's state after --steps / continue from it (one\n"
@@ -171,11 +175,10 @@ train::linear_mode linear_of(const std::string& name) {
     return train::linear_mode::blockwise;
 }
 
+/// The policy: examples/08_training's "tiny" size.
 train::model_config policy_config(int vocab) {
-    train::model_config m;  // examples/08_training's "tiny" size
-    m.name = "tiny";
+    train::model_config m = train::size_config("tiny");
     m.vocab = vocab;
-    m.d_model = 128, m.layers = 1, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512, m.seq_len = 64;
     return m;
 }
 
@@ -186,32 +189,6 @@ struct pretrained {
     double seconds = 0, heldout_loss = not_measured;
     std::string source;
 };
-
-constexpr std::uint64_t init_magic = 0x6f63746574696e31;  // "octetin1"
-
-void write_init(const std::string& path, const std::vector<float>& p) {
-    std::ofstream f(path, std::ios::binary);
-    const std::uint64_t head[2] = {init_magic, p.size()};
-    f.write(reinterpret_cast<const char*>(head), sizeof head);
-    f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
-    if (!f) throw std::runtime_error("cannot write " + path);
-}
-
-std::vector<float> read_init(const std::string& path, std::size_t expected) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::runtime_error("--init: cannot read " + path);
-    std::uint64_t head[2] = {};
-    f.read(reinterpret_cast<char*>(head), sizeof head);
-    if (!f || head[0] != init_magic)
-        throw std::runtime_error("--init: " + path + " is not a policy file written by example_09_rl");
-    if (head[1] != expected)
-        throw std::runtime_error("--init: " + path + " holds " + std::to_string(head[1]) +
-                                 " parameters; this model has " + std::to_string(expected));
-    std::vector<float> p(expected);
-    f.read(reinterpret_cast<char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
-    if (!f) throw std::runtime_error("--init: " + path + " is truncated");
-    return p;
-}
 
 double heldout_loss(train::transformer& m, const train::corpus& data, octet::span<const float> p, int seq_len) {
     const int batch = 16;
@@ -409,15 +386,16 @@ int program(int argc, char** argv) {
         init = pretrain(mc, data, f.pretrain_steps, ex, [&](int s) {
             bar.advance(0.25, "pretraining: step " + std::to_string(s + 1) + "/" + std::to_string(f.pretrain_steps));
         });
-        write_init(f.out + "/policy_init.bin", init.params);
+        train::write_model_file(f.out + "/policy_init.bin", mc, init.params);
     } else {
-        init.params = read_init(f.init, train::transformer::parameter_count(mc));
+        init.params = train::read_model_file(f.init, mc);
         init.source = "read from " + f.init;
         train::memory_meter meter;
         train::recipe_config r;
         train::transformer m(mc, r, meter, ex, 16, 0);
         init.heldout_loss = heldout_loss(m, data, octet::span<const float>(init.params), mc.seq_len);
     }
+    std::printf("starting policy: %s (held-out loss %.4f nats/char)\n", init.source.c_str(), init.heldout_loss);
     sweep.pretrain_source = init.source, sweep.pretrain_seconds = init.seconds;
     sweep.pretrain_heldout_loss = init.heldout_loss;
     sweep.tis_cap = grpo_config{}.tis_cap;

@@ -4,6 +4,7 @@
 // a run resumed from its saved state against the uninterrupted run, bit for bit.
 #include <doctest/doctest.h>
 
+#include "../08_training/model_file.hpp"
 #include "grpo.hpp"
 
 #include <algorithm>
@@ -339,4 +340,18 @@ TEST_CASE("bad input is refused by name") {
     CHECK_THROWS_WITH_AS(m.policy_backward(octet::span<const float>(policy()), toks.data(), 2,
                                            octet::span<const float>(d), octet::span<float>(g), t),
                          doctest::Contains("call score first"), octet::error);
+}
+
+TEST_CASE("model files: the weights come back bit for bit; another model's file is refused by its field") {
+    const auto mc = config();
+    const auto path = (std::filesystem::temp_directory_path() / "octet_rl_model_file.bin").string();
+    train::write_model_file(path, mc, policy());
+    CHECK(train::read_model_file(path, mc) == policy());
+    train::model_config other = mc;
+    other.d_model = 128, other.heads_q = 4;
+    CHECK_THROWS_WITH_AS(train::read_model_file(path, other), doctest::Contains("d_model = 64"), std::runtime_error);
+    std::filesystem::resize_file(path, 100);
+    CHECK_THROWS_WITH_AS(train::read_model_file(path, mc), doctest::Contains("truncated"), std::runtime_error);
+    std::filesystem::remove(path);
+    CHECK_THROWS_WITH_AS(train::read_model_file(path, mc), doctest::Contains("cannot read"), std::runtime_error);
 }
