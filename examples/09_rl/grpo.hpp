@@ -170,13 +170,14 @@ public:
 
     /// The last executed step's per-token data (completion tokens, sequence-major), for tests:
     /// sequences (prompt + completion), the rollout's and the trainer's log-probabilities, the
-    /// log-probabilities the ratio was taken against, the advantages, and per epoch the trainer's
-    /// log-probabilities and the clip range used.
+    /// log-probabilities the ratio was taken against, the advantages, per epoch the trainer's
+    /// log-probabilities and the clip range used, and the weights that generated the batch.
     struct epoch_trace {
         std::vector<float> logp_new;
         octet::clip_range used;
     };
     const std::vector<std::int32_t>& last_sequences() const { return seqs_; }
+    const std::vector<float>& last_rollout_weights() const { return rollout_weights_; }
     const std::vector<float>& last_logp_rollout() const { return logp_roll_; }
     const std::vector<float>& last_logp_trainer() const { return logp_trainer_; }
     const std::vector<float>& last_logp_old() const { return logp_old_; }
@@ -399,6 +400,7 @@ private:
         std::vector<std::int32_t> prompts(static_cast<std::size_t>(B) * P_);
         train::sample_batch(data_.train, P_ - 1, B, 9000u + static_cast<std::uint64_t>(cfg_.seed), step, 0,
                             prompts.data());
+        rollout_weights_.assign(opt_.state.params.begin(), opt_.state.params.end());
         const auto t0 = clock::now();
         engine_.generate(params(), prompts.data(), B, P_, G, C_, 5000u + static_cast<std::uint64_t>(cfg_.seed),
                          static_cast<std::uint64_t>(step), seqs_.data(), logp_roll_.data(), ent_roll_.data());
@@ -576,6 +578,7 @@ private:
     std::vector<float> logp_new_, logp_trainer_, logp_old_, grad_, ratio_low_, ratio_high_, grads_;
     std::vector<std::int64_t> offsets_;
     std::vector<epoch_trace> trace_;
+    std::vector<float> rollout_weights_;  // the weights that generated the last batch (for tests)
 };
 
 }  // namespace rl

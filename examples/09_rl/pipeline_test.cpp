@@ -209,7 +209,22 @@ TEST_CASE("the mismatch statistics and the crossing counts equal brute-force rec
         CHECK(rec.log_ratio_abs_max == amax);
         std::sort(d.begin(), d.end());
         CHECK(rec.log_ratio_q50 == d[static_cast<std::size_t>(0.5 * (nc - 1) + 0.5)]);
-        // (the trainer's and the rollouts' log-probabilities against a float64 forward: first test)
+        // the measured mismatch on a sample of sequences against a float64 forward at the weights
+        // that generated the batch: logp_trainer is the truth up to float32 rounding, so
+        // logp_trainer - logp_rollout is the rollout copy's own error
+        const auto& seqs = run.last_sequences();
+        const std::size_t L = static_cast<std::size_t>(mc.seq_len + 1), C = 12, Pl = L - C;
+        double trainer_err = 0, rollout_err = 0;
+        for (std::size_t s = 0; s < 16; s += 5) {
+            const auto ref = logp64(mc, run.last_rollout_weights(), seqs.data() + s * L, L);
+            for (std::size_t c = 0; c < C; ++c) {
+                const double truth = ref[Pl - 1 + c];
+                trainer_err = std::max(trainer_err, std::fabs(lt[s * C + c] - truth));
+                rollout_err = std::max(rollout_err, std::fabs(lr[s * C + c] - truth));
+            }
+        }
+        CHECK(trainer_err < 2e-4);
+        if (std::string(variant) == "float_rollout") CHECK(rollout_err < 2e-4);
         // (2) crossings and clip fractions by brute force over every epoch
         const octet::clip_range nominal = run.range();
         std::uint64_t pushed_below = 0, pushed_out_neg = 0, pushed_above_pos = 0, region = 0, branch = 0;
