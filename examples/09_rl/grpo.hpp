@@ -1,8 +1,8 @@
 // examples/09_rl/grpo.hpp: one GRPO run of the RL program. Rollouts come from a copy of the
 // policy (rollout.hpp: float32, or FP8 with an E4M3 KV cache); the trainer (train::transformer,
-// float32) scores them, and the update uses octet's RL pieces: group advantages, the clipped
-// surrogate and its per-token gradient, threshold crossings, calibrated clipping; AdamW through
-// octet::adamw_optimizer; monitors through octet::check_registry and octet::recovery_policy.
+// float32 by default, or its linears in bf16 or an FP8 recipe) scores them, and the update uses octet's RL pieces:
+// group advantages, the clipped surrogate and its per-token gradient, threshold crossings, calibrated clipping; AdamW
+// through octet::adamw_optimizer; monitors through octet::check_registry and octet::recovery_policy.
 //
 // A step: B prompts from the corpus, G completions of C characters each from the rollout copy
 // (its log-probabilities logp_rollout), rewards, advantages A_i = (R_i - mean) / (std + eps) per
@@ -84,7 +84,8 @@ struct grpo_config {
     float tis_cap = 2.0f;
     float grad_clip = 1.0f;
     train::linear_mode rollout_linear = train::linear_mode::blockwise;
-    int calibration_refresh = 8;  ///< steps between references (per epoch index)
+    train::linear_mode trainer_linear = train::linear_mode::float32;  ///< the trainer's linears
+    int calibration_refresh = 8;                                      ///< steps between references (per epoch index)
     double calibration_smoothing = 0.5;
     double entropy_surge = 1.25;  ///< trip when the rollout entropy exceeds this times the recent mean,
                                   ///< or falls below the mean divided by it (a collapse)
@@ -133,7 +134,7 @@ public:
           P_(mc.seq_len + 1 - cfg.completion),
           C_(cfg.completion),
           T_(static_cast<std::size_t>(mc.seq_len)),
-          trainer_(mc, float32_recipe(), meter_, ex_, static_cast<int>(n_), 0),
+          trainer_(mc, trainer_recipe(cfg), meter_, ex_, static_cast<int>(n_), 0),
           engine_(mc,
                   rollout_config{cfg.variant == "float_rollout" ? rollout_precision::float32 : rollout_precision::fp8,
                                  cfg.rollout_linear},
@@ -344,9 +345,10 @@ private:
     static double seconds_since(clock::time_point t0) {
         return std::chrono::duration<double>(clock::now() - t0).count();
     }
-    static train::recipe_config float32_recipe() {
+    static train::recipe_config trainer_recipe(const grpo_config& c) {
         train::recipe_config r;
-        r.name = "fp32";
+        r.name = "trainer";
+        r.linear = c.trainer_linear;
         return r;
     }
     static octet::adamw_hyper hyper(const grpo_config& c) {

@@ -56,7 +56,8 @@ struct flags {
     std::vector<int> seeds{0, 1, 2};
     int steps = 30, pretrain_steps = 300, threads = 0, prompts = 8, group = 8, completion = 24, epochs = 2;
     float lr = 2e-4f, clip_eps = 0.2f, clip_eps_high = 0.28f;
-    std::string rollout_linear = "fp8_blockwise", out = "rl_report", corpus = OCTET_TRAINING_CORPUS, init;
+    std::string rollout_linear = "fp8_blockwise", trainer_linear = "fp32", out = "rl_report",
+                corpus = OCTET_TRAINING_CORPUS, init;
     std::string save_state, resume;  // test hooks: save after --steps, or resume from a state file
     bool faults = true, help = false;
 };
@@ -64,7 +65,8 @@ struct flags {
 const char* usage =
     "usage: example_09_rl [--variants a,b,...] [--seeds 0,1,2] [--steps N] [--pretrain-steps N]\n"
     "                     [--prompts B] [--group G] [--completion C] [--epochs E] [--lr X]\n"
-    "                     [--clip-eps X] [--clip-eps-high X] [--rollout-linear RECIPE] [--threads N]\n"
+    "                     [--clip-eps X] [--clip-eps-high X] [--rollout-linear RECIPE]\n"
+    "                     [--trainer-linear RECIPE] [--threads N]\n"
     "                     [--no-faults] [--init FILE] [--out FOLDER] [--corpus FILE]\n"
     "  --variants        any of: float_rollout fp8_nominal fp8_calibrated fp8_tis (default: all)\n"
     "  --steps           GRPO steps per run (default 30)\n"
@@ -74,6 +76,9 @@ const char* usage =
     "                    the main job's weights (example_08_training --sizes tiny --save-models writes\n"
     "                    FOLDER/models/tiny_RECIPE_STEPS_seedN.bin)\n"
     "  --rollout-linear  the FP8 copy's linear recipe: fp8_tensorwise fp8_blockwise (default) mxfp8\n"
+    "                    nvfp4 (FP4 rollouts)\n"
+    "  --trainer-linear  the trainer's linears: fp32 (default) bf16 fp8_delayed fp8_tensorwise\n"
+    "                    fp8_blockwise mxfp8 nvfp4\n"
     "  --no-faults       no scripted bad update (by default one run per variant, seed 0, gets one)\n"
     "  --save-state F / --resume F   write the run's state after --steps / continue from it (one\n"
     "                    variant and seed; used by the tests)\n";
@@ -98,6 +103,26 @@ float to_float(const std::string& flag, const std::string& v) {
     if (v.empty() || *end || !(x > 0) || !std::isfinite(x))
         throw std::invalid_argument(flag + ": '" + v + "' is not a positive number");
     return x;
+}
+
+/// The linear recipes by the training program's recipe names.
+const std::pair<const char*, train::linear_mode> linear_names[] = {
+    {"fp32", train::linear_mode::float32},
+    {"bf16", train::linear_mode::bf16},
+    {"fp8_delayed", train::linear_mode::tensorwise_delayed},
+    {"fp8_tensorwise", train::linear_mode::tensorwise},
+    {"fp8_blockwise", train::linear_mode::blockwise},
+    {"mxfp8", train::linear_mode::mxfp8},
+    {"nvfp4", train::linear_mode::nvfp4}};
+bool linear_named(const std::string& name) {
+    for (const auto& [n, m] : linear_names)
+        if (name == n) return true;
+    return false;
+}
+train::linear_mode linear_of(const std::string& name) {
+    for (const auto& [n, m] : linear_names)
+        if (name == n) return m;
+    return train::linear_mode::float32;
 }
 
 flags parse(int argc, char** argv) {
@@ -141,6 +166,18 @@ flags parse(int argc, char** argv) {
             f.clip_eps_high = to_float(a, need(i));
         } else if (a == "--rollout-linear") {
             f.rollout_linear = need(i);
+            // fp8_delayed is not offered: an inference copy pushes no amaxes, so its history stays
+            // empty and it would quantize exactly as fp8_tensorwise
+            if (!linear_named(f.rollout_linear) || f.rollout_linear == "fp32" || f.rollout_linear == "bf16" ||
+                f.rollout_linear == "fp8_delayed")
+                throw std::invalid_argument("--rollout-linear: '" + f.rollout_linear +
+                                            "' (use fp8_tensorwise, fp8_blockwise, mxfp8 or nvfp4)");
+        } else if (a == "--trainer-linear") {
+            f.trainer_linear = need(i);
+            if (!linear_named(f.trainer_linear))
+                throw std::invalid_argument("--trainer-linear: '" + f.trainer_linear +
+                                            "' (use fp32, bf16, fp8_delayed, fp8_tensorwise, fp8_blockwise, mxfp8 "
+                                            "or nvfp4)");
         } else if (a == "--no-faults") {
             f.faults = false;
         } else if (a == "--init") {
@@ -163,16 +200,7 @@ flags parse(int argc, char** argv) {
     if (f.clip_eps >= 1) throw std::invalid_argument("--clip-eps must be below 1");
     if ((!f.save_state.empty() || !f.resume.empty()) && (f.variants.size() != 1 || f.seeds.size() != 1))
         throw std::invalid_argument("--save-state and --resume take one variant and one seed");
-    if (f.rollout_linear != "fp8_tensorwise" && f.rollout_linear != "fp8_blockwise" && f.rollout_linear != "mxfp8")
-        throw std::invalid_argument("--rollout-linear: '" + f.rollout_linear +
-                                    "' (use fp8_tensorwise, fp8_blockwise or mxfp8)");
     return f;
-}
-
-train::linear_mode linear_of(const std::string& name) {
-    if (name == "fp8_tensorwise") return train::linear_mode::tensorwise;
-    if (name == "mxfp8") return train::linear_mode::mxfp8;
-    return train::linear_mode::blockwise;
 }
 
 /// The policy: examples/08_training's "tiny" size.
@@ -375,7 +403,7 @@ int program(int argc, char** argv) {
     sweep.prompts_per_step = f.prompts, sweep.group_size = f.group, sweep.epochs = f.epochs, sweep.steps = f.steps;
     sweep.clip_eps_low = f.clip_eps, sweep.clip_eps_high = f.clip_eps_high;
     sweep.rollout_recipe = f.rollout_linear + " linears, E4M3 Q/K/V and KV cache (per token and head)";
-    sweep.trainer_recipe = "fp32";
+    sweep.trainer_recipe = f.trainer_linear + " linears, float32 attention and the rest";
     sweep.parameters = static_cast<double>(train::transformer::parameter_count(mc));
 
     const double pre_units = f.init.empty() ? 0.25 * f.pretrain_steps : 0.0;
@@ -406,7 +434,8 @@ int program(int argc, char** argv) {
             c.variant = variant, c.seed = seed, c.steps = f.steps, c.prompts = f.prompts, c.group = f.group;
             c.completion = f.completion, c.epochs = f.epochs, c.lr = f.lr;
             c.clip_eps_low = f.clip_eps, c.clip_eps_high = f.clip_eps_high;
-            c.rollout_linear = linear_of(f.rollout_linear), c.threads = threads;
+            c.rollout_linear = linear_of(f.rollout_linear), c.trainer_linear = linear_of(f.trainer_linear);
+            c.threads = threads;
             c.fault_step = f.faults && seed == f.seeds.front() ? f.steps / 2 : -1;
             grpo_run run(c, mc, data, octet::span<const float>(init.params));
             if (!f.resume.empty()) run.load(f.resume);
