@@ -844,17 +844,6 @@ flags parse_flags(int argc, char** argv, int processes = 0) {
     return f;
 }
 
-std::string machine_description(int threads) {
-    std::string model = "unknown CPU";
-    std::ifstream cpu("/proc/cpuinfo");
-    for (std::string line; std::getline(cpu, line);)
-        if (line.rfind("model name", 0) == 0) {
-            model = line.substr(line.find(':') + 2);
-            break;
-        }
-    return model + ", " + std::to_string(threads) + " threads";
-}
-
 /// The program. `procs`: the processes' ranks under mpirun (nullptr: the ranks are threads of this
 /// process). Rank 0 alone prints and writes the report; every rank returns the same exit status.
 int run_program(int argc, char** argv, process_ranks* procs) {
@@ -881,7 +870,7 @@ int run_program(int argc, char** argv, process_ranks* procs) {
 
     sweep_result sweep;
     for (int i = 0; i < argc; ++i) sweep.command += (i ? " " : "") + std::string(argv[i]);
-    sweep.machine = machine_description(threads);
+    sweep.machine = report_detail::machine_description(threads);
     if (procs)
         sweep.machine += " per process; " + std::to_string(procs->size()) +
                          " MPI processes, one rank each (times and memory: rank 0's process)";

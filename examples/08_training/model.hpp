@@ -184,6 +184,26 @@ inline float tanh_approx(float z) {
     return (e - 1.0f) / (e + 1.0f);
 }
 
+/// A row of logits' softmax in double: its max m, sum_v e^(z_v - m), log-sum-exp and entropy
+/// -sum_v p_v log p_v.
+struct softmax_row {
+    double max = 0, sum = 0, lse = 0, entropy = 0;
+    double logp(float z) const { return static_cast<double>(z) - lse; }
+};
+inline softmax_row softmax_of(const float* z, std::size_t V) {
+    softmax_row r;
+    r.max = *std::max_element(z, z + V);
+    double zs = 0;
+    for (std::size_t v = 0; v < V; ++v) {
+        const double d = static_cast<double>(z[v]) - r.max, e = std::exp(d);
+        r.sum += e;
+        zs += e * d;
+    }
+    r.lse = r.max + std::log(r.sum);
+    r.entropy = std::log(r.sum) - zs / r.sum;  // lse - E[z] = -sum p log p
+    return r;
+}
+
 namespace detail {
 inline constexpr float gelu_c = 0.7978845608028654f;  // sqrt(2 / pi)
 
@@ -905,17 +925,10 @@ public:
         double sum = 0;
         for (std::size_t r = 0; r < n; ++r) {
             const float* z = logits_.data() + r * V_;
-            const double m = *std::max_element(z, z + V_);
-            double s = 0, zs = 0;
-            for (std::size_t v = 0; v < V_; ++v) {
-                const double e = std::exp(static_cast<double>(z[v]) - m);
-                s += e;
-                zs += e * (static_cast<double>(z[v]) - m);
-            }
-            const double lse = m + std::log(s);
+            const softmax_row sm = softmax_of(z, V_);
             const std::int32_t target = tokens[(r / T_) * (T_ + 1) + r % T_ + 1];
-            logp[r] = static_cast<float>(static_cast<double>(z[target]) - lse);
-            entropy[r] = static_cast<float>(std::log(s) - zs / s);  // lse - E[z] = -sum p log p
+            logp[r] = static_cast<float>(sm.logp(z[target]));
+            entropy[r] = static_cast<float>(sm.entropy);
             sum -= logp[r];
         }
         t.loss = sum / static_cast<double>(n);
@@ -945,10 +958,7 @@ public:
                 float* z = logits_.data() + r * V_;
                 const double c = dloss_dlogp[r];
                 const std::int32_t target = tokens[(r / T_) * (T_ + 1) + r % T_ + 1];
-                const double m = *std::max_element(z, z + V_);
-                double s = 0;
-                for (std::size_t v = 0; v < V_; ++v) s += std::exp(static_cast<double>(z[v]) - m);
-                const double lse = m + std::log(s);
+                const double lse = softmax_of(z, V_).lse;
                 for (std::size_t v = 0; v < V_; ++v)
                     z[v] = static_cast<float>(c * ((v == static_cast<std::size_t>(target) ? 1.0 : 0.0) -
                                                    std::exp(static_cast<double>(z[v]) - lse)));

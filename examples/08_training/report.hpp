@@ -37,6 +37,18 @@ inline constexpr std::size_t svg_curve_points = 400;
 
 // ---- text -----------------------------------------------------------------------------------
 
+/// The CPU model (from /proc/cpuinfo, where there is one) and the thread count, for a report.
+inline std::string machine_description(int threads) {
+    std::string model = "unknown CPU";
+    std::ifstream cpu("/proc/cpuinfo");
+    for (std::string line; std::getline(cpu, line);)
+        if (line.rfind("model name", 0) == 0) {
+            model = line.substr(line.find(':') + 2);
+            break;
+        }
+    return model + ", " + std::to_string(threads) + " threads";
+}
+
 inline std::string printf_str(const char* f, double v) {
     char buf[64];
     std::snprintf(buf, sizeof buf, f, v);

@@ -364,17 +364,6 @@ std::vector<std::string> findings(const sweep_result& s) {
     return out;
 }
 
-std::string machine_description(int threads) {
-    std::string model = "unknown CPU";
-    std::ifstream cpu("/proc/cpuinfo");
-    for (std::string line; std::getline(cpu, line);)
-        if (line.rfind("model name", 0) == 0) {
-            model = line.substr(line.find(':') + 2);
-            break;
-        }
-    return model + ", " + std::to_string(threads) + " threads";
-}
-
 int program(int argc, char** argv) {
     flags f;
     try {
@@ -397,7 +386,7 @@ int program(int argc, char** argv) {
 
     sweep_result sweep;
     for (int i = 0; i < argc; ++i) sweep.command += (i ? " " : "") + std::string(argv[i]);
-    sweep.machine = machine_description(threads);
+    sweep.machine = train::report_detail::machine_description(threads);
     sweep.task = lipogram_task::description(f.completion);
     sweep.prompt_chars = mc.seq_len + 1 - f.completion, sweep.completion_chars = f.completion;
     sweep.prompts_per_step = f.prompts, sweep.group_size = f.group, sweep.epochs = f.epochs, sweep.steps = f.steps;

@@ -115,23 +115,17 @@ public:
             const std::size_t c = pos + 1 - static_cast<std::size_t>(P);
             for (std::size_t s = 0; s < n; ++s) {
                 const float* z = logits_.data() + s * V_;
-                const double m = *std::max_element(z, z + V_);
-                double sum = 0, zs = 0;
-                for (std::size_t v = 0; v < V_; ++v) {
-                    const double e = std::exp(static_cast<double>(z[v]) - m);
-                    sum += e;
-                    zs += e * (static_cast<double>(z[v]) - m);
-                }
-                double u = rng.uniform(static_cast<std::uint64_t>(s * static_cast<std::size_t>(C) + c)) * sum;
+                const train::softmax_row sm = train::softmax_of(z, V_);
+                double u = rng.uniform(static_cast<std::uint64_t>(s * static_cast<std::size_t>(C) + c)) * sm.sum;
                 std::size_t pick = V_ - 1;
                 for (std::size_t v = 0; v < V_; ++v)
-                    if ((u -= std::exp(static_cast<double>(z[v]) - m)) < 0) {
+                    if ((u -= std::exp(static_cast<double>(z[v]) - sm.max)) < 0) {
                         pick = v;
                         break;
                     }
                 sequences[s * L + pos + 1] = static_cast<std::int32_t>(pick);
-                logp[s * C + c] = static_cast<float>(static_cast<double>(z[pick]) - m - std::log(sum));
-                entropy[s * C + c] = static_cast<float>(std::log(sum) - zs / sum);
+                logp[s * C + c] = static_cast<float>(sm.logp(z[pick]));
+                entropy[s * C + c] = static_cast<float>(sm.entropy);
             }
         }
     }
