@@ -720,14 +720,6 @@ struct flags {
     std::string out = "training_report", corpus = OCTET_TRAINING_CORPUS;
 };
 
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> v;
-    std::stringstream ss(s);
-    for (std::string item; std::getline(ss, item, ',');)
-        if (!item.empty()) v.push_back(item);
-    return v;
-}
-
 const char* usage =
     "usage: example_08_training [--preset quick|full] [--recipes a,b,...] [--seeds 0,1,2] [--steps 200,400]\n"
     "                           [--sizes tiny,small] [--ranks N] [--batch N] [--threads N] [--lr X]\n"

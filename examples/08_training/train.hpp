@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -31,6 +32,15 @@ struct model_config {
     int seq_len = 128;  ///< tokens per sequence (the model sees seq_len inputs, predicts seq_len targets)
     bool tied_head = true;
 };
+
+/// The non-empty items of a comma-separated flag value ("a,b,,c" -> a, b, c).
+inline std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> v;
+    std::stringstream ss(s);
+    for (std::string item; std::getline(ss, item, ',');)
+        if (!item.empty()) v.push_back(item);
+    return v;
+}
 
 /// The named sizes: tiny, small, medium (vocab is left 0: set it from the corpus).
 inline model_config size_config(const std::string& name) {

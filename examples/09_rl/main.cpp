@@ -83,14 +83,6 @@ const char* usage =
     "  --save-state F / --resume F   write the run's state after --steps / continue from it (one\n"
     "                    variant and seed; used by the tests)\n";
 
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> v;
-    std::stringstream ss(s);
-    for (std::string item; std::getline(ss, item, ',');)
-        if (!item.empty()) v.push_back(item);
-    return v;
-}
-
 int to_int(const std::string& flag, const std::string& v) {
     char* end = nullptr;
     const long x = std::strtol(v.c_str(), &end, 10);
@@ -136,13 +128,13 @@ flags parse(int argc, char** argv) {
         if (a == "--help" || a == "-h") {
             f.help = true;
         } else if (a == "--variants") {
-            f.variants = split(need(i));
+            f.variants = train::split(need(i));
             for (const auto& v : f.variants)
                 if (!is_variant(v)) throw std::invalid_argument("--variants: unknown variant '" + v + "'");
             if (f.variants.empty()) throw std::invalid_argument("--variants: name at least one");
         } else if (a == "--seeds") {
             f.seeds.clear();
-            for (const auto& s : split(need(i))) f.seeds.push_back(to_int(a, s));
+            for (const auto& s : train::split(need(i))) f.seeds.push_back(to_int(a, s));
             if (f.seeds.empty()) throw std::invalid_argument("--seeds: name at least one");
         } else if (a == "--steps") {
             f.steps = to_int(a, need(i));
