@@ -50,23 +50,34 @@ TEST_CASE("bf16 and fp16 inputs are quantized from their exact float values") {
     check_recipe<rcp::mxfp8_e5m2, octet::fp16>(9, 65, 3003, 1.0f);
 }
 
-TEST_CASE("a column-major input, thread counts and both copies give the same bits") {
+// 333 x 301 (100k values, ragged against every block shape) splits each parallel pass (the
+// transpose, the block amaxes, the codes: at least 2^15 values a chunk) into several chunks.
+template <class R>
+void check_thread_counts_and_orders(std::uint64_t seed) {
     using namespace octet;
-    using R = rcp::blockwise_1x128;
-    auto g = octet_test::rng(4000);
-    const std::size_t rows = 77, cols = 301;
+    auto g = octet_test::rng(seed);
+    const std::size_t rows = 333, cols = 301;
     const auto x = octet_test::with_edge_cases(g, rows * cols, 5.0f);
     const auto xt = transpose(x, rows, cols);  // x stored column-major == x^T row-major
     quantized_tensor<R> a(rows, cols), b(rows, cols), c(rows, cols), at(cols, rows), bt(cols, rows);
     quantize<R>(on_host(1), matrix_ref<const float>(x.data(), rows, cols), a.ref(), at.ref());
     quantize<R>(on_host(5), matrix_ref<const float>(xt.data(), rows, cols, rows, storage_order::col_major), b.ref(),
                 bt.ref());
-    quantize<R>(on_host(3), matrix_ref<const float>(x.data(), rows, cols), c.ref());
+    thread_pool pool(3);
+    quantize<R>(on_host(pool), matrix_ref<const float>(x.data(), rows, cols), c.ref());
     CHECK(a.data() == b.data());
     CHECK(a.scales() == b.scales());
     CHECK(at.data() == bt.data());
     CHECK(at.scales() == bt.scales());
     CHECK(a.data() == c.data());
+    CHECK(a.scales() == c.scales());
+}
+
+TEST_CASE("a column-major input, thread counts and both copies give the same bits") {
+    check_thread_counts_and_orders<rcp::blockwise_1x128>(4000);
+    check_thread_counts_and_orders<rcp::blockwise_128x128>(4001);
+    check_thread_counts_and_orders<rcp::mxfp8_e4m3>(4002);
+    check_thread_counts_and_orders<rcp::nvfp4>(4003);
 }
 
 TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing E4M3 scales") {

@@ -327,7 +327,8 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
         In* const dst = t.data();
         const In* const src = x.data;
         const std::size_t ld = x.ld;
-        parallel_for(ex, (rows + tile - 1) / tile, 1, [&](std::size_t b, std::size_t e) {
+        const std::size_t tile_grain = std::max<std::size_t>(1, (1 << 15) / (tile * std::max<std::size_t>(cols, 1)));
+        parallel_for(ex, (rows + tile - 1) / tile, tile_grain, [&](std::size_t b, std::size_t e) {
             for (std::size_t i0 = b * tile; i0 < std::min(rows, e * tile); i0 += tile) {
                 const std::size_t i1 = std::min(rows, i0 + tile);
                 for (std::size_t j0 = 0; j0 < cols; j0 += tile) {
@@ -347,7 +348,10 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
     std::vector<float> amax(sr * sc, 0.0f);
     if (sr > 1) {
         const simd_isa isa = best_isa();
-        parallel_for(ex, sr, 1, [&](std::size_t b, std::size_t e) {
+        // At least 2^15 elements a chunk (as in phase 3): a small x stays on the calling thread, since
+        // waking a pool's workers costs more than the whole pass over a few thousand values.
+        const std::size_t band_grain = std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(R * cols, 1));
+        parallel_for(ex, sr, band_grain, [&](std::size_t b, std::size_t e) {
             std::vector<float> v(cols);
             for (std::size_t bi = b; bi < e; ++bi)
                 for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i) {
