@@ -22,6 +22,9 @@
 #                   built there against that machine's torch (its C++ ABI is the one that loads them),
 #                   with OCTET_TORCH_CUDA=ON, into .device/pybuild; then the test module runs with
 #                   OCTET_REQUIRE_CUDA=1 (a library without CUDA kernels fails instead of skipping)
+# Peers in Python (bench/gpu/*.py, each a line per result), among them linear_peers.py: Float8Linear
+# against torchao's Float8Linear and nn.Linear in bf16, scaled_mm against torch._scaled_mm (it loads
+# the op libraries that torch_cuda built; torchao travels in .whl, see bench/prepare_device.sh).
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${OCTET_SUITE_BUILD:-}" ] && [ -d .device/bin ]; then BUILD=.device/bin; else BUILD=${OCTET_SUITE_BUILD:-.device/build}; fi
@@ -92,10 +95,10 @@ for b in "$BUILD"/bench/gpubench_*; do
   done < <(grep '^OCTET_RESULT|' "$LOGS/bench_${name}.log")
 done
 
-# The torch ops' CUDA kernels, built against the torch that is here.
+# The torch ops' CUDA kernels, built against the torch that is here (the Python peers below load them too).
+PYBUILD=${OCTET_SUITE_PYBUILD:-.device/pybuild}
 if echo torch_cuda | grep -qE "$FILTER" && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   t0=$(date +%s%N)
-  PYBUILD=${OCTET_SUITE_PYBUILD:-.device/pybuild}
   GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
   if cmake -S . -B "$PYBUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
        -DOCTET_BUILD_TESTS=OFF -DOCTET_BUILD_BENCHMARKS=OFF -DOCTET_BUILD_EXAMPLES=OFF -DOCTET_BUILD_PYTHON=ON \
@@ -124,7 +127,8 @@ if command -v python3 >/dev/null; then
     [ -f "$py" ] || continue
     name=$(basename "$py" .py)
     echo "$name" | grep -qE "$FILTER" || continue
-    OCTET_BUILD="$BUILD" PYTHONUNBUFFERED=1 timeout 300 python3 "$py" >"$LOGS/py_${name}.log" 2>&1
+    OCTET_BUILD="$BUILD" OCTET_LIBRARY_DIR="${OCTET_LIBRARY_DIR:-$PYBUILD/python/lib}" PYTHONUNBUFFERED=1 \
+      timeout 300 python3 "$py" >"$LOGS/py_${name}.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && rows+=("bench|$name.py|FAIL|exit $rc|see py_${name}.log")
     while IFS='|' read -r _ bench metric value unit note; do

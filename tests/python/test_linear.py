@@ -1,7 +1,8 @@
 """octet.torch.Float8Linear and convert(): forward, data gradient and weight gradient against float64
 references of the exact quantized operands the layer used (within octet's GEMM bound) and against
 the float64 linear (within each recipe's quantization tolerance); delayed scaling's amax history;
-convert() on a small model; torch.compile(fullgraph=True); SGD on a tiny regression."""
+convert() on a small model; torch.compile(fullgraph=True); SGD on a tiny regression; the tensorwise
+recipe against torchao's Float8Linear, a peer written without octet."""
 
 import pytest
 import torch
@@ -121,6 +122,82 @@ def test_equals_quantize_and_scaled_mm_composed_by_hand(gen, recipe):
         assert torch.equal(layer.bias.grad, dy.double().sum(0).float()), f"db, step {step}"
     if cfg.delayed:
         assert all(torch.equal(hist[r], getattr(layer, f"amax_history_{r}")) for r in "xwg")
+
+
+# torchao's Float8Linear in its default configuration (dynamic per-tensor E4M3 input and weight,
+# E5M2 output gradient) is another implementation of the tensorwise recipe, written without octet.
+# Both layers' Y, dX and dW are off from the float64 linear by 4-6% (normwise). They differ in one
+# convention: octet encodes fl32(x / S) (an IEEE division by the stored scale S = amax / 448; see
+# quant/scale.hpp), torchao fl32(x * fl32(448 / amax)). Both round twice; where one of the two
+# float32 values lands exactly on the midpoint of two E4M3 codes, ties-to-even takes it to the even
+# neighbour, and the other value, a few ulps off the midpoint, goes to its own side. float32 inputs
+# rarely hit a midpoint: their layers agree to float32 rounding (measured up to 2.6e-7 normwise) or,
+# with one code apart, about 1.6e-4. bf16 inputs (8-bit significands) hit them often (up to about 1%
+# of codes), so their layers are checked for equal accuracy and for differing by less than half
+# their error, and the differing codes are checked to be exactly such midpoints
+# (test_tensorwise_codes_differ_from_a_reciprocal_scale_only_at_midpoints).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,in_f,out_f", [(64, 256, 128), (48, 128, 96), (1024, 64, 256), (32, 1024, 32)])
+def test_tensorwise_agrees_with_torchao_float8linear(gen, dtype, tokens, in_f, out_f):
+    float8 = pytest.importorskip("torchao.float8")
+    peer = nn.Sequential(nn.Linear(in_f, out_f, bias=False, dtype=dtype))
+    with torch.no_grad():
+        peer[0].weight.copy_(torch.randn(out_f, in_f, generator=gen) / in_f**0.5)
+    layer = ot.Float8Linear.from_float(nn.Linear(in_f, out_f, bias=False, dtype=dtype), recipe="tensorwise")
+    with torch.no_grad():
+        layer.weight.copy_(peer[0].weight)
+    float8.convert_to_float8_training(peer)
+    assert type(peer[0]).__name__ == "Float8Linear"
+    x = (3 * torch.randn(tokens, in_f, generator=gen)).to(dtype)
+    dy = (1e-3 * torch.randn(tokens, out_f, generator=gen)).to(dtype)
+    w64, x64, dy64 = layer.weight.detach().double(), x.double(), dy.double()
+    exact = {"y": x64 @ w64.t(), "dx": dy64 @ w64, "dw": dy64.t() @ x64}
+    got = {}
+    for name, m in (("octet", layer), ("torchao", peer)):
+        xi = x.clone().requires_grad_(True)
+        y = m(xi)
+        y.backward(dy)
+        w = m.weight if m is layer else m[0].weight
+        got[name] = {"y": y.detach(), "dx": xi.grad, "dw": w.grad}
+    for t in exact:
+        mine, theirs = got["octet"][t], got["torchao"][t]
+        assert mine.dtype == theirs.dtype == dtype
+        err_mine, err_theirs = _rel(mine, exact[t]), _rel(theirs, exact[t])
+        assert 0.02 < err_mine < _tolerance("tensorwise_e4m3", "tensorwise_e4m3" if t == "y" else "tensorwise_e5m2")
+        apart = ((mine.double() - theirs.double()).norm() / exact[t].norm()).item()
+        msg = f"{t}: octet and torchao {apart:.3g} apart, off float64 by {err_mine:.4g} and {err_theirs:.4g}"
+        assert abs(err_mine - err_theirs) <= 0.05 * err_theirs, msg
+        assert apart <= (1e-3 if dtype == torch.float32 else 0.5 * err_theirs), msg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tensorwise_codes_differ_from_a_reciprocal_scale_only_at_midpoints(gen, dtype):
+    """The one convention octet's tensorwise E4M3 codes and torchao's cast differ in, with torch's
+    own float8 cast as the oracle of the second rounding: octet's code is the cast of the float32
+    quotient fl32(x / S) everywhere, and where it differs from the cast of torchao's float32
+    product fl32(x * fl32(448 / amax)), one of the two float32 values lies exactly on the midpoint
+    of the two codes (ties-to-even took that one to the even code, the other value is a few ulps
+    off the midpoint and went to its side)."""
+    for amax_draw in range(8):
+        x = (torch.randn(256, 128, generator=gen) * float(2.0 ** (amax_draw - 4))).to(dtype)
+        q = ot.quantize(x, "tensorwise_e4m3")[0]
+        s = q.block_scales().reshape(())
+        amax = x.float().abs().max()
+        assert s.item() == (amax / 448.0).item()
+        quotient = x.float() / s  # float32, as octet divides
+        product = x.float() * (448.0 / amax)  # float32, as torchao multiplies
+        mine = q.codes[:, :128].float()
+        theirs = product.to(torch.float8_e4m3fn).float()
+        assert (mine == quotient.to(torch.float8_e4m3fn).float()).all()
+        differ = mine != theirs
+        midpoint = ((mine + theirs) / 2)[differ]
+        assert ((quotient[differ] == midpoint) | (product[differ] == midpoint)).all()
+    # A known case: amax 12.75, x 4.78125 (both bf16). fl32(x / S) is 168, the midpoint of 160 and
+    # 176, and goes to the even 160; torchao's product is 168.0000082 and goes to 176.
+    x = torch.tensor([[12.75, 4.78125]], dtype=dtype)
+    q = ot.quantize(x, "tensorwise_e4m3")[0]
+    assert q.codes[0, 1].float().item() == 160.0
+    assert (x.float() * (448.0 / 12.75)).to(torch.float8_e4m3fn)[0, 1].float().item() == 176.0
 
 
 def test_nvfp4_hadamard_and_reproducible_stochastic_rounding(gen):
