@@ -22,6 +22,8 @@
 #                   built there against that machine's torch (its C++ ABI is the one that loads them),
 #                   with OCTET_TORCH_CUDA=ON, into .device/pybuild; then the test module runs with
 #                   OCTET_REQUIRE_CUDA=1 (a library without CUDA kernels fails instead of skipping)
+#   training_cuda   examples/08_training with its FP8 linears on the GPU (--linears cuda) against the
+#                   same 30-step runs on the host (cuda_matches_host.py: every loss within 0.02 nats)
 # Peers in Python (bench/gpu/*.py, each a line per result), among them linear_peers.py: Float8Linear
 # against torchao's Float8Linear and nn.Linear in bf16, scaled_mm against torch._scaled_mm (it loads
 # the op libraries that torch_cuda built; torchao travels in .whl, see bench/prepare_device.sh).
@@ -49,9 +51,10 @@ else
   [ -f .device/deps/doctest/doctest.h ] && DOCTEST_ARGS=(-DOCTET_DOCTEST_DIR="$PWD/.device/deps")
   GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
   cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DOCTET_BUILD_TESTS=ON -DOCTET_BUILD_BENCHMARKS=ON -DOCTET_BUILD_EXAMPLES=OFF "${DOCTEST_ARGS[@]}" \
+    -DOCTET_BUILD_TESTS=ON -DOCTET_BUILD_BENCHMARKS=ON -DOCTET_BUILD_EXAMPLES=ON "${DOCTEST_ARGS[@]}" \
     >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
   targets=$(cmake --build "$BUILD" --target help 2>/dev/null | grep -oE '(test_cuda_|gpubench_)[A-Za-z0-9_]+' | sort -u | grep -E "$FILTER")
+  if echo training_cuda | grep -qE "$FILTER"; then targets="$targets example_08_training"; fi
   cmake --build "$BUILD" -j "$(nproc)" --target $targets >"$LOGS/build.log" 2>&1 || { grep -E "error" "$LOGS/build.log" | head -40; exit 1; }
   echo "suite: built in $(( $(date +%s) - start )) s"
 fi
@@ -115,6 +118,23 @@ if echo torch_cuda | grep -qE "$FILTER" && python3 -c "import torch; assert torc
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   if [ $rc -eq 0 ]; then verdict=PASS; else verdict=FAIL; status=1; tail -40 "$LOGS/py_torch_cuda.log" 2>/dev/null; fi
   rows+=("test|torch_cuda [pytest, build included]|$verdict|$ms ms|$summary")
+fi
+
+# The training program with its FP8 linears on the GPU (--linears cuda), held to the same run on the host.
+if echo training_cuda | grep -qE "$FILTER"; then
+  exe="$BUILD/examples/example_08_training"
+  if [ -x "$exe" ]; then
+    t0=$(date +%s%N)
+    python3 examples/08_training/cuda_matches_host.py "$exe" "$LOGS/training_cuda" -- \
+      --recipes fp8_delayed,fp8_tensorwise,fp8_blockwise,mxfp8 --seeds 0 --steps 30 --sizes tiny \
+      --corpus data/kjv_genesis_exodus.txt >"$LOGS/training_cuda.log" 2>&1
+    rc=$?
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    if [ $rc -eq 0 ] && ! grep -q OCTET_SKIP "$LOGS/training_cuda.log"; then verdict=PASS; else verdict=FAIL; status=1; tail -20 "$LOGS/training_cuda.log"; fi
+    rows+=("test|training_cuda [--linears cuda vs host]|$verdict|$ms ms|$(tail -1 "$LOGS/training_cuda.log")")
+  else
+    rows+=("test|training_cuda [--linears cuda vs host]|SKIP|-|$exe not built (bench/prepare_device.sh builds it)")
+  fi
 fi
 
 # Peers in Python (PyTorch is on the GPU machine; other wheels travel in .whl, see bench/prepare_device.sh).

@@ -25,6 +25,9 @@
 #include "gate.hpp"
 #include "model.hpp"
 #include "model_file.hpp"
+#if TRAIN_HAS_CUDA_LINEARS
+#include "cuda_linear.hpp"
+#endif
 #include "ranks.hpp"
 #ifdef OCTET_TRAINING_MPI
 #include "mpi_ranks.hpp"
@@ -718,12 +721,14 @@ struct flags {
     float lr = 3e-3f, tolerance = 0.05f;
     bool faults = true, help = false, save_models = false;
     std::string out = "training_report", corpus = OCTET_TRAINING_CORPUS;
+    std::string linears = "host";
 };
 
 const char* usage =
     "usage: example_08_training [--preset quick|full] [--recipes a,b,...] [--seeds 0,1,2] [--steps 200,400]\n"
     "                           [--sizes tiny,small] [--ranks N] [--batch N] [--threads N] [--lr X]\n"
     "                           [--tolerance NATS] [--no-faults] [--out FOLDER] [--corpus FILE]\n"
+    "                           [--linears host|cuda]\n"
     "  --preset quick  (default) recipes fp32,octet,octet_no_recovery; seeds 0,1,2; 150 steps; size tiny\n"
     "  --preset full   every recipe; seeds 0,1,2; 300 and 600 steps; sizes tiny and small\n"
     "  --recipes       any of: fp32 bf16 fp8_delayed fp8_tensorwise fp8_blockwise mxfp8 nvfp4 attn_fp8\n"
@@ -738,7 +743,9 @@ const char* usage =
     "  --no-faults     no injected gradient corruption and no scripted crash\n"
     "  --save-models   write each run's final weights to FOLDER/models/SIZE_RECIPE_STEPS_seedN.bin\n"
     "                  (model_file.hpp; examples/09_rl starts from one with --init)\n"
-    "  --out           output folder for report.md, report.json and the SVG plots (default training_report)\n";
+    "  --out           output folder for report.md, report.json and the SVG plots (default training_report)\n"
+    "  --linears cuda  the FP8 linear layers on the CUDA GPU (a build with CUDA; every other part of the\n"
+    "                  step stays on the host; not nvfp4): X, W and dY go to the device, Y, dX, dW come back\n";
 
 /// `processes`: the size of the MPI world this process is a rank of (0: not started by mpirun).
 flags parse_flags(int argc, char** argv, int processes = 0) {
@@ -798,6 +805,10 @@ flags parse_flags(int argc, char** argv, int processes = 0) {
             f.out = need(i);
         } else if (a == "--corpus") {
             f.corpus = need(i);
+        } else if (a == "--linears") {
+            f.linears = need(i);
+            if (f.linears != "host" && f.linears != "cuda")
+                throw std::invalid_argument("--linears: '" + f.linears + "' (use host or cuda)");
         } else {
             throw std::invalid_argument("unknown flag " + a);
         }
@@ -906,6 +917,24 @@ int run_program(int argc, char** argv, process_ranks* procs) {
             recipes.push_back(*it);
         }
         for (const auto& s : f.sizes) size_config(s);
+        if (f.linears == "cuda") {
+#if TRAIN_HAS_CUDA_LINEARS
+            std::string why;
+            const std::string gpu = train::cuda_linear_device(&why);
+            if (gpu.empty()) throw std::invalid_argument("--linears cuda: " + why);
+            for (auto& r : recipes) {
+                if (r.linear == linear_mode::nvfp4)
+                    throw std::invalid_argument("--linears cuda: recipe " + r.name +
+                                                " has NVFP4 linears, which Hopper runs only through cuBLASLt; "
+                                                "leave it out or use --linears host");
+                r.make_linear = &train::make_cuda_linear_layer;
+            }
+            sweep.machine += "; FP8 linears on CUDA (" + gpu + ")";
+#else
+            throw std::invalid_argument(
+                "--linears cuda: this build has no CUDA (configure with -DOCTET_ENABLE_CUDA=ON)");
+#endif
+        }
         std::filesystem::create_directories(f.out);
     } catch (const std::exception& e) {
         problem = e.what();

@@ -1204,7 +1204,8 @@ private:
 
     std::unique_ptr<linear_layer> make_linear(int in, int out) {
         const std::uint64_t seed = seed_ * 1000003u + linear_count_++;  // one stream per layer
-        return make_linear_layer(meter_, recipe_.linear, Nmax_, in, out, seed);
+        const linear_factory make = recipe_.make_linear ? recipe_.make_linear : &make_linear_layer;
+        return make(meter_, recipe_.linear, Nmax_, in, out, seed);
     }
 
     void allocate() {

@@ -69,6 +69,14 @@ enum class moment_mode { float32, dynamic8 };
 /// Master weights: float32, or bf16 with stochastic rounding.
 enum class master_mode { float32, bf16_stochastic };
 
+class linear_layer;  // model.hpp
+class memory_meter;
+
+/// Makes one linear layer of a model: make_linear_layer (model.hpp) on the host, or another
+/// placement of the same layers (cuda_linear.hpp: the FP8 modes on a CUDA stream).
+using linear_factory = std::unique_ptr<linear_layer> (*)(memory_meter& m, linear_mode mode, std::size_t max_tokens,
+                                                         int in, int out, std::uint64_t seed);
+
 /// One recipe of the comparison: every mechanism's precision, named.
 struct recipe_config {
     std::string name;
@@ -78,8 +86,9 @@ struct recipe_config {
     v_scale_mode v_scale = v_scale_mode::per_head;
     moment_mode moments = moment_mode::float32;
     master_mode master = master_mode::float32;
-    bool gradient_codec = false;  ///< gradients cross the ranks through octet's codec with error feedback
-    bool recovery = true;         ///< checks before each update, and the recovery policy
+    bool gradient_codec = false;           ///< gradients cross the ranks through octet's codec with error feedback
+    bool recovery = true;                  ///< checks before each update, and the recovery policy
+    linear_factory make_linear = nullptr;  ///< where the linears run (null: make_linear_layer, the host)
 };
 
 /// Counts the bytes of every buffer the run allocates, by ledger category, with running and peak
