@@ -7,7 +7,7 @@
 #include <octet/nn/linear.cuh>
 
 #include <algorithm>
-#include <cstring>
+#include <type_traits>
 
 #include "cuda_linear.hpp"
 
@@ -262,24 +262,18 @@ std::string cuda_linear_device(std::string* why) {
 
 std::unique_ptr<linear_layer> make_cuda_linear_layer(memory_meter& m, linear_mode mode, std::size_t max_tokens, int in,
                                                      int out, std::uint64_t seed) {
-    namespace lr = octet::linear_recipes;
-    switch (mode) {
-        case linear_mode::tensorwise_delayed:
-            return std::make_unique<cuda_fp8_linear<lr::tensorwise_delayed>>(m, max_tokens, in, out, seed);
-        case linear_mode::tensorwise:
-            return std::make_unique<cuda_fp8_linear<lr::tensorwise>>(m, max_tokens, in, out, seed);
-        case linear_mode::blockwise:
-            return std::make_unique<cuda_fp8_linear<lr::blockwise>>(m, max_tokens, in, out, seed);
-        case linear_mode::mxfp8:
-            return std::make_unique<cuda_fp8_linear<lr::mxfp8>>(m, max_tokens, in, out, seed);
-        case linear_mode::nvfp4:
+    std::unique_ptr<linear_layer> layer;
+    const bool fp8 = with_fp8_linear_recipe(mode, [&](auto tag) {
+        using LR = typename decltype(tag)::type;
+        if constexpr (std::is_same_v<LR, octet::linear_recipes::nvfp4>) {
             OCTET_REQUIRE(false, "example_08_training", "--linears cuda",
                           "cannot run the nvfp4 recipe: Hopper has no NVFP4 tensor-core GEMM (octet serves it "
                           "through cuBLASLt only); leave nvfp4 out or run it with --linears host");
-            return nullptr;
-        default:
-            return make_linear_layer(m, mode, max_tokens, in, out, seed);  // float32 and bf16 stay on the host
-    }
+        } else {
+            layer = std::make_unique<cuda_fp8_linear<LR>>(m, max_tokens, in, out, seed);
+        }
+    });
+    return fp8 ? std::move(layer) : make_linear_layer(m, mode, max_tokens, in, out, seed);  // float32, bf16: host
 }
 
 }  // namespace train

@@ -481,6 +481,40 @@ private:
 };
 #endif
 
+#if TRAIN_HAS_FP8_LINEAR
+template <class LR>
+struct linear_recipe_tag {
+    using type = LR;
+};
+
+/// Calls f(linear_recipe_tag<LR>{}) with the octet::linear_recipes type of an FP8 mode and returns
+/// true; false for float32 and bf16. The one map from mode to recipe, for every placement of the
+/// layers (the host's below, the GPU's in cuda_linear.cu).
+template <class F>
+bool with_fp8_linear_recipe(linear_mode mode, F&& f) {
+    namespace lr = octet::linear_recipes;
+    switch (mode) {
+        case linear_mode::tensorwise_delayed:
+            f(linear_recipe_tag<lr::tensorwise_delayed>{});
+            return true;
+        case linear_mode::tensorwise:
+            f(linear_recipe_tag<lr::tensorwise>{});
+            return true;
+        case linear_mode::blockwise:
+            f(linear_recipe_tag<lr::blockwise>{});
+            return true;
+        case linear_mode::mxfp8:
+            f(linear_recipe_tag<lr::mxfp8>{});
+            return true;
+        case linear_mode::nvfp4:
+            f(linear_recipe_tag<lr::nvfp4>{});
+            return true;
+        default:
+            return false;
+    }
+}
+#endif
+
 /// A linear layer of `mode` for up to max_tokens rows (in -> out features); an FP8 layer draws its
 /// stochastic rounding from `seed`. Throws octet::error for an FP8 mode this build lacks.
 inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_mode mode, std::size_t max_tokens,
@@ -493,21 +527,11 @@ inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_m
     }
     if (mode == linear_mode::bf16) return std::make_unique<bf16_linear>(m, max_tokens, in, out);
 #if TRAIN_HAS_FP8_LINEAR
-    namespace lr = octet::linear_recipes;
-    switch (mode) {
-        case linear_mode::tensorwise_delayed:
-            return std::make_unique<fp8_linear<lr::tensorwise_delayed>>(m, max_tokens, in, out, seed);
-        case linear_mode::tensorwise:
-            return std::make_unique<fp8_linear<lr::tensorwise>>(m, max_tokens, in, out, seed);
-        case linear_mode::blockwise:
-            return std::make_unique<fp8_linear<lr::blockwise>>(m, max_tokens, in, out, seed);
-        case linear_mode::mxfp8:
-            return std::make_unique<fp8_linear<lr::mxfp8>>(m, max_tokens, in, out, seed);
-        case linear_mode::nvfp4:
-            return std::make_unique<fp8_linear<lr::nvfp4>>(m, max_tokens, in, out, seed);
-        default:
-            break;
-    }
+    std::unique_ptr<linear_layer> layer;
+    const bool fp8 = with_fp8_linear_recipe(mode, [&](auto tag) {
+        layer = std::make_unique<fp8_linear<typename decltype(tag)::type>>(m, max_tokens, in, out, seed);
+    });
+    if (fp8) return layer;
 #endif
     (void)seed;
     OCTET_REQUIRE(false, "train::make_linear_layer", "mode", "names no linear mode this build has");
