@@ -923,10 +923,8 @@ int run_program(int argc, char** argv, process_ranks* procs) {
             const std::string gpu = train::cuda_linear_device(&why);
             if (gpu.empty()) throw std::invalid_argument("--linears cuda: " + why);
             for (auto& r : recipes) {
-                if (r.linear == linear_mode::nvfp4)
-                    throw std::invalid_argument("--linears cuda: recipe " + r.name +
-                                                " has NVFP4 linears, which Hopper runs only through cuBLASLt; "
-                                                "leave it out or use --linears host");
+                const std::string refusal = train::cuda_linear_refusal(r.linear);
+                if (!refusal.empty()) throw std::invalid_argument("--linears cuda: recipe " + r.name + ": " + refusal);
                 r.make_linear = &train::make_cuda_linear_layer;
             }
             sweep.machine += "; FP8 linears on CUDA (" + gpu + ")";

@@ -297,13 +297,31 @@ public:
     /// unchanged until backward: the layer keeps a pointer to it).
     /// training: keep what the backward needs (FP8: the column-wise copies; delayed scaling
     /// pushes its amaxes); otherwise an inference pass that leaves the saved state alone.
-    virtual void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y,
-                         bool float_path, bool training, const scratch& s, step_telemetry* t) = 0;
+    void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool float_path,
+                 bool training, const scratch& s, step_telemetry* t) {
+        float_path_ = float_path;
+        if (float_path) {
+            saved_x_ = x;
+            float_forward(ex, x, n, w, y, s);
+        } else {
+            recipe_forward(ex, x, n, w, y, training, s, t);
+        }
+    }
     /// dx (n x in) = dy W, dw (out x in) = dy^T x (overwritten), from the last forward.
-    virtual void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
-                          const scratch& s, step_telemetry* t) = 0;
+    void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
+                  const scratch& s, step_telemetry* t) {
+        if (float_path_)
+            float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
+        else
+            recipe_backward(ex, dy, n, w, dx, dw, s, t);
+    }
 
 protected:
+    /// The layer's own forward and backward (the float path is handled above).
+    virtual void recipe_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y,
+                                bool training, const scratch& s, step_telemetry* t) = 0;
+    virtual void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx,
+                                 float* dw, const scratch& s, step_telemetry* t) = 0;
     void float_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y,
                        const scratch& s) {
         transpose(ex, w, out, in, s.wt);
@@ -316,17 +334,20 @@ protected:
         gemm(ex, s.yt, n, x, in, dw, in, out, in, n);
     }
     const float* saved_x_ = nullptr;  // the float path's input
+
+private:
+    bool float_path_ = false;  // the last forward took the float path
 };
 
 class float32_linear final : public linear_layer {
-public:
-    void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool, bool,
-                 const scratch& s, step_telemetry*) override {
+protected:
+    void recipe_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool,
+                        const scratch& s, step_telemetry*) override {
         saved_x_ = x;
         float_forward(ex, x, n, w, y, s);
     }
-    void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
-                  const scratch& s, step_telemetry*) override {
+    void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
+                         const scratch& s, step_telemetry*) override {
         float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
     }
 };
@@ -339,14 +360,10 @@ public:
         in = in_;
         out = out_;
     }
-    void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool float_path,
-                 bool, const scratch& s, step_telemetry* t) override {
-        float_path_ = float_path;
-        if (float_path) {
-            saved_x_ = x;
-            float_forward(ex, x, n, w, y, s);
-            return;
-        }
+
+protected:
+    void recipe_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool,
+                        const scratch& s, step_telemetry* t) override {
         const std::size_t nx = n * in;
         octet::parallel_for(ex, nx, 1 << 14, [&](std::size_t b, std::size_t e) {
             for (std::size_t i = b; i < e; ++i) {
@@ -358,12 +375,8 @@ public:
         gemm(ex, s.xr, in, s.wr, out, y, out, n, out, in);
         (void)t;  // bf16 rounding is not counted as narrow-format quantization
     }
-    void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
-                  const scratch& s, step_telemetry*) override {
-        if (float_path_) {
-            float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
-            return;
-        }
+    void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
+                         const scratch& s, step_telemetry*) override {
         const std::size_t ny = n * out, nx = n * in, nw = static_cast<std::size_t>(in) * out;
         // s.xr <- bf16(dY) (n x out), s.wr <- bf16(W) (out x in)
         octet::parallel_for(ex, ny, 1 << 14, [&](std::size_t b, std::size_t e) {
@@ -390,7 +403,6 @@ private:
         });
     }
     metered_vector<octet::bf16> x16_;
-    bool float_path_ = false;
 };
 
 /// Books bytes that octet allocates on its own (a linear_context's buffers) in the meter for
@@ -423,27 +435,34 @@ inline void add_quant_stats(step_telemetry* t, const octet::quantize_result& r) 
 }
 
 #if TRAIN_HAS_FP8_LINEAR
+/// The configuration of an FP8 layer's context, wherever it runs: statistics on every step.
+inline octet::linear_config fp8_linear_config(std::size_t max_tokens, int in, int out, std::uint64_t seed) {
+    octet::linear_config c;
+    c.max_tokens = max_tokens;
+    c.in_features = static_cast<std::size_t>(in);
+    c.out_features = static_cast<std::size_t>(out);
+    c.seed = seed;
+    c.collect_stats = true;
+    return c;
+}
+
 /// An FP8 (or NVFP4) linear through octet's component: the context keeps the backward's
 /// column-wise copies (booked as activations) and its workspace and amax histories (temporaries).
 template <class LR>
 class fp8_linear final : public linear_layer {
 public:
     fp8_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_, std::uint64_t seed)
-        : ctx_(config(max_tokens, in_, out_, seed)),
+        : ctx_(fp8_linear_config(max_tokens, in_, out_, seed)),
           saved_(m, octet::memory_category::activations, static_cast<double>(ctx_.memory().saved_for_backward)),
           work_(m, octet::memory_category::temporaries,
                 static_cast<double>(ctx_.memory().workspace + ctx_.memory().state)) {
         in = in_;
         out = out_;
     }
-    void forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool float_path,
-                 bool training, const scratch& s, step_telemetry* t) override {
-        float_path_ = float_path;
-        if (float_path) {
-            saved_x_ = x;
-            float_forward(ex, x, n, w, y, s);
-            return;
-        }
+
+protected:
+    void recipe_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y, bool training,
+                        const scratch&, step_telemetry* t) override {
         const std::size_t I = static_cast<std::size_t>(in), O = static_cast<std::size_t>(out);
         octet::linear_forward(ex, ctx_, octet::matrix_ref<const float>(x, n, I),
                               octet::matrix_ref<const float>(w, O, I), {}, octet::matrix_ref<float>(y, n, O),
@@ -452,12 +471,8 @@ public:
         add_quant_stats(t, ctx_.stats().w);
         add_quant_stats(t, ctx_.stats().x_hadamard);
     }
-    void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
-                  const scratch& s, step_telemetry* t) override {
-        if (float_path_) {
-            float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
-            return;
-        }
+    void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float*, float* dx, float* dw,
+                         const scratch&, step_telemetry* t) override {
         const std::size_t I = static_cast<std::size_t>(in), O = static_cast<std::size_t>(out);
         octet::linear_backward(ex, ctx_, octet::matrix_ref<const float>(dy, n, O), octet::matrix_ref<float>(dx, n, I),
                                octet::matrix_ref<float>(dw, O, I), {});
@@ -466,18 +481,8 @@ public:
     }
 
 private:
-    static octet::linear_config config(std::size_t max_tokens, int in_, int out_, std::uint64_t seed) {
-        octet::linear_config c;
-        c.max_tokens = max_tokens;
-        c.in_features = static_cast<std::size_t>(in_);
-        c.out_features = static_cast<std::size_t>(out_);
-        c.seed = seed;
-        c.collect_stats = true;
-        return c;
-    }
     octet::linear_context<LR> ctx_;
     meter_booking saved_, work_;
-    bool float_path_ = false;
 };
 #endif
 

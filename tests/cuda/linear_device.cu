@@ -10,7 +10,9 @@
 //     bit, and so do the rotated buffers and db;
 //   * Y, dX and dW are the stream's scaled_gemm on those copies, bit for bit (the stream GEMM
 //     against the host GEMM is gemm_device.cu's test);
-//   * the device statistics equal the host's: counts exactly, amaxes bit for bit, energies to 1e-9.
+//   * the device statistics equal the host's: counts exactly, amaxes bit for bit, energies to 1e-9;
+//   * octet::cuda::linear_context over several steps equals octet::linear_context (statistics and
+//     delayed-scaling state bit for bit; outputs within 1e-5, see check_context_steps).
 // Suite "cuda" (no GPU needed): the entry's argument checks on the stream form. Suite "gpu": the
 // rest; under the interpreter (interpret.linear_device) on the same small shapes.
 #include <doctest/doctest.h>
@@ -217,6 +219,100 @@ void check_shapes(std::uint64_t salt) {
     if (LR::x_recipe::is_per_tensor) check_layer<LR>(37, 64, 96, true, salt + 3);
 }
 
+/// Several training steps of LR through octet::linear_context on the host and
+/// octet::cuda::linear_context on a stream, on the same inputs (ragged token counts; inputs that
+/// grow 4x a step, so that delayed scaling's stale amaxes saturate): every step's statistics
+/// (counts exactly, amaxes bit for bit), the delayed-scaling histories and scale amaxes bit for bit,
+/// and Y, dX, dW within 1e-5 normwise of the host's (the stream GEMM sums in another order; a scale
+/// from the wrong amax moves them by about 1e-2).
+template <class LR>
+void check_context_steps(std::uint64_t salt) {
+    const std::size_t in = 64, out = 48, max_tokens = 80;
+    linear_config c;
+    c.max_tokens = max_tokens;
+    c.in_features = in;
+    c.out_features = out;
+    c.delayed.history_length = 3;
+    c.seed = 0xC0FFEE + salt;
+    linear_context<LR> host(c);
+    const stream_executor ex = on_stream();
+    cuda::linear_context<LR> dev(ex, c);
+    CHECK(dev.memory().total() == host.memory().total());
+    CHECK(dev.memory().saved_for_backward == host.memory().saved_for_backward);
+    auto g = octet_test::rng(salt);
+    const std::size_t tokens_of[] = {37, 80, 16, 37, 5};
+    float grow = 1.0f;
+    for (int step = 0; step < 5; ++step, grow *= 4.0f) {
+        const std::size_t tokens = tokens_of[step];
+        INFO("step " << step << " tokens " << tokens);
+        const std::vector<float> x = octet_test::with_edge_cases(g, tokens * in, grow),
+                                 w = octet_test::with_edge_cases(g, out * in, 0.1f * grow),
+                                 dy = octet_test::with_edge_cases(g, tokens * out, 0.01f * grow);
+        std::vector<float> hy(tokens * out), hdx(tokens * in), hdw(out * in);
+        linear_forward(on_host(), host, matrix_ref<const float>(x.data(), tokens, in),
+                       matrix_ref<const float>(w.data(), out, in), {}, matrix_ref<float>(hy.data(), tokens, out));
+        const linear_stats hf = host.stats();
+        linear_backward(on_host(), host, matrix_ref<const float>(dy.data(), tokens, out),
+                        matrix_ref<float>(hdx.data(), tokens, in), matrix_ref<float>(hdw.data(), out, in), {});
+        const linear_stats hb = host.stats();
+
+        const cuda::device_buffer<float> dxin(x), dwin(w), ddy(dy);
+        auto y = poisoned(tokens * out), dxo = poisoned(tokens * in), dwo = poisoned(out * in);
+        linear_forward(ex, dev, matrix_ref<const float>(dxin.data(), tokens, in),
+                       matrix_ref<const float>(dwin.data(), out, in), {}, matrix_ref<float>(y.data(), tokens, out));
+        device_linear_forward_stats f;
+        OCTET_CUDA_CHECK(cudaMemcpy(&f, dev.forward_stats(), sizeof f, cudaMemcpyDeviceToHost));
+        linear_backward(ex, dev, matrix_ref<const float>(ddy.data(), tokens, out),
+                        matrix_ref<float>(dxo.data(), tokens, in), matrix_ref<float>(dwo.data(), out, in), {});
+        device_linear_backward_stats b;
+        OCTET_CUDA_CHECK(cudaMemcpy(&b, dev.backward_stats(), sizeof b, cudaMemcpyDeviceToHost));
+        CHECK(dev.step() == host.step());
+        CHECK(!dev.has_saved_forward());
+
+        check_same_stats(f.x[0], hf.x.rowwise, "stats x rowwise");
+        check_same_stats(f.x[1], hf.x.columnwise, "stats x columnwise");
+        check_same_stats(f.w[0], hf.w.rowwise, "stats w rowwise");
+        check_same_stats(f.w[1], hf.w.columnwise, "stats w columnwise");
+        check_same_stats(f.x_hadamard[1], hf.x_hadamard.columnwise, "stats x_hadamard columnwise");
+        check_same_stats(b.dy[0], hb.dy.rowwise, "stats dy rowwise");
+        check_same_stats(b.dy[1], hb.dy.columnwise, "stats dy columnwise");
+        check_same_stats(b.dy_hadamard[1], hb.dy_hadamard.columnwise, "stats dy_hadamard columnwise");
+        CHECK(f.x_amax == hf.x.amax);
+        CHECK(f.w_amax == hf.w.amax);
+        CHECK(b.dy_amax == hb.dy.amax);
+        if (LR::scaling == linear_scaling::delayed) {
+            const delayed_scaling* hd[3] = {&host.delayed_x(), &host.delayed_w(), &host.delayed_g()};
+            for (int k = 0; k < 3; ++k) {
+                INFO("operand " << k);
+                delayed_scaling_state ds;
+                std::vector<float> dh(3);
+                OCTET_CUDA_CHECK(cudaMemcpy(&ds, dev.delayed_state(k), sizeof ds, cudaMemcpyDeviceToHost));
+                OCTET_CUDA_CHECK(
+                    cudaMemcpy(dh.data(), dev.delayed_history(k), 3 * sizeof(float), cudaMemcpyDeviceToHost));
+                CHECK(same_bits(dh, hd[k]->history()));
+                CHECK(std::memcmp(&ds.scale_amax, &hd[k]->state().scale_amax, sizeof(float)) == 0);
+                CHECK(ds.recorded == hd[k]->state().recorded);
+            }
+        }
+        const auto close = [](const std::vector<float>& d, const std::vector<float>& h, const char* what) {
+            INFO(what);
+            double num = 0.0, den = 0.0;
+            for (std::size_t i = 0; i < h.size(); ++i) {
+                if (!std::isfinite(h[i])) {
+                    CHECK(std::isnan(h[i]) == std::isnan(d[i]));  // edge cases carry NaN and Inf through
+                    continue;
+                }
+                num += (static_cast<double>(d[i]) - h[i]) * (static_cast<double>(d[i]) - h[i]);
+                den += static_cast<double>(h[i]) * h[i];
+            }
+            CHECK(std::sqrt(num) <= 1e-5 * std::sqrt(den) + 1e-30);
+        };
+        close(y.download(), hy, "Y");
+        close(dxo.download(), hdx, "dX");
+        close(dwo.download(), hdw, "dW");
+    }
+}
+
 TEST_SUITE("cuda") {
     TEST_CASE("the stream form checks the entry's arguments before touching a device") {
         using LR = octet::linear_recipes::blockwise;
@@ -239,6 +335,17 @@ TEST_SUITE("cuda") {
                                        octet::matrix_ref<float>(x.data(), 4, 64), {}, {}, bnone, o, nullptr),
             doctest::Contains("buffers.w_t"), octet::error);
     }
+    TEST_CASE("the stream context checks its configuration before allocating") {
+        using LR = octet::linear_recipes::tensorwise_delayed;
+        octet::linear_config c;
+        c.max_tokens = 4;
+        c.out_features = 8;
+        CHECK_THROWS_WITH_AS(octet::cuda::linear_context<LR>(octet::on_stream(), c),
+                             doctest::Contains("config.in_features"), octet::error);
+        c.in_features = 16;
+        c.delayed.history_length = 0;
+        CHECK_THROWS_AS(octet::cuda::linear_context<LR>(octet::on_stream(), c), octet::error);
+    }
 }
 
 TEST_SUITE("gpu") {
@@ -256,6 +363,11 @@ TEST_SUITE("gpu") {
     }
     TEST_CASE("MXFP8 with stochastic dY and the Hadamard-rotated weight-gradient inputs") {
         check_shapes<mxfp8_rotated>(41);
+    }
+    TEST_CASE("the stream context's steps equal the host context's: delayed scaling, stochastic dY, rotation") {
+        check_context_steps<octet::linear_recipes::tensorwise_delayed>(51);
+        check_context_steps<octet::linear_recipes::blockwise>(52);
+        check_context_steps<mxfp8_rotated>(53);
     }
 }
 

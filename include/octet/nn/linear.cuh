@@ -7,6 +7,13 @@
 //   octet::linear_forward<LR>(octet::on_stream(s), x, w, bias, y, buffers, o, fs);
 //   octet::linear_backward<LR>(octet::on_stream(s), dy, dx, dw, db, buffers, o, bs);
 //
+// or, with the buffers and the step state owned by a context in device memory (the stream's
+// octet::linear_context, below):
+//
+//   octet::cuda::linear_context<LR> ctx(octet::on_stream(s), {max_tokens, in, out});
+//   octet::linear_forward(octet::on_stream(s), ctx, x, w, bias, y);
+//   octet::linear_backward(octet::on_stream(s), ctx, dy, dx, dw, db);
+//
 // Same contract and same bits as on the host: the quantized copies, Y, dX and dW are quantize's and
 // scaled_gemm's stream results on the same copies (bit for bit with the host where scaled_gemm's
 // stream backend is, see gemm/scaled_gemm.cuh); the Hadamard rotation of HadamardWgrad runs the
@@ -33,6 +40,7 @@
 #include "octet/cuda/launch.cuh"
 #include "octet/gemm/scaled_gemm.cuh"
 #include "octet/nn/linear.hpp"
+#include "octet/quant/delayed.hpp"
 #include "octet/quant/quantize.cuh"
 
 namespace octet {
@@ -145,5 +153,236 @@ struct linear_backend<stream_executor> {
     }
 };
 
+/// The device state of a stream linear context: the delayed-scaling state of X, W and dY, and the
+/// statistics of the last forward and backward.
+struct linear_device_state {
+    delayed_scaling_state delayed[3];
+    device_linear_forward_stats forward;
+    device_linear_backward_stats backward;
+};
+
+OCTET_KERNEL void linear_state_init_kernel(float* history, int floats, linear_device_state* s) {
+    for (int i = threadIdx.x; i < floats; i += blockDim.x) history[i] = 0.0f;
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < 3; ++k) s->delayed[k] = delayed_scaling_state{};
+        s->forward = device_linear_forward_stats{};
+        s->backward = device_linear_backward_stats{};
+    }
+}
+
+/// Delayed scaling's record and update (quant/delayed.hpp's OCTET_HD rules, as the host context
+/// applies them) for `count` consecutive operands from `first`: amax[k] is the step's amax of
+/// operand first + k (the statistics' x_amax, w_amax or dy_amax).
+OCTET_KERNEL void linear_delayed_push_kernel(float* history, linear_device_state* s, int first, int count,
+                                             const float* amax, delayed_scaling_config c) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    for (int k = first; k < first + count; ++k) {
+        record(s->delayed[k], amax[k - first]);
+        update(history + static_cast<std::size_t>(k) * static_cast<std::size_t>(c.history_length), s->delayed[k], c);
+    }
+}
+
+/// One quantized copy's storage in device memory at its largest shape (the host quant_buffer's
+/// layouts, so the same bytes), from the executor's allocator.
+template <class R>
+class device_quant_buffer {
+public:
+    device_quant_buffer(const stream_executor& ex, std::size_t max_rows, std::size_t max_cols)
+        : max_(quant_layout_of<R>::make(max_rows, max_cols)),
+          storage_(ex, scratch_round(max_.data_bytes) + scratch_round(max_.scale_bytes) +
+                           (R::two_level ? sizeof(float) : 0)) {}
+    quantized_ref<R> ref(std::size_t rows, std::size_t cols) {
+        layout_ = quant_layout_of<R>::make(rows, cols);
+        OCTET_REQUIRE(layout_.data_bytes <= max_.data_bytes && layout_.scale_bytes <= max_.scale_bytes,
+                      "octet::cuda::linear_context", "shape",
+                      message("of a ", rows, " x ", cols, " copy exceeds the storage the context holds (internal)"));
+        return quantized_ref<R>(data(), scales(), layout_, tensor_scale());
+    }
+    quantized_cref<R> cref() const { return quantized_cref<R>(data(), scales(), layout_, tensor_scale()); }
+
+private:
+    std::uint8_t* data() const { return storage_.as<std::uint8_t>(); }
+    std::uint8_t* scales() const { return data() + scratch_round(max_.data_bytes); }
+    float* tensor_scale() const {
+        return R::two_level ? reinterpret_cast<float*>(scales() + scratch_round(max_.scale_bytes)) : nullptr;
+    }
+    quant_layout max_, layout_{};
+    stream_scratch storage_;
+};
+
 }  // namespace detail
+
+namespace cuda {
+
+/// octet::linear_context on a CUDA stream: one layer's quantized copies, Hadamard buffer,
+/// delayed-scaling state (history, scale amax) and last statistics, all in device memory from the
+/// allocator of the executor it is built with (returned on that stream when destroyed), with the
+/// host context's rules: the same config checks, shapes, saved-forward rule, stochastic-rounding
+/// step and delayed-scaling record and update, so that the copies equal the host context's bit for
+/// bit on the same inputs (Y, dX and dW are then scaled_gemm's stream results on them). The update
+/// runs on the device (a one-thread kernel after each training forward and backward, as
+/// octet::cuda::delayed_scaling's), so nothing here synchronizes the host: calls enqueue on their
+/// executor's stream, and a call on another stream than the context's is the caller's to order.
+/// One difference, quantize's on a stream: a history whose amaxes are all 0 gives scale 1 where
+/// the host measures (device_quantize_options::device_tensor_amax).
+template <class LR>
+class linear_context {
+    static_assert(is_linear_recipe_v<LR>,
+                  "octet::cuda::linear_context: LR must be an octet::linear_recipe<...> (see octet::linear_recipes)");
+
+public:
+    using recipe_type = LR;
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    using GR = typename LR::g_quantize_recipe;
+
+    /// Allocates the buffers from ex's allocator and enqueues the state's initialization on ex.stream.
+    linear_context(stream_executor ex, const linear_config& c)
+        : config_(detail::checked_linear_config(c, "octet::cuda::linear_context")),
+          x_row_(ex, c.max_tokens, c.in_features),
+          w_row_(ex, c.out_features, c.in_features),
+          x_col_(ex, c.in_features, wgrad_tokens(c.max_tokens)),
+          w_col_(ex, c.in_features, c.out_features),
+          dy_row_(ex, c.max_tokens, c.out_features),
+          dy_col_(ex, c.out_features, wgrad_tokens(c.max_tokens)),
+          rotated_(ex, rotated_floats() * sizeof(float)),
+          history_(ex, history_floats() * sizeof(float)),
+          state_(ex, sizeof(detail::linear_device_state)) {
+        cuda::launch("linear_state_init_kernel", detail::linear_state_init_kernel, 1, 128, 0, ex.stream,
+                     history_.as<float>(), static_cast<int>(history_floats()), state());
+        OCTET_CUDA_CHECK_LAUNCH();
+    }
+
+    const linear_config& config() const { return config_; }
+    void set_collect_stats(bool on) { config_.collect_stats = on; }
+    /// The device bytes by role, as the host context's memory() (the buffers are those sizes; each
+    /// allocation is rounded up to 256 bytes on top).
+    linear_memory memory() const { return detail::linear_context_memory<LR>(config_); }
+    std::size_t bytes() const { return memory().total(); }
+
+    std::uint64_t step() const { return step_; }
+    void set_step(std::uint64_t s) { step_ = s; }
+    bool has_saved_forward() const { return saved_; }
+    std::size_t saved_tokens() const { return tokens_; }
+    static std::size_t wgrad_tokens(std::size_t tokens) { return linear_wgrad_tokens<LR>(tokens); }
+
+    /// Device memory, written by the last forward / backward (zeros before the first): each copy's
+    /// statistics (when config().collect_stats) and the finite amaxes. Copy them with
+    /// cudaMemcpyAsync on the context's stream to read them.
+    const device_linear_forward_stats* forward_stats() const { return &state()->forward; }
+    const device_linear_backward_stats* backward_stats() const { return &state()->backward; }
+    /// Device memory: the delayed-scaling state of X (0), W (1) and dY (2), and its history of
+    /// config().delayed.history_length floats (unused under current scaling).
+    const delayed_scaling_state* delayed_state(int operand) const { return &state()->delayed[operand]; }
+    const float* delayed_history(int operand) const {
+        return history_.as<float>() + static_cast<std::size_t>(operand) * config_.delayed.history_length;
+    }
+
+    /// Y = X W^T + bias (device memory) on quantized copies of X and W; a training pass keeps the
+    /// column-wise copies for backward() and pushes X's and W's amaxes into their histories.
+    void forward(const stream_executor& ex, matrix_ref<const float> x, matrix_ref<const float> w,
+                 span<const float> bias, matrix_ref<float> y, linear_pass pass = linear_pass::training) {
+        detail::require_context_forward(config_, x, w);
+        const std::size_t in = config_.in_features, out = config_.out_features, tokens = x.rows;
+        const bool training = pass == linear_pass::training;
+        if (training) saved_ = false;  // until the new copies are complete
+        linear_forward_buffers<LR> buf;
+        buf.x = x_row_.ref(tokens, in);
+        buf.w = w_row_.ref(out, in);
+        if (training) {
+            buf.x_t = x_col_.ref(in, wgrad_tokens(tokens));
+            buf.w_t = w_col_.ref(in, out);
+            buf.rotated = span<float>(rotated_.as<float>(), rotated_floats());
+        }
+        octet::linear_forward<LR>(ex, x, w, bias, y, buf, options(), &state()->forward);
+        if (training) {
+            if constexpr (LR::scaling == linear_scaling::delayed) push(ex, 0, 2, &state()->forward.x_amax);
+            tokens_ = tokens;
+            saved_ = true;
+        }
+    }
+
+    /// dX, dW and db (device memory; each skipped when passed empty) from the copies of the
+    /// training forward before it. One backward per training forward.
+    void backward(const stream_executor& ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
+                  span<float> db) {
+        detail::require_context_backward(config_, saved_, tokens_, dy, dx, dw);
+        const std::size_t out = config_.out_features;
+        const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
+        linear_backward_buffers<LR> buf;
+        buf.x_t = x_col_.cref();
+        buf.w_t = w_col_.cref();
+        if (want_dx) buf.dy = dy_row_.ref(tokens_, out);
+        if (want_dw) buf.dy_t = dy_col_.ref(out, wgrad_tokens(tokens_));
+        buf.rotated = span<float>(rotated_.as<float>(), rotated_floats());
+        octet::linear_backward<LR>(ex, dy, dx, dw, db, buf, options(), &state()->backward);
+        if constexpr (LR::scaling == linear_scaling::delayed) {
+            if (detail::linear_backward_quantizes_dy<LR>(want_dx, want_dw)) push(ex, 2, 1, &state()->backward.dy_amax);
+        }
+        ++step_;
+        saved_ = false;
+    }
+
+private:
+    std::size_t rotated_floats() const {
+        return LR::hadamard_wgrad
+                   ? wgrad_tokens(config_.max_tokens) * std::max(config_.in_features, config_.out_features)
+                   : 0;
+    }
+    std::size_t history_floats() const {
+        return LR::scaling == linear_scaling::delayed ? 3 * static_cast<std::size_t>(config_.delayed.history_length)
+                                                      : 0;
+    }
+    detail::linear_device_state* state() const { return state_.as<detail::linear_device_state>(); }
+
+    void push(const stream_executor& ex, int first, int count, const float* amax) {
+        cuda::launch("linear_delayed_push_kernel", detail::linear_delayed_push_kernel, 1, 1, 0, ex.stream,
+                     history_.as<float>(), state(), first, count, amax, config_.delayed);
+        OCTET_CUDA_CHECK_LAUNCH();
+        for (int k = first; k < first + count; ++k) ++pushes_[k];
+    }
+
+    /// As the host context's: the scale amaxes of delayed scaling (null, so measured, until an
+    /// operand's first push), the seed and the backward count.
+    device_linear_step_options options() const {
+        device_linear_step_options o;
+        if constexpr (LR::scaling == linear_scaling::delayed) {
+            o.x_scale_amax = pushes_[0] ? &state()->delayed[0].scale_amax : nullptr;
+            o.w_scale_amax = pushes_[1] ? &state()->delayed[1].scale_amax : nullptr;
+            o.g_scale_amax = pushes_[2] ? &state()->delayed[2].scale_amax : nullptr;
+        }
+        o.seed = config_.seed;
+        o.step = step_;
+        o.collect_stats = config_.collect_stats;
+        return o;
+    }
+
+    linear_config config_;
+    detail::device_quant_buffer<XR> x_row_;
+    detail::device_quant_buffer<WR> w_row_;
+    detail::device_quant_buffer<XR> x_col_;
+    detail::device_quant_buffer<WR> w_col_;
+    detail::device_quant_buffer<GR> dy_row_;
+    detail::device_quant_buffer<GR> dy_col_;
+    detail::stream_scratch rotated_, history_, state_;
+    std::uint64_t step_ = 0, pushes_[3] = {0, 0, 0};
+    std::size_t tokens_ = 0;
+    bool saved_ = false;
+};
+
+}  // namespace cuda
+
+/// The stream context's forward and backward under the host context's names.
+template <class LR>
+void linear_forward(const stream_executor& ex, cuda::linear_context<LR>& ctx, matrix_ref<const float> x,
+                    matrix_ref<const float> w, span<const float> bias, matrix_ref<float> y,
+                    linear_pass pass = linear_pass::training) {
+    ctx.forward(ex, x, w, bias, y, pass);
+}
+template <class LR>
+void linear_backward(const stream_executor& ex, cuda::linear_context<LR>& ctx, matrix_ref<const float> dy,
+                     matrix_ref<float> dx, matrix_ref<float> dw, span<float> db) {
+    ctx.backward(ex, dy, dx, dw, db);
+}
+
 }  // namespace octet

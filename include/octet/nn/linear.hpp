@@ -226,7 +226,6 @@ public:
         return quantized_ref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_);
     }
     quantized_cref<R> cref() const { return quantized_cref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_); }
-    std::size_t bytes() const { return data_.size() + scales_.size() + (R::two_level ? sizeof(float) : 0); }
 
 private:
     quant_layout layout_{};
@@ -524,6 +523,77 @@ void linear_backward(const Executor& ex, matrix_ref<const float> dy, matrix_ref<
     if (!db.empty()) backend::column_sums(ex, dy, db);
 }
 
+namespace detail {
+// The rules of a linear context that do not depend on where its buffers live: the host's below and
+// the stream's (octet::cuda::linear_context, nn/linear.cuh) share them.
+
+/// Bytes of a quantized copy's storage at rows x cols (codes, scales, and a two-level recipe's
+/// tensor scale).
+template <class R>
+std::size_t quant_buffer_bytes(std::size_t rows, std::size_t cols) {
+    const quant_layout l = quant_layout_of<R>::make(rows, cols);
+    return l.data_bytes + l.scale_bytes + (R::two_level ? sizeof(float) : 0);
+}
+
+/// What a context of LR built for c holds, by role.
+template <class LR>
+linear_memory linear_context_memory(const linear_config& c) {
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    using GR = typename LR::g_quantize_recipe;
+    const std::size_t in = c.in_features, out = c.out_features, wgrad = linear_wgrad_tokens<LR>(c.max_tokens);
+    linear_memory m;
+    m.saved_for_backward = quant_buffer_bytes<XR>(in, wgrad) + quant_buffer_bytes<WR>(in, out);
+    m.workspace = quant_buffer_bytes<XR>(c.max_tokens, in) + quant_buffer_bytes<WR>(out, in) +
+                  quant_buffer_bytes<GR>(c.max_tokens, out) + quant_buffer_bytes<GR>(out, wgrad);
+    if (LR::hadamard_wgrad) m.workspace += wgrad * std::max(in, out) * sizeof(float);
+    if (LR::scaling == linear_scaling::delayed)
+        m.state = 3 * static_cast<std::size_t>(c.delayed.history_length) * sizeof(float);
+    return m;
+}
+
+inline const linear_config& checked_linear_config(const linear_config& c, const char* fn) {
+    OCTET_REQUIRE(c.in_features > 0, fn, "config.in_features", "is 0; pass the columns of X and W (>= 1)");
+    OCTET_REQUIRE(c.out_features > 0, fn, "config.out_features", "is 0; pass the rows of W (>= 1)");
+    (void)delayed_scaling(c.delayed);  // checks the history length and margin
+    return c;
+}
+
+/// A context's forward: X must be tokens x in_features with tokens <= max_tokens, W out x in.
+inline void require_context_forward(const linear_config& c, matrix_ref<const float> x, matrix_ref<const float> w) {
+    constexpr const char* fn = "octet::linear_forward";
+    OCTET_REQUIRE(x.cols == c.in_features, fn, "x",
+                  message("has ", x.cols, " columns but the layer has in_features = ", c.in_features,
+                          "; pass X as tokens x ", c.in_features));
+    OCTET_REQUIRE(x.rows <= c.max_tokens, fn, "x",
+                  message("has ", x.rows, " rows (tokens) but the context was built for max_tokens = ", c.max_tokens,
+                          "; build the linear_context with a larger max_tokens"));
+    require_linear_matrix(w, c.out_features, c.in_features, fn, "w", "out_features x in_features");
+}
+
+/// A context's backward: it follows a training forward of `tokens` tokens (saved), with dY of that
+/// many rows and dX / dW of the layer's shapes or {} to skip them.
+inline void require_context_backward(const linear_config& c, bool saved, std::size_t tokens, matrix_ref<const float> dy,
+                                     const matrix_ref<float>& dx, const matrix_ref<float>& dw) {
+    constexpr const char* fn = "octet::linear_backward";
+    OCTET_REQUIRE(saved, fn, "ctx",
+                  "holds no training forward to differentiate; call linear_forward (linear_pass::training) "
+                  "before each linear_backward");
+    require_linear_matrix(dy, tokens, c.out_features, fn, "dy", "the forward's tokens x out_features");
+    if (!matrix_absent(dx))
+        require_linear_matrix(dx, tokens, c.in_features, fn, "dx", "tokens x in_features, or {} to skip it");
+    if (!matrix_absent(dw))
+        require_linear_matrix(dw, c.out_features, c.in_features, fn, "dw",
+                              "out_features x in_features, or {} to skip it");
+}
+
+/// Whether a backward quantized dY itself (not only its rotation), so delayed scaling records its amax.
+template <class LR>
+constexpr bool linear_backward_quantizes_dy(bool want_dx, bool want_dw) {
+    return want_dx || (want_dw && !LR::hadamard_wgrad);
+}
+}  // namespace detail
+
 /// One linear layer's quantized copies, scratch, delayed-scaling histories, stochastic-rounding
 /// step and last statistics. Copyable: a copy is a snapshot (a checkpoint of the layer's state).
 template <class LR>
@@ -538,7 +608,7 @@ public:
     using GR = typename LR::g_quantize_recipe;
 
     explicit linear_context(const linear_config& c)
-        : config_(checked(c)),
+        : config_(detail::checked_linear_config(c, "octet::linear_context")),
           x_row_(c.max_tokens, c.in_features),
           w_row_(c.out_features, c.in_features),
           x_col_(c.in_features, wgrad_tokens(c.max_tokens)),
@@ -555,15 +625,7 @@ public:
     /// Statistics cost more than the quantization itself on the host (about half of a step of a
     /// 1024 x 256 x 256 layer): a training loop may gather them only on the steps it reports.
     void set_collect_stats(bool on) { config_.collect_stats = on; }
-    linear_memory memory() const {
-        linear_memory m;
-        m.saved_for_backward = x_col_.bytes() + w_col_.bytes();
-        m.workspace =
-            x_row_.bytes() + w_row_.bytes() + dy_row_.bytes() + dy_col_.bytes() + rotated_.size() * sizeof(float);
-        if (LR::scaling == linear_scaling::delayed)
-            m.state = 3 * static_cast<std::size_t>(config_.delayed.history_length) * sizeof(float);
-        return m;
-    }
+    linear_memory memory() const { return detail::linear_context_memory<LR>(config_); }
     std::size_t bytes() const { return memory().total(); }
 
     /// Backward passes completed (the stochastic-rounding offset is 4 * step()).
@@ -585,15 +647,8 @@ public:
     /// delayed-scaling amaxes; an inference pass does neither.
     void forward(host_executor ex, matrix_ref<const float> x, matrix_ref<const float> w, span<const float> bias,
                  matrix_ref<float> y, linear_pass pass = linear_pass::training) {
-        constexpr const char* fn = "octet::linear_forward";
+        detail::require_context_forward(config_, x, w);
         const std::size_t in = config_.in_features, out = config_.out_features, tokens = x.rows;
-        OCTET_REQUIRE(x.cols == in, fn, "x",
-                      detail::message("has ", x.cols, " columns but the layer has in_features = ", in,
-                                      "; pass X as tokens x ", in));
-        OCTET_REQUIRE(tokens <= config_.max_tokens, fn, "x",
-                      detail::message("has ", tokens, " rows (tokens) but the context was built for max_tokens = ",
-                                      config_.max_tokens, "; build the linear_context with a larger max_tokens"));
-        detail::require_linear_matrix(w, out, in, fn, "w", "out_features x in_features");
         const bool training = pass == linear_pass::training;
         if (training) saved_ = false;  // until the new copies are complete
         linear_forward_buffers<LR> buf;
@@ -621,16 +676,9 @@ public:
     /// before it. One backward per training forward.
     void backward(host_executor ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
                   span<float> db) {
-        constexpr const char* fn = "octet::linear_backward";
-        OCTET_REQUIRE(saved_, fn, "ctx",
-                      "holds no training forward to differentiate; call linear_forward (linear_pass::training) "
-                      "before each linear_backward");
-        const std::size_t in = config_.in_features, out = config_.out_features;
-        detail::require_linear_matrix(dy, tokens_, out, fn, "dy", "the forward's tokens x out_features");
+        detail::require_context_backward(config_, saved_, tokens_, dy, dx, dw);
+        const std::size_t out = config_.out_features;
         const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
-        if (want_dx) detail::require_linear_matrix(dx, tokens_, in, fn, "dx", "tokens x in_features, or {} to skip it");
-        if (want_dw)
-            detail::require_linear_matrix(dw, out, in, fn, "dw", "out_features x in_features, or {} to skip it");
         linear_backward_buffers<LR> buf;
         buf.x_t = x_col_.cref();
         buf.w_t = w_col_.cref();
@@ -639,7 +687,7 @@ public:
         buf.rotated = span<float>(rotated_.data(), rotated_.size());
         linear_backward(ex, dy, dx, dw, db, buf, options(), stats_);
         if constexpr (LR::scaling == linear_scaling::delayed) {
-            if (want_dx || (want_dw && !LR::hadamard_wgrad)) {
+            if (detail::linear_backward_quantizes_dy<LR>(want_dx, want_dw)) {
                 delayed_g_.record(stats_.dy.amax);
                 delayed_g_.update();
             }
@@ -649,13 +697,6 @@ public:
     }
 
 private:
-    static const linear_config& checked(const linear_config& c) {
-        constexpr const char* fn = "octet::linear_context";
-        OCTET_REQUIRE(c.in_features > 0, fn, "config.in_features", "is 0; pass the columns of X and W (>= 1)");
-        OCTET_REQUIRE(c.out_features > 0, fn, "config.out_features", "is 0; pass the rows of W (>= 1)");
-        return c;  // the history length and margin are checked by delayed_scaling
-    }
-
     linear_step_options options() const {
         linear_step_options o;
         if constexpr (LR::scaling == linear_scaling::delayed) {
