@@ -239,12 +239,7 @@ public:
     /// Allocates the buffers from ex's allocator and enqueues the state's initialization on ex.stream.
     linear_context(stream_executor ex, const linear_config& c)
         : config_(detail::checked_linear_config(c, "octet::cuda::linear_context")),
-          x_row_(ex, c.max_tokens, c.in_features),
-          w_row_(ex, c.out_features, c.in_features),
-          x_col_(ex, c.in_features, wgrad_tokens(c.max_tokens)),
-          w_col_(ex, c.in_features, c.out_features),
-          dy_row_(ex, c.max_tokens, c.out_features),
-          dy_col_(ex, c.out_features, wgrad_tokens(c.max_tokens)),
+          copies_(c, ex),
           rotated_(ex, rotated_floats() * sizeof(float)),
           history_(ex, history_floats() * sizeof(float)),
           state_(ex, sizeof(detail::linear_device_state)) {
@@ -283,21 +278,13 @@ public:
     void forward(const stream_executor& ex, matrix_ref<const float> x, matrix_ref<const float> w,
                  span<const float> bias, matrix_ref<float> y, linear_pass pass = linear_pass::training) {
         detail::require_context_forward(config_, x, w);
-        const std::size_t in = config_.in_features, out = config_.out_features, tokens = x.rows;
         const bool training = pass == linear_pass::training;
         if (training) saved_ = false;  // until the new copies are complete
-        linear_forward_buffers<LR> buf;
-        buf.x = x_row_.ref(tokens, in);
-        buf.w = w_row_.ref(out, in);
-        if (training) {
-            buf.x_t = x_col_.ref(in, wgrad_tokens(tokens));
-            buf.w_t = w_col_.ref(in, out);
-            buf.rotated = span<float>(rotated_.as<float>(), rotated_floats());
-        }
-        octet::linear_forward<LR>(ex, x, w, bias, y, buf, options(), &state()->forward);
+        octet::linear_forward<LR>(ex, x, w, bias, y, copies_.forward(config_, x.rows, training, rotated()), options(),
+                                  &state()->forward);
         if (training) {
             if constexpr (LR::scaling == linear_scaling::delayed) push(ex, 0, 2, &state()->forward.x_amax);
-            tokens_ = tokens;
+            tokens_ = x.rows;
             saved_ = true;
         }
     }
@@ -307,15 +294,9 @@ public:
     void backward(const stream_executor& ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
                   span<float> db) {
         detail::require_context_backward(config_, saved_, tokens_, dy, dx, dw);
-        const std::size_t out = config_.out_features;
         const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
-        linear_backward_buffers<LR> buf;
-        buf.x_t = x_col_.cref();
-        buf.w_t = w_col_.cref();
-        if (want_dx) buf.dy = dy_row_.ref(tokens_, out);
-        if (want_dw) buf.dy_t = dy_col_.ref(out, wgrad_tokens(tokens_));
-        buf.rotated = span<float>(rotated_.as<float>(), rotated_floats());
-        octet::linear_backward<LR>(ex, dy, dx, dw, db, buf, options(), &state()->backward);
+        octet::linear_backward<LR>(ex, dy, dx, dw, db, copies_.backward(config_, tokens_, want_dx, want_dw, rotated()),
+                                   options(), &state()->backward);
         if constexpr (LR::scaling == linear_scaling::delayed) {
             if (detail::linear_backward_quantizes_dy<LR>(want_dx, want_dw)) push(ex, 2, 1, &state()->backward.dy_amax);
         }
@@ -333,6 +314,7 @@ private:
         return LR::scaling == linear_scaling::delayed ? 3 * static_cast<std::size_t>(config_.delayed.history_length)
                                                       : 0;
     }
+    span<float> rotated() const { return span<float>(rotated_.as<float>(), rotated_floats()); }
     detail::linear_device_state* state() const { return state_.as<detail::linear_device_state>(); }
 
     void push(const stream_executor& ex, int first, int count, const float* amax) {
@@ -358,12 +340,7 @@ private:
     }
 
     linear_config config_;
-    detail::device_quant_buffer<XR> x_row_;
-    detail::device_quant_buffer<WR> w_row_;
-    detail::device_quant_buffer<XR> x_col_;
-    detail::device_quant_buffer<WR> w_col_;
-    detail::device_quant_buffer<GR> dy_row_;
-    detail::device_quant_buffer<GR> dy_col_;
+    detail::linear_copies<LR, detail::device_quant_buffer> copies_;
     detail::stream_scratch rotated_, history_, state_;
     std::uint64_t step_ = 0, pushes_[3] = {0, 0, 0};
     std::size_t tokens_ = 0;

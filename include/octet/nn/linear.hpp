@@ -587,6 +587,56 @@ inline void require_context_backward(const linear_config& c, bool saved, std::si
                               "out_features x in_features, or {} to skip it");
 }
 
+/// A context's six quantized copies at their largest shapes (Buffer<R>: quant_buffer here, the
+/// stream's device_quant_buffer; `where...` is what a buffer is built with before its shape), and
+/// which of them a forward or backward of `tokens` tokens hands to linear_forward / linear_backward.
+template <class LR, template <class> class Buffer>
+struct linear_copies {
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    using GR = typename LR::g_quantize_recipe;
+
+    template <class... Where>
+    linear_copies(const linear_config& c, const Where&... where)
+        : x_row(where..., c.max_tokens, c.in_features),
+          w_row(where..., c.out_features, c.in_features),
+          x_col(where..., c.in_features, linear_wgrad_tokens<LR>(c.max_tokens)),
+          w_col(where..., c.in_features, c.out_features),
+          dy_row(where..., c.max_tokens, c.out_features),
+          dy_col(where..., c.out_features, linear_wgrad_tokens<LR>(c.max_tokens)) {}
+
+    /// The row-wise copies, and for a training pass the column-wise ones the backward reads.
+    linear_forward_buffers<LR> forward(const linear_config& c, std::size_t tokens, bool training, span<float> rotated) {
+        linear_forward_buffers<LR> buf;
+        buf.x = x_row.ref(tokens, c.in_features);
+        buf.w = w_row.ref(c.out_features, c.in_features);
+        if (training) {
+            buf.x_t = x_col.ref(c.in_features, linear_wgrad_tokens<LR>(tokens));
+            buf.w_t = w_col.ref(c.in_features, c.out_features);
+            buf.rotated = rotated;
+        }
+        return buf;
+    }
+    /// The forward's column-wise copies, and dY's copies for the gradients wanted.
+    linear_backward_buffers<LR> backward(const linear_config& c, std::size_t tokens, bool want_dx, bool want_dw,
+                                         span<float> rotated) {
+        linear_backward_buffers<LR> buf;
+        buf.x_t = x_col.cref();
+        buf.w_t = w_col.cref();
+        if (want_dx) buf.dy = dy_row.ref(tokens, c.out_features);
+        if (want_dw) buf.dy_t = dy_col.ref(c.out_features, linear_wgrad_tokens<LR>(tokens));
+        buf.rotated = rotated;
+        return buf;
+    }
+
+    Buffer<XR> x_row;
+    Buffer<WR> w_row;
+    Buffer<XR> x_col;
+    Buffer<WR> w_col;
+    Buffer<GR> dy_row;
+    Buffer<GR> dy_col;
+};
+
 /// Whether a backward quantized dY itself (not only its rotation), so delayed scaling records its amax.
 template <class LR>
 constexpr bool linear_backward_quantizes_dy(bool want_dx, bool want_dw) {
@@ -609,12 +659,7 @@ public:
 
     explicit linear_context(const linear_config& c)
         : config_(detail::checked_linear_config(c, "octet::linear_context")),
-          x_row_(c.max_tokens, c.in_features),
-          w_row_(c.out_features, c.in_features),
-          x_col_(c.in_features, wgrad_tokens(c.max_tokens)),
-          w_col_(c.in_features, c.out_features),
-          dy_row_(c.max_tokens, c.out_features),
-          dy_col_(c.out_features, wgrad_tokens(c.max_tokens)),
+          copies_(c),
           rotated_(LR::hadamard_wgrad ? wgrad_tokens(c.max_tokens) * std::max(c.in_features, c.out_features) : 0),
           delayed_x_(c.delayed),
           delayed_w_(c.delayed),
@@ -648,18 +693,10 @@ public:
     void forward(host_executor ex, matrix_ref<const float> x, matrix_ref<const float> w, span<const float> bias,
                  matrix_ref<float> y, linear_pass pass = linear_pass::training) {
         detail::require_context_forward(config_, x, w);
-        const std::size_t in = config_.in_features, out = config_.out_features, tokens = x.rows;
         const bool training = pass == linear_pass::training;
         if (training) saved_ = false;  // until the new copies are complete
-        linear_forward_buffers<LR> buf;
-        buf.x = x_row_.ref(tokens, in);
-        buf.w = w_row_.ref(out, in);
-        if (training) {
-            buf.x_t = x_col_.ref(in, wgrad_tokens(tokens));
-            buf.w_t = w_col_.ref(in, out);
-            buf.rotated = span<float>(rotated_.data(), rotated_.size());
-        }
-        linear_forward(ex, x, w, bias, y, buf, options(), stats_);
+        linear_forward(ex, x, w, bias, y, copies_.forward(config_, x.rows, training, as_span(rotated_)), options(),
+                       stats_);
         if (training) {
             if constexpr (LR::scaling == linear_scaling::delayed) {
                 delayed_x_.record(stats_.x.amax);
@@ -667,7 +704,7 @@ public:
                 delayed_w_.record(stats_.w.amax);
                 delayed_w_.update();
             }
-            tokens_ = tokens;
+            tokens_ = x.rows;
             saved_ = true;
         }
     }
@@ -677,15 +714,9 @@ public:
     void backward(host_executor ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
                   span<float> db) {
         detail::require_context_backward(config_, saved_, tokens_, dy, dx, dw);
-        const std::size_t out = config_.out_features;
         const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
-        linear_backward_buffers<LR> buf;
-        buf.x_t = x_col_.cref();
-        buf.w_t = w_col_.cref();
-        if (want_dx) buf.dy = dy_row_.ref(tokens_, out);
-        if (want_dw) buf.dy_t = dy_col_.ref(out, wgrad_tokens(tokens_));
-        buf.rotated = span<float>(rotated_.data(), rotated_.size());
-        linear_backward(ex, dy, dx, dw, db, buf, options(), stats_);
+        linear_backward(ex, dy, dx, dw, db, copies_.backward(config_, tokens_, want_dx, want_dw, as_span(rotated_)),
+                        options(), stats_);
         if constexpr (LR::scaling == linear_scaling::delayed) {
             if (detail::linear_backward_quantizes_dy<LR>(want_dx, want_dw)) {
                 delayed_g_.record(stats_.dy.amax);
@@ -711,12 +742,7 @@ private:
     }
 
     linear_config config_;
-    detail::quant_buffer<XR> x_row_;
-    detail::quant_buffer<WR> w_row_;
-    detail::quant_buffer<XR> x_col_;
-    detail::quant_buffer<WR> w_col_;
-    detail::quant_buffer<GR> dy_row_;
-    detail::quant_buffer<GR> dy_col_;
+    detail::linear_copies<LR, detail::quant_buffer> copies_;
     std::vector<float> rotated_;
     delayed_scaling delayed_x_, delayed_w_, delayed_g_;
     linear_stats stats_;
