@@ -239,6 +239,8 @@ void check_context_steps(std::uint64_t salt) {
     cuda::linear_context<LR> dev(ex, c);
     CHECK(dev.memory().total() == host.memory().total());
     CHECK(dev.memory().saved_for_backward == host.memory().saved_for_backward);
+    CHECK_THROWS_WITH_AS(dev.delayed_state(3), doctest::Contains("0 (X), 1 (W) or 2 (dY)"), octet::error);
+    CHECK_THROWS_WITH_AS(dev.delayed_history(-1), doctest::Contains("argument 'operand'"), octet::error);
     auto g = octet_test::rng(salt);
     const std::size_t tokens_of[] = {37, 80, 16, 37, 5};
     float grow = 1.0f;

@@ -161,6 +161,8 @@ struct linear_device_state {
     device_linear_backward_stats backward;
 };
 
+static_assert(sizeof(linear_device_state) < 1024, "octet::cuda::linear_context: memory() says under 1 KiB of state");
+
 OCTET_KERNEL void linear_state_init_kernel(float* history, int floats, linear_device_state* s) {
     for (int i = threadIdx.x; i < floats; i += blockDim.x) history[i] = 0.0f;
     if (threadIdx.x == 0) {
@@ -250,8 +252,9 @@ public:
 
     const linear_config& config() const { return config_; }
     void set_collect_stats(bool on) { config_.collect_stats = on; }
-    /// The device bytes by role, as the host context's memory() (the buffers are those sizes; each
-    /// allocation is rounded up to 256 bytes on top).
+    /// The device bytes by role, as the host context's memory(): the buffers are those sizes, each
+    /// allocation rounded up to 256 bytes, plus one block of under 1 KiB for the delayed-scaling
+    /// states and the statistics.
     linear_memory memory() const { return detail::linear_context_memory<LR>(config_); }
     std::size_t bytes() const { return memory().total(); }
 
@@ -268,9 +271,12 @@ public:
     const device_linear_backward_stats* backward_stats() const { return &state()->backward; }
     /// Device memory: the delayed-scaling state of X (0), W (1) and dY (2), and its history of
     /// config().delayed.history_length floats (unused under current scaling).
-    const delayed_scaling_state* delayed_state(int operand) const { return &state()->delayed[operand]; }
+    const delayed_scaling_state* delayed_state(int operand) const {
+        return &state()->delayed[checked_operand(operand, "operand")];
+    }
     const float* delayed_history(int operand) const {
-        return history_.as<float>() + static_cast<std::size_t>(operand) * config_.delayed.history_length;
+        return history_.as<float>() +
+               static_cast<std::size_t>(checked_operand(operand, "operand")) * config_.delayed.history_length;
     }
 
     /// Y = X W^T + bias (device memory) on quantized copies of X and W; a training pass keeps the
@@ -305,14 +311,15 @@ public:
     }
 
 private:
-    std::size_t rotated_floats() const {
-        return LR::hadamard_wgrad
-                   ? wgrad_tokens(config_.max_tokens) * std::max(config_.in_features, config_.out_features)
-                   : 0;
-    }
+    std::size_t rotated_floats() const { return detail::linear_rotated_floats<LR>(config_); }
     std::size_t history_floats() const {
         return LR::scaling == linear_scaling::delayed ? 3 * static_cast<std::size_t>(config_.delayed.history_length)
                                                       : 0;
+    }
+    static int checked_operand(int operand, const char* arg) {
+        OCTET_REQUIRE(operand >= 0 && operand < 3, "octet::cuda::linear_context", arg,
+                      detail::message("is ", operand, "; pass 0 (X), 1 (W) or 2 (dY)"));
+        return operand;
     }
     span<float> rotated() const { return span<float>(rotated_.as<float>(), rotated_floats()); }
     detail::linear_device_state* state() const { return state_.as<detail::linear_device_state>(); }

@@ -535,6 +535,12 @@ std::size_t quant_buffer_bytes(std::size_t rows, std::size_t cols) {
     return l.data_bytes + l.scale_bytes + (R::two_level ? sizeof(float) : 0);
 }
 
+/// Floats of a context's Hadamard buffer (the rotated X or dY at max_tokens; none without HadamardWgrad).
+template <class LR>
+std::size_t linear_rotated_floats(const linear_config& c) {
+    return LR::hadamard_wgrad ? linear_wgrad_tokens<LR>(c.max_tokens) * std::max(c.in_features, c.out_features) : 0;
+}
+
 /// What a context of LR built for c holds, by role.
 template <class LR>
 linear_memory linear_context_memory(const linear_config& c) {
@@ -546,7 +552,7 @@ linear_memory linear_context_memory(const linear_config& c) {
     m.saved_for_backward = quant_buffer_bytes<XR>(in, wgrad) + quant_buffer_bytes<WR>(in, out);
     m.workspace = quant_buffer_bytes<XR>(c.max_tokens, in) + quant_buffer_bytes<WR>(out, in) +
                   quant_buffer_bytes<GR>(c.max_tokens, out) + quant_buffer_bytes<GR>(out, wgrad);
-    if (LR::hadamard_wgrad) m.workspace += wgrad * std::max(in, out) * sizeof(float);
+    m.workspace += linear_rotated_floats<LR>(c) * sizeof(float);
     if (LR::scaling == linear_scaling::delayed)
         m.state = 3 * static_cast<std::size_t>(c.delayed.history_length) * sizeof(float);
     return m;
@@ -660,7 +666,7 @@ public:
     explicit linear_context(const linear_config& c)
         : config_(detail::checked_linear_config(c, "octet::linear_context")),
           copies_(c),
-          rotated_(LR::hadamard_wgrad ? wgrad_tokens(c.max_tokens) * std::max(c.in_features, c.out_features) : 0),
+          rotated_(detail::linear_rotated_floats<LR>(c)),
           delayed_x_(c.delayed),
           delayed_w_(c.delayed),
           delayed_g_(c.delayed) {}
