@@ -44,9 +44,7 @@ public:
           w_(static_cast<std::size_t>(in_) * static_cast<std::size_t>(out_)),
           y_(max_tokens * static_cast<std::size_t>(std::max(in_, out_))),
           dw_(static_cast<std::size_t>(in_) * static_cast<std::size_t>(out_)),
-          saved_(m, octet::memory_category::activations, static_cast<double>(ctx_.memory().saved_for_backward)),
-          work_(m, octet::memory_category::temporaries,
-                static_cast<double>(ctx_.memory().workspace + ctx_.memory().state)) {
+          booking_(m, ctx_.memory()) {
         in = in_;
         out = out_;
     }
@@ -114,7 +112,7 @@ private:
     owned_stream stream_;
     octet::cuda::linear_context<LR> ctx_;
     device_floats x_, w_, y_, dw_;  // X or dY; W; Y or dX; dW
-    meter_booking saved_, work_;
+    linear_context_booking booking_;
 };
 
 }  // namespace

@@ -422,6 +422,21 @@ private:
     double bytes_;
 };
 
+#if TRAIN_HAS_FP8_LINEAR
+/// Books a linear context's bytes (octet::linear_memory) in the meter for as long as it lives: its
+/// column-wise copies as activations, its workspace and amax histories as temporaries, wherever
+/// the context keeps them (the host layer's and the CUDA layer's alike).
+class linear_context_booking {
+public:
+    linear_context_booking(memory_meter& m, const octet::linear_memory& b)
+        : saved_(m, octet::memory_category::activations, static_cast<double>(b.saved_for_backward)),
+          work_(m, octet::memory_category::temporaries, static_cast<double>(b.workspace + b.state)) {}
+
+private:
+    meter_booking saved_, work_;
+};
+#endif
+
 /// Adds one quantize call's statistics to the step's telemetry.
 inline void add_quant_stats(step_telemetry* t, const octet::quant_stats& s) {
     if (!t) return;
@@ -452,10 +467,7 @@ template <class LR>
 class fp8_linear final : public linear_layer {
 public:
     fp8_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_, std::uint64_t seed)
-        : ctx_(fp8_linear_config(max_tokens, in_, out_, seed)),
-          saved_(m, octet::memory_category::activations, static_cast<double>(ctx_.memory().saved_for_backward)),
-          work_(m, octet::memory_category::temporaries,
-                static_cast<double>(ctx_.memory().workspace + ctx_.memory().state)) {
+        : ctx_(fp8_linear_config(max_tokens, in_, out_, seed)), booking_(m, ctx_.memory()) {
         in = in_;
         out = out_;
     }
@@ -482,7 +494,7 @@ protected:
 
 private:
     octet::linear_context<LR> ctx_;
-    meter_booking saved_, work_;
+    linear_context_booking booking_;
 };
 #endif
 
