@@ -184,11 +184,17 @@ perturbation_model model_bounds(const problem& p, const quantized<QR, KR, VR, DR
                 double dp_rel_max = 0;
                 std::vector<double> oabs(D, 0.0), omax(D, 0.0), flip_o(D, 0.0);
                 double n_keys = 0, p_ddp = 0;
-                double mu = -INFINITY;
+                // the running max once key tile t is visited: over the tiles before it in the
+                // forward's order (masked keys have x = -Inf)
+                const int nt = (lk + 63) / 64;
+                std::vector<double> mu_at(nt, -INFINITY);
+                for (int j = 0; j < lk; ++j) mu_at[j / 64] = std::max(mu_at[j / 64], x[j]);
+                if (c.key_order == key_tile_order::front_to_back)
+                    for (int t = 1; t < nt; ++t) mu_at[t] = std::max(mu_at[t], mu_at[t - 1]);
+                else
+                    for (int t = nt - 2; t >= 0; --t) mu_at[t] = std::max(mu_at[t], mu_at[t + 1]);
                 for (int j = 0; j < lk; ++j) {
-                    if (j % 64 == 0) {  // the running max after this key tile
-                        for (int jj = j; jj < std::min(lk, j + 64); ++jj) mu = std::max(mu, x[jj]);
-                    }
+                    const double mu = mu_at[j / 64];
                     if (!std::isfinite(x[j])) continue;
                     const double P = std::exp2(x[j] - Lc);
                     n_keys += 1;
@@ -316,7 +322,7 @@ void run(const config& c, const char* name_c) {
     std::vector<OT> o_h(p.tq * cq);
     std::vector<float> lse_h(R);
     attention_forward(on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<OT>(o_h.data(), p.tq, cq),
-                      span<float>(lse_h.data(), R), {mask});
+                      span<float>(lse_h.data(), R), c.forward_options());
     const auto ref = reference::attention(p.reference_problem(), qz.qd, qz.kd, qz.vd, qz.dd);
     perturbation_model model;
 
@@ -334,7 +340,7 @@ void run(const config& c, const char* name_c) {
     o_d.fill_bytes(0xFF);
     lse_d.fill_bytes(0xFF);
     attention_forward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(), matrix_ref<OT>(o_d.data(), p.tq, cq),
-                      span<float>(lse_d.data(), R), {mask});
+                      span<float>(lse_d.data(), R), c.forward_options());
     OCTET_CUDA_CHECK(cudaDeviceSynchronize());
     const auto o_dev = o_d.download();
     const auto lse_dev = lse_d.download();
@@ -509,6 +515,23 @@ TEST_SUITE("gpu") {
         c.causal = true;
         c.salt = 505;
         run<float, float, per_token>(c, "d128 long causal");
+    }
+    TEST_CASE(
+        "attention on the device: key tiles front to back (not the default), causal with Lk > Lq and full, GQA 4:2") {
+        config c;
+        c.lens_q = kInterpreted ? lens{150, 40} : lens{300, 40};
+        c.lens_k = kInterpreted ? lens{170, 40} : lens{330, 40};
+        c.hq = 4;
+        c.hkv = 2;
+        c.d = 64;
+        c.causal = true;
+        c.key_order = key_tile_order::front_to_back;
+        c.salt = 507;
+        run<float, float, per_token>(c, "d64 causal front to back");
+        c.causal = false;
+        c.d = 128;
+        c.salt = 508;
+        run<bf16, bf16, per_token>(c, "d128 full front to back bf16");
     }
     TEST_CASE("attention on the device: full mask, several key tiles, GQA 2:1") {
         config c;

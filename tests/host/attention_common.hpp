@@ -25,6 +25,14 @@ struct config {
     float k_mean = 1.0f;  ///< keys share a mean direction of this norm per channel (as real keys do)
     float scale = 0.0f;   ///< softmax scale (0: 1/sqrt(d))
     std::uint64_t salt = 1;
+    octet::key_tile_order key_order = octet::attention_options{}.key_order;  ///< the forward's
+    octet::attention_options forward_options() const {
+        octet::attention_options o;
+        o.mask = causal ? octet::attention_mask::causal : octet::attention_mask::full;
+        o.softmax_scale = scale;
+        o.key_order = key_order;
+        return o;
+    }
 };
 
 inline std::vector<std::int32_t> offsets(const std::vector<std::int32_t>& lens) {

@@ -178,7 +178,7 @@ void check_against_reference(const config& c, const tolerances& tol, const char*
     std::vector<OT> o(p.tq * cq);
     std::vector<float> lse(R);
     attention_forward(on_host(), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<OT>(o.data(), p.tq, cq),
-                      span<float>(lse.data(), R), {mask});
+                      span<float>(lse.data(), R), c.forward_options());
     const auto pr = p.reference_problem();
     const auto rq = reference::attention(pr, qz.qd, qz.kd, qz.vd, qz.dd);
     const auto r0 = reference::attention(pr, widen(p.q), widen(p.k), widen(p.v), widen(p.dout));
@@ -244,6 +244,85 @@ TEST_CASE("host path vs float64: head dim 64, full and causal, GQA 4:2, ragged b
     check_against_reference<per_token<64>>(c, kPerTokenV, "d64 full per-token");
     c.causal = true;
     check_against_reference<per_token<64>>(c, kPerTokenV, "d64 causal per-token");
+}
+
+TEST_CASE(
+    "host path vs float64: key tiles visited front to back, the other order (full and causal, ragged, several tiles)") {
+    config c;
+    c.lens_q = {37, 200, 0, 64, 130};
+    c.hq = 4;
+    c.hkv = 2;
+    c.d = 64;
+    c.salt = 37;
+    c.key_order = key_tile_order::front_to_back;
+    check_against_reference<per_token<64>>(c, kPerTokenV, "d64 full per-token front to back");
+    c.causal = true;
+    check_against_reference<per_token<64>>(c, kPerTokenV, "d64 causal per-token front to back");
+    c.lens_k = {50, 190, 7, 64, 129};  // causal with Lk != Lq: the last tile is partial and the first may be skipped
+    check_against_reference<per_token<64>>(c, kPerTokenV, "d64 causal Lk != Lq front to back");
+}
+
+// An attention sink, built so that the census has an exact answer: one sequence of 192 tokens
+// (three key tiles), one head; key 0 is 256 along channel 0 and zero elsewhere, every other key is
+// N(0, 1) on channels 1..63 and zero on channel 0; every query is 1 on channel 0 plus N(0, 0.25) on
+// the rest. With the softmax scale 1/8 the sink's score is 32 nats above the others (46 binades),
+// whose own scores spread by about 0.5 nats. Front to back, the sink sets the running maximum first
+// and every other key's P is 2^-46 relative to it: below E4M3's smallest subnormal at the 2^-8 scale
+// (2^-17), so all 191 round to zero in every row. Back to front, tiles 2 and 1 are taken against
+// their own maximum (within a few binades: normal codes); only the 63 other keys of the sink's own
+// tile round to zero. Either way P is positive in float for every pair.
+TEST_CASE("P census: with an attention sink front to back flushes every other key, back to front only its tile") {
+    constexpr int n = 192, d = 64;
+    auto g = octet_test::rng(41);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(n * d), k(n * d, 0.0f), v(n * d);
+    for (int t = 0; t < n; ++t) {
+        q[t * d] = 1.0f;
+        for (int e = 1; e < d; ++e) q[t * d + e] = 0.5f * normal(g);
+        if (t == 0)
+            k[0] = 256.0f;
+        else
+            for (int e = 1; e < d; ++e) k[t * d + e] = normal(g);
+        for (int e = 0; e < d; ++e) v[t * d + e] = normal(g);
+    }
+    using R = per_token<64>;
+    using RV = per_head<64>;  // one V scale: P is encoded unscaled, so the sink's P of 1 is exact
+    quantized_tensor<R> qq(n, d), kq(n, d);
+    quantized_tensor<RV> vq(n, d);
+    quantize<R>(on_host(), matrix_ref<const float>(q.data(), n, d), qq.ref());
+    quantize<R>(on_host(), matrix_ref<const float>(k.data(), n, d), kq.ref());
+    quantize<RV>(on_host(), matrix_ref<const float>(v.data(), n, d), vq.ref());
+    const std::vector<std::int32_t> cu{0, n};
+    attention_shape shape;
+    shape.cu_seqlens_q = span<const std::int32_t>(cu.data(), cu.size());
+    shape.heads_q = shape.heads_kv = 1;
+    shape.head_dim = d;
+    std::vector<float> o(n * d), lse(n);
+    attention_options opt;  // full mask, scale 1/8
+    attention_p_census front, back;
+    opt.key_order = key_tile_order::front_to_back;
+    attention_forward(on_host(), shape, qq.cref(), kq.cref(), vq.cref(), matrix_ref<float>(o.data(), n, d),
+                      span<float>(lse.data(), n), opt, front);
+    const std::vector<float> o_front = o;
+    opt.key_order = key_tile_order::back_to_front;
+    attention_forward(on_host(), shape, qq.cref(), kq.cref(), vq.cref(), matrix_ref<float>(o.data(), n, d),
+                      span<float>(lse.data(), n), opt, back);
+    MESSAGE("sink census: front to back " << front.flushed << " of " << front.pairs << " flushed, " << front.subnormal
+                                          << " subnormal; back to front " << back.flushed << " of " << back.pairs
+                                          << " flushed, " << back.subnormal << " subnormal");
+    CHECK(front.pairs == std::uint64_t{n} * n);
+    CHECK(back.pairs == std::uint64_t{n} * n);
+    CHECK(front.flushed == std::uint64_t{n} * (n - 1));
+    CHECK(back.flushed == std::uint64_t{n} * 63);
+    CHECK(back.subnormal == 0);
+    CHECK(front.flushed_share() == doctest::Approx(191.0 / 192.0));
+    // the sink holds all but 2^-46 of each row's mass: both orders give O = V_0 to float level
+    for (int t = 0; t < n; ++t)
+        for (int e = 0; e < d; ++e) {
+            const double v0 = decode<e4m3>(vq.cref().code(0, e)) * static_cast<double>(vq.cref().scale(0, 0));
+            CHECK(std::fabs(o_front[t * d + e] - v0) <= 1e-6 * (1 + std::fabs(v0)));
+            CHECK(std::fabs(o[t * d + e] - v0) <= 1e-6 * (1 + std::fabs(v0)));
+        }
 }
 
 TEST_CASE("host path vs float64: head dim 128, causal, GQA 4:1, bf16 outputs") {
@@ -402,6 +481,12 @@ TEST_CASE("attention arguments: bad shapes, heads, offsets and scale grids throw
         attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
                           matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()), bad_scale),
         doctest::Contains("argument 'options.softmax_scale'"), octet::error);
+    attention_options bad_order;
+    bad_order.key_order = static_cast<key_tile_order>(2);
+    CHECK_THROWS_WITH_AS(
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()), bad_order),
+        doctest::Contains("argument 'options.key_order'"), octet::error);
 
     // backward: from_output needs O; dK shape must follow heads_kv
     attention_backward_options bo;

@@ -59,6 +59,7 @@ struct fwd_params {
     int hq, group, total_q;
     float scale_log2;
     bool causal;
+    key_tile_order key_order;
 };
 
 template <int D>
@@ -92,10 +93,14 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
     const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
 
+    // step s of the loop below visits key tile tile_at(s)
+    auto tile_at = [&](int step) { return attn::key_tile_at(step, ntiles, p.key_order); };
+
     load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
     if (ntiles > 0) {
-        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
-        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
+        const int first = k0 + tile_at(0) * kTile;
+        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, first, k0 + lk, hk * D);
+        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, first, k0 + lk, hk * D);
     }
     ptx::cp_async_commit_group();
     // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
@@ -105,7 +110,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
         return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
                         : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
     };
-    float scale_next = ntiles > 0 ? fetch_scale(0) : 0.0f;
+    float scale_next = ntiles > 0 ? fetch_scale(tile_at(0)) : 0.0f;
 
     const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
                         qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
@@ -121,21 +126,22 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
     float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
     std::uint32_t qa[D / 32][4];
 
-    for (int jt = 0; jt < ntiles; ++jt) {
-        const int st = jt & 1;
+    for (int step = 0; step < ntiles; ++step) {
+        const int st = step & 1, jt = tile_at(step);
         ptx::cp_async_wait_group<0>();
         (tid < 64 ? sKs : sVs)[st * kTile + (tid & 63)] = scale_next;
-        __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with tile jt - 1
-        if (jt == 0) {
+        __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with the previous step's
+        if (step == 0) {
             OCTET_UNROLL
             for (int ks = 0; ks < D / 32; ++ks) load_a<D>(qa[ks], sQ, warp * 16, ks, lane);
         }
-        if (jt + 1 < ntiles) {
-            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile,
-                               k0 + lk, hk * D);
-            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile,
-                               k0 + lk, hk * D);
-            scale_next = fetch_scale(jt + 1);
+        if (step + 1 < ntiles) {
+            const int next = tile_at(step + 1);
+            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + next * kTile, k0 + lk,
+                               hk * D);
+            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + next * kTile, k0 + lk,
+                               hk * D);
+            scale_next = fetch_scale(next);
         }
         ptx::cp_async_commit_group();
         transpose_tile<D>(sV + st * kTile * D, sVt);
@@ -857,7 +863,8 @@ void stream_attention_forward(const stream_executor& ex, const attention_dims& d
         Hq / Hk,
         Tq,
         attn::mul(dims.scale, attn::log2e),
-        opt.mask == attention_mask::causal};
+        opt.mask == attention_mask::causal,
+        opt.key_order};
     const dim3 grid((max_q + attn_kernel::kTile - 1) / attn_kernel::kTile, Hq, shape.batch());
     auto launch = [&](auto dim) {
         constexpr int D = decltype(dim)::value;

@@ -86,6 +86,23 @@ struct attention_shape {
 struct attention_options {
     attention_mask mask = attention_mask::full;
     float softmax_scale = 0.0f;  ///< 0: 1 / sqrt(head_dim)
+    /// The order of the forward's key tiles (rules.hpp, key_tile_order); the backward recomputes P
+    /// from L and has no such choice. Back to front by default: on inputs with an attention sink it
+    /// rounds 8-60x fewer P to zero and leaves the part of O the other keys carry with 1.2-2.9x
+    /// less error (per-head V); without a sink the orders measure alike (bench/RESULTS.md, "Key
+    /// tile order and P underflow").
+    key_tile_order key_order = key_tile_order::back_to_front;
+};
+
+/// How the forward's P codes fared, over the (query, key) pairs of the P V product whose P (taken
+/// against the running maximum, times the V scale ratio: the value that is encoded) is above 0 in
+/// float. Host path only: pass one to the host overload of attention_forward.
+struct attention_p_census {
+    std::uint64_t pairs = 0;      ///< visible pairs with P > 0 before rounding
+    std::uint64_t flushed = 0;    ///< of those, E4M3 code 0: the key adds nothing to O
+    std::uint64_t subnormal = 0;  ///< of those, a subnormal code (P * 256 below 2^-6): under 3 mantissa bits
+    double flushed_share() const { return pairs ? static_cast<double>(flushed) / static_cast<double>(pairs) : 0.0; }
+    double subnormal_share() const { return pairs ? static_cast<double>(subnormal) / static_cast<double>(pairs) : 0.0; }
 };
 
 struct attention_backward_options {
@@ -331,6 +348,10 @@ attention_dims check_forward_args(const attention_shape& shape, const quantized_
     constexpr const char* fn = "octet::attention_forward";
     const attention_dims dims = check_attention_inputs(shape, q, k, v, lse, opt.softmax_scale, fn);
     check_matrix(o, dims.total_q, dims.q_cols(), fn, "o");
+    OCTET_REQUIRE(opt.key_order == key_tile_order::front_to_back || opt.key_order == key_tile_order::back_to_front, fn,
+                  "options.key_order",
+                  message("is ", static_cast<int>(opt.key_order),
+                          "; pass key_tile_order::front_to_back or key_tile_order::back_to_front"));
     return dims;
 }
 
@@ -542,7 +563,7 @@ template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
 void host_attention_forward(host_executor ex, const attention_dims& dims, const attention_shape& shape,
                             const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
                             const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<float> lse,
-                            const attention_options& opt) {
+                            const attention_options& opt, attention_p_census* census = nullptr) {
     const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q, Tk = dims.total_k;
     const float scale = dims.scale;
     const float scale_log2 = attn::mul(scale, attn::log2e);
@@ -566,9 +587,12 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
 
     const detail::simd_isa isa = detail::best_isa();
     const std::size_t kstride = static_cast<std::size_t>(Hk) * d;
+    std::mutex census_mutex;
+    if (census) *census = {};
     parallel_for(ex, units.size(), 1, [&](std::size_t ub, std::size_t ue) {
         constexpr int T = attn::tile_size;
         std::vector<float> tmp(d), x(T), p(T), u(T), pq(T), ratio(T), ks(T), kt(static_cast<std::size_t>(d) * T);
+        attention_p_census mine;
         for (std::size_t un = ub; un < ue; ++un) {
             const int b = units[un].b, h = units[un].h, qt = units[un].qt, hk = h / G;
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
@@ -577,7 +601,8 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
             // Row i's running state across key tiles, for the tile's rows at once.
             std::vector<float> m_row(static_cast<std::size_t>(i1 - i0), attn::neg_inf()),
                 l_row(static_cast<std::size_t>(i1 - i0), 0.0f), acc_rows(static_cast<std::size_t>(i1 - i0) * d, 0.0f);
-            for (int jt = 0; jt < ntiles; ++jt) {
+            for (int step = 0; step < ntiles; ++step) {
+                const int jt = attn::key_tile_at(step, ntiles, opt.key_order);
                 const int j0 = jt * T, j1 = std::min(lk, j0 + T), n = j1 - j0;
                 detail::transposed_panel(K, k0 + j0, n, hk, kt.data());
                 float mv = 0.0f;
@@ -606,6 +631,13 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                         u[j] = attn::mul(p[j], ratio[j]);
                     }
                     detail::run_kernel<detail::e4m3_row_kernel>(isa, u.data(), 256.0f, pq.data());
+                    if (census)
+                        for (int j = 0; j < n; ++j) {
+                            if (!(u[j] > 0.0f)) continue;
+                            mine.pairs += 1;
+                            mine.flushed += pq[j] == 0.0f;
+                            mine.subnormal += pq[j] != 0.0f && pq[j] < 0.015625f;  // 2^-6, E4M3's smallest normal
+                        }
                     l_row[i - i0] = attn::fma(l_row[i - i0], alpha, rowsum);
                     detail::weighted_rows(isa, pq.data(), n, V.row(k0 + j0, hk), kstride, d, tmp.data());
                     detail::run_kernel<detail::rescale_accumulate_kernel>(
@@ -621,6 +653,12 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                 for (int c = 0; c < d; ++c) orow[c] = detail::attention_store<OT>(attn::mul(ar[c], inv));
                 lse[static_cast<std::size_t>(h) * Tq + q0 + i] = attn::log_sum_exp(m_row[i - i0], l_row[i - i0]);
             }
+        }
+        if (census) {
+            const std::lock_guard<std::mutex> lock(census_mutex);
+            census->pairs += mine.pairs;
+            census->flushed += mine.flushed;
+            census->subnormal += mine.subnormal;
         }
     });
 }
@@ -968,6 +1006,16 @@ void attention_forward(const Executor& ex, const attention_shape& shape, const q
                        span<float> lse, const attention_options& opt = {}) {
     const detail::attention_dims dims = detail::check_forward_args(shape, q, k, v, o, lse, opt);
     detail::attention_backend<Executor>::forward(ex, dims, shape, q, k, v, o, lse, opt);
+}
+
+/// attention_forward on the host that also counts how the P codes of the P V product fared
+/// (attention_p_census: how many rounded to zero or to a subnormal), for choosing a key_order.
+template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
+void attention_forward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
+                       const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
+                       span<float> lse, const attention_options& opt, attention_p_census& census) {
+    const detail::attention_dims dims = detail::check_forward_args(shape, q, k, v, o, lse, opt);
+    detail::host_attention_forward(ex, dims, shape, q, k, v, o, lse, opt, &census);
 }
 
 /// dQ, dK, dV of attention_forward on the host. `o` is the forward's output: needed for

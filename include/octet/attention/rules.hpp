@@ -48,8 +48,8 @@
 //     float rounding (P sums to 1 up to float rounding).
 //
 // Tiles are 64 queries by 64 keys, aligned at each sequence's first token; the host path walks the
-// same tiles in the same order because the running maximum of the online softmax (and so the FP8
-// codes of P) depends on them.
+// same tiles in the same order (key_tile_order, front to back or back to front) because the running
+// maximum of the online softmax (and so the FP8 codes of P) depends on them.
 #pragma once
 
 #include <cmath>
@@ -73,6 +73,17 @@ enum class delta_mode {
     /// D_i = sum_j P_ij dP_ij from exactly the P and dP that form dS (a second pass over the keys):
     /// every row of dS sums to zero up to float rounding.
     matched,
+};
+
+/// The order in which the forward visits the key tiles of a query tile. The online softmax is exact
+/// in either order, but the FP8 codes of P are not: each tile's P is taken against the running
+/// maximum of the tiles visited so far, so a tile visited after a much larger score (an attention
+/// sink, usually the first tokens) has its P pushed into E4M3's subnormals or to zero, although
+/// its final probability would be representable. Visiting back to front meets the sink last.
+/// bench/RESULTS.md ("Key tile order and P underflow") measures both on sink-heavy inputs.
+enum class key_tile_order {
+    front_to_back,
+    back_to_front,
 };
 
 enum class attention_mask {
@@ -222,6 +233,11 @@ OCTET_HD int key_tiles_for(int qt, int lq, int lk, bool causal) {
     if (last_key < 0) return 0;
     const int n = last_key / tile_size + 1;
     return n < all ? n : all;
+}
+
+/// The key tile visited at step `step` (0-based) of the `ntiles` a query tile visits.
+OCTET_HD int key_tile_at(int step, int ntiles, key_tile_order order) {
+    return order == key_tile_order::back_to_front ? ntiles - 1 - step : step;
 }
 
 /// First 64-query tile that sees any key of key tile `kt`.
