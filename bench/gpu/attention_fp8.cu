@@ -7,7 +7,8 @@
 // FLOPs are counted as FlashAttention does: forward 4 * tokens * L * heads * head_dim (halved for
 // causal), forward + backward 3.5x that (the backward's five products). The matched delta's extra
 // pass (two more products) is work octet does on top and is not counted. Also reported: the
-// backward alone in both delta modes, and the cost of the row telemetry.
+// backward alone in both delta modes, and the cost of the row telemetry. On an sm_90 GPU the forward
+// runs on wgmma (the automatic choice) and is timed again on the sm_89 mma.sync kernel.
 //
 // Operands: Q, K, dO E4M3 with one scale per token and head (1 x 128), V E4M3 per head (the
 // choice that keeps P's tile maximum exact, see the README); O and gradients bf16.
@@ -89,6 +90,7 @@ int main() {
     cuda::device_buffer<float> lse(static_cast<std::size_t>(H) * total);
     cuda::device_buffer<attention_stats> stats(1);
 
+    const bool wgmma = attn_kernel::forward_uses_wgmma(attention_forward_kernel::automatic, "attention_fp8");
     const auto start = std::chrono::steady_clock::now();
     auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     for (int L : {2048, 4096, 8192, 16384}) {
@@ -112,10 +114,14 @@ int main() {
             const attention_mask mask = causal ? attention_mask::causal : attention_mask::full;
             const std::string tag = "L" + std::to_string(L) + (causal ? "_causal" : "_full");
             const double fwd_flops = 4.0 * total * L * H * D * (causal ? 0.5 : 1.0);
-            auto fwd = [&] {
+            auto fwd_with = [&](attention_forward_kernel kernel) {
+                attention_options fo;
+                fo.mask = mask;
+                fo.kernel = kernel;
                 attention_forward(on_stream(), shape, q.ref(), k.ref(), v.ref(),
-                                  matrix_ref<bf16>(o.data(), total, cols), span<float>(lse.data(), lse.size()), {mask});
+                                  matrix_ref<bf16>(o.data(), total, cols), span<float>(lse.data(), lse.size()), fo);
             };
+            auto fwd = [&] { fwd_with(attention_forward_kernel::automatic); };
             auto bwd = [&](delta_mode mode, bool tele) {
                 attention_backward_options bo;
                 bo.mask = mask;
@@ -129,7 +135,13 @@ int main() {
             };
             const double t_fwd = time_ms(fwd);
             octet_bench::result("attention_fp8_fwd_" + tag, "tflops", fwd_flops / (t_fwd * 1e9), "TFLOPS",
-                                "16384 tokens, 16 heads x 128, E4M3 (Q,K,dO 1x128, V per head)");
+                                std::string("16384 tokens, 16 heads x 128, E4M3 (Q,K,dO 1x128, V per head); kernel ") +
+                                    (wgmma ? "wgmma" : "mma_sync"));
+            if (wgmma) {  // the sm_89 kernel on the same GPU, for comparison
+                const double t_mma = time_ms([&] { fwd_with(attention_forward_kernel::mma_sync); });
+                octet_bench::result("attention_fp8_fwd_mma_sync_" + tag, "tflops", fwd_flops / (t_mma * 1e9), "TFLOPS",
+                                    "wgmma/mma_sync = " + std::to_string(t_mma / t_fwd));
+            }
             const double t_fb = time_ms([&] {
                 fwd();
                 bwd(delta_mode::matched, false);

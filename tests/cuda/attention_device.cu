@@ -335,22 +335,6 @@ void run(const config& c, const char* name_c) {
     device_operand<KR> dk_(qz.k);
     device_operand<VR> dv_(qz.v);
     device_operand<DR> ddo(qz.dout);
-    cuda::device_buffer<OT> o_d(p.tq * cq);
-    cuda::device_buffer<float> lse_d(R);
-    o_d.fill_bytes(0xFF);
-    lse_d.fill_bytes(0xFF);
-    attention_forward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(), matrix_ref<OT>(o_d.data(), p.tq, cq),
-                      span<float>(lse_d.data(), R), c.forward_options());
-    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto o_dev = o_d.download();
-    const auto lse_dev = lse_d.download();
-    CHECK(count_nan(o_dev) == 0);
-    CHECK(count_nan(lse_dev) == 0);
-    check_close("O", widen(o_dev), widen(o_h), ref.o);
-    bool inf_agree = false;
-    const double lse_err = max_abs_finite(widen(lse_dev), widen(lse_h), inf_agree);
-    MESSAGE("L: max |device - host| " << lse_err);
-    CHECK(inf_agree);
     // the derived per-element bounds (the backward's sum_j P |dP| comes from the host telemetry below)
     {
         attention_backward_options probe;
@@ -365,13 +349,40 @@ void run(const config& c, const char* name_c) {
         model = model_bounds<QR, KR, VR, DR, OT>(p, qz, widen(lse_h), widen(o_h), widen(rows_probe.p_abs_dp));
     }
     MESSAGE("P codes that may round the other way: forward " << model.o_flips << ", dV " << model.dv_flips);
-    {
+    // every forward kernel this device and binary can run (wgmma on sm_90 with sm_90a code, and
+    // under the interpreter), each against the same bounds
+    std::vector<attention_forward_kernel> kernels{attention_forward_kernel::mma_sync};
+    if (attn_kernel::forward_uses_wgmma(attention_forward_kernel::automatic, "test"))
+        kernels.push_back(attention_forward_kernel::wgmma);
+    for (const attention_forward_kernel kernel : kernels) {
+        const bool wgmma = kernel == attention_forward_kernel::wgmma;
+        const std::string kernel_name = wgmma ? "wgmma" : "mma_sync";
+        INFO("forward kernel " << kernel_name);
+        MESSAGE("forward kernel " << kernel_name);
+        cuda::device_buffer<OT> o_d(p.tq * cq);
+        cuda::device_buffer<float> lse_d(R);
+        o_d.fill_bytes(0xFF);
+        lse_d.fill_bytes(0xFF);
+        attention_options fo = c.forward_options();
+        fo.kernel = kernel;
+        attention_forward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(),
+                          matrix_ref<OT>(o_d.data(), p.tq, cq), span<float>(lse_d.data(), R), fo);
+        OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto o_dev = o_d.download();
+        const auto lse_dev = lse_d.download();
+        CHECK(count_nan(o_dev) == 0);
+        CHECK(count_nan(lse_dev) == 0);
+        check_close("O", widen(o_dev), widen(o_h), ref.o);
+        bool inf_agree = false;
+        const double lse_err = max_abs_finite(widen(lse_dev), widen(lse_h), inf_agree);
+        MESSAGE("L: max |device - host| " << lse_err);
+        CHECK(inf_agree);
         std::vector<double> ld = widen(lse_dev), lh = widen(lse_h);
         for (std::size_t i = 0; i < R; ++i)
             if (!std::isfinite(lh[i])) ld[i] = lh[i] = 0;  // +Inf rows: inf_agree above
         check_bounded("L", ld, lh, model.lse_tol, static_cast<std::size_t>(p.tq));
+        check_bounded("O", widen(o_dev), widen(o_h), model.o_tol, cq);
     }
-    check_bounded("O", widen(o_dev), widen(o_h), model.o_tol, cq);
 
     // backward, both delta modes, fed the host's O and L so that it is checked on its own
     cuda::device_buffer<OT> o_in(o_h);

@@ -1,5 +1,5 @@
 // octet/attention/attention.cuh: FP8 attention forward and backward on a CUDA stream (sm_89+:
-// FP8 mma.sync; built for sm_90a and sm_89).
+// FP8 mma.sync; the forward also on FP8 wgmma for sm_90a; built for sm_90a and sm_89).
 //
 //   octet::attention_forward(octet::on_stream(s), shape, q, k, v, o, lse, opt);
 //   octet::attention_backward(octet::on_stream(s), shape, q, k, v, o, lse, dout, dq, dk, dv, workspace, bopt,
@@ -17,7 +17,13 @@
 //
 // Kernels (FlashAttention-2 structure, one 64-row tile per block of 4 warps, 16 rows per warp):
 //   forward:  block = (64-query tile, head, sequence); loops over 64-key tiles (double-buffered
-//             cp.async), S = Q K^T and O += P V on FP8 tensor cores, online softmax in registers.
+//             cp.async, in options.key_order), S = Q K^T and O += P V on FP8 tensor cores, online
+//             softmax in registers. Two kernels, one template (forward_kernel): mma.sync, with P
+//             passed in registers (sm_89; on Hopper it compiles to FP16 HMMA with conversions), and
+//             wgmma, one warpgroup issuing m64n64k32 for S and m64nDk32 for P V with P staged in
+//             shared memory (sm_90a; QGMMA). options.kernel chooses; automatic takes wgmma where it
+//             can run. Not yet FlashAttention-3's structure (TMA, warp specialization, overlap of
+//             softmax and products): the wgmma kernel waits for each product.
 //   delta:    from_output: one warp per query row (rowsum(dO * O)); matched: block = (query tile,
 //             head, sequence) recomputing S^T and dP^T tile by tile with the very code the
 //             gradient kernel uses (tile_p_dp), so D_i = sum_j P_ij dP_ij is formed from the same
@@ -25,11 +31,13 @@
 //   gradient: block = (64-key tile, key/value head, sequence); loops over the query heads of its
 //             group and their 64-query tiles; dK and dV stay in registers, dQ goes to a float
 //             accumulator with atomics (converted to the output type at the end).
-// Head dims 64 and 128. P and dS reach the next product through registers (see detail/tiles.cuh).
+// Head dims 64 and 128. In the mma.sync kernels P and dS reach the next product through registers
+// (see detail/tiles.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -62,9 +70,24 @@ struct fwd_params {
     key_tile_order key_order;
 };
 
-template <int D>
+/// Dynamic shared memory of the forward: Q, K x2, V x2, V^T; the key and value scales x2; with
+/// wgmma, the P tile and the slack that aligns the tiles to 1024 bytes (their swizzle atoms).
+template <int D, bool Wgmma>
 constexpr int fwd_smem_bytes() {
-    return kTile * D * 6 + 4 * kTile * 4;  // Q, K x2, V x2, V^T; k and v scales x2
+    return kTile * D * 6 + 4 * kTile * 4 + (Wgmma ? kTile * kTile + 1024 : 0);
+}
+
+/// wgmma's descriptor of a K-major tile of `RowBytes`-byte rows (64 or 128), swizzled as swz does
+/// (which is TMA's and wgmma's 64- and 128-byte swizzle for tiles aligned to 1024 bytes), from the
+/// shared address of its first byte plus 32 k bytes for k-step k.
+template <int RowBytes>
+__device__ __forceinline__ std::uint64_t tile_descriptor(std::uint32_t address) {
+    static_assert(RowBytes == 64 || RowBytes == 128, "attention tiles have rows of 64 or 128 bytes");
+    ptx::wgmma_descriptor d;
+    d.start = address;
+    d.stride = 8 * RowBytes;  // 8-row swizzle atoms
+    d.swizzle = RowBytes == 128 ? ptx::wgmma_swizzle::b128 : ptx::wgmma_swizzle::b64;
+    return d.encode();
 }
 
 /// The scale of token `tok`, head `h` (channels h*D .. h*D + D-1) of an FP8 operand.
@@ -73,172 +96,266 @@ __device__ __forceinline__ float token_scale(const quantized_cref<R>& x, std::si
     return x.scale(tok / x.layout.block_rows, static_cast<std::size_t>(h) * D / x.layout.block_cols);
 }
 
-template <int D, class QR, class KR, class VR, class OT>
-OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
-    using QF = typename QR::format;
-    using KF = typename KR::format;
-    using VF = typename VR::format;
-    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
-    shared_ptr_t<std::uint8_t> sQ = smem;                                 // (64, D)
-    shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                       // 2 x (64, D)
-    shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                   // 2 x (64, D)
-    shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;                  // (D, 64), keys permuted
-    shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + kTile * D);  // 2 x 64 key scales
-    shared_ptr_t<float> sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
-
-    const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
-    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-    if (qt * kTile >= lq) return;
-    const int hk = h / p.group;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
-    const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
-
-    // step s of the loop below visits key tile tile_at(s)
-    auto tile_at = [&](int step) { return attn::key_tile_at(step, ntiles, p.key_order); };
-
-    load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-    if (ntiles > 0) {
-        const int first = k0 + tile_at(0) * kTile;
-        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, first, k0 + lk, hk * D);
-        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, first, k0 + lk, hk * D);
-    }
-    ptx::cp_async_commit_group();
-    // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
-    auto fetch_scale = [&](int jt) -> float {
-        const int j = jt * kTile + (tid & 63);
-        if (j >= lk) return 0.0f;
-        return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
-                        : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
-    };
-    float scale_next = ntiles > 0 ? fetch_scale(tile_at(0)) : 0.0f;
-
-    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
-                        qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
-    float qf[2];
-    for (int r = 0; r < 2; ++r)
-        qf[r] = row[r] < lq
-                    ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2)
-                    : 0.0f;
-
-    float o[D / 8][4];
+/// One key tile of the forward's online softmax, for the 16 query rows of this warp: turns the
+/// tile's FP8 products S (at(n, x): element x of the n-th 8-key column block, in the mma.sync /
+/// wgmma accumulator layout: row row[x / 2], key j0 + c_col(lane, n, x % 2)) into u = P * s_v / m_v,
+/// the values whose E4M3 codes form the P V product, and updates the running max m and sum l.
+/// Returns the tile's largest V scale m_v; alpha receives each row's rescaling of O. Both forward
+/// kernels call it, so they share every element rule (rules.hpp) and its order.
+template <class At>
+__device__ __forceinline__ float forward_softmax_tile(At&& at, int lane, const int (&row)[2], const float (&qf)[2],
+                                                      int j0, bool whole, int lq, int lk, bool causal,
+                                                      shared_ptr_t<const float> ksc, shared_ptr_t<const float> vsc,
+                                                      float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    float mt[2] = {attn::neg_inf(), attn::neg_inf()};
     OCTET_UNROLL
-    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
-    std::uint32_t qa[D / 32][4];
-
-    for (int step = 0; step < ntiles; ++step) {
-        const int st = step & 1, jt = tile_at(step);
-        ptx::cp_async_wait_group<0>();
-        (tid < 64 ? sKs : sVs)[st * kTile + (tid & 63)] = scale_next;
-        __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with the previous step's
-        if (step == 0) {
-            OCTET_UNROLL
-            for (int ks = 0; ks < D / 32; ++ks) load_a<D>(qa[ks], sQ, warp * 16, ks, lane);
-        }
-        if (step + 1 < ntiles) {
-            const int next = tile_at(step + 1);
-            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + next * kTile, k0 + lk,
-                               hk * D);
-            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + next * kTile, k0 + lk,
-                               hk * D);
-            scale_next = fetch_scale(next);
-        }
-        ptx::cp_async_commit_group();
-        transpose_tile<D>(sV + st * kTile * D, sVt);
-
-        // S = Q K^T: (16, 64) per warp
-        float s[8][4];
+    for (int n = 0; n < 8; ++n) OCTET_UNROLL
+    for (int e = 0; e < 2; ++e) {
+        const int col = attn_frag::c_col(lane, n, e), j = j0 + col;
         OCTET_UNROLL
-        for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        OCTET_UNROLL
-        for (int ks = 0; ks < D / 32; ++ks) {
-            OCTET_UNROLL
-            for (int np = 0; np < 4; ++np) {
-                std::uint32_t bk[2][2];
-                load_b2<D>(bk, sK + st * kTile * D, 16 * np, ks, lane);
-                ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np], qa[ks], bk[0]);
-                ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
-            }
+        for (int r = 0; r < 2; ++r) {
+            const float x = whole || attn::visible(row[r], j, lq, lk, causal)
+                                ? attn::score(at(n, 2 * r + e), qf[r], ksc[col])
+                                : attn::neg_inf();
+            at(n, 2 * r + e) = x;
+            mt[r] = attn::fmax(mt[r], x);
         }
-        shared_ptr_t<const float> ksc = sKs + st * kTile;
-        shared_ptr_t<const float> vsc = sVs + st * kTile;
-        float mt[2] = {attn::neg_inf(), attn::neg_inf()};
-        const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
+    }
+    float mv = attn::fmax(vsc[lane], vsc[lane + 32]);
+    OCTET_UNROLL
+    for (int off = 16; off > 0; off >>= 1) mv = attn::fmax(mv, shfl_xor(mv, off));
+    OCTET_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        mt[r] = attn::fmax(mt[r], shfl_xor(mt[r], 1));
+        mt[r] = attn::fmax(mt[r], shfl_xor(mt[r], 2));
+        const float m_new = attn::fmax(m[r], mt[r]);
+        const float mu = attn::usable_max(m_new);
+        alpha[r] = attn::exp2(attn::sub(m[r], mu));
+        float rs = 0.0f;
         OCTET_UNROLL
         for (int n = 0; n < 8; ++n) OCTET_UNROLL
         for (int e = 0; e < 2; ++e) {
-            const int col = attn_frag::c_col(lane, n, e), j = jt * kTile + col;
-            OCTET_UNROLL
-            for (int r = 0; r < 2; ++r) {
-                const float x = whole || attn::visible(row[r], j, lq, lk, p.causal)
-                                    ? attn::score(s[n][2 * r + e], qf[r], ksc[col])
-                                    : attn::neg_inf();
-                s[n][2 * r + e] = x;
-                mt[r] = attn::fmax(mt[r], x);
-            }
+            const float pv = attn::exp2(attn::sub(at(n, 2 * r + e), mu));
+            rs = attn::add(rs, pv);
+            at(n, 2 * r + e) = attn::mul(pv, attn::scale_ratio(vsc[attn_frag::c_col(lane, n, e)], mv));
         }
-        float mv = attn::fmax(vsc[lane], vsc[lane + 32]);
-        OCTET_UNROLL
-        for (int off = 16; off > 0; off >>= 1) mv = attn::fmax(mv, shfl_xor(mv, off));
-        float alpha[2];
-        OCTET_UNROLL
-        for (int r = 0; r < 2; ++r) {
-            mt[r] = attn::fmax(mt[r], shfl_xor(mt[r], 1));
-            mt[r] = attn::fmax(mt[r], shfl_xor(mt[r], 2));
-            const float m_new = attn::fmax(m[r], mt[r]);
-            const float mu = attn::usable_max(m_new);
-            alpha[r] = attn::exp2(attn::sub(m[r], mu));
-            float rs = 0.0f;
-            OCTET_UNROLL
-            for (int n = 0; n < 8; ++n) OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const float pv = attn::exp2(attn::sub(s[n][2 * r + e], mu));
-                rs = attn::add(rs, pv);
-                s[n][2 * r + e] = attn::mul(pv, attn::scale_ratio(vsc[attn_frag::c_col(lane, n, e)], mv));
-            }
-            l[r] = attn::fma(l[r], alpha[r], rs);
-            m[r] = m_new;
-        }
-        // P codes as A fragments of the P V product (attn_frag::a_source)
-        std::uint32_t pa[2][4];
-        OCTET_UNROLL
-        for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
-        for (int reg = 0; reg < 4; ++reg) {
-            std::uint32_t c[4];
-            OCTET_UNROLL
-            for (int b = 0; b < 4; ++b) {
-                const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
-                c[b] = attn::encode_p(s[src.n][src.x]);
-            }
-            pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
-        }
-        __syncthreads();  // V^T ready
-        const float cv = attn::mul(mv, attn::p_scale);
-        OCTET_UNROLL
-        for (int nd = 0; nd < D / 8; ++nd) {
-            std::uint32_t bv[2][2];
-            load_bt(bv, sVt, 8 * nd, lane);
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[0], bv[0]);
-            ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[1], bv[1]);
-            OCTET_UNROLL
-            for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, acc[x]));
-        }
+        l[r] = attn::fma(l[r], alpha[r], rs);
+        m[r] = m_new;
     }
+    return mv;
+}
 
-    ptx::cp_async_wait_group<0>();  // nothing may be in flight at exit (ntiles == 0 leaves Q's copy)
+/// The forward's end for the 16 rows of this warp: O = acc / l (acc in the accumulator layout,
+/// o[nd][x]: row row[x / 2], channel c_col(lane, nd, x % 2)) and L.
+template <int D, class OT>
+__device__ __forceinline__ void forward_store_rows(OT* o_base, std::size_t o_ld, float* lse, int total_q, int h, int q0,
+                                                   int lq, int lane, const int (&row)[2], const float (&o)[D / 8][4],
+                                                   const float (&m)[2], float (&l)[2]) {
     OCTET_UNROLL
     for (int r = 0; r < 2; ++r) {
         l[r] = attn::add(l[r], shfl_xor(l[r], 1));
         l[r] = attn::add(l[r], shfl_xor(l[r], 2));
         if (row[r] >= lq) continue;
         const float inv = l[r] > 0.0f ? attn::div(1.0f, l[r]) : 0.0f;
-        OT* orow = p.o + static_cast<std::size_t>(q0 + row[r]) * p.o_ld + static_cast<std::size_t>(h) * D;
+        OT* orow = o_base + static_cast<std::size_t>(q0 + row[r]) * o_ld + static_cast<std::size_t>(h) * D;
         OCTET_UNROLL
         for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
         for (int e = 0; e < 2; ++e)
             orow[attn_frag::c_col(lane, nd, e)] = detail::attention_store<OT>(attn::mul(o[nd][2 * r + e], inv));
-        if (t == 0) p.lse[static_cast<std::size_t>(h) * p.total_q + q0 + row[r]] = attn::log_sum_exp(m[r], l[r]);
+        if ((lane & 3) == 0) lse[static_cast<std::size_t>(h) * total_q + q0 + row[r]] = attn::log_sum_exp(m[r], l[r]);
+    }
+}
+
+/// The forward. Wgmma = false: FP8 mma.sync (sm_89+), P from registers. Wgmma = true (sm_90a only;
+/// an empty kernel elsewhere): one warpgroup runs S = Q K^T as wgmma m64n64k32 on the Q and K tiles
+/// in shared memory and O += P V as wgmma m64nDk32 on P, which it writes to shared memory as E4M3,
+/// and on V^T: QGMMA instead of mma.sync's FP8-to-FP16 conversions. Both read the same swizzled
+/// tiles (swz is wgmma's swizzle) and share the softmax, so their results differ only by the order
+/// of the tensor cores' sums.
+template <int D, bool Wgmma, class QR, class KR, class VR, class OT>
+OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
+#if OCTET_ARCH_SM90A
+    constexpr bool kBody = true;
+#else
+    constexpr bool kBody = !Wgmma;
+#endif
+    if constexpr (kBody) {
+        using QF = typename QR::format;
+        using KF = typename KR::format;
+        using VF = typename VR::format;
+        OCTET_DYNAMIC_SHARED(std::uint8_t, fwd_smem);
+        // wgmma's swizzle atoms want tiles aligned to 1024 bytes: the padding is added to the shared
+        // array itself, so that the pointers stay in the shared address space (fwd_smem_bytes has the slack)
+        shared_ptr_t<std::uint8_t> sQ =
+            Wgmma ? fwd_smem + ((1024u - (ptx::shared_address(fwd_smem) & 1023u)) & 1023u) : fwd_smem;  // (64, D)
+        shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                                                 // 2 x (64, D)
+        shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                                             // 2 x (64, D)
+        shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;  // (D, 64), keys permuted
+        shared_ptr_t<std::uint8_t> sP = sVt + kTile * D;      // wgmma: (64, 64) P codes, keys permuted
+        shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sP + (Wgmma ? kTile * kTile : 0));  // 2 x 64 key scales
+        shared_ptr_t<float> sVs = sKs + 2 * kTile;                                             // 2 x 64 value scales
+
+        const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
+        const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+        if (qt * kTile >= lq) return;
+        const int hk = h / p.group;
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
+        const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
+
+        // step s of the loop below visits key tile tile_at(s)
+        auto tile_at = [&](int step) { return attn::key_tile_at(step, ntiles, p.key_order); };
+
+        load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        if (ntiles > 0) {
+            const int first = k0 + tile_at(0) * kTile;
+            load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, first, k0 + lk, hk * D);
+            load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, first, k0 + lk, hk * D);
+        }
+        ptx::cp_async_commit_group();
+        // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
+        auto fetch_scale = [&](int jt) -> float {
+            const int j = jt * kTile + (tid & 63);
+            if (j >= lk) return 0.0f;
+            return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
+                            : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
+        };
+        float scale_next = ntiles > 0 ? fetch_scale(tile_at(0)) : 0.0f;
+
+        const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
+                            qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
+        float qf[2];
+        for (int r = 0; r < 2; ++r)
+            qf[r] = row[r] < lq ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D),
+                                                     p.scale_log2)
+                                : 0.0f;
+
+        float o[D / 8][4];
+        OCTET_UNROLL
+        for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
+        std::uint32_t qa[D / 32][4];
+
+        for (int step = 0; step < ntiles; ++step) {
+            const int st = step & 1, jt = tile_at(step);
+            ptx::cp_async_wait_group<0>();
+            (tid < 64 ? sKs : sVs)[st * kTile + (tid & 63)] = scale_next;
+            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // cp.async's writes, for wgmma's reads
+            __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with the previous step's
+            if (!Wgmma && step == 0) {
+                OCTET_UNROLL
+                for (int ks = 0; ks < D / 32; ++ks) load_a<D>(qa[ks], sQ, warp * 16, ks, lane);
+            }
+            if (step + 1 < ntiles) {
+                const int next = tile_at(step + 1);
+                load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + next * kTile,
+                                   k0 + lk, hk * D);
+                load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + next * kTile,
+                                   k0 + lk, hk * D);
+                scale_next = fetch_scale(next);
+            }
+            ptx::cp_async_commit_group();
+            transpose_tile<D>(sV + st * kTile * D, sVt);
+
+            // S = Q K^T: (16, 64) per warp
+            float s[8][4];
+            OCTET_UNROLL
+            for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            if constexpr (Wgmma) {
+                float(&acc)[32] = reinterpret_cast<float(&)[32]>(s);  // register 4n + x is s[n][x]
+                const std::uint32_t qa_addr = ptx::shared_address(sQ),
+                                    kb_addr = ptx::shared_address(sK + st * kTile * D);
+                OCTET_UNROLL
+                for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+                ptx::wgmma_fence();
+                OCTET_UNROLL
+                for (int ks = 0; ks < D / 32; ++ks)
+                    ptx::wgmma_m64nNk32<64, QF, KF>(acc, tile_descriptor<D>(qa_addr + 32 * ks),
+                                                    tile_descriptor<D>(kb_addr + 32 * ks), ks > 0 ? 1u : 0u);
+                ptx::wgmma_commit_group();
+                ptx::wgmma_wait_group<0>();
+                OCTET_UNROLL
+                for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+            } else {
+                OCTET_UNROLL
+                for (int ks = 0; ks < D / 32; ++ks) {
+                    OCTET_UNROLL
+                    for (int np = 0; np < 4; ++np) {
+                        std::uint32_t bk[2][2];
+                        load_b2<D>(bk, sK + st * kTile * D, 16 * np, ks, lane);
+                        ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np], qa[ks], bk[0]);
+                        ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
+                    }
+                }
+            }
+            const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
+            float alpha[2];
+            const float mv =
+                forward_softmax_tile([&](int n, int x) -> float& { return s[n][x]; }, lane, row, qf, jt* kTile, whole,
+                                     lq, lk, p.causal, sKs + st * kTile, sVs + st * kTile, m, l, alpha);
+            const float cv = attn::mul(mv, attn::p_scale);
+            if constexpr (Wgmma) {
+                // P codes into the (64, 64) P tile, keys permuted within 16-key groups as V^T's are
+                // (perm_pos): key 8 (2c + a) + 2t + e of a row sits at byte 4t + 2a + e of its chunk c
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r) OCTET_UNROLL
+                for (int c = 0; c < 4; ++c)
+                    *OCTET_SHARED_CAST(std::uint32_t,
+                                       sP + swz<64>(warp * 16 + attn_frag::c_row(lane, 2 * r), c) + 4 * t) =
+                        pack4(attn::encode_p(s[2 * c][2 * r]), attn::encode_p(s[2 * c][2 * r + 1]),
+                              attn::encode_p(s[2 * c + 1][2 * r]), attn::encode_p(s[2 * c + 1][2 * r + 1]));
+                ptx::fence_proxy_async_shared();  // P and V^T, written by threads, for wgmma's reads
+                __syncthreads();                  // V^T and P ready
+                float pv[D / 8][4];
+                float(&acc)[D / 2] = reinterpret_cast<float(&)[D / 2]>(pv);  // register 4 nd + x is pv[nd][x]
+                const std::uint32_t pa_addr = ptx::shared_address(sP), vb_addr = ptx::shared_address(sVt);
+                OCTET_UNROLL
+                for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+                OCTET_UNROLL
+                for (int i = 0; i < D / 2; ++i) ptx::fence_operand(acc[i]);
+                ptx::wgmma_fence();
+                OCTET_UNROLL
+                for (int ks = 0; ks < 2; ++ks)
+                    ptx::wgmma_m64nNk32<D, e4m3, VF>(acc, tile_descriptor<64>(pa_addr + 32 * ks),
+                                                     tile_descriptor<64>(vb_addr + 32 * ks), ks > 0 ? 1u : 0u);
+                ptx::wgmma_commit_group();
+                ptx::wgmma_wait_group<0>();
+                OCTET_UNROLL
+                for (int i = 0; i < D / 2; ++i) ptx::fence_operand(acc[i]);
+                OCTET_UNROLL
+                for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
+                for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, pv[nd][x]));
+            } else {
+                // P codes as A fragments of the P V product (attn_frag::a_source)
+                std::uint32_t pa[2][4];
+                OCTET_UNROLL
+                for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
+                for (int reg = 0; reg < 4; ++reg) {
+                    std::uint32_t c[4];
+                    OCTET_UNROLL
+                    for (int b = 0; b < 4; ++b) {
+                        const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                        c[b] = attn::encode_p(s[src.n][src.x]);
+                    }
+                    pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
+                }
+                __syncthreads();  // V^T ready
+                OCTET_UNROLL
+                for (int nd = 0; nd < D / 8; ++nd) {
+                    std::uint32_t bv[2][2];
+                    load_bt(bv, sVt, 8 * nd, lane);
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[0], bv[0]);
+                    ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[1], bv[1]);
+                    OCTET_UNROLL
+                    for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, acc[x]));
+                }
+            }
+        }
+
+        ptx::cp_async_wait_group<0>();  // nothing may be in flight at exit (ntiles == 0 leaves Q's copy)
+        forward_store_rows<D>(p.o, p.o_ld, p.lse, p.total_q, h, q0, lq, lane, row, o, m, l);
+    } else {
+        (void)p;
     }
 }
 
@@ -784,6 +901,26 @@ OCTET_KERNEL void __launch_bounds__(256)
 // Launch helpers
 // ================================================================================================
 
+/// Its sm_90a image carries the probe marker (cuda/launch.cuh): never launched.
+OCTET_KERNEL void forward_sm90a_probe_kernel() {
+#if OCTET_ARCH_SM90A
+    OCTET_PROBE_MARKER();
+#endif
+}
+
+/// Whether the stream forward runs on wgmma: `requested` as asked, on this device and binary (no
+/// allocation, launch or synchronization). Asking for wgmma where it cannot run is an error.
+inline bool forward_uses_wgmma(attention_forward_kernel requested, const char* fn) {
+    if (requested == attention_forward_kernel::mma_sync) return false;
+    static std::atomic<int> cache[64] = {};
+    const bool available =
+        cuda::compute_capability() == 90 && cuda::image_has_marker(forward_sm90a_probe_kernel, cache);
+    OCTET_REQUIRE(available || requested == attention_forward_kernel::automatic, fn, "options.kernel",
+                  detail::message("is wgmma, which needs an sm_90 GPU (this one is sm_", cuda::compute_capability(),
+                                  ") and a binary built for sm_90a; use automatic or mma_sync"));
+    return available;
+}
+
 inline void require_fp8_device(const char* fn) {
     int dev = 0, major = 0, minor = 0;
     OCTET_CUDA_CHECK(cudaGetDevice(&dev));
@@ -866,18 +1003,25 @@ void stream_attention_forward(const stream_executor& ex, const attention_dims& d
         opt.mask == attention_mask::causal,
         opt.key_order};
     const dim3 grid((max_q + attn_kernel::kTile - 1) / attn_kernel::kTile, Hq, shape.batch());
-    auto launch = [&](auto dim) {
+    auto launch = [&](auto dim, auto wgmma) {
         constexpr int D = decltype(dim)::value;
-        auto kernel = attn_kernel::forward_kernel<D, QR, KR, VR, OT>;
-        constexpr int smem = attn_kernel::fwd_smem_bytes<D>();
+        constexpr bool W = decltype(wgmma)::value;
+        auto kernel = attn_kernel::forward_kernel<D, W, QR, KR, VR, OT>;
+        constexpr int smem = attn_kernel::fwd_smem_bytes<D, W>();
         attn_kernel::set_smem(kernel, smem);
-        cuda::launch("attn_kernel::forward_kernel", kernel, grid, attn_kernel::kThreads, smem, ex.stream, p);
+        cuda::launch(W ? "attn_kernel::forward_kernel (wgmma)" : "attn_kernel::forward_kernel", kernel, grid,
+                     attn_kernel::kThreads, smem, ex.stream, p);
         OCTET_CUDA_CHECK_LAUNCH();
     };
-    if (d == 64)
-        launch(std::integral_constant<int, 64>{});
+    const bool wgmma = attn_kernel::forward_uses_wgmma(opt.kernel, fn);
+    if (d == 64 && wgmma)
+        launch(std::integral_constant<int, 64>{}, std::true_type{});
+    else if (d == 64)
+        launch(std::integral_constant<int, 64>{}, std::false_type{});
+    else if (wgmma)
+        launch(std::integral_constant<int, 128>{}, std::true_type{});
     else
-        launch(std::integral_constant<int, 128>{});
+        launch(std::integral_constant<int, 128>{}, std::false_type{});
 }
 
 /// The backward on a stream (the entry, octet::attention_backward, checked the shared arguments

@@ -83,6 +83,14 @@ struct attention_shape {
     }
 };
 
+/// Which kernel a stream forward runs (the host path has one). automatic: wgmma on an sm_90 GPU
+/// whose binary holds sm_90a code, else mma_sync.
+enum class attention_forward_kernel {
+    automatic,
+    mma_sync,  ///< FP8 mma.sync, sm_89+ (on Hopper it runs as FP16 HMMA with conversions)
+    wgmma,     ///< FP8 wgmma (QGMMA), sm_90 with a binary built for sm_90a
+};
+
 struct attention_options {
     attention_mask mask = attention_mask::full;
     float softmax_scale = 0.0f;  ///< 0: 1 / sqrt(head_dim)
@@ -92,6 +100,7 @@ struct attention_options {
     /// less error (per-head V); without a sink the orders measure alike (bench/RESULTS.md, "Key
     /// tile order and P underflow").
     key_tile_order key_order = key_tile_order::back_to_front;
+    attention_forward_kernel kernel = attention_forward_kernel::automatic;  ///< stream forward only
 };
 
 /// How the forward's P codes fared, over the (query, key) pairs of the P V product whose P (taken

@@ -83,5 +83,49 @@ inline unsigned grid_stride_blocks(std::size_t work_items, int threads, int bloc
     return static_cast<unsigned>(std::max<std::size_t>(1, std::min(needed, cap)));
 }
 
+/// A probe kernel marks the code path it guards with probe_marker() (a 16-byte static shared
+/// array); image_has_marker tells whether the image the runtime loaded for the current device holds
+/// that path, from cudaFuncGetAttributes alone: no allocation, no launch, no synchronization (so it
+/// is safe during stream capture). No compatible image at all also answers false. Cached per device.
+/// In interpret mode the probe's body is host code compiled under the guards of the modelled sm_90a
+/// device (OCTET_ARCH_AT_LEAST, OCTET_ARCH_SM90A): the marker sets a flag, and image_has_marker
+/// calls the probe as a plain function (it touches nothing else) and answers whether it was set, so
+/// a path is available exactly when its guard admits interpret mode.
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+inline bool& probe_marker_seen() {
+    static thread_local bool seen = false;
+    return seen;
+}
+#define OCTET_PROBE_MARKER() (::octet::cuda::probe_marker_seen() = true)
+#else
+#define OCTET_PROBE_MARKER()                         \
+    do {                                             \
+        __shared__ volatile int octet_probe_mark[4]; \
+        octet_probe_mark[threadIdx.x & 3] = 1;       \
+    } while (0)
+#endif
+
+template <class Kernel>
+bool image_has_marker(Kernel kernel, std::atomic<int> (&cache)[64]) {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    (void)cache;
+    bool& seen = probe_marker_seen();
+    seen = false;
+    kernel();
+    return seen;
+#else
+    int device = 0;
+    OCTET_CUDA_CHECK(cudaGetDevice(&device));
+    if (device < 64 && cache[device].load(std::memory_order_relaxed))  // 0 unknown, 1 no, 2 yes
+        return cache[device].load(std::memory_order_relaxed) == 2;
+    cudaFuncAttributes attr{};
+    const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+    if (err != cudaSuccess) cudaGetLastError();  // no image for this device: not sticky, clear it
+    const bool yes = err == cudaSuccess && attr.sharedSizeBytes >= 4 * sizeof(int);
+    if (device < 64) cache[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+    return yes;
+#endif
+}
+
 }  // namespace cuda
 }  // namespace octet
