@@ -555,6 +555,38 @@ TEST_SUITE("gpu") {
     }
 }
 
+TEST_SUITE("gpu") {
+    TEST_CASE("attention forward: wgmma runs where it can, and asking for it elsewhere names options.kernel") {
+        config c;
+        c.lens_q = {70};
+        c.hq = c.hkv = 1;
+        c.d = 64;
+        c.salt = 509;
+        const problem p = make_problem(c);
+        quantized<per_token> qz(p);
+        cuda::device_buffer<std::int32_t> dcu(p.cu_q);
+        attention_shape shape = p.shape();
+        shape.device_cu_seqlens_q = dcu.data();
+        shape.device_cu_seqlens_k = dcu.data();
+        device_operand<per_token> dq_(qz.q), dk_(qz.k), dv_(qz.v);
+        cuda::device_buffer<float> o(static_cast<std::size_t>(p.tq) * 64), lse(static_cast<std::size_t>(p.tq));
+        attention_options fo;
+        fo.kernel = attention_forward_kernel::wgmma;
+        auto run_wgmma = [&] {
+            attention_forward(on_stream(), shape, dq_.cref(), dk_.cref(), dv_.cref(),
+                              matrix_ref<float>(o.data(), p.tq, 64), span<float>(lse.data(), lse.size()), fo);
+            OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+        };
+        if (attn_kernel::forward_uses_wgmma(attention_forward_kernel::automatic, "test")) {
+            MESSAGE("this device and binary run wgmma: it must run when asked for");
+            CHECK_NOTHROW(run_wgmma());
+        } else {
+            MESSAGE("this device or binary cannot run wgmma: asking for it must be an error");
+            CHECK_THROWS_WITH_AS(run_wgmma(), doctest::Contains("argument 'options.kernel'"), octet::error);
+        }
+    }
+}
+
 TEST_SUITE("cuda") {
     TEST_CASE("attention host path compiled by nvcc: same accuracy as under g++ (tests/host/attention_host.cpp)") {
         config c;

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -141,9 +142,48 @@ void check_all_shapes(std::uint64_t salt) {
     for (const auto& s : kShapes) check_device<Recipe>(s.rows, s.cols, salt++);
 }
 
+/// The largest number of different 4-byte words one bank serves when the 32 lanes of a warp read
+/// copy row cr at step k (as quantize_tile_copy does): 1 is conflict-free.
+template <int Copy, class In, class Order>
+int worst_bank_degree(Order order) {
+    int worst = 0;
+    for (int cr = 0; cr < octet::detail::kQuantTile; ++cr)
+        for (int k = 0; k < 4; ++k) {
+            std::vector<std::vector<int>> words(32);
+            for (int lane = 0; lane < 32; ++lane) {
+                const int index = octet::detail::tile_index<Copy, In>(cr, 4 * lane + order(lane, k));
+                const int word = index * static_cast<int>(sizeof(In)) / 4;
+                auto& w = words[static_cast<std::size_t>(word % 32)];
+                if (std::find(w.begin(), w.end(), word) == w.end()) w.push_back(word);
+            }
+            for (const auto& w : words) worst = std::max(worst, static_cast<int>(w.size()));
+        }
+    return worst;
+}
+
 }  // namespace quant_device_test
 
 TEST_SUITE("cuda") {
+    TEST_CASE("the tile reads of both copies are free of shared-memory bank conflicts (float and bf16 inputs)") {
+        using namespace quant_device_test;
+        auto rotated = [](int lane, int k) { return octet::detail::tile_read_order(lane, k); };
+        auto in_order = [](int, int k) { return k; };
+        CHECK(worst_bank_degree<0, float>(rotated) == 1);
+        CHECK(worst_bank_degree<1, float>(rotated) == 1);
+        CHECK(worst_bank_degree<0, octet::bf16>(rotated) == 1);
+        CHECK(worst_bank_degree<1, octet::bf16>(rotated) == 1);
+        // the reading order it replaced: 4-way conflicts for float inputs in both copies
+        CHECK(worst_bank_degree<0, float>(in_order) == 4);
+        CHECK(worst_bank_degree<1, float>(in_order) == 4);
+        CHECK(worst_bank_degree<1, octet::bf16>(in_order) == 4);
+        // every lane still reads each of its four elements once
+        for (int lane = 0; lane < 32; ++lane) {
+            int seen = 0;
+            for (int k = 0; k < 4; ++k) seen |= 1 << octet::detail::tile_read_order(lane, k);
+            CHECK(seen == 15);
+        }
+    }
+
     TEST_CASE("stream quantize rejects bad arguments before touching the device") {
         using namespace octet;
         using R = recipes::blockwise_1x128;

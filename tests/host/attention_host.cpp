@@ -487,6 +487,12 @@ TEST_CASE("attention arguments: bad shapes, heads, offsets and scale grids throw
         attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
                           matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()), bad_order),
         doctest::Contains("argument 'options.key_order'"), octet::error);
+    attention_options bad_kernel;
+    bad_kernel.kernel = static_cast<attention_forward_kernel>(7);
+    CHECK_THROWS_WITH_AS(
+        attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()), bad_kernel),
+        doctest::Contains("argument 'options.kernel'"), octet::error);
 
     // backward: from_output needs O; dK shape must follow heads_kv
     attention_backward_options bo;

@@ -361,6 +361,11 @@ attention_dims check_forward_args(const attention_shape& shape, const quantized_
                   "options.key_order",
                   message("is ", static_cast<int>(opt.key_order),
                           "; pass key_tile_order::front_to_back or key_tile_order::back_to_front"));
+    OCTET_REQUIRE(
+        opt.kernel == attention_forward_kernel::automatic || opt.kernel == attention_forward_kernel::mma_sync ||
+            opt.kernel == attention_forward_kernel::wgmma,
+        fn, "options.kernel",
+        message("is ", static_cast<int>(opt.kernel), "; pass attention_forward_kernel::automatic, mma_sync or wgmma"));
     return dims;
 }
 

@@ -62,9 +62,25 @@ constexpr int kQuantTile = 128;
 constexpr int kQuantThreads = 256;
 constexpr int kQuantWarps = kQuantThreads / 32;
 
-/// Shared-memory row pitch of a tile: an odd number of 4-byte words (no bank conflicts down columns).
+/// Shared-memory row pitch of a tile, in elements: an odd number of 4-byte words.
 template <class In>
 inline constexpr int smem_pitch = kQuantTile + static_cast<int>(4 / sizeof(In));
+
+/// The tile element of copy element (cr, cc): tile[cr][cc] for the row-wise copy (Copy == 0),
+/// tile[cc][cr] for the column-wise copy.
+template <int Copy, class In>
+OCTET_HD constexpr int tile_index(int cr, int cc) {
+    return Copy == 0 ? cr * smem_pitch<In> + cc : cc * smem_pitch<In> + cr;
+}
+
+/// A lane encodes the four elements 4 lane + j (j = 0..3) of a copy row; at step k it reads
+/// j = tile_read_order(lane, k). Read in order (j = k), lanes L, L + 8, L + 16 and L + 24 hit one
+/// bank in both copies (4-byte inputs: (4 L + k) pitch = 4 L + k mod 32 words). Rotated by L / 8,
+/// the 32 lanes of a step read 32 different banks, for both copies and for 4- and 2-byte inputs
+/// (checked over every row by tests/cuda/quant_device.cu).
+OCTET_HD constexpr int tile_read_order(int lane, int k) {
+    return (k + (lane >> 3)) & 3;
+}
 
 OCTET_DEVICE void atomic_max_nonneg(float* addr, float v) {
     atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
@@ -218,22 +234,31 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, shared_pt
                                      std::size_t copy_c0, std::size_t copy_rows, std::size_t copy_cols,
                                      float tensor_scale, shared_ptr_t<float> seg_amax, shared_ptr_t<float> block_S) {
     using Fmt = typename Recipe::format;
-    constexpr int pitch = smem_pitch<In>;
     const quant_layout& L = a.layout;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const bool local = a.scale_values == nullptr;
     const int R = static_cast<int>(L.block_rows), C = static_cast<int>(L.block_cols);
     const int segs = local ? kQuantTile / C : 0;  // blocks per tile row
-    auto elem = [&](int cr, int cc) -> float {
-        return as_float<In>(Copy == 0 ? tile[cr * pitch + cc] : tile[cc * pitch + cr]);
+    // v[j] = copy element (cr, 4 lane + j), read in tile_read_order and put back in place with
+    // selects (a register index known at compile time: no local memory)
+    auto load4 = [&](int cr, float(&v)[4]) {
+        const int g = (lane >> 3) & 3;
+        float r[4];
+        OCTET_UNROLL
+        for (int k = 0; k < 4; ++k)
+            r[k] = as_float<In>(tile[tile_index<Copy, In>(cr, 4 * lane + tile_read_order(lane, k))]);
+        OCTET_UNROLL
+        for (int j = 0; j < 4; ++j)  // element j was read at step (j - g) & 3
+            v[j] = g == 0 ? r[j] : g == 1 ? r[(j + 3) & 3] : g == 2 ? r[(j + 2) & 3] : r[(j + 1) & 3];
     };
 
     if (local) {
         // Phase A: amax of each row segment of C elements (C / 4 lanes).
         for (int cr = warp; cr < kQuantTile; cr += kQuantWarps) {
-            float m = 0.0f;
+            float m = 0.0f, v[4];
+            load4(cr, v);
             OCTET_UNROLL
-            for (int k = 0; k < 4; ++k) m = amax_max(m, block_abs<Recipe>(elem(cr, 4 * lane + k)));
+            for (int k = 0; k < 4; ++k) m = amax_max(m, block_abs<Recipe>(v[k]));
             m = Recipe::propagates_nan ? warp_amax_max(m, static_cast<unsigned>(C / 4))
                                        : cuda::warp_max(m, static_cast<unsigned>(C / 4));
             if ((lane % (C / 4)) == 0) seg_amax[cr * 32 + lane / (C / 4)] = m;
@@ -266,9 +291,11 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, shared_pt
         const std::size_t gc = copy_c0 + 4 * lane;
         if (gr >= copy_rows || gc >= L.ld) continue;
         std::uint8_t codes[4];
+        float vals[4];
+        load4(cr, vals);
         OCTET_UNROLL
         for (int k = 0; k < 4; ++k) {
-            const float v = elem(cr, 4 * lane + k);
+            const float v = vals[k];
             const std::size_t c = gc + k;
             float S;
             if (local)
