@@ -14,8 +14,9 @@
 //     one thread issues two TMA tile loads (A: BM x 128 bytes, B: BN x 128 bytes, 128-byte swizzle)
 //     that complete on the stage's full mbarrier, and the 128 threads write the stage's A scales
 //     (one per row) and B scales (one per column, or one per tile when B's scale blocks cover the
-//     whole tile, as 128x128 and per-tensor do), then arrive on the full mbarrier. It gives away
-//     registers (setmaxnreg.dec 40).
+//     whole tile, as 128x128 and per-tensor do), then arrive on the full mbarrier. Each thread
+//     fetches its scales of the next stage right after arriving, so their L2 round trip overlaps
+//     the wait for the next free stage. It gives away registers (setmaxnreg.dec 40).
 //   * warpgroups 0..C-1 consume (setmaxnreg.inc 232): each owns 64 rows of the tile, waits for a
 //     stage, reads its scales, issues 4 wgmma m64nBNk32 (K = 128) into the tensor-core accumulator
 //     `frag` (the first with scale-d = 0, which restarts it), waits for them, releases the stage
@@ -197,42 +198,62 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         // ---- producer warpgroup ----
         if constexpr (Cfg::reconfigure_registers) setmaxnreg_dec<Cfg::producer_regs>();
         const std::uint32_t ptid = tid - Cfg::consumers * 128;
+        static_assert(BM <= 128 && BN <= 128, "one A row and one B column of scales per producer thread");
+        // This thread's A scale (row ptid) and B scale (column ptid, or the tile's one) of one stage,
+        // fetched from global memory a stage ahead of their use, so that the L2 round trips overlap
+        // the wait for the next free stage instead of delaying the stage's arrival.
+        struct stage_scales {
+            float a = 0.0f, b = 0.0f;
+        };
+        auto fetch = [&](std::uint32_t t, std::uint32_t kb) {
+            std::uint32_t mb, nb;
+            sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
+            const std::uint32_t row = mb * BM + ptid, n0 = nb * BN, n = n0 + ptid;
+            const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
+            const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
+            stage_scales s;
+            if (ptid < static_cast<std::uint32_t>(BM) && row < p.M) s.a = __ldg(p.sa + a_col + row / p.sa_br);
+            if constexpr (kScalarB) {
+                if (ptid == 0) s.b = __ldg(p.sb + b_col + n0 / p.sb_br);
+            } else {
+                if (ptid < static_cast<std::uint32_t>(BN) && n < p.N) s.b = __ldg(p.sb + b_col + n / p.sb_br);
+            }
+            return s;
+        };
         std::uint32_t stage = 0, phase = 0;
-        for (std::uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        std::uint32_t t = blockIdx.x, kb = 0;
+        stage_scales next = t < tiles ? fetch(t, 0) : stage_scales{};
+        while (t < tiles) {
             std::uint32_t mb, nb;
             sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
             const std::uint32_t m0 = mb * BM, n0 = nb * BN;
-            for (std::uint32_t kb = 0; kb < p.num_kb; ++kb) {
-                mbar_wait(ptx::shared_address(empty + stage), phase ^ 1u);
-                const std::uint32_t bar = ptx::shared_address(full + stage);
-                if (ptid == 0) {
-                    tma_load_2d(ptx::shared_address(sA + stage * Cfg::a_stage_bytes), &tma_a,
-                                static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(m0), bar);
-                    tma_load_2d(ptx::shared_address(sB + stage * Cfg::b_stage_bytes), &tma_b,
-                                static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
-                }
-                const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
-                const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
-                for (std::uint32_t r = ptid; r < static_cast<std::uint32_t>(BM); r += 128) {
-                    const std::uint32_t row = m0 + r;
-                    sSA[stage * BM + r] = row < p.M ? __ldg(p.sa + a_col + row / p.sa_br) : 0.0f;
-                }
-                if constexpr (kScalarB) {
-                    if (ptid == 0) sSB[stage * BN] = __ldg(p.sb + b_col + n0 / p.sb_br);
-                } else {
-                    for (std::uint32_t c = ptid; c < static_cast<std::uint32_t>(BN); c += 128) {
-                        const std::uint32_t n = n0 + c;
-                        sSB[stage * BN + c] = n < p.N ? __ldg(p.sb + b_col + n / p.sb_br) : 0.0f;
-                    }
-                }
-                if (ptid == 0)
-                    mbar_arrive_expect_tx(bar, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
-                else
-                    mbar_arrive(bar);
-                if (++stage == static_cast<std::uint32_t>(S)) {
-                    stage = 0;
-                    phase ^= 1u;
-                }
+            const stage_scales now = next;
+            mbar_wait(ptx::shared_address(empty + stage), phase ^ 1u);
+            const std::uint32_t bar = ptx::shared_address(full + stage);
+            if (ptid == 0) {
+                tma_load_2d(ptx::shared_address(sA + stage * Cfg::a_stage_bytes), &tma_a,
+                            static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(m0), bar);
+                tma_load_2d(ptx::shared_address(sB + stage * Cfg::b_stage_bytes), &tma_b,
+                            static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
+            }
+            if (ptid < static_cast<std::uint32_t>(BM)) sSA[stage * BM + ptid] = now.a;
+            if constexpr (kScalarB) {
+                if (ptid == 0) sSB[stage * BN] = now.b;
+            } else {
+                if (ptid < static_cast<std::uint32_t>(BN)) sSB[stage * BN + ptid] = now.b;
+            }
+            if (ptid == 0)
+                mbar_arrive_expect_tx(bar, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
+            else
+                mbar_arrive(bar);
+            if (++kb >= p.num_kb) {
+                kb = 0;
+                t += gridDim.x;
+            }
+            if (t < tiles) next = fetch(t, kb);
+            if (++stage == static_cast<std::uint32_t>(S)) {
+                stage = 0;
+                phase ^= 1u;
             }
         }
     } else {
