@@ -148,24 +148,35 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
     d_octet.fill_bytes(0xFF);
     d_lt.fill_bytes(0xFF);
 
-    // octet sm90_wgmma (automatic tile), and the other tile for the small-M shapes
+    // octet sm90_wgmma (automatic plan: tile and split-K), and for the small-M shapes the other
+    // choices beside it: the plan's tile unsplit, and the other tile with its best split.
     double ms_octet = 0;
     try {
-        gemm_options o;
-        o.backend = gemm_backend::sm90_wgmma;
-        ms_octet = time_graph(
-            s, [&](cudaStream_t st) { scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o); });
-        const gemm_tile t = detail::sm90_pick_tile(M, N, gemm_tile::automatic);
-        octet_bench::result(bench, "octet_sm90_tflops", tflops(ms_octet), "TFLOPS",
-                            std::string("tile ") + (t == gemm_tile::m64n64 ? "64x64" : "128x128"));
-        if (M <= 128) {
-            o.tile = t == gemm_tile::m64n64 ? gemm_tile::m128n128 : gemm_tile::m64n64;
-            const double ms2 = time_graph(s, [&](cudaStream_t st) {
+        auto describe = [&](const gemm_options& o) {
+            const detail::sm90_plan plan = detail::sm90_choose_plan(M, N, K, o);
+            return std::string("tile ") + (plan.tile == gemm_tile::m64n64 ? "64x64" : "128x128") + ", split-K " +
+                   std::to_string(plan.splits);
+        };
+        auto time_with = [&](const gemm_options& o) {
+            return time_graph(s, [&](cudaStream_t st) {
                 scaled_gemm(on_stream(st), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o);
             });
-            octet_bench::result(bench, "octet_sm90_other_tile_tflops", tflops(ms2), "TFLOPS",
-                                std::string("tile ") + (o.tile == gemm_tile::m64n64 ? "64x64" : "128x128"));
-            o.tile = gemm_tile::automatic;
+        };
+        gemm_options o;
+        o.backend = gemm_backend::sm90_wgmma;
+        ms_octet = time_with(o);
+        octet_bench::result(bench, "octet_sm90_tflops", tflops(ms_octet), "TFLOPS", describe(o));
+        if (M <= 128) {
+            const detail::sm90_plan plan = detail::sm90_choose_plan(M, N, K, o);
+            gemm_options unsplit = o;
+            unsplit.tile = plan.tile;
+            unsplit.split_k = 1;
+            octet_bench::result(bench, "octet_sm90_unsplit_tflops", tflops(time_with(unsplit)), "TFLOPS",
+                                describe(unsplit));
+            gemm_options other = o;
+            other.tile = plan.tile == gemm_tile::m64n64 ? gemm_tile::m128n128 : gemm_tile::m64n64;
+            octet_bench::result(bench, "octet_sm90_other_tile_tflops", tflops(time_with(other)), "TFLOPS",
+                                describe(other));
             scaled_gemm(on_stream(s), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o);
         }
     } catch (const std::exception& e) {

@@ -469,6 +469,49 @@ TEST_SUITE("gpu") {
         CHECK(bad == 0);
     }
 
+    TEST_CASE("sm90_wgmma split-K against the host: exact and bounded, ragged ranges, the epilogue after the sum") {
+        if (cuda::compute_capability() != 90 || !detail::sm90a_available()) {
+            MESSAGE("skipped: needs an sm_90 GPU and sm_90a code");
+            return;
+        }
+        using RA = recipes::blockwise_1x128;
+        using RB = recipes::blockwise_128x128;
+        auto g = octet_test::rng(131);
+        tally t;
+        // K = 600 and 640 are 5 K blocks (the last ragged in the first): 2 ranges of 3 + 2, 3 of 2 + 2 + 1,
+        // 4 asked giving 3 (no empty range), 9 asked giving 5 of one block; K = 1280, 10 blocks, on a GPU. N = 129
+        // takes the partial sums' one-element stores, N = 136 the paired ones.
+        const std::vector<shape> shapes = pick<std::vector<shape>>({{70, 129, 600}, {64, 136, 640}, {200, 300, 1280}},
+                                                                   {{70, 129, 600}, {64, 136, 640}});
+        for (const shape& s : shapes)
+            for (gemm_tile tile : {gemm_tile::m128n128, gemm_tile::m64n64})
+                for (int split : {2, 3, 4, 9}) {
+                    gemm_options opt;
+                    opt.tile = tile;
+                    opt.split_k = split;
+                    opt.alpha = -0.5f;
+                    const detail::sm90_plan plan = detail::sm90_choose_plan(s.M, s.N, s.K, opt);
+                    const std::uint32_t blocks = static_cast<std::uint32_t>((s.K + 127) / 128);
+                    CHECK(plan.tile == tile);
+                    CHECK(plan.splits == (blocks + plan.kb_per_split - 1) / plan.kb_per_split);
+                    const std::uint32_t asked = std::min<std::uint32_t>(static_cast<std::uint32_t>(split), blocks);
+                    INFO("tile " << (tile == gemm_tile::m64n64 ? "64x64" : "128x128") << ", split_k " << split << ": "
+                                 << plan.splits << " ranges of " << plan.kb_per_split << " K blocks");
+                    CHECK(plan.kb_per_split == (blocks + asked - 1) / asked);
+                    CHECK(plan.splits > 1);
+                    const auto ea = quantized<RA>(exact_values(g, s.M, s.K, 128), s.M, s.K);
+                    const auto eb = quantized<RB>(exact_values(g, s.N, s.K, 128), s.N, s.K);
+                    compare_with_host<RA, RB, float>(gemm_backend::sm90_wgmma, ea, eb, true, t, opt);
+                    compare_with_host<RA, RB, bf16>(gemm_backend::sm90_wgmma, ea, eb, true, t, opt, true);
+                    compare_with_host<RA, RB, fp16>(gemm_backend::sm90_wgmma, ea, eb, true, t, opt, true,
+                                                    storage_order::col_major);
+                    const auto ra = quantized<RA>(octet_test::with_edge_cases(g, s.M * s.K, 2.0f), s.M, s.K);
+                    const auto rb = quantized<RB>(octet_test::with_edge_cases(g, s.N * s.K, 0.5f), s.N, s.K);
+                    compare_with_host<RA, RB, float>(gemm_backend::sm90_wgmma, ra, rb, false, t, opt, true);
+                }
+        t.message("split-K cases");
+    }
+
     TEST_CASE("quantized output on the GPU equals the host's, with its amax") {
         if (!has_arch(89)) {
             MESSAGE("skipped: needs an sm_89+ GPU");
@@ -539,6 +582,40 @@ TEST_SUITE("gpu") {
 }
 
 TEST_SUITE("cuda") {
+    TEST_CASE("sm90_wgmma's plan: whole K blocks per range, no empty range, the tile and split asked for") {
+        const int sms = 132;  // an H200's
+        for (std::size_t K : {1, 128, 129, 600, 1024, 7168, 16384})
+            for (int split : {0, 1, 2, 3, 7, 16, 1000})
+                for (gemm_tile tile : {gemm_tile::automatic, gemm_tile::m128n128, gemm_tile::m64n64}) {
+                    const std::size_t blocks = (K + 127) / 128;
+                    const detail::sm90_plan plan = detail::sm90_choose_plan(128, 7168, K, tile, split, sms);
+                    INFO("K " << K << " split_k " << split << " splits " << plan.splits << " x " << plan.kb_per_split);
+                    CHECK(plan.splits >= 1);
+                    CHECK(static_cast<std::size_t>(plan.splits) * plan.kb_per_split >= blocks);
+                    CHECK(static_cast<std::size_t>(plan.splits - 1) * plan.kb_per_split < blocks);
+                    if (tile != gemm_tile::automatic) CHECK(plan.tile == tile);
+                    if (split == 1) CHECK(plan.splits == 1);
+                    if (split > 1) CHECK(plan.splits <= std::min<std::size_t>(split, blocks));
+                    if (split == 0) CHECK(plan.kb_per_split >= std::min<std::size_t>(blocks, 4));
+                    CHECK(plan.scratch_bytes(128, 7168) == (plan.splits > 1 ? plan.splits * 128 * 7168 * 4 : 0));
+                }
+        // The model's choices for the issue's shapes: a large square fills the GPU with whole tiles, one
+        // 128-row tile-row of a 7168 x 7168 weight (56 tiles) is split, and 64 rows take 112 small tiles.
+        const detail::sm90_plan square = detail::sm90_choose_plan(8192, 8192, 8192, gemm_tile::automatic, 0, sms);
+        CHECK((square.tile == gemm_tile::m128n128 && square.splits == 1));
+        const detail::sm90_plan m128 = detail::sm90_choose_plan(128, 7168, 7168, gemm_tile::automatic, 0, sms);
+        CHECK((m128.tile == gemm_tile::m128n128 && m128.splits == 2));
+        const detail::sm90_plan m64 = detail::sm90_choose_plan(64, 7168, 7168, gemm_tile::automatic, 0, sms);
+        CHECK((m64.tile == gemm_tile::m64n64 && m64.splits == 1));
+        // A negative split_k is refused by name, before any GPU work.
+        quantized_tensor<recipes::blockwise_1x128> a(8, 256), b(16, 256);
+        std::vector<float> d(8 * 16);
+        gemm_options o;
+        o.split_k = -1;
+        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16), o),
+                             doctest::Contains("argument 'options.split_k' is -1"), octet::error);
+    }
+
     TEST_CASE("stream overloads check their arguments before touching the GPU") {
         using R = recipes::blockwise_1x128;
         quantized_tensor<R> a(8, 256), b(16, 128);

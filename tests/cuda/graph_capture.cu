@@ -423,13 +423,25 @@ TEST_SUITE("gpu") {
             CHECK(quantize_scratch_bytes<R128>(xr, a.ref()) == 0);
             cuda::device_buffer<float> w(normal(g, 128 * cols, 0.05f));
             quantize<R128>(ex, matrix_ref<const float>(w.data(), 128, cols), b.ref());
-            // scaled GEMM: octet's kernels take none; the quantized output takes M * N floats and
-            // the per-tensor quantizer's scratch.
+            // scaled GEMM: octet's kernels take none unless sm90_wgmma splits K (the ranges' partial
+            // sums, returned by the call); the quantized output takes M * N floats and the per-tensor
+            // quantizer's scratch.
             cuda::device_buffer<float> d(rows * 128);
             before = ar.requested;
             scaled_gemm(ex, a.cref(), b.cref(), matrix_ref<float>(d.data(), rows, 128));
             CHECK(ar.requested - before ==
                   scaled_gemm_scratch_bytes(ex, a.cref(), b.cref(), matrix_ref<float>(d.data(), rows, 128)));
+            if (cuda::compute_capability() == 90 && detail::sm90a_available()) {
+                gemm_options split;
+                split.backend = gemm_backend::sm90_wgmma;
+                split.split_k = 2;  // K = 256: two ranges of one block
+                before = ar.requested;
+                scaled_gemm(ex, a.cref(), b.cref(), matrix_ref<float>(d.data(), rows, 128), split);
+                CHECK(ar.requested - before == detail::scratch_round(2 * rows * 128 * sizeof(float)));
+                CHECK(ar.requested - before ==
+                      scaled_gemm_scratch_bytes(ex, a.cref(), b.cref(), matrix_ref<float>(d.data(), rows, 128), split));
+                CHECK(ar.live == live + 4);  // a and b: the partial sums went back
+            }
             cuda::device_quantized_tensor<RT> dq(ex, rows, 128);
             before = ar.requested;
             scaled_gemm(ex, a.cref(), b.cref(), dq.ref());

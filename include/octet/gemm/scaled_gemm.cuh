@@ -8,8 +8,9 @@
 //   octet::scaled_gemm_scratch_bytes(ex, A, B, D, opt);         // scratch the call requests from ex
 //
 // Enqueued on the executor's stream, never a host sync: the GEMM kernel (octet's backends: one
-// kernel, no scratch), or the cublaslt backend's preparation kernels and one cublasLtMatmul with
-// the lent handle and workspace; scratch comes from the executor's allocator (cuda/executor.cuh).
+// kernel, no scratch; with split-K on sm90_wgmma, options.split_k, two kernels and the ranges'
+// partial sums as scratch), or the cublaslt backend's preparation kernels and one cublasLtMatmul
+// with the lent handle and workspace; scratch comes from the executor's allocator (cuda/executor.cuh).
 //
 // Same contract as the host overloads (scaled_gemm.hpp); all pointers are device memory (the
 // two-level tensor_scale too). D and C may be octet::bf16/fp16 or __nv_bfloat16/__half.
@@ -28,7 +29,8 @@
 // `automatic` picks sm90_wgmma, then sm89_mma, then cublaslt (if lent), whichever first serves the pair on
 // the running GPU. Every backend reads only the bytes of the operands (ragged M, N and K are zero-
 // filled in shared memory), so small M (decode, M <= 64) needs no padded copy; sm90_wgmma uses a
-// 64 x 64 tile for it.
+// 64 x 64 tile for it, and splits K where the output's tiles would leave most SMs idle (M = 128
+// against a 7168 x 7168 weight).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -156,7 +158,9 @@ gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<R
     const device_epilogue<CT, DT> epi = make_device_epilogue<CT, DT>(C, D, opt);
     if constexpr (gemm_kernel_pair<RA, RB>::sm90) {
         if (backend == gemm_backend::sm90_wgmma && K > 0) {
-            launch_sm90<RA, RB, CT, DT>(stream, A, B, epi, opt.tile);
+            const sm90_plan plan = sm90_choose_plan(M, N, K, opt);
+            const stream_scratch partial(ex, plan.scratch_bytes(M, N));
+            launch_sm90<RA, RB, CT, DT>(stream, A, B, epi, plan, partial.as<float>());
             return result;
         }
     }
@@ -230,7 +234,8 @@ struct gemm_executor_backend<stream_executor> {
 
 /// Bytes of device scratch scaled_gemm(ex, A, B, [C,] D, opt) requests from ex's allocator (the sum
 /// of its requests, each rounded up to 256: an arena of this size serves the call). octet's own
-/// kernels request none; the cublaslt backend requests re-laid scale grids (1x128 grids not
+/// kernels request none, except sm90_wgmma when it splits K (splits x M x N floats, the ranges'
+/// partial sums; options.split_k); the cublaslt backend requests re-laid scale grids (1x128 grids not
 /// already padded to 4 rows, every 128x128 grid), the bias in cuBLASLt's type, and for NVFP4 x
 /// NVFP4 both operands expanded to BF16 (2 bytes per element, K padded to 8). Throws as the call
 /// would when no backend serves the problem.
@@ -242,7 +247,11 @@ std::size_t scaled_gemm_scratch_bytes(const stream_executor& ex, quantized_ref<R
     const quantized_cref<RA> a = A;
     const quantized_cref<RB> b = B;
     if (a.rows() == 0 || b.rows() == 0) return 0;
-    if (detail::choose_device_backend<RA, RB>(ex, a.cols(), opt) != gemm_backend::cublaslt) return 0;
+    const gemm_backend backend = detail::choose_device_backend<RA, RB>(ex, a.cols(), opt);
+    if (backend == gemm_backend::sm90_wgmma && a.cols() > 0)
+        return detail::scratch_round(
+            detail::sm90_choose_plan(a.rows(), b.rows(), a.cols(), opt).scratch_bytes(a.rows(), b.rows()));
+    if (backend != gemm_backend::cublaslt) return 0;
     if constexpr (detail::cublaslt_maps_pair_v<RA, RB>)
         return detail::lt_scratch_for<RA, RB, D0>(a, b, opt).total();
     else

@@ -55,10 +55,12 @@
 //     smallest subnormal (2^-150 float, 2^-134 bf16, 2^-25 fp16). gemm_error_bound() evaluates it
 //     all. Overflow (to Inf) is outside the bound; fp16 D overflows from 65520 on.
 //     sm90_wgmma promotes every 128 whatever larger P asks (more often is only more accurate), so
-//     its L is min(g, 128). sm89_mma on Hopper runs as FP16 HMMA (ptxas lowers FP8 mma.sync there;
-//     FP8 -> FP16 is exact), which the same model covers. cuBLASLt does not document its promotion
-//     interval: the bound takes L = 128 for its block-scaled modes (it must promote at each scale
-//     block) and L = K for the others.
+//     its L is min(g, 128). With options.split_k = r its acc is the in-order float sum of r range
+//     accs (each range a run of whole segments): a segment's term meets at most ceil(S / r) + r - 2
+//     <= S - 1 additions, as many as unsplit, so the bound is the same. sm89_mma on Hopper runs as
+//     FP16 HMMA (ptxas lowers FP8 mma.sync there; FP8 -> FP16 is exact), which the same model
+//     covers. cuBLASLt does not document its promotion interval: the bound takes L = 128 for its
+//     block-scaled modes (it must promote at each scale block) and L = K for the others.
 #pragma once
 
 #include <algorithm>
@@ -129,6 +131,14 @@ struct gemm_options {
     /// of 128 (sm90_wgmma, which then promotes every 128); the host takes any value >= 1.
     int promotion_interval = 128;
     gemm_tile tile = gemm_tile::automatic;
+    /// sm90_wgmma only (the other backends run K whole): cut K into this many ranges of whole
+    /// 128-element blocks, each output tile's ranges run by different CTAs, their float partial sums
+    /// then added in range order by a second kernel (deterministic; scratch of splits x M x N floats
+    /// from the executor's allocator, counted by scaled_gemm_scratch_bytes). More CTAs stream the
+    /// operands when the output has too few tiles to fill the GPU (M = 64 or 128 against a large
+    /// weight). 0: chosen with the tile (split only where the tiles leave most SMs idle and every
+    /// range keeps at least 4 K blocks); 1: never; n: n ranges (at most one per K block).
+    int split_k = 0;
 };
 
 struct gemm_result {
@@ -396,6 +406,8 @@ void check_gemm_operands(const quantized_ref<RA, BA>& A, const quantized_ref<RB,
     OCTET_REQUIRE(
         opt.promotion_interval >= 1, fn, "options.promotion_interval",
         message("is ", opt.promotion_interval, "; pass a positive number of K elements (128 is DeepSeek-V3's)"));
+    OCTET_REQUIRE(opt.split_k >= 0, fn, "options.split_k",
+                  message("is ", opt.split_k, "; pass 0 (chosen with the tile), 1 (no split) or a number of K ranges"));
     OCTET_REQUIRE(
         opt.bias.empty() || opt.bias.size() == N, fn, "options.bias",
         message("has ", opt.bias.size(), " entries but D has N = ", N, " columns; pass one per output column or none"));

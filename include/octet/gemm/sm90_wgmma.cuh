@@ -26,6 +26,11 @@
 // A debug build can give every mbarrier wait a watchdog (OCTET_MBARRIER_WATCHDOG: a wait that lasts
 // about 17 s of clock traps the kernel instead of hanging the GPU); by default a wait spins until its
 // phase completes, as a legitimate wait on a busy GPU may take long.
+//
+// Split-K (sm90_plan): the CTAs walk work units, one output tile over one range of whole K blocks;
+// with more than one range, each unit writes its float acc to scratch instead of D, and
+// sm90_split_k_sum_kernel adds the ranges in order and applies the epilogue. Deterministic: no
+// atomics, the same sum order on every run.
 #pragma once
 
 #include <cuda.h>          // CUtensorMap and its enums (header only: octet does not link libcuda)
@@ -142,7 +147,21 @@ struct sm90_params {
     const float* sb;  ///< B's scales, the same with B's rows (= columns of D)
     std::uint32_t sb_ld, sb_br, sb_bc;
     device_epilogue<CT, DT> epi;
+    /// Split-K: work unit u is output tile u % tiles over K blocks [r * kb_per_split, ...) of range
+    /// r = u / tiles; with splits > 1 its acc goes to partial + r * M * N (row-major, ld N), not to epi.
+    std::uint32_t splits, kb_per_split;
+    float* partial;
 };
+
+/// The K blocks [first, end) of split-K range r.
+struct sm90_k_range {
+    std::uint32_t first, end;
+};
+template <class CT, class DT>
+OCTET_DEVICE sm90_k_range sm90_range(const sm90_params<CT, DT>& p, std::uint32_t r) {
+    const std::uint32_t first = r * p.kb_per_split;
+    return {first, min(p.num_kb, first + p.kb_per_split)};
+}
 
 /// Tile t of a grouped raster: groups of 8 tile-rows, N fastest within a group's column sweep.
 OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::uint32_t tiles_n, std::uint32_t& mb,
@@ -193,7 +212,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     }
     __syncthreads();
 
-    const std::uint32_t tiles = p.tiles_m * p.tiles_n;
+    const std::uint32_t tiles = p.tiles_m * p.tiles_n, units = tiles * p.splits;
     if (wg == Cfg::consumers) {
         // ---- producer warpgroup ----
         if constexpr (Cfg::reconfigure_registers) setmaxnreg_dec<Cfg::producer_regs>();
@@ -205,9 +224,9 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         struct stage_scales {
             float a = 0.0f, b = 0.0f;
         };
-        auto fetch = [&](std::uint32_t t, std::uint32_t kb) {
+        auto fetch = [&](std::uint32_t u, std::uint32_t kb) {
             std::uint32_t mb, nb;
-            sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
+            sm90_tile_coords(u % tiles, p.tiles_m, p.tiles_n, mb, nb);
             const std::uint32_t row = mb * BM + ptid, n0 = nb * BN, n = n0 + ptid;
             const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
             const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
@@ -221,11 +240,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             return s;
         };
         std::uint32_t stage = 0, phase = 0;
-        std::uint32_t t = blockIdx.x, kb = 0;
-        stage_scales next = t < tiles ? fetch(t, 0) : stage_scales{};
-        while (t < tiles) {
+        std::uint32_t u = blockIdx.x;
+        sm90_k_range range = sm90_range(p, u / tiles);
+        std::uint32_t kb = range.first;
+        stage_scales next = u < units ? fetch(u, kb) : stage_scales{};
+        while (u < units) {
             std::uint32_t mb, nb;
-            sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
+            sm90_tile_coords(u % tiles, p.tiles_m, p.tiles_n, mb, nb);
             const std::uint32_t m0 = mb * BM, n0 = nb * BN;
             const stage_scales now = next;
             mbar_wait(ptx::shared_address(empty + stage), phase ^ 1u);
@@ -246,11 +267,12 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 mbar_arrive_expect_tx(bar, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
             else
                 mbar_arrive(bar);
-            if (++kb >= p.num_kb) {
-                kb = 0;
-                t += gridDim.x;
+            if (++kb >= range.end) {
+                u += gridDim.x;
+                range = sm90_range(p, u / tiles);
+                kb = range.first;
             }
-            if (t < tiles) next = fetch(t, kb);
+            if (u < units) next = fetch(u, kb);
             if (++stage == static_cast<std::uint32_t>(S)) {
                 stage = 0;
                 phase ^= 1u;
@@ -266,12 +288,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         OCTET_UNROLL
         for (int i = 0; i < BN / 2; ++i) frag[i] = 0.0f;
         std::uint32_t stage = 0, phase = 0;
-        for (std::uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        for (std::uint32_t u = blockIdx.x; u < units; u += gridDim.x) {
             std::uint32_t mb, nb;
-            sm90_tile_coords(t, p.tiles_m, p.tiles_n, mb, nb);
+            sm90_tile_coords(u % tiles, p.tiles_m, p.tiles_n, mb, nb);
+            const sm90_k_range range = sm90_range(p, u / tiles);
             OCTET_UNROLL
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-            for (std::uint32_t kb = 0; kb < p.num_kb; ++kb) {
+            for (std::uint32_t kb = range.first; kb < range.end; ++kb) {
                 mbar_wait(ptx::shared_address(full + stage), phase);
                 const float sa0 = sSA[stage * BM + wg * 64 + row_in_wg];
                 const float sa1 = sSA[stage * BM + wg * 64 + row_in_wg + 8];
@@ -328,6 +351,26 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 }
             }
             const std::uint32_t r0 = mb * BM + wg * 64 + row_in_wg;
+            if (p.splits > 1) {  // this range's acc, for sm90_split_k_sum_kernel
+                float* const part = p.partial + static_cast<std::size_t>(u / tiles) * p.M * p.N;
+                auto put = [&](std::uint32_t r, std::uint32_t n, float v0, float v1) {
+                    if (r >= p.M) return;
+                    float* const at = part + static_cast<std::size_t>(r) * p.N + n;
+                    if (n + 1 < p.N && p.N % 2 == 0) {
+                        *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
+                    } else {
+                        if (n < p.N) at[0] = v0;
+                        if (n + 1 < p.N) at[1] = v1;
+                    }
+                };
+                OCTET_UNROLL
+                for (int j = 0; j < BN / 8; ++j) {
+                    const std::uint32_t n = nb * BN + j * 8 + col_in_8;
+                    put(r0, n, acc[4 * j + 0], acc[4 * j + 1]);
+                    put(r0 + 8, n, acc[4 * j + 2], acc[4 * j + 3]);
+                }
+                continue;
+            }
             OCTET_UNROLL
             for (int j = 0; j < BN / 8; ++j) {
                 const std::uint32_t n = nb * BN + j * 8 + col_in_8;
@@ -337,6 +380,20 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         }
     }
 #endif
+}
+
+/// Split-K's second kernel: D = epilogue(sum of the ranges' accs, added in range order from 0, the
+/// first exactly), one element per thread of a grid-stride loop, coalesced along D's rows.
+template <class CT, class DT>
+OCTET_KERNEL void sm90_split_k_sum_kernel(const float* __restrict__ partial, std::uint32_t splits,
+                                          const __grid_constant__ device_epilogue<CT, DT> epi) {
+    const std::size_t count = static_cast<std::size_t>(epi.M) * epi.N;
+    for (std::size_t e = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+         e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        float acc = 0.0f;
+        for (std::uint32_t r = 0; r < splits; ++r) acc += partial[r * count + e];
+        epi.store(static_cast<std::uint32_t>(e / epi.N), static_cast<std::uint32_t>(e % epi.N), acc);
+    }
 }
 
 /// Its sm_90a image carries the probe marker (device_common.cuh): never launched, only inspected.
@@ -390,22 +447,63 @@ inline CUtensorMap sm90_operand_map(const std::uint8_t* data, std::size_t rows, 
     return map;
 }
 
-/// Which sm90 tile to use: the large tile when it fills the GPU, else the small one.
-inline gemm_tile sm90_pick_tile(std::size_t M, std::size_t N, gemm_tile requested) {
-    if (requested != gemm_tile::automatic) return requested;
-    const double sms = static_cast<double>(cuda::multiprocessor_count());
-    auto waves = [&](std::size_t bm, std::size_t bn) {
-        return std::ceil(static_cast<double>(((M + bm - 1) / bm) * ((N + bn - 1) / bn)) / sms);
-    };
-    // time ~ waves x work per tile; a 64 x 64 tile does a quarter of the work at about 70% of the
-    // efficiency of a 128 x 128 tile (less reuse of each byte loaded).
-    const double large = waves(128, 128) * 4.0, small = waves(64, 64) * 1.0 / 0.7;
-    return small < large ? gemm_tile::m64n64 : gemm_tile::m128n128;
+/// The sm90 kernel's tile and split-K ranges for an M x N x K problem.
+struct sm90_plan {
+    gemm_tile tile = gemm_tile::m128n128;
+    std::uint32_t splits = 1;        ///< K ranges (1: no split-K)
+    std::uint32_t kb_per_split = 0;  ///< 128-element K blocks per range (the last may have fewer)
+    /// Device scratch the split needs: the ranges' float accs (0 without a split).
+    std::size_t scratch_bytes(std::size_t M, std::size_t N) const {
+        return splits > 1 ? static_cast<std::size_t>(splits) * M * N * sizeof(float) : 0;
+    }
+};
+
+/// The plan for the requested tile and split (options.tile, options.split_k; 0 and automatic are
+/// chosen here) on a GPU with `sms` multiprocessors. Automatic choices minimize a model, not a
+/// measurement: time ~ waves of work units x the work of one unit, where a 64 x 64 tile does a quarter
+/// of a 128 x 128 tile's work at about 70% of its efficiency (less reuse of each byte loaded), a
+/// range does 1 / splits of its tile's, and a split costs 10% more for writing and summing the
+/// partial accs. An automatic split is only for outputs whose tiles leave SMs idle: it makes at most
+/// one wave of work units (a finer split would fill later waves better in the model, but every
+/// range adds M x N floats of partial sums to write and read), and keeps at least 4 K blocks per
+/// range, so that the 6-8 stage ring still fills.
+inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, gemm_tile tile, int split_k, int sms) {
+    const std::size_t num_kb = std::max<std::size_t>((K + 127) / 128, 1);
+    const std::size_t gpu = static_cast<std::size_t>(std::max(sms, 1));
+    sm90_plan plan;
+    double best = -1.0;
+    for (gemm_tile t : {gemm_tile::m128n128, gemm_tile::m64n64}) {
+        if (tile != gemm_tile::automatic && t != tile) continue;
+        const bool small = t == gemm_tile::m64n64;
+        const std::size_t bm = small ? 64 : 128, tiles = ((M + bm - 1) / bm) * ((N + bm - 1) / bm);
+        // An explicit split_k is taken as asked (at most one range per K block).
+        const std::size_t most = split_k > 0
+                                     ? std::min<std::size_t>(static_cast<std::size_t>(split_k), num_kb)
+                                     : std::max<std::size_t>(std::min({num_kb / 4, std::size_t{16}, gpu / tiles}), 1);
+        for (std::size_t s = split_k > 0 ? most : 1; s <= most; ++s) {
+            const double waves = std::ceil(static_cast<double>(tiles * s) / static_cast<double>(gpu));
+            const double c = waves * (small ? 1.0 / 0.7 : 4.0) / static_cast<double>(s) * (s > 1 ? 1.1 : 1.0);
+            if (best < 0 || c < best) {
+                best = c;
+                plan.tile = t;
+                plan.splits = static_cast<std::uint32_t>(s);
+            }
+        }
+    }
+    // Whole blocks per range, and no empty range: ceil(num_kb / ceil(num_kb / splits)) ranges.
+    plan.kb_per_split = static_cast<std::uint32_t>((num_kb + plan.splits - 1) / plan.splits);
+    plan.splits = static_cast<std::uint32_t>((num_kb + plan.kb_per_split - 1) / plan.kb_per_split);
+    return plan;
+}
+
+/// options' plan on the current GPU.
+inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, const gemm_options& opt) {
+    return sm90_choose_plan(M, N, K, opt.tile, opt.split_k, cuda::multiprocessor_count());
 }
 
 template <class RA, class RB, class Cfg, class CT, class DT>
 void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
-                        const device_epilogue<CT, DT>& epi) {
+                        const device_epilogue<CT, DT>& epi, const sm90_plan& plan, float* partial) {
     using FA = typename RA::format;
     using FB = typename RB::format;
     // B's scale is one value per tile when its blocks span whole tiles along N (128x128, per-tensor).
@@ -428,6 +526,9 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
     p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
     p.epi = epi;
+    p.splits = plan.splits;
+    p.kb_per_split = plan.kb_per_split;
+    p.partial = partial;
     const CUtensorMap ma = sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
     const CUtensorMap mb = sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
 
@@ -443,24 +544,34 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
             message("sm90_wgmma: the kernel was compiled with ", attr.numRegs,
                     " registers per thread, too few for its ", "register reconfiguration; use gemm_backend::sm89_mma"));
     }
-    const std::size_t tiles = static_cast<std::size_t>(p.tiles_m) * p.tiles_n;
+    const std::size_t units = static_cast<std::size_t>(p.tiles_m) * p.tiles_n * p.splits;
     const unsigned grid =
-        static_cast<unsigned>(std::min<std::size_t>(tiles, static_cast<std::size_t>(cuda::multiprocessor_count())));
+        static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
     cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, p);
     OCTET_CUDA_CHECK_LAUNCH();
+    if (p.splits > 1) {
+        constexpr unsigned threads = 256;
+        const unsigned sum_grid = static_cast<unsigned>(std::min<std::size_t>(
+            (M * N + threads - 1) / threads, static_cast<std::size_t>(cuda::multiprocessor_count()) * 8));
+        cuda::launch("sm90_split_k_sum_kernel", sm90_split_k_sum_kernel<CT, DT>, dim3(sum_grid), dim3(threads), 0,
+                     stream, static_cast<const float*>(partial), p.splits, epi);
+        OCTET_CUDA_CHECK_LAUNCH();
+    }
 }
 
 template <class RA, class RB, class CT, class DT>
 void launch_sm90(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
-                 const device_epilogue<CT, DT>& epi, gemm_tile tile) {
+                 const device_epilogue<CT, DT>& epi, const sm90_plan& plan, float* partial) {
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     if (M == 0 || N == 0) return;
     OCTET_REQUIRE(M < (1u << 31) && N < (1u << 31) && K < (1u << 31), "octet::scaled_gemm", "A/B",
                   "has a dimension of 2^31 or more");
-    if (sm90_pick_tile(M, N, tile) == gemm_tile::m64n64)
-        launch_sm90_config<RA, RB, sm90_small>(stream, A, B, epi);
+    OCTET_REQUIRE(plan.splits == 1 || partial != nullptr, "octet::scaled_gemm", "partial",
+                  "is null but the plan splits K (pass plan.scratch_bytes(M, N) of device memory)");
+    if (plan.tile == gemm_tile::m64n64)
+        launch_sm90_config<RA, RB, sm90_small>(stream, A, B, epi, plan, partial);
     else
-        launch_sm90_config<RA, RB, sm90_large>(stream, A, B, epi);
+        launch_sm90_config<RA, RB, sm90_large>(stream, A, B, epi, plan, partial);
 }
 
 }  // namespace detail
