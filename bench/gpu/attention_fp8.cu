@@ -90,7 +90,7 @@ int main() {
     cuda::device_buffer<float> lse(static_cast<std::size_t>(H) * total);
     cuda::device_buffer<attention_stats> stats(1);
 
-    const bool wgmma = attn_kernel::forward_uses_wgmma(attention_forward_kernel::automatic, "attention_fp8");
+    const bool wgmma = attn_kernel::uses_wgmma(attention_kernel::automatic, "attention_fp8");
     const auto start = std::chrono::steady_clock::now();
     auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     for (int L : {2048, 4096, 8192, 16384}) {
@@ -114,19 +114,20 @@ int main() {
             const attention_mask mask = causal ? attention_mask::causal : attention_mask::full;
             const std::string tag = "L" + std::to_string(L) + (causal ? "_causal" : "_full");
             const double fwd_flops = 4.0 * total * L * H * D * (causal ? 0.5 : 1.0);
-            auto fwd_with = [&](attention_forward_kernel kernel) {
+            auto fwd_with = [&](attention_kernel kernel) {
                 attention_options fo;
                 fo.mask = mask;
                 fo.kernel = kernel;
                 attention_forward(on_stream(), shape, q.ref(), k.ref(), v.ref(),
                                   matrix_ref<bf16>(o.data(), total, cols), span<float>(lse.data(), lse.size()), fo);
             };
-            auto fwd = [&] { fwd_with(attention_forward_kernel::automatic); };
-            auto bwd = [&](delta_mode mode, bool tele) {
+            auto fwd = [&] { fwd_with(attention_kernel::automatic); };
+            auto bwd = [&](delta_mode mode, bool tele, attention_kernel kernel = attention_kernel::automatic) {
                 attention_backward_options bo;
                 bo.mask = mask;
                 bo.delta = mode;
                 bo.telemetry = tele;
+                bo.kernel = kernel;
                 attention_backward(
                     on_stream(), shape, q.ref(), k.ref(), v.ref(), matrix_ref<const bf16>(o.data(), total, cols),
                     span<const float>(lse.data(), lse.size()), dout.ref(), matrix_ref<bf16>(dq.data(), total, cols),
@@ -138,7 +139,7 @@ int main() {
                                 std::string("16384 tokens, 16 heads x 128, E4M3 (Q,K,dO 1x128, V per head); kernel ") +
                                     (wgmma ? "wgmma" : "mma_sync"));
             if (wgmma) {  // the sm_89 kernel on the same GPU, for comparison
-                const double t_mma = time_ms([&] { fwd_with(attention_forward_kernel::mma_sync); });
+                const double t_mma = time_ms([&] { fwd_with(attention_kernel::mma_sync); });
                 octet_bench::result("attention_fp8_fwd_mma_sync_" + tag, "tflops", fwd_flops / (t_mma * 1e9), "TFLOPS",
                                     "wgmma/mma_sync = " + std::to_string(t_mma / t_fwd));
             }
@@ -151,7 +152,13 @@ int main() {
             const double t_bm = time_ms([&] { bwd(delta_mode::matched, false); });
             const double t_bo = time_ms([&] { bwd(delta_mode::from_output, false); });
             const double t_bt = time_ms([&] { bwd(delta_mode::matched, true); });
-            octet_bench::result("attention_fp8_bwd_matched_" + tag, "time", t_bm, "ms", "");
+            octet_bench::result("attention_fp8_bwd_matched_" + tag, "time", t_bm, "ms",
+                                std::string("P and dP on ") + (wgmma ? "wgmma" : "mma_sync"));
+            if (wgmma) {
+                const double t_bmma = time_ms([&] { bwd(delta_mode::matched, false, attention_kernel::mma_sync); });
+                octet_bench::result("attention_fp8_bwd_matched_mma_sync_" + tag, "time", t_bmma, "ms",
+                                    "mma_sync/wgmma = " + std::to_string(t_bmma / t_bm));
+            }
             octet_bench::result("attention_fp8_bwd_from_output_" + tag, "time", t_bo, "ms",
                                 "matched/from_output = " + std::to_string(t_bm / t_bo));
             octet_bench::result("attention_fp8_telemetry_" + tag, "overhead", t_bt / t_bm - 1.0, "x",

@@ -351,11 +351,10 @@ void run(const config& c, const char* name_c) {
     MESSAGE("P codes that may round the other way: forward " << model.o_flips << ", dV " << model.dv_flips);
     // every forward kernel this device and binary can run (wgmma on sm_90 with sm_90a code, and
     // under the interpreter), each against the same bounds
-    std::vector<attention_forward_kernel> kernels{attention_forward_kernel::mma_sync};
-    if (attn_kernel::forward_uses_wgmma(attention_forward_kernel::automatic, "test"))
-        kernels.push_back(attention_forward_kernel::wgmma);
-    for (const attention_forward_kernel kernel : kernels) {
-        const bool wgmma = kernel == attention_forward_kernel::wgmma;
+    std::vector<attention_kernel> kernels{attention_kernel::mma_sync};
+    if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test")) kernels.push_back(attention_kernel::wgmma);
+    for (const attention_kernel kernel : kernels) {
+        const bool wgmma = kernel == attention_kernel::wgmma;
         const std::string kernel_name = wgmma ? "wgmma" : "mma_sync";
         INFO("forward kernel " << kernel_name);
         MESSAGE("forward kernel " << kernel_name);
@@ -384,87 +383,93 @@ void run(const config& c, const char* name_c) {
         check_bounded("O", widen(o_dev), widen(o_h), model.o_tol, cq);
     }
 
-    // backward, both delta modes, fed the host's O and L so that it is checked on its own
+    // backward, both delta modes and every backward kernel (the products of P and dP on mma.sync,
+    // and on wgmma where it runs), fed the host's O and L so that it is checked on its own
     cuda::device_buffer<OT> o_in(o_h);
     cuda::device_buffer<float> lse_in(lse_h);
     const auto ws = attention_backward_workspace_for(shape_d);
     cuda::device_buffer<float> workspace(ws.floats);
     cuda::device_buffer<attention_stats> stats_d(1);
-    for (delta_mode mode : {delta_mode::from_output, delta_mode::matched}) {
-        const bool matched = mode == delta_mode::matched;
-        INFO((matched ? std::string("delta matched") : std::string("delta from_output")));
-        attention_backward_options bo;
-        bo.mask = mask;
-        bo.delta = mode;
-        bo.telemetry = true;
-        std::vector<GT> dq_h(p.tq * cq), dk_h(p.tk * ck), dv_h(p.tk * ck);
-        attention_row_telemetry rows_h;
-        const attention_stats st_h = attention_backward(
-            on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const OT>(o_h.data(), p.tq, cq),
-            span<const float>(lse_h.data(), R), qz.dout.cref(), matrix_ref<GT>(dq_h.data(), p.tq, cq),
-            matrix_ref<GT>(dk_h.data(), p.tk, ck), matrix_ref<GT>(dv_h.data(), p.tk, ck), bo, &rows_h);
+    for (const attention_kernel kernel : kernels)
+        for (delta_mode mode : {delta_mode::from_output, delta_mode::matched}) {
+            const bool matched = mode == delta_mode::matched;
+            INFO((matched ? std::string("delta matched") : std::string("delta from_output")));
+            INFO("backward kernel " << (kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
+            attention_backward_options bo;
+            bo.mask = mask;
+            bo.delta = mode;
+            bo.telemetry = true;
+            bo.kernel = kernel;
+            std::vector<GT> dq_h(p.tq * cq), dk_h(p.tk * ck), dv_h(p.tk * ck);
+            attention_row_telemetry rows_h;
+            const attention_stats st_h = attention_backward(
+                on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const OT>(o_h.data(), p.tq, cq),
+                span<const float>(lse_h.data(), R), qz.dout.cref(), matrix_ref<GT>(dq_h.data(), p.tq, cq),
+                matrix_ref<GT>(dk_h.data(), p.tk, ck), matrix_ref<GT>(dv_h.data(), p.tk, ck), bo, &rows_h);
 
-        cuda::device_buffer<GT> g_q(p.tq * cq), g_k(p.tk * ck), g_v(p.tk * ck);
-        g_q.fill_bytes(0xFF);
-        g_k.fill_bytes(0xFF);
-        g_v.fill_bytes(0xFF);
-        workspace.fill_bytes(0xFF);
-        stats_d.fill_bytes(0xFF);
-        attention_backward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(),
-                           matrix_ref<const OT>(o_in.data(), p.tq, cq), span<const float>(lse_in.data(), R), ddo.cref(),
-                           matrix_ref<GT>(g_q.data(), p.tq, cq), matrix_ref<GT>(g_k.data(), p.tk, ck),
-                           matrix_ref<GT>(g_v.data(), p.tk, ck), span<float>(workspace.data(), ws.floats), bo,
-                           stats_d.data());
-        OCTET_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto dq_dev = g_q.download(), dk_dev = g_k.download(), dv_dev = g_v.download();
-        CHECK(count_nan(dq_dev) == 0);
-        CHECK(count_nan(dk_dev) == 0);
-        CHECK(count_nan(dv_dev) == 0);
-        check_close(matched ? "dQ (matched)" : "dQ (from_output)", widen(dq_dev), widen(dq_h), ref.dq);
-        check_close(matched ? "dK (matched)" : "dK (from_output)", widen(dk_dev), widen(dk_h), ref.dk);
-        check_close(matched ? "dV (matched)" : "dV (from_output)", widen(dv_dev), widen(dv_h), ref.dv);
-        check_tiles_close(matched ? "dQ tiles (matched)" : "dQ tiles (from_output)", widen(dq_dev), widen(dq_h), ref.dq,
-                          cq);
-        check_tiles_close(matched ? "dK tiles (matched)" : "dK tiles (from_output)", widen(dk_dev), widen(dk_h), ref.dk,
-                          ck);
-        {
-            std::vector<double> tol = model.dv_tol;  // dV's P' codes do not depend on the delta mode
-            if (std::is_same_v<GT, bf16>)
-                for (std::size_t i = 0; i < tol.size(); ++i)
-                    tol[i] += std::ldexp(std::fabs(static_cast<double>(detail::attention_load(dv_h[i]))), -7);
-            check_bounded(matched ? "dV (matched)" : "dV (from_output)", widen(dv_dev), widen(dv_h), tol, ck);
-        }
+            cuda::device_buffer<GT> g_q(p.tq * cq), g_k(p.tk * ck), g_v(p.tk * ck);
+            g_q.fill_bytes(0xFF);
+            g_k.fill_bytes(0xFF);
+            g_v.fill_bytes(0xFF);
+            workspace.fill_bytes(0xFF);
+            stats_d.fill_bytes(0xFF);
+            attention_backward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(),
+                               matrix_ref<const OT>(o_in.data(), p.tq, cq), span<const float>(lse_in.data(), R),
+                               ddo.cref(), matrix_ref<GT>(g_q.data(), p.tq, cq), matrix_ref<GT>(g_k.data(), p.tk, ck),
+                               matrix_ref<GT>(g_v.data(), p.tk, ck), span<float>(workspace.data(), ws.floats), bo,
+                               stats_d.data());
+            OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto dq_dev = g_q.download(), dk_dev = g_k.download(), dv_dev = g_v.download();
+            CHECK(count_nan(dq_dev) == 0);
+            CHECK(count_nan(dk_dev) == 0);
+            CHECK(count_nan(dv_dev) == 0);
+            check_close(matched ? "dQ (matched)" : "dQ (from_output)", widen(dq_dev), widen(dq_h), ref.dq);
+            check_close(matched ? "dK (matched)" : "dK (from_output)", widen(dk_dev), widen(dk_h), ref.dk);
+            check_close(matched ? "dV (matched)" : "dV (from_output)", widen(dv_dev), widen(dv_h), ref.dv);
+            check_tiles_close(matched ? "dQ tiles (matched)" : "dQ tiles (from_output)", widen(dq_dev), widen(dq_h),
+                              ref.dq, cq);
+            check_tiles_close(matched ? "dK tiles (matched)" : "dK tiles (from_output)", widen(dk_dev), widen(dk_h),
+                              ref.dk, ck);
+            {
+                std::vector<double> tol = model.dv_tol;  // dV's P' codes do not depend on the delta mode
+                if (std::is_same_v<GT, bf16>)
+                    for (std::size_t i = 0; i < tol.size(); ++i)
+                        tol[i] += std::ldexp(std::fabs(static_cast<double>(detail::attention_load(dv_h[i]))), -7);
+                check_bounded(matched ? "dV (matched)" : "dV (from_output)", widen(dv_dev), widen(dv_h), tol, ck);
+            }
 
-        // the delta the device used, and its telemetry
-        const auto wsv = workspace.download();
-        std::vector<double> delta_dev(wsv.begin() + ws.row_array(row_delta), wsv.begin() + ws.row_array(row_delta) + R);
-        const double derr = rel_l2(delta_dev, widen(rows_h.delta));
-        MESSAGE("D: relL2 device-host " << derr << " (host vs exact " << rel_l2(widen(rows_h.delta), ref.delta) << ")");
-        {
-            std::vector<double> dd = delta_dev, dh = widen(rows_h.delta);
-            for (std::size_t i = 0; i < R; ++i)
-                if (!std::isfinite(lse_h[i])) dd[i] = dh[i] = 0;  // rows that see no key
-            check_bounded(matched ? "D (matched)" : "D (from_output)", dd, dh,
-                          matched ? model.delta_matched_tol : model.delta_out_tol, static_cast<std::size_t>(p.tq));
+            // the delta the device used, and its telemetry
+            const auto wsv = workspace.download();
+            std::vector<double> delta_dev(wsv.begin() + ws.row_array(row_delta),
+                                          wsv.begin() + ws.row_array(row_delta) + R);
+            const double derr = rel_l2(delta_dev, widen(rows_h.delta));
+            MESSAGE("D: relL2 device-host " << derr << " (host vs exact " << rel_l2(widen(rows_h.delta), ref.delta)
+                                            << ")");
+            {
+                std::vector<double> dd = delta_dev, dh = widen(rows_h.delta);
+                for (std::size_t i = 0; i < R; ++i)
+                    if (!std::isfinite(lse_h[i])) dd[i] = dh[i] = 0;  // rows that see no key
+                check_bounded(matched ? "D (matched)" : "D (from_output)", dd, dh,
+                              matched ? model.delta_matched_tol : model.delta_out_tol, static_cast<std::size_t>(p.tq));
+            }
+            const attention_stats st_d = stats_d.download()[0];
+            MESSAGE("telemetry rows " << st_d.rows << "/" << st_h.rows << ": residual_rel device "
+                                      << st_d.residual_rel() << " host " << st_h.residual_rel() << "; gap_rel device "
+                                      << st_d.gap_rel() << " host " << st_h.gap_rel());
+            CHECK(st_d.rows == st_h.rows);
+            if (matched) {
+                // float level: the delta and gradient kernels form the same P and dP bits (the same code
+                // on the same tiles), so only float sums of dS remain (the host's bound, ~170 ulps)
+                CHECK(st_d.residual_rel() <= 1e-5);
+            } else if (st_h.rows > 0) {
+                CHECK(st_d.residual_rel() >= 0.3 * st_h.residual_rel());
+                CHECK(st_d.residual_rel() <= 3.0 * st_h.residual_rel());
+            }
+            if (st_h.rows > 0) {
+                CHECK(st_d.gap_rel() >= 0.3 * st_h.gap_rel());
+                CHECK(st_d.gap_rel() <= 3.0 * st_h.gap_rel());
+            }
         }
-        const attention_stats st_d = stats_d.download()[0];
-        MESSAGE("telemetry rows " << st_d.rows << "/" << st_h.rows << ": residual_rel device " << st_d.residual_rel()
-                                  << " host " << st_h.residual_rel() << "; gap_rel device " << st_d.gap_rel()
-                                  << " host " << st_h.gap_rel());
-        CHECK(st_d.rows == st_h.rows);
-        if (matched) {
-            // float level: the delta and gradient kernels form the same P and dP bits (the same code
-            // on the same tiles), so only float sums of dS remain (the host's bound, ~170 ulps)
-            CHECK(st_d.residual_rel() <= 1e-5);
-        } else if (st_h.rows > 0) {
-            CHECK(st_d.residual_rel() >= 0.3 * st_h.residual_rel());
-            CHECK(st_d.residual_rel() <= 3.0 * st_h.residual_rel());
-        }
-        if (st_h.rows > 0) {
-            CHECK(st_d.gap_rel() >= 0.3 * st_h.gap_rel());
-            CHECK(st_d.gap_rel() <= 3.0 * st_h.gap_rel());
-        }
-    }
 }
 
 // Three type combinations keep the compile short (each instantiates every kernel for both head
@@ -556,7 +561,8 @@ TEST_SUITE("gpu") {
 }
 
 TEST_SUITE("gpu") {
-    TEST_CASE("attention forward: wgmma runs where it can, and asking for it elsewhere names options.kernel") {
+    TEST_CASE(
+        "attention forward and backward: wgmma runs where it can, and asking for it elsewhere names options.kernel") {
         config c;
         c.lens_q = {70};
         c.hq = c.hkv = 1;
@@ -571,18 +577,33 @@ TEST_SUITE("gpu") {
         device_operand<per_token> dq_(qz.q), dk_(qz.k), dv_(qz.v);
         cuda::device_buffer<float> o(static_cast<std::size_t>(p.tq) * 64), lse(static_cast<std::size_t>(p.tq));
         attention_options fo;
-        fo.kernel = attention_forward_kernel::wgmma;
+        fo.kernel = attention_kernel::wgmma;
         auto run_wgmma = [&] {
             attention_forward(on_stream(), shape, dq_.cref(), dk_.cref(), dv_.cref(),
                               matrix_ref<float>(o.data(), p.tq, 64), span<float>(lse.data(), lse.size()), fo);
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         };
-        if (attn_kernel::forward_uses_wgmma(attention_forward_kernel::automatic, "test")) {
+        device_operand<per_token> ddo(qz.dout);
+        const auto ws = attention_backward_workspace_for(shape);
+        cuda::device_buffer<float> workspace(ws.floats), gq(o.size()), gk(o.size()), gv(o.size());
+        attention_backward_options bo;
+        bo.kernel = attention_kernel::wgmma;
+        auto run_wgmma_backward = [&] {
+            attention_backward(on_stream(), shape, dq_.cref(), dk_.cref(), dv_.cref(),
+                               matrix_ref<const float>(o.data(), p.tq, 64), span<const float>(lse.data(), lse.size()),
+                               ddo.cref(), matrix_ref<float>(gq.data(), p.tq, 64),
+                               matrix_ref<float>(gk.data(), p.tq, 64), matrix_ref<float>(gv.data(), p.tq, 64),
+                               span<float>(workspace.data(), ws.floats), bo);
+            OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+        };
+        if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test")) {
             MESSAGE("this device and binary run wgmma: it must run when asked for");
             CHECK_NOTHROW(run_wgmma());
+            CHECK_NOTHROW(run_wgmma_backward());
         } else {
             MESSAGE("this device or binary cannot run wgmma: asking for it must be an error");
             CHECK_THROWS_WITH_AS(run_wgmma(), doctest::Contains("argument 'options.kernel'"), octet::error);
+            CHECK_THROWS_WITH_AS(run_wgmma_backward(), doctest::Contains("argument 'options.kernel'"), octet::error);
         }
     }
 }

@@ -488,7 +488,7 @@ TEST_CASE("attention arguments: bad shapes, heads, offsets and scale grids throw
                           matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()), bad_order),
         doctest::Contains("argument 'options.key_order'"), octet::error);
     attention_options bad_kernel;
-    bad_kernel.kernel = static_cast<attention_forward_kernel>(7);
+    bad_kernel.kernel = static_cast<attention_kernel>(7);
     CHECK_THROWS_WITH_AS(
         attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),
                           matrix_ref<float>(o.data(), p.tq, cq), span<float>(lse.data(), lse.size()), bad_kernel),
@@ -521,6 +521,14 @@ TEST_CASE("attention arguments: bad shapes, heads, offsets and scale grids throw
                            matrix_ref<float>(dq.data(), p.tq, cq), matrix_ref<float>(dk.data(), p.tk, 128),
                            matrix_ref<float>(dv.data(), p.tk, 128), bo),
         doctest::Contains("argument 'dout'"), octet::error);
+    attention_backward_options bad_backward_kernel;
+    bad_backward_kernel.kernel = static_cast<attention_kernel>(7);
+    CHECK_THROWS_WITH_AS(
+        attention_backward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(), matrix_ref<const float>{},
+                           span<const float>(lse.data(), lse.size()), qz.dout.cref(),
+                           matrix_ref<float>(dq.data(), p.tq, cq), matrix_ref<float>(dk.data(), p.tk, 128),
+                           matrix_ref<float>(dv.data(), p.tk, 128), bad_backward_kernel),
+        doctest::Contains("argument 'options.kernel' is 7"), octet::error);
 
     // null outputs are named as null, before any ld is looked at
     CHECK_THROWS_WITH_AS(attention_forward(on_host(), p.shape(), qz.q.cref(), qz.k.cref(), qz.v.cref(),

@@ -31,6 +31,10 @@
 //   gradient: block = (64-key tile, key/value head, sequence); loops over the query heads of its
 //             group and their 64-query tiles; dK and dV stay in registers, dQ goes to a float
 //             accumulator with atomics (converted to the output type at the end).
+//             options.kernel chooses how both backward kernels form S^T and dP^T (tile_p_dp): wgmma
+//             m64n64k32 on sm_90a (QGMMA), or mma.sync; the gradient products dV, dK and dQ are
+//             mma.sync in both (FP8 wgmma wants K-major operands, which needs transposed copies of
+//             P, dS, dO, Q and K in shared memory: not done yet).
 // Head dims 64 and 128. In the mma.sync kernels P and dS reach the next product through registers
 // (see detail/tiles.cuh).
 #pragma once
@@ -88,6 +92,14 @@ __device__ __forceinline__ std::uint64_t tile_descriptor(std::uint32_t address) 
     d.stride = 8 * RowBytes;  // 8-row swizzle atoms
     d.swizzle = RowBytes == 128 ? ptx::wgmma_swizzle::b128 : ptx::wgmma_swizzle::b64;
     return d.encode();
+}
+
+/// Bytes from the start of dynamic shared memory `smem` to its first 1024-byte boundary, where the
+/// wgmma kernels start their tiles (the swizzle atoms' alignment; their *_smem_bytes hold the slack).
+/// Added to the shared array itself, so that the tile pointers stay in the shared address space.
+template <class SharedBytes>
+__device__ __forceinline__ std::uint32_t wgmma_tile_padding(SharedBytes smem) {
+    return (1024u - (ptx::shared_address(smem) & 1023u)) & 1023u;
 }
 
 /// The scale of token `tok`, head `h` (channels h*D .. h*D + D-1) of an FP8 operand.
@@ -174,22 +186,16 @@ __device__ __forceinline__ void forward_store_rows(OT* o_base, std::size_t o_ld,
 /// of the tensor cores' sums.
 template <int D, bool Wgmma, class QR, class KR, class VR, class OT>
 OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
-#if OCTET_ARCH_SM90A
-    constexpr bool kBody = true;
-#else
-    constexpr bool kBody = !Wgmma;
-#endif
-    if constexpr (kBody) {
+    if constexpr (!Wgmma || OCTET_ARCH_SM90A) {
         using QF = typename QR::format;
         using KF = typename KR::format;
         using VF = typename VR::format;
         OCTET_DYNAMIC_SHARED(std::uint8_t, fwd_smem);
         // wgmma's swizzle atoms want tiles aligned to 1024 bytes: the padding is added to the shared
         // array itself, so that the pointers stay in the shared address space (fwd_smem_bytes has the slack)
-        shared_ptr_t<std::uint8_t> sQ =
-            Wgmma ? fwd_smem + ((1024u - (ptx::shared_address(fwd_smem) & 1023u)) & 1023u) : fwd_smem;  // (64, D)
-        shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                                                 // 2 x (64, D)
-        shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                                             // 2 x (64, D)
+        shared_ptr_t<std::uint8_t> sQ = Wgmma ? fwd_smem + wgmma_tile_padding(fwd_smem) : fwd_smem;  // (64, D)
+        shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                                              // 2 x (64, D)
+        shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                                          // 2 x (64, D)
         shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;  // (D, 64), keys permuted
         shared_ptr_t<std::uint8_t> sP = sVt + kTile * D;      // wgmma: (64, 64) P codes, keys permuted
         shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sP + (Wgmma ? kTile * kTile : 0));  // 2 x 64 key scales
@@ -365,8 +371,10 @@ OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(cons
 
 /// P^T and dP^T of one (64-key, 64-query) tile for this warp's 16 keys, exactly as both the matched
 /// delta kernel and the gradient kernel form them. Element [n][2r + e] is key row g + 8r of the
-/// warp, query column 8n + 2t + e of the tile.
-template <int D, class QF, class KF, class VF, class DF>
+/// warp, query column 8n + 2t + e of the tile. Wgmma: the warpgroup forms both products with wgmma
+/// m64n64k32 from the swizzled tiles in shared memory (aligned to 1024 bytes, made visible to the
+/// async proxy), whose accumulators have mma.sync's layout per warp; else each warp with mma.sync.
+template <int D, bool Wgmma, class QF, class KF, class VF, class DF>
 __device__ __forceinline__ void tile_p_dp(shared_ptr_t<const std::uint8_t> sK, shared_ptr_t<const std::uint8_t> sV,
                                           shared_ptr_t<const std::uint8_t> sQ, shared_ptr_t<const std::uint8_t> sdO,
                                           shared_ptr_t<const float> sQf, shared_ptr_t<const float> sLc,
@@ -376,20 +384,48 @@ __device__ __forceinline__ void tile_p_dp(shared_ptr_t<const std::uint8_t> sK, s
     OCTET_UNROLL
     for (int n = 0; n < 8; ++n) OCTET_UNROLL
     for (int x = 0; x < 4; ++x) pp[n][x] = dp[n][x] = 0.0f;
-    OCTET_UNROLL
-    for (int ks = 0; ks < D / 32; ++ks) {
-        std::uint32_t ak[4], av[4];
-        load_a<D>(ak, sK, 16 * warp, ks, lane);
-        load_a<D>(av, sV, 16 * warp, ks, lane);
+    if constexpr (Wgmma) {
+        float(&pacc)[32] = reinterpret_cast<float(&)[32]>(pp);  // register 4n + x is pp[n][x]
+        float(&dacc)[32] = reinterpret_cast<float(&)[32]>(dp);
+        const std::uint32_t k_addr = ptx::shared_address(sK), v_addr = ptx::shared_address(sV),
+                            q_addr = ptx::shared_address(sQ), do_addr = ptx::shared_address(sdO);
         OCTET_UNROLL
-        for (int np = 0; np < 4; ++np) {
-            std::uint32_t bq[2][2], bd[2][2];
-            load_b2<D>(bq, sQ, 16 * np, ks, lane);
-            ptx::mma_m16n8k32_acc<KF, QF>(pp[2 * np], ak, bq[0]);
-            ptx::mma_m16n8k32_acc<KF, QF>(pp[2 * np + 1], ak, bq[1]);
-            load_b2<D>(bd, sdO, 16 * np, ks, lane);
-            ptx::mma_m16n8k32_acc<VF, DF>(dp[2 * np], av, bd[0]);
-            ptx::mma_m16n8k32_acc<VF, DF>(dp[2 * np + 1], av, bd[1]);
+        for (int i = 0; i < 32; ++i) {
+            ptx::fence_operand(pacc[i]);
+            ptx::fence_operand(dacc[i]);
+        }
+        ptx::wgmma_fence();
+        OCTET_UNROLL
+        for (int ks = 0; ks < D / 32; ++ks)
+            ptx::wgmma_m64nNk32<64, KF, QF>(pacc, tile_descriptor<D>(k_addr + 32 * ks),
+                                            tile_descriptor<D>(q_addr + 32 * ks), ks > 0 ? 1u : 0u);
+        OCTET_UNROLL
+        for (int ks = 0; ks < D / 32; ++ks)
+            ptx::wgmma_m64nNk32<64, VF, DF>(dacc, tile_descriptor<D>(v_addr + 32 * ks),
+                                            tile_descriptor<D>(do_addr + 32 * ks), ks > 0 ? 1u : 0u);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        OCTET_UNROLL
+        for (int i = 0; i < 32; ++i) {
+            ptx::fence_operand(pacc[i]);
+            ptx::fence_operand(dacc[i]);
+        }
+    } else {
+        OCTET_UNROLL
+        for (int ks = 0; ks < D / 32; ++ks) {
+            std::uint32_t ak[4], av[4];
+            load_a<D>(ak, sK, 16 * warp, ks, lane);
+            load_a<D>(av, sV, 16 * warp, ks, lane);
+            OCTET_UNROLL
+            for (int np = 0; np < 4; ++np) {
+                std::uint32_t bq[2][2], bd[2][2];
+                load_b2<D>(bq, sQ, 16 * np, ks, lane);
+                ptx::mma_m16n8k32_acc<KF, QF>(pp[2 * np], ak, bq[0]);
+                ptx::mma_m16n8k32_acc<KF, QF>(pp[2 * np + 1], ak, bq[1]);
+                load_b2<D>(bd, sdO, 16 * np, ks, lane);
+                ptx::mma_m16n8k32_acc<VF, DF>(dp[2 * np], av, bd[0]);
+                ptx::mma_m16n8k32_acc<VF, DF>(dp[2 * np + 1], av, bd[1]);
+            }
         }
     }
     const bool whole = attn::tile_all_visible(qrow0, krow0, lq, lk, causal);  // no mask test inside
@@ -447,95 +483,101 @@ __device__ __forceinline__ qrow_values fetch_qrow(const bwd_inputs<QR, KR, VR, D
 // Backward: D
 // ================================================================================================
 
-template <int D>
+/// With wgmma, 1024 bytes of slack align the tiles to their swizzle atoms.
+template <int D, bool Wgmma>
 constexpr int delta_smem_bytes() {
-    return kTile * D * 6 + (3 + 4 * 4) * kTile * 4;  // Q, dO, K x2, V x2; 3 row vectors, 4 x 64 reduction
+    // Q, dO, K x2, V x2; 3 row vectors, 4 x 64 reduction
+    return kTile * D * 6 + (3 + 4 * 4) * kTile * 4 + (Wgmma ? 1024 : 0);
 }
 
-template <int D, class QR, class KR, class VR, class DR>
+/// Wgmma: tile_p_dp on wgmma (sm_90a; an empty kernel elsewhere, never launched there).
+template <int D, bool Wgmma, class QR, class KR, class VR, class DR>
 OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inputs<QR, KR, VR, DR> p, float* delta) {
-    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
-    shared_ptr_t<std::uint8_t> sQ = smem;
-    shared_ptr_t<std::uint8_t> sdO = sQ + kTile * D;
-    shared_ptr_t<std::uint8_t> sK = sdO + kTile * D;     // 2 stages
-    shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;  // 2 stages
-    shared_ptr_t<float> sQf = OCTET_SHARED_CAST(float, sV + 2 * kTile * D);
-    shared_ptr_t<float> sLc = sQf + kTile;
-    shared_ptr_t<float> sDOs = sLc + kTile;
-    shared_ptr_t<float> sRed = sDOs + kTile;  // (4, 64)
+    if constexpr (!Wgmma || OCTET_ARCH_SM90A) {
+        OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
+        shared_ptr_t<std::uint8_t> sQ = Wgmma ? smem + wgmma_tile_padding(smem) : smem;
+        shared_ptr_t<std::uint8_t> sdO = sQ + kTile * D;
+        shared_ptr_t<std::uint8_t> sK = sdO + kTile * D;     // 2 stages
+        shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;  // 2 stages
+        shared_ptr_t<float> sQf = OCTET_SHARED_CAST(float, sV + 2 * kTile * D);
+        shared_ptr_t<float> sLc = sQf + kTile;
+        shared_ptr_t<float> sDOs = sLc + kTile;
+        shared_ptr_t<float> sRed = sDOs + kTile;  // (4, 64)
 
-    const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;
-    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-    if (qt * kTile >= lq) return;
-    const int hk = h / p.group;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
-    const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
+        const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;
+        const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+        if (qt * kTile >= lq) return;
+        const int hk = h / p.group;
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+        const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
 
-    load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-    load_tile_async<D>(sdO, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-    if (ntiles > 0) {
-        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
-        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
-    }
-    ptx::cp_async_commit_group();
-    {
-        const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt);
-        if (tid < 64)
-            sLc[tid] = v.a;
-        else {
-            sQf[tid - 64] = attn::query_factor(v.a, p.scale_log2);
-            sDOs[tid - 64] = v.b;
-        }
-    }
-    auto fetch_kv = [&](int jt, float(&sk)[2], float(&sv)[2]) {
-        for (int r = 0; r < 2; ++r) {
-            const int j = jt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
-            sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
-            sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
-        }
-    };
-    float sk_next[2] = {0.0f, 0.0f}, sv_next[2] = {0.0f, 0.0f};
-    if (ntiles > 0) fetch_kv(0, sk_next, sv_next);
-
-    float dacc[8][2];
-    OCTET_UNROLL
-    for (int n = 0; n < 8; ++n) dacc[n][0] = dacc[n][1] = 0.0f;
-    for (int jt = 0; jt < ntiles; ++jt) {
-        const int st = jt & 1;
-        ptx::cp_async_wait_group<0>();
-        __syncthreads();
-        const float sk[2] = {sk_next[0], sk_next[1]}, sv[2] = {sv_next[0], sv_next[1]};
-        if (jt + 1 < ntiles) {
-            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile,
-                               k0 + lk, hk * D);
-            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile,
-                               k0 + lk, hk * D);
-            fetch_kv(jt + 1, sk_next, sv_next);
+        load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        load_tile_async<D>(sdO, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        if (ntiles > 0) {
+            load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
+            load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
         }
         ptx::cp_async_commit_group();
-        float pp[8][4], dp[8][4];
-        tile_p_dp<D, typename QR::format, typename KR::format, typename VR::format, typename DR::format>(
-            sK + st * kTile * D, sV + st * kTile * D, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile,
-            jt * kTile, lq, lk, p.causal, pp, dp);
-        OCTET_UNROLL
-        for (int n = 0; n < 8; ++n) OCTET_UNROLL
-        for (int e = 0; e < 2; ++e) {
-            float v = attn::add(attn::mul(pp[n][e], dp[n][e]), attn::mul(pp[n][2 + e], dp[n][2 + e]));
-            v = attn::add(v, shfl_xor(v, 4));
-            v = attn::add(v, shfl_xor(v, 8));
-            v = attn::add(v, shfl_xor(v, 16));
-            dacc[n][e] = attn::add(dacc[n][e], v);
+        {
+            const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt);
+            if (tid < 64)
+                sLc[tid] = v.a;
+            else {
+                sQf[tid - 64] = attn::query_factor(v.a, p.scale_log2);
+                sDOs[tid - 64] = v.b;
+            }
         }
-    }
-    ptx::cp_async_wait_group<0>();
-    if (g == 0) OCTET_UNROLL
-    for (int n = 0; n < 8; ++n) OCTET_UNROLL
-    for (int e = 0; e < 2; ++e) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = dacc[n][e];
-    __syncthreads();
-    if (tid < 64 && qt * kTile + tid < lq) {
-        const float s =
-            attn::add(attn::add(attn::add(sRed[tid], sRed[kTile + tid]), sRed[2 * kTile + tid]), sRed[3 * kTile + tid]);
-        delta[static_cast<std::size_t>(h) * p.total_q + q0 + qt * kTile + tid] = s;
+        auto fetch_kv = [&](int jt, float(&sk)[2], float(&sv)[2]) {
+            for (int r = 0; r < 2; ++r) {
+                const int j = jt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+                sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+                sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+            }
+        };
+        float sk_next[2] = {0.0f, 0.0f}, sv_next[2] = {0.0f, 0.0f};
+        if (ntiles > 0) fetch_kv(0, sk_next, sv_next);
+
+        float dacc[8][2];
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n) dacc[n][0] = dacc[n][1] = 0.0f;
+        for (int jt = 0; jt < ntiles; ++jt) {
+            const int st = jt & 1;
+            ptx::cp_async_wait_group<0>();
+            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // cp.async's writes, for wgmma's reads
+            __syncthreads();
+            const float sk[2] = {sk_next[0], sk_next[1]}, sv[2] = {sv_next[0], sv_next[1]};
+            if (jt + 1 < ntiles) {
+                load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile,
+                                   k0 + lk, hk * D);
+                load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile,
+                                   k0 + lk, hk * D);
+                fetch_kv(jt + 1, sk_next, sv_next);
+            }
+            ptx::cp_async_commit_group();
+            float pp[8][4], dp[8][4];
+            tile_p_dp<D, Wgmma, typename QR::format, typename KR::format, typename VR::format, typename DR::format>(
+                sK + st * kTile * D, sV + st * kTile * D, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile,
+                jt * kTile, lq, lk, p.causal, pp, dp);
+            OCTET_UNROLL
+            for (int n = 0; n < 8; ++n) OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                float v = attn::add(attn::mul(pp[n][e], dp[n][e]), attn::mul(pp[n][2 + e], dp[n][2 + e]));
+                v = attn::add(v, shfl_xor(v, 4));
+                v = attn::add(v, shfl_xor(v, 8));
+                v = attn::add(v, shfl_xor(v, 16));
+                dacc[n][e] = attn::add(dacc[n][e], v);
+            }
+        }
+        ptx::cp_async_wait_group<0>();
+        if (g == 0) OCTET_UNROLL
+        for (int n = 0; n < 8; ++n) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = dacc[n][e];
+        __syncthreads();
+        if (tid < 64 && qt * kTile + tid < lq) {
+            const float s = attn::add(attn::add(attn::add(sRed[tid], sRed[kTile + tid]), sRed[2 * kTile + tid]),
+                                      sRed[3 * kTile + tid]);
+            delta[static_cast<std::size_t>(h) * p.total_q + q0 + qt * kTile + tid] = s;
+        }
     }
 }
 
@@ -579,261 +621,269 @@ struct bwd_outputs {
     std::size_t rows;
 };
 
-template <int D>
+template <int D, bool Wgmma>
 constexpr int grad_smem_bytes() {
-    // K, V, K^T; Q x2, dO x2; Q^T, dO^T; dS (64 x 64); 5 row vectors; (4, 64) reduction; (4, 4, 64) telemetry
-    return kTile * D * 9 + kTile * kTile + (5 + 4 + 16) * kTile * 4;
+    // K, V, K^T; Q x2, dO x2; Q^T, dO^T; dS (64 x 64); 5 row vectors; (4, 64) reduction; (4, 4, 64)
+    // telemetry; with wgmma, the slack that aligns the tiles to 1024 bytes
+    return kTile * D * 9 + kTile * kTile + (5 + 4 + 16) * kTile * 4 + (Wgmma ? 1024 : 0);
 }
 
-template <int D, bool Tele, class QR, class KR, class VR, class DR, class GT>
+/// Wgmma: tile_p_dp on wgmma (sm_90a; an empty kernel elsewhere, never launched there).
+template <int D, bool Wgmma, bool Tele, class QR, class KR, class VR, class DR, class GT>
 OCTET_KERNEL void __launch_bounds__(kThreads, 1)
     grad_kernel(const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
-    using QF = typename QR::format;
-    using KF = typename KR::format;
-    using DF = typename DR::format;
-    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
-    shared_ptr_t<std::uint8_t> sK = smem;                  // (64, D)
-    shared_ptr_t<std::uint8_t> sV = sK + kTile * D;        // (64, D)
-    shared_ptr_t<std::uint8_t> sKt = sV + kTile * D;       // (D, 64) keys permuted
-    shared_ptr_t<std::uint8_t> sQ = sKt + kTile * D;       // 2 x (64, D)
-    shared_ptr_t<std::uint8_t> sdO = sQ + 2 * kTile * D;   // 2 x (64, D)
-    shared_ptr_t<std::uint8_t> sQt = sdO + 2 * kTile * D;  // (D, 64) queries permuted
-    shared_ptr_t<std::uint8_t> sdOt = sQt + kTile * D;     // (D, 64) queries permuted
-    shared_ptr_t<std::uint8_t> sDS = sdOt + kTile * D;     // (64 queries, 64 keys permuted): dS codes for dQ
-    shared_ptr_t<float> sLc = OCTET_SHARED_CAST(float, sDS + kTile * kTile);
-    shared_ptr_t<float> sDelta = sLc + kTile;
-    shared_ptr_t<float> sQs = sDelta + kTile;
-    shared_ptr_t<float> sQf = sQs + kTile;
-    shared_ptr_t<float> sDOs = sQf + kTile;
-    shared_ptr_t<float> sRed = sDOs + kTile;       // (4, 64): per-warp column amax of dS s_k
-    shared_ptr_t<float> sTele = sRed + 4 * kTile;  // (4 warps, 4 sums, 64)
+    if constexpr (!Wgmma || OCTET_ARCH_SM90A) {
+        using QF = typename QR::format;
+        using KF = typename KR::format;
+        using DF = typename DR::format;
+        OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
+        shared_ptr_t<std::uint8_t> sK = Wgmma ? smem + wgmma_tile_padding(smem) : smem;  // (64, D)
+        shared_ptr_t<std::uint8_t> sV = sK + kTile * D;                                  // (64, D)
+        shared_ptr_t<std::uint8_t> sKt = sV + kTile * D;                                 // (D, 64) keys permuted
+        shared_ptr_t<std::uint8_t> sQ = sKt + kTile * D;                                 // 2 x (64, D)
+        shared_ptr_t<std::uint8_t> sdO = sQ + 2 * kTile * D;                             // 2 x (64, D)
+        shared_ptr_t<std::uint8_t> sQt = sdO + 2 * kTile * D;                            // (D, 64) queries permuted
+        shared_ptr_t<std::uint8_t> sdOt = sQt + kTile * D;                               // (D, 64) queries permuted
+        shared_ptr_t<std::uint8_t> sDS = sdOt + kTile * D;  // (64 queries, 64 keys permuted): dS codes for dQ
+        shared_ptr_t<float> sLc = OCTET_SHARED_CAST(float, sDS + kTile * kTile);
+        shared_ptr_t<float> sDelta = sLc + kTile;
+        shared_ptr_t<float> sQs = sDelta + kTile;
+        shared_ptr_t<float> sQf = sQs + kTile;
+        shared_ptr_t<float> sDOs = sQf + kTile;
+        shared_ptr_t<float> sRed = sDOs + kTile;       // (4, 64): per-warp column amax of dS s_k
+        shared_ptr_t<float> sTele = sRed + 4 * kTile;  // (4 warps, 4 sums, 64)
 
-    const int b = blockIdx.z, hk = blockIdx.y, kt = blockIdx.x;
-    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-    if (kt * kTile >= lk) return;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
-    const int nqt = (lq + kTile - 1) / kTile;
-    const int qt_first = attn::first_query_tile_for(kt, lq, lk, p.causal);
-    const int per_head = nqt > qt_first ? nqt - qt_first : 0;
-    const int n_iter = per_head * p.group;
+        const int b = blockIdx.z, hk = blockIdx.y, kt = blockIdx.x;
+        const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+        if (kt * kTile >= lk) return;
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+        const int nqt = (lq + kTile - 1) / kTile;
+        const int qt_first = attn::first_query_tile_for(kt, lq, lk, p.causal);
+        const int per_head = nqt > qt_first ? nqt - qt_first : 0;
+        const int n_iter = per_head * p.group;
 
-    load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
-    load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
-    auto issue_q = [&](int it, int stage) {
-        const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
-        load_tile_async<D>(sQ + stage * kTile * D, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-        load_tile_async<D>(sdO + stage * kTile * D, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq,
-                           h * D);
-        return fetch_qrow<D>(p, out.delta, q0, lq, h, qt);
-    };
-    qrow_values next{};
-    if (n_iter > 0) next = issue_q(0, 0);
-    ptx::cp_async_commit_group();
-
-    float sk[2], sv[2];
-    OCTET_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
-        sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
-        sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
-    }
-    float dk[D / 8][4], dv[D / 8][4];
-    OCTET_UNROLL
-    for (int n = 0; n < D / 8; ++n) OCTET_UNROLL
-    for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
-    constexpr bool tele = Tele;  // a template parameter: the telemetry's registers would spill the rest
-
-    for (int it = 0; it < n_iter; ++it) {
-        const int st = it & 1;
-        const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
-        ptx::cp_async_wait_group<0>();
-        if (tid < 64) {
-            sLc[tid] = next.a;
-            sDelta[tid] = next.b;
-        } else {
-            sQs[tid - 64] = next.a;
-            sQf[tid - 64] = attn::query_factor(next.a, p.scale_log2);
-            sDOs[tid - 64] = next.b;
-        }
-        __syncthreads();  // S1: tiles and row vectors of this iteration visible; previous iteration done
-        if (it == 0) transpose_tile<D>(sK, sKt);
-        if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
+        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+        auto issue_q = [&](int it, int stage) {
+            const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+            load_tile_async<D>(sQ + stage * kTile * D, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+            load_tile_async<D>(sdO + stage * kTile * D, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq,
+                               h * D);
+            return fetch_qrow<D>(p, out.delta, q0, lq, h, qt);
+        };
+        qrow_values next{};
+        if (n_iter > 0) next = issue_q(0, 0);
         ptx::cp_async_commit_group();
-        transpose_tile<D>(sQ + st * kTile * D, sQt);
-        transpose_tile<D>(sdO + st * kTile * D, sdOt);
 
-        float mdo = attn::fmax(sDOs[lane], sDOs[lane + 32]);
+        float sk[2], sv[2];
         OCTET_UNROLL
-        for (int off = 16; off > 0; off >>= 1) mdo = attn::fmax(mdo, shfl_xor(mdo, off));
-
-        float pp[8][4], ds[8][4];
-        tile_p_dp<D, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * kTile * D, sdO + st * kTile * D, sQf, sLc, sDOs,
-                                                      sk, sv, warp, lane, qt * kTile, kt * kTile, lq, lk, p.causal, pp,
-                                                      ds);
-        // dS in place of dP (telemetry first: it needs dP)
-        OCTET_UNROLL
-        for (int n = 0; n < 8; ++n) OCTET_UNROLL
-        for (int e = 0; e < 2; ++e) {
-            const int col = attn_frag::c_col(lane, n, e);
-            const float dlt = sDelta[col];
-            if constexpr (tele) {
-                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) {
-                    const float pr = pp[n][2 * r + e], dpr = ds[n][2 * r + e];
-                    const float dsr = attn::dscore(pr, dpr, dlt);
-                    v[0] = attn::add(v[0], dsr);
-                    v[1] = attn::add(v[1], abs_float(dsr));
-                    v[2] = attn::add(v[2], attn::mul(pr, dpr));
-                    v[3] = attn::add(v[3], attn::mul(pr, abs_float(dpr)));
-                }
-                OCTET_UNROLL
-                for (int k = 0; k < 4; ++k) {
-                    v[k] = attn::add(v[k], shfl_xor(v[k], 4));
-                    v[k] = attn::add(v[k], shfl_xor(v[k], 8));
-                    v[k] = attn::add(v[k], shfl_xor(v[k], 16));
-                    if (g == 0) sTele[(warp * 4 + k) * kTile + col] = v[k];
-                }
-            }
-            OCTET_UNROLL
-            for (int r = 0; r < 2; ++r) ds[n][2 * r + e] = attn::dscore(pp[n][2 * r + e], ds[n][2 * r + e], dlt);
+        for (int r = 0; r < 2; ++r) {
+            const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+            sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+            sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
         }
-        // A fragments of P' (for dV, s_dO folded) and of dS s_q (for dK, one scale per key row)
-        std::uint32_t pa[2][4], da[2][4];
-        float dks[2], dki[2];
-        {
-            float amax[2] = {0.0f, 0.0f};
+        float dk[D / 8][4], dv[D / 8][4];
+        OCTET_UNROLL
+        for (int n = 0; n < D / 8; ++n) OCTET_UNROLL
+        for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
+        constexpr bool tele = Tele;  // a template parameter: the telemetry's registers would spill the rest
+
+        for (int it = 0; it < n_iter; ++it) {
+            const int st = it & 1;
+            const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+            ptx::cp_async_wait_group<0>();
+            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // cp.async's writes, for wgmma's reads
+            if (tid < 64) {
+                sLc[tid] = next.a;
+                sDelta[tid] = next.b;
+            } else {
+                sQs[tid - 64] = next.a;
+                sQf[tid - 64] = attn::query_factor(next.a, p.scale_log2);
+                sDOs[tid - 64] = next.b;
+            }
+            __syncthreads();  // S1: tiles and row vectors of this iteration visible; previous iteration done
+            if (it == 0) transpose_tile<D>(sK, sKt);
+            if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
+            ptx::cp_async_commit_group();
+            transpose_tile<D>(sQ + st * kTile * D, sQt);
+            transpose_tile<D>(sdO + st * kTile * D, sdOt);
+
+            float mdo = attn::fmax(sDOs[lane], sDOs[lane + 32]);
+            OCTET_UNROLL
+            for (int off = 16; off > 0; off >>= 1) mdo = attn::fmax(mdo, shfl_xor(mdo, off));
+
+            float pp[8][4], ds[8][4];
+            tile_p_dp<D, Wgmma, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * kTile * D, sdO + st * kTile * D, sQf,
+                                                                 sLc, sDOs, sk, sv, warp, lane, qt * kTile, kt * kTile,
+                                                                 lq, lk, p.causal, pp, ds);
+            // dS in place of dP (telemetry first: it needs dP)
             OCTET_UNROLL
             for (int n = 0; n < 8; ++n) OCTET_UNROLL
             for (int e = 0; e < 2; ++e) {
-                const float sq = sQs[attn_frag::c_col(lane, n, e)];
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) amax[r] = attn::fmax(amax[r], finite_abs(attn::mul(ds[n][2 * r + e], sq)));
-            }
-            OCTET_UNROLL
-            for (int r = 0; r < 2; ++r) {
-                amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 1));
-                amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 2));
-                dks[r] = attn::ds_scale(amax[r]);
-                dki[r] = attn::ds_inverse(dks[r]);
-            }
-            OCTET_UNROLL
-            for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
-            for (int reg = 0; reg < 4; ++reg) {
-                std::uint32_t cp[4], cd[4];
-                OCTET_UNROLL
-                for (int b = 0; b < 4; ++b) {
-                    const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
-                    const int col = attn_frag::c_col(lane, src.n, src.x);
-                    cp[b] = attn::encode_p(attn::mul(pp[src.n][src.x], attn::scale_ratio(sDOs[col], mdo)));
-                    cd[b] = attn::encode_ds(attn::mul(ds[src.n][src.x], sQs[col]), dki[src.x >> 1]);
+                const int col = attn_frag::c_col(lane, n, e);
+                const float dlt = sDelta[col];
+                if constexpr (tele) {
+                    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    OCTET_UNROLL
+                    for (int r = 0; r < 2; ++r) {
+                        const float pr = pp[n][2 * r + e], dpr = ds[n][2 * r + e];
+                        const float dsr = attn::dscore(pr, dpr, dlt);
+                        v[0] = attn::add(v[0], dsr);
+                        v[1] = attn::add(v[1], abs_float(dsr));
+                        v[2] = attn::add(v[2], attn::mul(pr, dpr));
+                        v[3] = attn::add(v[3], attn::mul(pr, abs_float(dpr)));
+                    }
+                    OCTET_UNROLL
+                    for (int k = 0; k < 4; ++k) {
+                        v[k] = attn::add(v[k], shfl_xor(v[k], 4));
+                        v[k] = attn::add(v[k], shfl_xor(v[k], 8));
+                        v[k] = attn::add(v[k], shfl_xor(v[k], 16));
+                        if (g == 0) sTele[(warp * 4 + k) * kTile + col] = v[k];
+                    }
                 }
-                pa[ks2][reg] = pack4(cp[0], cp[1], cp[2], cp[3]);
-                da[ks2][reg] = pack4(cd[0], cd[1], cd[2], cd[3]);
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r) ds[n][2 * r + e] = attn::dscore(pp[n][2 * r + e], ds[n][2 * r + e], dlt);
             }
-        }
-        // dQ operand dS s_k: per-warp column amax
-        OCTET_UNROLL
-        for (int n = 0; n < 8; ++n) OCTET_UNROLL
-        for (int e = 0; e < 2; ++e) {
-            float a = attn::fmax(finite_abs(attn::mul(ds[n][e], sk[0])), finite_abs(attn::mul(ds[n][2 + e], sk[1])));
-            a = attn::fmax(a, shfl_xor(a, 4));
-            a = attn::fmax(a, shfl_xor(a, 8));
-            a = attn::fmax(a, shfl_xor(a, 16));
-            if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
-        }
-        __syncthreads();  // S2: Q^T, dO^T, K^T, column amax and telemetry partials visible
-
-        if constexpr (tele) {
-            for (int idx = tid; idx < 4 * kTile; idx += kThreads) {
-                const int k = idx / kTile, col = idx % kTile, i = qt * kTile + col;
-                if (i >= lq) continue;
-                const float v = attn::add(attn::add(attn::add(sTele[k * kTile + col], sTele[(4 + k) * kTile + col]),
-                                                    sTele[(8 + k) * kTile + col]),
-                                          sTele[(12 + k) * kTile + col]);
-                atomicAdd(out.tele + k * out.rows + static_cast<std::size_t>(h) * p.total_q + q0 + i, v);
+            // A fragments of P' (for dV, s_dO folded) and of dS s_q (for dK, one scale per key row)
+            std::uint32_t pa[2][4], da[2][4];
+            float dks[2], dki[2];
+            {
+                float amax[2] = {0.0f, 0.0f};
+                OCTET_UNROLL
+                for (int n = 0; n < 8; ++n) OCTET_UNROLL
+                for (int e = 0; e < 2; ++e) {
+                    const float sq = sQs[attn_frag::c_col(lane, n, e)];
+                    OCTET_UNROLL
+                    for (int r = 0; r < 2; ++r)
+                        amax[r] = attn::fmax(amax[r], finite_abs(attn::mul(ds[n][2 * r + e], sq)));
+                }
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r) {
+                    amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 1));
+                    amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 2));
+                    dks[r] = attn::ds_scale(amax[r]);
+                    dki[r] = attn::ds_inverse(dks[r]);
+                }
+                OCTET_UNROLL
+                for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
+                for (int reg = 0; reg < 4; ++reg) {
+                    std::uint32_t cp[4], cd[4];
+                    OCTET_UNROLL
+                    for (int b = 0; b < 4; ++b) {
+                        const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                        const int col = attn_frag::c_col(lane, src.n, src.x);
+                        cp[b] = attn::encode_p(attn::mul(pp[src.n][src.x], attn::scale_ratio(sDOs[col], mdo)));
+                        cd[b] = attn::encode_ds(attn::mul(ds[src.n][src.x], sQs[col]), dki[src.x >> 1]);
+                    }
+                    pa[ks2][reg] = pack4(cp[0], cp[1], cp[2], cp[3]);
+                    da[ks2][reg] = pack4(cd[0], cd[1], cd[2], cd[3]);
+                }
             }
-        }
-        // dS codes for dQ into sDS (queries as rows, keys permuted like K^T)
-        OCTET_UNROLL
-        for (int n = 0; n < 8; ++n) OCTET_UNROLL
-        for (int e = 0; e < 2; ++e) {
-            const int col = attn_frag::c_col(lane, n, e);
-            const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
-                                       sRed[3 * kTile + col]);
-            const float inv = attn::ds_inverse(attn::ds_scale(a));
+            // dQ operand dS s_k: per-warp column amax
             OCTET_UNROLL
-            for (int r = 0; r < 2; ++r)
-                sDS[attn_frag::ds_offset(col, warp, attn_frag::c_row(lane, 2 * r))] =
-                    attn::encode_ds(attn::mul(ds[n][2 * r + e], sk[r]), inv);
-        }
-        // dV += P'^T dO and dK += (dS s_q)^T Q
-        const float cdo = attn::mul(mdo, attn::p_scale);
-        OCTET_UNROLL
-        for (int nd = 0; nd < D / 8; ++nd) {
-            std::uint32_t bt[2][2];
-            load_bt(bt, sdOt, 8 * nd, lane);
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[0], bt[0]);
-            ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[1], bt[1]);
-            OCTET_UNROLL
-            for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
-            load_bt(bt, sQt, 8 * nd, lane);
-            float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[0], bt[0]);
-            ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[1], bt[1]);
-            OCTET_UNROLL
-            for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
-        }
-        __syncthreads();  // S3: dS codes visible
+            for (int n = 0; n < 8; ++n) OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                float a =
+                    attn::fmax(finite_abs(attn::mul(ds[n][e], sk[0])), finite_abs(attn::mul(ds[n][2 + e], sk[1])));
+                a = attn::fmax(a, shfl_xor(a, 4));
+                a = attn::fmax(a, shfl_xor(a, 8));
+                a = attn::fmax(a, shfl_xor(a, 16));
+                if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
+            }
+            __syncthreads();  // S2: Q^T, dO^T, K^T, column amax and telemetry partials visible
 
-        // dQ += scale * s_dS * (dS codes) K for this warp's 16 queries
-        {
-            std::uint32_t qa[2][4];
-            load_a<64>(qa[0], sDS, 16 * warp, 0, lane);
-            load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
-            float scq[2];
-            int rowi[2];
+            if constexpr (tele) {
+                for (int idx = tid; idx < 4 * kTile; idx += kThreads) {
+                    const int k = idx / kTile, col = idx % kTile, i = qt * kTile + col;
+                    if (i >= lq) continue;
+                    const float v = attn::add(attn::add(attn::add(sTele[k * kTile + col], sTele[(4 + k) * kTile + col]),
+                                                        sTele[(8 + k) * kTile + col]),
+                                              sTele[(12 + k) * kTile + col]);
+                    atomicAdd(out.tele + k * out.rows + static_cast<std::size_t>(h) * p.total_q + q0 + i, v);
+                }
+            }
+            // dS codes for dQ into sDS (queries as rows, keys permuted like K^T)
             OCTET_UNROLL
-            for (int r = 0; r < 2; ++r) {
-                const int col = 16 * warp + attn_frag::c_row(lane, 2 * r);
+            for (int n = 0; n < 8; ++n) OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                const int col = attn_frag::c_col(lane, n, e);
                 const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
                                            sRed[3 * kTile + col]);
-                scq[r] = attn::mul(p.scale, attn::ds_scale(a));
-                rowi[r] = qt * kTile + col;
+                const float inv = attn::ds_inverse(attn::ds_scale(a));
+                OCTET_UNROLL
+                for (int r = 0; r < 2; ++r)
+                    sDS[attn_frag::ds_offset(col, warp, attn_frag::c_row(lane, 2 * r))] =
+                        attn::encode_ds(attn::mul(ds[n][2 * r + e], sk[r]), inv);
             }
-            float* dqh = out.dq_accum + static_cast<std::size_t>(h) * D;
-            const std::size_t ldq = static_cast<std::size_t>(p.hq) * D;
+            // dV += P'^T dO and dK += (dS s_q)^T Q
+            const float cdo = attn::mul(mdo, attn::p_scale);
             OCTET_UNROLL
             for (int nd = 0; nd < D / 8; ++nd) {
                 std::uint32_t bt[2][2];
-                load_bt(bt, sKt, 8 * nd, lane);
+                load_bt(bt, sdOt, 8 * nd, lane);
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[0], bt[0]);
-                ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[1], bt[1]);
+                ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[0], bt[0]);
+                ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[1], bt[1]);
+                OCTET_UNROLL
+                for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
+                load_bt(bt, sQt, 8 * nd, lane);
+                float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[0], bt[0]);
+                ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[1], bt[1]);
+                OCTET_UNROLL
+                for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
+            }
+            __syncthreads();  // S3: dS codes visible
+
+            // dQ += scale * s_dS * (dS codes) K for this warp's 16 queries
+            {
+                std::uint32_t qa[2][4];
+                load_a<64>(qa[0], sDS, 16 * warp, 0, lane);
+                load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
+                float scq[2];
+                int rowi[2];
                 OCTET_UNROLL
                 for (int r = 0; r < 2; ++r) {
-                    if (rowi[r] >= lq) continue;
-                    float* dst = dqh + static_cast<std::size_t>(q0 + rowi[r]) * ldq + attn_frag::c_col(lane, nd, 0);
-                    atomicAdd(dst, attn::mul(scq[r], acc[2 * r]));
-                    atomicAdd(dst + 1, attn::mul(scq[r], acc[2 * r + 1]));
+                    const int col = 16 * warp + attn_frag::c_row(lane, 2 * r);
+                    const float a =
+                        attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
+                                   sRed[3 * kTile + col]);
+                    scq[r] = attn::mul(p.scale, attn::ds_scale(a));
+                    rowi[r] = qt * kTile + col;
+                }
+                float* dqh = out.dq_accum + static_cast<std::size_t>(h) * D;
+                const std::size_t ldq = static_cast<std::size_t>(p.hq) * D;
+                OCTET_UNROLL
+                for (int nd = 0; nd < D / 8; ++nd) {
+                    std::uint32_t bt[2][2];
+                    load_bt(bt, sKt, 8 * nd, lane);
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[0], bt[0]);
+                    ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[1], bt[1]);
+                    OCTET_UNROLL
+                    for (int r = 0; r < 2; ++r) {
+                        if (rowi[r] >= lq) continue;
+                        float* dst = dqh + static_cast<std::size_t>(q0 + rowi[r]) * ldq + attn_frag::c_col(lane, nd, 0);
+                        atomicAdd(dst, attn::mul(scq[r], acc[2 * r]));
+                        atomicAdd(dst + 1, attn::mul(scq[r], acc[2 * r + 1]));
+                    }
                 }
             }
         }
-    }
 
-    ptx::cp_async_wait_group<0>();
-    OCTET_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
-        if (j >= lk) continue;
-        GT* dkr = out.dk + static_cast<std::size_t>(k0 + j) * out.dk_ld + static_cast<std::size_t>(hk) * D;
-        GT* dvr = out.dv + static_cast<std::size_t>(k0 + j) * out.dv_ld + static_cast<std::size_t>(hk) * D;
+        ptx::cp_async_wait_group<0>();
         OCTET_UNROLL
-        for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
-        for (int e = 0; e < 2; ++e) {
-            dkr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(attn::mul(dk[nd][2 * r + e], p.scale));
-            dvr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(dv[nd][2 * r + e]);
+        for (int r = 0; r < 2; ++r) {
+            const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+            if (j >= lk) continue;
+            GT* dkr = out.dk + static_cast<std::size_t>(k0 + j) * out.dk_ld + static_cast<std::size_t>(hk) * D;
+            GT* dvr = out.dv + static_cast<std::size_t>(k0 + j) * out.dv_ld + static_cast<std::size_t>(hk) * D;
+            OCTET_UNROLL
+            for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                dkr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(attn::mul(dk[nd][2 * r + e], p.scale));
+                dvr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(dv[nd][2 * r + e]);
+            }
         }
     }
 }
@@ -902,20 +952,20 @@ OCTET_KERNEL void __launch_bounds__(256)
 // ================================================================================================
 
 /// Its sm_90a image carries the probe marker (cuda/launch.cuh): never launched.
-OCTET_KERNEL void forward_sm90a_probe_kernel() {
+OCTET_KERNEL void sm90a_probe_kernel() {
 #if OCTET_ARCH_SM90A
     OCTET_PROBE_MARKER();
 #endif
 }
 
-/// Whether the stream forward runs on wgmma: `requested` as asked, on this device and binary (no
-/// allocation, launch or synchronization). Asking for wgmma where it cannot run is an error.
-inline bool forward_uses_wgmma(attention_forward_kernel requested, const char* fn) {
-    if (requested == attention_forward_kernel::mma_sync) return false;
+/// Whether the stream forward or backward runs its wgmma kernels: `requested` as asked, on this
+/// device and binary (no allocation, launch or synchronization). Asking for wgmma where it cannot
+/// run is an error.
+inline bool uses_wgmma(attention_kernel requested, const char* fn) {
+    if (requested == attention_kernel::mma_sync) return false;
     static std::atomic<int> cache[64] = {};
-    const bool available =
-        cuda::compute_capability() == 90 && cuda::image_has_marker(forward_sm90a_probe_kernel, cache);
-    OCTET_REQUIRE(available || requested == attention_forward_kernel::automatic, fn, "options.kernel",
+    const bool available = cuda::compute_capability() == 90 && cuda::image_has_marker(sm90a_probe_kernel, cache);
+    OCTET_REQUIRE(available || requested == attention_kernel::automatic, fn, "options.kernel",
                   detail::message("is wgmma, which needs an sm_90 GPU (this one is sm_", cuda::compute_capability(),
                                   ") and a binary built for sm_90a; use automatic or mma_sync"));
     return available;
@@ -1013,7 +1063,7 @@ void stream_attention_forward(const stream_executor& ex, const attention_dims& d
                      attn_kernel::kThreads, smem, ex.stream, p);
         OCTET_CUDA_CHECK_LAUNCH();
     };
-    const bool wgmma = attn_kernel::forward_uses_wgmma(opt.kernel, fn);
+    const bool wgmma = attn_kernel::uses_wgmma(opt.kernel, fn);
     if (d == 64 && wgmma)
         launch(std::integral_constant<int, 64>{}, std::true_type{});
     else if (d == 64)
@@ -1057,6 +1107,7 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
     attn_kernel::check_device_operand(dout, fn, "dout");
     cuda::require_device_accessible(workspace.data(), fn, "workspace");
     if (Tq > 0) cuda::require_device_accessible(lse.data(), fn, "lse");
+    const bool wgmma = attn_kernel::uses_wgmma(opt.kernel, fn);
 
     float* wsp = workspace.data();
     float* delta = wsp + ws.row_array(row_delta);
@@ -1082,8 +1133,10 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
     attn_kernel::bwd_outputs<GT> out{
         delta, acc, dk.data, dv.data, dk.ld, dv.ld, tele ? wsp + ws.row_array(row_residual) : nullptr, ws.rows};
     const int max_q = shape.max_seqlen_q(), max_k = shape.max_seqlen_k();
-    auto launch = [&](auto dim) {
+    // the matched delta kernel and the gradient kernel form P and dP with the same products
+    auto launch = [&](auto dim, auto wgmma) {
         constexpr int D = decltype(dim)::value;
+        constexpr bool W = decltype(wgmma)::value;
         using namespace attn_kernel;
         // D: rowsum(dO * O) when it is the delta, or for the telemetry's gap; sum_j P dP when matched
         if (have_o && Tq > 0 && (opt.delta == delta_mode::from_output || tele)) {
@@ -1094,16 +1147,17 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (opt.delta == delta_mode::matched && max_q > 0) {
-            auto kernel = delta_matched_kernel<D, QR, KR, VR, DR>;
-            constexpr int smem = delta_smem_bytes<D>();
+            auto kernel = delta_matched_kernel<D, W, QR, KR, VR, DR>;
+            constexpr int smem = delta_smem_bytes<D, W>();
             set_smem(kernel, smem);
             cuda::launch("attn_kernel::delta_matched_kernel", kernel,
                          dim3((max_q + kTile - 1) / kTile, Hq, shape.batch()), kThreads, smem, ex.stream, in, delta);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (max_k > 0) {
-            auto kernel = tele ? grad_kernel<D, true, QR, KR, VR, DR, GT> : grad_kernel<D, false, QR, KR, VR, DR, GT>;
-            constexpr int smem = grad_smem_bytes<D>();
+            auto kernel =
+                tele ? grad_kernel<D, W, true, QR, KR, VR, DR, GT> : grad_kernel<D, W, false, QR, KR, VR, DR, GT>;
+            constexpr int smem = grad_smem_bytes<D, W>();
             set_smem(kernel, smem);
             cuda::launch("attn_kernel::grad_kernel", kernel, dim3((max_k + kTile - 1) / kTile, Hk, shape.batch()),
                          kThreads, smem, ex.stream, in, out);
@@ -1121,10 +1175,14 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
             OCTET_CUDA_CHECK_LAUNCH();
         }
     };
-    if (d == 64)
-        launch(std::integral_constant<int, 64>{});
+    if (d == 64 && wgmma)
+        launch(std::integral_constant<int, 64>{}, std::true_type{});
+    else if (d == 64)
+        launch(std::integral_constant<int, 64>{}, std::false_type{});
+    else if (wgmma)
+        launch(std::integral_constant<int, 128>{}, std::true_type{});
     else
-        launch(std::integral_constant<int, 128>{});
+        launch(std::integral_constant<int, 128>{}, std::false_type{});
 }
 
 /// octet::attention_forward / attention_backward on a stream (the entries are in attention.hpp).

@@ -83,9 +83,12 @@ struct attention_shape {
     }
 };
 
-/// Which kernel a stream forward runs (the host path has one). automatic: wgmma on an sm_90 GPU
-/// whose binary holds sm_90a code, else mma_sync.
-enum class attention_forward_kernel {
+/// Which kernels a stream forward or backward runs (the host path has one). automatic: wgmma on
+/// an sm_90 GPU whose binary holds sm_90a code, else mma_sync. In the backward it chooses the
+/// products that form P and dP (S^T = K Q^T and dP^T = V dO^T), in the matched delta kernel and
+/// the gradient kernel alike, so that the two still form the same bits; the gradient products
+/// (dV, dK, dQ) are mma.sync in both.
+enum class attention_kernel {
     automatic,
     mma_sync,  ///< FP8 mma.sync, sm_89+ (on Hopper it runs as FP16 HMMA with conversions)
     wgmma,     ///< FP8 wgmma (QGMMA), sm_90 with a binary built for sm_90a
@@ -100,7 +103,7 @@ struct attention_options {
     /// less error (per-head V); without a sink the orders measure alike (bench/RESULTS.md, "Key
     /// tile order and P underflow").
     key_tile_order key_order = key_tile_order::back_to_front;
-    attention_forward_kernel kernel = attention_forward_kernel::automatic;  ///< stream forward only
+    attention_kernel kernel = attention_kernel::automatic;  ///< stream forward only
 };
 
 /// How the forward's P codes fared, over the (query, key) pairs of the P V product whose P (taken
@@ -131,6 +134,7 @@ struct attention_backward_options {
     /// it was +2.4-3.7% of the element-wise path's 0.49-0.83 s); dQ's error along Kbar drops
     /// 2.6-4.8x with matched, 4.5-48x with from_output (bench/RESULTS.md, attention_delta_study).
     bool fold_dq_residual = false;
+    attention_kernel kernel = attention_kernel::automatic;  ///< stream backward only
 };
 
 /// Summary of the backward's row telemetry over the query rows (all heads) that see a key.
@@ -348,6 +352,14 @@ attention_dims check_attention_inputs(const attention_shape& shape, const quanti
     return dims;
 }
 
+/// options.kernel names one of attention_kernel's values.
+inline void check_kernel_choice(attention_kernel kernel, const char* fn) {
+    OCTET_REQUIRE(kernel == attention_kernel::automatic || kernel == attention_kernel::mma_sync ||
+                      kernel == attention_kernel::wgmma,
+                  fn, "options.kernel",
+                  message("is ", static_cast<int>(kernel), "; pass attention_kernel::automatic, mma_sync or wgmma"));
+}
+
 /// Every executor-independent check of octet::attention_forward.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
 attention_dims check_forward_args(const attention_shape& shape, const quantized_ref<QR, QB>& q,
@@ -361,11 +373,7 @@ attention_dims check_forward_args(const attention_shape& shape, const quantized_
                   "options.key_order",
                   message("is ", static_cast<int>(opt.key_order),
                           "; pass key_tile_order::front_to_back or key_tile_order::back_to_front"));
-    OCTET_REQUIRE(
-        opt.kernel == attention_forward_kernel::automatic || opt.kernel == attention_forward_kernel::mma_sync ||
-            opt.kernel == attention_forward_kernel::wgmma,
-        fn, "options.kernel",
-        message("is ", static_cast<int>(opt.kernel), "; pass attention_forward_kernel::automatic, mma_sync or wgmma"));
+    check_kernel_choice(opt.kernel, fn);
     return dims;
 }
 
@@ -389,6 +397,7 @@ attention_dims check_backward_args(const attention_shape& shape, const quantized
     check_matrix(dq, dims.total_q, dims.q_cols(), fn, "dq");
     check_matrix(dk, dims.total_k, dims.k_cols(), fn, "dk");
     check_matrix(dv, dims.total_k, dims.k_cols(), fn, "dv");
+    check_kernel_choice(opt.kernel, fn);
     return dims;
 }
 
