@@ -32,9 +32,9 @@
 //             group and their 64-query tiles; dK and dV stay in registers, dQ goes to a float
 //             accumulator with atomics (converted to the output type at the end).
 //             options.kernel chooses how both backward kernels form S^T and dP^T (tile_p_dp): wgmma
-//             m64n64k32 on sm_90a (QGMMA), or mma.sync; the gradient products dV, dK and dQ are
-//             mma.sync in both (FP8 wgmma wants K-major operands, which needs transposed copies of
-//             P, dS, dO, Q and K in shared memory: not done yet).
+//             m64n64k32 on sm_90a (QGMMA), or mma.sync, and the gradient kernel's dQ product the
+//             same way (from the dS codes and K^T in shared memory); dV and dK are mma.sync in both
+//             (their A operands, P'^T and dS^T, are in registers only: not staged yet).
 // Head dims 64 and 128. In the mma.sync kernels P and dS reach the next product through registers
 // (see detail/tiles.cuh).
 #pragma once
@@ -833,13 +833,11 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
                 OCTET_UNROLL
                 for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
             }
-            __syncthreads();  // S3: dS codes visible
+            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // dS codes and K^T, for wgmma's reads
+            __syncthreads();                                       // S3: dS codes visible
 
             // dQ += scale * s_dS * (dS codes) K for this warp's 16 queries
             {
-                std::uint32_t qa[2][4];
-                load_a<64>(qa[0], sDS, 16 * warp, 0, lane);
-                load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
                 float scq[2];
                 int rowi[2];
                 OCTET_UNROLL
@@ -853,19 +851,53 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
                 }
                 float* dqh = out.dq_accum + static_cast<std::size_t>(h) * D;
                 const std::size_t ldq = static_cast<std::size_t>(p.hq) * D;
-                OCTET_UNROLL
-                for (int nd = 0; nd < D / 8; ++nd) {
-                    std::uint32_t bt[2][2];
-                    load_bt(bt, sKt, 8 * nd, lane);
-                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[0], bt[0]);
-                    ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[1], bt[1]);
+                // acc: the (16 queries, 8 channels) block of channels 8 nd .. 8 nd + 7, mma.sync's layout
+                auto add_dq = [&](int nd, const float* acc) {
                     OCTET_UNROLL
                     for (int r = 0; r < 2; ++r) {
                         if (rowi[r] >= lq) continue;
                         float* dst = dqh + static_cast<std::size_t>(q0 + rowi[r]) * ldq + attn_frag::c_col(lane, nd, 0);
                         atomicAdd(dst, attn::mul(scq[r], acc[2 * r]));
                         atomicAdd(dst + 1, attn::mul(scq[r], acc[2 * r + 1]));
+                    }
+                };
+                if constexpr (Wgmma) {
+                    // the warpgroup's 64 queries x 64 channels at a time: A = the dS codes (queries x keys,
+                    // keys permuted), B = K^T's 64 channel rows (keys permuted alike), both K-major
+                    const std::uint32_t ds_addr = ptx::shared_address(sDS), kt_addr = ptx::shared_address(sKt);
+                    OCTET_UNROLL
+                    for (int half = 0; half < D / 64; ++half) {
+                        float acc[32];
+                        OCTET_UNROLL
+                        for (int i = 0; i < 32; ++i) {
+                            acc[i] = 0.0f;
+                            ptx::fence_operand(acc[i]);
+                        }
+                        ptx::wgmma_fence();
+                        OCTET_UNROLL
+                        for (int ks = 0; ks < 2; ++ks)
+                            ptx::wgmma_m64nNk32<64, e4m3, KF>(acc, tile_descriptor<64>(ds_addr + 32 * ks),
+                                                              tile_descriptor<64>(kt_addr + half * 64 * 64 + 32 * ks),
+                                                              ks > 0 ? 1u : 0u);
+                        ptx::wgmma_commit_group();
+                        ptx::wgmma_wait_group<0>();
+                        OCTET_UNROLL
+                        for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+                        OCTET_UNROLL
+                        for (int n = 0; n < 8; ++n) add_dq(8 * half + n, acc + 4 * n);
+                    }
+                } else {
+                    std::uint32_t qa[2][4];
+                    load_a<64>(qa[0], sDS, 16 * warp, 0, lane);
+                    load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
+                    OCTET_UNROLL
+                    for (int nd = 0; nd < D / 8; ++nd) {
+                        std::uint32_t bt[2][2];
+                        load_bt(bt, sKt, 8 * nd, lane);
+                        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[0], bt[0]);
+                        ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[1], bt[1]);
+                        add_dq(nd, acc);
                     }
                 }
             }

@@ -86,8 +86,8 @@ struct attention_shape {
 /// Which kernels a stream forward or backward runs (the host path has one). automatic: wgmma on
 /// an sm_90 GPU whose binary holds sm_90a code, else mma_sync. In the backward it chooses the
 /// products that form P and dP (S^T = K Q^T and dP^T = V dO^T), in the matched delta kernel and
-/// the gradient kernel alike, so that the two still form the same bits; the gradient products
-/// (dV, dK, dQ) are mma.sync in both.
+/// the gradient kernel alike, so that the two still form the same bits, and the gradient kernel's
+/// dQ product; dV and dK are mma.sync in both.
 enum class attention_kernel {
     automatic,
     mma_sync,  ///< FP8 mma.sync, sm_89+ (on Hopper it runs as FP16 HMMA with conversions)
