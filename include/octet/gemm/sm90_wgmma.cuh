@@ -149,8 +149,9 @@ struct sm90_params {
     device_epilogue<CT, DT> epi;
     /// Split-K: work unit u is output tile u % tiles over K blocks [r * kb_per_split, ...) of range
     /// r = u / tiles; with splits > 1 its acc goes to partial + r * M * N (row-major, ld N), not to epi.
-    std::uint32_t splits, kb_per_split;
-    float* partial;
+    /// The defaults are one range over all of K.
+    std::uint32_t splits = 1, kb_per_split = ~0u;
+    float* partial = nullptr;
 };
 
 /// The K blocks [first, end) of split-K range r.
