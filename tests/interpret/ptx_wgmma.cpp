@@ -80,18 +80,20 @@ enum misuse {
     nonuniform_desc,
     warps_disagree,
     short_image,
-    warp_exits
+    warp_exits,
+    no_proxy_fence
 };
 
-/// One warpgroup: copies `image` into dynamic shared memory, then fence, `steps` mma_async (the first
-/// with scale-d = scale0, the others 1) on descs[2 s], descs[2 s + 1], commit, wait 0, and stores its
-/// accumulator fragment to d_out (d_in the initial registers).
+/// One warpgroup: copies `image` into dynamic shared memory (fence.proxy.async, barrier), then fence,
+/// `steps` mma_async (the first with scale-d = scale0, the others 1) on descs[2 s], descs[2 s + 1],
+/// commit, wait 0, and stores its accumulator fragment to d_out (d_in the initial registers).
 template <int N, class FA, class FB>
 __global__ void wgmma_kernel(const std::uint8_t* image, unsigned bytes, const std::uint64_t* descs, int steps,
                              std::uint32_t scale0, const float* d_in, float* d_out, int how) {
     OCTET_DYNAMIC_SHARED(std::uint8_t, smem);
     const unsigned copy = how == short_image ? bytes / 2 : bytes;  // short_image: B never written
     for (unsigned i = threadIdx.x; i < copy; i += blockDim.x) smem[i] = image[i];
+    if (how != no_proxy_fence) octet::ptx::fence_proxy_async_shared();  // generic writes, for wgmma's reads
     __syncthreads();
     const unsigned t = threadIdx.x;
     if (how == warp_exits && t / 32 == 3) return;
@@ -108,6 +110,56 @@ __global__ void wgmma_kernel(const std::uint8_t* image, unsigned bytes, const st
     octet::ptx::wgmma_commit_group();
     octet::ptx::wgmma_wait_group<0>();
     for (int i = (how == read_in_flight ? 1 : 0); i < N / 2; ++i) d_out[t * (N / 2) + i] = d[i];
+}
+
+/// The RS form's A registers (the ISA's register fragment of A for 8-bit types, m64nNk32): thread t of
+/// the warpgroup, warp w = t / 32, lane 4 g + u; byte b of register r is A[m][k] with
+/// m = 16 w + g + 8 (r % 2), k = 16 (r / 2) + 4 u + b.
+unsigned rs_row(unsigned t, int r) {
+    return 16 * (t / 32) + (t % 32) / 4 + 8 * static_cast<unsigned>(r % 2);
+}
+unsigned rs_k(unsigned t, int r, int b) {
+    return 16 * static_cast<unsigned>(r / 2) + 4 * (t % 4) + static_cast<unsigned>(b);
+}
+
+enum rs_misuse { rs_ok = 0, rs_no_fence, rs_mixed_forms };
+
+/// The RS form: A (64 x K codes, row-major in global memory) into registers per K step, B from shared
+/// memory; fence, `steps` mma_async (scale-d = scale0, then 1), commit, wait 0, store the fragment.
+/// rs_no_fence: no fence;
+/// rs_mixed_forms: warp 2 issues the SS form with descs[0] as A while the others issue RS.
+template <int N, class FA, class FB>
+__global__ void wgmma_rs_kernel(const std::uint8_t* image, unsigned bytes, const std::uint8_t* a_codes, unsigned K,
+                                const std::uint64_t* descs, int steps, std::uint32_t scale0, const float* d_in,
+                                float* d_out, int how) {
+    OCTET_DYNAMIC_SHARED(std::uint8_t, smem);
+    for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) smem[i] = image[i];
+    octet::ptx::fence_proxy_async_shared();
+    __syncthreads();
+    const unsigned t = threadIdx.x;
+    float d[N / 2];
+    for (int i = 0; i < N / 2; ++i) d[i] = d_in[t * (N / 2) + i];
+    std::uint32_t a[4][4];  // [K step][register]
+    auto fill = [&](int s) {
+        for (int r = 0; r < 4; ++r) {
+            std::uint32_t v = 0;
+            for (int b = 0; b < 4; ++b)
+                v |= std::uint32_t{a_codes[rs_row(t, r) * K + 32 * static_cast<unsigned>(s) + rs_k(t, r, b)]}
+                     << (8 * b);
+            a[s][r] = v;
+        }
+    };
+    for (int s = 0; s < steps; ++s) fill(s);
+    if (how != rs_no_fence) octet::ptx::wgmma_fence();
+    for (int s = 0; s < steps; ++s) {
+        if (how == rs_mixed_forms && t / 32 == 2)
+            octet::ptx::wgmma_m64nNk32<N, FA, FB>(d, descs[0], descs[2 * s + 1], s > 0 ? 1u : scale0);
+        else
+            octet::ptx::wgmma_m64nNk32<N, FA, FB>(d, a[s], descs[2 * s + 1], s > 0 ? 1u : scale0);
+    }
+    octet::ptx::wgmma_commit_group();
+    octet::ptx::wgmma_wait_group<0>();
+    for (int i = 0; i < N / 2; ++i) d_out[t * (N / 2) + i] = d[i];
 }
 
 // ---- the oracle --------------------------------------------------------------------------------------
@@ -175,6 +227,14 @@ struct problem {
         out.assign(128 * (N / 2), -7.0f);
         return oi::launch("wgmma", {oi::dim3(1), oi::dim3(128), image_bytes}, opt, wgmma_kernel<N, FA, FB>,
                           image.data(), image_bytes, descs_.data(), steps_, scale0, d_in.data(), out.data(), how);
+    }
+    /// The RS form on the same A (from the codes, not the image) and B.
+    oi::run_result run_rs(const std::vector<std::uint64_t>& descs_, int steps_, std::uint32_t scale0,
+                          std::vector<float>& out, int how = rs_ok, const oi::options& opt = collect()) const {
+        out.assign(128 * (N / 2), -7.0f);
+        return oi::launch("wgmma_rs", {oi::dim3(1), oi::dim3(128), image_bytes}, opt, wgmma_rs_kernel<N, FA, FB>,
+                          image.data(), image_bytes, a.data(), K, descs_.data(), steps_, scale0, d_in.data(),
+                          out.data(), how);
     }
     /// How many accumulator elements differ from the oracle by more than float rounding of the steps
     /// (a NaN or infinite oracle value, IEEE arithmetic in float64 on the exact products, must be
@@ -337,6 +397,11 @@ TEST_CASE("wgmma: misuse is reported") {
         const auto r = p.run(descs, p.steps(), 0, out, short_image);
         CHECK(has(r, oi::check::uninitialized_read));
     }
+    {  // the operands written by the threads without fence.proxy.async: the async proxy may not see them
+        const auto r = p.run(descs, p.steps(), 0, out, no_proxy_fence);
+        REQUIRE(has(r, oi::check::async_proxy));
+        CHECK(all_messages(r).find("without a fence.proxy.async") != std::string::npos);
+    }
     {  // no wgmma.fence before the first mma_async
         const auto r = p.run(descs, p.steps(), 0, out, no_fence);
         REQUIRE(has(r, oi::check::ptx_misuse));
@@ -373,6 +438,70 @@ TEST_CASE("wgmma: misuse is reported") {
                                   wgmma_kernel<64, e4m3, e5m2>, p.image.data(), p.image_bytes, descs.data(), p.steps(),
                                   0u, p.d_in.data(), out.data(), static_cast<int>(ok));
         CHECK(has(r, oi::check::warp_sync));
+    }
+}
+
+template <int N, class FA, class FB>
+void check_rs(std::uint64_t salt) {
+    auto g = octet_test::rng(salt);
+    for (swizzle s : {none, b64, b128}) {  // B's layouts; K = 64 or 128: two or four K steps of A registers
+        CAPTURE(N);
+        CAPTURE(octet::format_name<FA>());
+        CAPTURE(octet::format_name<FB>());
+        CAPTURE(static_cast<int>(s));
+        const problem<N, FA, FB> p(g, s);
+        for (std::uint32_t scale0 : {0u, 1u}) {
+            std::vector<float> out, ss;
+            const auto r = p.run_rs(p.descs(p.steps(), p.pa, p.pb), p.steps(), scale0, out);
+            CHECK_MESSAGE(r.clean(), all_messages(r));
+            CHECK(p.mismatches(out, scale0 != 0) == 0);
+            // and the same bits as the SS form on the same operands
+            const auto rs = p.run(p.descs(p.steps(), p.pa, p.pb), p.steps(), scale0, ss);
+            CHECK(rs.clean());
+            CHECK(std::memcmp(out.data(), ss.data(), out.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE("wgmma m64nNk32 with A from registers: all FP8 type pairs against a float64 oracle") {
+    check_rs<64, e4m3, e4m3>(9301);
+    check_rs<64, e4m3, e5m2>(9302);
+    check_rs<64, e5m2, e4m3>(9303);
+    check_rs<64, e5m2, e5m2>(9304);
+    check_rs<128, e4m3, e4m3>(9305);
+    check_rs<128, e5m2, e5m2>(9306);
+}
+
+TEST_CASE("wgmma with A from registers: a register layout other than the ISA's gives wrong results") {
+    // A whose rows differ only in row 8 of each warp's 16: with rows g and g + 8 swapped in the
+    // registers (the layout a wrong fragment convention would give), the oracle sees it
+    auto g = octet_test::rng(9310);
+    problem<64, e4m3, e4m3> p(g, b64);
+    std::vector<float> out;
+    const auto r = p.run_rs(p.descs(p.steps(), p.pa, p.pb), p.steps(), 0, out);
+    REQUIRE(r.clean());
+    REQUIRE(p.mismatches(out, false) == 0);
+    // the oracle with A's rows g and g + 8 of every warp exchanged disagrees almost everywhere
+    problem<64, e4m3, e4m3> swapped = p;
+    for (unsigned row = 0; row < 64; ++row)
+        for (unsigned k = 0; k < p.K; ++k) swapped.a[row * p.K + k] = p.a[(row ^ 8u) * p.K + k];
+    CHECK(swapped.mismatches(out, false) > 128 * 32 / 2);
+}
+
+TEST_CASE("wgmma with A from registers: misuse is reported") {
+    auto g = octet_test::rng(9320);
+    const problem<64, e4m3, e5m2> p(g, b128);
+    const auto descs = p.descs(p.steps(), p.pa, p.pb);
+    std::vector<float> out;
+    {  // no wgmma.fence after writing A's registers
+        const auto r = p.run_rs(descs, p.steps(), 0, out, rs_no_fence);
+        REQUIRE(has(r, oi::check::ptx_misuse));
+        CHECK(all_messages(r).find("no wgmma.fence") != std::string::npos);
+    }
+    {  // one warp issues the SS form while the others issue RS: different instructions
+        const auto r = p.run_rs(descs, p.steps(), 0, out, rs_mixed_forms);
+        REQUIRE(has(r, oi::check::warp_sync));
+        CHECK(all_messages(r).find("A in registers") != std::string::npos);
     }
 }
 

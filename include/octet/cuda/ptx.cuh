@@ -446,81 +446,136 @@ OCTET_DEVICE void fence_operand(float& r) {
 #endif
 }
 
+// The accumulator operand lists of the asm statements below: N / 2 float registers in and out.
+#define OCTET_WGMMA_D32                                                                                         \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define OCTET_WGMMA_D64                                                                                         \
+    OCTET_WGMMA_D32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), \
+        "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), \
+        "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), \
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])
+#define OCTET_WGMMA_R32                                                                                               \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define OCTET_WGMMA_R64                                                                                               \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+    "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/// 0..3 for (e4m3, e4m3), (e4m3, e5m2), (e5m2, e4m3), (e5m2, e5m2).
+template <class FA, class FB>
+OCTET_HD constexpr int wgmma_type_pair() {
+    return (std::is_same_v<FA, e4m3> ? 0 : 2) + (std::is_same_v<FB, e4m3> ? 0 : 1);
+}
+#define OCTET_WGMMA_SS(NN, DREGS, DOPS, TA, TB, A, B, P)                                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P                                                                 \
+                 ", 0;\n"                                                                                              \
+                 "wgmma.mma_async.sync.aligned.m64n" NN "k32.f32." TA "." TB " " DREGS ", " A ", " B ", p, 1, 1;\n}\n" \
+                 : OCTET_WGMMA_##DOPS                                                                                  \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define OCTET_WGMMA_RS(NN, DREGS, DOPS, TA, TB, A, B, P)                                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P                                                                 \
+                 ", 0;\n"                                                                                              \
+                 "wgmma.mma_async.sync.aligned.m64n" NN "k32.f32." TA "." TB " " DREGS ", " A ", " B ", p, 1, 1;\n}\n" \
+                 : OCTET_WGMMA_##DOPS                                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+// The asm of wgmma.mma_async m64nNk32 .f32.FA.FB with A from a descriptor (SS) or from four registers
+// (RS); the predicate is scale-d, no negation. One statement per type pair (the types are part of the instruction's
+// name).
+#define OCTET_WGMMA_TYPES(FORM, NN, DREGS, DOPS, A, B, P)  \
+    if constexpr (wgmma_type_pair<FA, FB>() == 0) {        \
+        FORM(NN, DREGS, DOPS, "e4m3", "e4m3", A, B, P);    \
+    } else if constexpr (wgmma_type_pair<FA, FB>() == 1) { \
+        FORM(NN, DREGS, DOPS, "e4m3", "e5m2", A, B, P);    \
+    } else if constexpr (wgmma_type_pair<FA, FB>() == 2) { \
+        FORM(NN, DREGS, DOPS, "e5m2", "e4m3", A, B, P);    \
+    } else {                                               \
+        FORM(NN, DREGS, DOPS, "e5m2", "e5m2", A, B, P);    \
+    }
+
+/// The instruction's name for the interpreter's reports (RegisterA: the RS form).
+template <int N, class FA, class FB, bool RegisterA>
+constexpr const char* wgmma_name() {
+    constexpr const char* names[2][2][4] = {
+        {{"wgmma.mma_async.m64n64k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2",
+          "wgmma.mma_async.m64n64k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n64k32.f32.e5m2.e5m2"},
+         {"wgmma.mma_async.m64n128k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2",
+          "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2"}},
+        {{"wgmma.mma_async.m64n64k32.f32.e4m3.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2 (A in registers)",
+          "wgmma.mma_async.m64n64k32.f32.e5m2.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n64k32.f32.e5m2.e5m2 (A in registers)"},
+         {"wgmma.mma_async.m64n128k32.f32.e4m3.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2 (A in registers)",
+          "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2 (A in registers)"}}};
+    return names[RegisterA][N == 128][wgmma_type_pair<FA, FB>()];
+}
+
+template <int N, class FA, class FB>
+OCTET_HD constexpr void wgmma_check_types() {
+    static_assert(N == 64 || N == 128, "wgmma_m64nNk32: N = 64 or 128 (add the operand list for others)");
+    static_assert(std::is_same_v<FA, e4m3> || std::is_same_v<FA, e5m2>, "wgmma_m64nNk32: FP8 A (e4m3, e5m2)");
+    static_assert(std::is_same_v<FB, e4m3> || std::is_same_v<FB, e5m2>, "wgmma_m64nNk32: FP8 B (e4m3, e5m2)");
+}
+
 /// wgmma.mma_async.sync.aligned.m64nNk32.f32.FA.FB with A (64 x 32) and B (N x 32), both K-major in
 /// shared memory as the descriptors say, N = 64 or 128 (FA, FB: e4m3 or e5m2):
 /// d = A B^T + (scale_d ? d : 0), complete at the wgmma.wait_group of its group.
 template <int N, class FA, class FB>
 OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b,
                                  std::uint32_t scale_d OCTET_PTX_SITE) {
-    static_assert(N == 64 || N == 128, "wgmma_m64nNk32: N = 64 or 128 (add the operand list for others)");
-    static_assert(std::is_same_v<FA, e4m3> || std::is_same_v<FA, e5m2>, "wgmma_m64nNk32: FP8 A (e4m3, e5m2)");
-    static_assert(std::is_same_v<FB, e4m3> || std::is_same_v<FB, e5m2>, "wgmma_m64nNk32: FP8 B (e4m3, e5m2)");
+    wgmma_check_types<N, FA, FB>();
 #if OCTET_DEVICE_PASS
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define OCTET_WGMMA_N128(TA, TB)                                                                                      \
-    asm volatile(                                                                                                     \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                  \
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32." TA "." TB                                                      \
-        " "                                                                                                           \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
-        "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, "  \
-        "%65, p, 1, 1;\n}\n"                                                                                          \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),     \
-          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),     \
-          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),     \
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),     \
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                   \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-#define OCTET_WGMMA_N64(TA, TB)                                                                                       \
-    asm volatile(                                                                                                     \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                  \
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32." TA "." TB                                                       \
-        " "                                                                                                           \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"                                       \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                   \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-#define OCTET_WGMMA(TA, TB)       \
-    if constexpr (N == 128)       \
-        OCTET_WGMMA_N128(TA, TB); \
-    else                          \
-        OCTET_WGMMA_N64(TA, TB)
-    if constexpr (std::is_same_v<FA, e4m3> && std::is_same_v<FB, e4m3>) {
-        OCTET_WGMMA("e4m3", "e4m3");
-    } else if constexpr (std::is_same_v<FA, e4m3>) {
-        OCTET_WGMMA("e4m3", "e5m2");
-    } else if constexpr (std::is_same_v<FB, e4m3>) {
-        OCTET_WGMMA("e5m2", "e4m3");
+    if constexpr (N == 128) {
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "128", OCTET_WGMMA_R64, D64, "%64", "%65", "%66")
     } else {
-        OCTET_WGMMA("e5m2", "e5m2");
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "64", OCTET_WGMMA_R32, D32, "%32", "%33", "%34")
     }
-#undef OCTET_WGMMA
-#undef OCTET_WGMMA_N64
-#undef OCTET_WGMMA_N128
 #endif
 #elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-    constexpr const char* name =
-        std::is_same_v<FA, e4m3>
-            ? (std::is_same_v<FB, e4m3>
-                   ? (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e4m3.e4m3" : "wgmma.mma_async.m64n64k32.f32.e4m3.e4m3")
-                   : (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2"
-                               : "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2"))
-            : (std::is_same_v<FB, e4m3>
-                   ? (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3" : "wgmma.mma_async.m64n64k32.f32.e5m2.e4m3")
-                   : (N == 128 ? "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2"
-                               : "wgmma.mma_async.m64n64k32.f32.e5m2.e5m2"));
-    interpret::model::wgmma_m64nNk32<N, FA, FB>(d, desc_a, desc_b, scale_d, name, file, line);
+    interpret::model::wgmma_m64nNk32<N, FA, FB>(d, desc_a, desc_b, scale_d, wgmma_name<N, FA, FB, false>(), file, line);
 #else
     (void)d, (void)desc_a, (void)desc_b, (void)scale_d;
 #endif
 }
+
+/// The same with A from registers (wgmma's RS form): each warp w of the warpgroup supplies rows
+/// 16 w .. 16 w + 15 of A in mma.sync.m16n8k32's A fragment layout (lane 4 g + t: a[0] = row g,
+/// K bytes 4 t .. 4 t + 3; a[1] = row g + 8, the same bytes; a[2], a[3] = the same rows, K bytes
+/// 16 + 4 t .. 16 + 4 t + 3; byte b of a register is K byte b of its four). The ISA leaves the
+/// registers undefined to access until the wait_group that completes the instruction.
+template <int N, class FA, class FB>
+OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                 std::uint32_t scale_d OCTET_PTX_SITE) {
+    wgmma_check_types<N, FA, FB>();
+#if OCTET_DEVICE_PASS
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (N == 128) {
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "128", OCTET_WGMMA_R64, D64, "{%64, %65, %66, %67}", "%68", "%69")
+    } else {
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "64", OCTET_WGMMA_R32, D32, "{%32, %33, %34, %35}", "%36", "%37")
+    }
+#endif
+#elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    interpret::model::wgmma_m64nNk32_rs<N, FA, FB>(d, a, desc_b, scale_d, wgmma_name<N, FA, FB, true>(), file, line);
+#else
+    (void)d, (void)a, (void)desc_b, (void)scale_d;
+#endif
+}
+
+#undef OCTET_WGMMA_TYPES
+#undef OCTET_WGMMA_RS
+#undef OCTET_WGMMA_SS
+#undef OCTET_WGMMA_R64
+#undef OCTET_WGMMA_R32
+#undef OCTET_WGMMA_D64
+#undef OCTET_WGMMA_D32
 
 }  // namespace ptx
 }  // namespace octet

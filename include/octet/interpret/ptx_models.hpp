@@ -332,8 +332,9 @@ inline std::uint32_t tma_swizzle(std::uint32_t offset, std::uint32_t span) {
 /// the box of boxDim[1] rows of boxDim[0] elements at element coordinates (c0, c1) lands row after
 /// row (rows boxDim[0] * element bytes long) at dst, swizzled; elements outside the tensor (either
 /// coordinate negative or past globalDim) are zero (the FLOAT_OOB_FILL_NONE fill; NaN fill is not
-/// modelled). The writes are the issuing thread's (checked, attributed to it), made at issue; the
-/// copy then completes its bytes on the mbarrier, which releases them to the phase's waiters.
+/// modelled). The writes are the issuing thread's (checked, attributed to it), through the async proxy
+/// (wgmma reads them without a proxy fence), made at issue; the copy then completes its bytes on the
+/// mbarrier, which releases them to the phase's waiters.
 inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::uint32_t bar,
                         const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     detail::machine& m = detail::running("cp.async.bulk.tensor");
@@ -382,7 +383,7 @@ inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t 
                     std::memset(chunk + i, 0, d.element_bytes);
             }
             const std::uint32_t off = dst + tma_swizzle(r * row_bytes + b, d.swizzle_bytes);
-            if (detail::shared_access(base + off, 16, detail::access::write, -1)) std::memcpy(base + off, chunk, 16);
+            if (m.async_proxy_write(base + off, 16)) std::memcpy(base + off, chunk, 16);
         }
     }
     m.mbar_complete_tx(bar, bytes, "cp.async.bulk.tensor complete_tx", at);
@@ -444,9 +445,9 @@ inline void setmaxnreg(std::uint32_t n, bool inc, const char* file = __builtin_F
 }
 
 // ---- wgmma ------------------------------------------------------------------------------------------
-// wgmma.mma_async.sync.aligned.m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2} with A and B in shared memory, and
-// wgmma.fence / commit_group / wait_group, from the PTX ISA ("Asynchronous Warpgroup Level Matrix
-// Multiply-Accumulate Operation").
+// wgmma.mma_async.sync.aligned.m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2} with A and B in shared memory, or A
+// in registers (the RS form), and wgmma.fence / commit_group / wait_group, from the PTX ISA
+// ("Asynchronous Warpgroup Level Matrix Multiply-Accumulate Operation").
 //
 // Matrix descriptor (64 bits): start address (bits 0-13), leading dimension byte offset (LBO, 16-29),
 // stride dimension byte offset (SBO, 32-45), each the byte value >> 4 (addresses 18 bits, 16-byte
@@ -461,6 +462,9 @@ inline void setmaxnreg(std::uint32_t n, bool inc, const char* file = __builtin_F
 //     start address advanced by 32 bytes inside a 128-byte row (the next K step) selects the right
 //     granules; LBO is unused (32 K bytes never leave a swizzle row). Atoms are taken to be aligned to
 //     the pattern's repeat (base offset 0): a non-zero base offset is reported as not modelled.
+// A in registers (8-bit types): four 32-bit registers per thread; warp w holds rows 16 w .. 16 w + 15,
+// lane 4 g + t, register r, byte b is A[16 w + g + 8 (r % 2)][16 (r / 2) + 4 t + b] (per warp the A
+// fragment of mma.sync.m16n8k32).
 // Accumulator fragment (f32, N / 2 registers per thread): thread t of the warpgroup, warp w = t / 32,
 // lane l = t % 32, register i holds D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2].
 //
@@ -469,9 +473,10 @@ inline void setmaxnreg(std::uint32_t n, bool inc, const char* file = __builtin_F
 // accumulates with fewer bits and in its own order: results agree to about float precision, not bits.
 //
 // Shared-memory reads: each thread reads the 16-byte granules it contributes (A: granule (t / 2, t % 2);
-// B: granules t, t + 128, ... of the N x 2 in row-major order) through interpret::shared_at, so the
-// reads are checked (window bounds, uninitialised bytes, races with writes not ordered before the
-// instruction) and attributed to it. They happen at mma_async, i.e. at issue: the ISA lets the hardware
+// B: granules t, t + 128, ... of the N x 2 in row-major order) through the async proxy
+// (machine::async_proxy_read), so the reads are checked (window bounds, uninitialised bytes, races with
+// writes not ordered before the instruction, generic writes their writer did not follow with
+// fence.proxy.async) and attributed to it. They happen at mma_async, i.e. at issue: the ISA lets the hardware
 // read until wait_group, and a write to the operands in between is undefined, but not reported here.
 //
 // Asynchrony, as far as the ISA makes it checkable:
@@ -482,7 +487,9 @@ inline void setmaxnreg(std::uint32_t n, bool inc, const char* file = __builtin_F
 //     (scale-d = 1, same shape) take the in-flight value as their input, as the ISA allows;
 //   - mma_async on registers not in flight needs a wgmma.fence since the thread's last wait_group (the
 //     ISA's register-ordering rule; the model takes a wait as the point where the thread takes its
-//     registers back): otherwise a ptx_misuse report;
+//     registers back): otherwise a ptx_misuse report. In the RS form A's registers are read at issue; a
+//     write to them after the fence (which the ISA also orders by the fence) or before the wait is
+//     not seen;
 //   - all four instructions are .sync.aligned warpgroup collectives: threads of a warpgroup that reach
 //     different ones are warp_sync reports, and so are descriptors, scale-d or wait counts that differ
 //     across the warpgroup;
@@ -539,7 +546,8 @@ inline void wgmma_descriptor_misaligned(std::uint32_t start, std::uint32_t leadi
 template <int N>
 struct wgmma_operands {
     static constexpr int b_granules = (2 * N + 127) / 128;
-    std::uint8_t a[16];
+    std::uint8_t
+        a[16];  ///< A from shared memory: granule (t / 2, t % 2); from registers: a[4 r + b] = byte b of register r
     std::uint8_t b[b_granules][16];
     std::uint64_t desc_a, desc_b;
     std::uint32_t scale_d;
@@ -550,11 +558,12 @@ struct wgmma_result {
     float d[N / 2];
 };
 
-/// wgmma.mma_async.sync.aligned.m64nNk32.f32.FA.FB d, desc_a, desc_b, scale_d, 1, 1 (no negation):
-/// d = A B + (scale_d ? d : 0), landing in d at the wait_group that completes it.
+namespace detail {
+/// Both forms of wgmma.mma_async m64nNk32: A from desc_a when a_regs is null, else from the four registers
+/// at a_regs (the RS form, mma.sync.m16n8k32's A fragment per warp).
 template <int N, class FA, class FB>
-void wgmma_m64nNk32(float* d, std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t scale_d, const char* name,
-                    const char* file, int line) {
+void wgmma_issue(float* d, const std::uint32_t* a_regs, std::uint64_t desc_a, std::uint64_t desc_b,
+                 std::uint32_t scale_d, const char* name, const char* file, int line) {
     static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk32: N is a multiple of 8 up to 256");
     interpret::detail::wgmma_thread& st = interpret::detail::wgmma_state();
     const unsigned t = interpret::detail::running(name).current->tid % 128;
@@ -584,11 +593,20 @@ void wgmma_m64nNk32(float* d, std::uint64_t desc_a, std::uint64_t desc_b, std::u
         for (int i = 0; i < N / 2; ++i) mine.d[i] = d[i];
     }
     // this thread's share of the operands, read through the checks
-    auto read16 = [](std::uint32_t address, std::uint8_t* out) {
-        const auto p = interpret::shared_at<const std::uint8_t>(address);
-        for (int i = 0; i < 16; ++i) out[i] = p[i];
+    auto read16 = [&](std::uint32_t address, std::uint8_t* out) {
+        interpret::detail::machine& m = interpret::detail::running(name);
+        const std::uint8_t* p = m.window + address;
+        if (m.async_proxy_read(p, 16, name, interpret::detail::site{file, line}))
+            std::memcpy(out, p, 16);
+        else
+            std::memset(out, 0, 16);
     };
-    read16(wgmma_granule_address(desc_a, t / 2, t % 2), mine.a);
+    if (a_regs) {
+        for (int r = 0; r < 4; ++r)
+            for (int b = 0; b < 4; ++b) mine.a[4 * r + b] = static_cast<std::uint8_t>(a_regs[r] >> (8 * b));
+    } else {
+        read16(wgmma_granule_address(desc_a, t / 2, t % 2), mine.a);
+    }
     for (int j = 0; j < wgmma_operands<N>::b_granules; ++j) {
         const unsigned q = t + 128u * static_cast<unsigned>(j);
         if (q < 2u * N) read16(wgmma_granule_address(desc_b, q / 2, q % 2), mine.b[j]);
@@ -608,7 +626,16 @@ void wgmma_m64nNk32(float* d, std::uint64_t desc_a, std::uint64_t desc_b, std::u
                                  true);
             double a[64][32], b[N][32];
             for (int u = 0; u < 128; ++u) {
-                for (int k = 0; k < 16; ++k) a[u / 2][16 * (u % 2) + k] = static_cast<double>(decode<FA>(in[u]->a[k]));
+                if (a_regs) {  // warp w's rows 16 w .. 16 w + 15 in mma.sync's A fragment layout
+                    const int w = u / 32, g = (u % 32) / 4, tt = u % 4;
+                    for (int r = 0; r < 4; ++r)
+                        for (int bb = 0; bb < 4; ++bb)
+                            a[16 * w + g + 8 * (r & 1)][16 * (r >> 1) + 4 * tt + bb] =
+                                static_cast<double>(decode<FA>(in[u]->a[4 * r + bb]));
+                } else {
+                    for (int k = 0; k < 16; ++k)
+                        a[u / 2][16 * (u % 2) + k] = static_cast<double>(decode<FA>(in[u]->a[k]));
+                }
                 for (int j = 0; j < wgmma_operands<N>::b_granules; ++j) {
                     const int q = u + 128 * j;
                     if (q < 2 * N)
@@ -642,6 +669,21 @@ void wgmma_m64nNk32(float* d, std::uint64_t desc_a, std::uint64_t desc_b, std::u
         st.inflight.push_back(std::move(e));
     }
     for (int i = 0; i < N / 2; ++i) d[i] = detail::wgmma_poison();
+}
+}  // namespace detail
+
+/// wgmma.mma_async.sync.aligned.m64nNk32.f32.FA.FB d, desc_a, desc_b, scale_d, 1, 1 (no negation):
+/// d = A B + (scale_d ? d : 0), landing in d at the wait_group that completes it.
+template <int N, class FA, class FB>
+void wgmma_m64nNk32(float* d, std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t scale_d, const char* name,
+                    const char* file, int line) {
+    detail::wgmma_issue<N, FA, FB>(d, nullptr, desc_a, desc_b, scale_d, name, file, line);
+}
+/// The RS form, d, {a0, a1, a2, a3}, desc_b, scale_d, 1, 1: A from the four registers of each thread.
+template <int N, class FA, class FB>
+void wgmma_m64nNk32_rs(float* d, const std::uint32_t (&a)[4], std::uint64_t desc_b, std::uint32_t scale_d,
+                       const char* name, const char* file, int line) {
+    detail::wgmma_issue<N, FA, FB>(d, a, 0, desc_b, scale_d, name, file, line);
 }
 
 /// wgmma.fence.sync.aligned: orders this thread's register accesses before the next mma_async.

@@ -35,6 +35,7 @@ struct epoch {
 struct shadow {
     epoch w, r, a;  // last plain write, last read (unless read_shared), last atomic
     bool init = false, read_shared = false, uninit_reported = false;
+    bool async_w = false;  // the last plain write was the async proxy's (a TMA load), needing no proxy fence
     std::uint32_t readers = 0;  // read_shared: its index in machine::read_sets
 };
 struct region {
@@ -1078,7 +1079,7 @@ struct machine {
         const std::size_t off = static_cast<std::size_t>(p - window);
         for (std::size_t i = 0; i < bytes; ++i) {
             const epoch& w = shadows[off + i].w;
-            if (w.clock != 0 && w.clock > proxy_fenced[w.tid]) {
+            if (w.clock != 0 && !shadows[off + i].async_w && w.clock > proxy_fenced[w.tid]) {
                 emit(make(check::async_proxy, current->tid, describe(off + i, -1),
                           std::string(what) + " at " + to_string(at) + " reads through the async proxy a byte that " +
                               thread_name(w.tid) +
@@ -1087,6 +1088,15 @@ struct machine {
                 break;
             }
         }
+        return true;
+    }
+
+    /// A write of shared bytes by the async proxy on behalf of the running thread (a TMA load): checked
+    /// as the thread's write; async-proxy readers need no fence.proxy.async for it.
+    bool async_proxy_write(std::uint8_t* p, std::size_t bytes) {
+        if (!access(p, bytes, detail::access::write, -1)) return false;
+        const std::size_t off = static_cast<std::size_t>(p - window);
+        for (std::size_t i = 0; i < bytes; ++i) shadows[off + i].async_w = true;
         return true;
     }
 
@@ -1343,6 +1353,7 @@ struct machine {
                 s.r = epoch{};
                 if (kind == detail::access::write) {
                     s.w = me;
+                    s.async_w = false;
                     s.a = epoch{};
                 } else {
                     s.a = me;
