@@ -283,6 +283,7 @@ void check_all_swizzles(std::uint64_t salt) {
 }
 
 TEST_CASE("wgmma m64nNk32: all FP8 type pairs, every swizzle mode, against a float64 oracle") {
+    check_all_swizzles<32, e4m3, e4m3>(9000);
     check_all_swizzles<64, e4m3, e4m3>(9001);
     check_all_swizzles<64, e4m3, e5m2>(9002);
     check_all_swizzles<64, e5m2, e4m3>(9003);
@@ -464,6 +465,7 @@ void check_rs(std::uint64_t salt) {
 }
 
 TEST_CASE("wgmma m64nNk32 with A from registers: all FP8 type pairs against a float64 oracle") {
+    check_rs<32, e4m3, e5m2>(9300);
     check_rs<64, e4m3, e4m3>(9301);
     check_rs<64, e4m3, e5m2>(9302);
     check_rs<64, e5m2, e4m3>(9303);

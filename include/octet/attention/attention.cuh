@@ -365,6 +365,27 @@ OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(cons
     }
 }
 
+/// acc = A B^T for the warpgroup: A (64 x 64 E4M3 codes) from registers, each warp's 16 rows as two
+/// k-steps of mma.sync A fragments (wgmma's register layout), B (N rows x 64 codes of FB) rows of a
+/// swizzled 64-byte-row tile from shared address b_addr; complete on return (one wgmma-group, waited for).
+template <int N, class FB>
+__device__ __forceinline__ void wgmma_rs_k64(float (&acc)[N / 2], const std::uint32_t (&a)[2][4],
+                                             std::uint32_t b_addr) {
+    OCTET_UNROLL
+    for (int i = 0; i < N / 2; ++i) {
+        acc[i] = 0.0f;
+        ptx::fence_operand(acc[i]);
+    }
+    ptx::wgmma_fence();
+    OCTET_UNROLL
+    for (int ks = 0; ks < 2; ++ks)
+        ptx::wgmma_m64nNk32<N, e4m3, FB>(acc, a[ks], tile_descriptor<64>(b_addr + 32 * ks), ks > 0 ? 1u : 0u);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    OCTET_UNROLL
+    for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
+}
+
 // ================================================================================================
 // Backward: the shared tile of P and dP
 // ================================================================================================
@@ -790,6 +811,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
                 a = attn::fmax(a, shfl_xor(a, 16));
                 if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
             }
+            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // Q^T, dO^T and K^T, for wgmma's reads
             __syncthreads();  // S2: Q^T, dO^T, K^T, column amax and telemetry partials visible
 
             if constexpr (tele) {
@@ -817,23 +839,45 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
             }
             // dV += P'^T dO and dK += (dS s_q)^T Q
             const float cdo = attn::mul(mdo, attn::p_scale);
-            OCTET_UNROLL
-            for (int nd = 0; nd < D / 8; ++nd) {
-                std::uint32_t bt[2][2];
-                load_bt(bt, sdOt, 8 * nd, lane);
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[0], bt[0]);
-                ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[1], bt[1]);
+            if constexpr (Wgmma) {
+                // the warpgroup's 64 keys x 64 channels at a time: A = the P' and dS s_q codes in registers
+                // (mma.sync's A fragments are wgmma's), B = dO^T's and Q^T's 64 channel rows (queries
+                // permuted alike), K-major; one product in flight at a time (two would spill at D = 128)
+                const std::uint32_t dot_addr = ptx::shared_address(sdOt), qt_addr = ptx::shared_address(sQt);
+                constexpr int NC = 32;  // channels per product
                 OCTET_UNROLL
-                for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
-                load_bt(bt, sQt, 8 * nd, lane);
-                float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[0], bt[0]);
-                ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[1], bt[1]);
+                for (int c = 0; c < D / NC; ++c) {
+                    float acc[NC / 2];
+                    wgmma_rs_k64<NC, DF>(acc, pa, dot_addr + c * NC * 64);
+                    OCTET_UNROLL
+                    for (int n = 0; n < NC / 8; ++n) OCTET_UNROLL
+                    for (int x = 0; x < 4; ++x)
+                        dv[NC / 8 * c + n][x] = attn::fma(cdo, acc[4 * n + x], dv[NC / 8 * c + n][x]);
+                    wgmma_rs_k64<NC, QF>(acc, da, qt_addr + c * NC * 64);
+                    OCTET_UNROLL
+                    for (int n = 0; n < NC / 8; ++n) OCTET_UNROLL
+                    for (int x = 0; x < 4; ++x)
+                        dk[NC / 8 * c + n][x] = attn::fma(dks[x >> 1], acc[4 * n + x], dk[NC / 8 * c + n][x]);
+                }
+            } else {
                 OCTET_UNROLL
-                for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
+                for (int nd = 0; nd < D / 8; ++nd) {
+                    std::uint32_t bt[2][2];
+                    load_bt(bt, sdOt, 8 * nd, lane);
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[0], bt[0]);
+                    ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[1], bt[1]);
+                    OCTET_UNROLL
+                    for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
+                    load_bt(bt, sQt, 8 * nd, lane);
+                    float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[0], bt[0]);
+                    ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[1], bt[1]);
+                    OCTET_UNROLL
+                    for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
+                }
             }
-            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // dS codes and K^T, for wgmma's reads
+            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // dS codes, for wgmma's reads
             __syncthreads();                                       // S3: dS codes visible
 
             // dQ += scale * s_dS * (dS codes) K for this warp's 16 queries

@@ -447,6 +447,10 @@ OCTET_DEVICE void fence_operand(float& r) {
 }
 
 // The accumulator operand lists of the asm statements below: N / 2 float registers in and out.
+#define OCTET_WGMMA_D16                                                                                         \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define OCTET_WGMMA_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define OCTET_WGMMA_D32                                                                                         \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
@@ -500,12 +504,18 @@ OCTET_HD constexpr int wgmma_type_pair() {
 /// The instruction's name for the interpreter's reports (RegisterA: the RS form).
 template <int N, class FA, class FB, bool RegisterA>
 constexpr const char* wgmma_name() {
-    constexpr const char* names[2][2][4] = {
-        {{"wgmma.mma_async.m64n64k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2",
+    constexpr const char* names[2][3][4] = {
+        {{"wgmma.mma_async.m64n32k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n32k32.f32.e4m3.e5m2",
+          "wgmma.mma_async.m64n32k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n32k32.f32.e5m2.e5m2"},
+         {"wgmma.mma_async.m64n64k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2",
           "wgmma.mma_async.m64n64k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n64k32.f32.e5m2.e5m2"},
          {"wgmma.mma_async.m64n128k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2",
           "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2"}},
-        {{"wgmma.mma_async.m64n64k32.f32.e4m3.e4m3 (A in registers)",
+        {{"wgmma.mma_async.m64n32k32.f32.e4m3.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n32k32.f32.e4m3.e5m2 (A in registers)",
+          "wgmma.mma_async.m64n32k32.f32.e5m2.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n32k32.f32.e5m2.e5m2 (A in registers)"},
+         {"wgmma.mma_async.m64n64k32.f32.e4m3.e4m3 (A in registers)",
           "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2 (A in registers)",
           "wgmma.mma_async.m64n64k32.f32.e5m2.e4m3 (A in registers)",
           "wgmma.mma_async.m64n64k32.f32.e5m2.e5m2 (A in registers)"},
@@ -513,18 +523,19 @@ constexpr const char* wgmma_name() {
           "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2 (A in registers)",
           "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3 (A in registers)",
           "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2 (A in registers)"}}};
-    return names[RegisterA][N == 128][wgmma_type_pair<FA, FB>()];
+    return names[RegisterA][N == 32 ? 0 : N == 64 ? 1 : 2][wgmma_type_pair<FA, FB>()];
 }
 
 template <int N, class FA, class FB>
 OCTET_HD constexpr void wgmma_check_types() {
-    static_assert(N == 64 || N == 128, "wgmma_m64nNk32: N = 64 or 128 (add the operand list for others)");
+    static_assert(N == 32 || N == 64 || N == 128,
+                  "wgmma_m64nNk32: N = 32, 64 or 128 (add the operand list for others)");
     static_assert(std::is_same_v<FA, e4m3> || std::is_same_v<FA, e5m2>, "wgmma_m64nNk32: FP8 A (e4m3, e5m2)");
     static_assert(std::is_same_v<FB, e4m3> || std::is_same_v<FB, e5m2>, "wgmma_m64nNk32: FP8 B (e4m3, e5m2)");
 }
 
 /// wgmma.mma_async.sync.aligned.m64nNk32.f32.FA.FB with A (64 x 32) and B (N x 32), both K-major in
-/// shared memory as the descriptors say, N = 64 or 128 (FA, FB: e4m3 or e5m2):
+/// shared memory as the descriptors say, N = 32, 64 or 128 (FA, FB: e4m3 or e5m2):
 /// d = A B^T + (scale_d ? d : 0), complete at the wgmma.wait_group of its group.
 template <int N, class FA, class FB>
 OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b,
@@ -534,8 +545,10 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], std::uint64_t desc_a, std::u
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if constexpr (N == 128) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "128", OCTET_WGMMA_R64, D64, "%64", "%65", "%66")
-    } else {
+    } else if constexpr (N == 64) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "64", OCTET_WGMMA_R32, D32, "%32", "%33", "%34")
+    } else {
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "32", OCTET_WGMMA_R16, D16, "%16", "%17", "%18")
     }
 #endif
 #elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
@@ -558,8 +571,10 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], const std::uint32_t (&a)[4],
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if constexpr (N == 128) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "128", OCTET_WGMMA_R64, D64, "{%64, %65, %66, %67}", "%68", "%69")
-    } else {
+    } else if constexpr (N == 64) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "64", OCTET_WGMMA_R32, D32, "{%32, %33, %34, %35}", "%36", "%37")
+    } else {
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "32", OCTET_WGMMA_R16, D16, "{%16, %17, %18, %19}", "%20", "%21")
     }
 #endif
 #elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
@@ -576,6 +591,8 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], const std::uint32_t (&a)[4],
 #undef OCTET_WGMMA_R32
 #undef OCTET_WGMMA_D64
 #undef OCTET_WGMMA_D32
+#undef OCTET_WGMMA_R16
+#undef OCTET_WGMMA_D16
 
 }  // namespace ptx
 }  // namespace octet
