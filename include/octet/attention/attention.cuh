@@ -75,10 +75,10 @@ struct fwd_params {
 };
 
 /// Dynamic shared memory of the forward: Q, K x2, V x2, V^T; the key and value scales x2; with
-/// wgmma, the P tile and the slack that aligns the tiles to 1024 bytes (their swizzle atoms).
+/// wgmma, the slack that aligns the tiles to 1024 bytes (their swizzle atoms).
 template <int D, bool Wgmma>
 constexpr int fwd_smem_bytes() {
-    return kTile * D * 6 + 4 * kTile * 4 + (Wgmma ? kTile * kTile + 1024 : 0);
+    return kTile * D * 6 + 4 * kTile * 4 + (Wgmma ? 1024 : 0);
 }
 
 /// wgmma's descriptor of a K-major tile of `RowBytes`-byte rows (64 or 128), swizzled as swz does
@@ -178,10 +178,32 @@ __device__ __forceinline__ void forward_store_rows(OT* o_base, std::size_t o_ld,
     }
 }
 
+/// acc = A B^T for the warpgroup: A (64 x 64 E4M3 codes) from registers, each warp's 16 rows as two
+/// k-steps of mma.sync A fragments (wgmma's register layout), B (N rows x 64 codes of FB) rows of a
+/// swizzled 64-byte-row tile from shared address b_addr; complete on return (one wgmma-group, waited for).
+template <int N, class FB>
+__device__ __forceinline__ void wgmma_rs_k64(float (&acc)[N / 2], const std::uint32_t (&a)[2][4],
+                                             std::uint32_t b_addr) {
+    OCTET_UNROLL
+    for (int i = 0; i < N / 2; ++i) {
+        acc[i] = 0.0f;
+        ptx::fence_operand(acc[i]);
+    }
+    ptx::wgmma_fence();
+    OCTET_UNROLL
+    for (int ks = 0; ks < 2; ++ks)
+        ptx::wgmma_m64nNk32<N, e4m3, FB>(acc, a[ks], tile_descriptor<64>(b_addr + 32 * ks), ks > 0 ? 1u : 0u);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    OCTET_UNROLL
+    for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
+}
+
 /// The forward. Wgmma = false: FP8 mma.sync (sm_89+), P from registers. Wgmma = true (sm_90a only;
 /// an empty kernel elsewhere): one warpgroup runs S = Q K^T as wgmma m64n64k32 on the Q and K tiles
-/// in shared memory and O += P V as wgmma m64nDk32 on P, which it writes to shared memory as E4M3,
-/// and on V^T: QGMMA instead of mma.sync's FP8-to-FP16 conversions. Both read the same swizzled
+/// in shared memory and O += P V as wgmma m64nDk32 with P's E4M3 codes from registers (mma.sync's A
+/// fragments, which are wgmma's) and V^T from shared memory: QGMMA instead of mma.sync's FP8-to-FP16
+/// conversions. Both read the same swizzled
 /// tiles (swz is wgmma's swizzle) and share the softmax, so their results differ only by the order
 /// of the tensor cores' sums.
 template <int D, bool Wgmma, class QR, class KR, class VR, class OT>
@@ -196,16 +218,15 @@ OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(cons
         shared_ptr_t<std::uint8_t> sQ = Wgmma ? fwd_smem + wgmma_tile_padding(fwd_smem) : fwd_smem;  // (64, D)
         shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                                              // 2 x (64, D)
         shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                                          // 2 x (64, D)
-        shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;  // (D, 64), keys permuted
-        shared_ptr_t<std::uint8_t> sP = sVt + kTile * D;      // wgmma: (64, 64) P codes, keys permuted
-        shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sP + (Wgmma ? kTile * kTile : 0));  // 2 x 64 key scales
-        shared_ptr_t<float> sVs = sKs + 2 * kTile;                                             // 2 x 64 value scales
+        shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;                  // (D, 64), keys permuted
+        shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + kTile * D);  // 2 x 64 key scales
+        shared_ptr_t<float> sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
 
         const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
         const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
         if (qt * kTile >= lq) return;
         const int hk = h / p.group;
-        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
 
         // step s of the loop below visits key tile tile_at(s)
@@ -299,51 +320,29 @@ OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(cons
                 forward_softmax_tile([&](int n, int x) -> float& { return s[n][x]; }, lane, row, qf, jt* kTile, whole,
                                      lq, lk, p.causal, sKs + st * kTile, sVs + st * kTile, m, l, alpha);
             const float cv = attn::mul(mv, attn::p_scale);
+            // P codes as A fragments of the P V product (attn_frag::a_source), for mma.sync and wgmma alike
+            std::uint32_t pa[2][4];
+            OCTET_UNROLL
+            for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
+            for (int reg = 0; reg < 4; ++reg) {
+                std::uint32_t c[4];
+                OCTET_UNROLL
+                for (int b = 0; b < 4; ++b) {
+                    const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                    c[b] = attn::encode_p(s[src.n][src.x]);
+                }
+                pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
+            }
             if constexpr (Wgmma) {
-                // P codes into the (64, 64) P tile, keys permuted within 16-key groups as V^T's are
-                // (perm_pos): key 8 (2c + a) + 2t + e of a row sits at byte 4t + 2a + e of its chunk c
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) OCTET_UNROLL
-                for (int c = 0; c < 4; ++c)
-                    *OCTET_SHARED_CAST(std::uint32_t,
-                                       sP + swz<64>(warp * 16 + attn_frag::c_row(lane, 2 * r), c) + 4 * t) =
-                        pack4(attn::encode_p(s[2 * c][2 * r]), attn::encode_p(s[2 * c][2 * r + 1]),
-                              attn::encode_p(s[2 * c + 1][2 * r]), attn::encode_p(s[2 * c + 1][2 * r + 1]));
-                ptx::fence_proxy_async_shared();  // P and V^T, written by threads, for wgmma's reads
-                __syncthreads();                  // V^T and P ready
+                ptx::fence_proxy_async_shared();  // V^T, written by threads, for wgmma's reads
+                __syncthreads();                  // V^T ready
                 float pv[D / 8][4];
-                float(&acc)[D / 2] = reinterpret_cast<float(&)[D / 2]>(pv);  // register 4 nd + x is pv[nd][x]
-                const std::uint32_t pa_addr = ptx::shared_address(sP), vb_addr = ptx::shared_address(sVt);
-                OCTET_UNROLL
-                for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
-                OCTET_UNROLL
-                for (int i = 0; i < D / 2; ++i) ptx::fence_operand(acc[i]);
-                ptx::wgmma_fence();
-                OCTET_UNROLL
-                for (int ks = 0; ks < 2; ++ks)
-                    ptx::wgmma_m64nNk32<D, e4m3, VF>(acc, tile_descriptor<64>(pa_addr + 32 * ks),
-                                                     tile_descriptor<64>(vb_addr + 32 * ks), ks > 0 ? 1u : 0u);
-                ptx::wgmma_commit_group();
-                ptx::wgmma_wait_group<0>();
-                OCTET_UNROLL
-                for (int i = 0; i < D / 2; ++i) ptx::fence_operand(acc[i]);
+                wgmma_rs_k64<D, VF>(reinterpret_cast<float(&)[D / 2]>(pv), pa,  // register 4 nd + x is pv[nd][x]
+                                    ptx::shared_address(sVt));
                 OCTET_UNROLL
                 for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
                 for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, pv[nd][x]));
             } else {
-                // P codes as A fragments of the P V product (attn_frag::a_source)
-                std::uint32_t pa[2][4];
-                OCTET_UNROLL
-                for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
-                for (int reg = 0; reg < 4; ++reg) {
-                    std::uint32_t c[4];
-                    OCTET_UNROLL
-                    for (int b = 0; b < 4; ++b) {
-                        const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
-                        c[b] = attn::encode_p(s[src.n][src.x]);
-                    }
-                    pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
-                }
                 __syncthreads();  // V^T ready
                 OCTET_UNROLL
                 for (int nd = 0; nd < D / 8; ++nd) {
@@ -363,27 +362,6 @@ OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(cons
     } else {
         (void)p;
     }
-}
-
-/// acc = A B^T for the warpgroup: A (64 x 64 E4M3 codes) from registers, each warp's 16 rows as two
-/// k-steps of mma.sync A fragments (wgmma's register layout), B (N rows x 64 codes of FB) rows of a
-/// swizzled 64-byte-row tile from shared address b_addr; complete on return (one wgmma-group, waited for).
-template <int N, class FB>
-__device__ __forceinline__ void wgmma_rs_k64(float (&acc)[N / 2], const std::uint32_t (&a)[2][4],
-                                             std::uint32_t b_addr) {
-    OCTET_UNROLL
-    for (int i = 0; i < N / 2; ++i) {
-        acc[i] = 0.0f;
-        ptx::fence_operand(acc[i]);
-    }
-    ptx::wgmma_fence();
-    OCTET_UNROLL
-    for (int ks = 0; ks < 2; ++ks)
-        ptx::wgmma_m64nNk32<N, e4m3, FB>(acc, a[ks], tile_descriptor<64>(b_addr + 32 * ks), ks > 0 ? 1u : 0u);
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    OCTET_UNROLL
-    for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
 }
 
 // ================================================================================================
