@@ -178,6 +178,18 @@ __device__ __forceinline__ void forward_store_rows(OT* o_base, std::size_t o_ld,
     }
 }
 
+/// acc = A B^T for one warp with mma.sync: A (16 x 64 E4M3 codes) as two k-steps of A fragments,
+/// B rows n0 .. n0 + 7 (64 codes of FB each) of a transposed 64-wide tile (load_bt).
+template <class FB>
+__device__ __forceinline__ void mma_k64(float (&acc)[4], const std::uint32_t (&a)[2][4],
+                                        shared_ptr_t<const std::uint8_t> bt_tile, int n0, int lane) {
+    std::uint32_t b[2][2];
+    load_bt(b, bt_tile, n0, lane);
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    ptx::mma_m16n8k32_acc<e4m3, FB>(acc, a[0], b[0]);
+    ptx::mma_m16n8k32_acc<e4m3, FB>(acc, a[1], b[1]);
+}
+
 /// acc = A B^T for the warpgroup: A (64 x 64 E4M3 codes) from registers, each warp's 16 rows as two
 /// k-steps of mma.sync A fragments (wgmma's register layout), B (N rows x 64 codes of FB) rows of a
 /// swizzled 64-byte-row tile from shared address b_addr; complete on return (one wgmma-group, waited for).
@@ -346,11 +358,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(cons
                 __syncthreads();  // V^T ready
                 OCTET_UNROLL
                 for (int nd = 0; nd < D / 8; ++nd) {
-                    std::uint32_t bv[2][2];
-                    load_bt(bv, sVt, 8 * nd, lane);
-                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[0], bv[0]);
-                    ptx::mma_m16n8k32_acc<e4m3, VF>(acc, pa[1], bv[1]);
+                    float acc[4];
+                    mma_k64<VF>(acc, pa, sVt, 8 * nd, lane);
                     OCTET_UNROLL
                     for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, acc[x]));
                 }
@@ -840,19 +849,13 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
             } else {
                 OCTET_UNROLL
                 for (int nd = 0; nd < D / 8; ++nd) {
-                    std::uint32_t bt[2][2];
-                    load_bt(bt, sdOt, 8 * nd, lane);
-                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[0], bt[0]);
-                    ptx::mma_m16n8k32_acc<e4m3, DF>(acc, pa[1], bt[1]);
+                    float acc[4];
+                    mma_k64<DF>(acc, pa, sdOt, 8 * nd, lane);
                     OCTET_UNROLL
                     for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
-                    load_bt(bt, sQt, 8 * nd, lane);
-                    float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[0], bt[0]);
-                    ptx::mma_m16n8k32_acc<e4m3, QF>(acc2, da[1], bt[1]);
+                    mma_k64<QF>(acc, da, sQt, 8 * nd, lane);
                     OCTET_UNROLL
-                    for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc2[x], dk[nd][x]);
+                    for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc[x], dk[nd][x]);
                 }
             }
             if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // dS codes, for wgmma's reads
@@ -914,11 +917,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
                     load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
                     OCTET_UNROLL
                     for (int nd = 0; nd < D / 8; ++nd) {
-                        std::uint32_t bt[2][2];
-                        load_bt(bt, sKt, 8 * nd, lane);
-                        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[0], bt[0]);
-                        ptx::mma_m16n8k32_acc<e4m3, KF>(acc, qa[1], bt[1]);
+                        float acc[4];
+                        mma_k64<KF>(acc, qa, sKt, 8 * nd, lane);
                         add_dq(nd, acc);
                     }
                 }
