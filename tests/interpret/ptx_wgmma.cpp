@@ -294,7 +294,7 @@ TEST_CASE("wgmma m64nNk32: all FP8 type pairs, every swizzle mode, against a flo
     check_all_swizzles<128, e5m2, e5m2>(9008);
 }
 
-TEST_CASE("wgmma: NaN and Inf operands and accumulators give IEEE results on the exact products") {
+TEST_CASE("wgmma: NaN and Inf operands and accumulators give IEEE results on the exact products (SS and RS)") {
     // E5M2: +Inf 0x7C, -Inf 0xFC, NaN 0x7F, +1 0x3C, -1 0xBC, +0 0x00; E4M3: NaN 0x7F / 0xFF (no Inf).
     CHECK(octet::decode<e5m2>(0x7C) == INFINITY);
     CHECK(octet::decode<e5m2>(0xFC) == -INFINITY);
@@ -325,6 +325,10 @@ TEST_CASE("wgmma: NaN and Inf operands and accumulators give IEEE results on the
             for (float v : out) nan += std::isnan(v), inf += std::isinf(v);
             CHECK(nan > 64);
             CHECK(inf > 32);
+            // the RS form (A from registers) on the same operands
+            const auto rr = p.run_rs(p.descs(p.steps(), p.pa, p.pb), p.steps(), scale0, out);
+            CHECK_MESSAGE(rr.clean(), all_messages(rr));
+            CHECK(p.mismatches(out, scale0 != 0) == 0);
         }
     }
     {
@@ -338,6 +342,9 @@ TEST_CASE("wgmma: NaN and Inf operands and accumulators give IEEE results on the
         int nan = 0;
         for (float v : out) nan += std::isnan(v);
         CHECK(nan == 64 + 64 - 1);
+        const auto rr = p.run_rs(p.descs(p.steps(), p.pa, p.pb), p.steps(), 1, out);
+        CHECK_MESSAGE(rr.clean(), all_messages(rr));
+        CHECK(p.mismatches(out, true) == 0);
     }
 }
 
