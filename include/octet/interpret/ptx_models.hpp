@@ -546,8 +546,8 @@ inline void wgmma_descriptor_misaligned(std::uint32_t start, std::uint32_t leadi
 template <int N>
 struct wgmma_operands {
     static constexpr int b_granules = (2 * N + 127) / 128;
-    std::uint8_t
-        a[16];  ///< A from shared memory: granule (t / 2, t % 2); from registers: a[4 r + b] = byte b of register r
+    /// A from shared memory: granule (t / 2, t % 2); from registers: a[4 r + b] = byte b of register r
+    std::uint8_t a[16];
     std::uint8_t b[b_granules][16];
     std::uint64_t desc_a, desc_b;
     std::uint32_t scale_d;
