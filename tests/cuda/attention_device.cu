@@ -608,6 +608,64 @@ TEST_SUITE("gpu") {
     }
 }
 
+TEST_SUITE("gpu") {
+    TEST_CASE("attention forward: NaN codes in the next sequence's q, k and v never reach this sequence's O and L") {
+        // Sequence 0 has 70 tokens: its second key tile and query tile run 58 rows into sequence 1,
+        // which the kernels must mask (TMA zero-fills only past the whole tensor; cp.async zero-fills
+        // past the sequence). E4M3's NaN code 0x7F in every byte of sequence 1's rows would turn any
+        // product that reads them into NaN.
+        for (const int d : {64, 128}) {
+            INFO("head dim " << d);
+            config c;
+            c.lens_q = {70, 64};
+            c.hq = c.hkv = 1;
+            c.d = d;
+            c.salt = 510 + static_cast<std::uint64_t>(d);
+            const problem p = make_problem(c);
+            quantized<per_token> qz(p);
+            cuda::device_buffer<std::int32_t> dcu(p.cu_q);
+            attention_shape shape = p.shape();
+            shape.device_cu_seqlens_q = dcu.data();
+            shape.device_cu_seqlens_k = dcu.data();
+            device_operand<per_token> dq_(qz.q), dk_(qz.k), dv_(qz.v);
+            const std::size_t rows0 = 70, cols = static_cast<std::size_t>(d);
+            std::vector<attention_kernel> kernels{attention_kernel::mma_sync};
+            if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test"))
+                kernels.push_back(attention_kernel::wgmma);
+            for (const attention_kernel kernel : kernels) {
+                INFO("forward kernel " << (kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
+                auto forward = [&](std::vector<float>& o_out, std::vector<float>& lse_out) {
+                    cuda::device_buffer<float> o(static_cast<std::size_t>(p.tq) * cols),
+                        lse(static_cast<std::size_t>(p.tq));
+                    attention_options fo = c.forward_options();
+                    fo.kernel = kernel;
+                    attention_forward(on_stream(), shape, dq_.cref(), dk_.cref(), dv_.cref(),
+                                      matrix_ref<float>(o.data(), p.tq, cols), span<float>(lse.data(), lse.size()), fo);
+                    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+                    const auto od = o.download(), ld = lse.download();
+                    o_out.assign(od.begin(), od.begin() + static_cast<std::ptrdiff_t>(rows0 * cols));
+                    lse_out.assign(ld.begin(), ld.begin() + static_cast<std::ptrdiff_t>(rows0));
+                };
+                std::vector<float> o_clean, lse_clean, o_poisoned, lse_poisoned;
+                forward(o_clean, lse_clean);
+                CHECK(count_nan(o_clean) == 0);
+                for (device_operand<per_token>* x : {&dq_, &dk_, &dv_}) {
+                    std::vector<std::uint8_t> codes = x->data.download();
+                    std::fill(codes.begin() + static_cast<std::ptrdiff_t>(rows0 * x->layout.row_bytes), codes.end(),
+                              std::uint8_t{0x7F});
+                    x->data.upload(codes);
+                }
+                forward(o_poisoned, lse_poisoned);
+                CHECK(o_poisoned == o_clean);  // bit for bit (no NaN on either side: checked above)
+                CHECK(lse_poisoned == lse_clean);
+                dq_.data.upload(qz.q.data());
+                dk_.data.upload(qz.k.data());
+                dv_.data.upload(qz.v.data());
+            }
+        }
+    }
+}
+
 TEST_SUITE("cuda") {
     TEST_CASE("attention host path compiled by nvcc: same accuracy as under g++ (tests/host/attention_host.cpp)") {
         config c;

@@ -15,28 +15,29 @@
 // that receives the telemetry summary (with options.telemetry). Nothing is synchronized and nothing
 // is allocated. options.fold_dq_residual is host-only: the stream backward rejects it.
 //
-// Kernels (FlashAttention-2 structure, one 64-row tile per block of 4 warps, 16 rows per warp):
-//   forward:  block = (64-query tile, head, sequence); loops over 64-key tiles (double-buffered
-//             cp.async, in options.key_order), S = Q K^T and O += P V on FP8 tensor cores, online
-//             softmax in registers. Two kernels, one template (forward_kernel): mma.sync, with P
-//             passed in registers (sm_89; on Hopper it compiles to FP16 HMMA with conversions), and
-//             wgmma, one warpgroup issuing m64n64k32 for S and m64nDk32 for P V with P staged in
-//             shared memory (sm_90a; QGMMA). options.kernel chooses; automatic takes wgmma where it
-//             can run. Not yet FlashAttention-3's structure (TMA, warp specialization, overlap of
-//             softmax and products): the wgmma kernel waits for each product.
+// Kernels (one 64-row tile per block, 16 rows per warp; options.kernel chooses mma.sync or wgmma,
+// automatic takes wgmma where it can run):
+//   forward:  block = (64-query tile, head, sequence); loops over 64-key tiles in options.key_order,
+//             S = Q K^T and O += P V on FP8 tensor cores, online softmax in registers (the same
+//             forward_softmax_tile in both kernels).
+//             - forward_kernel (FlashAttention-2's structure, 4 warps): double-buffered cp.async,
+//               FP8 mma.sync with P passed in registers (sm_89; on Hopper it compiles to FP16 HMMA
+//               with conversions).
+//             - forward_wgmma_kernel (sm_90a, FlashAttention-3's structure): a producer warpgroup
+//               loads Q, K and V with TMA into a 2-stage mbarrier ring and transposes V there; one
+//               consumer warpgroup issues wgmma m64n64k32 for S and m64nDk32 for P V with P from
+//               registers (QGMMA). Two CTAs per SM; not yet FA3's ping-pong of two consumer
+//               warpgroups or its overlap of one tile's softmax with the next tile's S.
 //   delta:    from_output: one warp per query row (rowsum(dO * O)); matched: block = (query tile,
 //             head, sequence) recomputing S^T and dP^T tile by tile with the very code the
 //             gradient kernel uses (tile_p_dp), so D_i = sum_j P_ij dP_ij is formed from the same
 //             bits as the dS it enters.
 //   gradient: block = (64-key tile, key/value head, sequence); loops over the query heads of its
 //             group and their 64-query tiles; dK and dV stay in registers, dQ goes to a float
-//             accumulator with atomics (converted to the output type at the end).
-//             options.kernel chooses how both backward kernels form S^T and dP^T (tile_p_dp): wgmma
-//             m64n64k32 on sm_90a (QGMMA), or mma.sync, and the gradient kernel's dQ product the
-//             same way (from the dS codes and K^T in shared memory); dV and dK are mma.sync in both
-//             (their A operands, P'^T and dS^T, are in registers only: not staged yet).
-// Head dims 64 and 128. In the mma.sync kernels P and dS reach the next product through registers
-// (see detail/tiles.cuh).
+//             accumulator with atomics (converted to the output type at the end). With wgmma
+//             (sm_90a) every product is QGMMA: S^T and dP^T (tile_p_dp) and dQ from shared memory,
+//             dV and dK with their A operands (P'^T, dS^T) from registers; else mma.sync.
+// Head dims 64 and 128. P and dS reach the next product through registers (see detail/tiles.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,6 +51,7 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
+#include "octet/cuda/tensor_map.cuh"
 
 namespace octet {
 namespace attn_kernel {
@@ -74,11 +76,10 @@ struct fwd_params {
     key_tile_order key_order;
 };
 
-/// Dynamic shared memory of the forward: Q, K x2, V x2, V^T; the key and value scales x2; with
-/// wgmma, the slack that aligns the tiles to 1024 bytes (their swizzle atoms).
-template <int D, bool Wgmma>
+/// Dynamic shared memory of the mma.sync forward: Q, K x2, V x2, V^T; the key and value scales x2.
+template <int D>
 constexpr int fwd_smem_bytes() {
-    return kTile * D * 6 + 4 * kTile * 4 + (Wgmma ? 1024 : 0);
+    return kTile * D * 6 + 4 * kTile * 4;
 }
 
 /// wgmma's descriptor of a K-major tile of `RowBytes`-byte rows (64 or 128), swizzled as swz does
@@ -157,6 +158,22 @@ __device__ __forceinline__ float forward_softmax_tile(At&& at, int lane, const i
     return mv;
 }
 
+/// The E4M3 codes of P (the values forward_softmax_tile left in s) as the A fragments of the P V
+/// product (attn_frag::a_source): mma.sync's, which are also wgmma's register operand.
+__device__ __forceinline__ void p_fragments(const float (&s)[8][4], std::uint32_t (&pa)[2][4]) {
+    OCTET_UNROLL
+    for (int ks = 0; ks < 2; ++ks) OCTET_UNROLL
+    for (int reg = 0; reg < 4; ++reg) {
+        std::uint32_t c[4];
+        OCTET_UNROLL
+        for (int b = 0; b < 4; ++b) {
+            const attn_frag::n_x src = attn_frag::a_source(ks, reg, b);
+            c[b] = attn::encode_p(s[src.n][src.x]);
+        }
+        pa[ks][reg] = pack4(c[0], c[1], c[2], c[3]);
+    }
+}
+
 /// The forward's end for the 16 rows of this warp: O = acc / l (acc in the accumulator layout,
 /// o[nd][x]: row row[x / 2], channel c_col(lane, nd, x % 2)) and L.
 template <int D, class OT>
@@ -211,166 +228,275 @@ __device__ __forceinline__ void wgmma_rs_k64(float (&acc)[N / 2], const std::uin
     for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
 }
 
-/// The forward. Wgmma = false: FP8 mma.sync (sm_89+), P from registers. Wgmma = true (sm_90a only;
-/// an empty kernel elsewhere): one warpgroup runs S = Q K^T as wgmma m64n64k32 on the Q and K tiles
-/// in shared memory and O += P V as wgmma m64nDk32 with P's E4M3 codes from registers (mma.sync's A
-/// fragments, which are wgmma's) and V^T from shared memory: QGMMA instead of mma.sync's FP8-to-FP16
-/// conversions. Both read the same swizzled
-/// tiles (swz is wgmma's swizzle) and share the softmax, so their results differ only by the order
-/// of the tensor cores' sums.
-template <int D, bool Wgmma, class QR, class KR, class VR, class OT>
-OCTET_KERNEL void __launch_bounds__(kThreads, Wgmma ? 2 : 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
-    if constexpr (!Wgmma || OCTET_ARCH_SM90A) {
-        using QF = typename QR::format;
-        using KF = typename KR::format;
-        using VF = typename VR::format;
-        OCTET_DYNAMIC_SHARED(std::uint8_t, fwd_smem);
-        // wgmma's swizzle atoms want tiles aligned to 1024 bytes: the padding is added to the shared
-        // array itself, so that the pointers stay in the shared address space (fwd_smem_bytes has the slack)
-        shared_ptr_t<std::uint8_t> sQ = Wgmma ? fwd_smem + wgmma_tile_padding(fwd_smem) : fwd_smem;  // (64, D)
-        shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                                              // 2 x (64, D)
-        shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                                          // 2 x (64, D)
-        shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;                  // (D, 64), keys permuted
-        shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + kTile * D);  // 2 x 64 key scales
-        shared_ptr_t<float> sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
+/// The mma.sync forward (sm_89+; on Hopper forward_wgmma_kernel is the fast one): FP8 mma.sync, P
+/// from registers. It and forward_wgmma_kernel read the same swizzled tiles (swz is wgmma's and
+/// TMA's swizzle) and share the softmax, so their results differ only by the order of the tensor
+/// cores' sums.
+template <int D, class QR, class KR, class VR, class OT>
+OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params<QR, KR, VR, OT> p) {
+    using QF = typename QR::format;
+    using KF = typename KR::format;
+    using VF = typename VR::format;
+    OCTET_DYNAMIC_SHARED(std::uint8_t, fwd_smem);
+    shared_ptr_t<std::uint8_t> sQ = fwd_smem;                             // (64, D)
+    shared_ptr_t<std::uint8_t> sK = sQ + kTile * D;                       // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sV = sK + 2 * kTile * D;                   // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sVt = sV + 2 * kTile * D;                  // (D, 64), keys permuted
+    shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + kTile * D);  // 2 x 64 key scales
+    shared_ptr_t<float> sVs = sKs + 2 * kTile;                            // 2 x 64 value scales
 
-        const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
-        const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-        if (qt * kTile >= lq) return;
-        const int hk = h / p.group;
-        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-        const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
+    const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
+    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+    if (qt * kTile >= lq) return;
+    const int hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
 
-        // step s of the loop below visits key tile tile_at(s)
-        auto tile_at = [&](int step) { return attn::key_tile_at(step, ntiles, p.key_order); };
+    // step s of the loop below visits key tile tile_at(s)
+    auto tile_at = [&](int step) { return attn::key_tile_at(step, ntiles, p.key_order); };
 
-        load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-        if (ntiles > 0) {
-            const int first = k0 + tile_at(0) * kTile;
-            load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, first, k0 + lk, hk * D);
-            load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, first, k0 + lk, hk * D);
+    load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+    if (ntiles > 0) {
+        const int first = k0 + tile_at(0) * kTile;
+        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, first, k0 + lk, hk * D);
+        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, first, k0 + lk, hk * D);
+    }
+    ptx::cp_async_commit_group();
+    // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
+    auto fetch_scale = [&](int jt) -> float {
+        const int j = jt * kTile + (tid & 63);
+        if (j >= lk) return 0.0f;
+        return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
+                        : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
+    };
+    float scale_next = ntiles > 0 ? fetch_scale(tile_at(0)) : 0.0f;
+
+    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
+                        qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
+    float qf[2];
+    for (int r = 0; r < 2; ++r)
+        qf[r] = row[r] < lq
+                    ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2)
+                    : 0.0f;
+
+    float o[D / 8][4];
+    OCTET_UNROLL
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
+    std::uint32_t qa[D / 32][4];
+
+    for (int step = 0; step < ntiles; ++step) {
+        const int st = step & 1, jt = tile_at(step);
+        ptx::cp_async_wait_group<0>();
+        (tid < 64 ? sKs : sVs)[st * kTile + (tid & 63)] = scale_next;
+        __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with the previous step's
+        if (step == 0) {
+            OCTET_UNROLL
+            for (int ks = 0; ks < D / 32; ++ks) load_a<D>(qa[ks], sQ, warp * 16, ks, lane);
+        }
+        if (step + 1 < ntiles) {
+            const int next = tile_at(step + 1);
+            load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + next * kTile, k0 + lk,
+                               hk * D);
+            load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + next * kTile, k0 + lk,
+                               hk * D);
+            scale_next = fetch_scale(next);
         }
         ptx::cp_async_commit_group();
-        // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
-        auto fetch_scale = [&](int jt) -> float {
-            const int j = jt * kTile + (tid & 63);
-            if (j >= lk) return 0.0f;
-            return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
-                            : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
-        };
-        float scale_next = ntiles > 0 ? fetch_scale(tile_at(0)) : 0.0f;
+        transpose_tile<D, kThreads>(sV + st * kTile * D, sVt, tid, kTile);
 
-        const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
-                            qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
-        float qf[2];
-        for (int r = 0; r < 2; ++r)
-            qf[r] = row[r] < lq ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D),
-                                                     p.scale_log2)
-                                : 0.0f;
-
-        float o[D / 8][4];
+        // S = Q K^T: (16, 64) per warp
+        float s[8][4];
         OCTET_UNROLL
-        for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-        float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
-        std::uint32_t qa[D / 32][4];
-
-        for (int step = 0; step < ntiles; ++step) {
-            const int st = step & 1, jt = tile_at(step);
-            ptx::cp_async_wait_group<0>();
-            (tid < 64 ? sKs : sVs)[st * kTile + (tid & 63)] = scale_next;
-            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // cp.async's writes, for wgmma's reads
-            __syncthreads();  // tile jt (K, V, scales) visible; every warp is done with the previous step's
-            if (!Wgmma && step == 0) {
-                OCTET_UNROLL
-                for (int ks = 0; ks < D / 32; ++ks) load_a<D>(qa[ks], sQ, warp * 16, ks, lane);
-            }
-            if (step + 1 < ntiles) {
-                const int next = tile_at(step + 1);
-                load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + next * kTile,
-                                   k0 + lk, hk * D);
-                load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + next * kTile,
-                                   k0 + lk, hk * D);
-                scale_next = fetch_scale(next);
-            }
-            ptx::cp_async_commit_group();
-            transpose_tile<D>(sV + st * kTile * D, sVt);
-
-            // S = Q K^T: (16, 64) per warp
-            float s[8][4];
+        for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        OCTET_UNROLL
+        for (int ks = 0; ks < D / 32; ++ks) {
             OCTET_UNROLL
-            for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            if constexpr (Wgmma) {
-                float(&acc)[32] = reinterpret_cast<float(&)[32]>(s);  // register 4n + x is s[n][x]
-                const std::uint32_t qa_addr = ptx::shared_address(sQ),
-                                    kb_addr = ptx::shared_address(sK + st * kTile * D);
-                OCTET_UNROLL
-                for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
-                ptx::wgmma_fence();
-                OCTET_UNROLL
-                for (int ks = 0; ks < D / 32; ++ks)
-                    ptx::wgmma_m64nNk32<64, QF, KF>(acc, tile_descriptor<D>(qa_addr + 32 * ks),
-                                                    tile_descriptor<D>(kb_addr + 32 * ks), ks > 0 ? 1u : 0u);
-                ptx::wgmma_commit_group();
-                ptx::wgmma_wait_group<0>();
-                OCTET_UNROLL
-                for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
-            } else {
-                OCTET_UNROLL
-                for (int ks = 0; ks < D / 32; ++ks) {
-                    OCTET_UNROLL
-                    for (int np = 0; np < 4; ++np) {
-                        std::uint32_t bk[2][2];
-                        load_b2<D>(bk, sK + st * kTile * D, 16 * np, ks, lane);
-                        ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np], qa[ks], bk[0]);
-                        ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
-                    }
-                }
-            }
-            const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
-            float alpha[2];
-            const float mv =
-                forward_softmax_tile([&](int n, int x) -> float& { return s[n][x]; }, lane, row, qf, jt* kTile, whole,
-                                     lq, lk, p.causal, sKs + st * kTile, sVs + st * kTile, m, l, alpha);
-            const float cv = attn::mul(mv, attn::p_scale);
-            // P codes as A fragments of the P V product (attn_frag::a_source), for mma.sync and wgmma alike
-            std::uint32_t pa[2][4];
-            OCTET_UNROLL
-            for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
-            for (int reg = 0; reg < 4; ++reg) {
-                std::uint32_t c[4];
-                OCTET_UNROLL
-                for (int b = 0; b < 4; ++b) {
-                    const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
-                    c[b] = attn::encode_p(s[src.n][src.x]);
-                }
-                pa[ks2][reg] = pack4(c[0], c[1], c[2], c[3]);
-            }
-            if constexpr (Wgmma) {
-                ptx::fence_proxy_async_shared();  // V^T, written by threads, for wgmma's reads
-                __syncthreads();                  // V^T ready
-                float pv[D / 8][4];
-                wgmma_rs_k64<D, VF>(reinterpret_cast<float(&)[D / 2]>(pv), pa,  // register 4 nd + x is pv[nd][x]
-                                    ptx::shared_address(sVt));
-                OCTET_UNROLL
-                for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
-                for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, pv[nd][x]));
-            } else {
-                __syncthreads();  // V^T ready
-                OCTET_UNROLL
-                for (int nd = 0; nd < D / 8; ++nd) {
-                    float acc[4];
-                    mma_k64<VF>(acc, pa, sVt, 8 * nd, lane);
-                    OCTET_UNROLL
-                    for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, acc[x]));
-                }
+            for (int np = 0; np < 4; ++np) {
+                std::uint32_t bk[2][2];
+                load_b2<D>(bk, sK + st * kTile * D, 16 * np, ks, lane);
+                ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np], qa[ks], bk[0]);
+                ptx::mma_m16n8k32_acc<QF, KF>(s[2 * np + 1], qa[ks], bk[1]);
             }
         }
-
-        ptx::cp_async_wait_group<0>();  // nothing may be in flight at exit (ntiles == 0 leaves Q's copy)
-        forward_store_rows<D>(p.o, p.o_ld, p.lse, p.total_q, h, q0, lq, lane, row, o, m, l);
-    } else {
-        (void)p;
+        const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
+        float alpha[2];
+        const float mv = forward_softmax_tile([&](int n, int x) -> float& { return s[n][x]; }, lane, row, qf, jt* kTile,
+                                              whole, lq, lk, p.causal, sKs + st * kTile, sVs + st * kTile, m, l, alpha);
+        const float cv = attn::mul(mv, attn::p_scale);
+        std::uint32_t pa[2][4];
+        p_fragments(s, pa);
+        __syncthreads();  // V^T ready
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd) {
+            float acc[4];
+            mma_k64<VF>(acc, pa, sVt, 8 * nd, lane);
+            OCTET_UNROLL
+            for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, acc[x]));
+        }
     }
+
+    ptx::cp_async_wait_group<0>();  // nothing may be in flight at exit (ntiles == 0 leaves Q's copy)
+    forward_store_rows<D>(p.o, p.o_ld, p.lse, p.total_q, h, q0, lq, lane, row, o, m, l);
+}
+
+// ---- the sm_90a forward: FlashAttention-3's structure --------------------------------------------
+
+/// forward_wgmma_kernel's block: warpgroup 0 consumes, warpgroup 1 produces.
+constexpr int kWgmmaForwardThreads = 256;
+/// Stages of its ring (each: K, V, V^T and the key and value scales of one key tile).
+constexpr int kForwardStages = 2;
+/// Its registers per thread after setmaxnreg; with two CTAs of 256 threads per SM each CTA holds
+/// 256 x 128, which the two warpgroups split.
+constexpr int kForwardProducerRegs = 56, kForwardConsumerRegs = 200;
+
+/// Dynamic shared memory of forward_wgmma_kernel: the slack that aligns the tiles to 1024 bytes (their
+/// swizzle atoms), Q, then per stage K, V, V^T and the key and value scales, then the mbarriers.
+template <int D>
+constexpr int fwd_wgmma_smem_bytes() {
+    return 1024 + kTile * D + kForwardStages * (3 * kTile * D + 2 * kTile * 4) + (1 + 3 * kForwardStages) * 8;
+}
+
+/// The forward on sm_90a (an empty kernel elsewhere, never launched there), warp-specialized as in
+/// FlashAttention-3. Warpgroup 1 produces: one thread loads the Q tile and then each key tile's K and
+/// V with TMA (map_q/k/v: the codes of q, k and v as byte matrices, boxes of 64 rows x D bytes with
+/// the swizzle of swz) into a ring of kForwardStages stages; the 128 threads fetch the tile's key and
+/// value scales, wait for the loads, transpose V into V^T (keys past the sequence zeroed: TMA fills
+/// only rows past the whole tensor), make V^T visible to the async proxy and arrive on the stage's
+/// `full` barrier. Warpgroup 0 consumes: S = Q K^T as wgmma m64n64k32 from the Q and K tiles, the
+/// softmax (forward_softmax_tile, as forward_kernel), O += P V as wgmma m64nDk32 with P's codes from
+/// registers and V^T from the stage, then releases the stage (its `empty` barrier, one arrival per
+/// warp). The producer thus loads and transposes the next tiles while the consumer computes; two CTAs
+/// per SM overlap one's softmax with the other's products.
+template <int D, class QR, class KR, class VR, class OT>
+OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
+    forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                         const __grid_constant__ CUtensorMap map_v,
+                         const __grid_constant__ fwd_params<QR, KR, VR, OT> p) {
+#if OCTET_ARCH_SM90A
+    using QF = typename QR::format;
+    using KF = typename KR::format;
+    using VF = typename VR::format;
+    constexpr int S = kForwardStages, T = kTile * D;  // stages; bytes of a tile
+    OCTET_DYNAMIC_SHARED(std::uint8_t, fwd_smem);
+    // the padding is added to the shared array itself, so that the pointers stay in the shared address space
+    const shared_ptr_t<std::uint8_t> sQ = fwd_smem + wgmma_tile_padding(fwd_smem);  // (64, D)
+    const shared_ptr_t<std::uint8_t> sK = sQ + T;                                   // S x (64, D)
+    const shared_ptr_t<std::uint8_t> sV = sK + S * T;                               // S x (64, D)
+    const shared_ptr_t<std::uint8_t> sVt = sV + S * T;                              // S x (D, 64), keys permuted
+    const shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + S * T);          // S x 64 key scales
+    const shared_ptr_t<float> sVs = sKs + S * kTile;                                // S x 64 value scales
+    const shared_ptr_t<std::uint64_t> q_loaded = OCTET_SHARED_CAST(std::uint64_t, sVs + S * kTile);
+    const shared_ptr_t<std::uint64_t> kv_loaded = q_loaded + 1;  // S: the stage's K and V have landed
+    const shared_ptr_t<std::uint64_t> full = kv_loaded + S;      // S: the stage is ready (scales, V^T)
+    const shared_ptr_t<std::uint64_t> empty = full + S;          // S: the consumers are done with it
+    auto bar = [](shared_ptr_t<std::uint64_t> b) { return ptx::shared_address(b); };
+
+    const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
+    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+    if (qt * kTile >= lq) return;
+    const int hk = h / p.group, tid = threadIdx.x;
+    const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
+    if (tid == 0) {
+        ptx::mbarrier_init(bar(q_loaded), 1);
+        for (int st = 0; st < S; ++st) {
+            ptx::mbarrier_init(bar(kv_loaded + st), 1);
+            ptx::mbarrier_init(bar(full + st), 128);  // every producer thread
+            ptx::mbarrier_init(bar(empty + st), 4);   // every consumer warp
+        }
+        ptx::fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (tid >= 128) {
+        // ---- producer warpgroup ----
+        ptx::setmaxnreg_dec<kForwardProducerRegs>();
+        const int ptid = tid - 128;
+        if (ptid == 0 && ntiles > 0) {
+            ptx::mbarrier_arrive_expect_tx(bar(q_loaded), T);
+            ptx::tma_load_2d(ptx::shared_address(sQ), &map_q, h * D, q0 + qt * kTile, bar(q_loaded));
+        }
+        for (int step = 0; step < ntiles; ++step) {
+            const int st = step % S, jt = attn::key_tile_at(step, ntiles, p.key_order);
+            const std::uint32_t phase = static_cast<std::uint32_t>(step / S) & 1u;
+            ptx::mbarrier_wait(bar(empty + st), phase ^ 1u);  // passes at once on the ring's first round
+            if (ptid == 0) {
+                ptx::mbarrier_arrive_expect_tx(bar(kv_loaded + st), 2 * T);
+                ptx::tma_load_2d(ptx::shared_address(sK + st * T), &map_k, hk * D, k0 + jt * kTile,
+                                 bar(kv_loaded + st));
+                ptx::tma_load_2d(ptx::shared_address(sV + st * T), &map_v, hk * D, k0 + jt * kTile,
+                                 bar(kv_loaded + st));
+            }
+            // thread ptid < 64 writes the key scale of key ptid of the tile, ptid >= 64 the value scale of key ptid -
+            // 64
+            const int j = jt * kTile + (ptid & 63);
+            (ptid < 64 ? sKs : sVs)[st * kTile + (ptid & 63)] =
+                j >= lk ? 0.0f
+                        : (ptid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
+                                     : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D));
+            ptx::mbarrier_wait(bar(kv_loaded + st), phase);
+            transpose_tile<D, 128>(sV + st * T, sVt + st * T, ptid, lk - jt * kTile);
+            ptx::fence_proxy_async_shared();  // V^T, written by threads, for wgmma's reads
+            ptx::mbarrier_arrive(bar(full + st));
+        }
+        return;
+    }
+
+    // ---- consumer warpgroup ----
+    ptx::setmaxnreg_inc<kForwardConsumerRegs>();
+    const int warp = tid >> 5, lane = tid & 31;
+    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
+                        qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
+    float qf[2];
+    for (int r = 0; r < 2; ++r)
+        qf[r] = row[r] < lq
+                    ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2)
+                    : 0.0f;
+    float o[D / 8][4];
+    OCTET_UNROLL
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
+    if (ntiles > 0) ptx::mbarrier_wait(bar(q_loaded), 0);
+    for (int step = 0; step < ntiles; ++step) {
+        const int st = step % S, jt = attn::key_tile_at(step, ntiles, p.key_order);
+        ptx::mbarrier_wait(bar(full + st), static_cast<std::uint32_t>(step / S) & 1u);
+
+        // S = Q K^T: (64, 64) for the warpgroup, (16, 64) per warp; register 4n + x is s[n][x]
+        float s[8][4];
+        float(&acc)[32] = reinterpret_cast<float(&)[32]>(s);
+        const std::uint32_t qa_addr = ptx::shared_address(sQ), kb_addr = ptx::shared_address(sK + st * T);
+        OCTET_UNROLL
+        for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+        ptx::wgmma_fence();
+        OCTET_UNROLL
+        for (int ks = 0; ks < D / 32; ++ks)
+            ptx::wgmma_m64nNk32<64, QF, KF>(acc, tile_descriptor<D>(qa_addr + 32 * ks),
+                                            tile_descriptor<D>(kb_addr + 32 * ks), ks > 0 ? 1u : 0u);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        OCTET_UNROLL
+        for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+
+        const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
+        float alpha[2];
+        const float mv = forward_softmax_tile([&](int n, int x) -> float& { return s[n][x]; }, lane, row, qf, jt* kTile,
+                                              whole, lq, lk, p.causal, sKs + st * kTile, sVs + st * kTile, m, l, alpha);
+        const float cv = attn::mul(mv, attn::p_scale);
+        std::uint32_t pa[2][4];
+        p_fragments(s, pa);
+        float pv[D / 8][4];
+        wgmma_rs_k64<D, VF>(reinterpret_cast<float(&)[D / 2]>(pv), pa,  // register 4 nd + x is pv[nd][x]
+                            ptx::shared_address(sVt + st * T));
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(bar(empty + st));  // this warp is done with the stage
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
+        for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, pv[nd][x]));
+    }
+    forward_store_rows<D>(p.o, p.o_ld, p.lse, p.total_q, h, q0, lq, lane, row, o, m, l);
+#else
+    (void)map_q, (void)map_k, (void)map_v, (void)p;
+#endif
 }
 
 // ================================================================================================
@@ -710,11 +836,11 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
                 sDOs[tid - 64] = next.b;
             }
             __syncthreads();  // S1: tiles and row vectors of this iteration visible; previous iteration done
-            if (it == 0) transpose_tile<D>(sK, sKt);
+            if (it == 0) transpose_tile<D, kThreads>(sK, sKt, tid, kTile);
             if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
             ptx::cp_async_commit_group();
-            transpose_tile<D>(sQ + st * kTile * D, sQt);
-            transpose_tile<D>(sdO + st * kTile * D, sdOt);
+            transpose_tile<D, kThreads>(sQ + st * kTile * D, sQt, tid, kTile);
+            transpose_tile<D, kThreads>(sdO + st * kTile * D, sdOt, tid, kTile);
 
             float mdo = attn::fmax(sDOs[lane], sDOs[lane + 32]);
             OCTET_UNROLL
@@ -1051,6 +1177,30 @@ void check_device_operand(const quantized_ref<R, B>& x, const char* fn, const ch
                                   "); use the padded layout of quant_layout_of<Recipe>::make"));
 }
 
+/// The TMA map forward_wgmma_kernel loads x's tiles with: x's codes as a byte matrix, boxes of 64 rows
+/// x D bytes swizzled as swz<D> (128-byte rows: the 128-byte swizzle, 64-byte rows: the 64-byte one).
+/// An operand with no rows gets an empty map (never read: no tile has keys).
+template <int D, class R, class B>
+CUtensorMap tile_map(const quantized_ref<R, B>& x, const char* fn) {
+    if (x.layout.rows == 0) return CUtensorMap{};
+    return cuda::byte_matrix_map(reinterpret_cast<const std::uint8_t*>(x.data), x.layout.rows, x.layout.cols,
+                                 x.layout.row_bytes, D, kTile,
+                                 D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, fn);
+}
+
+/// A warp-specialized kernel moves registers between its warpgroups with setmaxnreg inside the CTA's
+/// allocation, which must hold them all: true unless the compiler gave it fewer registers than
+/// launch_bounds allows (then the kernel would hang), which is reported by name.
+template <class Kernel>
+void require_register_split(Kernel kernel, int threads, int producer_regs, int consumer_regs, const char* fn) {
+    cudaFuncAttributes attr{};
+    OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    OCTET_REQUIRE(
+        attr.numRegs * threads >= (producer_regs + consumer_regs) * 128, fn, "options.kernel",
+        detail::message("wgmma: the forward kernel was compiled with ", attr.numRegs,
+                        " registers per thread, too few for its register split; use attention_kernel::mma_sync"));
+}
+
 inline void check_device_shape(const attention_shape& s, const char* fn) {
     OCTET_REQUIRE(s.head_dim == 64 || s.head_dim == 128, fn, "shape.head_dim",
                   detail::message("is ", s.head_dim,
@@ -1107,25 +1257,36 @@ void stream_attention_forward(const stream_executor& ex, const attention_dims& d
         opt.mask == attention_mask::causal,
         opt.key_order};
     const dim3 grid((max_q + attn_kernel::kTile - 1) / attn_kernel::kTile, Hq, shape.batch());
-    auto launch = [&](auto dim, auto wgmma) {
+    auto launch = [&](auto dim) {
         constexpr int D = decltype(dim)::value;
-        constexpr bool W = decltype(wgmma)::value;
-        auto kernel = attn_kernel::forward_kernel<D, W, QR, KR, VR, OT>;
-        constexpr int smem = attn_kernel::fwd_smem_bytes<D, W>();
+        auto kernel = attn_kernel::forward_kernel<D, QR, KR, VR, OT>;
+        constexpr int smem = attn_kernel::fwd_smem_bytes<D>();
         attn_kernel::set_smem(kernel, smem);
-        cuda::launch(W ? "attn_kernel::forward_kernel (wgmma)" : "attn_kernel::forward_kernel", kernel, grid,
-                     attn_kernel::kThreads, smem, ex.stream, p);
+        cuda::launch("attn_kernel::forward_kernel", kernel, grid, attn_kernel::kThreads, smem, ex.stream, p);
+        OCTET_CUDA_CHECK_LAUNCH();
+    };
+    auto launch_wgmma = [&](auto dim) {
+        constexpr int D = decltype(dim)::value;
+        auto kernel = attn_kernel::forward_wgmma_kernel<D, QR, KR, VR, OT>;
+        constexpr int smem = attn_kernel::fwd_wgmma_smem_bytes<D>();
+        attn_kernel::set_smem(kernel, smem);
+        attn_kernel::require_register_split(kernel, attn_kernel::kWgmmaForwardThreads,
+                                            attn_kernel::kForwardProducerRegs, attn_kernel::kForwardConsumerRegs, fn);
+        const CUtensorMap mq = attn_kernel::tile_map<D>(q, fn), mk = attn_kernel::tile_map<D>(k, fn),
+                          mv = attn_kernel::tile_map<D>(v, fn);
+        cuda::launch("attn_kernel::forward_wgmma_kernel", kernel, grid, attn_kernel::kWgmmaForwardThreads, smem,
+                     ex.stream, mq, mk, mv, p);
         OCTET_CUDA_CHECK_LAUNCH();
     };
     const bool wgmma = attn_kernel::uses_wgmma(opt.kernel, fn);
     if (d == 64 && wgmma)
-        launch(std::integral_constant<int, 64>{}, std::true_type{});
+        launch_wgmma(std::integral_constant<int, 64>{});
     else if (d == 64)
-        launch(std::integral_constant<int, 64>{}, std::false_type{});
+        launch(std::integral_constant<int, 64>{});
     else if (wgmma)
-        launch(std::integral_constant<int, 128>{}, std::true_type{});
+        launch_wgmma(std::integral_constant<int, 128>{});
     else
-        launch(std::integral_constant<int, 128>{}, std::false_type{});
+        launch(std::integral_constant<int, 128>{});
 }
 
 /// The backward on a stream (the entry, octet::attention_backward, checked the shared arguments

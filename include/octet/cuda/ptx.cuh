@@ -311,6 +311,30 @@ OCTET_DEVICE bool mbarrier_try_wait_parity(std::uint32_t bar, std::uint32_t pari
 #endif
 }
 
+/// Waits until the phase of parity `parity` has completed (mbarrier_try_wait_parity in a loop). With
+/// OCTET_MBARRIER_WATCHDOG defined (a debug option; define it for every translation unit of the
+/// program) the wait traps after about 2^35 clocks (~17 s at 1.98 GHz) instead of spinning for ever on
+/// a protocol bug; without it, the default, a legitimate long wait (a GPU shared with other work, a
+/// debugger) is never cut short.
+OCTET_DEVICE void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
+#if OCTET_DEVICE_PASS && defined(OCTET_MBARRIER_WATCHDOG)
+    std::uint32_t spins = 0;
+    long long start = 0;
+    while (!mbarrier_try_wait_parity(bar, parity)) {
+        if ((++spins & 0x3FFu) == 0) {
+            const long long now = clock64();
+            if (start == 0)
+                start = now;
+            else if (now - start > (1ll << 35))
+                __trap();
+        }
+    }
+#else
+    while (!mbarrier_try_wait_parity(bar, parity)) {
+    }
+#endif
+}
+
 // ---- cp.async.bulk.tensor (TMA), prefetch.tensormap -------------------------------------------------
 
 #if defined(__CUDACC__) || defined(OCTET_INTERPRET)

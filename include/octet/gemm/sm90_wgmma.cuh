@@ -23,9 +23,9 @@
 //     (one arrival per warp), then promotes: acc += frag * (sA[row] * sB[col]).
 //   * the epilogue writes alpha * acc + beta C + bias straight from registers, while the producer
 //     already loads the next tile's first stages.
-// A debug build can give every mbarrier wait a watchdog (OCTET_MBARRIER_WATCHDOG: a wait that lasts
-// about 17 s of clock traps the kernel instead of hanging the GPU); by default a wait spins until its
-// phase completes, as a legitimate wait on a busy GPU may take long.
+// A debug build can give every mbarrier wait a watchdog (OCTET_MBARRIER_WATCHDOG, ptx::mbarrier_wait:
+// a wait that lasts about 17 s of clock traps the kernel instead of hanging the GPU); by default a
+// wait spins until its phase completes, as a legitimate wait on a busy GPU may take long.
 //
 // Split-K (sm90_plan): the CTAs walk work units, one output tile over one range of whole K blocks;
 // with more than one range, each unit writes its float acc to scratch instead of D, and
@@ -33,10 +33,8 @@
 // atomics, the same sum order on every run.
 #pragma once
 
-#include <cuda.h>          // CUtensorMap and its enums (header only: octet does not link libcuda)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
-
 #include "octet/cuda/ptx.cuh"
+#include "octet/cuda/tensor_map.cuh"
 #include "octet/gemm/detail/device_common.cuh"
 #include "octet/interpret/cuda_names.hpp"  // OCTET_DYNAMIC_SHARED, octet::shared_ptr_t, shared_cast
 
@@ -67,27 +65,10 @@ OCTET_DEVICE void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) 
     ptx::mbarrier_arrive_expect_tx(bar, bytes);
 #endif
 }
-/// Waits until the phase of parity `parity` has completed. With OCTET_MBARRIER_WATCHDOG defined (a
-/// debug option; define it for every translation unit of the program) the wait traps after about 2^35
-/// clocks (~17 s at 1.98 GHz) instead of spinning for ever on a protocol bug; without it, the default,
-/// a legitimate long wait (a GPU shared with other work, a debugger) is never cut short.
+/// ptx::mbarrier_wait (the watchdog option is there).
 OCTET_DEVICE void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
-#if OCTET_ARCH_SM90A && !defined(OCTET_MBARRIER_WATCHDOG)
-    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-    }
-#elif OCTET_ARCH_SM90A
-    std::uint32_t spins = 0;
-    long long start = 0;
-    while (true) {
-        if (ptx::mbarrier_try_wait_parity(bar, parity)) break;
-        if ((++spins & 0x3FFu) == 0) {
-            const long long now = clock64();
-            if (start == 0)
-                start = now;
-            else if (now - start > (1ll << 35))
-                __trap();
-        }
-    }
+#if OCTET_ARCH_SM90A
+    ptx::mbarrier_wait(bar, parity);
 #endif
 }
 OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t inner, std::int32_t outer,
@@ -414,38 +395,12 @@ inline bool sm90a_available() {
 
 // ---- host side: tensor maps and launch --------------------------------------------------------------
 
-using tensor_map_encode_fn = PFN_cuTensorMapEncodeTiled_v12000;
-
-/// cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda needed).
-inline tensor_map_encode_fn tensor_map_encoder() {
-    static const tensor_map_encode_fn fn = [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        OCTET_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-        if (q != cudaDriverEntryPointSuccess || p == nullptr)
-            throw error("octet::scaled_gemm: the CUDA driver has no cuTensorMapEncodeTiled (needs a CUDA 12 driver)");
-        return reinterpret_cast<tensor_map_encode_fn>(p);
-    }();
-    return fn;
-}
-
 /// A TMA map over an operand's codes: rows x K bytes, rows `row_bytes` apart, boxes of box_rows x 128
 /// bytes with the 128-byte swizzle the kernel's wgmma descriptors assume (zero fill outside the matrix;
 /// another swizzle only for tests of a mismatched layout).
 inline CUtensorMap sm90_operand_map(const std::uint8_t* data, std::size_t rows, std::size_t K, std::size_t row_bytes,
                                     std::uint32_t box_rows, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
-    CUtensorMap map{};
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
-    const cuuint32_t box[2] = {128u, box_rows};
-    const cuuint32_t elem[2] = {1u, 1u};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::uint8_t*>(data),
-                                            dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        throw error(message("octet::scaled_gemm: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
-                            ") for a ", rows, " x ", K, " operand with row_bytes ", row_bytes));
-    return map;
+    return cuda::byte_matrix_map(data, rows, K, row_bytes, 128u, box_rows, swizzle, "octet::scaled_gemm");
 }
 
 /// The sm90 kernel's tile and split-K ranges for an M x N x K problem.

@@ -106,18 +106,21 @@ __device__ __forceinline__ std::uint32_t pack4(std::uint32_t c0, std::uint32_t c
 }
 
 /// Transposes a swizzled 64 x D tile (rows = tokens) into a swizzled D x 64 tile (rows = channels)
-/// whose 16-token groups are permuted by perm_pos. All threads of the block take part.
-template <int D>
-__device__ __forceinline__ void transpose_tile(shared_ptr_t<const std::uint8_t> src, shared_ptr_t<std::uint8_t> dst) {
-    for (int w = threadIdx.x; w < attn_frag::transpose_items<D>; w += kThreads) {
+/// whose 16-token groups are permuted by perm_pos, with the tokens from `valid` on written as zeros
+/// (the rows past a sequence's end that a tile load did not zero-fill). The Threads threads
+/// 0 .. Threads - 1 of the caller (`thread`: this one's index among them) take part.
+template <int D, int Threads>
+__device__ __forceinline__ void transpose_tile(shared_ptr_t<const std::uint8_t> src, shared_ptr_t<std::uint8_t> dst,
+                                               int thread, int valid) {
+    for (int w = thread; w < attn_frag::transpose_items<D>; w += Threads) {
         const attn_frag::transpose_item it = attn_frag::transpose_work<D>(w);
         const int chunk = it.col / 16, inner = it.col % 16;
+        auto word = [&](int r) -> std::uint32_t {
+            return r < valid ? *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(r, chunk) + inner) : 0u;
+        };
         std::uint32_t out[4];
         attn_frag::transpose_words(
-            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0, chunk) + inner),
-            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 1, chunk) + inner),
-            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 8, chunk) + inner),
-            *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(it.r0 + 9, chunk) + inner), out,
+            word(it.r0), word(it.r0 + 1), word(it.r0 + 8), word(it.r0 + 9), out,
             [](std::uint32_t a, std::uint32_t b, std::uint32_t sel) { return __byte_perm(a, b, sel); });
         OCTET_UNROLL
         for (int i = 0; i < 4; ++i)
