@@ -158,6 +158,20 @@ __device__ __forceinline__ float forward_softmax_tile(At&& at, int lane, const i
     return mv;
 }
 
+/// This lane's two query rows (in the sequence) of query tile qt, row[r] holding accumulator
+/// elements 2r and 2r + 1, and their query factors (0 past the sequence's end).
+template <int D, class QR, class KR, class VR, class OT>
+__device__ __forceinline__ void forward_rows(const fwd_params<QR, KR, VR, OT>& p, int qt, int warp, int lane, int q0,
+                                             int lq, int h, int (&row)[2], float (&qf)[2]) {
+    OCTET_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        row[r] = qt * kTile + warp * 16 + attn_frag::c_row(lane, 2 * r);
+        qf[r] = row[r] < lq
+                    ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2)
+                    : 0.0f;
+    }
+}
+
 /// The E4M3 codes of P (the values forward_softmax_tile left in s) as the A fragments of the P V
 /// product (attn_frag::a_source): mma.sync's, which are also wgmma's register operand.
 __device__ __forceinline__ void p_fragments(const float (&s)[8][4], std::uint32_t (&pa)[2][4]) {
@@ -271,13 +285,9 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
     };
     float scale_next = ntiles > 0 ? fetch_scale(tile_at(0)) : 0.0f;
 
-    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
-                        qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
+    int row[2];
     float qf[2];
-    for (int r = 0; r < 2; ++r)
-        qf[r] = row[r] < lq
-                    ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2)
-                    : 0.0f;
+    forward_rows<D>(p, qt, warp, lane, q0, lq, h, row, qf);
 
     float o[D / 8][4];
     OCTET_UNROLL
@@ -445,13 +455,9 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
     // ---- consumer warpgroup ----
     ptx::setmaxnreg_inc<kForwardConsumerRegs>();
     const int warp = tid >> 5, lane = tid & 31;
-    const int row[2] = {qt * kTile + warp * 16 + attn_frag::c_row(lane, 0),
-                        qt * kTile + warp * 16 + attn_frag::c_row(lane, 2)};  // in the sequence
+    int row[2];
     float qf[2];
-    for (int r = 0; r < 2; ++r)
-        qf[r] = row[r] < lq
-                    ? attn::query_factor(token_scale(p.q, static_cast<std::size_t>(q0 + row[r]), h, D), p.scale_log2)
-                    : 0.0f;
+    forward_rows<D>(p, qt, warp, lane, q0, lq, h, row, qf);
     float o[D / 8][4];
     OCTET_UNROLL
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
