@@ -24,10 +24,10 @@
 //               FP8 mma.sync with P passed in registers (sm_89; on Hopper it compiles to FP16 HMMA
 //               with conversions).
 //             - forward_wgmma_kernel (sm_90a, FlashAttention-3's structure): a producer warpgroup
-//               loads Q, K and V with TMA into a 2-stage mbarrier ring and transposes V there; one
+//               loads Q, K and V with TMA into a 3-stage mbarrier ring and transposes V there; one
 //               consumer warpgroup issues wgmma m64n64k32 for S and m64nDk32 for P V with P from
-//               registers (QGMMA). Two CTAs per SM; not yet FA3's ping-pong of two consumer
-//               warpgroups or its overlap of one tile's softmax with the next tile's S.
+//               registers (QGMMA), the next tile's S and the softmax overlapping the running P V.
+//               Two CTAs per SM; not yet FA3's ping-pong of two consumer warpgroups in one CTA.
 //   delta:    from_output: one warp per query row (rowsum(dO * O)); matched: block = (query tile,
 //             head, sequence) recomputing S^T and dP^T tile by tile with the very code the
 //             gradient kernel uses (tile_p_dp), so D_i = sum_j P_ij dP_ij is formed from the same
@@ -221,25 +221,34 @@ __device__ __forceinline__ void mma_k64(float (&acc)[4], const std::uint32_t (&a
     ptx::mma_m16n8k32_acc<e4m3, FB>(acc, a[1], b[1]);
 }
 
-/// acc = A B^T for the warpgroup: A (64 x 64 E4M3 codes) from registers, each warp's 16 rows as two
-/// k-steps of mma.sync A fragments (wgmma's register layout), B (N rows x 64 codes of FB) rows of a
-/// swizzled 64-byte-row tile from shared address b_addr; complete on return (one wgmma-group, waited for).
+/// Issues acc = A B^T for the warpgroup as one committed wgmma-group, without waiting for it: A (64 x
+/// 64 E4M3 codes) from registers, each warp's 16 rows as two k-steps of mma.sync A fragments (wgmma's
+/// register layout), B (N rows x 64 codes of FB) rows of a swizzled 64-byte-row tile from shared
+/// address b_addr. acc and a belong to the tensor cores until a wgmma_wait_group completes the group;
+/// then fence both (ptx::fence_operand), so that the compiler keeps a's registers until then.
 template <int N, class FB>
-__device__ __forceinline__ void wgmma_rs_k64(float (&acc)[N / 2], const std::uint32_t (&a)[2][4],
-                                             std::uint32_t b_addr) {
+__device__ __forceinline__ void wgmma_rs_k64_async(float (&acc)[N / 2], const std::uint32_t (&a)[2][4],
+                                                   std::uint32_t b_addr) {
     OCTET_UNROLL
-    for (int i = 0; i < N / 2; ++i) {
-        acc[i] = 0.0f;
-        ptx::fence_operand(acc[i]);
-    }
+    for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);  // the first k-step ignores acc (scale-d 0)
     ptx::wgmma_fence();
     OCTET_UNROLL
     for (int ks = 0; ks < 2; ++ks)
         ptx::wgmma_m64nNk32<N, e4m3, FB>(acc, a[ks], tile_descriptor<64>(b_addr + 32 * ks), ks > 0 ? 1u : 0u);
     ptx::wgmma_commit_group();
+}
+
+/// wgmma_rs_k64_async, complete on return.
+template <int N, class FB>
+__device__ __forceinline__ void wgmma_rs_k64(float (&acc)[N / 2], std::uint32_t (&a)[2][4], std::uint32_t b_addr) {
+    OCTET_UNROLL
+    for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+    wgmma_rs_k64_async<N, FB>(acc, a, b_addr);
     ptx::wgmma_wait_group<0>();
     OCTET_UNROLL
     for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
+    OCTET_UNROLL
+    for (int i = 0; i < 8; ++i) ptx::fence_operand(a[i / 4][i % 4]);
 }
 
 /// The mma.sync forward (sm_89+; on Hopper forward_wgmma_kernel is the fast one): FP8 mma.sync, P
@@ -355,10 +364,10 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
 /// forward_wgmma_kernel's block: warpgroup 0 consumes, warpgroup 1 produces.
 constexpr int kWgmmaForwardThreads = 256;
 /// Stages of its ring (each: K, V, V^T and the key and value scales of one key tile).
-constexpr int kForwardStages = 2;
+constexpr int kForwardStages = 3;
 /// Its registers per thread after setmaxnreg; with two CTAs of 256 threads per SM each CTA holds
 /// 256 x 128, which the two warpgroups split.
-constexpr int kForwardProducerRegs = 56, kForwardConsumerRegs = 200;
+constexpr int kForwardProducerRegs = 48, kForwardConsumerRegs = 208;
 
 /// Dynamic shared memory of forward_wgmma_kernel: the slack that aligns the tiles to 1024 bytes (their
 /// swizzle atoms), Q, then per stage K, V, V^T and the key and value scales, then the mbarriers.
@@ -376,8 +385,9 @@ constexpr int fwd_wgmma_smem_bytes() {
 /// `full` barrier. Warpgroup 0 consumes: S = Q K^T as wgmma m64n64k32 from the Q and K tiles, the
 /// softmax (forward_softmax_tile, as forward_kernel), O += P V as wgmma m64nDk32 with P's codes from
 /// registers and V^T from the stage, then releases the stage (its `empty` barrier, one arrival per
-/// warp). The producer thus loads and transposes the next tiles while the consumer computes; two CTAs
-/// per SM overlap one's softmax with the other's products.
+/// warp); the next tile's S and softmax overlap the running P V (see the loop). The producer thus
+/// loads and transposes the next tiles while the consumer computes, and two CTAs per SM overlap one's
+/// softmax with the other's products.
 template <int D, class QR, class KR, class VR, class OT>
 OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
     forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
@@ -462,13 +472,13 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
     OCTET_UNROLL
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
-    if (ntiles > 0) ptx::mbarrier_wait(bar(q_loaded), 0);
-    for (int step = 0; step < ntiles; ++step) {
-        const int st = step % S, jt = attn::key_tile_at(step, ntiles, p.key_order);
-        ptx::mbarrier_wait(bar(full + st), static_cast<std::uint32_t>(step / S) & 1u);
 
-        // S = Q K^T: (64, 64) for the warpgroup, (16, 64) per warp; register 4n + x is s[n][x]
-        float s[8][4];
+    // Issues S = Q K^T of the key tile in stage st into s ((64, 64) for the warpgroup, (16, 64) per
+    // warp; register 4n + x is s[n][x]) as one wgmma-group, after waiting for the stage.
+    float s[8][4];
+    auto issue_s = [&](int step) {
+        const int st = step % S;
+        ptx::mbarrier_wait(bar(full + st), static_cast<std::uint32_t>(step / S) & 1u);
         float(&acc)[32] = reinterpret_cast<float(&)[32]>(s);
         const std::uint32_t qa_addr = ptx::shared_address(sQ), kb_addr = ptx::shared_address(sK + st * T);
         OCTET_UNROLL
@@ -479,25 +489,73 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
             ptx::wgmma_m64nNk32<64, QF, KF>(acc, tile_descriptor<D>(qa_addr + 32 * ks),
                                             tile_descriptor<D>(kb_addr + 32 * ks), ks > 0 ? 1u : 0u);
         ptx::wgmma_commit_group();
-        ptx::wgmma_wait_group<0>();
+    };
+    // The softmax of the tile of `step` (its S in s, complete): P (scaled as forward_softmax_tile says)
+    // into u, the rescaling of O into alpha, the factor of the tile's P V product into cv. s is left
+    // as the wgmma wrote it.
+    auto softmax = [&](int step, float(&u)[8][4], float(&alpha)[2], float& cv) {
         OCTET_UNROLL
-        for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
-
+        for (int i = 0; i < 32; ++i) {
+            ptx::fence_operand(s[i / 4][i % 4]);
+            u[i / 4][i % 4] = s[i / 4][i % 4];
+        }
+        const int st = step % S, jt = attn::key_tile_at(step, ntiles, p.key_order);
         const bool whole = attn::tile_all_visible(qt * kTile, jt * kTile, lq, lk, p.causal);  // no mask test inside
-        float alpha[2];
-        const float mv = forward_softmax_tile([&](int n, int x) -> float& { return s[n][x]; }, lane, row, qf, jt* kTile,
+        const float mv = forward_softmax_tile([&](int n, int x) -> float& { return u[n][x]; }, lane, row, qf, jt* kTile,
                                               whole, lq, lk, p.causal, sKs + st * kTile, sVs + st * kTile, m, l, alpha);
-        const float cv = attn::mul(mv, attn::p_scale);
-        std::uint32_t pa[2][4];
-        p_fragments(s, pa);
-        float pv[D / 8][4];
-        wgmma_rs_k64<D, VF>(reinterpret_cast<float(&)[D / 2]>(pv), pa,  // register 4 nd + x is pv[nd][x]
-                            ptx::shared_address(sVt + st * T));
+        cv = attn::mul(mv, attn::p_scale);
+    };
+
+    // P V of tile `step` from pa (its P's codes, the A operand), issued; then, once its wgmma-group is
+    // complete, O updated with the tile's alpha and cv, and the stage released.
+    std::uint32_t pa[2][4];
+    float alpha[2], cv;
+    float pv[D / 8][4];  // register 4 nd + x is pv[nd][x]
+    auto issue_pv = [&](int step) {
+        wgmma_rs_k64_async<D, VF>(reinterpret_cast<float(&)[D / 2]>(pv), pa, ptx::shared_address(sVt + (step % S) * T));
+    };
+    auto finish_pv = [&](int step) {
+        OCTET_UNROLL
+        for (int i = 0; i < D / 2; ++i) ptx::fence_operand(reinterpret_cast<float(&)[D / 2]>(pv)[i]);
+        OCTET_UNROLL
+        for (int i = 0; i < 8; ++i) ptx::fence_operand(pa[i / 4][i % 4]);
         __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(bar(empty + st));  // this warp is done with the stage
+        if (lane == 0) ptx::mbarrier_arrive(bar(empty + step % S));  // this warp is done with the stage
         OCTET_UNROLL
         for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
         for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, pv[nd][x]));
+    };
+
+    // The products of two tiles overlap the softmax (FlashAttention-3's intra-warpgroup pipelining):
+    // S of tile step + 1 and P V of tile step are issued together, and the softmax of tile step + 1
+    // runs while the tensor cores finish P V. Its P becomes codes in pa only after P V has completed
+    // (the wgmma reads pa until then, and ptxas serializes wgmmas whose inputs other instructions
+    // define while a wgmma-group is in flight).
+    if (ntiles > 0) {
+        ptx::mbarrier_wait(bar(q_loaded), 0);
+        issue_s(0);
+        ptx::wgmma_wait_group<0>();
+        float u[8][4];
+        softmax(0, u, alpha, cv);
+        p_fragments(u, pa);
+    }
+    for (int step = 0; step + 1 < ntiles; ++step) {
+        issue_s(step + 1);
+        issue_pv(step);
+        float u[8][4], alpha_next[2], cv_next;
+        ptx::wgmma_wait_group<1>();  // S of tile step + 1 (the older group) is complete
+        softmax(step + 1, u, alpha_next, cv_next);
+        ptx::wgmma_wait_group<0>();
+        finish_pv(step);
+        p_fragments(u, pa);
+        alpha[0] = alpha_next[0];
+        alpha[1] = alpha_next[1];
+        cv = cv_next;
+    }
+    if (ntiles > 0) {
+        issue_pv(ntiles - 1);
+        ptx::wgmma_wait_group<0>();
+        finish_pv(ntiles - 1);
     }
     forward_store_rows<D>(p.o, p.o_ld, p.lse, p.total_q, h, q0, lq, lane, row, o, m, l);
 #else

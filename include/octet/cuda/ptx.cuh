@@ -469,6 +469,16 @@ OCTET_DEVICE void fence_operand(float& r) {
     (void)r;
 #endif
 }
+/// The same for a register the RS form of wgmma reads as A: fenced after the wait_group that completes
+/// the wgmma, it stays live (and so unchanged: the compiler cannot give its register to another value)
+/// while the tensor cores may still read it.
+OCTET_DEVICE void fence_operand(std::uint32_t& r) {
+#if OCTET_DEVICE_PASS
+    asm volatile("" : "+r"(r)::"memory");
+#else
+    (void)r;
+#endif
+}
 
 // The accumulator operand lists of the asm statements below: N / 2 float registers in and out.
 #define OCTET_WGMMA_D16                                                                                         \
