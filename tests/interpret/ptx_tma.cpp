@@ -246,6 +246,127 @@ TEST_CASE("cp.async.bulk.tensor: a tensor map the encoder did not make is report
     CHECK(first(r, oi::check::ptx_misuse).detail.find("cuTensorMapEncodeTiled") != std::string::npos);
 }
 
+// ---- TMA stores ------------------------------------------------------------------------------------
+
+enum class store_variant { correct, no_fence, no_wait, overwrite_before_wait };
+
+/// One block of 128 threads fills the shared box with `box` (bytes as they lie, swizzled), fences, and
+/// thread 0 stores it with TMA at (c0, c1), commits and waits for the read (the broken variants skip a
+/// step, or overwrite the box between the store and the wait).
+void store_kernel(const CUtensorMap map, std::int32_t c0, std::int32_t c1, std::uint32_t bytes, const std::uint8_t* box,
+                  store_variant v) {
+    OCTET_DYNAMIC_SHARED(std::uint8_t, smem);
+    const unsigned t = threadIdx.x;
+    for (std::uint32_t i = t; i < bytes; i += blockDim.x) smem[i] = box[i];
+    if (v != store_variant::no_fence) ptx::fence_proxy_async_shared();
+    __syncthreads();
+    if (t == 0) {
+        ptx::tma_store_2d(&map, c0, c1, ptx::shared_address(smem));
+        ptx::bulk_commit_group();
+    }
+    if (v == store_variant::overwrite_before_wait) {
+        __syncthreads();
+        for (std::uint32_t i = t; i < bytes; i += blockDim.x) smem[i] = 0xAB;
+        ptx::fence_proxy_async_shared();
+        __syncthreads();
+    }
+    if (t == 0 && v != store_variant::no_wait) ptx::bulk_wait_group_read<0>();
+}
+
+TEST_CASE("cp.async.bulk.tensor.2d stores: boxes inside and at every edge write the documented layout, clipped") {
+    std::mt19937 rng(78);
+    const encode_fn enc = encoder();
+    const load_case cases[] = {{128, 1, 128, 64}, {128, 4, 32, 64}, {128, 2, 64, 16}, {0, 4, 12, 24},
+                               {64, 1, 64, 32},   {32, 2, 16, 24},  {0, 2, 40, 7}};
+    for (const load_case& lc : cases) {
+        const std::uint64_t d0 = 150, d1 = 90;
+        const std::uint64_t stride = (d0 * lc.elem + 16 + 15) / 16 * 16;
+        std::vector<std::uint8_t> storage(stride * d1 + 64);
+        auto* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 15) &
+                                                     ~std::uintptr_t{15});
+        CUtensorMap map{};
+        const cuuint64_t dims[2] = {d0, d1}, strides[1] = {stride};
+        const cuuint32_t boxd[2] = {lc.box0, lc.box1}, es[2] = {1, 1};
+        const CUtensorMapDataType type = lc.elem == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                         : lc.elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                                        : CU_TENSOR_MAP_DATA_TYPE_UINT32;
+        REQUIRE(enc(&map, type, 2, base, dims, strides, boxd, es, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_of(lc.span),
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS);
+        const std::uint32_t row_bytes = lc.box0 * lc.elem, bytes = row_bytes * lc.box1;
+        const std::int32_t b0 = static_cast<std::int32_t>(lc.box0), b1 = static_cast<std::int32_t>(lc.box1);
+        const std::int32_t D0 = static_cast<std::int32_t>(d0), D1 = static_cast<std::int32_t>(d1);
+        const std::pair<std::int32_t, std::int32_t> corners[] = {{0, 0},
+                                                                 {-b0 / 2, -b1 / 3},
+                                                                 {D0 - b0 / 2, D1 - b1 / 2},
+                                                                 {D0 - b0, D1 - b1},
+                                                                 {-3, D1 - 1},
+                                                                 {D0 - 1, -5},
+                                                                 {D0 + 4, 0},
+                                                                 {static_cast<std::int32_t>(rng() % 20), 9}};
+        for (const auto& c : corners) {
+            CAPTURE(lc.span);
+            CAPTURE(lc.elem);
+            CAPTURE(c.first);
+            CAPTURE(c.second);
+            for (std::size_t i = 0; i < stride * d1; ++i) base[i] = static_cast<std::uint8_t>(rng());
+            const std::vector<std::uint8_t> before(base, base + stride * d1);
+            std::vector<std::uint8_t> box(bytes);
+            for (auto& x : box) x = static_cast<std::uint8_t>(rng());
+            const auto r = oi::launch("tma_store", {oi::dim3(1), oi::dim3(128), bytes}, collect(), store_kernel, map,
+                                      c.first, c.second, bytes, box.data(), store_variant::correct);
+            REQUIRE_MESSAGE(r.reports.empty(), all_messages(r));
+            std::size_t bad = 0, written = 0;
+            for (std::size_t y = 0; y < d1; ++y)
+                for (std::size_t xb = 0; xb < stride; ++xb) {
+                    const long long col = static_cast<long long>(xb / lc.elem) - c.first,
+                                    row = static_cast<long long>(y) - c.second;
+                    const bool in_box = xb < d0 * lc.elem && col >= 0 && col < b0 && row >= 0 && row < b1;
+                    const std::uint8_t want =
+                        in_box ? box[oracle_offset(static_cast<std::size_t>(row),
+                                                   static_cast<std::size_t>(col) * lc.elem + xb % lc.elem, row_bytes,
+                                                   lc.span)]
+                               : before[y * stride + xb];
+                    written += in_box;
+                    bad += base[y * stride + xb] != want;
+                }
+            CHECK(bad == 0);
+            const bool overlaps = c.first < D0 && c.second < D1 && c.first + b0 > 0 && c.second + b1 > 0;
+            CHECK((written > 0) == overlaps);
+        }
+    }
+}
+
+TEST_CASE("cp.async.bulk.tensor stores: a source without fence, no wait before exit, a reused source are reported") {
+    static std::vector<std::uint8_t> storage(64 * 64 + 16);
+    auto* base =
+        reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 15) & ~std::uintptr_t{15});
+    CUtensorMap map{};
+    const cuuint64_t dims[2] = {64, 64}, strides[1] = {64};
+    const cuuint32_t box[2] = {64, 16}, es[2] = {1, 1};
+    REQUIRE(encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box, es,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS);
+    std::vector<std::uint8_t> src(1024, 0x11);
+    auto run = [&](store_variant v) {
+        std::fill(base, base + 64 * 64, std::uint8_t{0});
+        return oi::launch("tma_store_variant", {oi::dim3(1), oi::dim3(128), 2048}, collect(), store_kernel, map, 0, 8,
+                          1024u, src.data(), v);
+    };
+    auto r = run(store_variant::correct);
+    CHECK_MESSAGE(r.reports.empty(), all_messages(r));
+    CHECK(base[8 * 64] == 0x11);
+    r = run(store_variant::no_fence);
+    REQUIRE(has(r, oi::check::async_proxy));
+    CHECK(first(r, oi::check::async_proxy).detail.find("cp.async.bulk.tensor.2d (store)") != std::string::npos);
+    r = run(store_variant::no_wait);
+    REQUIRE(has(r, oi::check::ptx_misuse));
+    CHECK(first(r, oi::check::ptx_misuse).detail.find("1 TMA stores") != std::string::npos);
+    CHECK(base[8 * 64] == 0);                       // dropped
+    r = run(store_variant::overwrite_before_wait);  // the store reads its source as late as the wait
+    CHECK_MESSAGE(r.reports.empty(), all_messages(r));
+    CHECK(base[8 * 64] == 0xAB);
+}
+
 // ---- fence.proxy.async -----------------------------------------------------------------------------
 
 /// Every thread writes its byte of a tile (generic proxy), fences or not, and after a barrier thread 0

@@ -311,6 +311,18 @@ OCTET_DEVICE bool mbarrier_try_wait_parity(std::uint32_t bar, std::uint32_t pari
 #endif
 }
 
+/// bar.sync id, count: waits until `count` threads (a multiple of 32) have arrived at named barrier
+/// `id` (1..15; 0 is __syncthreads'), ordering their shared-memory accesses.
+OCTET_DEVICE void bar_sync(std::uint32_t id, std::uint32_t count) {
+#if OCTET_DEVICE_PASS
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::bar_sync(id, count);
+#else
+    (void)id, (void)count;
+#endif
+}
+
 /// Waits until the phase of parity `parity` has completed (mbarrier_try_wait_parity in a loop). With
 /// OCTET_MBARRIER_WATCHDOG defined (a debug option; define it for every translation unit of the
 /// program) the wait traps after about 2^35 clocks (~17 s at 1.98 GHz) instead of spinning for ever on
@@ -355,6 +367,46 @@ OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::in
     (void)dst, (void)map, (void)inner, (void)outer, (void)bar;
 #endif
 }
+/// cp.async.bulk.tensor.2d.global.shared::cta.bulk_group: stores the box of `map` at element
+/// coordinates (inner, outer) from shared memory at `src` (laid out, swizzled, as a tma_load_2d of the
+/// same map would write it); elements outside the tensor are not written. Joins this thread's
+/// current bulk group (bulk_commit_group closes it); `src` may be written again only after a
+/// bulk_wait_group_read has completed the group, and the thread must complete its groups before it
+/// exits. The source must have been made visible to the async proxy (fence_proxy_async_shared by its
+/// writers, then a barrier).
+OCTET_DEVICE void tma_store_2d(const CUtensorMap* map, std::int32_t inner, std::int32_t outer, std::uint32_t src) {
+#if OCTET_DEVICE_PASS
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                     reinterpret_cast<std::uint64_t>(map)),
+                 "r"(inner), "r"(outer), "r"(src)
+                 : "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::tma_store_2d(map, inner, outer, src);
+#else
+    (void)map, (void)inner, (void)outer, (void)src;
+#endif
+}
+#endif
+/// cp.async.bulk.commit_group: this thread's bulk stores since its last commit become its newest group.
+OCTET_DEVICE void bulk_commit_group() {
+#if OCTET_DEVICE_PASS
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::bulk_commit_group();
+#endif
+}
+/// cp.async.bulk.wait_group.read N: waits until all but this thread's newest N bulk groups have read
+/// their shared-memory sources (their global writes may still be in flight).
+template <int N>
+OCTET_DEVICE void bulk_wait_group_read() {
+    static_assert(N >= 0 && N <= 7, "cp.async.bulk.wait_group takes 0..7");
+#if OCTET_DEVICE_PASS
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::bulk_wait_group_read(N);
+#endif
+}
+#if defined(__CUDACC__) || defined(OCTET_INTERPRET)
 /// prefetch.tensormap: brings the tensor map into the cache (a hint: no effect on results).
 OCTET_DEVICE void prefetch_tensormap(const CUtensorMap* map) {
 #if OCTET_DEVICE_PASS

@@ -335,12 +335,12 @@ inline std::uint32_t tma_swizzle(std::uint32_t offset, std::uint32_t span) {
 /// modelled). The writes are the issuing thread's (checked, attributed to it), through the async proxy
 /// (wgmma reads them without a proxy fence), made at issue; the copy then completes its bytes on the
 /// mbarrier, which releases them to the phase's waiters.
-inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::uint32_t bar,
-                        const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    detail::machine& m = detail::running("cp.async.bulk.tensor");
-    const detail::site at{file, line};
+/// The description in a tensor map, checked for what the TMA models cover (a map the encoder made,
+/// rank 2, no interleave, element strides or NaN fill), and the shared address `smem` of a box for its
+/// alignment: reports name `what`.
+inline tensor_map_desc checked_tensor_map(interpret::detail::machine& m, const CUtensorMap* map, std::uint32_t smem,
+                                          const std::string& what) {
     const unsigned tid = m.current->tid;
-    const std::string what = "cp.async.bulk.tensor.2d at " + detail::to_string(at);
     tensor_map_desc d{};
     std::memcpy(&d, map, sizeof d);
     if (d.magic != kTensorMapMagic)
@@ -354,13 +354,22 @@ inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t 
                           std::to_string(d.rank) + ")"),
                true);
     const std::uint32_t align = d.swizzle_bytes ? 8u * d.swizzle_bytes : 128u;  // the swizzle pattern's repeat
-    if (dst % align != 0)
-        m.emit(m.make(check::ptx_misuse, tid, m.describe(dst, -1),
-                      what + ": the shared destination must be " + std::to_string(align) + "-byte aligned" +
+    if (smem % align != 0)
+        m.emit(m.make(check::ptx_misuse, tid, m.describe(smem, -1),
+                      what + ": the shared box must be " + std::to_string(align) + "-byte aligned" +
                           (d.swizzle_bytes ? " (the ISA asks 128; the model asks the swizzle pattern's repeat, as "
                                              "the hardware derives the pattern from address bits)"
                                            : "")),
                true);
+    return d;
+}
+
+inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::uint32_t bar,
+                        const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::machine& m = detail::running("cp.async.bulk.tensor");
+    const detail::site at{file, line};
+    const std::string what = "cp.async.bulk.tensor.2d at " + detail::to_string(at);
+    const tensor_map_desc d = checked_tensor_map(m, map, dst, what);
     const std::uint32_t row_bytes = std::uint32_t{d.box[0]} * d.element_bytes, rows = d.box[1],
                         bytes = row_bytes * rows;
     std::size_t window = 0;
@@ -388,6 +397,77 @@ inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t 
     }
     m.mbar_complete_tx(bar, bytes, "cp.async.bulk.tensor complete_tx", at);
 }
+// TMA stores (cp.async.bulk.tensor.2d.global.shared::cta.bulk_group) and their bulk groups. The model
+// is one execution the ISA allows: a store joins the thread's uncommitted bulk stores, commit_group
+// makes them its newest group, and wait_group.read n completes all but the newest n groups, oldest
+// first. A store reads its shared source at that wait, the latest the ISA allows, through the async
+// proxy (so generic writes to it need their writer's fence.proxy.async, and a write to it after the
+// store and before the wait, by any thread, changes what is stored or is a race), and writes the
+// box's elements inside the tensor to global memory then (on the device they may land later; only
+// the kernel's end or a non-.read wait makes them visible to other threads). A thread that exits
+// with stores pending is reported (machine::check_exit) and they are dropped.
+
+/// cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [map, {c0, c1}], [src].
+inline void tma_store_2d(const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::uint32_t src,
+                         const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::machine& m = detail::running("cp.async.bulk.tensor (store)");
+    const detail::site at{file, line};
+    (void)checked_tensor_map(m, map, src, "cp.async.bulk.tensor.2d (store) at " + detail::to_string(at));
+    detail::bulk_store st;
+    std::memcpy(st.map, map, sizeof st.map);
+    st.c0 = c0;
+    st.c1 = c1;
+    st.src = src;
+    st.at = at;
+    m.current->stores.uncommitted.push_back(st);
+}
+
+/// cp.async.bulk.commit_group.
+inline void bulk_commit_group() {
+    detail::bulk_stores& q = detail::running("cp.async.bulk.commit_group").current->stores;
+    q.groups.push_back(std::move(q.uncommitted));
+    q.uncommitted.clear();
+}
+
+/// cp.async.bulk.wait_group.read n: the stores of all but the newest n groups read their sources and
+/// write their boxes now.
+inline void bulk_wait_group_read(int n) {
+    detail::machine& m = detail::running("cp.async.bulk.wait_group.read");
+    detail::bulk_stores& q = m.current->stores;
+    const std::size_t keep = static_cast<std::size_t>(n < 0 ? 0 : n);
+    if (q.groups.size() <= keep) return;
+    const auto end = q.groups.end() - static_cast<std::ptrdiff_t>(keep);
+    std::vector<std::vector<detail::bulk_store>> done(std::make_move_iterator(q.groups.begin()),
+                                                      std::make_move_iterator(end));
+    q.groups.erase(q.groups.begin(), end);
+    std::size_t window = 0;
+    std::uint8_t* const base = detail::shared_window(&window);
+    for (const auto& g : done)
+        for (const detail::bulk_store& st : g) {
+            tensor_map_desc d{};
+            std::memcpy(&d, st.map, sizeof d);
+            const std::string what = "cp.async.bulk.tensor.2d (store) at " + detail::to_string(st.at);
+            const std::uint32_t row_bytes = std::uint32_t{d.box[0]} * d.element_bytes;
+            for (std::uint32_t r = 0; r < d.box[1]; ++r) {
+                const long long y = static_cast<long long>(st.c1) + r;
+                for (std::uint32_t b = 0; b < row_bytes; b += 16) {
+                    const std::uint32_t off = st.src + tma_swizzle(r * row_bytes + b, d.swizzle_bytes);
+                    if (!m.async_proxy_read(base + off, 16, what.c_str(), st.at)) continue;
+                    for (std::uint32_t i = 0; i < 16; i += d.element_bytes) {
+                        const long long x = static_cast<long long>(st.c0) + (b + i) / d.element_bytes;
+                        if (x < 0 || y < 0 || static_cast<unsigned long long>(x) >= d.dims[0] ||
+                            static_cast<unsigned long long>(y) >= d.dims[1])
+                            continue;  // outside the tensor: not written
+                        std::memcpy(reinterpret_cast<std::uint8_t*>(static_cast<std::uintptr_t>(
+                                        d.base + static_cast<std::uint64_t>(y) * d.strides[0] +
+                                        static_cast<std::uint64_t>(x) * d.element_bytes)),
+                                    base + off + i, d.element_bytes);
+                    }
+                }
+            }
+        }
+}
+
 /// prefetch.tensormap: a cache hint; the model checks that the map is one.
 inline void prefetch_tensormap(const CUtensorMap* map, const char* file = __builtin_FILE(),
                                int line = __builtin_LINE()) {

@@ -35,7 +35,7 @@ struct epoch {
 struct shadow {
     epoch w, r, a;  // last plain write, last read (unless read_shared), last atomic
     bool init = false, read_shared = false, uninit_reported = false;
-    bool async_w = false;  // the last plain write was the async proxy's (a TMA load), needing no proxy fence
+    bool async_w = false;       // the last plain write was the async proxy's (a TMA load), needing no proxy fence
     std::uint32_t readers = 0;  // read_shared: its index in machine::read_sets
 };
 struct region {
@@ -251,6 +251,23 @@ struct wgmma_thread {
     std::vector<wgmma_inflight> inflight;
 };
 
+/// One TMA store in flight (cp.async.bulk.tensor shared -> global, ptx_models.hpp): its tensor map's
+/// bytes, box coordinates and shared source; it reads the source and writes global memory at the
+/// cp.async.bulk.wait_group.read that completes its bulk group.
+struct bulk_store {
+    std::uint8_t map[128] = {};
+    std::int32_t c0 = 0, c1 = 0;
+    std::uint32_t src = 0;
+    site at;
+};
+/// The running thread's bulk stores: those since its last cp.async.bulk.commit_group, and its
+/// committed groups, oldest first.
+struct bulk_stores {
+    std::vector<bulk_store> uncommitted;
+    std::vector<std::vector<bulk_store>> groups;
+    bool empty() const { return uncommitted.empty() && groups.empty(); }
+};
+
 struct fiber {
     context ctx;
     std::uint8_t* mapping = nullptr;  // guard page, then the stack
@@ -270,6 +287,7 @@ struct fiber {
     bool wpred = false;
     wgmma_thread wgmma;   // model state of the warpgroup MMA (ptx_models.hpp)
     async_copies copies;  // cp.async in flight
+    bulk_stores stores;   // TMA stores in flight
 };
 
 struct barrier_state {
@@ -1210,6 +1228,16 @@ struct machine {
     /// (only a wait_group/wait_all of the issuing thread makes them visible), so they are dropped and
     /// reported; octet's kernels end with wait_all.
     void check_exit(fiber& f) {
+        if (!f.stores.empty()) {
+            std::size_t n = f.stores.uncommitted.size();
+            for (const auto& g : f.stores.groups) n += g.size();
+            f.stores = bulk_stores{};
+            emit(make(check::ptx_misuse, f.tid, "",
+                      "the thread exited with " + std::to_string(n) +
+                          " TMA stores (cp.async.bulk.tensor) pending: their shared sources may be gone before they "
+                          "are read (cp.async.bulk.commit_group and cp.async.bulk.wait_group.read 0 before exiting)"),
+                 false);
+        }
         if (f.copies.empty()) return;
         std::size_t n = f.copies.uncommitted.size(), groups = f.copies.groups.size();
         const async_copy* first = nullptr;  // the oldest pending copy
@@ -1583,6 +1611,9 @@ inline bool shared_access(const std::uint8_t* p, std::size_t bytes, access kind,
 }
 inline async_copies& thread_async_copies() {
     return running("cp.async").current->copies;
+}
+inline bulk_stores& thread_bulk_stores() {
+    return running("cp.async.bulk").current->stores;
 }
 inline int shared_region_at(std::uint32_t address) {
     return running("a shared address").region_at(address);
