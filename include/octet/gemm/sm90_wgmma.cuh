@@ -21,8 +21,11 @@
 //     stage, reads its scales, issues 4 wgmma m64nBNk32 (K = 128) into the tensor-core accumulator
 //     `frag` (the first with scale-d = 0, which restarts it), waits for them, releases the stage
 //     (one arrival per warp), then promotes: acc += frag * (sA[row] * sB[col]).
-//   * the epilogue writes alpha * acc + beta C + bias straight from registers, while the producer
-//     already loads the next tile's first stages.
+//   * the epilogue forms alpha * acc + beta C + bias, rounded to D's type, while the producer already
+//     loads the next tile's first stages. For a row-major D with 16-byte aligned rows (and no split)
+//     each warpgroup stages its rows in shared memory, 128 bytes of columns at a time, and one thread
+//     stores them with TMA, whose writes proceed while the warpgroup moves on to the next tile;
+//     otherwise each thread stores its elements straight from registers.
 // A debug build can give every mbarrier wait a watchdog (OCTET_MBARRIER_WATCHDOG, ptx::mbarrier_wait:
 // a wait that lasts about 17 s of clock traps the kernel instead of hanging the GPU); by default a
 // wait spins until its phase completes, as a legitimate wait on a busy GPU may take long.
@@ -112,8 +115,13 @@ struct sm90_config {
     static constexpr int consumers = BM / 64;  ///< math warpgroups, 64 rows each
     static constexpr int threads = (consumers + 1) * 128;
     static constexpr int a_stage_bytes = BM * BK, b_stage_bytes = BN * BK;
-    static constexpr int smem_bytes =
-        1024 /* alignment slack */ + stages * (a_stage_bytes + b_stage_bytes) + stages * (BM + BN) * 4 + 2 * stages * 8;
+    static constexpr int ring_bytes =
+        stages * (a_stage_bytes + b_stage_bytes) + stages * (BM + BN) * 4 + 2 * stages * 8;
+    /// The TMA-store epilogue's staging: per consumer warpgroup 64 rows of 128 bytes (a chunk of its
+    /// tile's columns), after the ring at the next 1024-byte boundary (the 128-byte swizzle's atom).
+    static constexpr int out_stage_bytes = 64 * 128, out_offset = (ring_bytes + 1023) / 1024 * 1024;
+    static constexpr int smem_bytes = 1024 /* alignment slack */ + out_offset + consumers * out_stage_bytes;
+    static_assert(smem_bytes <= 227 * 1024, "fits an sm_90 SM's shared memory");
     static constexpr bool reconfigure_registers = consumers == 2;
     static constexpr int producer_regs = 40, consumer_regs = 232;
 };
@@ -133,6 +141,8 @@ struct sm90_params {
     /// The defaults are one range over all of K.
     std::uint32_t splits = 1, kb_per_split = ~0u;
     float* partial = nullptr;
+    /// The epilogue stores through shared memory with TMA (the kernel's tma_d); only with one range.
+    bool tma_store = false;
 };
 
 /// The K blocks [first, end) of split-K range r.
@@ -157,10 +167,66 @@ OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::
     nb = in / gm;
 }
 
+/// The TMA-store epilogue of one warpgroup's 64 x BN tile (rows m0.., columns n0..; acc in the wgmma
+/// accumulator layout: this thread's rows row_in_wg and + 8, columns col_in_8 and + 1 of each 8-column
+/// group), through `stage` (64 rows of 128 bytes, 128-byte swizzled as tma_d's box), one 128-byte column
+/// chunk at a time: the elements rounded as device_epilogue::value says (zero outside D: the TMA store
+/// clips them), made visible to the async proxy, then stored by the warpgroup's `leader` thread, which
+/// first waits until its previous store has read the staging. Named barrier 1 + wg orders the warpgroup.
+template <int BN, class CT, class DT>
+OCTET_DEVICE void sm90_store_tile_tma(const CUtensorMap& tma_d, const device_epilogue<CT, DT>& epi,
+                                      shared_ptr_t<std::uint8_t> stage, const float (&acc)[BN / 2], std::uint32_t m0,
+                                      std::uint32_t n0, std::uint32_t row_in_wg, std::uint32_t col_in_8,
+                                      std::uint32_t wg, bool leader) {
+#if OCTET_ARCH_SM90A
+    constexpr int EC = 128 / static_cast<int>(sizeof(DT));  // columns per chunk
+    static_assert(BN % EC == 0, "whole chunks per tile");
+    const std::uint32_t stage_addr = ptx::shared_address(stage);
+    OCTET_UNROLL
+    for (int c = 0; c < BN / EC; ++c) {
+        if (leader) ptx::bulk_wait_group_read<0>();  // the previous chunk's store has read the staging
+        ptx::bar_sync(1 + wg, 128);
+        OCTET_UNROLL
+        for (int q = 0; q < EC / 8; ++q) {
+            const int j = c * (EC / 8) + q;  // 8-column group of the tile
+            OCTET_UNROLL
+            for (int h = 0; h < 2; ++h) {  // rows row_in_wg and row_in_wg + 8
+                const std::uint32_t row = row_in_wg + 8u * h, i = m0 + row;
+                const std::uint32_t col = static_cast<std::uint32_t>(q * 8) + col_in_8;  // in the chunk
+                const std::uint32_t n = n0 + static_cast<std::uint32_t>(c * EC) + col;
+                const bool in_rows = i < epi.M;
+                const DT v0 = in_rows && n < epi.N ? store_from_float<DT>(epi.value(i, n, acc[4 * j + 2 * h])) : DT{};
+                const DT v1 =
+                    in_rows && n + 1 < epi.N ? store_from_float<DT>(epi.value(i, n + 1, acc[4 * j + 2 * h + 1])) : DT{};
+                const std::uint32_t byte = col * static_cast<std::uint32_t>(sizeof(DT));
+                const std::uint32_t off = row * 128u + (((byte / 16u) ^ (row % 8u)) * 16u) + byte % 16u;
+                *OCTET_SHARED_CAST(DT, stage + off) = v0;
+                *OCTET_SHARED_CAST(DT, stage + off + sizeof(DT)) = v1;
+            }
+        }
+        ptx::fence_proxy_async_shared();  // the staging, for the TMA store's reads
+        ptx::bar_sync(1 + wg, 128);
+        if (leader) {
+            ptx::tma_store_2d(&tma_d, static_cast<std::int32_t>((n0 + static_cast<std::uint32_t>(c * EC)) * sizeof(DT)),
+                              static_cast<std::int32_t>(m0), stage_addr);
+            ptx::bulk_commit_group();
+        }
+    }
+#else
+    (void)tma_d, (void)epi, (void)stage, (void)acc, (void)m0, (void)n0, (void)row_in_wg, (void)col_in_8, (void)wg,
+        (void)leader;
+#endif
+}
+
+/// With p.tma_store the epilogue stages each warpgroup's tile through shared memory, 128-byte column
+/// chunks at a time, and stores them with TMA (tma_d: D as a byte matrix, boxes of 64 rows x 128
+/// bytes, 128-byte swizzle; sm90_store_tile_tma); otherwise each thread stores its elements from
+/// registers (device_epilogue::store2). A runtime choice, so that both epilogues share one
+/// instantiation (and one compile).
 template <class FA, class FB, class Cfg, bool kScalarB, class CT, class DT>
 OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                     const __grid_constant__ sm90_params<CT, DT> p) {
+                     const __grid_constant__ CUtensorMap tma_d, const __grid_constant__ sm90_params<CT, DT> p) {
 #if OCTET_ARCH_SM90A
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, S = Cfg::stages;
     OCTET_DYNAMIC_SHARED(std::uint8_t, gemm90_smem);
@@ -178,6 +244,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     const shared_ptr_t<float> sSB = sSA + S * BM;                                             // (S, BN)
     const shared_ptr_t<std::uint64_t> full = OCTET_SHARED_CAST(std::uint64_t, sSB + S * BN);  // (S)
     const shared_ptr_t<std::uint64_t> empty = full + S;                                       // (S)
+    const shared_ptr_t<std::uint8_t> sOut = smem + Cfg::out_offset;  // (consumers, 64, 128) swizzled, p.tma_store
 
     const std::uint32_t tid = threadIdx.x;
     const std::uint32_t wg = tid / 128;
@@ -191,6 +258,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     if (tid == Cfg::consumers * 128) {
         tma_prefetch_map(&tma_a);
         tma_prefetch_map(&tma_b);
+        if (p.tma_store) tma_prefetch_map(&tma_d);
     }
     __syncthreads();
 
@@ -353,13 +421,20 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 }
                 continue;
             }
-            OCTET_UNROLL
-            for (int j = 0; j < BN / 8; ++j) {
-                const std::uint32_t n = nb * BN + j * 8 + col_in_8;
-                p.epi.store2(r0, n, acc[4 * j + 0], acc[4 * j + 1]);
-                p.epi.store2(r0 + 8, n, acc[4 * j + 2], acc[4 * j + 3]);
+            if (p.tma_store) {
+                sm90_store_tile_tma<BN>(tma_d, p.epi, sOut + wg * Cfg::out_stage_bytes, acc, mb * BM + wg * 64, nb * BN,
+                                        row_in_wg, col_in_8, wg, tid % 128 == 0);
+            } else {
+                OCTET_UNROLL
+                for (int j = 0; j < BN / 8; ++j) {
+                    const std::uint32_t n = nb * BN + j * 8 + col_in_8;
+                    p.epi.store2(r0, n, acc[4 * j + 0], acc[4 * j + 1]);
+                    p.epi.store2(r0 + 8, n, acc[4 * j + 2], acc[4 * j + 3]);
+                }
             }
         }
+        // the last tile's stores must have read their staging before the CTA's shared memory goes
+        if (p.tma_store && tid % 128 == 0) ptx::bulk_wait_group_read<0>();
     }
 #endif
 }
@@ -488,8 +563,17 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     const CUtensorMap ma = sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
     const CUtensorMap mb = sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
 
+    // The TMA-store epilogue where D allows it: row-major, rows 16-byte aligned, and no split (with a
+    // split the kernel writes float partial sums, which the sum kernel stores).
+    p.tma_store = plan.splits == 1 && !epi.d_col_major && (epi.d_ld * sizeof(DT)) % 16 == 0 && is_aligned(epi.d, 16);
+    const CUtensorMap md = p.tma_store ? cuda::byte_matrix_map(reinterpret_cast<const std::uint8_t*>(epi.d), M,
+                                                               N * sizeof(DT), epi.d_ld * sizeof(DT), 128u, 64u,
+                                                               CU_TENSOR_MAP_SWIZZLE_128B, "octet::scaled_gemm")
+                                       : CUtensorMap{};
+
     auto kernel = sm90_gemm_kernel<FA, FB, Cfg, scalar_b, CT, DT>;
-    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+    constexpr int smem = Cfg::smem_bytes;
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if constexpr (Cfg::reconfigure_registers) {
         // setmaxnreg moves registers inside the CTA's allocation; the allocation must hold them all.
         cudaFuncAttributes attr{};
@@ -503,7 +587,7 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     const std::size_t units = static_cast<std::size_t>(p.tiles_m) * p.tiles_n * p.splits;
     const unsigned grid =
         static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
-    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, p);
+    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), smem, stream, ma, mb, md, p);
     OCTET_CUDA_CHECK_LAUNCH();
     if (p.splits > 1) {
         constexpr unsigned threads = 256;
