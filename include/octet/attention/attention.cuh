@@ -158,6 +158,17 @@ __device__ __forceinline__ float forward_softmax_tile(At&& at, int lane, const i
     return mv;
 }
 
+/// The forward's share of key tile jt's scales for thread t of a 128-thread group: t < 64 takes the
+/// key scale of key t of the tile, t >= 64 the value scale of key t - 64 (0 past the sequence's lk keys).
+template <int D, class QR, class KR, class VR, class OT>
+__device__ __forceinline__ float tile_scale(const fwd_params<QR, KR, VR, OT>& p, int k0, int lk, int hk, int jt,
+                                            int t) {
+    const int j = jt * kTile + (t & 63);
+    if (j >= lk) return 0.0f;
+    return t < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
+                  : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
+}
+
 /// This lane's two query rows (in the sequence) of query tile qt, row[r] holding accumulator
 /// elements 2r and 2r + 1, and their query factors (0 past the sequence's end).
 template <int D, class QR, class KR, class VR, class OT>
@@ -285,13 +296,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
         load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, first, k0 + lk, hk * D);
     }
     ptx::cp_async_commit_group();
-    // thread tid < 64 fetches the key scale of key tid of a tile, tid >= 64 the value scale of key tid - 64
-    auto fetch_scale = [&](int jt) -> float {
-        const int j = jt * kTile + (tid & 63);
-        if (j >= lk) return 0.0f;
-        return tid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
-                        : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D);
-    };
+    auto fetch_scale = [&](int jt) { return tile_scale<D>(p, k0, lk, hk, jt, tid); };
     float scale_next = ntiles > 0 ? fetch_scale(tile_at(0)) : 0.0f;
 
     int row[2];
@@ -447,13 +452,7 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
                 ptx::tma_load_2d(ptx::shared_address(sV + st * T), &map_v, hk * D, k0 + jt * kTile,
                                  bar(kv_loaded + st));
             }
-            // thread ptid < 64 writes the key scale of key ptid of the tile, ptid >= 64 the value scale of key ptid -
-            // 64
-            const int j = jt * kTile + (ptid & 63);
-            (ptid < 64 ? sKs : sVs)[st * kTile + (ptid & 63)] =
-                j >= lk ? 0.0f
-                        : (ptid < 64 ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D)
-                                     : token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D));
+            (ptid < 64 ? sKs : sVs)[st * kTile + (ptid & 63)] = tile_scale<D>(p, k0, lk, hk, jt, ptid);
             ptx::mbarrier_wait(bar(kv_loaded + st), phase);
             transpose_tile<D, 128>(sV + st * T, sVt + st * T, ptid, lk - jt * kTile);
             ptx::fence_proxy_async_shared();  // V^T, written by threads, for wgmma's reads
