@@ -1251,19 +1251,6 @@ CUtensorMap tile_map(const quantized_ref<R, B>& x, const char* fn) {
                                  D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, fn);
 }
 
-/// A warp-specialized kernel moves registers between its warpgroups with setmaxnreg inside the CTA's
-/// allocation, which must hold them all: true unless the compiler gave it fewer registers than
-/// launch_bounds allows (then the kernel would hang), which is reported by name.
-template <class Kernel>
-void require_register_split(Kernel kernel, int threads, int producer_regs, int consumer_regs, const char* fn) {
-    cudaFuncAttributes attr{};
-    OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    OCTET_REQUIRE(
-        attr.numRegs * threads >= (producer_regs + consumer_regs) * 128, fn, "options.kernel",
-        detail::message("wgmma: the forward kernel was compiled with ", attr.numRegs,
-                        " registers per thread, too few for its register split; use attention_kernel::mma_sync"));
-}
-
 inline void check_device_shape(const attention_shape& s, const char* fn) {
     OCTET_REQUIRE(s.head_dim == 64 || s.head_dim == 128, fn, "shape.head_dim",
                   detail::message("is ", s.head_dim,
@@ -1333,8 +1320,9 @@ void stream_attention_forward(const stream_executor& ex, const attention_dims& d
         auto kernel = attn_kernel::forward_wgmma_kernel<D, QR, KR, VR, OT>;
         constexpr int smem = attn_kernel::fwd_wgmma_smem_bytes<D>();
         attn_kernel::set_smem(kernel, smem);
-        attn_kernel::require_register_split(kernel, attn_kernel::kWgmmaForwardThreads,
-                                            attn_kernel::kForwardProducerRegs, attn_kernel::kForwardConsumerRegs, fn);
+        cuda::require_register_split(kernel, attn_kernel::kWgmmaForwardThreads,
+                                     (attn_kernel::kForwardProducerRegs + attn_kernel::kForwardConsumerRegs) * 128, fn,
+                                     "options.kernel", "use attention_kernel::mma_sync");
         const CUtensorMap mq = attn_kernel::tile_map<D>(q, fn), mk = attn_kernel::tile_map<D>(k, fn),
                           mv = attn_kernel::tile_map<D>(v, fn);
         cuda::launch("attn_kernel::forward_wgmma_kernel", kernel, grid, attn_kernel::kWgmmaForwardThreads, smem,

@@ -34,6 +34,19 @@ inline int compute_capability() {
     return arch;
 }
 
+/// A warp-specialized kernel moves registers between its warpgroups with setmaxnreg inside the CTA's
+/// allocation, which must hold the `needed` registers its warpgroups ask for in all. That holds
+/// unless the compiler gave the kernel fewer registers per thread than its launch bounds allow (the
+/// kernel would then hang): an error naming argument `arg` of `fn`, with `fix`.
+template <class Kernel>
+void require_register_split(Kernel kernel, int threads, int needed, const char* fn, const char* arg, const char* fix) {
+    cudaFuncAttributes attr{};
+    OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    OCTET_REQUIRE(attr.numRegs * threads >= needed, fn, arg,
+                  detail::message("the kernel was compiled with ", attr.numRegs,
+                                  " registers per thread, too few for its register split; ", fix));
+}
+
 /// Multiprocessor count of the current device (queried once per device).
 inline int multiprocessor_count() {
     int device = 0;

@@ -386,6 +386,16 @@ OCTET_DEVICE void tma_store_2d(const CUtensorMap* map, std::int32_t inner, std::
     (void)map, (void)inner, (void)outer, (void)src;
 #endif
 }
+/// prefetch.tensormap: brings the tensor map into the cache (a hint: no effect on results).
+OCTET_DEVICE void prefetch_tensormap(const CUtensorMap* map) {
+#if OCTET_DEVICE_PASS
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::prefetch_tensormap(map);
+#else
+    (void)map;
+#endif
+}
 #endif
 /// cp.async.bulk.commit_group: this thread's bulk stores since its last commit become its newest group.
 OCTET_DEVICE void bulk_commit_group() {
@@ -406,18 +416,6 @@ OCTET_DEVICE void bulk_wait_group_read() {
     interpret::model::bulk_wait_group_read(N);
 #endif
 }
-#if defined(__CUDACC__) || defined(OCTET_INTERPRET)
-/// prefetch.tensormap: brings the tensor map into the cache (a hint: no effect on results).
-OCTET_DEVICE void prefetch_tensormap(const CUtensorMap* map) {
-#if OCTET_DEVICE_PASS
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
-#elif defined(OCTET_INTERPRET)
-    interpret::model::prefetch_tensormap(map);
-#else
-    (void)map;
-#endif
-}
-#endif
 
 // ---- fence.proxy.async, setmaxnreg ------------------------------------------------------------------
 

@@ -572,22 +572,15 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
                                        : CUtensorMap{};
 
     auto kernel = sm90_gemm_kernel<FA, FB, Cfg, scalar_b, CT, DT>;
-    constexpr int smem = Cfg::smem_bytes;
-    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    if constexpr (Cfg::reconfigure_registers) {
-        // setmaxnreg moves registers inside the CTA's allocation; the allocation must hold them all.
-        cudaFuncAttributes attr{};
-        OCTET_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-        OCTET_REQUIRE(
-            attr.numRegs * Cfg::threads >= Cfg::producer_regs * 128 + Cfg::consumer_regs * 128 * Cfg::consumers,
-            "octet::scaled_gemm", "options.backend",
-            message("sm90_wgmma: the kernel was compiled with ", attr.numRegs,
-                    " registers per thread, too few for its ", "register reconfiguration; use gemm_backend::sm89_mma"));
-    }
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+    if constexpr (Cfg::reconfigure_registers)
+        cuda::require_register_split(kernel, Cfg::threads,
+                                     Cfg::producer_regs * 128 + Cfg::consumer_regs * 128 * Cfg::consumers,
+                                     "octet::scaled_gemm", "options.backend", "use gemm_backend::sm89_mma");
     const std::size_t units = static_cast<std::size_t>(p.tiles_m) * p.tiles_n * p.splits;
     const unsigned grid =
         static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
-    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), smem, stream, ma, mb, md, p);
+    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, md, p);
     OCTET_CUDA_CHECK_LAUNCH();
     if (p.splits > 1) {
         constexpr unsigned threads = 256;
