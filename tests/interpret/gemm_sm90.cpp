@@ -1,9 +1,11 @@
-// A broken configuration of the Hopper scaled GEMM kernel (octet/gemm/sm90_wgmma.cuh) under the
-// interpreter: a TMA map without the swizzle its wgmma descriptors assume must give wrong results. (The
-// kernel itself runs under the interpreter in interpret.gemm_device, every recipe pair it serves against
-// the host backend, as on a GPU.)
+// The Hopper scaled GEMM kernel (octet/gemm/sm90_wgmma.cuh) launched by hand under the interpreter:
+// a TMA map without the swizzle its wgmma descriptors assume must give wrong results, and both ways of
+// bringing the scales (TMA, or loads by the producer threads) must give the host's bits. (The kernel
+// itself runs under the interpreter in interpret.gemm_device, every recipe pair it serves against the
+// host backend, as on a GPU.)
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -48,6 +50,37 @@ std::vector<float> exact_values(std::mt19937_64& g, std::size_t rows, std::size_
     return x;
 }
 
+/// The kernel's parameters for D = A B^T into `d` (float, row-major), one range, stores from registers.
+template <class RA, class RB, class Cfg>
+detail::sm90_params<float, float> params(const quantized_cref<RA>& A, const quantized_cref<RB>& B, float* d) {
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    detail::sm90_params<float, float> p{};
+    p.M = static_cast<std::uint32_t>(M);
+    p.N = static_cast<std::uint32_t>(N);
+    p.K = static_cast<std::uint32_t>(K);
+    p.num_kb = static_cast<std::uint32_t>((K + 127) / 128);
+    p.tiles_m = static_cast<std::uint32_t>((M + Cfg::BM - 1) / Cfg::BM);
+    p.tiles_n = static_cast<std::uint32_t>((N + Cfg::BN - 1) / Cfg::BN);
+    p.sa = reinterpret_cast<const float*>(A.scales);
+    p.sa_ld = static_cast<std::uint32_t>(A.layout.scale_ld);
+    p.sa_br = static_cast<std::uint32_t>(A.layout.block_rows);
+    p.sa_bc = static_cast<std::uint32_t>(A.layout.block_cols);
+    p.sb = reinterpret_cast<const float*>(B.scales);
+    p.sb_ld = static_cast<std::uint32_t>(B.layout.scale_ld);
+    p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
+    p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
+    p.epi = detail::make_device_epilogue<float, float>(nullptr, matrix_ref<float>(d, M, N), {});
+    return p;
+}
+
+/// Elements of got whose bits differ from want's.
+std::size_t differing(const std::vector<float>& got, const std::vector<float>& want) {
+    REQUIRE(got.size() == want.size());
+    std::size_t wrong = 0;
+    for (std::size_t o = 0; o < got.size(); ++o) wrong += std::memcmp(&got[o], &want[o], sizeof(float)) != 0;
+    return wrong;
+}
+
 // A TMA map without the 128-byte swizzle that the kernel's wgmma descriptors (sm90_smem_desc) assume: the
 // copy lands linearly, the descriptors read it permuted, so all rows but every 8th get the wrong K bytes.
 // This is a legal program (neither the ISA nor the interpreter can know which layout was meant), so it
@@ -65,31 +98,15 @@ TEST_CASE("sm90_wgmma with a tensor map whose swizzle does not match the descrip
     const device_copy<R> da(ha), db(hb);
     cuda::device_buffer<float> dd(M * N);
     const auto A = da.cref(), B = db.cref();
-    detail::sm90_params<float, float> p{};
-    p.M = static_cast<std::uint32_t>(M);
-    p.N = static_cast<std::uint32_t>(N);
-    p.K = static_cast<std::uint32_t>(K);
-    p.num_kb = 1;
-    p.tiles_m = p.tiles_n = 1;
-    p.sa = reinterpret_cast<const float*>(A.scales);
-    p.sa_ld = static_cast<std::uint32_t>(A.layout.scale_ld);
-    p.sa_br = static_cast<std::uint32_t>(A.layout.block_rows);
-    p.sa_bc = static_cast<std::uint32_t>(A.layout.block_cols);
-    p.sb = reinterpret_cast<const float*>(B.scales);
-    p.sb_ld = static_cast<std::uint32_t>(B.layout.scale_ld);
-    p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
-    p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
-    p.epi = detail::make_device_epilogue<float, float>(nullptr, matrix_ref<float>(dd.data(), M, N), {});
+    const detail::sm90_params<float, float> p = params<R, R, Cfg>(A, B, dd.data());
     auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, true, float, float>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
     auto wrong_elements = [&](const CUtensorMap& ma, const CUtensorMap& mb) {
         dd.fill_bytes(0xFF);
+        // p.tma_scale_a/b false: the scales are loaded by threads; p.tma_store false: D from registers
         cuda::launch("sm90_gemm_kernel", kernel, 1, Cfg::threads, Cfg::smem_bytes, nullptr, ma, mb, CUtensorMap{},
-                     p);  // p.tma_store false: D is stored from registers
-        const std::vector<float> got = dd.download();
-        std::size_t wrong = 0;
-        for (std::size_t o = 0; o < M * N; ++o) wrong += std::memcmp(&got[o], &hd[o], sizeof(float)) != 0;
-        return wrong;
+                     CUtensorMap{}, CUtensorMap{}, p);
+        return differing(dd.download(), hd);
     };
     // the control: the kernel's own maps (128-byte swizzle) give the host's bits
     CHECK(wrong_elements(detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM),
@@ -99,6 +116,53 @@ TEST_CASE("sm90_wgmma with a tensor map whose swizzle does not match the descrip
                        detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN, CU_TENSOR_MAP_SWIZZLE_NONE));
     INFO("wrong elements: " << wrong << " of " << M * N);
     CHECK(wrong > M * N / 2);
+}
+
+// 1x128 scales on both operands (one float per row and K block): the TMA path reads them as a float
+// matrix, boxes of BM (BN) rows of one K block, zero-filled past M (N). Ragged M and N, several K blocks
+// and persistent tiles (one CTA walks all of them): both paths must give the host's bits.
+TEST_CASE("sm90_wgmma's scales by TMA and by the producer's loads both give the host's bits") {
+    using R = recipes::blockwise_1x128;
+    using Cfg = detail::sm90_small;
+    const std::size_t M = 100, N = 72, K = 384;
+    auto g = octet_test::rng(11);
+    // every (row, K block) its own power-of-two scale, so that a scale read from the wrong row or block
+    // changes the result (the products stay exact)
+    auto varied = [&](std::size_t rows) {
+        std::vector<float> x = exact_values(g, rows, K, 128);
+        for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t k = 0; k < K; ++k)
+                x[i * K + k] *= std::ldexp(1.0f, static_cast<int>((3 * i + k / 128) % 7) - 3);
+        return x;
+    };
+    const auto ha = quantized<R>(varied(M), M, K);
+    const auto hb = quantized<R>(varied(N), N, K);
+    std::vector<float> hd(M * N);
+    scaled_gemm(on_host(), ha.cref(), hb.cref(), matrix_ref<float>(hd.data(), M, N));
+
+    const device_copy<R> da(ha), db(hb);
+    cuda::device_buffer<float> dd(M * N);
+    const auto A = da.cref(), B = db.cref();
+    REQUIRE(detail::sm90_scales_by_tma(A.scales, A.layout));
+    REQUIRE(detail::sm90_scales_by_tma(B.scales, B.layout));
+    auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, false, float, float>;
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+    const CUtensorMap ma = detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
+    const CUtensorMap mb = detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
+    const CUtensorMap msa = detail::sm90_scale_map(A.scales, A.layout, Cfg::BM);
+    const CUtensorMap msb = detail::sm90_scale_map(B.scales, B.layout, Cfg::BN);
+    for (int tma_a = 0; tma_a < 2; ++tma_a)
+        for (int tma_b = 0; tma_b < 2; ++tma_b) {
+            CAPTURE(tma_a);
+            CAPTURE(tma_b);
+            detail::sm90_params<float, float> p = params<R, R, Cfg>(A, B, dd.data());
+            p.tma_scale_a = tma_a != 0;
+            p.tma_scale_b = tma_b != 0;
+            dd.fill_bytes(0xFF);
+            cuda::launch("sm90_gemm_kernel", kernel, 1, Cfg::threads, Cfg::smem_bytes, nullptr, ma, mb,
+                         tma_a ? msa : CUtensorMap{}, tma_b ? msb : CUtensorMap{}, CUtensorMap{}, p);
+            CHECK(differing(dd.download(), hd) == 0);
+        }
 }
 
 }  // namespace interpret_gemm_sm90_test

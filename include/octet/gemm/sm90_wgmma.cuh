@@ -12,11 +12,13 @@
 // so that concurrently running tiles share A and B in L2):
 //   * warpgroup C (the last 128 threads) produces: it waits until a stage is free (empty mbarrier),
 //     one thread issues two TMA tile loads (A: BM x 128 bytes, B: BN x 128 bytes, 128-byte swizzle)
-//     that complete on the stage's full mbarrier, and the 128 threads write the stage's A scales
-//     (one per row) and B scales (one per column, or one per tile when B's scale blocks cover the
-//     whole tile, as 128x128 and per-tensor do), then arrive on the full mbarrier. Each thread
-//     fetches its scales of the next stage right after arriving, so their L2 round trip overlaps
-//     the wait for the next free stage. It gives away registers (setmaxnreg.dec 40).
+//     that complete on the stage's full mbarrier, and the stage's scales arrive: A's (one per row) and
+//     B's (one per column, or one per tile when B's scale blocks cover the whole tile, as 128x128 and
+//     per-tensor do). Scales with one value per row, in 16-byte aligned columns (the 1x128 and per-row
+//     layouts of quant_layout_of), come by TMA too, on the same mbarrier; the others the 128 threads
+//     write, each having fetched its scale of the stage a stage ahead (right after arriving on the
+//     previous one, so that the L2 round trip overlaps the wait for the free stage). Then the 128
+//     threads arrive on the full mbarrier. It gives away registers (setmaxnreg.dec 40).
 //   * warpgroups 0..C-1 consume (setmaxnreg.inc 232): each owns 64 rows of the tile, waits for a
 //     stage, reads its scales, issues 4 wgmma m64nBNk32 (K = 128) into the tensor-core accumulator
 //     `frag` (the first with scale-d = 0, which restarts it), waits for them, releases the stage
@@ -143,6 +145,10 @@ struct sm90_params {
     float* partial = nullptr;
     /// The epilogue stores through shared memory with TMA (the kernel's tma_d); only with one range.
     bool tma_store = false;
+    /// A's (B's) scales of a stage come by TMA (the kernel's tma_sa, tma_sb: the scale matrix as
+    /// floats, boxes of BM (BN) rows x one K block); only for one scale per row (sa_br == 1). B's
+    /// scale of a kScalarB instantiation is always loaded by a thread.
+    bool tma_scale_a = false, tma_scale_b = false;
 };
 
 /// The K blocks [first, end) of split-K range r.
@@ -226,6 +232,7 @@ OCTET_DEVICE void sm90_store_tile_tma(const CUtensorMap& tma_d, const device_epi
 template <class FA, class FB, class Cfg, bool kScalarB, class CT, class DT>
 OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                     const __grid_constant__ CUtensorMap tma_sa, const __grid_constant__ CUtensorMap tma_sb,
                      const __grid_constant__ CUtensorMap tma_d, const __grid_constant__ sm90_params<CT, DT> p) {
 #if OCTET_ARCH_SM90A
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, S = Cfg::stages;
@@ -258,6 +265,8 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     if (tid == Cfg::consumers * 128) {
         tma_prefetch_map(&tma_a);
         tma_prefetch_map(&tma_b);
+        if (p.tma_scale_a) tma_prefetch_map(&tma_sa);
+        if (!kScalarB && p.tma_scale_b) tma_prefetch_map(&tma_sb);
         if (p.tma_store) tma_prefetch_map(&tma_d);
     }
     __syncthreads();
@@ -269,8 +278,12 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         const std::uint32_t ptid = tid - Cfg::consumers * 128;
         static_assert(BM <= 128 && BN <= 128, "one A row and one B column of scales per producer thread");
         // This thread's A scale (row ptid) and B scale (column ptid, or the tile's one) of one stage,
-        // fetched from global memory a stage ahead of their use, so that the L2 round trips overlap
-        // the wait for the next free stage instead of delaying the stage's arrival.
+        // where they do not come by TMA, fetched from global memory a stage ahead of their use, so that
+        // the L2 round trips overlap the wait for the next free stage instead of delaying the stage's
+        // arrival.
+        const bool tma_sb_used = !kScalarB && p.tma_scale_b;
+        const std::uint32_t stage_tx =
+            Cfg::a_stage_bytes + Cfg::b_stage_bytes + (p.tma_scale_a ? BM * 4u : 0u) + (tma_sb_used ? BN * 4u : 0u);
         struct stage_scales {
             float a = 0.0f, b = 0.0f;
         };
@@ -281,11 +294,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
             const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
             stage_scales s;
-            if (ptid < static_cast<std::uint32_t>(BM) && row < p.M) s.a = __ldg(p.sa + a_col + row / p.sa_br);
+            if (!p.tma_scale_a && ptid < static_cast<std::uint32_t>(BM) && row < p.M)
+                s.a = __ldg(p.sa + a_col + row / p.sa_br);
             if constexpr (kScalarB) {
                 if (ptid == 0) s.b = __ldg(p.sb + b_col + n0 / p.sb_br);
             } else {
-                if (ptid < static_cast<std::uint32_t>(BN) && n < p.N) s.b = __ldg(p.sb + b_col + n / p.sb_br);
+                if (!tma_sb_used && ptid < static_cast<std::uint32_t>(BN) && n < p.N)
+                    s.b = __ldg(p.sb + b_col + n / p.sb_br);
             }
             return s;
         };
@@ -306,15 +321,22 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                             static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(m0), bar);
                 tma_load_2d(ptx::shared_address(sB + stage * Cfg::b_stage_bytes), &tma_b,
                             static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
+                // the scale columns of K block kb: rows m0.. (n0..), zero past M (N)
+                if (p.tma_scale_a)
+                    tma_load_2d(ptx::shared_address(sSA + stage * BM), &tma_sa, static_cast<std::int32_t>(m0),
+                                static_cast<std::int32_t>(kb * BK / p.sa_bc), bar);
+                if (tma_sb_used)
+                    tma_load_2d(ptx::shared_address(sSB + stage * BN), &tma_sb, static_cast<std::int32_t>(n0),
+                                static_cast<std::int32_t>(kb * BK / p.sb_bc), bar);
             }
-            if (ptid < static_cast<std::uint32_t>(BM)) sSA[stage * BM + ptid] = now.a;
+            if (!p.tma_scale_a && ptid < static_cast<std::uint32_t>(BM)) sSA[stage * BM + ptid] = now.a;
             if constexpr (kScalarB) {
                 if (ptid == 0) sSB[stage * BN] = now.b;
             } else {
-                if (ptid < static_cast<std::uint32_t>(BN)) sSB[stage * BN + ptid] = now.b;
+                if (!tma_sb_used && ptid < static_cast<std::uint32_t>(BN)) sSB[stage * BN + ptid] = now.b;
             }
             if (ptid == 0)
-                mbar_arrive_expect_tx(bar, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
+                mbar_arrive_expect_tx(bar, stage_tx);
             else
                 mbar_arrive(bar);
             if (++kb >= range.end) {
@@ -478,6 +500,19 @@ inline CUtensorMap sm90_operand_map(const std::uint8_t* data, std::size_t rows, 
     return cuda::byte_matrix_map(data, rows, K, row_bytes, 128u, box_rows, swizzle, "octet::scaled_gemm");
 }
 
+/// Whether an operand's scales can come by TMA: one float per row (block_rows 1: 1x128 or per-row), the
+/// scale columns (scale_ld floats apart) and the data 16-byte aligned, as TMA asks.
+inline bool sm90_scales_by_tma(const void* scales, const quant_layout& l) {
+    return l.block_rows == 1 && (l.scale_ld * sizeof(float)) % 16 == 0 && is_aligned(scales, 16);
+}
+
+/// A TMA map over an operand's scales (sm90_scales_by_tma): scale_rows x scale_cols floats, column kb
+/// of the scale blocks contiguous (scale_ld apart), boxes of `box_rows` rows of one column.
+inline CUtensorMap sm90_scale_map(const void* scales, const quant_layout& l, std::uint32_t box_rows) {
+    return cuda::float_matrix_map(static_cast<const float*>(scales), l.scale_cols, l.scale_rows,
+                                  l.scale_ld * sizeof(float), box_rows, 1u, "octet::scaled_gemm");
+}
+
 /// The sm90 kernel's tile and split-K ranges for an M x N x K problem.
 struct sm90_plan {
     gemm_tile tile = gemm_tile::m128n128;
@@ -562,6 +597,10 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     p.partial = partial;
     const CUtensorMap ma = sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
     const CUtensorMap mb = sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
+    p.tma_scale_a = sm90_scales_by_tma(A.scales, A.layout);
+    p.tma_scale_b = !scalar_b && sm90_scales_by_tma(B.scales, B.layout);
+    const CUtensorMap msa = p.tma_scale_a ? sm90_scale_map(A.scales, A.layout, Cfg::BM) : CUtensorMap{};
+    const CUtensorMap msb = p.tma_scale_b ? sm90_scale_map(B.scales, B.layout, Cfg::BN) : CUtensorMap{};
 
     // The TMA-store epilogue where D allows it: row-major, rows 16-byte aligned, and no split (with a
     // split the kernel writes float partial sums, which the sum kernel stores).
@@ -580,7 +619,8 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     const std::size_t units = static_cast<std::size_t>(p.tiles_m) * p.tiles_n * p.splits;
     const unsigned grid =
         static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
-    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, md, p);
+    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, msa, msb,
+                 md, p);
     OCTET_CUDA_CHECK_LAUNCH();
     if (p.splits > 1) {
         constexpr unsigned threads = 256;
