@@ -501,8 +501,8 @@ TEST_SUITE("gpu") {
     TEST_CASE(
         "attention on the device: causal with fewer keys than queries; UE8M0 Q, per-head K, per-tensor V, E5M2 dO") {
         config c;
-        c.lens_q = {50, 100, 7};
-        c.lens_k = {120, 60, 0};
+        c.lens_q = {50, 100, 7, 100};
+        c.lens_k = {120, 60, 0, 20};  // the last: queries 0..79 see no key, 80..99 the first tile
         c.hq = 2;
         c.hkv = 2;
         c.d = 128;

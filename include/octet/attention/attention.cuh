@@ -366,35 +366,47 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
 
 // ---- the sm_90a forward: FlashAttention-3's structure --------------------------------------------
 
-/// forward_wgmma_kernel's block: warpgroup 0 consumes, warpgroup 1 produces.
-constexpr int kWgmmaForwardThreads = 256;
+/// forward_wgmma_kernel's block: warpgroups 0 and 1 consume, warpgroup 2 produces.
+constexpr int kForwardConsumers = 2;
+constexpr int kWgmmaForwardThreads = (kForwardConsumers + 1) * 128;
+/// Query rows of its block: 64 per consumer warpgroup.
+constexpr int kForwardBlockRows = kForwardConsumers * kTile;
 /// Stages of its ring (each: K, V, V^T and the key and value scales of one key tile).
-constexpr int kForwardStages = 3;
-/// Its registers per thread after setmaxnreg; with two CTAs of 256 threads per SM each CTA holds
-/// 256 x 128, which the two warpgroups split.
-constexpr int kForwardProducerRegs = 48, kForwardConsumerRegs = 208;
+constexpr int kForwardStages = 4;
+/// Its registers per thread after setmaxnreg. One CTA of 384 threads per SM launches with 168 each
+/// (64512 of the SM's 65536), which the producer gives away and the consumers take.
+constexpr int kForwardProducerRegs = 48, kForwardConsumerRegs = 224;
 
 /// Dynamic shared memory of forward_wgmma_kernel: the slack that aligns the tiles to 1024 bytes (their
-/// swizzle atoms), Q, then per stage K, V, V^T and the key and value scales, then the mbarriers.
+/// swizzle atoms), the two Q tiles, then per stage K, V, V^T and the key and value scales, then the
+/// mbarriers.
 template <int D>
 constexpr int fwd_wgmma_smem_bytes() {
-    return 1024 + kTile * D + kForwardStages * (3 * kTile * D + 2 * kTile * 4) + (1 + 3 * kForwardStages) * 8;
+    return 1024 + kForwardConsumers * kTile * D + kForwardStages * (3 * kTile * D + 2 * kTile * 4) +
+           (1 + 3 * kForwardStages) * 8;
 }
 
 /// The forward on sm_90a (an empty kernel elsewhere, never launched there), warp-specialized as in
-/// FlashAttention-3. Warpgroup 1 produces: one thread loads the Q tile and then each key tile's K and
-/// V with TMA (map_q/k/v: the codes of q, k and v as byte matrices, boxes of 64 rows x D bytes with
-/// the swizzle of swz) into a ring of kForwardStages stages; the 128 threads fetch the tile's key and
-/// value scales, wait for the loads, transpose V into V^T (keys past the sequence zeroed: TMA fills
-/// only rows past the whole tensor), make V^T visible to the async proxy and arrive on the stage's
-/// `full` barrier. Warpgroup 0 consumes: S = Q K^T as wgmma m64n64k32 from the Q and K tiles, the
+/// FlashAttention-3, for a block of 128 query rows: consumer warpgroup w owns query tile 2 qb + w.
+///
+/// Warpgroup 2 produces: one thread loads the two Q tiles and then each key tile's K and V with TMA
+/// (map_q/k/v: the codes of q, k and v as byte matrices, boxes of 64 rows x D bytes with the swizzle
+/// of swz) into a ring of kForwardStages stages; the 128 threads fetch the tile's key and value
+/// scales, wait for the loads, transpose V into V^T (keys past the sequence zeroed: TMA fills only
+/// rows past the whole tensor), make V^T visible to the async proxy and arrive on the stage's `full`
+/// barrier. Both consumers read every stage, so K and V are loaded and V transposed once per 128
+/// queries.
+///
+/// Each consumer warpgroup: S = Q K^T as wgmma m64n64k32 from its Q tile and the stage's K, the
 /// softmax (forward_softmax_tile, as forward_kernel), O += P V as wgmma m64nDk32 with P's codes from
 /// registers and V^T from the stage, then releases the stage (its `empty` barrier, one arrival per
-/// warp); the next tile's S and softmax overlap the running P V (see the loop). The producer thus
-/// loads and transposes the next tiles while the consumer computes, and two CTAs per SM overlap one's
-/// softmax with the other's products.
+/// warp of both warpgroups). Within a warpgroup the next tile's S and softmax overlap the running
+/// P V (intra-warpgroup pipelining, see the loop); between the two, named barriers 1 and 2 hand the
+/// tensor cores back and forth (ping-pong), so that one warpgroup's softmax runs while the other's
+/// products do. Under a causal mask the later rows of warpgroup 1 can see a key tile more than
+/// warpgroup 0: warpgroup 0 releases that stage unread, with the same turns on the named barriers.
 template <int D, class QR, class KR, class VR, class OT>
-OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
+OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 1)
     forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                          const __grid_constant__ CUtensorMap map_v,
                          const __grid_constant__ fwd_params<QR, KR, VR, OT> p) {
@@ -405,8 +417,8 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
     constexpr int S = kForwardStages, T = kTile * D;  // stages; bytes of a tile
     OCTET_DYNAMIC_SHARED(std::uint8_t, fwd_smem);
     // the padding is added to the shared array itself, so that the pointers stay in the shared address space
-    const shared_ptr_t<std::uint8_t> sQ = fwd_smem + wgmma_tile_padding(fwd_smem);  // (64, D)
-    const shared_ptr_t<std::uint8_t> sK = sQ + T;                                   // S x (64, D)
+    const shared_ptr_t<std::uint8_t> sQ = fwd_smem + wgmma_tile_padding(fwd_smem);  // 2 x (64, D)
+    const shared_ptr_t<std::uint8_t> sK = sQ + kForwardConsumers * T;               // S x (64, D)
     const shared_ptr_t<std::uint8_t> sV = sK + S * T;                               // S x (64, D)
     const shared_ptr_t<std::uint8_t> sVt = sV + S * T;                              // S x (D, 64), keys permuted
     const shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + S * T);          // S x 64 key scales
@@ -417,29 +429,36 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
     const shared_ptr_t<std::uint64_t> empty = full + S;          // S: the consumers are done with it
     auto bar = [](shared_ptr_t<std::uint64_t> b) { return ptx::shared_address(b); };
 
-    const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;  // long causal tiles first
+    const int b = blockIdx.z, h = blockIdx.y, qb = gridDim.x - 1 - blockIdx.x;  // long causal blocks first
     const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-    if (qt * kTile >= lq) return;
+    if (qb * kForwardBlockRows >= lq) return;
     const int hk = h / p.group, tid = threadIdx.x;
-    const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
+    // key tiles of each consumer's query tile (none for a tile past the sequence), and of the block
+    const bool rows1 = (2 * qb + 1) * kTile < lq;
+    const int tiles0 = attn::key_tiles_for(2 * qb, lq, lk, p.causal);
+    const int tiles1 = rows1 ? attn::key_tiles_for(2 * qb + 1, lq, lk, p.causal) : 0;
+    const int ntiles = tiles0 > tiles1 ? tiles0 : tiles1;
     if (tid == 0) {
         ptx::mbarrier_init(bar(q_loaded), 1);
         for (int st = 0; st < S; ++st) {
             ptx::mbarrier_init(bar(kv_loaded + st), 1);
-            ptx::mbarrier_init(bar(full + st), 128);  // every producer thread
-            ptx::mbarrier_init(bar(empty + st), 4);   // every consumer warp
+            ptx::mbarrier_init(bar(full + st), 128);                     // every producer thread
+            ptx::mbarrier_init(bar(empty + st), 4 * kForwardConsumers);  // every consumer warp
         }
         ptx::fence_mbarrier_init();
     }
     __syncthreads();
 
-    if (tid >= 128) {
+    if (tid >= kForwardConsumers * 128) {
         // ---- producer warpgroup ----
         ptx::setmaxnreg_dec<kForwardProducerRegs>();
-        const int ptid = tid - 128;
+        const int ptid = tid - kForwardConsumers * 128;
         if (ptid == 0 && ntiles > 0) {
-            ptx::mbarrier_arrive_expect_tx(bar(q_loaded), T);
-            ptx::tma_load_2d(ptx::shared_address(sQ), &map_q, h * D, q0 + qt * kTile, bar(q_loaded));
+            ptx::mbarrier_arrive_expect_tx(bar(q_loaded), rows1 ? 2 * T : T);
+            ptx::tma_load_2d(ptx::shared_address(sQ), &map_q, h * D, q0 + qb * kForwardBlockRows, bar(q_loaded));
+            if (rows1)
+                ptx::tma_load_2d(ptx::shared_address(sQ + T), &map_q, h * D, q0 + qb * kForwardBlockRows + kTile,
+                                 bar(q_loaded));
         }
         for (int step = 0; step < ntiles; ++step) {
             const int st = step % S, jt = attn::key_tile_at(step, ntiles, p.key_order);
@@ -461,9 +480,14 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
         return;
     }
 
-    // ---- consumer warpgroup ----
+    // ---- consumer warpgroups ----
     ptx::setmaxnreg_inc<kForwardConsumerRegs>();
-    const int warp = tid >> 5, lane = tid & 31;
+    const int cw = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int qt = 2 * qb + cw, nt = cw == 0 ? tiles0 : tiles1;
+    // This warpgroup's steps of the block's ntiles are [first, first + nt): the key tiles it sees, in
+    // the block's order (back to front, the other warpgroup's extra tiles come first).
+    const int first = p.key_order == key_tile_order::back_to_front ? ntiles - nt : 0;
+    const shared_ptr_t<std::uint8_t> sQw = sQ + cw * T;
     int row[2];
     float qf[2];
     forward_rows<D>(p, qt, warp, lane, q0, lq, h, row, qf);
@@ -472,14 +496,41 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {attn::neg_inf(), attn::neg_inf()}, l[2] = {0.0f, 0.0f};
 
-    // Issues S = Q K^T of the key tile in stage st into s ((64, 64) for the warpgroup, (16, 64) per
-    // warp; register 4n + x is s[n][x]) as one wgmma-group, after waiting for the stage.
+    auto wait_full = [&](int step) {
+        ptx::mbarrier_wait(bar(full + step % S), static_cast<std::uint32_t>(step / S) & 1u);
+    };
+    auto release = [&](int step) {
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(bar(empty + step % S));  // this warp is done with the stage
+    };
+    // The ping-pong: warpgroup w issues its products in turn `round` after bar.sync on barrier 1 + w,
+    // then hands the turn to the other (bar.arrive on its barrier). Both warpgroups take ntiles + 1
+    // turns (one per issue of the pipelined loop, an empty one per stage released unread), warpgroup 1
+    // hands warpgroup 0 its first turn, and warpgroup 1's last turn hands over nothing, so that every
+    // arrival meets a sync.
+    const int rounds = ntiles > 0 ? ntiles + 1 : 0;
+    int round = 0;
+    auto turn = [&](auto&& issue) {
+        ptx::bar_sync(1 + cw, 2 * 128);
+        issue();
+        if (cw == 0 || round + 1 < rounds) ptx::bar_arrive(2 - cw, 2 * 128);
+        ++round;
+    };
+    auto no_issue = [] {};
+    // A stage this warpgroup does not read: waited for (so that the arrival counts toward its phase)
+    // and released.
+    auto skip = [&](int step) {
+        wait_full(step);
+        release(step);
+        turn(no_issue);
+    };
+
+    // Issues S = Q K^T of the key tile of `step` into s ((64, 64) for the warpgroup, (16, 64) per warp;
+    // register 4n + x is s[n][x]) as one wgmma-group; the stage is full.
     float s[8][4];
     auto issue_s = [&](int step) {
-        const int st = step % S;
-        ptx::mbarrier_wait(bar(full + st), static_cast<std::uint32_t>(step / S) & 1u);
         float(&acc)[32] = reinterpret_cast<float(&)[32]>(s);
-        const std::uint32_t qa_addr = ptx::shared_address(sQ), kb_addr = ptx::shared_address(sK + st * T);
+        const std::uint32_t qa_addr = ptx::shared_address(sQw), kb_addr = ptx::shared_address(sK + (step % S) * T);
         OCTET_UNROLL
         for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
         ptx::wgmma_fence();
@@ -518,29 +569,36 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
         for (int i = 0; i < D / 2; ++i) ptx::fence_operand(reinterpret_cast<float(&)[D / 2]>(pv)[i]);
         OCTET_UNROLL
         for (int i = 0; i < 8; ++i) ptx::fence_operand(pa[i / 4][i % 4]);
-        __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(bar(empty + step % S));  // this warp is done with the stage
+        release(step);
         OCTET_UNROLL
         for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
         for (int x = 0; x < 4; ++x) o[nd][x] = attn::fma(o[nd][x], alpha[x >> 1], attn::mul(cv, pv[nd][x]));
     };
 
+    if (cw == 1 && rounds > 0) ptx::bar_arrive(1, 2 * 128);  // warpgroup 0 takes the first turn
+    for (int step = 0; step < first; ++step) skip(step);
     // The products of two tiles overlap the softmax (FlashAttention-3's intra-warpgroup pipelining):
     // S of tile step + 1 and P V of tile step are issued together, and the softmax of tile step + 1
     // runs while the tensor cores finish P V. Its P becomes codes in pa only after P V has completed
     // (the wgmma reads pa until then, and ptxas serializes wgmmas whose inputs other instructions
     // define while a wgmma-group is in flight).
-    if (ntiles > 0) {
+    if (nt > 0) {
         ptx::mbarrier_wait(bar(q_loaded), 0);
-        issue_s(0);
+        wait_full(first);
+        turn([&] { issue_s(first); });
         ptx::wgmma_wait_group<0>();
         float u[8][4];
-        softmax(0, u, alpha, cv);
+        softmax(first, u, alpha, cv);
         p_fragments(u, pa);
+    } else if (rounds > 0) {
+        turn(no_issue);  // the turn of the first S that this warpgroup does not have
     }
-    for (int step = 0; step + 1 < ntiles; ++step) {
-        issue_s(step + 1);
-        issue_pv(step);
+    for (int step = first; step + 1 < first + nt; ++step) {
+        wait_full(step + 1);
+        turn([&] {
+            issue_s(step + 1);
+            issue_pv(step);
+        });
         float u[8][4], alpha_next[2], cv_next;
         ptx::wgmma_wait_group<1>();  // S of tile step + 1 (the older group) is complete
         softmax(step + 1, u, alpha_next, cv_next);
@@ -551,11 +609,12 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 2)
         alpha[1] = alpha_next[1];
         cv = cv_next;
     }
-    if (ntiles > 0) {
-        issue_pv(ntiles - 1);
+    if (nt > 0) {
+        turn([&] { issue_pv(first + nt - 1); });
         ptx::wgmma_wait_group<0>();
-        finish_pv(ntiles - 1);
+        finish_pv(first + nt - 1);
     }
+    for (int step = first + nt; step < ntiles; ++step) skip(step);
     forward_store_rows<D>(p.o, p.o_ld, p.lse, p.total_q, h, q0, lq, lane, row, o, m, l);
 #else
     (void)map_q, (void)map_k, (void)map_v, (void)p;
@@ -1320,12 +1379,16 @@ void stream_attention_forward(const stream_executor& ex, const attention_dims& d
         auto kernel = attn_kernel::forward_wgmma_kernel<D, QR, KR, VR, OT>;
         constexpr int smem = attn_kernel::fwd_wgmma_smem_bytes<D>();
         attn_kernel::set_smem(kernel, smem);
-        cuda::require_register_split(kernel, attn_kernel::kWgmmaForwardThreads,
-                                     (attn_kernel::kForwardProducerRegs + attn_kernel::kForwardConsumerRegs) * 128, fn,
-                                     "options.kernel", "use attention_kernel::mma_sync");
+        cuda::require_register_split(
+            kernel, attn_kernel::kWgmmaForwardThreads,
+            (attn_kernel::kForwardProducerRegs + attn_kernel::kForwardConsumers * attn_kernel::kForwardConsumerRegs) *
+                128,
+            fn, "options.kernel", "use attention_kernel::mma_sync");
         const CUtensorMap mq = attn_kernel::tile_map<D>(q, fn), mk = attn_kernel::tile_map<D>(k, fn),
                           mv = attn_kernel::tile_map<D>(v, fn);
-        cuda::launch("attn_kernel::forward_wgmma_kernel", kernel, grid, attn_kernel::kWgmmaForwardThreads, smem,
+        const dim3 blocks((max_q + attn_kernel::kForwardBlockRows - 1) / attn_kernel::kForwardBlockRows, Hq,
+                          shape.batch());
+        cuda::launch("attn_kernel::forward_wgmma_kernel", kernel, blocks, attn_kernel::kWgmmaForwardThreads, smem,
                      ex.stream, mq, mk, mv, p);
         OCTET_CUDA_CHECK_LAUNCH();
     };

@@ -323,6 +323,18 @@ OCTET_DEVICE void bar_sync(std::uint32_t id, std::uint32_t count) {
 #endif
 }
 
+/// bar.arrive id, count: counts this thread toward named barrier `id`'s `count` without waiting (the
+/// threads that bar_sync on it wait for these arrivals), releasing its shared-memory writes to them.
+OCTET_DEVICE void bar_arrive(std::uint32_t id, std::uint32_t count) {
+#if OCTET_DEVICE_PASS
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::bar_arrive(id, count);
+#else
+    (void)id, (void)count;
+#endif
+}
+
 /// Waits until the phase of parity `parity` has completed (mbarrier_try_wait_parity in a loop). With
 /// OCTET_MBARRIER_WATCHDOG defined (a debug option; define it for every translation unit of the
 /// program) the wait traps after about 2^35 clocks (~17 s at 1.98 GHz) instead of spinning for ever on
