@@ -394,7 +394,7 @@ void run(const config& c, const char* name_c) {
         for (delta_mode mode : {delta_mode::from_output, delta_mode::matched}) {
             const bool matched = mode == delta_mode::matched;
             INFO((matched ? std::string("delta matched") : std::string("delta from_output")));
-            INFO("backward kernel " << (kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
+            INFO("backward kernel " << std::string(kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
             attention_backward_options bo;
             bo.mask = mask;
             bo.delta = mode;
@@ -633,7 +633,7 @@ TEST_SUITE("gpu") {
             if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test"))
                 kernels.push_back(attention_kernel::wgmma);
             for (const attention_kernel kernel : kernels) {
-                INFO("forward kernel " << (kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
+                INFO("forward kernel " << std::string(kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
                 auto forward = [&](std::vector<float>& o_out, std::vector<float>& lse_out) {
                     cuda::device_buffer<float> o(static_cast<std::size_t>(p.tq) * cols),
                         lse(static_cast<std::size_t>(p.tq));
@@ -662,6 +662,98 @@ TEST_SUITE("gpu") {
                 dk_.data.upload(qz.k.data());
                 dv_.data.upload(qz.v.data());
             }
+        }
+    }
+    TEST_CASE(
+        "attention backward: NaN in the next sequence's q, k, v, dO, O and L never reaches this sequence's "
+        "dQ, dK and dV") {
+        // As the forward case above: sequence 0 has 70 tokens, so its second key tile and query tile
+        // run 58 rows into sequence 1, whose codes are all 0x7F (E4M3's NaN) and whose O and L are NaN.
+        // dK and dV of sequence 0 must stay bit-identical (one CTA owns each key tile); dQ sums the key
+        // tiles' contributions with float atomics, whose order may differ from run to run on a GPU, so
+        // it must stay finite and within float rounding of the clean run.
+        for (const int d : {64, 128}) {
+            INFO("head dim " << d);
+            config c;
+            c.lens_q = {70, 64};
+            c.hq = c.hkv = 1;
+            c.d = d;
+            c.causal = d == 128;
+            c.salt = 530 + static_cast<std::uint64_t>(d);
+            const problem p = make_problem(c);
+            quantized<per_token> qz(p);
+            const std::size_t rows0 = 70, cols = static_cast<std::size_t>(d), R = static_cast<std::size_t>(p.tq);
+            const attention_shape shape_h = p.shape();
+            std::vector<float> o_h(p.tq * cols), lse_h(R);
+            attention_forward(on_host(), shape_h, qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                              matrix_ref<float>(o_h.data(), p.tq, cols), span<float>(lse_h.data(), R),
+                              c.forward_options());
+            cuda::device_buffer<std::int32_t> dcu(p.cu_q);
+            attention_shape shape = shape_h;
+            shape.device_cu_seqlens_q = dcu.data();
+            shape.device_cu_seqlens_k = dcu.data();
+            device_operand<per_token> dq_(qz.q), dk_(qz.k), dv_(qz.v), ddo(qz.dout);
+            cuda::device_buffer<float> o_in(o_h), lse_in(lse_h);
+            const auto ws = attention_backward_workspace_for(shape);
+            cuda::device_buffer<float> workspace(ws.floats);
+            std::vector<attention_kernel> kernels{attention_kernel::mma_sync};
+            if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test"))
+                kernels.push_back(attention_kernel::wgmma);
+            for (const attention_kernel kernel : kernels)
+                for (delta_mode mode : {delta_mode::from_output, delta_mode::matched}) {
+                    INFO("backward kernel " << std::string(kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
+                    INFO(std::string(mode == delta_mode::matched ? "delta matched" : "delta from_output"));
+                    struct grads {
+                        std::vector<float> q, k, v;
+                    };
+                    auto backward = [&] {
+                        attention_backward_options bo;
+                        bo.mask = c.causal ? attention_mask::causal : attention_mask::full;
+                        bo.delta = mode;
+                        bo.kernel = kernel;
+                        cuda::device_buffer<float> g_q(p.tq * cols), g_k(p.tk * cols), g_v(p.tk * cols);
+                        attention_backward(
+                            on_stream(), shape, dq_.cref(), dk_.cref(), dv_.cref(),
+                            matrix_ref<const float>(o_in.data(), p.tq, cols), span<const float>(lse_in.data(), R),
+                            ddo.cref(), matrix_ref<float>(g_q.data(), p.tq, cols),
+                            matrix_ref<float>(g_k.data(), p.tk, cols), matrix_ref<float>(g_v.data(), p.tk, cols),
+                            span<float>(workspace.data(), ws.floats), bo);
+                        OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+                        auto head = [&](const std::vector<float>& x) {
+                            return std::vector<float>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(rows0 * cols));
+                        };
+                        return grads{head(g_q.download()), head(g_k.download()), head(g_v.download())};
+                    };
+                    const grads clean = backward();
+                    CHECK(count_nan(clean.q) + count_nan(clean.k) + count_nan(clean.v) == 0);
+                    for (device_operand<per_token>* x : {&dq_, &dk_, &dv_, &ddo}) {
+                        std::vector<std::uint8_t> codes = x->data.download();
+                        std::fill(codes.begin() + static_cast<std::ptrdiff_t>(rows0 * x->layout.row_bytes), codes.end(),
+                                  std::uint8_t{0x7F});
+                        x->data.upload(codes);
+                    }
+                    std::vector<float> o_bad = o_h, lse_bad = lse_h;
+                    std::fill(o_bad.begin() + static_cast<std::ptrdiff_t>(rows0 * cols), o_bad.end(), std::nanf(""));
+                    std::fill(lse_bad.begin() + static_cast<std::ptrdiff_t>(rows0), lse_bad.end(), std::nanf(""));
+                    o_in.upload(o_bad);
+                    lse_in.upload(lse_bad);
+                    const grads poisoned = backward();
+                    CHECK(poisoned.k == clean.k);  // bit for bit (no NaN on either side: checked above)
+                    CHECK(poisoned.v == clean.v);
+                    CHECK(count_nan(poisoned.q) == 0);
+                    double largest = 0.0, diff = 0.0;
+                    for (std::size_t i = 0; i < clean.q.size(); ++i) {
+                        largest = std::max(largest, std::fabs(static_cast<double>(clean.q[i])));
+                        diff = std::max(diff, std::fabs(static_cast<double>(poisoned.q[i]) - clean.q[i]));
+                    }
+                    CHECK(diff <= 1e-5 * largest);
+                    dq_.data.upload(qz.q.data());
+                    dk_.data.upload(qz.k.data());
+                    dv_.data.upload(qz.v.data());
+                    ddo.data.upload(qz.dout.data());
+                    o_in.upload(o_h);
+                    lse_in.upload(lse_h);
+                }
         }
     }
 }
