@@ -739,16 +739,26 @@ __device__ __forceinline__ qrow_values fetch_qrow(const bwd_inputs<QR, KR, VR, D
 // Backward: D
 // ================================================================================================
 
-/// With wgmma, 1024 bytes of slack align the tiles to their swizzle atoms.
+/// With wgmma, 1024 bytes of slack align the tiles to their swizzle atoms, and 3 mbarriers follow.
 template <int D, bool Wgmma>
 constexpr int delta_smem_bytes() {
     // Q, dO, K x2, V x2; 3 row vectors, 4 x 64 reduction
-    return kTile * D * 6 + (3 + 4 * 4) * kTile * 4 + (Wgmma ? 1024 : 0);
+    return kTile * D * 6 + (3 + 4 * 4) * kTile * 4 + (Wgmma ? 1024 + 3 * 8 : 0);
 }
 
-/// Wgmma: tile_p_dp on wgmma (sm_90a; an empty kernel elsewhere, never launched there).
+/// TMA maps over the backward's operands (tile_map), for the wgmma instantiations' loads.
+struct bwd_maps {
+    CUtensorMap q, k, v, dout;
+};
+
+/// Wgmma (sm_90a; an empty kernel elsewhere, never launched there): tile_p_dp on wgmma, and the tiles
+/// loaded with TMA (maps) by one thread on mbarriers (Q and dO once, K and V into two stages); else
+/// mma.sync, and cp.async by every thread. Rows past the sequences that TMA brings (the next
+/// sequence's: TMA fills zeros only past the whole tensor) are zeroed (zero_rows_from), so that both
+/// paths compute on the same tiles.
 template <int D, bool Wgmma, class QR, class KR, class VR, class DR>
-OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inputs<QR, KR, VR, DR> p, float* delta) {
+OCTET_KERNEL void __launch_bounds__(kThreads)
+    delta_matched_kernel(const __grid_constant__ bwd_maps maps, const bwd_inputs<QR, KR, VR, DR> p, float* delta) {
     if constexpr (!Wgmma || OCTET_ARCH_SM90A) {
         OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
         shared_ptr_t<std::uint8_t> sQ = Wgmma ? smem + wgmma_tile_padding(smem) : smem;
@@ -759,6 +769,10 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
         shared_ptr_t<float> sLc = sQf + kTile;
         shared_ptr_t<float> sDOs = sLc + kTile;
         shared_ptr_t<float> sRed = sDOs + kTile;  // (4, 64)
+        // Wgmma: Q and dO loaded; K and V of stage 0, 1 loaded
+        shared_ptr_t<std::uint64_t> q_loaded = OCTET_SHARED_CAST(std::uint64_t, sRed + 4 * kTile);
+        shared_ptr_t<std::uint64_t> kv_loaded = q_loaded + 1;
+        constexpr std::uint32_t T = kTile * D;  // bytes of a tile
 
         const int b = blockIdx.z, h = blockIdx.y, qt = gridDim.x - 1 - blockIdx.x;
         const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
@@ -767,13 +781,42 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
         const int ntiles = attn::key_tiles_for(qt, lq, lk, p.causal);
 
-        load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-        load_tile_async<D>(sdO, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-        if (ntiles > 0) {
-            load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0, k0 + lk, hk * D);
-            load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0, k0 + lk, hk * D);
+        // Starts the loads of key tile jt's K and V into `stage`.
+        auto issue_kv = [&](int jt, int stage) {
+            if constexpr (Wgmma) {
+                if (tid == 0) {
+                    const std::uint32_t bar = ptx::shared_address(kv_loaded + stage);
+                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
+                    ptx::tma_load_2d(ptx::shared_address(sK + stage * T), &maps.k, hk * D, k0 + jt * kTile, bar);
+                    ptx::tma_load_2d(ptx::shared_address(sV + stage * T), &maps.v, hk * D, k0 + jt * kTile, bar);
+                }
+            } else {
+                load_tile_async<D>(sK + stage * T, p.k.data, p.k.layout.row_bytes, k0 + jt * kTile, k0 + lk, hk * D);
+                load_tile_async<D>(sV + stage * T, p.v.data, p.v.layout.row_bytes, k0 + jt * kTile, k0 + lk, hk * D);
+            }
+        };
+        if constexpr (Wgmma) {
+            if (tid == 0) {
+                ptx::mbarrier_init(ptx::shared_address(q_loaded), 1);
+                ptx::mbarrier_init(ptx::shared_address(kv_loaded), 1);
+                ptx::mbarrier_init(ptx::shared_address(kv_loaded + 1), 1);
+                ptx::fence_mbarrier_init();
+                if (ntiles > 0) {  // nothing is loaded that no iteration waits for
+                    const std::uint32_t bar = ptx::shared_address(q_loaded);
+                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
+                    ptx::tma_load_2d(ptx::shared_address(sQ), &maps.q, h * D, q0 + qt * kTile, bar);
+                    ptx::tma_load_2d(ptx::shared_address(sdO), &maps.dout, h * D, q0 + qt * kTile, bar);
+                }
+            }
+            if (ntiles > 0) issue_kv(0, 0);
+            __syncthreads();  // the mbarriers initialized, for every thread's waits
+        } else {
+            (void)maps;
+            load_tile_async<D>(sQ, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+            load_tile_async<D>(sdO, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+            if (ntiles > 0) issue_kv(0, 0);
+            ptx::cp_async_commit_group();
         }
-        ptx::cp_async_commit_group();
         {
             const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt);
             if (tid < 64)
@@ -798,22 +841,30 @@ OCTET_KERNEL void __launch_bounds__(kThreads) delta_matched_kernel(const bwd_inp
         for (int n = 0; n < 8; ++n) dacc[n][0] = dacc[n][1] = 0.0f;
         for (int jt = 0; jt < ntiles; ++jt) {
             const int st = jt & 1;
-            ptx::cp_async_wait_group<0>();
-            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // cp.async's writes, for wgmma's reads
-            __syncthreads();
+            if constexpr (Wgmma) {  // the tiles' rows past the sequences zeroed, as cp.async leaves them
+                if (jt == 0) {
+                    ptx::mbarrier_wait(ptx::shared_address(q_loaded), 0);
+                    zero_rows_from<D, kThreads>(sQ, lq - qt * kTile, tid);
+                    zero_rows_from<D, kThreads>(sdO, lq - qt * kTile, tid);
+                }
+                ptx::mbarrier_wait(ptx::shared_address(kv_loaded + st), static_cast<std::uint32_t>(jt >> 1) & 1u);
+                zero_rows_from<D, kThreads>(sK + st * T, lk - jt * kTile, tid);
+                zero_rows_from<D, kThreads>(sV + st * T, lk - jt * kTile, tid);
+                ptx::fence_proxy_async_shared();  // the zeros, for wgmma's reads
+            } else {
+                ptx::cp_async_wait_group<0>();
+            }
+            __syncthreads();  // every thread is done with the other stage (the previous tile)
             const float sk[2] = {sk_next[0], sk_next[1]}, sv[2] = {sv_next[0], sv_next[1]};
             if (jt + 1 < ntiles) {
-                load_tile_async<D>(sK + (st ^ 1) * kTile * D, p.k.data, p.k.layout.row_bytes, k0 + (jt + 1) * kTile,
-                                   k0 + lk, hk * D);
-                load_tile_async<D>(sV + (st ^ 1) * kTile * D, p.v.data, p.v.layout.row_bytes, k0 + (jt + 1) * kTile,
-                                   k0 + lk, hk * D);
+                issue_kv(jt + 1, st ^ 1);
                 fetch_kv(jt + 1, sk_next, sv_next);
             }
-            ptx::cp_async_commit_group();
+            if constexpr (!Wgmma) ptx::cp_async_commit_group();
             float pp[8][4], dp[8][4];
             tile_p_dp<D, Wgmma, typename QR::format, typename KR::format, typename VR::format, typename DR::format>(
-                sK + st * kTile * D, sV + st * kTile * D, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile,
-                jt * kTile, lq, lk, p.causal, pp, dp);
+                sK + st * T, sV + st * T, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane, qt * kTile, jt * kTile, lq, lk,
+                p.causal, pp, dp);
             OCTET_UNROLL
             for (int n = 0; n < 8; ++n) OCTET_UNROLL
             for (int e = 0; e < 2; ++e) {
@@ -880,14 +931,18 @@ struct bwd_outputs {
 template <int D, bool Wgmma>
 constexpr int grad_smem_bytes() {
     // K, V, K^T; Q x2, dO x2; Q^T, dO^T; dS (64 x 64); 5 row vectors; (4, 64) reduction; (4, 4, 64)
-    // telemetry; with wgmma, the slack that aligns the tiles to 1024 bytes
-    return kTile * D * 9 + kTile * kTile + (5 + 4 + 16) * kTile * 4 + (Wgmma ? 1024 : 0);
+    // telemetry; with wgmma, the slack that aligns the tiles to 1024 bytes and 3 mbarriers
+    return kTile * D * 9 + kTile * kTile + (5 + 4 + 16) * kTile * 4 + (Wgmma ? 1024 + 3 * 8 : 0);
 }
 
-/// Wgmma: tile_p_dp on wgmma (sm_90a; an empty kernel elsewhere, never launched there).
+/// Wgmma (sm_90a; an empty kernel elsewhere, never launched there): tile_p_dp and the dV, dK and dQ
+/// products on wgmma, and the tiles loaded with TMA (maps) by one thread on mbarriers (K and V once,
+/// Q and dO into two stages); else mma.sync, and cp.async by every thread. TMA brings whole tile
+/// rows (zeros only past the whole tensor), so a partial tile holds rows of the next sequence:
+/// they are zeroed (zero_rows_from), so that both paths compute on the same tiles.
 template <int D, bool Wgmma, bool Tele, class QR, class KR, class VR, class DR, class GT>
 OCTET_KERNEL void __launch_bounds__(kThreads, 1)
-    grad_kernel(const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
+    grad_kernel(const __grid_constant__ bwd_maps maps, const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
     if constexpr (!Wgmma || OCTET_ARCH_SM90A) {
         using QF = typename QR::format;
         using KF = typename KR::format;
@@ -908,6 +963,10 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
         shared_ptr_t<float> sDOs = sQf + kTile;
         shared_ptr_t<float> sRed = sDOs + kTile;       // (4, 64): per-warp column amax of dS s_k
         shared_ptr_t<float> sTele = sRed + 4 * kTile;  // (4 warps, 4 sums, 64)
+        // Wgmma: K and V loaded; Q and dO of stage 0, 1 loaded
+        shared_ptr_t<std::uint64_t> kv_loaded = OCTET_SHARED_CAST(std::uint64_t, sTele + 16 * kTile);
+        shared_ptr_t<std::uint64_t> q_loaded = kv_loaded + 1;
+        constexpr std::uint32_t T = kTile * D;  // bytes of a tile
 
         const int b = blockIdx.z, hk = blockIdx.y, kt = blockIdx.x;
         const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
@@ -918,18 +977,45 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
         const int per_head = nqt > qt_first ? nqt - qt_first : 0;
         const int n_iter = per_head * p.group;
 
-        load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
-        load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+        if constexpr (Wgmma) {
+            if (tid == 0) {
+                ptx::mbarrier_init(ptx::shared_address(kv_loaded), 1);
+                ptx::mbarrier_init(ptx::shared_address(q_loaded), 1);
+                ptx::mbarrier_init(ptx::shared_address(q_loaded + 1), 1);
+                ptx::fence_mbarrier_init();
+                if (n_iter > 0) {  // nothing is loaded that no iteration waits for
+                    const std::uint32_t bar = ptx::shared_address(kv_loaded);
+                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
+                    ptx::tma_load_2d(ptx::shared_address(sK), &maps.k, hk * D, k0 + kt * kTile, bar);
+                    ptx::tma_load_2d(ptx::shared_address(sV), &maps.v, hk * D, k0 + kt * kTile, bar);
+                }
+            }
+            __syncthreads();  // the mbarriers initialized, for every thread's waits
+        } else {
+            (void)maps;
+            load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+            load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+        }
+        // Starts the loads of iteration it's Q and dO tiles into `stage`; returns its row vectors.
         auto issue_q = [&](int it, int stage) {
             const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
-            load_tile_async<D>(sQ + stage * kTile * D, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-            load_tile_async<D>(sdO + stage * kTile * D, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq,
-                               h * D);
+            if constexpr (Wgmma) {
+                if (tid == 0) {
+                    const std::uint32_t bar = ptx::shared_address(q_loaded + stage);
+                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
+                    ptx::tma_load_2d(ptx::shared_address(sQ + stage * T), &maps.q, h * D, q0 + qt * kTile, bar);
+                    ptx::tma_load_2d(ptx::shared_address(sdO + stage * T), &maps.dout, h * D, q0 + qt * kTile, bar);
+                }
+            } else {
+                load_tile_async<D>(sQ + stage * T, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+                load_tile_async<D>(sdO + stage * T, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq,
+                                   h * D);
+            }
             return fetch_qrow<D>(p, out.delta, q0, lq, h, qt);
         };
         qrow_values next{};
         if (n_iter > 0) next = issue_q(0, 0);
-        ptx::cp_async_commit_group();
+        if constexpr (!Wgmma) ptx::cp_async_commit_group();
 
         float sk[2], sv[2];
         OCTET_UNROLL
@@ -947,8 +1033,19 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
         for (int it = 0; it < n_iter; ++it) {
             const int st = it & 1;
             const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
-            ptx::cp_async_wait_group<0>();
-            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // cp.async's writes, for wgmma's reads
+            if constexpr (Wgmma) {  // the tiles' rows past the sequences zeroed, as cp.async leaves them
+                if (it == 0) {
+                    ptx::mbarrier_wait(ptx::shared_address(kv_loaded), 0);
+                    zero_rows_from<D, kThreads>(sK, lk - kt * kTile, tid);
+                    zero_rows_from<D, kThreads>(sV, lk - kt * kTile, tid);
+                }
+                ptx::mbarrier_wait(ptx::shared_address(q_loaded + st), static_cast<std::uint32_t>(it >> 1) & 1u);
+                zero_rows_from<D, kThreads>(sQ + st * T, lq - qt * kTile, tid);
+                zero_rows_from<D, kThreads>(sdO + st * T, lq - qt * kTile, tid);
+                ptx::fence_proxy_async_shared();  // the zeros, for wgmma's reads
+            } else {
+                ptx::cp_async_wait_group<0>();
+            }
             if (tid < 64) {
                 sLc[tid] = next.a;
                 sDelta[tid] = next.b;
@@ -960,18 +1057,18 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
             __syncthreads();  // S1: tiles and row vectors of this iteration visible; previous iteration done
             if (it == 0) transpose_tile<D, kThreads>(sK, sKt, tid, kTile);
             if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
-            ptx::cp_async_commit_group();
-            transpose_tile<D, kThreads>(sQ + st * kTile * D, sQt, tid, kTile);
-            transpose_tile<D, kThreads>(sdO + st * kTile * D, sdOt, tid, kTile);
+            if constexpr (!Wgmma) ptx::cp_async_commit_group();
+            transpose_tile<D, kThreads>(sQ + st * T, sQt, tid, kTile);
+            transpose_tile<D, kThreads>(sdO + st * T, sdOt, tid, kTile);
 
             float mdo = attn::fmax(sDOs[lane], sDOs[lane + 32]);
             OCTET_UNROLL
             for (int off = 16; off > 0; off >>= 1) mdo = attn::fmax(mdo, shfl_xor(mdo, off));
 
             float pp[8][4], ds[8][4];
-            tile_p_dp<D, Wgmma, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * kTile * D, sdO + st * kTile * D, sQf,
-                                                                 sLc, sDOs, sk, sv, warp, lane, qt * kTile, kt * kTile,
-                                                                 lq, lk, p.causal, pp, ds);
+            tile_p_dp<D, Wgmma, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * T, sdO + st * T, sQf, sLc, sDOs, sk,
+                                                                 sv, warp, lane, qt * kTile, kt * kTile, lq, lk,
+                                                                 p.causal, pp, ds);
             // dS in place of dP (telemetry first: it needs dP)
             OCTET_UNROLL
             for (int n = 0; n < 8; ++n) OCTET_UNROLL
@@ -1299,9 +1396,10 @@ void check_device_operand(const quantized_ref<R, B>& x, const char* fn, const ch
                                   "); use the padded layout of quant_layout_of<Recipe>::make"));
 }
 
-/// The TMA map forward_wgmma_kernel loads x's tiles with: x's codes as a byte matrix, boxes of 64 rows
-/// x D bytes swizzled as swz<D> (128-byte rows: the 128-byte swizzle, 64-byte rows: the 64-byte one).
-/// An operand with no rows gets an empty map (never read: no tile has keys).
+/// The TMA map the wgmma kernels (forward_wgmma_kernel, grad_kernel) load x's tiles with: x's codes as
+/// a byte matrix, boxes of 64 rows x D bytes swizzled as swz<D> (128-byte rows: the 128-byte swizzle,
+/// 64-byte rows: the 64-byte one). An operand with no rows gets an empty map (never read: no tile has
+/// rows).
 template <int D, class R, class B>
 CUtensorMap tile_map(const quantized_ref<R, B>& x, const char* fn) {
     if (x.layout.rows == 0) return CUtensorMap{};
@@ -1475,12 +1573,15 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
                          delta_out, opt.delta == delta_mode::from_output ? delta : nullptr);
             OCTET_CUDA_CHECK_LAUNCH();
         }
+        bwd_maps maps{};
+        if constexpr (W) maps = {tile_map<D>(q, fn), tile_map<D>(k, fn), tile_map<D>(v, fn), tile_map<D>(dout, fn)};
         if (opt.delta == delta_mode::matched && max_q > 0) {
             auto kernel = delta_matched_kernel<D, W, QR, KR, VR, DR>;
             constexpr int smem = delta_smem_bytes<D, W>();
             set_smem(kernel, smem);
             cuda::launch("attn_kernel::delta_matched_kernel", kernel,
-                         dim3((max_q + kTile - 1) / kTile, Hq, shape.batch()), kThreads, smem, ex.stream, in, delta);
+                         dim3((max_q + kTile - 1) / kTile, Hq, shape.batch()), kThreads, smem, ex.stream, maps, in,
+                         delta);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (max_k > 0) {
@@ -1489,7 +1590,7 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
             constexpr int smem = grad_smem_bytes<D, W>();
             set_smem(kernel, smem);
             cuda::launch("attn_kernel::grad_kernel", kernel, dim3((max_k + kTile - 1) / kTile, Hk, shape.batch()),
-                         kThreads, smem, ex.stream, in, out);
+                         kThreads, smem, ex.stream, maps, in, out);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (dq_floats > 0) {

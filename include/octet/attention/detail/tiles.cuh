@@ -61,6 +61,17 @@ __device__ __forceinline__ void load_tile_async(shared_ptr_t<std::uint8_t> tile,
     }
 }
 
+/// Zeroes rows [valid, 64) of a swizzled 64 x D tile (each row keeps its D bytes under the swizzle),
+/// 16 bytes per store, `thread` of `Threads`: the rows past a sequence that a TMA tile load brought
+/// (TMA fills zeros only past the whole tensor), so that the tile holds what load_tile_async leaves.
+/// Nothing to do when valid >= 64.
+template <int D, int Threads>
+__device__ __forceinline__ void zero_rows_from(shared_ptr_t<std::uint8_t> tile, int valid, int thread) {
+    const int first = valid < 0 ? 0 : valid * (D / 16);
+    for (int c = first + thread; c < kTile * (D / 16); c += Threads)
+        *OCTET_SHARED_CAST(uint4, tile + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+}
+
 // ---- ldmatrix ---------------------------------------------------------------------------------------
 
 /// A fragments (16 rows from row0, k-step ks) of a tile with k contiguous.
