@@ -751,6 +751,31 @@ struct bwd_maps {
     CUtensorMap q, k, v, dout;
 };
 
+/// Thread 0's TMA loads of two 64-row tiles, rows row0.. and columns col0.. of the operands behind
+/// maps a and b, into ta and tb, completing on mbarrier `bar` (the other threads do nothing).
+template <int D>
+__device__ __forceinline__ void load_tile_pair(shared_ptr_t<std::uint64_t> bar, const CUtensorMap& a,
+                                               const CUtensorMap& b, shared_ptr_t<std::uint8_t> ta,
+                                               shared_ptr_t<std::uint8_t> tb, int col0, int row0) {
+    if (threadIdx.x != 0) return;
+    const std::uint32_t addr = ptx::shared_address(bar);
+    ptx::mbarrier_arrive_expect_tx(addr, 2 * kTile * D);
+    ptx::tma_load_2d(ptx::shared_address(ta), &a, col0, row0, addr);
+    ptx::tma_load_2d(ptx::shared_address(tb), &b, col0, row0, addr);
+}
+
+/// Waits for load_tile_pair's loads (phase `parity` of `bar`), then zeroes the tiles' rows from
+/// `valid` on: rows past the sequence, which TMA brings (it fills zeros only past the whole
+/// tensor), so that the tiles hold what load_tile_async's zero fill leaves.
+template <int D>
+__device__ __forceinline__ void wait_tile_pair(shared_ptr_t<std::uint64_t> bar, std::uint32_t parity,
+                                               shared_ptr_t<std::uint8_t> ta, shared_ptr_t<std::uint8_t> tb,
+                                               int valid) {
+    ptx::mbarrier_wait(ptx::shared_address(bar), parity);
+    zero_rows_from<D, kThreads>(ta, valid, static_cast<int>(threadIdx.x));
+    zero_rows_from<D, kThreads>(tb, valid, static_cast<int>(threadIdx.x));
+}
+
 /// Wgmma (sm_90a; an empty kernel elsewhere, never launched there): tile_p_dp on wgmma, and the tiles
 /// loaded with TMA (maps) by one thread on mbarriers (Q and dO once, K and V into two stages); else
 /// mma.sync, and cp.async by every thread. Rows past the sequences that TMA brings (the next
@@ -784,12 +809,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
         // Starts the loads of key tile jt's K and V into `stage`.
         auto issue_kv = [&](int jt, int stage) {
             if constexpr (Wgmma) {
-                if (tid == 0) {
-                    const std::uint32_t bar = ptx::shared_address(kv_loaded + stage);
-                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
-                    ptx::tma_load_2d(ptx::shared_address(sK + stage * T), &maps.k, hk * D, k0 + jt * kTile, bar);
-                    ptx::tma_load_2d(ptx::shared_address(sV + stage * T), &maps.v, hk * D, k0 + jt * kTile, bar);
-                }
+                load_tile_pair<D>(kv_loaded + stage, maps.k, maps.v, sK + stage * T, sV + stage * T, hk * D,
+                                  k0 + jt * kTile);
             } else {
                 load_tile_async<D>(sK + stage * T, p.k.data, p.k.layout.row_bytes, k0 + jt * kTile, k0 + lk, hk * D);
                 load_tile_async<D>(sV + stage * T, p.v.data, p.v.layout.row_bytes, k0 + jt * kTile, k0 + lk, hk * D);
@@ -801,12 +822,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
                 ptx::mbarrier_init(ptx::shared_address(kv_loaded), 1);
                 ptx::mbarrier_init(ptx::shared_address(kv_loaded + 1), 1);
                 ptx::fence_mbarrier_init();
-                if (ntiles > 0) {  // nothing is loaded that no iteration waits for
-                    const std::uint32_t bar = ptx::shared_address(q_loaded);
-                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
-                    ptx::tma_load_2d(ptx::shared_address(sQ), &maps.q, h * D, q0 + qt * kTile, bar);
-                    ptx::tma_load_2d(ptx::shared_address(sdO), &maps.dout, h * D, q0 + qt * kTile, bar);
-                }
+                // nothing is loaded that no iteration waits for
+                if (ntiles > 0) load_tile_pair<D>(q_loaded, maps.q, maps.dout, sQ, sdO, h * D, q0 + qt * kTile);
             }
             if (ntiles > 0) issue_kv(0, 0);
             __syncthreads();  // the mbarriers initialized, for every thread's waits
@@ -842,14 +859,9 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
         for (int jt = 0; jt < ntiles; ++jt) {
             const int st = jt & 1;
             if constexpr (Wgmma) {  // the tiles' rows past the sequences zeroed, as cp.async leaves them
-                if (jt == 0) {
-                    ptx::mbarrier_wait(ptx::shared_address(q_loaded), 0);
-                    zero_rows_from<D, kThreads>(sQ, lq - qt * kTile, tid);
-                    zero_rows_from<D, kThreads>(sdO, lq - qt * kTile, tid);
-                }
-                ptx::mbarrier_wait(ptx::shared_address(kv_loaded + st), static_cast<std::uint32_t>(jt >> 1) & 1u);
-                zero_rows_from<D, kThreads>(sK + st * T, lk - jt * kTile, tid);
-                zero_rows_from<D, kThreads>(sV + st * T, lk - jt * kTile, tid);
+                if (jt == 0) wait_tile_pair<D>(q_loaded, 0, sQ, sdO, lq - qt * kTile);
+                wait_tile_pair<D>(kv_loaded + st, static_cast<std::uint32_t>(jt >> 1) & 1u, sK + st * T, sV + st * T,
+                                  lk - jt * kTile);
                 ptx::fence_proxy_async_shared();  // the zeros, for wgmma's reads
             } else {
                 ptx::cp_async_wait_group<0>();
@@ -983,12 +995,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
                 ptx::mbarrier_init(ptx::shared_address(q_loaded), 1);
                 ptx::mbarrier_init(ptx::shared_address(q_loaded + 1), 1);
                 ptx::fence_mbarrier_init();
-                if (n_iter > 0) {  // nothing is loaded that no iteration waits for
-                    const std::uint32_t bar = ptx::shared_address(kv_loaded);
-                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
-                    ptx::tma_load_2d(ptx::shared_address(sK), &maps.k, hk * D, k0 + kt * kTile, bar);
-                    ptx::tma_load_2d(ptx::shared_address(sV), &maps.v, hk * D, k0 + kt * kTile, bar);
-                }
+                // nothing is loaded that no iteration waits for
+                if (n_iter > 0) load_tile_pair<D>(kv_loaded, maps.k, maps.v, sK, sV, hk * D, k0 + kt * kTile);
             }
             __syncthreads();  // the mbarriers initialized, for every thread's waits
         } else {
@@ -1000,12 +1008,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
         auto issue_q = [&](int it, int stage) {
             const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
             if constexpr (Wgmma) {
-                if (tid == 0) {
-                    const std::uint32_t bar = ptx::shared_address(q_loaded + stage);
-                    ptx::mbarrier_arrive_expect_tx(bar, 2 * T);
-                    ptx::tma_load_2d(ptx::shared_address(sQ + stage * T), &maps.q, h * D, q0 + qt * kTile, bar);
-                    ptx::tma_load_2d(ptx::shared_address(sdO + stage * T), &maps.dout, h * D, q0 + qt * kTile, bar);
-                }
+                load_tile_pair<D>(q_loaded + stage, maps.q, maps.dout, sQ + stage * T, sdO + stage * T, h * D,
+                                  q0 + qt * kTile);
             } else {
                 load_tile_async<D>(sQ + stage * T, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
                 load_tile_async<D>(sdO + stage * T, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq,
@@ -1034,14 +1038,9 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
             const int st = it & 1;
             const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
             if constexpr (Wgmma) {  // the tiles' rows past the sequences zeroed, as cp.async leaves them
-                if (it == 0) {
-                    ptx::mbarrier_wait(ptx::shared_address(kv_loaded), 0);
-                    zero_rows_from<D, kThreads>(sK, lk - kt * kTile, tid);
-                    zero_rows_from<D, kThreads>(sV, lk - kt * kTile, tid);
-                }
-                ptx::mbarrier_wait(ptx::shared_address(q_loaded + st), static_cast<std::uint32_t>(it >> 1) & 1u);
-                zero_rows_from<D, kThreads>(sQ + st * T, lq - qt * kTile, tid);
-                zero_rows_from<D, kThreads>(sdO + st * T, lq - qt * kTile, tid);
+                if (it == 0) wait_tile_pair<D>(kv_loaded, 0, sK, sV, lk - kt * kTile);
+                wait_tile_pair<D>(q_loaded + st, static_cast<std::uint32_t>(it >> 1) & 1u, sQ + st * T, sdO + st * T,
+                                  lq - qt * kTile);
                 ptx::fence_proxy_async_shared();  // the zeros, for wgmma's reads
             } else {
                 ptx::cp_async_wait_group<0>();
