@@ -53,24 +53,8 @@ std::vector<float> exact_values(std::mt19937_64& g, std::size_t rows, std::size_
 /// The kernel's parameters for D = A B^T into `d` (float, row-major), one range, stores from registers.
 template <class RA, class RB, class Cfg>
 detail::sm90_params<float, float> params(const quantized_cref<RA>& A, const quantized_cref<RB>& B, float* d) {
-    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
-    detail::sm90_params<float, float> p{};
-    p.M = static_cast<std::uint32_t>(M);
-    p.N = static_cast<std::uint32_t>(N);
-    p.K = static_cast<std::uint32_t>(K);
-    p.num_kb = static_cast<std::uint32_t>((K + 127) / 128);
-    p.tiles_m = static_cast<std::uint32_t>((M + Cfg::BM - 1) / Cfg::BM);
-    p.tiles_n = static_cast<std::uint32_t>((N + Cfg::BN - 1) / Cfg::BN);
-    p.sa = reinterpret_cast<const float*>(A.scales);
-    p.sa_ld = static_cast<std::uint32_t>(A.layout.scale_ld);
-    p.sa_br = static_cast<std::uint32_t>(A.layout.block_rows);
-    p.sa_bc = static_cast<std::uint32_t>(A.layout.block_cols);
-    p.sb = reinterpret_cast<const float*>(B.scales);
-    p.sb_ld = static_cast<std::uint32_t>(B.layout.scale_ld);
-    p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
-    p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
-    p.epi = detail::make_device_epilogue<float, float>(nullptr, matrix_ref<float>(d, M, N), {});
-    return p;
+    return detail::sm90_problem_params<Cfg>(
+        A, B, detail::make_device_epilogue<float, float>(nullptr, matrix_ref<float>(d, A.rows(), B.rows()), {}));
 }
 
 /// Elements of got whose bits differ from want's.

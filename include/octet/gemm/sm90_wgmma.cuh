@@ -567,14 +567,12 @@ inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, c
     return sm90_choose_plan(M, N, K, opt.tile, opt.split_k, cuda::multiprocessor_count());
 }
 
-template <class RA, class RB, class Cfg, class CT, class DT>
-void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
-                        const device_epilogue<CT, DT>& epi, const sm90_plan& plan, float* partial) {
-    using FA = typename RA::format;
-    using FB = typename RB::format;
-    // B's scale is one value per tile when its blocks span whole tiles along N (128x128, per-tensor).
-    constexpr std::size_t b_rows = RB::granularity::rows;
-    constexpr bool scalar_b = b_rows == full || (b_rows % static_cast<std::size_t>(Cfg::BN) == 0);
+/// The kernel's parameters for D = epilogue(A B^T) on tile configuration Cfg: shape, tile counts, scale
+/// layouts and the epilogue; one K range, the register-stored epilogue and the scales loaded by
+/// threads (the launcher then sets the plan's split and the TMA choices).
+template <class Cfg, class RA, class RB, class CT, class DT>
+sm90_params<CT, DT> sm90_problem_params(const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                                        const device_epilogue<CT, DT>& epi) {
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     sm90_params<CT, DT> p{};
     p.M = static_cast<std::uint32_t>(M);
@@ -592,6 +590,19 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     p.sb_br = static_cast<std::uint32_t>(B.layout.block_rows);
     p.sb_bc = static_cast<std::uint32_t>(B.layout.block_cols);
     p.epi = epi;
+    return p;
+}
+
+template <class RA, class RB, class Cfg, class CT, class DT>
+void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
+                        const device_epilogue<CT, DT>& epi, const sm90_plan& plan, float* partial) {
+    using FA = typename RA::format;
+    using FB = typename RB::format;
+    // B's scale is one value per tile when its blocks span whole tiles along N (128x128, per-tensor).
+    constexpr std::size_t b_rows = RB::granularity::rows;
+    constexpr bool scalar_b = b_rows == full || (b_rows % static_cast<std::size_t>(Cfg::BN) == 0);
+    const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
+    sm90_params<CT, DT> p = sm90_problem_params<Cfg>(A, B, epi);
     p.splits = plan.splits;
     p.kb_per_split = plan.kb_per_split;
     p.partial = partial;
