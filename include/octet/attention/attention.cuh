@@ -15,28 +15,31 @@
 // that receives the telemetry summary (with options.telemetry). Nothing is synchronized and nothing
 // is allocated. options.fold_dq_residual is host-only: the stream backward rejects it.
 //
-// Kernels (one 64-row tile per block, 16 rows per warp; options.kernel chooses mma.sync or wgmma,
-// automatic takes wgmma where it can run):
-//   forward:  block = (64-query tile, head, sequence); loops over 64-key tiles in options.key_order,
-//             S = Q K^T and O += P V on FP8 tensor cores, online softmax in registers (the same
-//             forward_softmax_tile in both kernels).
-//             - forward_kernel (FlashAttention-2's structure, 4 warps): double-buffered cp.async,
-//               FP8 mma.sync with P passed in registers (sm_89; on Hopper it compiles to FP16 HMMA
-//               with conversions).
-//             - forward_wgmma_kernel (sm_90a, FlashAttention-3's structure): a producer warpgroup
-//               loads Q, K and V with TMA into a 3-stage mbarrier ring and transposes V there; one
-//               consumer warpgroup issues wgmma m64n64k32 for S and m64nDk32 for P V with P from
-//               registers (QGMMA), the next tile's S and the softmax overlapping the running P V.
-//               Two CTAs per SM; not yet FA3's ping-pong of two consumer warpgroups in one CTA.
+// Kernels (64-row tiles, 16 rows per warp; options.kernel chooses mma.sync or wgmma, automatic takes
+// wgmma where it can run):
+//   forward:  loops over 64-key tiles in options.key_order, S = Q K^T and O += P V on FP8 tensor
+//             cores, online softmax in registers (the same forward_softmax_tile in both kernels).
+//             - forward_kernel (FlashAttention-2's structure; block = (64-query tile, head,
+//               sequence), 4 warps): double-buffered cp.async, FP8 mma.sync with P passed in
+//               registers (sm_89; on Hopper it compiles to FP16 HMMA with conversions).
+//             - forward_wgmma_kernel (sm_90a, FlashAttention-3's structure; block = 128 queries):
+//               a producer warpgroup loads Q, K and V with TMA into a 4-stage mbarrier ring and
+//               transposes V there; two consumer warpgroups (64 queries each) issue wgmma m64n64k32
+//               for S and m64nDk32 for P V with P from registers (QGMMA), in turns (ping-pong), each
+//               overlapping the next tile's S and softmax with the running P V.
 //   delta:    from_output: one warp per query row (rowsum(dO * O)); matched: block = (query tile,
 //             head, sequence) recomputing S^T and dP^T tile by tile with the very code the
-//             gradient kernel uses (tile_p_dp), so D_i = sum_j P_ij dP_ij is formed from the same
+//             gradient kernels use (tile_p_dp), so D_i = sum_j P_ij dP_ij is formed from the same
 //             bits as the dS it enters.
-//   gradient: block = (64-key tile, key/value head, sequence); loops over the query heads of its
-//             group and their 64-query tiles; dK and dV stay in registers, dQ goes to a float
-//             accumulator with atomics (converted to the output type at the end). With wgmma
-//             (sm_90a) every product is QGMMA: S^T and dP^T (tile_p_dp) and dQ from shared memory,
-//             dV and dK with their A operands (P'^T, dS^T) from registers; else mma.sync.
+//   gradient: each 64-key tile loops over the query heads of its group and their 64-query tiles
+//             (grad_step, shared by both kernels); dK and dV stay in registers, dQ goes to a float
+//             accumulator with atomics (converted to the output type at the end).
+//             - grad_kernel (block = (64-key tile, key/value head, sequence), 4 warps): cp.async
+//               into two stages, FP8 mma.sync (sm_89).
+//             - grad_wgmma_kernel (sm_90a; block = 128 keys): a producer warpgroup loads Q and dO
+//               with TMA into a 2-stage ring and transposes them there; two consumer warpgroups
+//               (64 keys each) form every product with QGMMA: S^T and dP^T (tile_p_dp) and dQ from
+//               shared memory, dV and dK with their A operands (P'^T, dS^T) from registers.
 // Head dims 64 and 128. P and dS reach the next product through registers (see detail/tiles.cuh).
 #pragma once
 
@@ -714,16 +717,16 @@ struct bwd_inputs {
     bool causal;
 };
 
-/// Per-query row vectors of a query tile: the thread's share (tid & 63 is the row; tid < 64 loads
-/// L log2 e and D, tid >= 64 the q and dO scales).
+/// Per-query row vectors of a query tile: the share of thread `t` of a group of 128 (t & 63 is the
+/// row; t < 64 loads L log2 e and D, t >= 64 the q and dO scales).
 struct qrow_values {
     float a = 0.0f, b = 0.0f;
 };
 template <int D, class QR, class KR, class VR, class DR>
 __device__ __forceinline__ qrow_values fetch_qrow(const bwd_inputs<QR, KR, VR, DR>& p, const float* delta, int q0,
-                                                  int lq, int h, int qt) {
+                                                  int lq, int h, int qt, int t) {
     qrow_values v;
-    const int tid = threadIdx.x, i = qt * kTile + (tid & 63);
+    const int tid = t, i = qt * kTile + (tid & 63);
     const std::size_t r = static_cast<std::size_t>(h) * p.total_q + q0 + i;
     if (tid < 64) {
         v.a = i < lq ? attn::mul(p.lse[r], attn::log2e) : attn::pos_inf();
@@ -733,6 +736,19 @@ __device__ __forceinline__ qrow_values fetch_qrow(const bwd_inputs<QR, KR, VR, D
         v.b = token_scale(p.dout, static_cast<std::size_t>(q0 + i), h, D);
     }
     return v;
+}
+
+/// This lane's key and value scales for its two rows (of its warp's 16) of key tile kt; 0 past the
+/// sequence's lk keys.
+template <int D, class QR, class KR, class VR, class DR>
+__device__ __forceinline__ void key_scales(const bwd_inputs<QR, KR, VR, DR>& p, int k0, int lk, int hk, int kt,
+                                           int warp, int lane, float (&sk)[2], float (&sv)[2]) {
+    OCTET_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+        sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+        sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+    }
 }
 
 // ================================================================================================
@@ -751,13 +767,12 @@ struct bwd_maps {
     CUtensorMap q, k, v, dout;
 };
 
-/// Thread 0's TMA loads of two 64-row tiles, rows row0.. and columns col0.. of the operands behind
-/// maps a and b, into ta and tb, completing on mbarrier `bar` (the other threads do nothing).
+/// TMA loads of two 64-row tiles, rows row0.. and columns col0.. of the operands behind maps a and
+/// b, into ta and tb, completing on mbarrier `bar`; issued by one thread.
 template <int D>
 __device__ __forceinline__ void load_tile_pair(shared_ptr_t<std::uint64_t> bar, const CUtensorMap& a,
                                                const CUtensorMap& b, shared_ptr_t<std::uint8_t> ta,
                                                shared_ptr_t<std::uint8_t> tb, int col0, int row0) {
-    if (threadIdx.x != 0) return;
     const std::uint32_t addr = ptx::shared_address(bar);
     ptx::mbarrier_arrive_expect_tx(addr, 2 * kTile * D);
     ptx::tma_load_2d(ptx::shared_address(ta), &a, col0, row0, addr);
@@ -766,14 +781,15 @@ __device__ __forceinline__ void load_tile_pair(shared_ptr_t<std::uint64_t> bar, 
 
 /// Waits for load_tile_pair's loads (phase `parity` of `bar`), then zeroes the tiles' rows from
 /// `valid` on: rows past the sequence, which TMA brings (it fills zeros only past the whole
-/// tensor), so that the tiles hold what load_tile_async's zero fill leaves.
+/// tensor), so that the tiles hold what load_tile_async's zero fill leaves. Thread `t` of a group
+/// of 128 that waits and zeroes together.
 template <int D>
 __device__ __forceinline__ void wait_tile_pair(shared_ptr_t<std::uint64_t> bar, std::uint32_t parity,
-                                               shared_ptr_t<std::uint8_t> ta, shared_ptr_t<std::uint8_t> tb,
-                                               int valid) {
+                                               shared_ptr_t<std::uint8_t> ta, shared_ptr_t<std::uint8_t> tb, int valid,
+                                               int t) {
     ptx::mbarrier_wait(ptx::shared_address(bar), parity);
-    zero_rows_from<D, kThreads>(ta, valid, static_cast<int>(threadIdx.x));
-    zero_rows_from<D, kThreads>(tb, valid, static_cast<int>(threadIdx.x));
+    zero_rows_from<D, 128>(ta, valid, t);
+    zero_rows_from<D, 128>(tb, valid, t);
 }
 
 /// Wgmma (sm_90a; an empty kernel elsewhere, never launched there): tile_p_dp on wgmma, and the tiles
@@ -809,8 +825,9 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
         // Starts the loads of key tile jt's K and V into `stage`.
         auto issue_kv = [&](int jt, int stage) {
             if constexpr (Wgmma) {
-                load_tile_pair<D>(kv_loaded + stage, maps.k, maps.v, sK + stage * T, sV + stage * T, hk * D,
-                                  k0 + jt * kTile);
+                if (tid == 0)
+                    load_tile_pair<D>(kv_loaded + stage, maps.k, maps.v, sK + stage * T, sV + stage * T, hk * D,
+                                      k0 + jt * kTile);
             } else {
                 load_tile_async<D>(sK + stage * T, p.k.data, p.k.layout.row_bytes, k0 + jt * kTile, k0 + lk, hk * D);
                 load_tile_async<D>(sV + stage * T, p.v.data, p.v.layout.row_bytes, k0 + jt * kTile, k0 + lk, hk * D);
@@ -835,7 +852,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
             ptx::cp_async_commit_group();
         }
         {
-            const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt);
+            const qrow_values v = fetch_qrow<D>(p, nullptr, q0, lq, h, qt, tid);
             if (tid < 64)
                 sLc[tid] = v.a;
             else {
@@ -843,15 +860,8 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
                 sDOs[tid - 64] = v.b;
             }
         }
-        auto fetch_kv = [&](int jt, float(&sk)[2], float(&sv)[2]) {
-            for (int r = 0; r < 2; ++r) {
-                const int j = jt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
-                sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
-                sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
-            }
-        };
         float sk_next[2] = {0.0f, 0.0f}, sv_next[2] = {0.0f, 0.0f};
-        if (ntiles > 0) fetch_kv(0, sk_next, sv_next);
+        if (ntiles > 0) key_scales<D>(p, k0, lk, hk, 0, warp, lane, sk_next, sv_next);
 
         float dacc[8][2];
         OCTET_UNROLL
@@ -859,9 +869,9 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
         for (int jt = 0; jt < ntiles; ++jt) {
             const int st = jt & 1;
             if constexpr (Wgmma) {  // the tiles' rows past the sequences zeroed, as cp.async leaves them
-                if (jt == 0) wait_tile_pair<D>(q_loaded, 0, sQ, sdO, lq - qt * kTile);
+                if (jt == 0) wait_tile_pair<D>(q_loaded, 0, sQ, sdO, lq - qt * kTile, tid);
                 wait_tile_pair<D>(kv_loaded + st, static_cast<std::uint32_t>(jt >> 1) & 1u, sK + st * T, sV + st * T,
-                                  lk - jt * kTile);
+                                  lk - jt * kTile, tid);
                 ptx::fence_proxy_async_shared();  // the zeros, for wgmma's reads
             } else {
                 ptx::cp_async_wait_group<0>();
@@ -870,7 +880,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads)
             const float sk[2] = {sk_next[0], sk_next[1]}, sv[2] = {sv_next[0], sv_next[1]};
             if (jt + 1 < ntiles) {
                 issue_kv(jt + 1, st ^ 1);
-                fetch_kv(jt + 1, sk_next, sv_next);
+                key_scales<D>(p, k0, lk, hk, jt + 1, warp, lane, sk_next, sv_next);
             }
             if constexpr (!Wgmma) ptx::cp_async_commit_group();
             float pp[8][4], dp[8][4];
@@ -940,350 +950,510 @@ struct bwd_outputs {
     std::size_t rows;
 };
 
-template <int D, bool Wgmma>
-constexpr int grad_smem_bytes() {
-    // K, V, K^T; Q x2, dO x2; Q^T, dO^T; dS (64 x 64); 5 row vectors; (4, 64) reduction; (4, 4, 64)
-    // telemetry; with wgmma, the slack that aligns the tiles to 1024 bytes and 3 mbarriers
-    return kTile * D * 9 + kTile * kTile + (5 + 4 + 16) * kTile * 4 + (Wgmma ? 1024 + 3 * 8 : 0);
+/// Stores this lane's rows of key tile kt's dK (times the softmax scale) and dV, from the
+/// accumulator layout (dk[nd][x]: row c_row(lane, x), channel c_col(lane, nd, x % 2) of the warp's 16).
+template <int D, class QR, class KR, class VR, class DR, class GT>
+__device__ __forceinline__ void store_dk_dv(const bwd_inputs<QR, KR, VR, DR>& p, const bwd_outputs<GT>& out, int k0,
+                                            int lk, int hk, int kt, int warp, int lane, const float (&dk)[D / 8][4],
+                                            const float (&dv)[D / 8][4]) {
+    OCTET_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
+        if (j >= lk) continue;
+        GT* dkr = out.dk + static_cast<std::size_t>(k0 + j) * out.dk_ld + static_cast<std::size_t>(hk) * D;
+        GT* dvr = out.dv + static_cast<std::size_t>(k0 + j) * out.dv_ld + static_cast<std::size_t>(hk) * D;
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            dkr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(attn::mul(dk[nd][2 * r + e], p.scale));
+            dvr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(dv[nd][2 * r + e]);
+        }
+    }
 }
 
-/// Wgmma (sm_90a; an empty kernel elsewhere, never launched there): tile_p_dp and the dV, dK and dQ
-/// products on wgmma, and the tiles loaded with TMA (maps) by one thread on mbarriers (K and V once,
-/// Q and dO into two stages); else mma.sync, and cp.async by every thread. TMA brings whole tile
-/// rows (zeros only past the whole tensor), so a partial tile holds rows of the next sequence:
-/// they are zeroed (zero_rows_from), so that both paths compute on the same tiles.
-template <int D, bool Wgmma, bool Tele, class QR, class KR, class VR, class DR, class GT>
-OCTET_KERNEL void __launch_bounds__(kThreads, 1)
-    grad_kernel(const __grid_constant__ bwd_maps maps, const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
-    if constexpr (!Wgmma || OCTET_ARCH_SM90A) {
-        using QF = typename QR::format;
-        using KF = typename KR::format;
-        using DF = typename DR::format;
-        OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
-        shared_ptr_t<std::uint8_t> sK = Wgmma ? smem + wgmma_tile_padding(smem) : smem;  // (64, D)
-        shared_ptr_t<std::uint8_t> sV = sK + kTile * D;                                  // (64, D)
-        shared_ptr_t<std::uint8_t> sKt = sV + kTile * D;                                 // (D, 64) keys permuted
-        shared_ptr_t<std::uint8_t> sQ = sKt + kTile * D;                                 // 2 x (64, D)
-        shared_ptr_t<std::uint8_t> sdO = sQ + 2 * kTile * D;                             // 2 x (64, D)
-        shared_ptr_t<std::uint8_t> sQt = sdO + 2 * kTile * D;                            // (D, 64) queries permuted
-        shared_ptr_t<std::uint8_t> sdOt = sQt + kTile * D;                               // (D, 64) queries permuted
-        shared_ptr_t<std::uint8_t> sDS = sdOt + kTile * D;  // (64 queries, 64 keys permuted): dS codes for dQ
-        shared_ptr_t<float> sLc = OCTET_SHARED_CAST(float, sDS + kTile * kTile);
-        shared_ptr_t<float> sDelta = sLc + kTile;
-        shared_ptr_t<float> sQs = sDelta + kTile;
-        shared_ptr_t<float> sQf = sQs + kTile;
-        shared_ptr_t<float> sDOs = sQf + kTile;
-        shared_ptr_t<float> sRed = sDOs + kTile;       // (4, 64): per-warp column amax of dS s_k
-        shared_ptr_t<float> sTele = sRed + 4 * kTile;  // (4 warps, 4 sums, 64)
-        // Wgmma: K and V loaded; Q and dO of stage 0, 1 loaded
-        shared_ptr_t<std::uint64_t> kv_loaded = OCTET_SHARED_CAST(std::uint64_t, sTele + 16 * kTile);
-        shared_ptr_t<std::uint64_t> q_loaded = kv_loaded + 1;
-        constexpr std::uint32_t T = kTile * D;  // bytes of a tile
+/// What one step of the gradient (one 64-key tile against one 64-query tile) reads and writes in
+/// shared memory: the key tile's K, V and K^T, the query tile's Q, dO, Q^T, dO^T and row vectors,
+/// and the step's own scratch. Transposed tiles have their 16-token groups permuted (perm_pos).
+struct grad_step_smem {
+    shared_ptr_t<std::uint8_t> k, v, kt;          ///< K, V (64, D); K^T (D, 64)
+    shared_ptr_t<std::uint8_t> q, dout, qt, dot;  ///< Q, dO (64, D); Q^T, dO^T (D, 64)
+    shared_ptr_t<float> lc, delta, qs, qf, dos;   ///< per query: L log2 e, D, q scale, query factor, dO scale
+    shared_ptr_t<std::uint8_t> ds;                ///< (64 queries, 64 keys permuted): dS codes for dQ
+    shared_ptr_t<float> red;                      ///< (4, 64): per-warp column amax of dS s_k
+    shared_ptr_t<float> tele;                     ///< (4 warps, 4 sums, 64): telemetry partials
+};
 
-        const int b = blockIdx.z, hk = blockIdx.y, kt = blockIdx.x;
-        const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-        if (kt * kTile >= lk) return;
-        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
-        const int nqt = (lq + kTile - 1) / kTile;
-        const int qt_first = attn::first_query_tile_for(kt, lq, lk, p.causal);
-        const int per_head = nqt > qt_first ? nqt - qt_first : 0;
-        const int n_iter = per_head * p.group;
+/// One step of the gradient for a group of 128 threads (`thread`: this one's index; 16 keys per
+/// warp), the tiles and row vectors in place and visible: P and dP (tile_p_dp), dS, dV += P'^T dO and
+/// dK += (dS s_q)^T Q into dv and dk (in registers), dQ += s_dS dS K into out.dq_accum with atomics,
+/// and with Tele the step's telemetry. `sync()` is the group's barrier, called twice. Both gradient
+/// kernels run it, so that their numerics are one.
+template <int D, bool Wgmma, bool Tele, class QR, class KR, class VR, class DR, class GT, class Sync>
+__device__ __forceinline__ void grad_step(const bwd_inputs<QR, KR, VR, DR>& p, const bwd_outputs<GT>& out,
+                                          const grad_step_smem& sm, const float (&sk)[2], const float (&sv)[2],
+                                          float (&dk)[D / 8][4], float (&dv)[D / 8][4], int h, int qt, int kt, int q0,
+                                          int lq, int lk, int thread, Sync&& sync) {
+    using QF = typename QR::format;
+    using KF = typename KR::format;
+    using DF = typename DR::format;
+    const int warp = thread >> 5, lane = thread & 31, g = lane >> 2;
+    const shared_ptr_t<std::uint8_t> sK = sm.k, sV = sm.v, sKt = sm.kt, sQ = sm.q, sdO = sm.dout, sQt = sm.qt,
+                                     sdOt = sm.dot, sDS = sm.ds;
+    const shared_ptr_t<float> sLc = sm.lc, sDelta = sm.delta, sQs = sm.qs, sQf = sm.qf, sDOs = sm.dos, sRed = sm.red,
+                              sTele = sm.tele;
+    constexpr bool tele = Tele;  // a template parameter: the telemetry's registers would spill the rest
+    float mdo = attn::fmax(sDOs[lane], sDOs[lane + 32]);
+    OCTET_UNROLL
+    for (int off = 16; off > 0; off >>= 1) mdo = attn::fmax(mdo, shfl_xor(mdo, off));
 
-        if constexpr (Wgmma) {
-            if (tid == 0) {
-                ptx::mbarrier_init(ptx::shared_address(kv_loaded), 1);
-                ptx::mbarrier_init(ptx::shared_address(q_loaded), 1);
-                ptx::mbarrier_init(ptx::shared_address(q_loaded + 1), 1);
-                ptx::fence_mbarrier_init();
-                // nothing is loaded that no iteration waits for
-                if (n_iter > 0) load_tile_pair<D>(kv_loaded, maps.k, maps.v, sK, sV, hk * D, k0 + kt * kTile);
+    float pp[8][4], ds[8][4];
+    tile_p_dp<D, Wgmma, QF, KF, typename VR::format, DF>(sK, sV, sQ, sdO, sQf, sLc, sDOs, sk, sv, warp, lane,
+                                                         qt * kTile, kt * kTile, lq, lk, p.causal, pp, ds);
+    // dS in place of dP (telemetry first: it needs dP)
+    OCTET_UNROLL
+    for (int n = 0; n < 8; ++n) OCTET_UNROLL
+    for (int e = 0; e < 2; ++e) {
+        const int col = attn_frag::c_col(lane, n, e);
+        const float dlt = sDelta[col];
+        if constexpr (tele) {
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            OCTET_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                const float pr = pp[n][2 * r + e], dpr = ds[n][2 * r + e];
+                const float dsr = attn::dscore(pr, dpr, dlt);
+                v[0] = attn::add(v[0], dsr);
+                v[1] = attn::add(v[1], abs_float(dsr));
+                v[2] = attn::add(v[2], attn::mul(pr, dpr));
+                v[3] = attn::add(v[3], attn::mul(pr, abs_float(dpr)));
             }
-            __syncthreads();  // the mbarriers initialized, for every thread's waits
-        } else {
-            (void)maps;
-            load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
-            load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+            OCTET_UNROLL
+            for (int k = 0; k < 4; ++k) {
+                v[k] = attn::add(v[k], shfl_xor(v[k], 4));
+                v[k] = attn::add(v[k], shfl_xor(v[k], 8));
+                v[k] = attn::add(v[k], shfl_xor(v[k], 16));
+                if (g == 0) sTele[(warp * 4 + k) * kTile + col] = v[k];
+            }
         }
-        // Starts the loads of iteration it's Q and dO tiles into `stage`; returns its row vectors.
-        auto issue_q = [&](int it, int stage) {
-            const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
-            if constexpr (Wgmma) {
-                load_tile_pair<D>(q_loaded + stage, maps.q, maps.dout, sQ + stage * T, sdO + stage * T, h * D,
-                                  q0 + qt * kTile);
-            } else {
-                load_tile_async<D>(sQ + stage * T, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
-                load_tile_async<D>(sdO + stage * T, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq,
-                                   h * D);
-            }
-            return fetch_qrow<D>(p, out.delta, q0, lq, h, qt);
-        };
-        qrow_values next{};
-        if (n_iter > 0) next = issue_q(0, 0);
-        if constexpr (!Wgmma) ptx::cp_async_commit_group();
-
-        float sk[2], sv[2];
+        OCTET_UNROLL
+        for (int r = 0; r < 2; ++r) ds[n][2 * r + e] = attn::dscore(pp[n][2 * r + e], ds[n][2 * r + e], dlt);
+    }
+    // A fragments of P' (for dV, s_dO folded) and of dS s_q (for dK, one scale per key row)
+    std::uint32_t pa[2][4], da[2][4];
+    float dks[2], dki[2];
+    {
+        float amax[2] = {0.0f, 0.0f};
+        OCTET_UNROLL
+        for (int n = 0; n < 8; ++n) OCTET_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            const float sq = sQs[attn_frag::c_col(lane, n, e)];
+            OCTET_UNROLL
+            for (int r = 0; r < 2; ++r) amax[r] = attn::fmax(amax[r], finite_abs(attn::mul(ds[n][2 * r + e], sq)));
+        }
         OCTET_UNROLL
         for (int r = 0; r < 2; ++r) {
-            const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
-            sk[r] = j < lk ? token_scale(p.k, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
-            sv[r] = j < lk ? token_scale(p.v, static_cast<std::size_t>(k0 + j), hk, D) : 0.0f;
+            amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 1));
+            amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 2));
+            dks[r] = attn::ds_scale(amax[r]);
+            dki[r] = attn::ds_inverse(dks[r]);
         }
-        float dk[D / 8][4], dv[D / 8][4];
         OCTET_UNROLL
-        for (int n = 0; n < D / 8; ++n) OCTET_UNROLL
-        for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
-        constexpr bool tele = Tele;  // a template parameter: the telemetry's registers would spill the rest
-
-        for (int it = 0; it < n_iter; ++it) {
-            const int st = it & 1;
-            const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
-            if constexpr (Wgmma) {  // the tiles' rows past the sequences zeroed, as cp.async leaves them
-                if (it == 0) wait_tile_pair<D>(kv_loaded, 0, sK, sV, lk - kt * kTile);
-                wait_tile_pair<D>(q_loaded + st, static_cast<std::uint32_t>(it >> 1) & 1u, sQ + st * T, sdO + st * T,
-                                  lq - qt * kTile);
-                ptx::fence_proxy_async_shared();  // the zeros, for wgmma's reads
-            } else {
-                ptx::cp_async_wait_group<0>();
-            }
-            if (tid < 64) {
-                sLc[tid] = next.a;
-                sDelta[tid] = next.b;
-            } else {
-                sQs[tid - 64] = next.a;
-                sQf[tid - 64] = attn::query_factor(next.a, p.scale_log2);
-                sDOs[tid - 64] = next.b;
-            }
-            __syncthreads();  // S1: tiles and row vectors of this iteration visible; previous iteration done
-            if (it == 0) transpose_tile<D, kThreads>(sK, sKt, tid, kTile);
-            if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
-            if constexpr (!Wgmma) ptx::cp_async_commit_group();
-            transpose_tile<D, kThreads>(sQ + st * T, sQt, tid, kTile);
-            transpose_tile<D, kThreads>(sdO + st * T, sdOt, tid, kTile);
-
-            float mdo = attn::fmax(sDOs[lane], sDOs[lane + 32]);
+        for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
+        for (int reg = 0; reg < 4; ++reg) {
+            std::uint32_t cp[4], cd[4];
             OCTET_UNROLL
-            for (int off = 16; off > 0; off >>= 1) mdo = attn::fmax(mdo, shfl_xor(mdo, off));
+            for (int b = 0; b < 4; ++b) {
+                const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
+                const int col = attn_frag::c_col(lane, src.n, src.x);
+                cp[b] = attn::encode_p(attn::mul(pp[src.n][src.x], attn::scale_ratio(sDOs[col], mdo)));
+                cd[b] = attn::encode_ds(attn::mul(ds[src.n][src.x], sQs[col]), dki[src.x >> 1]);
+            }
+            pa[ks2][reg] = pack4(cp[0], cp[1], cp[2], cp[3]);
+            da[ks2][reg] = pack4(cd[0], cd[1], cd[2], cd[3]);
+        }
+    }
+    // dQ operand dS s_k: per-warp column amax
+    OCTET_UNROLL
+    for (int n = 0; n < 8; ++n) OCTET_UNROLL
+    for (int e = 0; e < 2; ++e) {
+        float a = attn::fmax(finite_abs(attn::mul(ds[n][e], sk[0])), finite_abs(attn::mul(ds[n][2 + e], sk[1])));
+        a = attn::fmax(a, shfl_xor(a, 4));
+        a = attn::fmax(a, shfl_xor(a, 8));
+        a = attn::fmax(a, shfl_xor(a, 16));
+        if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
+    }
+    sync();  // S2: column amax and telemetry partials visible (and grad_kernel's transposes)
 
-            float pp[8][4], ds[8][4];
-            tile_p_dp<D, Wgmma, QF, KF, typename VR::format, DF>(sK, sV, sQ + st * T, sdO + st * T, sQf, sLc, sDOs, sk,
-                                                                 sv, warp, lane, qt * kTile, kt * kTile, lq, lk,
-                                                                 p.causal, pp, ds);
-            // dS in place of dP (telemetry first: it needs dP)
-            OCTET_UNROLL
-            for (int n = 0; n < 8; ++n) OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const int col = attn_frag::c_col(lane, n, e);
-                const float dlt = sDelta[col];
-                if constexpr (tele) {
-                    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    OCTET_UNROLL
-                    for (int r = 0; r < 2; ++r) {
-                        const float pr = pp[n][2 * r + e], dpr = ds[n][2 * r + e];
-                        const float dsr = attn::dscore(pr, dpr, dlt);
-                        v[0] = attn::add(v[0], dsr);
-                        v[1] = attn::add(v[1], abs_float(dsr));
-                        v[2] = attn::add(v[2], attn::mul(pr, dpr));
-                        v[3] = attn::add(v[3], attn::mul(pr, abs_float(dpr)));
-                    }
-                    OCTET_UNROLL
-                    for (int k = 0; k < 4; ++k) {
-                        v[k] = attn::add(v[k], shfl_xor(v[k], 4));
-                        v[k] = attn::add(v[k], shfl_xor(v[k], 8));
-                        v[k] = attn::add(v[k], shfl_xor(v[k], 16));
-                        if (g == 0) sTele[(warp * 4 + k) * kTile + col] = v[k];
-                    }
-                }
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) ds[n][2 * r + e] = attn::dscore(pp[n][2 * r + e], ds[n][2 * r + e], dlt);
-            }
-            // A fragments of P' (for dV, s_dO folded) and of dS s_q (for dK, one scale per key row)
-            std::uint32_t pa[2][4], da[2][4];
-            float dks[2], dki[2];
-            {
-                float amax[2] = {0.0f, 0.0f};
-                OCTET_UNROLL
-                for (int n = 0; n < 8; ++n) OCTET_UNROLL
-                for (int e = 0; e < 2; ++e) {
-                    const float sq = sQs[attn_frag::c_col(lane, n, e)];
-                    OCTET_UNROLL
-                    for (int r = 0; r < 2; ++r)
-                        amax[r] = attn::fmax(amax[r], finite_abs(attn::mul(ds[n][2 * r + e], sq)));
-                }
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) {
-                    amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 1));
-                    amax[r] = attn::fmax(amax[r], shfl_xor(amax[r], 2));
-                    dks[r] = attn::ds_scale(amax[r]);
-                    dki[r] = attn::ds_inverse(dks[r]);
-                }
-                OCTET_UNROLL
-                for (int ks2 = 0; ks2 < 2; ++ks2) OCTET_UNROLL
-                for (int reg = 0; reg < 4; ++reg) {
-                    std::uint32_t cp[4], cd[4];
-                    OCTET_UNROLL
-                    for (int b = 0; b < 4; ++b) {
-                        const attn_frag::n_x src = attn_frag::a_source(ks2, reg, b);
-                        const int col = attn_frag::c_col(lane, src.n, src.x);
-                        cp[b] = attn::encode_p(attn::mul(pp[src.n][src.x], attn::scale_ratio(sDOs[col], mdo)));
-                        cd[b] = attn::encode_ds(attn::mul(ds[src.n][src.x], sQs[col]), dki[src.x >> 1]);
-                    }
-                    pa[ks2][reg] = pack4(cp[0], cp[1], cp[2], cp[3]);
-                    da[ks2][reg] = pack4(cd[0], cd[1], cd[2], cd[3]);
-                }
-            }
-            // dQ operand dS s_k: per-warp column amax
-            OCTET_UNROLL
-            for (int n = 0; n < 8; ++n) OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                float a =
-                    attn::fmax(finite_abs(attn::mul(ds[n][e], sk[0])), finite_abs(attn::mul(ds[n][2 + e], sk[1])));
-                a = attn::fmax(a, shfl_xor(a, 4));
-                a = attn::fmax(a, shfl_xor(a, 8));
-                a = attn::fmax(a, shfl_xor(a, 16));
-                if (g == 0) sRed[warp * kTile + attn_frag::c_col(lane, n, e)] = a;
-            }
-            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // Q^T, dO^T and K^T, for wgmma's reads
-            __syncthreads();  // S2: Q^T, dO^T, K^T, column amax and telemetry partials visible
-
-            if constexpr (tele) {
-                for (int idx = tid; idx < 4 * kTile; idx += kThreads) {
-                    const int k = idx / kTile, col = idx % kTile, i = qt * kTile + col;
-                    if (i >= lq) continue;
-                    const float v = attn::add(attn::add(attn::add(sTele[k * kTile + col], sTele[(4 + k) * kTile + col]),
-                                                        sTele[(8 + k) * kTile + col]),
-                                              sTele[(12 + k) * kTile + col]);
-                    atomicAdd(out.tele + k * out.rows + static_cast<std::size_t>(h) * p.total_q + q0 + i, v);
-                }
-            }
-            // dS codes for dQ into sDS (queries as rows, keys permuted like K^T)
-            OCTET_UNROLL
-            for (int n = 0; n < 8; ++n) OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const int col = attn_frag::c_col(lane, n, e);
-                const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
-                                           sRed[3 * kTile + col]);
-                const float inv = attn::ds_inverse(attn::ds_scale(a));
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r)
-                    sDS[attn_frag::ds_offset(col, warp, attn_frag::c_row(lane, 2 * r))] =
-                        attn::encode_ds(attn::mul(ds[n][2 * r + e], sk[r]), inv);
-            }
-            // dV += P'^T dO and dK += (dS s_q)^T Q
-            const float cdo = attn::mul(mdo, attn::p_scale);
-            if constexpr (Wgmma) {
-                // the warpgroup's 64 keys x 64 channels at a time: A = the P' and dS s_q codes in registers
-                // (mma.sync's A fragments are wgmma's), B = dO^T's and Q^T's 64 channel rows (queries
-                // permuted alike), K-major; one product in flight at a time (two would spill at D = 128)
-                const std::uint32_t dot_addr = ptx::shared_address(sdOt), qt_addr = ptx::shared_address(sQt);
-                constexpr int NC = 32;  // channels per product
-                OCTET_UNROLL
-                for (int c = 0; c < D / NC; ++c) {
-                    float acc[NC / 2];
-                    wgmma_rs_k64<NC, DF>(acc, pa, dot_addr + c * NC * 64);
-                    OCTET_UNROLL
-                    for (int n = 0; n < NC / 8; ++n) OCTET_UNROLL
-                    for (int x = 0; x < 4; ++x)
-                        dv[NC / 8 * c + n][x] = attn::fma(cdo, acc[4 * n + x], dv[NC / 8 * c + n][x]);
-                    wgmma_rs_k64<NC, QF>(acc, da, qt_addr + c * NC * 64);
-                    OCTET_UNROLL
-                    for (int n = 0; n < NC / 8; ++n) OCTET_UNROLL
-                    for (int x = 0; x < 4; ++x)
-                        dk[NC / 8 * c + n][x] = attn::fma(dks[x >> 1], acc[4 * n + x], dk[NC / 8 * c + n][x]);
-                }
-            } else {
-                OCTET_UNROLL
-                for (int nd = 0; nd < D / 8; ++nd) {
-                    float acc[4];
-                    mma_k64<DF>(acc, pa, sdOt, 8 * nd, lane);
-                    OCTET_UNROLL
-                    for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
-                    mma_k64<QF>(acc, da, sQt, 8 * nd, lane);
-                    OCTET_UNROLL
-                    for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc[x], dk[nd][x]);
-                }
-            }
-            if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // dS codes, for wgmma's reads
-            __syncthreads();                                       // S3: dS codes visible
-
-            // dQ += scale * s_dS * (dS codes) K for this warp's 16 queries
-            {
-                float scq[2];
-                int rowi[2];
-                OCTET_UNROLL
-                for (int r = 0; r < 2; ++r) {
-                    const int col = 16 * warp + attn_frag::c_row(lane, 2 * r);
-                    const float a =
-                        attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
+    if constexpr (tele) {
+        for (int idx = thread; idx < 4 * kTile; idx += 128) {
+            const int k = idx / kTile, col = idx % kTile, i = qt * kTile + col;
+            if (i >= lq) continue;
+            const float v = attn::add(attn::add(attn::add(sTele[k * kTile + col], sTele[(4 + k) * kTile + col]),
+                                                sTele[(8 + k) * kTile + col]),
+                                      sTele[(12 + k) * kTile + col]);
+            atomicAdd(out.tele + k * out.rows + static_cast<std::size_t>(h) * p.total_q + q0 + i, v);
+        }
+    }
+    // dS codes for dQ into sDS (queries as rows, keys permuted like K^T)
+    OCTET_UNROLL
+    for (int n = 0; n < 8; ++n) OCTET_UNROLL
+    for (int e = 0; e < 2; ++e) {
+        const int col = attn_frag::c_col(lane, n, e);
+        const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
                                    sRed[3 * kTile + col]);
-                    scq[r] = attn::mul(p.scale, attn::ds_scale(a));
-                    rowi[r] = qt * kTile + col;
-                }
-                float* dqh = out.dq_accum + static_cast<std::size_t>(h) * D;
-                const std::size_t ldq = static_cast<std::size_t>(p.hq) * D;
-                // acc: the (16 queries, 8 channels) block of channels 8 nd .. 8 nd + 7, mma.sync's layout
-                auto add_dq = [&](int nd, const float* acc) {
-                    OCTET_UNROLL
-                    for (int r = 0; r < 2; ++r) {
-                        if (rowi[r] >= lq) continue;
-                        float* dst = dqh + static_cast<std::size_t>(q0 + rowi[r]) * ldq + attn_frag::c_col(lane, nd, 0);
-                        atomicAdd(dst, attn::mul(scq[r], acc[2 * r]));
-                        atomicAdd(dst + 1, attn::mul(scq[r], acc[2 * r + 1]));
-                    }
-                };
-                if constexpr (Wgmma) {
-                    // the warpgroup's 64 queries x 64 channels at a time: A = the dS codes (queries x keys,
-                    // keys permuted), B = K^T's 64 channel rows (keys permuted alike), both K-major
-                    const std::uint32_t ds_addr = ptx::shared_address(sDS), kt_addr = ptx::shared_address(sKt);
-                    OCTET_UNROLL
-                    for (int half = 0; half < D / 64; ++half) {
-                        float acc[32];
-                        OCTET_UNROLL
-                        for (int i = 0; i < 32; ++i) {
-                            acc[i] = 0.0f;
-                            ptx::fence_operand(acc[i]);
-                        }
-                        ptx::wgmma_fence();
-                        OCTET_UNROLL
-                        for (int ks = 0; ks < 2; ++ks)
-                            ptx::wgmma_m64nNk32<64, e4m3, KF>(acc, tile_descriptor<64>(ds_addr + 32 * ks),
-                                                              tile_descriptor<64>(kt_addr + half * 64 * 64 + 32 * ks),
-                                                              ks > 0 ? 1u : 0u);
-                        ptx::wgmma_commit_group();
-                        ptx::wgmma_wait_group<0>();
-                        OCTET_UNROLL
-                        for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
-                        OCTET_UNROLL
-                        for (int n = 0; n < 8; ++n) add_dq(8 * half + n, acc + 4 * n);
-                    }
-                } else {
-                    std::uint32_t qa[2][4];
-                    load_a<64>(qa[0], sDS, 16 * warp, 0, lane);
-                    load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
-                    OCTET_UNROLL
-                    for (int nd = 0; nd < D / 8; ++nd) {
-                        float acc[4];
-                        mma_k64<KF>(acc, qa, sKt, 8 * nd, lane);
-                        add_dq(nd, acc);
-                    }
-                }
-            }
+        const float inv = attn::ds_inverse(attn::ds_scale(a));
+        OCTET_UNROLL
+        for (int r = 0; r < 2; ++r)
+            sDS[attn_frag::ds_offset(col, warp, attn_frag::c_row(lane, 2 * r))] =
+                attn::encode_ds(attn::mul(ds[n][2 * r + e], sk[r]), inv);
+    }
+    // dV += P'^T dO and dK += (dS s_q)^T Q
+    const float cdo = attn::mul(mdo, attn::p_scale);
+    if constexpr (Wgmma) {
+        // the warpgroup's 64 keys x 64 channels at a time: A = the P' and dS s_q codes in registers
+        // (mma.sync's A fragments are wgmma's), B = dO^T's and Q^T's 64 channel rows (queries
+        // permuted alike), K-major; one product in flight at a time (two would spill at D = 128)
+        const std::uint32_t dot_addr = ptx::shared_address(sdOt), qt_addr = ptx::shared_address(sQt);
+        constexpr int NC = 32;  // channels per product
+        OCTET_UNROLL
+        for (int c = 0; c < D / NC; ++c) {
+            float acc[NC / 2];
+            wgmma_rs_k64<NC, DF>(acc, pa, dot_addr + c * NC * 64);
+            OCTET_UNROLL
+            for (int n = 0; n < NC / 8; ++n) OCTET_UNROLL
+            for (int x = 0; x < 4; ++x) dv[NC / 8 * c + n][x] = attn::fma(cdo, acc[4 * n + x], dv[NC / 8 * c + n][x]);
+            wgmma_rs_k64<NC, QF>(acc, da, qt_addr + c * NC * 64);
+            OCTET_UNROLL
+            for (int n = 0; n < NC / 8; ++n) OCTET_UNROLL
+            for (int x = 0; x < 4; ++x)
+                dk[NC / 8 * c + n][x] = attn::fma(dks[x >> 1], acc[4 * n + x], dk[NC / 8 * c + n][x]);
         }
+    } else {
+        OCTET_UNROLL
+        for (int nd = 0; nd < D / 8; ++nd) {
+            float acc[4];
+            mma_k64<DF>(acc, pa, sdOt, 8 * nd, lane);
+            OCTET_UNROLL
+            for (int x = 0; x < 4; ++x) dv[nd][x] = attn::fma(cdo, acc[x], dv[nd][x]);
+            mma_k64<QF>(acc, da, sQt, 8 * nd, lane);
+            OCTET_UNROLL
+            for (int x = 0; x < 4; ++x) dk[nd][x] = attn::fma(dks[x >> 1], acc[x], dk[nd][x]);
+        }
+    }
+    if constexpr (Wgmma) ptx::fence_proxy_async_shared();  // dS codes, for wgmma's reads
+    sync();                                                // S3: dS codes visible
 
-        ptx::cp_async_wait_group<0>();
+    // dQ += scale * s_dS * (dS codes) K for this warp's 16 queries
+    {
+        float scq[2];
+        int rowi[2];
         OCTET_UNROLL
         for (int r = 0; r < 2; ++r) {
-            const int j = kt * kTile + 16 * warp + attn_frag::c_row(lane, 2 * r);
-            if (j >= lk) continue;
-            GT* dkr = out.dk + static_cast<std::size_t>(k0 + j) * out.dk_ld + static_cast<std::size_t>(hk) * D;
-            GT* dvr = out.dv + static_cast<std::size_t>(k0 + j) * out.dv_ld + static_cast<std::size_t>(hk) * D;
+            const int col = 16 * warp + attn_frag::c_row(lane, 2 * r);
+            const float a = attn::fmax(attn::fmax(attn::fmax(sRed[col], sRed[kTile + col]), sRed[2 * kTile + col]),
+                                       sRed[3 * kTile + col]);
+            scq[r] = attn::mul(p.scale, attn::ds_scale(a));
+            rowi[r] = qt * kTile + col;
+        }
+        float* dqh = out.dq_accum + static_cast<std::size_t>(h) * D;
+        const std::size_t ldq = static_cast<std::size_t>(p.hq) * D;
+        // acc: the (16 queries, 8 channels) block of channels 8 nd .. 8 nd + 7, mma.sync's layout
+        auto add_dq = [&](int nd, const float* acc) {
             OCTET_UNROLL
-            for (int nd = 0; nd < D / 8; ++nd) OCTET_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                dkr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(attn::mul(dk[nd][2 * r + e], p.scale));
-                dvr[attn_frag::c_col(lane, nd, e)] = detail::attention_store<GT>(dv[nd][2 * r + e]);
+            for (int r = 0; r < 2; ++r) {
+                if (rowi[r] >= lq) continue;
+                float* dst = dqh + static_cast<std::size_t>(q0 + rowi[r]) * ldq + attn_frag::c_col(lane, nd, 0);
+                atomicAdd(dst, attn::mul(scq[r], acc[2 * r]));
+                atomicAdd(dst + 1, attn::mul(scq[r], acc[2 * r + 1]));
+            }
+        };
+        if constexpr (Wgmma) {
+            // the warpgroup's 64 queries x 64 channels at a time: A = the dS codes (queries x keys,
+            // keys permuted), B = K^T's 64 channel rows (keys permuted alike), both K-major
+            const std::uint32_t ds_addr = ptx::shared_address(sDS), kt_addr = ptx::shared_address(sKt);
+            OCTET_UNROLL
+            for (int half = 0; half < D / 64; ++half) {
+                float acc[32];
+                OCTET_UNROLL
+                for (int i = 0; i < 32; ++i) {
+                    acc[i] = 0.0f;
+                    ptx::fence_operand(acc[i]);
+                }
+                ptx::wgmma_fence();
+                OCTET_UNROLL
+                for (int ks = 0; ks < 2; ++ks)
+                    ptx::wgmma_m64nNk32<64, e4m3, KF>(acc, tile_descriptor<64>(ds_addr + 32 * ks),
+                                                      tile_descriptor<64>(kt_addr + half * 64 * 64 + 32 * ks),
+                                                      ks > 0 ? 1u : 0u);
+                ptx::wgmma_commit_group();
+                ptx::wgmma_wait_group<0>();
+                OCTET_UNROLL
+                for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+                OCTET_UNROLL
+                for (int n = 0; n < 8; ++n) add_dq(8 * half + n, acc + 4 * n);
+            }
+        } else {
+            std::uint32_t qa[2][4];
+            load_a<64>(qa[0], sDS, 16 * warp, 0, lane);
+            load_a<64>(qa[1], sDS, 16 * warp, 1, lane);
+            OCTET_UNROLL
+            for (int nd = 0; nd < D / 8; ++nd) {
+                float acc[4];
+                mma_k64<KF>(acc, qa, sKt, 8 * nd, lane);
+                add_dq(nd, acc);
             }
         }
     }
+}
+
+/// Dynamic shared memory of grad_kernel: K, V, K^T; Q x2, dO x2; Q^T, dO^T; dS (64 x 64); 5 row
+/// vectors; (4, 64) reduction; (4, 4, 64) telemetry.
+template <int D>
+constexpr int grad_smem_bytes() {
+    return kTile * D * 9 + kTile * kTile + (5 + 4 + 16) * kTile * 4;
+}
+
+/// The gradient on FP8 mma.sync (sm_89; forward_wgmma_kernel's counterpart is grad_wgmma_kernel):
+/// block = (64-key tile, key/value head, sequence), 4 warps; K and V loaded once, each step's Q and
+/// dO with cp.async into two stages (rows past the sequence zero-filled), transposed by all threads.
+template <int D, bool Tele, class QR, class KR, class VR, class DR, class GT>
+OCTET_KERNEL void __launch_bounds__(kThreads, 1)
+    grad_kernel(const bwd_inputs<QR, KR, VR, DR> p, const bwd_outputs<GT> out) {
+    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, smem, 128);
+    shared_ptr_t<std::uint8_t> sK = smem;                  // (64, D)
+    shared_ptr_t<std::uint8_t> sV = sK + kTile * D;        // (64, D)
+    shared_ptr_t<std::uint8_t> sKt = sV + kTile * D;       // (D, 64) keys permuted
+    shared_ptr_t<std::uint8_t> sQ = sKt + kTile * D;       // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sdO = sQ + 2 * kTile * D;   // 2 x (64, D)
+    shared_ptr_t<std::uint8_t> sQt = sdO + 2 * kTile * D;  // (D, 64) queries permuted
+    shared_ptr_t<std::uint8_t> sdOt = sQt + kTile * D;     // (D, 64) queries permuted
+    shared_ptr_t<std::uint8_t> sDS = sdOt + kTile * D;     // (64 queries, 64 keys permuted)
+    shared_ptr_t<float> sLc = OCTET_SHARED_CAST(float, sDS + kTile * kTile);
+    shared_ptr_t<float> sDelta = sLc + kTile;
+    shared_ptr_t<float> sQs = sDelta + kTile;
+    shared_ptr_t<float> sQf = sQs + kTile;
+    shared_ptr_t<float> sDOs = sQf + kTile;
+    shared_ptr_t<float> sRed = sDOs + kTile;       // (4, 64)
+    shared_ptr_t<float> sTele = sRed + 4 * kTile;  // (4, 4, 64)
+    constexpr int T = kTile * D;                   // bytes of a tile
+
+    const int b = blockIdx.z, hk = blockIdx.y, kt = blockIdx.x;
+    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+    if (kt * kTile >= lk) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int nqt = (lq + kTile - 1) / kTile;
+    const int qt_first = attn::first_query_tile_for(kt, lq, lk, p.causal);
+    const int per_head = nqt > qt_first ? nqt - qt_first : 0;
+    const int n_iter = per_head * p.group;
+
+    load_tile_async<D>(sK, p.k.data, p.k.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+    load_tile_async<D>(sV, p.v.data, p.v.layout.row_bytes, k0 + kt * kTile, k0 + lk, hk * D);
+    // Starts the loads of step it's Q and dO tiles into `stage`; returns its row vectors.
+    auto issue_q = [&](int it, int stage) {
+        const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+        load_tile_async<D>(sQ + stage * T, p.q.data, p.q.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        load_tile_async<D>(sdO + stage * T, p.dout.data, p.dout.layout.row_bytes, q0 + qt * kTile, q0 + lq, h * D);
+        return fetch_qrow<D>(p, out.delta, q0, lq, h, qt, tid);
+    };
+    qrow_values next{};
+    if (n_iter > 0) next = issue_q(0, 0);
+    ptx::cp_async_commit_group();
+
+    float sk[2], sv[2];
+    key_scales<D>(p, k0, lk, hk, kt, warp, lane, sk, sv);
+    float dk[D / 8][4], dv[D / 8][4];
+    OCTET_UNROLL
+    for (int n = 0; n < D / 8; ++n) OCTET_UNROLL
+    for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
+
+    for (int it = 0; it < n_iter; ++it) {
+        const int st = it & 1;
+        const int h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+        ptx::cp_async_wait_group<0>();
+        if (tid < 64) {
+            sLc[tid] = next.a;
+            sDelta[tid] = next.b;
+        } else {
+            sQs[tid - 64] = next.a;
+            sQf[tid - 64] = attn::query_factor(next.a, p.scale_log2);
+            sDOs[tid - 64] = next.b;
+        }
+        __syncthreads();  // S1: tiles and row vectors of this step visible; the previous step done
+        if (it == 0) transpose_tile<D, kThreads>(sK, sKt, tid, kTile);
+        if (it + 1 < n_iter) next = issue_q(it + 1, st ^ 1);
+        ptx::cp_async_commit_group();
+        transpose_tile<D, kThreads>(sQ + st * T, sQt, tid, kTile);
+        transpose_tile<D, kThreads>(sdO + st * T, sdOt, tid, kTile);
+        const grad_step_smem sm{sK,     sV,  sKt, sQ + st * T, sdO + st * T, sQt,  sdOt, sLc,
+                                sDelta, sQs, sQf, sDOs,        sDS,          sRed, sTele};
+        grad_step<D, false, Tele>(p, out, sm, sk, sv, dk, dv, h, qt, kt, q0, lq, lk, tid, [] { __syncthreads(); });
+    }
+    ptx::cp_async_wait_group<0>();
+    store_dk_dv<D>(p, out, k0, lk, hk, kt, warp, lane, dk, dv);
+}
+
+// ---- the sm_90a gradient: warp-specialized -----------------------------------------------------
+
+/// grad_wgmma_kernel's block: warpgroups 0 and 1 consume (one 64-key tile each), warpgroup 2 produces.
+constexpr int kGradConsumers = 2;
+constexpr int kWgmmaGradThreads = (kGradConsumers + 1) * 128;
+/// Keys of its block.
+constexpr int kGradBlockKeys = kGradConsumers * kTile;
+/// Stages of its ring (each: one query tile's Q, dO, Q^T, dO^T and row vectors).
+constexpr int kGradStages = 2;
+/// Its registers per thread after setmaxnreg: one CTA of 384 threads per SM launches with 168 each
+/// (64512), which the producer gives away (24) and the consumers take (240), as in FlashAttention-3.
+constexpr int kGradProducerRegs = 24, kGradConsumerRegs = 240;
+
+/// Dynamic shared memory of grad_wgmma_kernel: the slack that aligns the tiles to 1024 bytes; per
+/// consumer K, V, K^T and the dS codes; per stage Q, dO, Q^T and dO^T; per stage 5 row vectors; per
+/// consumer the (4, 64) reduction and the (4, 4, 64) telemetry; the mbarriers.
+template <int D>
+constexpr int grad_wgmma_smem_bytes() {
+    return 1024 + kGradConsumers * (3 * kTile * D + kTile * kTile) + kGradStages * 4 * kTile * D +
+           (kGradStages * 5 + kGradConsumers * 20) * kTile * 4 + (kGradConsumers + 3 * kGradStages) * 8;
+}
+
+/// The gradient on sm_90a (an empty kernel elsewhere, never launched there), warp-specialized:
+/// block = (128 keys, key/value head, sequence); consumer warpgroup c owns key tile 2 kb + c.
+///
+/// Warpgroup 2 produces: for each step (a query tile of a query head of the group, the steps of key
+/// tile 2 kb, which sees every query tile that 2 kb + 1 sees) one thread loads Q and dO with TMA
+/// into a ring of kGradStages stages; the 128 threads fetch the step's row vectors, wait for the
+/// loads, zero the rows past the sequence (TMA fills zeros only past the whole tensor), transpose Q
+/// and dO into Q^T and dO^T, make them visible to the async proxy and arrive on the stage's `full`
+/// barrier. So Q and dO are loaded and transposed once per 128 keys.
+///
+/// Each consumer warpgroup loads its K and V with TMA, transposes K once, and runs grad_step on every
+/// stage whose query tile its keys see (named barrier 1 + c for its own syncs), then releases the
+/// stage (`empty`, one arrival per warp of both warpgroups); a stage it does not need (a causal mask
+/// hides that query tile from its keys, or it has no keys) it releases unread.
+template <int D, bool Tele, class QR, class KR, class VR, class DR, class GT>
+OCTET_KERNEL void __launch_bounds__(kWgmmaGradThreads, 1)
+    grad_wgmma_kernel(const __grid_constant__ bwd_maps maps, const bwd_inputs<QR, KR, VR, DR> p,
+                      const bwd_outputs<GT> out) {
+#if OCTET_ARCH_SM90A
+    constexpr int S = kGradStages, T = kTile * D;     // stages; bytes of a tile
+    constexpr int own_bytes = 3 * T + kTile * kTile;  // a consumer's K, V, K^T and dS codes
+    OCTET_DYNAMIC_SHARED(std::uint8_t, grad_smem);
+    // the padding is added to the shared array itself, so that the pointers stay in the shared address space
+    const shared_ptr_t<std::uint8_t> sOwn = grad_smem + wgmma_tile_padding(grad_smem);  // consumers' tiles
+    const shared_ptr_t<std::uint8_t> sStage = sOwn + kGradConsumers * own_bytes;        // S x (Q, dO, Q^T, dO^T)
+    const shared_ptr_t<float> sRows = OCTET_SHARED_CAST(float, sStage + S * 4 * T);     // S x 5 x 64
+    const shared_ptr_t<float> sOwnF = sRows + S * 5 * kTile;  // consumers' (4, 64) and (4, 4, 64)
+    const shared_ptr_t<std::uint64_t> kv_loaded = OCTET_SHARED_CAST(std::uint64_t, sOwnF + kGradConsumers * 20 * kTile);
+    const shared_ptr_t<std::uint64_t> q_loaded = kv_loaded + kGradConsumers;  // S: the stage's Q and dO have landed
+    const shared_ptr_t<std::uint64_t> full = q_loaded + S;                    // S: the stage is ready
+    const shared_ptr_t<std::uint64_t> empty = full + S;                       // S: the consumers are done with it
+    auto bar = [](shared_ptr_t<std::uint64_t> b) { return ptx::shared_address(b); };
+    auto stage_tile = [&](int st, int i) { return sStage + (4 * st + i) * T; };     // i: Q, dO, Q^T, dO^T
+    auto stage_rows = [&](int st, int i) { return sRows + (5 * st + i) * kTile; };  // i: L, D, s_q, qf, s_dO
+
+    const int b = blockIdx.z, hk = blockIdx.y, kb = blockIdx.x;
+    const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
+    if (kb * kGradBlockKeys >= lk) return;
+    const int tid = threadIdx.x;
+    const int nqt = (lq + kTile - 1) / kTile;
+    // the steps: query tiles qt_first .. nqt - 1 of each query head of the group (key tile 2 kb's)
+    const int qt_first = attn::first_query_tile_for(2 * kb, lq, lk, p.causal);
+    const int per_head = nqt > qt_first ? nqt - qt_first : 0;
+    const int n_iter = per_head * p.group;
+    if (tid == 0) {
+        for (int c = 0; c < kGradConsumers; ++c) ptx::mbarrier_init(bar(kv_loaded + c), 1);
+        for (int st = 0; st < S; ++st) {
+            ptx::mbarrier_init(bar(q_loaded + st), 1);
+            ptx::mbarrier_init(bar(full + st), 128);                  // every producer thread
+            ptx::mbarrier_init(bar(empty + st), 4 * kGradConsumers);  // every consumer warp
+        }
+        ptx::fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (tid >= kGradConsumers * 128) {
+        // ---- producer warpgroup ----
+        ptx::setmaxnreg_dec<kGradProducerRegs>();
+        const int ptid = tid - kGradConsumers * 128;
+        for (int it = 0; it < n_iter; ++it) {
+            const int st = it % S, h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+            const std::uint32_t phase = static_cast<std::uint32_t>(it / S) & 1u;
+            ptx::mbarrier_wait(bar(empty + st), phase ^ 1u);  // passes at once on the ring's first round
+            if (ptid == 0)
+                load_tile_pair<D>(q_loaded + st, maps.q, maps.dout, stage_tile(st, 0), stage_tile(st, 1), h * D,
+                                  q0 + qt * kTile);
+            const qrow_values v = fetch_qrow<D>(p, out.delta, q0, lq, h, qt, ptid);
+            if (ptid < 64) {
+                stage_rows(st, 0)[ptid] = v.a;
+                stage_rows(st, 1)[ptid] = v.b;
+            } else {
+                stage_rows(st, 2)[ptid - 64] = v.a;
+                stage_rows(st, 3)[ptid - 64] = attn::query_factor(v.a, p.scale_log2);
+                stage_rows(st, 4)[ptid - 64] = v.b;
+            }
+            const int valid = lq - qt * kTile;
+            wait_tile_pair<D>(q_loaded + st, phase, stage_tile(st, 0), stage_tile(st, 1), valid, ptid);
+            // the transposes write zeros from `valid` on themselves: the zeroing above is other threads'
+            transpose_tile<D, 128>(stage_tile(st, 0), stage_tile(st, 2), ptid, valid);
+            transpose_tile<D, 128>(stage_tile(st, 1), stage_tile(st, 3), ptid, valid);
+            ptx::fence_proxy_async_shared();  // the zeros and the transposes, for wgmma's reads
+            ptx::mbarrier_arrive(bar(full + st));
+        }
+        return;
+    }
+
+    // ---- consumer warpgroups ----
+    ptx::setmaxnreg_inc<kGradConsumerRegs>();
+    const int c = tid >> 7, ctid = tid & 127, warp = ctid >> 5, lane = ctid & 31;
+    const int kt = 2 * kb + c;
+    // the first query tile this warpgroup's keys see (none: nqt)
+    const int first = kt * kTile < lk ? attn::first_query_tile_for(kt, lq, lk, p.causal) : nqt;
+    const shared_ptr_t<std::uint8_t> sK = sOwn + c * own_bytes, sV = sK + T, sKt = sV + T, sDS = sKt + T;
+    const shared_ptr_t<float> sRed = sOwnF + c * 20 * kTile, sTele = sRed + 4 * kTile;
+    if (ctid == 0 && first < nqt)  // nothing is loaded that no step waits for
+        load_tile_pair<D>(kv_loaded + c, maps.k, maps.v, sK, sV, hk * D, k0 + kt * kTile);
+    float sk[2], sv[2];
+    key_scales<D>(p, k0, lk, hk, kt, warp, lane, sk, sv);
+    float dk[D / 8][4], dv[D / 8][4];
+    OCTET_UNROLL
+    for (int n = 0; n < D / 8; ++n) OCTET_UNROLL
+    for (int x = 0; x < 4; ++x) dk[n][x] = dv[n][x] = 0.0f;
+
+    if (first < nqt) {
+        wait_tile_pair<D>(kv_loaded + c, 0, sK, sV, lk - kt * kTile, ctid);
+        // the transpose writes zeros from lk - kt * kTile on itself: the zeroing above is other threads'
+        transpose_tile<D, 128>(sK, sKt, ctid, lk - kt * kTile);
+        ptx::fence_proxy_async_shared();  // the zeros and K^T, for wgmma's reads
+    }
+    for (int it = 0; it < n_iter; ++it) {
+        const int st = it % S, h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
+        ptx::mbarrier_wait(bar(full + st), static_cast<std::uint32_t>(it / S) & 1u);
+        if (qt >= first) {
+            ptx::bar_sync(1 + c, 128);  // S1: K, V and K^T visible; the previous step done
+            const shared_ptr_t<std::uint8_t> tq = stage_tile(st, 0);
+            const shared_ptr_t<float> rq = stage_rows(st, 0);
+            const grad_step_smem sm{sK,
+                                    sV,
+                                    sKt,
+                                    tq,
+                                    tq + T,
+                                    tq + 2 * T,
+                                    tq + 3 * T,
+                                    rq,
+                                    rq + kTile,
+                                    rq + 2 * kTile,
+                                    rq + 3 * kTile,
+                                    rq + 4 * kTile,
+                                    sDS,
+                                    sRed,
+                                    sTele};
+            grad_step<D, true, Tele>(p, out, sm, sk, sv, dk, dv, h, qt, kt, q0, lq, lk, ctid,
+                                     [c] { ptx::bar_sync(1 + c, 128); });
+        }
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(bar(empty + st));  // this warp is done with the stage
+    }
+    if (kt * kTile < lk) store_dk_dv<D>(p, out, k0, lk, hk, kt, warp, lane, dk, dv);
+#else
+    (void)maps, (void)p, (void)out;
+#endif
 }
 
 template <class GT>
@@ -1395,10 +1565,10 @@ void check_device_operand(const quantized_ref<R, B>& x, const char* fn, const ch
                                   "); use the padded layout of quant_layout_of<Recipe>::make"));
 }
 
-/// The TMA map the wgmma kernels (forward_wgmma_kernel, grad_kernel) load x's tiles with: x's codes as
-/// a byte matrix, boxes of 64 rows x D bytes swizzled as swz<D> (128-byte rows: the 128-byte swizzle,
-/// 64-byte rows: the 64-byte one). An operand with no rows gets an empty map (never read: no tile has
-/// rows).
+/// The TMA map the wgmma kernels (forward_wgmma_kernel, delta_matched_kernel, grad_wgmma_kernel) load
+/// x's tiles with: x's codes as a byte matrix, boxes of 64 rows x D bytes swizzled as swz<D> (128-byte
+/// rows: the 128-byte swizzle, 64-byte rows: the 64-byte one). An operand with no rows gets an empty map (never read:
+/// no tile has rows).
 template <int D, class R, class B>
 CUtensorMap tile_map(const quantized_ref<R, B>& x, const char* fn) {
     if (x.layout.rows == 0) return CUtensorMap{};
@@ -1583,13 +1753,21 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
                          delta);
             OCTET_CUDA_CHECK_LAUNCH();
         }
-        if (max_k > 0) {
+        if (max_k > 0 && W) {
             auto kernel =
-                tele ? grad_kernel<D, W, true, QR, KR, VR, DR, GT> : grad_kernel<D, W, false, QR, KR, VR, DR, GT>;
-            constexpr int smem = grad_smem_bytes<D, W>();
+                tele ? grad_wgmma_kernel<D, true, QR, KR, VR, DR, GT> : grad_wgmma_kernel<D, false, QR, KR, VR, DR, GT>;
+            constexpr int smem = grad_wgmma_smem_bytes<D>();
+            set_smem(kernel, smem);
+            cuda::launch("attn_kernel::grad_wgmma_kernel", kernel,
+                         dim3((max_k + kGradBlockKeys - 1) / kGradBlockKeys, Hk, shape.batch()), kWgmmaGradThreads,
+                         smem, ex.stream, maps, in, out);
+            OCTET_CUDA_CHECK_LAUNCH();
+        } else if (max_k > 0) {
+            auto kernel = tele ? grad_kernel<D, true, QR, KR, VR, DR, GT> : grad_kernel<D, false, QR, KR, VR, DR, GT>;
+            constexpr int smem = grad_smem_bytes<D>();
             set_smem(kernel, smem);
             cuda::launch("attn_kernel::grad_kernel", kernel, dim3((max_k + kTile - 1) / kTile, Hk, shape.batch()),
-                         kThreads, smem, ex.stream, maps, in, out);
+                         kThreads, smem, ex.stream, in, out);
             OCTET_CUDA_CHECK_LAUNCH();
         }
         if (dq_floats > 0) {
