@@ -369,12 +369,24 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 3) forward_kernel(const fwd_params
 
 // ---- the sm_90a forward: FlashAttention-3's structure --------------------------------------------
 
-/// forward_wgmma_kernel's block: warpgroups 0 and 1 consume, warpgroup 2 produces.
-constexpr int kForwardConsumers = 2;
-constexpr int kWgmmaForwardThreads = (kForwardConsumers + 1) * 128;
-/// Query rows of its block: 64 per consumer warpgroup.
-constexpr int kForwardBlockRows = kForwardConsumers * kTile;
-/// Stages of its ring (each: K, V, V^T and the key and value scales of one key tile).
+/// The block of the warp-specialized kernels (forward_wgmma_kernel, grad_wgmma_kernel): warpgroups
+/// 0 and 1 consume, one 64-row tile each (queries in the forward, keys in the gradient), and
+/// warpgroup 2 produces.
+constexpr int kConsumerGroups = 2;
+constexpr int kWarpSpecializedThreads = (kConsumerGroups + 1) * 128;
+constexpr int kBlockRows = kConsumerGroups * kTile;
+/// Initializes the mbarriers of a warp-specialized kernel's ring of `stages` stages (one thread,
+/// before the block's first barrier): per stage `loaded` (the producer's TMA thread, with its
+/// transaction bytes), `full` (every producer thread) and `empty` (every consumer warp).
+__device__ __forceinline__ void init_ring(shared_ptr_t<std::uint64_t> loaded, shared_ptr_t<std::uint64_t> full,
+                                          shared_ptr_t<std::uint64_t> empty, int stages) {
+    for (int st = 0; st < stages; ++st) {
+        ptx::mbarrier_init(ptx::shared_address(loaded + st), 1);
+        ptx::mbarrier_init(ptx::shared_address(full + st), 128);
+        ptx::mbarrier_init(ptx::shared_address(empty + st), 4 * kConsumerGroups);
+    }
+}
+/// Stages of forward_wgmma_kernel's ring (each: K, V, V^T and the key and value scales of one key tile).
 constexpr int kForwardStages = 4;
 /// Its registers per thread after setmaxnreg. One CTA of 384 threads per SM launches with 168 each
 /// (64512 of the SM's 65536), which the producer gives away and the consumers take.
@@ -385,7 +397,7 @@ constexpr int kForwardProducerRegs = 48, kForwardConsumerRegs = 224;
 /// mbarriers.
 template <int D>
 constexpr int fwd_wgmma_smem_bytes() {
-    return 1024 + kForwardConsumers * kTile * D + kForwardStages * (3 * kTile * D + 2 * kTile * 4) +
+    return 1024 + kConsumerGroups * kTile * D + kForwardStages * (3 * kTile * D + 2 * kTile * 4) +
            (1 + 3 * kForwardStages) * 8;
 }
 
@@ -409,7 +421,7 @@ constexpr int fwd_wgmma_smem_bytes() {
 /// products do. Under a causal mask the later rows of warpgroup 1 can see a key tile more than
 /// warpgroup 0: warpgroup 0 releases that stage unread, with the same turns on the named barriers.
 template <int D, class QR, class KR, class VR, class OT>
-OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 1)
+OCTET_KERNEL void __launch_bounds__(kWarpSpecializedThreads, 1)
     forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                          const __grid_constant__ CUtensorMap map_v,
                          const __grid_constant__ fwd_params<QR, KR, VR, OT> p) {
@@ -421,7 +433,7 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 1)
     OCTET_DYNAMIC_SHARED(std::uint8_t, fwd_smem);
     // the padding is added to the shared array itself, so that the pointers stay in the shared address space
     const shared_ptr_t<std::uint8_t> sQ = fwd_smem + wgmma_tile_padding(fwd_smem);  // 2 x (64, D)
-    const shared_ptr_t<std::uint8_t> sK = sQ + kForwardConsumers * T;               // S x (64, D)
+    const shared_ptr_t<std::uint8_t> sK = sQ + kConsumerGroups * T;                 // S x (64, D)
     const shared_ptr_t<std::uint8_t> sV = sK + S * T;                               // S x (64, D)
     const shared_ptr_t<std::uint8_t> sVt = sV + S * T;                              // S x (D, 64), keys permuted
     const shared_ptr_t<float> sKs = OCTET_SHARED_CAST(float, sVt + S * T);          // S x 64 key scales
@@ -434,7 +446,7 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 1)
 
     const int b = blockIdx.z, h = blockIdx.y, qb = gridDim.x - 1 - blockIdx.x;  // long causal blocks first
     const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-    if (qb * kForwardBlockRows >= lq) return;
+    if (qb * kBlockRows >= lq) return;
     const int hk = h / p.group, tid = threadIdx.x;
     // key tiles of each consumer's query tile (none for a tile past the sequence), and of the block
     const bool rows1 = (2 * qb + 1) * kTile < lq;
@@ -443,24 +455,20 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaForwardThreads, 1)
     const int ntiles = tiles0 > tiles1 ? tiles0 : tiles1;
     if (tid == 0) {
         ptx::mbarrier_init(bar(q_loaded), 1);
-        for (int st = 0; st < S; ++st) {
-            ptx::mbarrier_init(bar(kv_loaded + st), 1);
-            ptx::mbarrier_init(bar(full + st), 128);                     // every producer thread
-            ptx::mbarrier_init(bar(empty + st), 4 * kForwardConsumers);  // every consumer warp
-        }
+        init_ring(kv_loaded, full, empty, S);
         ptx::fence_mbarrier_init();
     }
     __syncthreads();
 
-    if (tid >= kForwardConsumers * 128) {
+    if (tid >= kConsumerGroups * 128) {
         // ---- producer warpgroup ----
         ptx::setmaxnreg_dec<kForwardProducerRegs>();
-        const int ptid = tid - kForwardConsumers * 128;
+        const int ptid = tid - kConsumerGroups * 128;
         if (ptid == 0 && ntiles > 0) {
             ptx::mbarrier_arrive_expect_tx(bar(q_loaded), rows1 ? 2 * T : T);
-            ptx::tma_load_2d(ptx::shared_address(sQ), &map_q, h * D, q0 + qb * kForwardBlockRows, bar(q_loaded));
+            ptx::tma_load_2d(ptx::shared_address(sQ), &map_q, h * D, q0 + qb * kBlockRows, bar(q_loaded));
             if (rows1)
-                ptx::tma_load_2d(ptx::shared_address(sQ + T), &map_q, h * D, q0 + qb * kForwardBlockRows + kTile,
+                ptx::tma_load_2d(ptx::shared_address(sQ + T), &map_q, h * D, q0 + qb * kBlockRows + kTile,
                                  bar(q_loaded));
         }
         for (int step = 0; step < ntiles; ++step) {
@@ -1293,12 +1301,7 @@ OCTET_KERNEL void __launch_bounds__(kThreads, 1)
 
 // ---- the sm_90a gradient: warp-specialized -----------------------------------------------------
 
-/// grad_wgmma_kernel's block: warpgroups 0 and 1 consume (one 64-key tile each), warpgroup 2 produces.
-constexpr int kGradConsumers = 2;
-constexpr int kWgmmaGradThreads = (kGradConsumers + 1) * 128;
-/// Keys of its block.
-constexpr int kGradBlockKeys = kGradConsumers * kTile;
-/// Stages of its ring (each: one query tile's Q, dO, Q^T, dO^T and row vectors).
+/// Stages of grad_wgmma_kernel's ring (each: one query tile's Q, dO, Q^T, dO^T and row vectors).
 constexpr int kGradStages = 2;
 /// Its registers per thread after setmaxnreg: one CTA of 384 threads per SM launches with 168 each
 /// (64512), which the producer gives away (24) and the consumers take (240), as in FlashAttention-3.
@@ -1309,8 +1312,8 @@ constexpr int kGradProducerRegs = 24, kGradConsumerRegs = 240;
 /// consumer the (4, 64) reduction and the (4, 4, 64) telemetry; the mbarriers.
 template <int D>
 constexpr int grad_wgmma_smem_bytes() {
-    return 1024 + kGradConsumers * (3 * kTile * D + kTile * kTile) + kGradStages * 4 * kTile * D +
-           (kGradStages * 5 + kGradConsumers * 20) * kTile * 4 + (kGradConsumers + 3 * kGradStages) * 8;
+    return 1024 + kConsumerGroups * (3 * kTile * D + kTile * kTile) + kGradStages * 4 * kTile * D +
+           (kGradStages * 5 + kConsumerGroups * 20) * kTile * 4 + (kConsumerGroups + 3 * kGradStages) * 8;
 }
 
 /// The gradient on sm_90a (an empty kernel elsewhere, never launched there), warp-specialized:
@@ -1328,7 +1331,7 @@ constexpr int grad_wgmma_smem_bytes() {
 /// stage (`empty`, one arrival per warp of both warpgroups); a stage it does not need (a causal mask
 /// hides that query tile from its keys, or it has no keys) it releases unread.
 template <int D, bool Tele, class QR, class KR, class VR, class DR, class GT>
-OCTET_KERNEL void __launch_bounds__(kWgmmaGradThreads, 1)
+OCTET_KERNEL void __launch_bounds__(kWarpSpecializedThreads, 1)
     grad_wgmma_kernel(const __grid_constant__ bwd_maps maps, const bwd_inputs<QR, KR, VR, DR> p,
                       const bwd_outputs<GT> out) {
 #if OCTET_ARCH_SM90A
@@ -1337,20 +1340,21 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaGradThreads, 1)
     OCTET_DYNAMIC_SHARED(std::uint8_t, grad_smem);
     // the padding is added to the shared array itself, so that the pointers stay in the shared address space
     const shared_ptr_t<std::uint8_t> sOwn = grad_smem + wgmma_tile_padding(grad_smem);  // consumers' tiles
-    const shared_ptr_t<std::uint8_t> sStage = sOwn + kGradConsumers * own_bytes;        // S x (Q, dO, Q^T, dO^T)
+    const shared_ptr_t<std::uint8_t> sStage = sOwn + kConsumerGroups * own_bytes;       // S x (Q, dO, Q^T, dO^T)
     const shared_ptr_t<float> sRows = OCTET_SHARED_CAST(float, sStage + S * 4 * T);     // S x 5 x 64
     const shared_ptr_t<float> sOwnF = sRows + S * 5 * kTile;  // consumers' (4, 64) and (4, 4, 64)
-    const shared_ptr_t<std::uint64_t> kv_loaded = OCTET_SHARED_CAST(std::uint64_t, sOwnF + kGradConsumers * 20 * kTile);
-    const shared_ptr_t<std::uint64_t> q_loaded = kv_loaded + kGradConsumers;  // S: the stage's Q and dO have landed
-    const shared_ptr_t<std::uint64_t> full = q_loaded + S;                    // S: the stage is ready
-    const shared_ptr_t<std::uint64_t> empty = full + S;                       // S: the consumers are done with it
+    const shared_ptr_t<std::uint64_t> kv_loaded =
+        OCTET_SHARED_CAST(std::uint64_t, sOwnF + kConsumerGroups * 20 * kTile);
+    const shared_ptr_t<std::uint64_t> q_loaded = kv_loaded + kConsumerGroups;  // S: the stage's Q and dO have landed
+    const shared_ptr_t<std::uint64_t> full = q_loaded + S;                     // S: the stage is ready
+    const shared_ptr_t<std::uint64_t> empty = full + S;                        // S: the consumers are done with it
     auto bar = [](shared_ptr_t<std::uint64_t> b) { return ptx::shared_address(b); };
     auto stage_tile = [&](int st, int i) { return sStage + (4 * st + i) * T; };     // i: Q, dO, Q^T, dO^T
     auto stage_rows = [&](int st, int i) { return sRows + (5 * st + i) * kTile; };  // i: L, D, s_q, qf, s_dO
 
     const int b = blockIdx.z, hk = blockIdx.y, kb = blockIdx.x;
     const int q0 = p.cu_q[b], lq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0;
-    if (kb * kGradBlockKeys >= lk) return;
+    if (kb * kBlockRows >= lk) return;
     const int tid = threadIdx.x;
     const int nqt = (lq + kTile - 1) / kTile;
     // the steps: query tiles qt_first .. nqt - 1 of each query head of the group (key tile 2 kb's)
@@ -1358,20 +1362,16 @@ OCTET_KERNEL void __launch_bounds__(kWgmmaGradThreads, 1)
     const int per_head = nqt > qt_first ? nqt - qt_first : 0;
     const int n_iter = per_head * p.group;
     if (tid == 0) {
-        for (int c = 0; c < kGradConsumers; ++c) ptx::mbarrier_init(bar(kv_loaded + c), 1);
-        for (int st = 0; st < S; ++st) {
-            ptx::mbarrier_init(bar(q_loaded + st), 1);
-            ptx::mbarrier_init(bar(full + st), 128);                  // every producer thread
-            ptx::mbarrier_init(bar(empty + st), 4 * kGradConsumers);  // every consumer warp
-        }
+        for (int c = 0; c < kConsumerGroups; ++c) ptx::mbarrier_init(bar(kv_loaded + c), 1);
+        init_ring(q_loaded, full, empty, S);
         ptx::fence_mbarrier_init();
     }
     __syncthreads();
 
-    if (tid >= kGradConsumers * 128) {
+    if (tid >= kConsumerGroups * 128) {
         // ---- producer warpgroup ----
         ptx::setmaxnreg_dec<kGradProducerRegs>();
-        const int ptid = tid - kGradConsumers * 128;
+        const int ptid = tid - kConsumerGroups * 128;
         for (int it = 0; it < n_iter; ++it) {
             const int st = it % S, h = hk * p.group + it / per_head, qt = qt_first + it % per_head;
             const std::uint32_t phase = static_cast<std::uint32_t>(it / S) & 1u;
@@ -1647,15 +1647,14 @@ void stream_attention_forward(const stream_executor& ex, const attention_dims& d
         constexpr int smem = attn_kernel::fwd_wgmma_smem_bytes<D>();
         attn_kernel::set_smem(kernel, smem);
         cuda::require_register_split(
-            kernel, attn_kernel::kWgmmaForwardThreads,
-            (attn_kernel::kForwardProducerRegs + attn_kernel::kForwardConsumers * attn_kernel::kForwardConsumerRegs) *
+            kernel, attn_kernel::kWarpSpecializedThreads,
+            (attn_kernel::kForwardProducerRegs + attn_kernel::kConsumerGroups * attn_kernel::kForwardConsumerRegs) *
                 128,
             fn, "options.kernel", "use attention_kernel::mma_sync");
         const CUtensorMap mq = attn_kernel::tile_map<D>(q, fn), mk = attn_kernel::tile_map<D>(k, fn),
                           mv = attn_kernel::tile_map<D>(v, fn);
-        const dim3 blocks((max_q + attn_kernel::kForwardBlockRows - 1) / attn_kernel::kForwardBlockRows, Hq,
-                          shape.batch());
-        cuda::launch("attn_kernel::forward_wgmma_kernel", kernel, blocks, attn_kernel::kWgmmaForwardThreads, smem,
+        const dim3 blocks((max_q + attn_kernel::kBlockRows - 1) / attn_kernel::kBlockRows, Hq, shape.batch());
+        cuda::launch("attn_kernel::forward_wgmma_kernel", kernel, blocks, attn_kernel::kWarpSpecializedThreads, smem,
                      ex.stream, mq, mk, mv, p);
         OCTET_CUDA_CHECK_LAUNCH();
     };
@@ -1759,8 +1758,8 @@ void stream_attention_backward(const stream_executor& ex, const attention_dims& 
             constexpr int smem = grad_wgmma_smem_bytes<D>();
             set_smem(kernel, smem);
             cuda::launch("attn_kernel::grad_wgmma_kernel", kernel,
-                         dim3((max_k + kGradBlockKeys - 1) / kGradBlockKeys, Hk, shape.batch()), kWgmmaGradThreads,
-                         smem, ex.stream, maps, in, out);
+                         dim3((max_k + kBlockRows - 1) / kBlockRows, Hk, shape.batch()), kWarpSpecializedThreads, smem,
+                         ex.stream, maps, in, out);
             OCTET_CUDA_CHECK_LAUNCH();
         } else if (max_k > 0) {
             auto kernel = tele ? grad_kernel<D, true, QR, KR, VR, DR, GT> : grad_kernel<D, false, QR, KR, VR, DR, GT>;
