@@ -484,7 +484,7 @@ OCTET_KERNEL void __launch_bounds__(kWarpSpecializedThreads, 1)
             }
             (ptid < 64 ? sKs : sVs)[st * kTile + (ptid & 63)] = tile_scale<D>(p, k0, lk, hk, jt, ptid);
             ptx::mbarrier_wait(bar(kv_loaded + st), phase);
-            transpose_tile<D, 128>(sV + st * T, sVt + st * T, ptid, lk - jt * kTile);
+            transpose_tile_sm90<D, 128>(sV + st * T, sVt + st * T, ptid, lk - jt * kTile);
             ptx::fence_proxy_async_shared();  // V^T, written by threads, for wgmma's reads
             ptx::mbarrier_arrive(bar(full + st));
         }
@@ -1391,6 +1391,7 @@ OCTET_KERNEL void __launch_bounds__(kWarpSpecializedThreads, 1)
             const int valid = lq - qt * kTile;
             wait_tile_pair<D>(q_loaded + st, phase, stage_tile(st, 0), stage_tile(st, 1), valid, ptid);
             // the transposes write zeros from `valid` on themselves: the zeroing above is other threads'
+            // (transpose_tile_sm90 would read those rows, and needs more than the producer's 24 registers)
             transpose_tile<D, 128>(stage_tile(st, 0), stage_tile(st, 2), ptid, valid);
             transpose_tile<D, 128>(stage_tile(st, 1), stage_tile(st, 3), ptid, valid);
             ptx::fence_proxy_async_shared();  // the zeros and the transposes, for wgmma's reads

@@ -190,6 +190,29 @@ OCTET_DEVICE void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t address
 #endif
 }
 
+// ---- stmatrix --------------------------------------------------------------------------------------
+
+/// stmatrix.sync.aligned.m8n8.x4.shared.b16 (sm_90): ldmatrix_x4's inverse. Lanes 8m..8m+7 give the
+/// 16-byte-aligned shared addresses of rows 0..7 of matrix m; r[m] of lane L holds elements 2 (L % 4)
+/// and 2 (L % 4) + 1 of row L / 4 of matrix m (lowest half first). Compiled for an older device the
+/// call traps. In interpret mode: interpret::model::stmatrix_x4.
+OCTET_DEVICE void stmatrix_x4(const std::uint32_t (&r)[4], std::uint32_t address) {
+#if OCTET_DEVICE_PASS
+#if __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    (void)r, (void)address;
+    __trap();
+#endif
+#elif defined(OCTET_INTERPRET)
+    interpret::model::stmatrix_x4(r, address);
+#else
+    (void)r, (void)address;
+#endif
+}
+
 // ---- cp.async ---------------------------------------------------------------------------------------
 // Ampere's asynchronous global -> shared copy. A copy's bytes may land any time before the
 // wait_group / wait_all covering its group, and are visible to other threads only through a barrier

@@ -75,8 +75,8 @@
 //
 // PTX instructions (octet/cuda/ptx.cuh, the one home of octet's inline PTX, and their models in
 // octet/interpret/ptx_models.hpp, each written from the PTX ISA and tested on its own in tests/interpret):
-//   mma.sync.m16n8k32 with E4M3/E5M2 operands, ldmatrix (.x1/.x2/.x4, .trans), cp.async (+ commit_group,
-//   wait_group: a copy lands at the wait, as the issuing thread's writes), mbarrier (init, arrive,
+//   mma.sync.m16n8k32 with E4M3/E5M2 operands, ldmatrix (.x1/.x2/.x4, .trans), stmatrix (.x4), cp.async
+//   (+ commit_group, wait_group: a copy lands at the wait, as the issuing thread's writes), mbarrier (init, arrive,
 //   expect_tx, complete_tx, phase parity, try_wait: a waiting thread blocks like a barrier waiter),
 //   cp.async.bulk.tensor 2d loads through tensor maps (runtime.hpp serves cuTensorMapEncodeTiled; box,
 //   swizzle, out-of-bounds zero fill), fence.proxy.async, setmaxnreg, wgmma.mma_async m64nNk32 FP8 with

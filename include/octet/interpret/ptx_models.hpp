@@ -211,6 +211,48 @@ void ldmatrix(std::uint32_t (&r)[N], std::uint32_t address) {
     for (int m = 0; m < N; ++m) r[m] = out.r[m];
 }
 
+// ---- stmatrix ---------------------------------------------------------------------------------------
+
+// stmatrix.sync.aligned.m8n8.x4.shared.b16 (sm_90), from the PTX ISA: ldmatrix's inverse. Lanes
+// 8m..8m+7 hold the addresses of rows 0..7 of matrix m (16 bytes each, 16-byte aligned); lane L's
+// r[m] holds the elements (row L / 4, columns 2 (L % 4) and 2 (L % 4) + 1) of matrix m, lower half
+// first. The rows are assembled in the exchange; then each addressing lane writes its row itself
+// (checked and attributed to it); a row address that is not 16-byte aligned is reported as for ldmatrix.
+namespace stmatrix_detail {
+struct regs_in {
+    std::uint32_t r[4];
+};
+struct row_out {
+    ldmatrix_detail::row16 row;
+};
+}  // namespace stmatrix_detail
+
+inline void stmatrix_x4(const std::uint32_t (&r)[4], std::uint32_t address) {
+    using namespace stmatrix_detail;
+    constexpr const char* name = "stmatrix.sync.aligned.m8n8.x4.shared.b16";
+    regs_in mine{};
+    for (int m = 0; m < 4; ++m) mine.r[m] = r[m];
+    const row_out out =
+        warp_exchange<regs_in, row_out>(name, 0xFFFFFFFFu, mine, [](const regs_in* const* in, row_out* const* res) {
+            for (int m = 0; m < 4; ++m)
+                for (int row = 0; row < 8; ++row)
+                    for (int q = 0; q < 4; ++q) {  // lane 4 row + q holds columns 2q, 2q + 1
+                        const std::uint32_t v = in[4 * row + q]->r[m];
+                        res[8 * m + row]->row.e[2 * q] = static_cast<std::uint16_t>(v & 0xFFFFu);
+                        res[8 * m + row]->row.e[2 * q + 1] = static_cast<std::uint16_t>(v >> 16);
+                    }
+        });
+    if (address % 16 != 0) {
+        detail::machine& m = detail::running("stmatrix");
+        m.emit(m.make(check::out_of_bounds, m.current->tid, m.describe(address, -1),
+                      std::string(name) + ": row address " + detail::hex(address) + " of lane " +
+                          std::to_string(lane_id()) +
+                          " is not 16-byte aligned (the ISA requires it; the device faults: misaligned address)"),
+               true);
+    }
+    *shared_at<ldmatrix_detail::row16>(address) = out.row;  // 16 bytes, checked as this lane's write
+}
+
 // ---- cp.async ---------------------------------------------------------------------------------------
 // PTX ISA, cp.async: copies cp_size bytes (4, 8 or 16; .cg only 16) from global src to shared dst,
 // of which the first src_size come from src and the rest are zeros (src_size > cp_size is undefined);

@@ -20,7 +20,8 @@
 // other transposed operands) is stored with the keys of each 16-key group permuted to match:
 // position 4t + 2a + e holds key 8a + 2t + e (perm_pos), so B's slot (t, h) is again 4 contiguous
 // bytes. The transpose that builds these tiles (transpose_tile) reads 4 keys x 4 channels and
-// writes 4 channels x 4 keys with byte permutes.
+// writes 4 channels x 4 keys with byte permutes; on sm_90 transpose_tile_sm90 writes the same bytes
+// with ldmatrix.trans, byte permutes and stmatrix.
 //
 // Shared-memory tiles are rows of 64 or 128 bytes whose 16-byte chunks are XOR-swizzled by row, so
 // that ldmatrix's 8-row reads and cp.async's 16-byte writes are free of bank conflicts.
@@ -136,6 +137,38 @@ __device__ __forceinline__ void transpose_tile(shared_ptr_t<const std::uint8_t> 
         OCTET_UNROLL
         for (int i = 0; i < 4; ++i)
             *OCTET_SHARED_CAST(std::uint32_t, dst + swz<64>(it.col + i, it.gq) + 4 * it.t) = out[i];
+    }
+}
+
+/// transpose_tile's result, on sm_90 with ldmatrix and stmatrix: each of the Threads / 32 warps moves
+/// 16 tokens x 32 channels per step with one ldmatrix.x4.trans (lane L: tokens 2 (L % 4), + 1 and
+/// + 8, + 9 of the group, channels 2 (L / 4), + 1 and + 16, + 17 of the block), four byte permutes
+/// that make each channel's 4 tokens one word (perm_pos's order), and one stmatrix.x4. It reads whole
+/// 8-token blocks, also the tokens from `valid` on (written as zeros): a caller that writes them
+/// orders those writes before (a barrier). `thread`: this one's index among the Threads.
+template <int D, int Threads>
+__device__ __forceinline__ void transpose_tile_sm90(shared_ptr_t<const std::uint8_t> src,
+                                                    shared_ptr_t<std::uint8_t> dst, int thread, int valid) {
+    static_assert(Threads % 32 == 0, "whole warps");
+    const int warp = thread >> 5, lane = thread & 31;
+    const int m = lane >> 3, i = lane & 7;  // the matrix and row this lane addresses
+    const int t = lane & 3;                 // tokens 2t, 2t + 1 of each 8-token half
+    for (int step = warp; step < 4 * (D / 32); step += Threads / 32) {
+        const int gq = step / (D / 32), cb = step % (D / 32);  // 16-token group, 32-channel block
+        std::uint32_t r[4];  // matrices: tokens 0-7 and 8-15 of the group, by channels 0-15 and 16-31
+        ptx::ldmatrix_x4_trans(r, ptx::shared_address(src + swz<D>(16 * gq + 8 * (m & 1) + i, 2 * cb + (m >> 1))));
+        std::uint32_t w[4] = {__byte_perm(r[0], r[1], 0x6420u), __byte_perm(r[0], r[1], 0x7531u),
+                              __byte_perm(r[2], r[3], 0x6420u), __byte_perm(r[2], r[3], 0x7531u)};
+        if (16 * gq + 16 > valid) {  // byte b of a word is token 16 gq + 2t + (b & 1) + 8 (b >> 1)
+            std::uint32_t keep = 0;
+            OCTET_UNROLL
+            for (int b = 0; b < 4; ++b)
+                if (16 * gq + 2 * t + (b & 1) + 8 * (b >> 1) < valid) keep |= 0xFFu << (8 * b);
+            OCTET_UNROLL
+            for (int k = 0; k < 4; ++k) w[k] &= keep;
+        }
+        // w[k] is row L / 4 of matrix k: channel 32 cb + 16 (k >> 1) + 2 (L / 4) + (k & 1)
+        ptx::stmatrix_x4(w, ptx::shared_address(dst + swz<64>(32 * cb + 16 * (m >> 1) + 2 * i + (m & 1), gq)));
     }
 }
 
