@@ -166,6 +166,17 @@ template <int N>
 struct regs_out {
     std::uint32_t r[N];
 };
+/// A row address that is not 16-byte aligned is reported (as an out-of-bounds access: the device
+/// faults with a misaligned address) and stops the block; ldmatrix's and stmatrix's rule.
+inline void check_row_address(const char* instruction, std::uint32_t address) {
+    if (address % 16 == 0) return;
+    detail::machine& m = detail::running(instruction);
+    m.emit(m.make(check::out_of_bounds, m.current->tid, m.describe(address, -1),
+                  std::string(instruction) + ": row address " + detail::hex(address) + " of lane " +
+                      std::to_string(lane_id()) +
+                      " is not 16-byte aligned (the ISA requires it; the device faults: misaligned address)"),
+           true);
+}
 template <int N, bool Trans>
 constexpr const char* name() {
     return N == 1
@@ -183,14 +194,7 @@ void ldmatrix(std::uint32_t (&r)[N], std::uint32_t address) {
     using namespace ldmatrix_detail;
     rows_in mine{};
     if (lane_id() < 8u * N) {
-        if (address % 16 != 0) {
-            detail::machine& m = detail::running("ldmatrix");
-            m.emit(m.make(check::out_of_bounds, m.current->tid, m.describe(address, -1),
-                          std::string(name<N, Trans>()) + ": row address " + detail::hex(address) + " of lane " +
-                              std::to_string(lane_id()) +
-                              " is not 16-byte aligned (the ISA requires it; the device faults: misaligned address)"),
-                   true);
-        }
+        check_row_address(name<N, Trans>(), address);
         mine.row = (*shared_at<row16>(address)).load();  // 16 bytes, checked as this lane's read
     }
     const regs_out<N> out = warp_exchange<rows_in, regs_out<N>>(
@@ -242,14 +246,7 @@ inline void stmatrix_x4(const std::uint32_t (&r)[4], std::uint32_t address) {
                         res[8 * m + row]->row.e[2 * q + 1] = static_cast<std::uint16_t>(v >> 16);
                     }
         });
-    if (address % 16 != 0) {
-        detail::machine& m = detail::running("stmatrix");
-        m.emit(m.make(check::out_of_bounds, m.current->tid, m.describe(address, -1),
-                      std::string(name) + ": row address " + detail::hex(address) + " of lane " +
-                          std::to_string(lane_id()) +
-                          " is not 16-byte aligned (the ISA requires it; the device faults: misaligned address)"),
-               true);
-    }
+    ldmatrix_detail::check_row_address(name, address);
     *shared_at<ldmatrix_detail::row16>(address) = out.row;  // 16 bytes, checked as this lane's write
 }
 
