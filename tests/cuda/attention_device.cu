@@ -44,6 +44,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -469,6 +470,38 @@ void run(const config& c, const char* name_c) {
                 CHECK(st_d.gap_rel() >= 0.3 * st_h.gap_rel());
                 CHECK(st_d.gap_rel() <= 3.0 * st_h.gap_rel());
             }
+
+            // Without telemetry (the gradient kernel's other instantiation, the one users run by
+            // default) the gradients are the same: dK and dV bit for bit (one block owns each key
+            // tile), dQ within float rounding (float atomics may add in another order on a GPU).
+            // One delta mode is enough: the gradient kernel does not depend on it.
+            if (!matched) continue;
+            attention_backward_options plain = bo;
+            plain.telemetry = false;
+            g_q.fill_bytes(0xFF);
+            g_k.fill_bytes(0xFF);
+            g_v.fill_bytes(0xFF);
+            attention_backward(on_stream(), shape_d, dq_.cref(), dk_.cref(), dv_.cref(),
+                               matrix_ref<const OT>(o_in.data(), p.tq, cq), span<const float>(lse_in.data(), R),
+                               ddo.cref(), matrix_ref<GT>(g_q.data(), p.tq, cq), matrix_ref<GT>(g_k.data(), p.tk, ck),
+                               matrix_ref<GT>(g_v.data(), p.tk, ck), span<float>(workspace.data(), ws.floats), plain);
+            OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto bits = [](const std::vector<GT>& x) {
+                std::vector<unsigned char> b(x.size() * sizeof(GT));
+                if (!x.empty()) std::memcpy(b.data(), x.data(), b.size());
+                return b;
+            };
+            CHECK(bits(g_k.download()) == bits(dk_dev));
+            CHECK(bits(g_v.download()) == bits(dv_dev));
+            const std::vector<double> dq_plain = widen(g_q.download()), dq_tele = widen(dq_dev);
+            double largest = 0.0;
+            for (double x : dq_tele) largest = std::max(largest, std::fabs(x));
+            const double rounding = std::is_same_v<GT, bf16> ? std::ldexp(1.0, -7) : 0.0;  // GT's own rounding
+            std::size_t apart = 0;
+            for (std::size_t i = 0; i < dq_tele.size(); ++i)
+                if (!(std::fabs(dq_plain[i] - dq_tele[i]) <= 1e-5 * largest + rounding * std::fabs(dq_tele[i])))
+                    ++apart;
+            CHECK_MESSAGE(apart == 0, apart << " dQ elements differ beyond float rounding without telemetry");
         }
 }
 
