@@ -146,6 +146,10 @@ __device__ __forceinline__ void transpose_tile(shared_ptr_t<const std::uint8_t> 
 /// that make each channel's 4 tokens one word (perm_pos's order), and one stmatrix.x4. It reads whole
 /// 8-token blocks, also the tokens from `valid` on (written as zeros): a caller that writes them
 /// orders those writes before (a barrier). `thread`: this one's index among the Threads.
+///
+/// Row r of stmatrix's matrix k is channel 32 cb + 16 (k >> 1) + 2 r + ((k & 1) ^ (r >> 2)): rows 4-7
+/// take the other channel of each pair, so that each matrix's 8 rows (of 64-byte rows, swizzled by
+/// channel / 2) cover all 32 banks; with one parity per matrix they would share them two ways.
 template <int D, int Threads>
 __device__ __forceinline__ void transpose_tile_sm90(shared_ptr_t<const std::uint8_t> src,
                                                     shared_ptr_t<std::uint8_t> dst, int thread, int valid) {
@@ -153,12 +157,15 @@ __device__ __forceinline__ void transpose_tile_sm90(shared_ptr_t<const std::uint
     const int warp = thread >> 5, lane = thread & 31;
     const int m = lane >> 3, i = lane & 7;  // the matrix and row this lane addresses
     const int t = lane & 3;                 // tokens 2t, 2t + 1 of each 8-token half
+    // the permutes that pick channel 2 (L / 4) (even) and 2 (L / 4) + 1 (odd) of a register pair,
+    // swapped for the lanes that fill rows 4-7 (L / 4 >= 4)
+    const std::uint32_t even = (lane >> 4) != 0 ? 0x7531u : 0x6420u, odd = even ^ 0x1111u;
     for (int step = warp; step < 4 * (D / 32); step += Threads / 32) {
         const int gq = step / (D / 32), cb = step % (D / 32);  // 16-token group, 32-channel block
         std::uint32_t r[4];  // matrices: tokens 0-7 and 8-15 of the group, by channels 0-15 and 16-31
         ptx::ldmatrix_x4_trans(r, ptx::shared_address(src + swz<D>(16 * gq + 8 * (m & 1) + i, 2 * cb + (m >> 1))));
-        std::uint32_t w[4] = {__byte_perm(r[0], r[1], 0x6420u), __byte_perm(r[0], r[1], 0x7531u),
-                              __byte_perm(r[2], r[3], 0x6420u), __byte_perm(r[2], r[3], 0x7531u)};
+        std::uint32_t w[4] = {__byte_perm(r[0], r[1], even), __byte_perm(r[0], r[1], odd),
+                              __byte_perm(r[2], r[3], even), __byte_perm(r[2], r[3], odd)};
         if (16 * gq + 16 > valid) {  // byte b of a word is token 16 gq + 2t + (b & 1) + 8 (b >> 1)
             std::uint32_t keep = 0;
             OCTET_UNROLL
@@ -167,8 +174,9 @@ __device__ __forceinline__ void transpose_tile_sm90(shared_ptr_t<const std::uint
             OCTET_UNROLL
             for (int k = 0; k < 4; ++k) w[k] &= keep;
         }
-        // w[k] is row L / 4 of matrix k: channel 32 cb + 16 (k >> 1) + 2 (L / 4) + (k & 1)
-        ptx::stmatrix_x4(w, ptx::shared_address(dst + swz<64>(32 * cb + 16 * (m >> 1) + 2 * i + (m & 1), gq)));
+        // w[k] is row L / 4 of matrix k
+        ptx::stmatrix_x4(
+            w, ptx::shared_address(dst + swz<64>(32 * cb + 16 * (m >> 1) + 2 * i + ((m & 1) ^ (i >> 2)), gq)));
     }
 }
 
