@@ -148,14 +148,13 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
     d_octet.fill_bytes(0xFF);
     d_lt.fill_bytes(0xFF);
 
-    // octet sm90_wgmma (automatic plan: tile and split-K), and for the small-M shapes the other
-    // choices beside it: the plan's tile unsplit, and the other tile with its best split.
+    // octet sm90_wgmma (automatic plan: tile and split-K), and beside it for the small-M shapes the
+    // plan's tile unsplit and the other tile with its best split; for the others the other large tile.
     double ms_octet = 0;
     try {
         auto describe = [&](const gemm_options& o) {
-            const detail::sm90_plan plan = detail::sm90_choose_plan(M, N, K, o);
-            return std::string("tile ") + (plan.tile == gemm_tile::m64n64 ? "64x64" : "128x128") + ", split-K " +
-                   std::to_string(plan.splits);
+            const detail::sm90_plan plan = detail::sm90_choose_plan<RB>(M, N, K, o);
+            return std::string("tile ") + tile_name(plan.tile) + ", split-K " + std::to_string(plan.splits);
         };
         auto time_with = [&](const gemm_options& o) {
             return time_graph(s, [&](cudaStream_t st) {
@@ -167,7 +166,7 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
         ms_octet = time_with(o);
         octet_bench::result(bench, "octet_sm90_tflops", tflops(ms_octet), "TFLOPS", describe(o));
         if (M <= 128) {
-            const detail::sm90_plan plan = detail::sm90_choose_plan(M, N, K, o);
+            const detail::sm90_plan plan = detail::sm90_choose_plan<RB>(M, N, K, o);
             gemm_options unsplit = o;
             unsplit.tile = plan.tile;
             unsplit.split_k = 1;
@@ -175,6 +174,14 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
                                 describe(unsplit));
             gemm_options other = o;
             other.tile = plan.tile == gemm_tile::m64n64 ? gemm_tile::m128n128 : gemm_tile::m64n64;
+            octet_bench::result(bench, "octet_sm90_other_tile_tflops", tflops(time_with(other)), "TFLOPS",
+                                describe(other));
+            scaled_gemm(on_stream(s), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o);
+        } else {
+            // the plan's large tile against the other one (128 x 128 and 128 x 192: the wave model's pick)
+            const detail::sm90_plan plan = detail::sm90_choose_plan<RB>(M, N, K, o);
+            gemm_options other = o;
+            other.tile = plan.tile == gemm_tile::m128n192 ? gemm_tile::m128n128 : gemm_tile::m128n192;
             octet_bench::result(bench, "octet_sm90_other_tile_tflops", tflops(time_with(other)), "TFLOPS",
                                 describe(other));
             scaled_gemm(on_stream(s), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o);

@@ -258,6 +258,14 @@ TEST_SUITE("gpu") {
         small.tile = gemm_tile::m64n64;
         backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
             gemm_backend::sm90_wgmma, "1x128 x 128x128 (64x64 tile)", kShapes, 128, 128, small);
+        // the 128 x 192 tile: B's 128x128 scales of two blocks per tile (N = 257: the second tile's split at
+        // its column 64, its one column of a third block)
+        gemm_options wide;
+        wide.tile = gemm_tile::m128n192;
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
+            gemm_backend::sm90_wgmma, "1x128 x 128x128 (128x192 tile)", kShapes, 128, 128, wide);
+        backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(
+            gemm_backend::sm90_wgmma, "tensor x tensor (128x192 tile)", {{100, 200, 300}}, 128, 128, wide);
         gemm_options large;
         large.tile = gemm_tile::m128n128;
         backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(
@@ -274,6 +282,8 @@ TEST_SUITE("gpu") {
         backend_pair<e5m2_1x128, recipes::blockwise_128x128>(
             gemm_backend::sm90_wgmma, "E5M2 1x128 x E4M3 128x128 (data gradient)",
             pick<std::vector<shape>>({{77, 190, 640}, {300, 300, 256}}, {{77, 190, 640}, {136, 130, 256}}), 128, 128);
+        backend_pair<e5m2_1x128, recipes::blockwise_128x128>(
+            gemm_backend::sm90_wgmma, "E5M2 1x128 x E4M3 128x128 (128x192 tile)", {{77, 450, 384}}, 128, 128, wide);
         backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(gemm_backend::sm90_wgmma, "E4M3 x E5M2 tensor",
                                                                          {{64, 64, 128}}, 128, 128);
     }
@@ -484,19 +494,19 @@ TEST_SUITE("gpu") {
         const std::vector<shape> shapes = pick<std::vector<shape>>({{70, 129, 600}, {64, 136, 640}, {200, 300, 1280}},
                                                                    {{70, 129, 600}, {64, 136, 640}});
         for (const shape& s : shapes)
-            for (gemm_tile tile : {gemm_tile::m128n128, gemm_tile::m64n64})
+            for (gemm_tile tile : {gemm_tile::m128n128, gemm_tile::m64n64, gemm_tile::m128n192})
                 for (int split : {2, 3, 4, 9}) {
                     gemm_options opt;
                     opt.tile = tile;
                     opt.split_k = split;
                     opt.alpha = -0.5f;
-                    const detail::sm90_plan plan = detail::sm90_choose_plan(s.M, s.N, s.K, opt);
+                    const detail::sm90_plan plan = detail::sm90_choose_plan<RB>(s.M, s.N, s.K, opt);
                     const std::uint32_t blocks = static_cast<std::uint32_t>((s.K + 127) / 128);
                     CHECK(plan.tile == tile);
                     CHECK(plan.splits == (blocks + plan.kb_per_split - 1) / plan.kb_per_split);
                     const std::uint32_t asked = std::min<std::uint32_t>(static_cast<std::uint32_t>(split), blocks);
-                    INFO("tile " << (tile == gemm_tile::m64n64 ? "64x64" : "128x128") << ", split_k " << split << ": "
-                                 << plan.splits << " ranges of " << plan.kb_per_split << " K blocks");
+                    INFO("tile " << tile_name(tile) << ", split_k " << split << ": " << plan.splits << " ranges of "
+                                 << plan.kb_per_split << " K blocks");
                     CHECK(plan.kb_per_split == (blocks + asked - 1) / asked);
                     CHECK(plan.splits > 1);
                     const auto ea = quantized<RA>(exact_values(g, s.M, s.K, 128), s.M, s.K);
@@ -586,9 +596,10 @@ TEST_SUITE("cuda") {
         const int sms = 132;  // an H200's
         for (std::size_t K : {1, 128, 129, 600, 1024, 7168, 16384})
             for (int split : {0, 1, 2, 3, 7, 16, 1000})
-                for (gemm_tile tile : {gemm_tile::automatic, gemm_tile::m128n128, gemm_tile::m64n64}) {
+                for (gemm_tile tile :
+                     {gemm_tile::automatic, gemm_tile::m128n128, gemm_tile::m64n64, gemm_tile::m128n192}) {
                     const std::size_t blocks = (K + 127) / 128;
-                    const detail::sm90_plan plan = detail::sm90_choose_plan(128, 7168, K, tile, split, sms);
+                    const detail::sm90_plan plan = detail::sm90_choose_plan(128, 7168, K, tile, split, sms, true);
                     INFO("K " << K << " split_k " << split << " splits " << plan.splits << " x " << plan.kb_per_split);
                     CHECK(plan.splits >= 1);
                     CHECK(static_cast<std::size_t>(plan.splits) * plan.kb_per_split >= blocks);
@@ -599,14 +610,24 @@ TEST_SUITE("cuda") {
                     if (split == 0) CHECK(plan.kb_per_split >= std::min<std::size_t>(blocks, 4));
                     CHECK(plan.scratch_bytes(128, 7168) == (plan.splits > 1 ? plan.splits * 128 * 7168 * 4 : 0));
                 }
-        // The model's choices for the issue's shapes: a large square fills the GPU with whole tiles, one
-        // 128-row tile-row of a 7168 x 7168 weight (56 tiles) is split, and 64 rows take 112 small tiles.
-        const detail::sm90_plan square = detail::sm90_choose_plan(8192, 8192, 8192, gemm_tile::automatic, 0, sms);
-        CHECK((square.tile == gemm_tile::m128n128 && square.splits == 1));
-        const detail::sm90_plan m128 = detail::sm90_choose_plan(128, 7168, 7168, gemm_tile::automatic, 0, sms);
-        CHECK((m128.tile == gemm_tile::m128n128 && m128.splits == 2));
-        const detail::sm90_plan m64 = detail::sm90_choose_plan(64, 7168, 7168, gemm_tile::automatic, 0, sms);
-        CHECK((m64.tile == gemm_tile::m64n64 && m64.splits == 1));
+        // The model's choices for the issue's shapes. 8192^3: 4096 128 x 128 tiles are 31.03 waves on 132
+        // SMs (32, the last with 4 tiles), 2752 128 x 192 tiles 20.85 (21 at 1.5 times the work: 31.5 < 32),
+        // so the wide tile where B's scales allow it. 7168^3: 3136 tiles are 23.8 waves (24), 2128 wide tiles
+        // 16.1 (17 x 1.5 = 25.5 > 24): 128 x 128. One 128-row tile-row of a 7168 x 7168 weight (56 tiles)
+        // is split, and 64 rows take 112 small tiles.
+        for (bool wide : {true, false}) {
+            CAPTURE(wide);
+            const detail::sm90_plan square =
+                detail::sm90_choose_plan(8192, 8192, 8192, gemm_tile::automatic, 0, sms, wide);
+            CHECK((square.tile == (wide ? gemm_tile::m128n192 : gemm_tile::m128n128) && square.splits == 1));
+            const detail::sm90_plan ds = detail::sm90_choose_plan(7168, 7168, 7168, gemm_tile::automatic, 0, sms, wide);
+            CHECK((ds.tile == gemm_tile::m128n128 && ds.splits == 1));
+            const detail::sm90_plan m128 =
+                detail::sm90_choose_plan(128, 7168, 7168, gemm_tile::automatic, 0, sms, wide);
+            CHECK((m128.tile == gemm_tile::m128n128 && m128.splits == 2));
+            const detail::sm90_plan m64 = detail::sm90_choose_plan(64, 7168, 7168, gemm_tile::automatic, 0, sms, wide);
+            CHECK((m64.tile == gemm_tile::m64n64 && m64.splits == 1));
+        }
         // A negative split_k is refused by name, before any GPU work.
         quantized_tensor<recipes::blockwise_1x128> a(8, 256), b(16, 256);
         std::vector<float> d(8 * 16);
@@ -614,6 +635,17 @@ TEST_SUITE("cuda") {
         o.split_k = -1;
         CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16), o),
                              doctest::Contains("argument 'options.split_k' is -1"), octet::error);
+        // The 128 x 192 tile refuses B's per-row (1x128) scales by name; 128x128 B is served.
+        o.split_k = 0;
+        o.backend = gemm_backend::sm90_wgmma;
+        o.tile = gemm_tile::m128n192;
+        CHECK(gemm_backend_support<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::sm90_wgmma, 256, o)
+                  .find("options.tile m128n192 needs B's scales per tensor or in blocks of rows") != std::string::npos);
+        CHECK(
+            gemm_backend_support<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, 256, o)
+                .empty());
+        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16), o),
+                             doctest::Contains("options.tile m128n192 needs B's scales"), octet::error);
     }
 
     TEST_CASE("stream overloads check their arguments before touching the GPU") {

@@ -83,7 +83,7 @@ TEST_CASE("sm90_wgmma with a tensor map whose swizzle does not match the descrip
     cuda::device_buffer<float> dd(M * N);
     const auto A = da.cref(), B = db.cref();
     const detail::sm90_params<float, float> p = params<R, R, Cfg>(A, B, dd.data());
-    auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, true, float, float>;
+    auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, detail::sm90_b_scales::per_tile, float, float>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
     auto wrong_elements = [&](const CUtensorMap& ma, const CUtensorMap& mb) {
         dd.fill_bytes(0xFF);
@@ -100,6 +100,21 @@ TEST_CASE("sm90_wgmma with a tensor map whose swizzle does not match the descrip
                        detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN, CU_TENSOR_MAP_SWIZZLE_NONE));
     INFO("wrong elements: " << wrong << " of " << M * N);
     CHECK(wrong > M * N / 2);
+}
+
+/// Exact values scaled by 2^(r + 3 b - 4): r = (i + kb) % 3 varies by row, b = (i / 128 + 2 kb) % 3 by
+/// 128-row block. Every 128-row block holds rows of each r, so its amax (and 128x128 scale) is 7 * 2^(3 b
+/// - 2), which differs from both neighbouring blocks' and the next K block's; a 1x128 scale also
+/// differs from the next row's. A scale read from the wrong block changes the result; the products stay
+/// exact.
+std::vector<float> varied_blocks(std::mt19937_64& g, std::size_t rows, std::size_t K) {
+    std::vector<float> x = exact_values(g, rows, K, 128);
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t k = 0; k < K; ++k) {
+            const std::size_t kb = k / 128, r = (i + kb) % 3, b = (i / 128 + 2 * kb) % 3;
+            x[i * K + k] *= std::ldexp(1.0f, static_cast<int>(r + 3 * b) - 4);
+        }
+    return x;
 }
 
 // 1x128 scales on both operands (one float per row and K block): the TMA path reads them as a float
@@ -129,7 +144,7 @@ TEST_CASE("sm90_wgmma's scales by TMA and by the producer's loads both give the 
     const auto A = da.cref(), B = db.cref();
     REQUIRE(detail::sm90_scales_by_tma(A.scales, A.layout));
     REQUIRE(detail::sm90_scales_by_tma(B.scales, B.layout));
-    auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, false, float, float>;
+    auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, detail::sm90_b_scales::per_column, float, float>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
     const CUtensorMap ma = detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
     const CUtensorMap mb = detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
@@ -147,6 +162,51 @@ TEST_CASE("sm90_wgmma's scales by TMA and by the producer's loads both give the 
                          tma_a ? msa : CUtensorMap{}, tma_b ? msb : CUtensorMap{}, CUtensorMap{}, p);
             CHECK(differing(dd.download(), hd) == 0);
         }
+}
+
+// The 128 x 192 tile against B's 128x128 scale blocks: a tile starting at a multiple of 384 crosses into
+// the next block at its column 128, one starting at 192 mod 384 at column 64, and the last tile of N =
+// 330 reaches a third block only past N (its second scale is not loaded). Each (128-row block, K block)
+// of B has its own scale, so a column promoted with its neighbour block's scale changes the bits; ragged
+// M, several K blocks, and one CTA walking every tile. B per tensor (one scale per tile at any N) too.
+TEST_CASE("sm90_wgmma's 128 x 192 tile reads B's 128x128 scales of both blocks it spans: the host's bits") {
+    using RA = recipes::blockwise_1x128;
+    using Cfg = detail::sm90_wide;
+    static_assert(detail::sm90_b_scales_of<128, Cfg::BN>() == detail::sm90_b_scales::two_blocks);
+    static_assert(detail::sm90_b_scales_of<full, Cfg::BN>() == detail::sm90_b_scales::per_tile);
+    static_assert(detail::sm90_b_scales_of<1, Cfg::BN>() == detail::sm90_b_scales::per_column);
+    static_assert(detail::sm90_b_scales_of<128, 128>() == detail::sm90_b_scales::per_tile);
+    static_assert(detail::sm90_b_scales_of<256, Cfg::BN>() == detail::sm90_b_scales::two_blocks);
+    static_assert(detail::sm90_b_scales_of<64, Cfg::BN>() == detail::sm90_b_scales::per_column);  // crosses 3
+    const std::size_t M = 70, K = 384;
+    auto g = octet_test::rng(13);
+    const auto ha = quantized<RA>(varied_blocks(g, M, K), M, K);
+    const device_copy<RA> da(ha);
+    const auto A = da.cref();
+    auto run = [&](auto b_recipe, std::size_t N, std::size_t expected_tiles) {
+        using RB = decltype(b_recipe);
+        constexpr detail::sm90_b_scales mode = detail::sm90_b_scales_of<RB::granularity::rows, Cfg::BN>();
+        CAPTURE(N);
+        const auto hb = quantized<RB>(varied_blocks(g, N, K), N, K);
+        std::vector<float> hd(M * N);
+        scaled_gemm(on_host(), ha.cref(), hb.cref(), matrix_ref<float>(hd.data(), M, N));
+        const device_copy<RB> db(hb);
+        const auto B = db.cref();
+        cuda::device_buffer<float> dd(M * N);
+        auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, mode, float, float>;
+        OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+        detail::sm90_params<float, float> p = params<RA, RB, Cfg>(A, B, dd.data());
+        CHECK(p.tiles_m * p.tiles_n == expected_tiles);
+        dd.fill_bytes(0xFF);
+        cuda::launch("sm90_gemm_kernel", kernel, 1, Cfg::threads, Cfg::smem_bytes, nullptr,
+                     detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM),
+                     detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN), CUtensorMap{}, CUtensorMap{},
+                     CUtensorMap{}, p);
+        return differing(dd.download(), hd);
+    };
+    CHECK(run(recipes::blockwise_128x128{}, 330, 2) == 0);
+    CHECK(run(recipes::blockwise_128x128{}, 576, 3) == 0);  // splits at 128, 64, 128 (no ragged edge)
+    CHECK(run(recipes::tensorwise_e4m3{}, 200, 2) == 0);
 }
 
 }  // namespace interpret_gemm_sm90_test

@@ -581,6 +581,12 @@ OCTET_DEVICE void fence_operand(std::uint32_t& r) {
         "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), \
         "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
         "+f"(d[63])
+#define OCTET_WGMMA_D96                                                                                         \
+    OCTET_WGMMA_D64, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), \
+        "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), \
+        "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), \
+        "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), \
+        "+f"(d[95])
 #define OCTET_WGMMA_R32                                                                                               \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31}"
@@ -588,6 +594,12 @@ OCTET_DEVICE void fence_operand(std::uint32_t& r) {
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
     "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define OCTET_WGMMA_R96                                                                                               \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+    "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, "  \
+    "%68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, "  \
+    "%90, %91, %92, %93, %94, %95}"
 
 /// 0..3 for (e4m3, e4m3), (e4m3, e5m2), (e5m2, e4m3), (e5m2, e5m2).
 template <class FA, class FB>
@@ -623,13 +635,15 @@ OCTET_HD constexpr int wgmma_type_pair() {
 /// The instruction's name for the interpreter's reports (RegisterA: the RS form).
 template <int N, class FA, class FB, bool RegisterA>
 constexpr const char* wgmma_name() {
-    constexpr const char* names[2][3][4] = {
+    constexpr const char* names[2][4][4] = {
         {{"wgmma.mma_async.m64n32k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n32k32.f32.e4m3.e5m2",
           "wgmma.mma_async.m64n32k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n32k32.f32.e5m2.e5m2"},
          {"wgmma.mma_async.m64n64k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n64k32.f32.e4m3.e5m2",
           "wgmma.mma_async.m64n64k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n64k32.f32.e5m2.e5m2"},
          {"wgmma.mma_async.m64n128k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2",
-          "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2"}},
+          "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2"},
+         {"wgmma.mma_async.m64n192k32.f32.e4m3.e4m3", "wgmma.mma_async.m64n192k32.f32.e4m3.e5m2",
+          "wgmma.mma_async.m64n192k32.f32.e5m2.e4m3", "wgmma.mma_async.m64n192k32.f32.e5m2.e5m2"}},
         {{"wgmma.mma_async.m64n32k32.f32.e4m3.e4m3 (A in registers)",
           "wgmma.mma_async.m64n32k32.f32.e4m3.e5m2 (A in registers)",
           "wgmma.mma_async.m64n32k32.f32.e5m2.e4m3 (A in registers)",
@@ -641,20 +655,24 @@ constexpr const char* wgmma_name() {
          {"wgmma.mma_async.m64n128k32.f32.e4m3.e4m3 (A in registers)",
           "wgmma.mma_async.m64n128k32.f32.e4m3.e5m2 (A in registers)",
           "wgmma.mma_async.m64n128k32.f32.e5m2.e4m3 (A in registers)",
-          "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2 (A in registers)"}}};
-    return names[RegisterA][N == 32 ? 0 : N == 64 ? 1 : 2][wgmma_type_pair<FA, FB>()];
+          "wgmma.mma_async.m64n128k32.f32.e5m2.e5m2 (A in registers)"},
+         {"wgmma.mma_async.m64n192k32.f32.e4m3.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n192k32.f32.e4m3.e5m2 (A in registers)",
+          "wgmma.mma_async.m64n192k32.f32.e5m2.e4m3 (A in registers)",
+          "wgmma.mma_async.m64n192k32.f32.e5m2.e5m2 (A in registers)"}}};
+    return names[RegisterA][N == 32 ? 0 : N == 64 ? 1 : N == 128 ? 2 : 3][wgmma_type_pair<FA, FB>()];
 }
 
 template <int N, class FA, class FB>
 OCTET_HD constexpr void wgmma_check_types() {
-    static_assert(N == 32 || N == 64 || N == 128,
-                  "wgmma_m64nNk32: N = 32, 64 or 128 (add the operand list for others)");
+    static_assert(N == 32 || N == 64 || N == 128 || N == 192,
+                  "wgmma_m64nNk32: N = 32, 64, 128 or 192 (add the operand list for others)");
     static_assert(std::is_same_v<FA, e4m3> || std::is_same_v<FA, e5m2>, "wgmma_m64nNk32: FP8 A (e4m3, e5m2)");
     static_assert(std::is_same_v<FB, e4m3> || std::is_same_v<FB, e5m2>, "wgmma_m64nNk32: FP8 B (e4m3, e5m2)");
 }
 
 /// wgmma.mma_async.sync.aligned.m64nNk32.f32.FA.FB with A (64 x 32) and B (N x 32), both K-major in
-/// shared memory as the descriptors say, N = 32, 64 or 128 (FA, FB: e4m3 or e5m2):
+/// shared memory as the descriptors say, N = 32, 64, 128 or 192 (FA, FB: e4m3 or e5m2):
 /// d = A B^T + (scale_d ? d : 0), complete at the wgmma.wait_group of its group.
 template <int N, class FA, class FB>
 OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b,
@@ -662,7 +680,9 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], std::uint64_t desc_a, std::u
     wgmma_check_types<N, FA, FB>();
 #if OCTET_DEVICE_PASS
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if constexpr (N == 128) {
+    if constexpr (N == 192) {
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "192", OCTET_WGMMA_R96, D96, "%96", "%97", "%98")
+    } else if constexpr (N == 128) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "128", OCTET_WGMMA_R64, D64, "%64", "%65", "%66")
     } else if constexpr (N == 64) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_SS, "64", OCTET_WGMMA_R32, D32, "%32", "%33", "%34")
@@ -688,7 +708,9 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], const std::uint32_t (&a)[4],
     wgmma_check_types<N, FA, FB>();
 #if OCTET_DEVICE_PASS
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if constexpr (N == 128) {
+    if constexpr (N == 192) {
+        OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "192", OCTET_WGMMA_R96, D96, "{%96, %97, %98, %99}", "%100", "%101")
+    } else if constexpr (N == 128) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "128", OCTET_WGMMA_R64, D64, "{%64, %65, %66, %67}", "%68", "%69")
     } else if constexpr (N == 64) {
         OCTET_WGMMA_TYPES(OCTET_WGMMA_RS, "64", OCTET_WGMMA_R32, D32, "{%32, %33, %34, %35}", "%36", "%37")
@@ -706,8 +728,10 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], const std::uint32_t (&a)[4],
 #undef OCTET_WGMMA_TYPES
 #undef OCTET_WGMMA_RS
 #undef OCTET_WGMMA_SS
+#undef OCTET_WGMMA_R96
 #undef OCTET_WGMMA_R64
 #undef OCTET_WGMMA_R32
+#undef OCTET_WGMMA_D96
 #undef OCTET_WGMMA_D64
 #undef OCTET_WGMMA_D32
 #undef OCTET_WGMMA_R16

@@ -158,7 +158,7 @@ gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<R
     const device_epilogue<CT, DT> epi = make_device_epilogue<CT, DT>(C, D, opt);
     if constexpr (gemm_kernel_pair<RA, RB>::sm90) {
         if (backend == gemm_backend::sm90_wgmma && K > 0) {
-            const sm90_plan plan = sm90_choose_plan(M, N, K, opt);
+            const sm90_plan plan = sm90_choose_plan<RB>(M, N, K, opt);
             const stream_scratch partial(ex, plan.scratch_bytes(M, N));
             launch_sm90<RA, RB, CT, DT>(stream, A, B, epi, plan, partial.as<float>());
             return result;
@@ -250,7 +250,7 @@ std::size_t scaled_gemm_scratch_bytes(const stream_executor& ex, quantized_ref<R
     const gemm_backend backend = detail::choose_device_backend<RA, RB>(ex, a.cols(), opt);
     if (backend == gemm_backend::sm90_wgmma && a.cols() > 0)
         return detail::scratch_round(
-            detail::sm90_choose_plan(a.rows(), b.rows(), a.cols(), opt).scratch_bytes(a.rows(), b.rows()));
+            detail::sm90_choose_plan<RB>(a.rows(), b.rows(), a.cols(), opt).scratch_bytes(a.rows(), b.rows()));
     if (backend != gemm_backend::cublaslt) return 0;
     if constexpr (detail::cublaslt_maps_pair_v<RA, RB>)
         return detail::lt_scratch_for<RA, RB, D0>(a, b, opt).total();

@@ -114,9 +114,26 @@ inline const char* backend_name(gemm_backend b) {
     return "?";
 }
 
-/// Tile shape of the sm90_wgmma kernel. `automatic` takes 128 x 128 when that fills the GPU and
-/// 64 x 64 for small M (decode-like shapes) or few tiles.
-enum class gemm_tile { automatic, m128n128, m64n64 };
+/// Tile shape of the sm90_wgmma kernel. `automatic` takes 128 x 128 when that fills the GPU, 128 x
+/// 192 where 128 x 128 tiles would leave much of the last wave idle (fewer, larger tiles; only for a B
+/// whose scales are per tensor or in blocks of 128 rows or more, such as 128x128: per-row and 1x128
+/// B scales would take a register per column), and 64 x 64 for small M (decode-like shapes) or few
+/// tiles.
+enum class gemm_tile { automatic, m128n128, m64n64, m128n192 };
+
+inline const char* tile_name(gemm_tile t) {
+    switch (t) {
+        case gemm_tile::automatic:
+            return "automatic";
+        case gemm_tile::m128n128:
+            return "m128n128";
+        case gemm_tile::m64n64:
+            return "m64n64";
+        case gemm_tile::m128n192:
+            return "m128n192";
+    }
+    return "?";
+}
 
 struct gemm_options {
     float alpha = 1.0f;
@@ -200,13 +217,41 @@ std::string recipe_description() {
 
 namespace detail {
 
-inline std::size_t gcd_size(std::size_t a, std::size_t b) {
+constexpr std::size_t gcd_size(std::size_t a, std::size_t b) {
     while (b) {
         const std::size_t t = a % b;
         a = b;
         b = t;
     }
     return a;
+}
+
+/// How B's scales of one K block vary across the BN columns of a tile, from the rows of B's scale
+/// blocks (R: B's rows are D's columns) and BN:
+///   per_tile    one value (R spans whole tiles: per-tensor, or R a multiple of BN, as 128x128 at BN 128);
+///   two_blocks  at most two values, the tile's columns [0, split) in one block and [split, BN) in the
+///               next (R a multiple of 8 with BN <= R + gcd(R, BN): a tile starting at n0, a multiple of
+///               BN, has n0 % R <= R - gcd(R, BN), so it ends within the next block; split = R - n0 % R
+///               is a multiple of 8, so each 8-column group of the accumulator takes one value; DeepGEMM's
+///               handling of 128x128 blocks under a 192-wide tile);
+///   per_column  one value per column (per-row and 1x128 B), kept in BN / 4 registers per thread, so only
+///               for BN <= 128.
+enum class sm90_b_scales { per_tile, two_blocks, per_column };
+template <std::size_t R, int BN>
+constexpr sm90_b_scales sm90_b_scales_of() {
+    constexpr std::size_t n = static_cast<std::size_t>(BN);
+    if constexpr (R == full || R % n == 0) {
+        return sm90_b_scales::per_tile;
+    } else {
+        return R % 8 == 0 && n <= R + gcd_size(R, n) ? sm90_b_scales::two_blocks : sm90_b_scales::per_column;
+    }
+}
+/// The N of sm90_wgmma's wide tile (gemm_tile::m128n192), and whether it serves a B recipe (B's scales
+/// must not be per column).
+inline constexpr int sm90_wide_bn = 192;
+template <class RB>
+constexpr bool sm90_wide_serves() {
+    return sm90_b_scales_of<RB::granularity::rows, sm90_wide_bn>() != sm90_b_scales::per_column;
 }
 
 /// Segment length g = gcd of the promotion interval and both K-blocks, ignoring any that cover K.
@@ -252,6 +297,9 @@ std::string gemm_backend_support(gemm_backend backend, std::size_t K, const gemm
             if (!detail::boundaries_on(la.block_cols, 128, K) || !detail::boundaries_on(lb.block_cols, 128, K))
                 return "scale blocks along K must be multiples of 128 or span K (it promotes every 128)";
             if (!detail::boundaries_on(P, 128, K)) return "options.promotion_interval must be a multiple of 128";
+            if (opt.tile == gemm_tile::m128n192 && !detail::sm90_wide_serves<RB>())
+                return "options.tile m128n192 needs B's scales per tensor or in blocks of rows (128x128 and the "
+                       "like), not per row: use m128n128 or automatic";
             return "";
         case gemm_backend::cublaslt: {
             if (TA::nvfp4_like && TB::nvfp4_like) return "";  // dequantizing path (no FP4 tensor cores on Hopper)

@@ -6,23 +6,26 @@
 // (per-tensor, per-row, 1x128, 128x128, and any block whose K extent is a multiple of 128), with
 // promotion every 128. Requires 16-byte aligned operand rows (the padded layout of
 // quant_layout_of<R>::make); M, N and K are otherwise free: TMA zero-fills the ragged edges, so a
-// decode-like M = 1 reads no padding (the small-M tile is 64 x 64).
+// decode-like M = 1 reads no padding. Tiles (sm90_plan): 128 x 128; 128 x 192 (fewer tiles, for a last
+// wave that 128 x 128 leaves mostly idle); 64 x 64 for small M.
 //
 // Structure of one CTA (persistent: one CTA per SM walks the output tiles in groups of 8 tile-rows,
 // so that concurrently running tiles share A and B in L2):
 //   * warpgroup C (the last 128 threads) produces: it waits until a stage is free (empty mbarrier),
 //     one thread issues two TMA tile loads (A: BM x 128 bytes, B: BN x 128 bytes, 128-byte swizzle)
 //     that complete on the stage's full mbarrier, and the stage's scales arrive: A's (one per row) and
-//     B's (one per column, or one per tile when B's scale blocks cover the whole tile, as 128x128 and
-//     per-tensor do). Scales with one value per row, in 16-byte aligned columns (the 1x128 and per-row
-//     layouts of quant_layout_of), come by TMA too, on the same mbarrier; the others the 128 threads
+//     B's (sm90_b_scales: one per column; one per tile when B's scale blocks cover the whole tile, as
+//     128x128 and per-tensor do at BN 128; or the two blocks a 192-wide tile spans of 128x128).
+//     Scales with one value per row, in 16-byte aligned columns (the 1x128 and per-row layouts of
+//     quant_layout_of), come by TMA too, on the same mbarrier; the others the producer's threads
 //     write, each having fetched its scale of the stage a stage ahead (right after arriving on the
 //     previous one, so that the L2 round trip overlaps the wait for the free stage). Then the 128
 //     threads arrive on the full mbarrier. It gives away registers (setmaxnreg.dec 40).
 //   * warpgroups 0..C-1 consume (setmaxnreg.inc 232): each owns 64 rows of the tile, waits for a
 //     stage, reads its scales, issues 4 wgmma m64nBNk32 (K = 128) into the tensor-core accumulator
 //     `frag` (the first with scale-d = 0, which restarts it), waits for them, releases the stage
-//     (one arrival per warp), then promotes: acc += frag * (sA[row] * sB[col]).
+//     (one arrival per warp), then promotes: acc += frag * (sA[row] * sB[col]) (with two B blocks,
+//     each 8-column group of frag takes the scale of the block it lies in).
 //   * the epilogue forms alpha * acc + beta C + bias, rounded to D's type, while the producer already
 //     loads the next tile's first stages. For a row-major D with 16-byte aligned rows (and no split)
 //     each warpgroup stages its rows in shared memory, 128 bytes of columns at a time, and one thread
@@ -127,8 +130,9 @@ struct sm90_config {
     static constexpr bool reconfigure_registers = consumers == 2;
     static constexpr int producer_regs = 40, consumer_regs = 232;
 };
-using sm90_large = sm90_config<128, 128, 6>;  // 6 x 32 KB stages
-using sm90_small = sm90_config<64, 64, 8>;    // 8 x 16 KB stages, for small M and few tiles
+using sm90_large = sm90_config<128, 128, 6>;          // 6 x 32 KB stages
+using sm90_wide = sm90_config<128, sm90_wide_bn, 5>;  // 5 x 40 KB stages, for a last wave 128 x 128 leaves idle
+using sm90_small = sm90_config<64, 64, 8>;            // 8 x 16 KB stages, for small M and few tiles
 
 template <class CT, class DT>
 struct sm90_params {
@@ -159,6 +163,12 @@ template <class CT, class DT>
 OCTET_DEVICE sm90_k_range sm90_range(const sm90_params<CT, DT>& p, std::uint32_t r) {
     const std::uint32_t first = r * p.kb_per_split;
     return {first, min(p.num_kb, first + p.kb_per_split)};
+}
+
+/// two_blocks (sm90_b_scales): the tile column at which a tile starting at column n0 enters B's next
+/// scale block of `rows` rows (BN or more when it does not).
+OCTET_HD std::uint32_t sm90_b_split(std::uint32_t n0, std::uint32_t rows) {
+    return rows - n0 % rows;
 }
 
 /// Tile t of a grouped raster: groups of 8 tile-rows, N fastest within a group's column sweep.
@@ -229,7 +239,7 @@ OCTET_DEVICE void sm90_store_tile_tma(const CUtensorMap& tma_d, const device_epi
 /// bytes, 128-byte swizzle; sm90_store_tile_tma); otherwise each thread stores its elements from
 /// registers (device_epilogue::store2). A runtime choice, so that both epilogues share one
 /// instantiation (and one compile).
-template <class FA, class FB, class Cfg, bool kScalarB, class CT, class DT>
+template <class FA, class FB, class Cfg, sm90_b_scales kB, class CT, class DT>
 OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                      const __grid_constant__ CUtensorMap tma_sa, const __grid_constant__ CUtensorMap tma_sb,
@@ -266,7 +276,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         tma_prefetch_map(&tma_a);
         tma_prefetch_map(&tma_b);
         if (p.tma_scale_a) tma_prefetch_map(&tma_sa);
-        if (!kScalarB && p.tma_scale_b) tma_prefetch_map(&tma_sb);
+        if (kB == sm90_b_scales::per_column && p.tma_scale_b) tma_prefetch_map(&tma_sb);
         if (p.tma_store) tma_prefetch_map(&tma_d);
     }
     __syncthreads();
@@ -276,12 +286,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         // ---- producer warpgroup ----
         if constexpr (Cfg::reconfigure_registers) setmaxnreg_dec<Cfg::producer_regs>();
         const std::uint32_t ptid = tid - Cfg::consumers * 128;
-        static_assert(BM <= 128 && BN <= 128, "one A row and one B column of scales per producer thread");
-        // This thread's A scale (row ptid) and B scale (column ptid, or the tile's one) of one stage,
-        // where they do not come by TMA, fetched from global memory a stage ahead of their use, so that
-        // the L2 round trips overlap the wait for the next free stage instead of delaying the stage's
-        // arrival.
-        const bool tma_sb_used = !kScalarB && p.tma_scale_b;
+        static_assert(BM <= 128 && (kB != sm90_b_scales::per_column || BN <= 128),
+                      "one A row and one B column of scales per producer thread");
+        // This thread's A scale (row ptid) and B scale (column ptid; or the tile's one, thread 0; or
+        // the tile's two blocks, threads 0 and 1) of one stage, where they do not come by TMA, fetched
+        // from global memory a stage ahead of their use, so that the L2 round trips overlap the wait
+        // for the next free stage instead of delaying the stage's arrival.
+        const bool tma_sb_used = kB == sm90_b_scales::per_column && p.tma_scale_b;
         const std::uint32_t stage_tx =
             Cfg::a_stage_bytes + Cfg::b_stage_bytes + (p.tma_scale_a ? BM * 4u : 0u) + (tma_sb_used ? BN * 4u : 0u);
         struct stage_scales {
@@ -296,8 +307,12 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             stage_scales s;
             if (!p.tma_scale_a && ptid < static_cast<std::uint32_t>(BM) && row < p.M)
                 s.a = __ldg(p.sa + a_col + row / p.sa_br);
-            if constexpr (kScalarB) {
+            if constexpr (kB == sm90_b_scales::per_tile) {
                 if (ptid == 0) s.b = __ldg(p.sb + b_col + n0 / p.sb_br);
+            } else if constexpr (kB == sm90_b_scales::two_blocks) {
+                // thread 1: the block after the split, where the tile reaches it within N
+                const std::uint32_t at = ptid == 0 ? n0 : n0 + sm90_b_split(n0, p.sb_br);
+                if (ptid < 2u && (ptid == 0 || (at < n0 + BN && at < p.N))) s.b = __ldg(p.sb + b_col + at / p.sb_br);
             } else {
                 if (!tma_sb_used && ptid < static_cast<std::uint32_t>(BN) && n < p.N)
                     s.b = __ldg(p.sb + b_col + n / p.sb_br);
@@ -330,8 +345,10 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                                 static_cast<std::int32_t>(kb * BK / p.sb_bc), bar);
             }
             if (!p.tma_scale_a && ptid < static_cast<std::uint32_t>(BM)) sSA[stage * BM + ptid] = now.a;
-            if constexpr (kScalarB) {
+            if constexpr (kB == sm90_b_scales::per_tile) {
                 if (ptid == 0) sSB[stage * BN] = now.b;
+            } else if constexpr (kB == sm90_b_scales::two_blocks) {
+                if (ptid < 2u) sSB[stage * BN + ptid] = now.b;
             } else {
                 if (!tma_sb_used && ptid < static_cast<std::uint32_t>(BN)) sSB[stage * BN + ptid] = now.b;
             }
@@ -364,15 +381,22 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             std::uint32_t mb, nb;
             sm90_tile_coords(u % tiles, p.tiles_m, p.tiles_n, mb, nb);
             const sm90_k_range range = sm90_range(p, u / tiles);
+            // two_blocks: the first 8-column group of the tile in B's second scale block
+            const std::uint32_t split_group =
+                kB == sm90_b_scales::two_blocks ? sm90_b_split(nb * BN, p.sb_br) / 8u : 0u;
             OCTET_UNROLL
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
             for (std::uint32_t kb = range.first; kb < range.end; ++kb) {
                 mbar_wait(ptx::shared_address(full + stage), phase);
                 const float sa0 = sSA[stage * BM + wg * 64 + row_in_wg];
                 const float sa1 = sSA[stage * BM + wg * 64 + row_in_wg + 8];
-                float sb[kScalarB ? 1 : BN / 4];
-                if constexpr (kScalarB) {
+                float sb[kB == sm90_b_scales::per_tile ? 1 : kB == sm90_b_scales::two_blocks ? 2 : BN / 4];
+                if constexpr (kB == sm90_b_scales::per_tile) {
                     sb[0] = sSB[stage * BN];
+                } else if constexpr (kB == sm90_b_scales::two_blocks) {
+                    const float2 v = *shared_cast<const float2>(sSB + stage * BN);
+                    sb[0] = v.x;
+                    sb[1] = v.y;
                 } else {
                     OCTET_UNROLL
                     for (int j = 0; j < BN / 8; ++j) {
@@ -399,10 +423,21 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 __syncwarp();
                 if (lane == 0) mbar_arrive(ptx::shared_address(empty + stage));  // this warp is done with the stage
                 // promotion: acc += frag * (sA * sB)
-                if constexpr (kScalarB) {
+                if constexpr (kB == sm90_b_scales::per_tile) {
                     const float s0 = sa0 * sb[0], s1 = sa1 * sb[0];
                     OCTET_UNROLL
                     for (int j = 0; j < BN / 8; ++j) {
+                        acc[4 * j + 0] += frag[4 * j + 0] * s0;
+                        acc[4 * j + 1] += frag[4 * j + 1] * s0;
+                        acc[4 * j + 2] += frag[4 * j + 2] * s1;
+                        acc[4 * j + 3] += frag[4 * j + 3] * s1;
+                    }
+                } else if constexpr (kB == sm90_b_scales::two_blocks) {
+                    const float s00 = sa0 * sb[0], s10 = sa1 * sb[0], s01 = sa0 * sb[1], s11 = sa1 * sb[1];
+                    OCTET_UNROLL
+                    for (int j = 0; j < BN / 8; ++j) {
+                        const bool first = static_cast<std::uint32_t>(j) < split_group;
+                        const float s0 = first ? s00 : s01, s1 = first ? s10 : s11;
                         acc[4 * j + 0] += frag[4 * j + 0] * s0;
                         acc[4 * j + 1] += frag[4 * j + 1] * s0;
                         acc[4 * j + 2] += frag[4 * j + 2] * s1;
@@ -525,30 +560,38 @@ struct sm90_plan {
 };
 
 /// The plan for the requested tile and split (options.tile, options.split_k; 0 and automatic are
-/// chosen here) on a GPU with `sms` multiprocessors. Automatic choices minimize a model, not a
-/// measurement: time ~ waves of work units x the work of one unit, where a 64 x 64 tile does a quarter
-/// of a 128 x 128 tile's work at about 70% of its efficiency (less reuse of each byte loaded), a
-/// range does 1 / splits of its tile's, and a split costs 10% more for writing and summing the
-/// partial accs. An automatic split is only for outputs whose tiles leave SMs idle: it makes at most
-/// one wave of work units (a finer split would fill later waves better in the model, but every
-/// range adds M x N floats of partial sums to write and read), and keeps at least 4 K blocks per
-/// range, so that the 6-8 stage ring still fills.
-inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, gemm_tile tile, int split_k, int sms) {
+/// chosen here) on a GPU with `sms` multiprocessors; `wide_serves`: whether the 128 x 192 tile serves
+/// B's scales (sm90_wide_serves), else an automatic choice leaves it out. Automatic choices minimize a
+/// model, not a measurement: time ~ waves of work units x the work of one unit, where a 128 x 192
+/// tile does 1.5 times a 128 x 128 tile's work at the same efficiency, a 64 x 64 tile a quarter of it
+/// at about 70% (less reuse of each byte loaded), a range does 1 / splits of its tile's, and a split
+/// costs 10% more for writing and summing the partial accs. So the wide tile is taken where the
+/// last wave of 128 x 128 tiles would leave SMs idle that fewer, larger tiles fill (8192^3 on 132
+/// SMs: 32 waves of 4096 tiles, against 21 of 2752 at 1.5 times the work; the model's ties keep 128
+/// x 128). An automatic split is only for outputs whose tiles leave SMs idle: it makes at most one
+/// wave of work units (a finer split would fill later waves better in the model, but every range
+/// adds M x N floats of partial sums to write and read), and keeps at least 4 K blocks per range, so
+/// that the 5-8 stage ring still fills.
+inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, gemm_tile tile, int split_k, int sms,
+                                  bool wide_serves) {
     const std::size_t num_kb = std::max<std::size_t>((K + 127) / 128, 1);
     const std::size_t gpu = static_cast<std::size_t>(std::max(sms, 1));
     sm90_plan plan;
     double best = -1.0;
-    for (gemm_tile t : {gemm_tile::m128n128, gemm_tile::m64n64}) {
+    for (gemm_tile t : {gemm_tile::m128n128, gemm_tile::m128n192, gemm_tile::m64n64}) {
         if (tile != gemm_tile::automatic && t != tile) continue;
-        const bool small = t == gemm_tile::m64n64;
-        const std::size_t bm = small ? 64 : 128, tiles = ((M + bm - 1) / bm) * ((N + bm - 1) / bm);
+        if (tile == gemm_tile::automatic && t == gemm_tile::m128n192 && !wide_serves) continue;
+        const bool small = t == gemm_tile::m64n64, wide = t == gemm_tile::m128n192;
+        const std::size_t bm = small ? 64 : 128, bn = small ? 64 : wide ? 192 : 128;
+        const std::size_t tiles = ((M + bm - 1) / bm) * ((N + bn - 1) / bn);
+        const double work = small ? 1.0 / 0.7 : wide ? 6.0 : 4.0;  // in 64 x 64 tiles at full efficiency
         // An explicit split_k is taken as asked (at most one range per K block).
         const std::size_t most = split_k > 0
                                      ? std::min<std::size_t>(static_cast<std::size_t>(split_k), num_kb)
                                      : std::max<std::size_t>(std::min({num_kb / 4, std::size_t{16}, gpu / tiles}), 1);
         for (std::size_t s = split_k > 0 ? most : 1; s <= most; ++s) {
             const double waves = std::ceil(static_cast<double>(tiles * s) / static_cast<double>(gpu));
-            const double c = waves * (small ? 1.0 / 0.7 : 4.0) / static_cast<double>(s) * (s > 1 ? 1.1 : 1.0);
+            const double c = waves * work / static_cast<double>(s) * (s > 1 ? 1.1 : 1.0);
             if (best < 0 || c < best) {
                 best = c;
                 plan.tile = t;
@@ -562,9 +605,10 @@ inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, g
     return plan;
 }
 
-/// options' plan on the current GPU.
-inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, const gemm_options& opt) {
-    return sm90_choose_plan(M, N, K, opt.tile, opt.split_k, cuda::multiprocessor_count());
+/// options' plan on the current GPU for a B of recipe RB.
+template <class RB>
+sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, const gemm_options& opt) {
+    return sm90_choose_plan(M, N, K, opt.tile, opt.split_k, cuda::multiprocessor_count(), sm90_wide_serves<RB>());
 }
 
 /// The kernel's parameters for D = epilogue(A B^T) on tile configuration Cfg: shape, tile counts, scale
@@ -599,8 +643,7 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     using FA = typename RA::format;
     using FB = typename RB::format;
     // B's scale is one value per tile when its blocks span whole tiles along N (128x128, per-tensor).
-    constexpr std::size_t b_rows = RB::granularity::rows;
-    constexpr bool scalar_b = b_rows == full || (b_rows % static_cast<std::size_t>(Cfg::BN) == 0);
+    constexpr sm90_b_scales b_scales = sm90_b_scales_of<RB::granularity::rows, Cfg::BN>();
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     sm90_params<CT, DT> p = sm90_problem_params<Cfg>(A, B, epi);
     p.splits = plan.splits;
@@ -609,7 +652,7 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     const CUtensorMap ma = sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
     const CUtensorMap mb = sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
     p.tma_scale_a = sm90_scales_by_tma(A.scales, A.layout);
-    p.tma_scale_b = !scalar_b && sm90_scales_by_tma(B.scales, B.layout);
+    p.tma_scale_b = b_scales == sm90_b_scales::per_column && sm90_scales_by_tma(B.scales, B.layout);
     const CUtensorMap msa = p.tma_scale_a ? sm90_scale_map(A.scales, A.layout, Cfg::BM) : CUtensorMap{};
     const CUtensorMap msb = p.tma_scale_b ? sm90_scale_map(B.scales, B.layout, Cfg::BN) : CUtensorMap{};
 
@@ -621,7 +664,7 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
                                                                CU_TENSOR_MAP_SWIZZLE_128B, "octet::scaled_gemm")
                                        : CUtensorMap{};
 
-    auto kernel = sm90_gemm_kernel<FA, FB, Cfg, scalar_b, CT, DT>;
+    auto kernel = sm90_gemm_kernel<FA, FB, Cfg, b_scales, CT, DT>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
     if constexpr (Cfg::reconfigure_registers)
         cuda::require_register_split(kernel, Cfg::threads,
@@ -652,10 +695,18 @@ void launch_sm90(cudaStream_t stream, const quantized_cref<RA>& A, const quantiz
                   "has a dimension of 2^31 or more");
     OCTET_REQUIRE(plan.splits == 1 || partial != nullptr, "octet::scaled_gemm", "partial",
                   "is null but the plan splits K (pass plan.scratch_bytes(M, N) of device memory)");
-    if (plan.tile == gemm_tile::m64n64)
+    if (plan.tile == gemm_tile::m64n64) {
         launch_sm90_config<RA, RB, sm90_small>(stream, A, B, epi, plan, partial);
-    else
+    } else if (plan.tile == gemm_tile::m128n192) {
+        // gemm_backend_support refuses the wide tile for B's per-column scales, before any GPU work
+        if constexpr (sm90_wide_serves<RB>())
+            launch_sm90_config<RA, RB, sm90_wide>(stream, A, B, epi, plan, partial);
+        else
+            OCTET_REQUIRE(false, "octet::scaled_gemm", "options.tile",
+                          "is m128n192, which B's per-column scales do not allow (use m128n128 or automatic)");
+    } else {
         launch_sm90_config<RA, RB, sm90_large>(stream, A, B, epi, plan, partial);
+    }
 }
 
 }  // namespace detail
