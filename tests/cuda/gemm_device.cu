@@ -640,12 +640,19 @@ TEST_SUITE("cuda") {
         o.backend = gemm_backend::sm90_wgmma;
         o.tile = gemm_tile::m128n192;
         CHECK(gemm_backend_support<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::sm90_wgmma, 256, o)
-                  .find("options.tile m128n192 needs B's scales per tensor or in blocks of rows") != std::string::npos);
+                  .find("options.tile is m128n192, and the 128 x 192 tile needs B's scales per tensor or in blocks "
+                        "of rows") != std::string::npos);
         CHECK(
             gemm_backend_support<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, 256, o)
                 .empty());
         CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16), o),
-                             doctest::Contains("options.tile m128n192 needs B's scales"), octet::error);
+                             doctest::Contains("argument 'options.tile' is m128n192, and the 128 x 192 tile needs"),
+                             octet::error);
+        // ... also when the backend is automatic (which would otherwise pass the tile over for sm89_mma)
+        o.backend = gemm_backend::automatic;
+        CHECK_THROWS_WITH_AS(scaled_gemm(on_stream(), a.cref(), b.cref(), matrix_ref<float>(d.data(), 8, 16), o),
+                             doctest::Contains("argument 'options.tile' is m128n192, and the 128 x 192 tile needs"),
+                             octet::error);
     }
 
     TEST_CASE("stream overloads check their arguments before touching the GPU") {

@@ -136,6 +136,9 @@ gemm_result scaled_gemm_device(const stream_executor& ex, const quantized_cref<R
     OCTET_REQUIRE(opt.backend != gemm_backend::host, fn, "options.backend",
                   "is host but the executor is a stream; call scaled_gemm with octet::on_host() and host memory");
 
+    // before the backend is chosen: `automatic` would otherwise pass the tile over for another backend
+    OCTET_REQUIRE(opt.tile != gemm_tile::m128n192 || sm90_wide_serves<RB>(), fn, "options.tile",
+                  message("is m128n192", sm90_wide_refusal));
     const gemm_backend backend = choose_device_backend<RA, RB>(ex, K, opt);
     result.backend = backend;
     if (M == 0 || N == 0) return result;

@@ -253,6 +253,10 @@ template <class RB>
 constexpr bool sm90_wide_serves() {
     return sm90_b_scales_of<RB::granularity::rows, sm90_wide_bn>() != sm90_b_scales::per_column;
 }
+/// Why options.tile m128n192 cannot run a B whose scales are per column (after "options.tile is m128n192").
+inline constexpr const char* sm90_wide_refusal =
+    ", and the 128 x 192 tile needs B's scales per tensor or in blocks of rows (128x128 and the like), not per "
+    "row: use m128n128 or automatic";
 
 /// Segment length g = gcd of the promotion interval and both K-blocks, ignoring any that cover K.
 inline std::size_t gemm_segment(std::size_t promotion, std::size_t a_block_cols, std::size_t b_block_cols,
@@ -298,8 +302,7 @@ std::string gemm_backend_support(gemm_backend backend, std::size_t K, const gemm
                 return "scale blocks along K must be multiples of 128 or span K (it promotes every 128)";
             if (!detail::boundaries_on(P, 128, K)) return "options.promotion_interval must be a multiple of 128";
             if (opt.tile == gemm_tile::m128n192 && !detail::sm90_wide_serves<RB>())
-                return "options.tile m128n192 needs B's scales per tensor or in blocks of rows (128x128 and the "
-                       "like), not per row: use m128n128 or automatic";
+                return std::string("options.tile is m128n192") + detail::sm90_wide_refusal;
             return "";
         case gemm_backend::cublaslt: {
             if (TA::nvfp4_like && TB::nvfp4_like) return "";  // dequantizing path (no FP4 tensor cores on Hopper)

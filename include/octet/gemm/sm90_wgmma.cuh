@@ -151,7 +151,7 @@ struct sm90_params {
     bool tma_store = false;
     /// A's (B's) scales of a stage come by TMA (the kernel's tma_sa, tma_sb: the scale matrix as
     /// floats, boxes of BM (BN) rows x one K block); only for one scale per row (sa_br == 1). B's
-    /// scale of a kScalarB instantiation is always loaded by a thread.
+    /// scales of a per_tile or two_blocks instantiation (sm90_b_scales) are always loaded by threads.
     bool tma_scale_a = false, tma_scale_b = false;
 };
 
@@ -642,7 +642,7 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
                         const device_epilogue<CT, DT>& epi, const sm90_plan& plan, float* partial) {
     using FA = typename RA::format;
     using FB = typename RB::format;
-    // B's scale is one value per tile when its blocks span whole tiles along N (128x128, per-tensor).
+    // How B's scales vary across a tile of this configuration (per tile, two blocks or per column).
     constexpr sm90_b_scales b_scales = sm90_b_scales_of<RB::granularity::rows, Cfg::BN>();
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     sm90_params<CT, DT> p = sm90_problem_params<Cfg>(A, B, epi);
@@ -702,8 +702,7 @@ void launch_sm90(cudaStream_t stream, const quantized_cref<RA>& A, const quantiz
         if constexpr (sm90_wide_serves<RB>())
             launch_sm90_config<RA, RB, sm90_wide>(stream, A, B, epi, plan, partial);
         else
-            OCTET_REQUIRE(false, "octet::scaled_gemm", "options.tile",
-                          "is m128n192, which B's per-column scales do not allow (use m128n128 or automatic)");
+            OCTET_REQUIRE(false, "octet::scaled_gemm", "options.tile", message("is m128n192", sm90_wide_refusal));
     } else {
         launch_sm90_config<RA, RB, sm90_large>(stream, A, B, epi, plan, partial);
     }
