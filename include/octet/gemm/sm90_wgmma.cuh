@@ -582,7 +582,7 @@ inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, g
         if (tile != gemm_tile::automatic && t != tile) continue;
         if (tile == gemm_tile::automatic && t == gemm_tile::m128n192 && !wide_serves) continue;
         const bool small = t == gemm_tile::m64n64, wide = t == gemm_tile::m128n192;
-        const std::size_t bm = small ? 64 : 128, bn = small ? 64 : wide ? 192 : 128;
+        const std::size_t bm = small ? 64 : 128, bn = small ? 64 : wide ? sm90_wide_bn : 128;
         const std::size_t tiles = ((M + bm - 1) / bm) * ((N + bn - 1) / bn);
         const double work = small ? 1.0 / 0.7 : wide ? 6.0 : 4.0;  // in 64 x 64 tiles at full efficiency
         // An explicit split_k is taken as asked (at most one range per K block).
@@ -698,7 +698,8 @@ void launch_sm90(cudaStream_t stream, const quantized_cref<RA>& A, const quantiz
     if (plan.tile == gemm_tile::m64n64) {
         launch_sm90_config<RA, RB, sm90_small>(stream, A, B, epi, plan, partial);
     } else if (plan.tile == gemm_tile::m128n192) {
-        // gemm_backend_support refuses the wide tile for B's per-column scales, before any GPU work
+        // scaled_gemm_device has refused the wide tile for B's per-column scales already; this guards
+        // direct callers of the launcher
         if constexpr (sm90_wide_serves<RB>())
             launch_sm90_config<RA, RB, sm90_wide>(stream, A, B, epi, plan, partial);
         else
