@@ -60,6 +60,44 @@ inline int multiprocessor_count() {
     return count;
 }
 
+// (not `detail`: inside octet::cuda that name would hide octet::detail)
+namespace launch_detail {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+/// Runs `kernel` under the interpreter with launch shape `cfg` now, or at each launch of the graph
+/// when `stream` is being captured (interpret/runtime.hpp); the arguments are copied here, as a launch
+/// copies them, and the kernel gets the dynamic shared memory opt-in cudaFuncSetAttribute gave it.
+template <class... Params, class... Args>
+void interpret_launch(const char* name, void (*kernel)(Params...), const interpret::launch_config& cfg,
+                      cudaStream_t stream, Args&&... args) {
+    interpret::options opt;
+    opt.max_dynamic_shared = interpret::runtime::max_dynamic_shared(reinterpret_cast<const void*>(kernel));
+    OCTET_CUDA_CHECK(interpret::runtime::enqueue(
+        stream, [name, kernel, cfg, opt, params = std::make_tuple(std::forward<Args>(args)...)] {
+            std::apply([&](const auto&... a) { interpret::launch(name, cfg, opt, kernel, a...); }, params);
+            return cudaSuccess;
+        }));
+}
+#else
+/// cudaLaunchKernelEx's configuration for thread block clusters of `cluster` blocks (the attribute
+/// lives in `attr`, which must outlive the configuration's use).
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, dim3 cluster, std::size_t shared_bytes,
+                                                cudaStream_t stream, cudaLaunchAttribute& attr) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster.x;
+    attr.val.clusterDim.y = cluster.y;
+    attr.val.clusterDim.z = cluster.z;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    return config;
+}
+#endif
+}  // namespace launch_detail
+
 /// Launches kernel<<<grid, block, shared_bytes, stream>>>(args...); in interpret mode
 /// (OCTET_INTERPRET, octet/interpret/cuda.hpp) runs it under the interpreter instead, on the calling
 /// thread (or records it, when `stream` is being captured into a graph), with the dynamic shared memory opt-in
@@ -69,22 +107,53 @@ template <class... Params, class... Args>
 void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
             cudaStream_t stream, Args&&... args) {
 #if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-    // Runs now, or at each launch of the graph when `stream` is being captured (interpret/runtime.hpp);
-    // the arguments are copied here, as a launch copies them.
-    interpret::options opt;
-    opt.max_dynamic_shared = interpret::runtime::max_dynamic_shared(reinterpret_cast<const void*>(kernel));
     const interpret::launch_config cfg{{grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes};
-    OCTET_CUDA_CHECK(interpret::runtime::enqueue(
-        stream, [name, kernel, cfg, opt, params = std::make_tuple(std::forward<Args>(args)...)] {
-            std::apply([&](const auto&... a) { interpret::launch(name, cfg, opt, kernel, a...); }, params);
-            return cudaSuccess;
-        }));
+    launch_detail::interpret_launch(name, kernel, cfg, stream, std::forward<Args>(args)...);
 #else
     (void)name;
     // clang-format 14 splits this `>>>` into `> > >` (template closers), which nvcc rejects.
     // clang-format off
     kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
     // clang-format on
+#endif
+}
+
+/// launch() with thread block clusters of `cluster` blocks (cudaLaunchKernelEx with
+/// cudaLaunchAttributeClusterDimension; the grid a whole number of clusters); under the interpreter,
+/// interpret::launch_config::cluster.
+template <class... Params, class... Args>
+void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
+                    std::size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    interpret::launch_config cfg{{grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes};
+    cfg.cluster = {cluster.x, cluster.y, cluster.z};
+    launch_detail::interpret_launch(name, kernel, cfg, stream, std::forward<Args>(args)...);
+#else
+    (void)name;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config =
+        launch_detail::cluster_launch_config(grid, block, cluster, shared_bytes, stream, attr);
+    // an error is left for OCTET_CUDA_CHECK_LAUNCH, as after <<<...>>>
+    (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+#endif
+}
+
+/// How many clusters of `cluster_size` blocks (along x) of `kernel` can run at once on the current
+/// device (cudaOccupancyMaxActiveClusters: clusters are placed within GPCs, so this may be below
+/// multiprocessors / cluster_size), at least 1; the interpreter answers multiprocessors /
+/// cluster_size. The kernel's dynamic shared memory attribute must be set first.
+template <class... Params>
+int max_active_clusters(void (*kernel)(Params...), dim3 block, std::size_t shared_bytes, unsigned cluster_size) {
+#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
+    (void)kernel, (void)block, (void)shared_bytes;
+    return std::max(1, multiprocessor_count() / static_cast<int>(cluster_size));
+#else
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = launch_detail::cluster_launch_config(
+        dim3(cluster_size), block, dim3(cluster_size), shared_bytes, nullptr, attr);
+    int clusters = 0;
+    OCTET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    return std::max(clusters, 1);
 #endif
 }
 

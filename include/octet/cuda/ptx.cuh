@@ -313,6 +313,75 @@ OCTET_DEVICE void mbarrier_arrive_expect_tx(std::uint32_t bar, std::uint32_t byt
     interpret::model::mbarrier_arrive(bar, bytes, true);
 #endif
 }
+// ---- thread block clusters (sm_90) ------------------------------------------------------------------
+
+/// %cluster_ctarank: this CTA's rank in its cluster (0 without clusters).
+OCTET_DEVICE std::uint32_t cluster_ctarank() {
+#if OCTET_DEVICE_PASS
+    std::uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+#elif defined(OCTET_INTERPRET)
+    return interpret::model::cluster_ctarank();
+#else
+    return 0;
+#endif
+}
+/// %cluster_nctarank: the CTAs in this CTA's cluster (1 without clusters).
+OCTET_DEVICE std::uint32_t cluster_nctarank() {
+#if OCTET_DEVICE_PASS
+    std::uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+#elif defined(OCTET_INTERPRET)
+    return interpret::model::cluster_nctarank();
+#else
+    return 1;
+#endif
+}
+/// mapa.shared::cluster.u32: the shared::cluster address of shared::cta address `addr` in the CTA of
+/// cluster rank `rank` (for a remote mbarrier arrival).
+OCTET_DEVICE std::uint32_t mapa_shared(std::uint32_t addr, std::uint32_t rank) {
+#if OCTET_DEVICE_PASS
+    std::uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+#elif defined(OCTET_INTERPRET)
+    return interpret::model::mapa_shared(addr, rank);
+#else
+    (void)rank;
+    return addr;
+#endif
+}
+/// mbarrier.arrive.shared::cluster.b64: one arrival, with release semantics, on the mbarrier at
+/// shared::cluster address `bar` (mapa_shared: possibly another CTA's of the cluster).
+OCTET_DEVICE void mbarrier_arrive_cluster(std::uint32_t bar) {
+#if OCTET_DEVICE_PASS
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::mbarrier_arrive(bar, 0, false);
+#else
+    (void)bar;
+#endif
+}
+/// barrier.cluster.arrive.release: this thread's arrival at the cluster-wide barrier (every thread of
+/// every CTA of the cluster arrives, then waits), releasing its prior memory accesses.
+OCTET_DEVICE void barrier_cluster_arrive() {
+#if OCTET_DEVICE_PASS
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::barrier_cluster_arrive();
+#endif
+}
+/// barrier.cluster.wait.acquire: waits until every thread of the cluster has arrived.
+OCTET_DEVICE void barrier_cluster_wait() {
+#if OCTET_DEVICE_PASS
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::barrier_cluster_wait();
+#endif
+}
+
 /// mbarrier.try_wait.parity.shared::cta.b64: true when the phase of parity `parity` (the current
 /// phase's predecessor, if the current phase has the other parity) has completed; acquire semantics.
 /// The instruction may suspend the thread for a while before giving up; the model suspends it until
@@ -400,6 +469,24 @@ OCTET_DEVICE void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::in
     interpret::model::tma_load_2d(dst, map, inner, outer, bar);
 #else
     (void)dst, (void)map, (void)inner, (void)outer, (void)bar;
+#endif
+}
+/// The same with .multicast::cluster: the box lands at the same CTA-relative offset `dst` in every CTA
+/// of the cluster whose rank is set in `mask`, each completing the box's bytes on its own mbarrier at
+/// offset `bar`.
+OCTET_DEVICE void tma_load_2d_multicast(std::uint32_t dst, const CUtensorMap* map, std::int32_t inner,
+                                        std::int32_t outer, std::uint32_t bar, std::uint16_t mask) {
+#if OCTET_DEVICE_PASS
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+        "{%2, "
+        "%3}], [%4], %5;\n" ::"r"(dst),
+        "l"(reinterpret_cast<std::uint64_t>(map)), "r"(inner), "r"(outer), "r"(bar), "h"(mask)
+        : "memory");
+#elif defined(OCTET_INTERPRET)
+    interpret::model::tma_load_2d_multicast(dst, map, inner, outer, bar, mask);
+#else
+    (void)dst, (void)map, (void)inner, (void)outer, (void)bar, (void)mask;
 #endif
 }
 /// cp.async.bulk.tensor.2d.global.shared::cta.bulk_group: stores the box of `map` at element

@@ -10,6 +10,9 @@
 //   cooperatively in round-robin order of their linear thread id: a fiber runs until it waits (a
 //   barrier, a warp-synchronous instruction) or exits. Warps are groups of 32 consecutive linear ids
 //   (x fastest), as on the device. Kernel parameters are copied per thread, as a launch copies them.
+//   A launch with thread block clusters (launch_config::cluster) runs each cluster's blocks together,
+//   as one unit: their threads are scheduled as one group (block after block in rank order), each
+//   block has its own shared window, and a shared::cluster address (mapa) reaches another block's.
 //   Under AddressSanitizer every fiber switch is announced to it (__sanitizer_start/finish_switch_fiber:
 //   each fiber has its own stack bounds and fake stack) and a stack's shadow is cleared before it is
 //   reused, so ASan checks kernels' stack accesses without false reports; without ASan this compiles away.
@@ -39,6 +42,10 @@
 //     (cp.async.bulk.tensor) with maps from the interpret runtime's cuTensorMapEncodeTiled, and
 //     setmaxnreg's warpgroup-collective use, generic writes read by the async proxy (a model calls
 //     machine::async_proxy_read) without their writer's fence.proxy.async (async_proxy);
+//   - clusters (ptx_models.hpp): %cluster_ctarank, mapa, remote mbarrier arrivals, TMA multicast and
+//     barrier.cluster, whose accesses to another block's shared memory are checked as its own (one
+//     happens-before order over the cluster's threads); a rank or multicast mask outside the cluster,
+//     a signal to a block whose threads have all exited, a cluster wait without its arrival;
 //   - out-of-bounds global accesses past the end of a guarded_buffer (an inaccessible page after it:
 //     the fault becomes a report), and fiber stack overflows (the guard page below each stack).
 //   Other global memory is ordinary host memory: its accesses are not checked.
@@ -243,6 +250,10 @@ struct options {
 struct launch_config {
     dim3 grid, block;
     std::size_t dynamic_shared = 0;  ///< bytes, the <<<grid, block, bytes>>> argument
+    /// Blocks per thread block cluster (cudaLaunchAttributeClusterDimension); the grid is a whole
+    /// number of clusters. A cluster's blocks run together, as one unit of the launch, each with its
+    /// own shared window (their blocks need a multiple of 128 threads here).
+    dim3 cluster{1, 1, 1};
 };
 
 struct run_result {

@@ -351,6 +351,49 @@ inline bool mbarrier_try_wait_parity(std::uint32_t bar, std::uint32_t parity, co
     return detail::running("mbarrier.try_wait").mbar_wait(bar, parity, detail::site{file, line});
 }
 
+// ---- thread block clusters --------------------------------------------------------------------------
+// A cluster's CTAs run as one unit of the launch (launch_config::cluster), each with its own shared
+// window; shared::cta addresses are CTA-relative, and mapa turns one into a shared::cluster address of
+// another CTA's byte (the model tags the rank + 1 in bits 24.., beyond any CTA's window; an untagged
+// address is the running thread's CTA's, as the ISA has a shared::cta address be a valid
+// shared::cluster one). mbarrier operations (a remote arrival: mbarrier_arrive on such an address),
+// and TMA loads take either. Accesses to another CTA's window are checked as the CTA's own (races,
+// bounds, initialisation), with the cluster's threads in one happens-before order.
+
+/// %cluster_ctarank, %cluster_nctarank.
+inline std::uint32_t cluster_ctarank() {
+    const detail::machine& m = detail::running("%cluster_ctarank");
+    return m.cta_of(m.current->tid);
+}
+inline std::uint32_t cluster_nctarank() {
+    return detail::running("%cluster_nctarank").ctas;
+}
+/// mapa.shared::cluster.u32: the address of shared::cta address `addr` in the CTA of cluster rank `rank`.
+inline std::uint32_t mapa_shared(std::uint32_t addr, std::uint32_t rank, const char* file = __builtin_FILE(),
+                                 int line = __builtin_LINE()) {
+    detail::machine& m = detail::running("mapa");
+    const std::string what = std::string("mapa.shared::cluster at ") + file + ":" + std::to_string(line);
+    if (rank >= m.ctas)
+        m.emit(m.make(check::ptx_misuse, m.current->tid, "",
+                      what + ": rank " + std::to_string(rank) + ", but the cluster has " + std::to_string(m.ctas) +
+                          " CTAs"),
+               true);
+    if (addr >> detail::machine::cluster_address_shift)
+        m.emit(m.make(check::ptx_misuse, m.current->tid, detail::hex(addr),
+                      what + ": " + detail::hex(addr) + " is not a shared::cta address (mapa of a cluster address?)"),
+               true);
+    return detail::machine::cluster_address(addr, rank);
+}
+/// barrier.cluster.arrive (.release) and barrier.cluster.wait (.acquire): every thread of the cluster
+/// arrives, then waits for the phase; a thread arriving twice without a wait, or waiting without an
+/// arrival, is a barrier_misuse report.
+inline void barrier_cluster_arrive(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::running("barrier.cluster.arrive").cluster_arrive(detail::site{file, line});
+}
+inline void barrier_cluster_wait(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::running("barrier.cluster.wait").cluster_wait(detail::site{file, line});
+}
+
 // ---- cp.async.bulk.tensor (TMA), prefetch.tensormap -------------------------------------------------
 // The tensor maps themselves: octet/interpret/tensor_map.hpp.
 
@@ -403,38 +446,70 @@ inline tensor_map_desc checked_tensor_map(interpret::detail::machine& m, const C
     return d;
 }
 
+/// The load into the CTAs of cluster ranks `ctas` (a bit each), or with `ctas` 0 into the CTA `dst`
+/// names (a shared::cluster address: the running thread's CTA, or another's from mapa): the box at the
+/// same CTA-relative offset in each, and complete_tx on the mbarrier at `bar`'s offset in each.
+inline void tma_load_2d_into(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1,
+                             std::uint32_t bar, std::uint32_t ctas, const char* instruction, const char* file,
+                             int line) {
+    detail::machine& m = detail::running(instruction);
+    const detail::site at{file, line};
+    const std::string what = std::string(instruction) + " at " + detail::to_string(at);
+    const tensor_map_desc d = checked_tensor_map(m, map, dst, what);
+    const unsigned shift = detail::machine::cluster_address_shift;
+    const std::uint32_t named = dst >> shift;  // mapa's tag: the rank + 1, 0 for a shared::cta address
+    if (!ctas) ctas = 1u << (named ? named - 1 : m.cta_of(m.current->tid));
+    dst &= (1u << shift) - 1;
+    bar &= (1u << shift) - 1;
+    if (ctas >> m.ctas)
+        m.emit(m.make(check::ptx_misuse, m.current->tid, "",
+                      what + ": the destination CTAs (mask) " + detail::hex(ctas) +
+                          " names CTAs beyond the cluster's " + std::to_string(m.ctas)),
+               true);
+    for (unsigned rank = 0; rank < m.ctas; ++rank) {
+        if (!(ctas >> rank & 1u)) continue;
+        const std::uint32_t row_bytes = std::uint32_t{d.box[0]} * d.element_bytes, rows = d.box[1],
+                            bytes = row_bytes * rows;
+        std::uint8_t* const base = m.cta_window(rank);
+        std::uint8_t chunk[16];
+        for (std::uint32_t r = 0; r < rows; ++r) {
+            const long long y = static_cast<long long>(c1) + r;
+            for (std::uint32_t b = 0; b < row_bytes; b += 16) {
+                for (std::uint32_t i = 0; i < 16; i += d.element_bytes) {
+                    const long long x = static_cast<long long>(c0) + (b + i) / d.element_bytes;
+                    const bool inside = x >= 0 && y >= 0 && static_cast<unsigned long long>(x) < d.dims[0] &&
+                                        static_cast<unsigned long long>(y) < d.dims[1];
+                    if (inside)
+                        std::memcpy(chunk + i,
+                                    reinterpret_cast<const std::uint8_t*>(static_cast<std::uintptr_t>(
+                                        d.base + static_cast<std::uint64_t>(y) * d.strides[0] +
+                                        static_cast<std::uint64_t>(x) * d.element_bytes)),
+                                    d.element_bytes);
+                    else
+                        std::memset(chunk + i, 0, d.element_bytes);
+                }
+                const std::uint32_t off = dst + tma_swizzle(r * row_bytes + b, d.swizzle_bytes);
+                if (m.async_proxy_write(base + off, 16)) std::memcpy(base + off, chunk, 16);
+            }
+        }
+        m.mbar_complete_tx(detail::machine::cluster_address(bar, rank), bytes, "cp.async.bulk.tensor complete_tx", at);
+    }
+}
 inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::uint32_t bar,
                         const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    detail::machine& m = detail::running("cp.async.bulk.tensor");
-    const detail::site at{file, line};
-    const std::string what = "cp.async.bulk.tensor.2d at " + detail::to_string(at);
-    const tensor_map_desc d = checked_tensor_map(m, map, dst, what);
-    const std::uint32_t row_bytes = std::uint32_t{d.box[0]} * d.element_bytes, rows = d.box[1],
-                        bytes = row_bytes * rows;
-    std::size_t window = 0;
-    std::uint8_t* const base = detail::shared_window(&window);
-    std::uint8_t chunk[16];
-    for (std::uint32_t r = 0; r < rows; ++r) {
-        const long long y = static_cast<long long>(c1) + r;
-        for (std::uint32_t b = 0; b < row_bytes; b += 16) {
-            for (std::uint32_t i = 0; i < 16; i += d.element_bytes) {
-                const long long x = static_cast<long long>(c0) + (b + i) / d.element_bytes;
-                const bool inside = x >= 0 && y >= 0 && static_cast<unsigned long long>(x) < d.dims[0] &&
-                                    static_cast<unsigned long long>(y) < d.dims[1];
-                if (inside)
-                    std::memcpy(chunk + i,
-                                reinterpret_cast<const std::uint8_t*>(
-                                    static_cast<std::uintptr_t>(d.base + static_cast<std::uint64_t>(y) * d.strides[0] +
-                                                                static_cast<std::uint64_t>(x) * d.element_bytes)),
-                                d.element_bytes);
-                else
-                    std::memset(chunk + i, 0, d.element_bytes);
-            }
-            const std::uint32_t off = dst + tma_swizzle(r * row_bytes + b, d.swizzle_bytes);
-            if (m.async_proxy_write(base + off, 16)) std::memcpy(base + off, chunk, 16);
-        }
-    }
-    m.mbar_complete_tx(bar, bytes, "cp.async.bulk.tensor complete_tx", at);
+    tma_load_2d_into(dst, map, c0, c1, bar, 0u, "cp.async.bulk.tensor.2d", file, line);
+}
+/// .multicast::cluster: the box lands at `dst` in every CTA of cluster ranks `mask`, each completing
+/// its bytes on its own mbarrier at `bar` (PTX ISA, cp.async.bulk.tensor).
+inline void tma_load_2d_multicast(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1,
+                                  std::uint32_t bar, std::uint16_t mask, const char* file = __builtin_FILE(),
+                                  int line = __builtin_LINE()) {
+    if (mask == 0)
+        model_report(check::ptx_misuse, "",
+                     std::string("cp.async.bulk.tensor.2d.multicast::cluster at ") + file + ":" + std::to_string(line) +
+                         ": an empty multicast mask",
+                     true);
+    tma_load_2d_into(dst, map, c0, c1, bar, mask, "cp.async.bulk.tensor.2d.multicast::cluster", file, line);
 }
 // TMA stores (cp.async.bulk.tensor.2d.global.shared::cta.bulk_group) and their bulk groups. The model
 // is one execution the ISA allows: a store joins the thread's uncommitted bulk stores, commit_group
@@ -714,7 +789,7 @@ void wgmma_issue(float* d, const std::uint32_t* a_regs, std::uint64_t desc_a, st
     // this thread's share of the operands, read through the checks
     auto read16 = [&](std::uint32_t address, std::uint8_t* out) {
         interpret::detail::machine& m = interpret::detail::running(name);
-        const std::uint8_t* p = m.window + address;
+        const std::uint8_t* p = m.own_window() + address;
         if (m.async_proxy_read(p, 16, name, interpret::detail::site{file, line}))
             std::memcpy(out, p, 16);
         else

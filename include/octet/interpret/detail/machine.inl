@@ -276,9 +276,13 @@ struct fiber {
     bool started = false, done = false, ready = false, abort = false;
     std::vector<std::uint32_t> vc;  // vector clock over the block's threads
     std::exception_ptr error;
-    enum class wait { none, barrier, warp, mbarrier } waiting = wait::none;
+    enum class wait { none, barrier, warp, mbarrier, cluster } waiting = wait::none;
     unsigned bar_id = 0;
-    std::uint32_t mbar = 0, mbar_parity = 0;  // wait::mbarrier: its shared address and the awaited parity
+    std::size_t mbar = 0;           // wait::mbarrier: its offset in the cluster's window (machine::resolve)
+    std::uint32_t mbar_parity = 0;  // and the awaited parity
+    // barrier.cluster: the phase of the thread's last arrival, and whether its wait is still to come
+    std::uint64_t cluster_phase = 0;
+    bool cluster_arrived = false;
     site at;
     site last_sync;            // the barrier or warp collective this thread passed last (for reports)
     std::uintptr_t fault = 0;  // the address of a fault that ended this fiber
@@ -310,6 +314,15 @@ struct barrier_state {
 /// An mbarrier object (PTX ISA, mbarrier): the interpreter keeps its state beside the 8 shared bytes it
 /// occupies (which init writes and every other operation touches atomically, so plain accesses that
 /// race with it are reported).
+/// barrier.cluster: every thread of the cluster arrives (release), then waits (acquire) for the phase.
+struct cluster_barrier_state {
+    unsigned arrived = 0;
+    std::uint64_t phase = 0;
+    std::vector<std::uint32_t> vc, done_vc;  // the arrivals' release; the last completed phase's
+    std::vector<unsigned> waiters;
+    site first_at;  // the phase's first arrival (for reports)
+};
+
 struct mbarrier_state {
     std::uint32_t count = 0, pending = 0;   // expected arrivals per phase, arrivals still missing
     long long tx = 0;                       // transaction bytes expected minus completed, this phase
@@ -478,28 +491,36 @@ struct machine {
     options opt;
     run_result result;
     std::function<void()> body;
-    unsigned nthreads = 0;
-    dim3 block;
+    // A cluster of `ctas` blocks (launch_config::cluster; 1 without clusters) runs as one unit: thread
+    // tid is thread tid % cta_threads of CTA (cluster rank) tid / cta_threads.
+    unsigned nthreads = 0, cta_threads = 0, ctas = 1;
+    std::vector<dim3> blocks;         // blockIdx of each CTA of the running cluster
+    std::vector<unsigned> cta_exits;  // per CTA: its threads that returned from the kernel
     std::unique_ptr<fiber[]> fibers;
     context sched;
     fiber* current = nullptr;
     std::size_t page = 4096, stack_bytes = 0;
-    // The block's shared window: dynamic shared memory at offset 0, static variables after it.
+    // Each CTA's shared window, window_bytes apart: dynamic shared memory at offset 0, static variables
+    // after it (the same layout in every CTA). Shared addresses are CTA-relative, as on the device
+    // (a wgmma descriptor holds 18 bits of one); resolve() maps them, and mapa's cluster addresses,
+    // to offsets from `window`.
     std::uint8_t* window = nullptr;
     std::size_t window_bytes = 0, static_begin = 0, static_end = 0, touched_end = 0;
     std::vector<region> regions;  // [0]: the dynamic region
     std::unordered_map<const void*, int> static_regions;
-    std::vector<shadow> shadows;  // per byte of the window below touched_end (what a block can access)
+    // per byte of the windows below touched_end (what a block can access), indexed by offset from window
+    std::vector<shadow> shadows;
     // The unordered reads of each read-shared byte (shadow::readers), and the unused read sets.
     std::vector<std::vector<epoch>> read_sets;
     std::vector<std::uint32_t> free_read_sets;
-    barrier_state bars[16];
-    std::vector<std::vector<warp_op>> warp_ops;               // pending collectives per warp
-    std::unordered_map<std::uint32_t, mbarrier_state> mbars;  // by shared address
-    std::vector<std::vector<maxnreg_op>> maxnreg;             // per warpgroup, in program order
-    std::vector<unsigned> maxnreg_count;                      // per warp: setmaxnreg executed so far
-    std::vector<std::uint32_t> proxy_fenced;                  // per thread: its clock at its last fence.proxy.async
-    std::vector<warpgroup_op> warpgroup_ops;                  // the pending collective per warpgroup
+    std::vector<barrier_state> bars;                        // 16 per CTA
+    cluster_barrier_state cluster_bar;                      // barrier.cluster
+    std::vector<std::vector<warp_op>> warp_ops;             // pending collectives per warp
+    std::unordered_map<std::size_t, mbarrier_state> mbars;  // by offset from window (resolve)
+    std::vector<std::vector<maxnreg_op>> maxnreg;           // per warpgroup, in program order
+    std::vector<unsigned> maxnreg_count;                    // per warp: setmaxnreg executed so far
+    std::vector<std::uint32_t> proxy_fenced;                // per thread: its clock at its last fence.proxy.async
+    std::vector<warpgroup_op> warpgroup_ops;                // the pending collective per warpgroup
     bool block_aborted = false;
 
     machine(const char* name, const launch_config& c, const options& o) : kernel(name), cfg(c), opt(o) {}
@@ -510,22 +531,51 @@ struct machine {
         if (fibers)
             for (unsigned t = 0; t < nthreads; ++t)
                 if (fibers[t].mapping) pool.give(fibers[t].mapping, page + stack_bytes, true);
-        if (window) pool.give(window, window_bytes, false);
+        if (window) pool.give(window, window_bytes * ctas, false);
     }
 
+    /// threadIdx of thread tid (of any CTA of the cluster)
     dim3 coords(unsigned tid) const {
-        const unsigned bx = cfg.block.x, by = cfg.block.y;
-        return dim3(tid % bx, (tid / bx) % by, tid / (bx * by));
+        const unsigned bx = cfg.block.x, by = cfg.block.y, t = tid % cta_threads;
+        return dim3(t % bx, (t / bx) % by, t / (bx * by));
     }
+    unsigned cta_of(unsigned tid) const { return tid / cta_threads; }
+    std::uint8_t* cta_window(unsigned rank) const { return window + rank * window_bytes; }
+    /// The running thread's CTA's window.
+    std::uint8_t* own_window() const { return cta_window(cta_of(current->tid)); }
     std::string thread_name(unsigned tid) const {
         const dim3 c = coords(tid);
-        return "thread (" + std::to_string(c.x) + "," + std::to_string(c.y) + "," + std::to_string(c.z) + ")";
+        std::string s = "thread (" + std::to_string(c.x) + "," + std::to_string(c.y) + "," + std::to_string(c.z) + ")";
+        if (ctas > 1) s += " of cluster rank " + std::to_string(cta_of(tid));
+        return s;
+    }
+    /// The offset from `window` of shared address `addr`: a shared::cta address is the running thread's
+    /// CTA's; a shared::cluster address (mapa: cluster_address) names its CTA.
+    std::size_t resolve(std::uint32_t addr) {
+        const std::uint32_t tag = addr >> cluster_address_shift;
+        const unsigned rank = tag ? tag - 1 : cta_of(current->tid);
+        if (rank >= ctas)
+            emit(make(check::ptx_misuse, current->tid, hex(addr),
+                      "shared::cluster address " + hex(addr) + " names cluster rank " + std::to_string(rank) +
+                          ", but the cluster has " + std::to_string(ctas) + " CTAs"),
+                 true);
+        if (cta_exits[rank] == cta_threads)  // its shared memory is gone (a cluster barrier before exiting)
+            emit(make(check::ptx_misuse, current->tid, hex(addr),
+                      "shared::cluster address " + hex(addr) + " lies in the CTA of cluster rank " +
+                          std::to_string(rank) + ", whose threads have all exited"),
+                 true);
+        return rank * window_bytes + (addr & ((1u << cluster_address_shift) - 1));
+    }
+    /// mapa.shared::cluster: the cluster address of shared::cta address `addr` in the CTA of `rank`.
+    static constexpr unsigned cluster_address_shift = 24;
+    static std::uint32_t cluster_address(std::uint32_t addr, unsigned rank) {
+        return (rank + 1u) << cluster_address_shift | addr;
     }
     report make(check k, unsigned tid, std::string address, std::string detail) const {
         report r;
         r.kind = k;
         r.kernel = kernel;
-        r.block = block;
+        r.block = blocks[cta_of(tid)];
         r.thread = coords(tid);
         r.address = std::move(address);
         r.detail = std::move(detail);
@@ -570,16 +620,22 @@ struct machine {
         }
     }
 
-    void run_block(const dim3& b) {
-        block = b;
+    /// Runs the cluster of CTAs `b` (by cluster rank; one block without clusters).
+    void run_cluster(const std::vector<dim3>& b) {
+        blocks = b;
+        cta_exits.assign(ctas, 0);
         block_aborted = false;
-        std::fill(shadows.begin(), shadows.begin() + static_cast<std::ptrdiff_t>(touched_end), shadow{});
+        for (unsigned c = 0; c < ctas; ++c) {
+            const auto from = shadows.begin() + static_cast<std::ptrdiff_t>(c * window_bytes);
+            std::fill(from, from + static_cast<std::ptrdiff_t>(touched_end), shadow{});
+        }
         free_read_sets.clear();
         for (std::size_t i = read_sets.size(); i-- > 0;) {
             read_sets[i].clear();
             free_read_sets.push_back(static_cast<std::uint32_t>(i));
         }
         for (auto& B : bars) B.reset();
+        cluster_bar = cluster_barrier_state{};
         for (auto& w : warp_ops) w.clear();
         mbars.clear();
         maxnreg.assign((nthreads + 127) / 128, {});
@@ -599,6 +655,8 @@ struct machine {
             f.spins = 0;
             f.wgmma = wgmma_thread{};
             f.copies = async_copies{};
+            f.cluster_phase = 0;
+            f.cluster_arrived = false;
             f.vc.assign(nthreads, 0);
             f.vc[t] = 1;
             make_context(f.ctx, f.mapping + page, stack_bytes, fiber_entry);
@@ -665,19 +723,23 @@ struct machine {
     report diagnose() const {
         std::vector<unsigned> exited, blocked;
         for (unsigned t = 0; t < nthreads; ++t) (fibers[t].done ? exited : blocked).push_back(t);
-        const barrier_state& B0 = bars[0];
-        if (B0.arrived > 0 && B0.all) {
-            // the threads not at this __syncthreads exited or wait somewhere else
+        for (unsigned c = 0; c < ctas; ++c) {
+            const barrier_state& B0 = bars[16 * c];
+            if (B0.arrived == 0 || !B0.all) continue;
+            // the threads of the CTA not at this __syncthreads exited or wait somewhere else
             std::vector<bool> at_b0(nthreads, false);
             for (unsigned t : B0.arrivals) at_b0[t] = true;
+            std::vector<unsigned> cta_exited;
             std::string elsewhere;
-            for (unsigned t = 0; t < nthreads; ++t) {
+            for (unsigned t = c * cta_threads; t < (c + 1) * cta_threads; ++t) {
                 const fiber& g = fibers[t];
+                if (g.done) cta_exited.push_back(t);
                 if (at_b0[t] || g.done) continue;
                 if (!elsewhere.empty()) elsewhere += "; ";
                 elsewhere += thread_name(t) + " waits at " +
                              (g.waiting == fiber::wait::barrier    ? "bar.sync " + std::to_string(g.bar_id)
-                              : g.waiting == fiber::wait::mbarrier ? "mbarrier " + describe(g.mbar, -1)
+                              : g.waiting == fiber::wait::mbarrier ? "mbarrier " + describe_resolved(g.mbar)
+                              : g.waiting == fiber::wait::cluster  ? std::string("barrier.cluster.wait")
                                                                    : std::string("a warp collective")) +
                              " at " + to_string(g.at);
                 if (elsewhere.size() > 400) {
@@ -685,12 +747,14 @@ struct machine {
                     break;
                 }
             }
+            const std::vector<unsigned>& exited_here = ctas > 1 ? cta_exited : exited;
             return make(
                 check::divergent_barrier, B0.arrivals.front(), "",
                 "__syncthreads at " + to_string(B0.sites.front()) + " is waited on by threads " +
                     id_ranges(B0.arrivals) + ", but " +
-                    (exited.empty() ? std::string() : "threads " + id_ranges(exited) + " exited without reaching it") +
-                    (!exited.empty() && !elsewhere.empty() ? ", and " : "") + elsewhere);
+                    (exited_here.empty() ? std::string()
+                                         : "threads " + id_ranges(exited_here) + " exited without reaching it") +
+                    (!exited_here.empty() && !elsewhere.empty() ? ", and " : "") + elsewhere);
         }
         for (std::size_t w = 0; w < warp_ops.size(); ++w)
             for (const warp_op& op : warp_ops[w]) {
@@ -704,10 +768,12 @@ struct machine {
                                     id_ranges(gone) + ", which exited");
             }
         std::string d = "every live thread is blocked:";
-        for (unsigned id = 0; id < 16; ++id) {
-            const barrier_state& B = bars[id];
+        for (unsigned i = 0; i < bars.size(); ++i) {
+            const barrier_state& B = bars[i];
             if (B.arrived == 0) continue;
-            d += " bar.sync " + std::to_string(id) + ", " + std::to_string(B.expected) + " at " +
+            const unsigned id = i % 16;
+            d += " bar.sync " + std::to_string(id) + ", " + std::to_string(B.expected) +
+                 (ctas > 1 ? " of cluster rank " + std::to_string(i / 16) : std::string()) + " at " +
                  to_string(B.sites.front()) + ": " + std::to_string(B.arrived) + " of " + std::to_string(B.expected) +
                  " threads arrived (threads " + id_ranges(B.arrivals) + ");";
         }
@@ -720,14 +786,22 @@ struct machine {
         for (const auto& kv : mbars) {
             const mbarrier_state& M = kv.second;
             if (M.waiters.empty()) continue;
-            if (address.empty()) address = describe(kv.first, -1);
+            if (address.empty()) address = describe_resolved(kv.first);
             std::vector<unsigned> w = M.waiters;
             std::sort(w.begin(), w.end());
-            d += " mbarrier " + describe(kv.first, -1) + " (initialised at " + to_string(M.init_at) + " for " +
+            d += " mbarrier " + describe_resolved(kv.first) + " (initialised at " + to_string(M.init_at) + " for " +
                  std::to_string(M.count) + " arrivals) in phase " + std::to_string(M.phase) + " (parity " +
                  std::to_string(M.phase & 1) + "): " + std::to_string(M.pending) + " arrivals and " +
                  std::to_string(M.tx) + " transaction bytes missing; threads " + id_ranges(w) +
                  " wait for the phase of parity " + std::to_string(fibers[w.front()].mbar_parity) + " to complete;";
+        }
+        if (cluster_bar.arrived > 0 || !cluster_bar.waiters.empty()) {
+            std::vector<unsigned> arrived;
+            for (unsigned t = 0; t < nthreads; ++t)
+                if (fibers[t].cluster_arrived && fibers[t].cluster_phase == cluster_bar.phase) arrived.push_back(t);
+            d += " barrier.cluster (first arrival at " + to_string(cluster_bar.first_at) +
+                 "): " + std::to_string(cluster_bar.arrived) + " of the cluster's " + std::to_string(nthreads) +
+                 " threads arrived (threads " + id_ranges(arrived) + ");";
         }
         for (std::size_t g = 0; g < warpgroup_ops.size(); ++g)
             if (warpgroup_ops[g].active)
@@ -751,12 +825,12 @@ struct machine {
         if (id >= 16) emit(make(check::barrier_misuse, f.tid, "", what() + ": barrier ids are 0..15"), true);
         if (count % 32 != 0)
             emit(make(check::barrier_misuse, f.tid, "", what() + ": the thread count must be a multiple of 32"), true);
-        const unsigned expected = count == 0 ? nthreads : count;
-        if (expected > nthreads)
+        const unsigned expected = count == 0 ? cta_threads : count;
+        if (expected > cta_threads)
             emit(make(check::barrier_misuse, f.tid, "",
-                      what() + ": waits for more threads than the block's " + std::to_string(nthreads)),
+                      what() + ": waits for more threads than the block's " + std::to_string(cta_threads)),
                  true);
-        barrier_state& B = bars[id];
+        barrier_state& B = bars[16 * cta_of(f.tid) + id];
         if (B.arrived == 0) {
             B.reset();
             B.expected = expected;
@@ -802,6 +876,59 @@ struct machine {
         f.at = at;
         block_wait(f);
         return f.wvalue;
+    }
+
+    /// barrier.cluster.arrive (release): one arrival of the running thread at the cluster barrier's
+    /// phase, which completes when every thread of the cluster has arrived.
+    void cluster_arrive(site at) {
+        fiber& f = *current;
+        f.last_sync = at;
+        if (f.cluster_arrived)
+            emit(make(check::barrier_misuse, f.tid, "",
+                      "barrier.cluster.arrive at " + to_string(at) +
+                          ": the thread arrives again before its barrier.cluster.wait"),
+                 true);
+        cluster_barrier_state& C = cluster_bar;
+        if (C.arrived == 0) {
+            C.vc.assign(nthreads, 0);
+            C.first_at = at;
+        }
+        join(C.vc, f.vc);
+        ++f.vc[f.tid];  // this thread's later accesses are not covered by the release
+        f.cluster_arrived = true;
+        f.cluster_phase = C.phase;
+        if (++C.arrived < nthreads) return;
+        C.done_vc = C.vc;
+        ++C.phase;
+        C.arrived = 0;
+        for (unsigned w : C.waiters) {
+            fiber& g = fibers[w];
+            join(g.vc, C.done_vc);
+            g.cluster_arrived = false;
+            g.ready = true;
+            g.waiting = fiber::wait::none;
+        }
+        C.waiters.clear();
+    }
+    /// barrier.cluster.wait (acquire): waits for the phase of the running thread's last arrival.
+    void cluster_wait(site at) {
+        fiber& f = *current;
+        f.last_sync = at;
+        if (!f.cluster_arrived)
+            emit(make(check::barrier_misuse, f.tid, "",
+                      "barrier.cluster.wait at " + to_string(at) +
+                          ": the thread has not arrived (barrier.cluster.arrive) since its last wait"),
+                 true);
+        cluster_barrier_state& C = cluster_bar;
+        if (C.phase > f.cluster_phase) {  // completed: its release is the last completed phase's
+            join(f.vc, C.done_vc);
+            f.cluster_arrived = false;
+            return;
+        }
+        C.waiters.push_back(f.tid);
+        f.waiting = fiber::wait::cluster;
+        f.at = at;
+        block_wait(f);
     }
 
     // ---- warp collectives ------------------------------------------------------------------------
@@ -962,7 +1089,8 @@ struct machine {
     std::string mbar_what(const char* op, std::uint32_t addr, site at) const {
         return std::string(op) + " on mbarrier " + describe(addr, -1) + " at " + to_string(at);
     }
-    /// The mbarrier at addr, reporting (and stopping the block) when it is misaligned or not initialised.
+    /// The mbarrier at addr (a shared::cta address, or a shared::cluster one from mapa), reporting (and
+    /// stopping the block) when it is misaligned or not initialised.
     mbarrier_state& mbar_get(const char* op, std::uint32_t addr, site at) {
         fiber& f = *current;
         f.last_sync = at;
@@ -970,12 +1098,13 @@ struct machine {
             emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
                       mbar_what(op, addr, at) + ": an mbarrier is an 8-byte object and must be 8-byte aligned"),
                  true);
-        auto it = mbars.find(addr);
+        const std::size_t key = resolve(addr);
+        auto it = mbars.find(key);
         if (it == mbars.end())
             emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
                       mbar_what(op, addr, at) + ": no mbarrier.init of this block initialised it"),
                  true);
-        access(window + addr, 8, detail::access::atomic, -1);
+        access(window + key, 8, detail::access::atomic, -1);
         return it->second;
     }
     void mbar_init(std::uint32_t addr, std::uint32_t count, site at) {
@@ -991,11 +1120,12 @@ struct machine {
                           " is outside 1..2^20-1"),
                  true);
         // the init is a plain write of the object: arrivals and waits must be ordered after it
-        if (access(window + addr, 8, detail::access::write, -1)) {
+        const std::size_t key = resolve(addr);
+        if (access(window + key, 8, detail::access::write, -1)) {
             const std::uint64_t v = count;
-            std::memcpy(window + addr, &v, 8);
+            std::memcpy(window + key, &v, 8);
         }
-        mbarrier_state& M = mbars[addr];
+        mbarrier_state& M = mbars[key];
         if (!M.waiters.empty())
             emit(make(check::mbarrier_misuse, f.tid, describe(addr, -1),
                       mbar_what("mbarrier.init", addr, at) + ": threads wait on the mbarrier it re-initialises"),
@@ -1072,7 +1202,7 @@ struct machine {
         }
         M.waiters.push_back(f.tid);
         f.waiting = fiber::wait::mbarrier;
-        f.mbar = addr;
+        f.mbar = resolve(addr);
         f.mbar_parity = parity;
         f.at = at;
         block_wait(f);
@@ -1098,7 +1228,7 @@ struct machine {
         for (std::size_t i = 0; i < bytes; ++i) {
             const epoch& w = shadows[off + i].w;
             if (w.clock != 0 && !shadows[off + i].async_w && w.clock > proxy_fenced[w.tid]) {
-                emit(make(check::async_proxy, current->tid, describe(off + i, -1),
+                emit(make(check::async_proxy, current->tid, describe((off + i) % window_bytes, -1),
                           std::string(what) + " at " + to_string(at) + " reads through the async proxy a byte that " +
                               thread_name(w.tid) +
                               " wrote through the generic proxy without a fence.proxy.async after the write"),
@@ -1256,6 +1386,11 @@ struct machine {
                       ": their writes are not guaranteed (cp.async.wait_all before exiting completes them)"),
              false);
     }
+    /// An offset from `window` (resolve) as its CTA's shared address, naming the CTA in a cluster.
+    std::string describe_resolved(std::size_t at) const {
+        return describe(at % window_bytes, -1) +
+               (ctas > 1 ? " of cluster rank " + std::to_string(at / window_bytes) : std::string());
+    }
     std::string describe(std::size_t off, int r) const {
         if (r >= 0 && static_cast<std::size_t>(r) < regions.size())
             return regions[static_cast<std::size_t>(r)].name + "+" +
@@ -1280,14 +1415,16 @@ struct machine {
             it = static_regions.emplace(tag, static_cast<int>(regions.size() - 1)).first;
             static_end = end;
             touched_end = std::max(touched_end, end);
-            if (shadows.size() < touched_end) shadows.resize(touched_end);
+            if (shadows.size() < shadow_bytes()) shadows.resize(shadow_bytes());
             result.static_shared = static_end - static_begin;
         }
         *r = it->second;
-        return window + regions[static_cast<std::size_t>(it->second)].begin;
+        return own_window() + regions[static_cast<std::size_t>(it->second)].begin;
     }
 
     bool hb(const epoch& e, const fiber& f) const { return e.clock <= f.vc[e.tid]; }
+    /// Shadow state for every CTA's bytes below touched_end.
+    std::size_t shadow_bytes() const { return (ctas - 1) * window_bytes + touched_end; }
 
     bool access(const std::uint8_t* p, std::size_t bytes, detail::access kind, int r) {
         fiber& f = *current;
@@ -1295,10 +1432,19 @@ struct machine {
             return f.last_sync.line ? " (this thread's last barrier or warp collective: " + to_string(f.last_sync) + ")"
                                     : std::string(" (before this thread's first barrier)");
         };
-        const std::uintptr_t pu = reinterpret_cast<std::uintptr_t>(p), wu = reinterpret_cast<std::uintptr_t>(window);
+        // bounds from the window of the CTA p lies in (the running thread's when p is in none)
+        const std::uintptr_t pu = reinterpret_cast<std::uintptr_t>(p), all = reinterpret_cast<std::uintptr_t>(window);
+        const std::uintptr_t wu = pu >= all && pu < all + ctas * window_bytes
+                                      ? all + (pu - all) / window_bytes * window_bytes
+                                      : reinterpret_cast<std::uintptr_t>(own_window());
         const char* verb = kind == detail::access::read    ? "reads "
                            : kind == detail::access::write ? "writes "
                                                            : "atomically updates ";
+        // a report's address: in a cluster, with the CTA whose window it lies in
+        auto address_of = [&](std::size_t off, int region) {
+            return describe(off, region) +
+                   (ctas > 1 ? " of cluster rank " + std::to_string((wu - all) / window_bytes) : std::string());
+        };
         std::size_t lo = 0, hi = static_end;
         if (r >= 0 && static_cast<std::size_t>(r) < regions.size()) {
             lo = regions[static_cast<std::size_t>(r)].begin;
@@ -1311,7 +1457,7 @@ struct machine {
             if (r >= 0 && static_cast<std::size_t>(r) < regions.size())
                 where = "outside " + regions[static_cast<std::size_t>(r)].name + " (" +
                         std::to_string(regions[static_cast<std::size_t>(r)].size) + " bytes at shared " + hex(lo) + ")";
-            const std::string addr = in_window ? describe(off, -1) : "host " + hex(pu);
+            const std::string addr = in_window ? address_of(off, -1) : "host " + hex(pu);
             const long long rel = static_cast<long long>(pu) - static_cast<long long>(wu + lo);
             emit(make(check::out_of_bounds, f.tid, addr,
                       std::string(verb) + std::to_string(bytes) + " bytes at offset " + std::to_string(rel) + ", " +
@@ -1319,24 +1465,24 @@ struct machine {
                  false);
             return false;
         }
-        const std::size_t off = pu - wu;
+        const std::size_t off = pu - wu, at = pu - all;  // in the CTA's window; in shadows
         const epoch me{f.vc[f.tid], f.tid};
         bool reported = false;
         auto race = [&](const epoch& other, const char* what) {
             if (reported) return;
             reported = true;
-            emit(make(check::race, f.tid, describe(off, r),
+            emit(make(check::race, f.tid, address_of(off, r),
                       std::string(verb) + std::to_string(bytes) + " bytes that " + thread_name(other.tid) + " " + what +
                           " with no barrier between the two accesses" + context()),
                  false);
         };
         for (std::size_t i = 0; i < bytes; ++i) {
-            shadow& s = shadows[off + i];
+            shadow& s = shadows[at + i];
             if (kind != detail::access::write && opt.check_uninitialized && !s.init && !s.uninit_reported) {
                 s.uninit_reported = true;
                 if (i == 0 || !reported) {
                     reported = true;
-                    emit(make(check::uninitialized_read, f.tid, describe(off + i, r),
+                    emit(make(check::uninitialized_read, f.tid, address_of(off + i, r),
                               std::string(verb) + std::to_string(bytes) +
                                   " bytes of which this byte was never written by the block" + context()),
                          false);
@@ -1396,11 +1542,20 @@ struct machine {
 
     /// False (after raising or keeping a launch_config report) when the launch is not launchable.
     bool validate() {
-        const dim3 g = cfg.grid, b = cfg.block;
+        const dim3 g = cfg.grid, b = cfg.block, c = cfg.cluster;
         const device_model& dev = opt.device;
         std::string bad;
-        if (g.count() == 0 || b.count() == 0)
-            bad = "grid and block dimensions must be at least 1";
+        if (g.count() == 0 || b.count() == 0 || c.count() == 0)
+            bad = "grid, block and cluster dimensions must be at least 1";
+        else if (g.x % c.x != 0 || g.y % c.y != 0 || g.z % c.z != 0)
+            bad = "the grid (" + std::to_string(g.x) + ", " + std::to_string(g.y) + ", " + std::to_string(g.z) +
+                  ") is not a whole number of clusters (" + std::to_string(c.x) + ", " + std::to_string(c.y) + ", " +
+                  std::to_string(c.z) + ")";
+        else if (c.count() > 8)
+            bad = "a cluster of " + std::to_string(c.count()) + " blocks exceeds the portable size of 8";
+        else if (c.count() > 1 && b.count() % 128 != 0)
+            bad = "the interpreter runs clusters of blocks whose thread count is a multiple of 128 (this block has " +
+                  std::to_string(b.count()) + ")";
         else if (b.count() > dev.max_threads_per_block || b.z > dev.max_block_z)
             bad = "a block of " + std::to_string(b.count()) + " threads (z " + std::to_string(b.z) +
                   ") exceeds the device's " + std::to_string(dev.max_threads_per_block) + " threads (z at most " +
@@ -1431,19 +1586,22 @@ struct machine {
     void setup() {
         const dim3 b = cfg.block;
         const device_model& dev = opt.device;
-        nthreads = static_cast<unsigned>(b.count());
+        cta_threads = static_cast<unsigned>(b.count());
+        ctas = static_cast<unsigned>(cfg.cluster.count());
+        nthreads = cta_threads * ctas;
         page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
         stack_bytes = (std::max<std::size_t>(opt.stack_bytes, 64 * 1024) + page - 1) / page * page;
         window_bytes = (dev.shared_per_block_optin + 2048 + page - 1) / page * page;
         mapping_pool& pool = mappings();
-        window = pool.take(window_bytes, 0);  // page-aligned, hence 1024-aligned as swizzled tiles need
+        window = pool.take(window_bytes * ctas, 0);  // page-aligned, hence 1024-aligned as swizzled tiles need
         if (!window) throw octet::error("interpret: cannot map the shared window");
         regions.push_back(region{"dynamic shared", 0, cfg.dynamic_shared});
         static_begin = static_end = (cfg.dynamic_shared + 15) / 16 * 16;
         touched_end = static_end;
         // shadow state only for the bytes a block can access (the dynamic region; static variables
         // add theirs as they are declared), not for the whole window
-        shadows.assign(touched_end, shadow{});
+        shadows.assign(shadow_bytes(), shadow{});
+        bars.assign(16 * ctas, barrier_state{});
         fibers.reset(new fiber[nthreads]);
         for (unsigned t = 0; t < nthreads; ++t) {
             fibers[t].mapping = pool.take(page + stack_bytes, page);
@@ -1453,17 +1611,23 @@ struct machine {
         warpgroup_ops.assign((nthreads + 127) / 128, {});
     }
 
-    /// Runs the blocks first, first + stride, ... (linear index, x fastest) while keep_going(index).
+    /// Runs the clusters (blocks, without clusters) first, first + stride, ... (linear index in the grid
+    /// of clusters, x fastest) while keep_going(index).
     template <class KeepGoing>
     void run_blocks(unsigned long long first, unsigned long long stride, KeepGoing keep_going) {
-        const dim3 g = cfg.grid;
+        const dim3 c = cfg.cluster, g(cfg.grid.x / c.x, cfg.grid.y / c.y, cfg.grid.z / c.z);
         fault_scope faults;
         machine* const outer = tl_machine;
         tl_machine = this;
+        std::vector<dim3> cluster(ctas);
         try {
-            for (unsigned long long i = first; i < g.count() && keep_going(i); i += stride)
-                run_block(dim3(static_cast<unsigned>(i % g.x), static_cast<unsigned>(i / g.x % g.y),
-                               static_cast<unsigned>(i / g.x / g.y)));
+            for (unsigned long long i = first; i < g.count() && keep_going(i); i += stride) {
+                const unsigned x = static_cast<unsigned>(i % g.x), y = static_cast<unsigned>(i / g.x % g.y),
+                               z = static_cast<unsigned>(i / g.x / g.y);
+                for (unsigned r = 0; r < ctas; ++r)  // cluster rank r: x fastest within the cluster
+                    cluster[r] = dim3(x * c.x + r % c.x, y * c.y + r / c.x % c.y, z * c.z + r / c.x / c.y);
+                run_cluster(cluster);
+            }
         } catch (...) {
             tl_machine = outer;
             throw;
@@ -1503,26 +1667,25 @@ inline void on_fault(int sig, siginfo_t* info, void* uc) {
     exit_context(f.ctx, m->sched);  // never resumed: the fiber's stack is dropped, not unwound
 }
 
-/// The launch: blocks in order on this thread, or spread over opt.host_threads threads, each with
-/// its own machine. Reports are ordered by block; in raise mode the report (or exception) of the
-/// lowest failing block is thrown, after every lower block has run, so the outcome does not depend
-/// on the threads' timing.
+/// The launch: blocks (clusters, with launch_config::cluster) in order on this thread, or spread over
+/// opt.host_threads threads, each with its own machine. Reports are ordered by block; in raise mode the report (or
+/// exception) of the lowest failing block is thrown, after every lower block has run, so the outcome does not depend on
+/// the threads' timing.
 inline run_result run_launch(const char* name, const launch_config& cfg, const options& opt,
                              const std::function<void()>& body) {
     machine probe(name, cfg, opt);
     if (!probe.validate()) return std::move(probe.result);
-    const unsigned long long blocks = cfg.grid.count();
-    const unsigned workers =
-        static_cast<unsigned>(std::min<unsigned long long>(std::max(opt.host_threads, 1u), blocks));
+    const unsigned long long units = cfg.grid.count() / cfg.cluster.count();  // clusters (or blocks)
+    const unsigned workers = static_cast<unsigned>(std::min<unsigned long long>(std::max(opt.host_threads, 1u), units));
     if (workers == 1) {
         probe.body = body;
         probe.setup();
         probe.run_blocks(0, 1, [](unsigned long long) { return true; });
         return std::move(probe.result);
     }
-    std::atomic<unsigned long long> first_failed{blocks};
+    std::atomic<unsigned long long> first_failed{units};
     std::vector<std::exception_ptr> errors(workers);
-    std::vector<unsigned long long> failed_at(workers, blocks);
+    std::vector<unsigned long long> failed_at(workers, units);
     std::vector<run_result> results(workers);
     std::vector<std::thread> pool;
     for (unsigned w = 0; w < workers; ++w)
@@ -1582,6 +1745,7 @@ inline void fiber_entry() {
     try {
         m.body();
         m.check_exit(f);
+        ++m.cta_exits[m.cta_of(f.tid)];
     } catch (const fiber_abort&) {
     } catch (const block_abort&) {
         m.block_aborted = true;
@@ -1631,12 +1795,12 @@ inline std::uint8_t* static_shared_alloc(const void* tag, const char* name, std:
 inline std::uint8_t* dynamic_shared_base(int* region) {
     machine& m = running("extern __shared__");
     *region = 0;
-    return m.window;
+    return m.own_window();
 }
 inline std::uint8_t* shared_window(std::size_t* bytes) {
     machine& m = running("a shared address");
     *bytes = m.static_end;
-    return m.window;
+    return m.own_window();
 }
 
 }  // namespace detail
@@ -1687,7 +1851,8 @@ inline const dim3& thread_idx() {
     return detail::running("threadIdx").current->idx;
 }
 inline const dim3& block_idx() {
-    return detail::running("blockIdx").block;
+    const detail::machine& m = detail::running("blockIdx");
+    return m.blocks[m.cta_of(m.current->tid)];
 }
 inline const dim3& block_dim() {
     return detail::running("blockDim").cfg.block;
