@@ -154,7 +154,8 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
     try {
         auto describe = [&](const gemm_options& o) {
             const detail::sm90_plan plan = detail::sm90_choose_plan<RB>(M, N, K, o);
-            return std::string("tile ") + tile_name(plan.tile) + ", split-K " + std::to_string(plan.splits);
+            return std::string("tile ") + tile_name(plan.tile) + ", split-K " + std::to_string(plan.splits) +
+                   (plan.cluster > 1 ? ", pairs (B multicast)" : ", single CTAs");
         };
         auto time_with = [&](const gemm_options& o) {
             return time_graph(s, [&](cudaStream_t st) {
@@ -184,6 +185,12 @@ void run(const problem& pr, cudaStream_t s, cublasHandle_t blas, bool with_sm89)
             other.tile = plan.tile == gemm_tile::m128n192 ? gemm_tile::m128n128 : gemm_tile::m128n192;
             octet_bench::result(bench, "octet_sm90_other_tile_tflops", tflops(time_with(other)), "TFLOPS",
                                 describe(other));
+            // the plan's tile with the other cluster choice (pairs multicasting B, or single CTAs)
+            gemm_options other_cluster = o;
+            other_cluster.tile = plan.tile;
+            other_cluster.cluster = plan.cluster > 1 ? 1 : 2;
+            octet_bench::result(bench, "octet_sm90_other_cluster_tflops", tflops(time_with(other_cluster)), "TFLOPS",
+                                describe(other_cluster));
             scaled_gemm(on_stream(s), A, B, matrix_ref<bf16>(d_octet.data(), M, N), o);
         }
     } catch (const std::exception& e) {

@@ -245,7 +245,10 @@ const std::vector<shape> kShapes =
                              {{1, 136, 264}, {64, 136, 320}, {129, 257, 256}, {37, 140, 392}, {130, 129, 1024}});
 
 TEST_SUITE("gpu") {
-    TEST_CASE("sm90_wgmma against the host: every pair it serves, both tiles") {
+    // options.cluster is automatic unless set: pairs of CTAs multicasting B wherever D has two tile rows
+    // or more (the plan's ties go to pairs), so most cases below run in pairs; those with cluster 1 run
+    // single CTAs.
+    TEST_CASE("sm90_wgmma against the host: every pair it serves, every tile, single CTAs and pairs") {
         if (cuda::compute_capability() != 90 || !detail::sm90a_available()) {
             MESSAGE("skipped: needs an sm_90 GPU and sm_90a code");
             return;
@@ -266,8 +269,23 @@ TEST_SUITE("gpu") {
             gemm_backend::sm90_wgmma, "1x128 x 128x128 (128x192 tile)", kShapes, 128, 128, wide);
         backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(
             gemm_backend::sm90_wgmma, "tensor x tensor (128x192 tile)", {{100, 200, 300}}, 128, 128, wide);
+        gemm_options wide_single = wide, single;
+        wide_single.cluster = single.cluster = 1;
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
+            gemm_backend::sm90_wgmma, "1x128 x 128x128 (128x192 tile, single CTAs)", {{300, 257, 640}}, 128, 128,
+            wide_single);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
+            gemm_backend::sm90_wgmma, "1x128 x 128x128 (single CTAs)", {{129, 257, 640}, {37, 300, 1000}}, 128, 128,
+            single);
+        // pairs asked for where D has one tile row: the second CTA of each pair computes a tile below M
+        gemm_options pairs;
+        pairs.cluster = 2;
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(
+            gemm_backend::sm90_wgmma, "1x128 x 128x128 (pairs, one tile row)", {{1, 256, 512}, {100, 200, 300}}, 128,
+            128, pairs);
         gemm_options large;
         large.tile = gemm_tile::m128n128;
+        large.cluster = 1;
         backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(
             gemm_backend::sm90_wgmma, "1x128 x 1x128 (weight gradient)",
             pick<std::vector<shape>>({{130, 250, 384}, {1, 64, 256}, {512, 512, 1024}},
@@ -627,6 +645,31 @@ TEST_SUITE("cuda") {
             CHECK((m128.tile == gemm_tile::m128n128 && m128.splits == 2));
             const detail::sm90_plan m64 = detail::sm90_choose_plan(64, 7168, 7168, gemm_tile::automatic, 0, sms, wide);
             CHECK((m64.tile == gemm_tile::m64n64 && m64.splits == 1));
+        }
+        // Pairs of CTAs (options.cluster 0, automatic): 2048 pairs of 128 x 128 tiles of 8192^3 on 66 pairs of
+        // SMs are 31.03 waves (32), as many as 4096 single tiles on 132, and 1376 pairs of wide tiles 20.8 (21):
+        // pairs, wide. 7168^3: 1568 pairs, 23.8 waves as 3136 single tiles: pairs. M = 128 and 64 have one tile
+        // row: single CTAs. Asked for, pairs or single CTAs are taken as asked.
+        const auto plan_of = [&](std::size_t M, std::size_t N, std::size_t K, int cluster) {
+            return detail::sm90_choose_plan(M, N, K, gemm_tile::automatic, 0, sms, true, cluster);
+        };
+        CHECK((plan_of(8192, 8192, 8192, 0).tile == gemm_tile::m128n192 && plan_of(8192, 8192, 8192, 0).cluster == 2));
+        CHECK((plan_of(7168, 7168, 7168, 0).tile == gemm_tile::m128n128 && plan_of(7168, 7168, 7168, 0).cluster == 2));
+        CHECK((plan_of(128, 7168, 7168, 0).cluster == 1 && plan_of(128, 7168, 7168, 0).splits == 2));
+        CHECK(plan_of(64, 7168, 7168, 0).cluster == 1);
+        CHECK(plan_of(8192, 8192, 8192, 1).cluster == 1);
+        CHECK(plan_of(64, 7168, 7168, 2).cluster == 2);
+        // 3 tile rows x 100 tile columns: 200 pairs on 66 pairs of SMs are 4 waves, 300 tiles on 132 are 3
+        CHECK(plan_of(384, 100 * 128, 1024, 0).cluster == 1);
+        // options.cluster outside 0..2 is refused by name
+        {
+            quantized_tensor<recipes::blockwise_1x128> qa(8, 256), qb(16, 256);
+            std::vector<float> dd(8 * 16);
+            gemm_options bad;
+            bad.cluster = 4;
+            CHECK_THROWS_WITH_AS(
+                scaled_gemm(on_stream(), qa.cref(), qb.cref(), matrix_ref<float>(dd.data(), 8, 16), bad),
+                doctest::Contains("argument 'options.cluster' is 4"), octet::error);
         }
         // A negative split_k is refused by name, before any GPU work.
         quantized_tensor<recipes::blockwise_1x128> a(8, 256), b(16, 256);

@@ -1,6 +1,7 @@
 // The Hopper scaled GEMM kernel (octet/gemm/sm90_wgmma.cuh) launched by hand under the interpreter:
 // a TMA map without the swizzle its wgmma descriptors assume must give wrong results, and both ways of
-// bringing the scales (TMA, or loads by the producer threads) must give the host's bits. (The kernel
+// bringing the scales (TMA, or loads by the producer threads), the 128 x 192 tile's two B scale blocks,
+// and pairs of CTAs multicasting B must give the host's bits. (The kernel
 // itself runs under the interpreter in interpret.gemm_device, every recipe pair it serves against the
 // host backend, as on a GPU.)
 #include <doctest/doctest.h>
@@ -207,6 +208,75 @@ TEST_CASE("sm90_wgmma's 128 x 192 tile reads B's 128x128 scales of both blocks i
     CHECK(run(recipes::blockwise_128x128{}, 330, 2) == 0);
     CHECK(run(recipes::blockwise_128x128{}, 576, 3) == 0);  // splits at 128, 64, 128 (no ragged edge)
     CHECK(run(recipes::tensorwise_e4m3{}, 200, 2) == 0);
+}
+
+// Pairs of CTAs (clusters of two): each CTA loads A for its own tile and half of the pair's common B
+// tile, which TMA multicasts into both CTAs' stages; consumers release a stage in both CTAs. Ragged M
+// with an odd number of tile rows (the second CTA of the last pair computes a tile wholly below M,
+// which is not stored), several K blocks, and one cluster walking every pair of tiles (persistent), on
+// each tile configuration and each way B's scales vary across a tile: the host's bits. Then through
+// the launcher, with the TMA-store epilogue and with split-K.
+TEST_CASE("sm90_wgmma in clusters of two CTAs sharing B's tile by multicast gives the host's bits") {
+    using RA = recipes::blockwise_1x128;
+    const std::size_t K = 384;
+    auto g = octet_test::rng(17);
+    auto run = [&](auto config, auto b_recipe, std::size_t M, std::size_t N, std::uint32_t tiles_m) {
+        using Cfg = decltype(config);
+        using RB = decltype(b_recipe);
+        constexpr detail::sm90_b_scales mode = detail::sm90_b_scales_of<RB::granularity::rows, Cfg::BN>();
+        CAPTURE(Cfg::BN);
+        CAPTURE(M);
+        CAPTURE(N);
+        const auto ha = quantized<RA>(varied_blocks(g, M, K), M, K);
+        const auto hb = quantized<RB>(varied_blocks(g, N, K), N, K);
+        std::vector<float> hd(M * N);
+        scaled_gemm(on_host(), ha.cref(), hb.cref(), matrix_ref<float>(hd.data(), M, N));
+        const device_copy<RA> da(ha);
+        const device_copy<RB> db(hb);
+        const auto A = da.cref();
+        const auto B = db.cref();
+        cuda::device_buffer<float> dd(M * N);
+        auto kernel = detail::sm90_gemm_kernel<e4m3, e4m3, Cfg, mode, float, float>;
+        OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+        detail::sm90_params<float, float> p = params<RA, RB, Cfg>(A, B, dd.data());
+        REQUIRE(p.tiles_m == tiles_m);
+        p.cluster = 2;
+        dd.fill_bytes(0xFF);
+        cuda::launch_cluster("sm90_gemm_kernel", kernel, dim3(2), dim3(Cfg::threads), dim3(2), Cfg::smem_bytes, nullptr,
+                             detail::sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM),
+                             detail::sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN / 2), CUtensorMap{},
+                             CUtensorMap{}, CUtensorMap{}, p);
+        return differing(dd.download(), hd);
+    };
+    // tile rows (3: a ragged pair) x tile columns, and how B's scales vary across a tile
+    CHECK(run(detail::sm90_small{}, recipes::blockwise_1x128{}, 150, 72, 3) == 0);     // 3 x 2, per column
+    CHECK(run(detail::sm90_large{}, recipes::blockwise_128x128{}, 300, 200, 3) == 0);  // 3 x 2, per tile
+    CHECK(run(detail::sm90_wide{}, recipes::blockwise_128x128{}, 140, 330, 2) == 0);   // 2 x 2, two blocks
+    CHECK(run(detail::sm90_large{}, recipes::blockwise_1x128{}, 130, 130, 2) == 0);    // 2 x 2, per column
+
+    // the launcher: a grid of clusters, the TMA-store epilogue (D's rows 16-byte aligned), split-K
+    const std::size_t M = 200, N = 136;
+    const auto ha = quantized<RA>(varied_blocks(g, M, K), M, K);
+    const auto hb = quantized<recipes::blockwise_128x128>(varied_blocks(g, N, K), N, K);
+    std::vector<float> hd(M * N);
+    scaled_gemm(on_host(), ha.cref(), hb.cref(), matrix_ref<float>(hd.data(), M, N));
+    const device_copy<RA> da(ha);
+    const device_copy<recipes::blockwise_128x128> db(hb);
+    cuda::device_buffer<float> dd(M * N);
+    const auto epi =
+        detail::make_device_epilogue<float, float>(nullptr, matrix_ref<float>(dd.data(), M, N), gemm_options{});
+    for (std::uint32_t splits : {1u, 3u}) {
+        CAPTURE(splits);
+        detail::sm90_plan plan;
+        plan.tile = gemm_tile::m64n64;
+        plan.cluster = 2;
+        plan.splits = splits;
+        plan.kb_per_split = 3 / splits;
+        cuda::device_buffer<float> partial(std::max<std::size_t>(plan.scratch_bytes(M, N) / sizeof(float), 1));
+        dd.fill_bytes(0xFF);
+        detail::launch_sm90(nullptr, da.cref(), db.cref(), epi, plan, partial.data());
+        CHECK(differing(dd.download(), hd) == 0);
+    }
 }
 
 }  // namespace interpret_gemm_sm90_test

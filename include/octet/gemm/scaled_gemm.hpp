@@ -156,6 +156,12 @@ struct gemm_options {
     /// weight). 0: chosen with the tile (split only where the tiles leave most SMs idle and every
     /// range keeps at least 4 K blocks); 1: never; n: n ranges (at most one per K block).
     int split_k = 0;
+    /// sm90_wgmma only: CTAs per thread block cluster. With 2, a pair of CTAs computes two vertically
+    /// adjacent output tiles together, each loading half of their common B tile and multicasting it
+    /// to both (TMA .multicast::cluster), so B crosses from L2 once per pair. 0: chosen with the tile
+    /// (pairs where they take no more waves than single CTAs and D has at least two tile rows); 1:
+    /// never; 2: pairs.
+    int cluster = 0;
 };
 
 struct gemm_result {
@@ -459,6 +465,8 @@ void check_gemm_operands(const quantized_ref<RA, BA>& A, const quantized_ref<RB,
         message("is ", opt.promotion_interval, "; pass a positive number of K elements (128 is DeepSeek-V3's)"));
     OCTET_REQUIRE(opt.split_k >= 0, fn, "options.split_k",
                   message("is ", opt.split_k, "; pass 0 (chosen with the tile), 1 (no split) or a number of K ranges"));
+    OCTET_REQUIRE(opt.cluster >= 0 && opt.cluster <= 2, fn, "options.cluster",
+                  message("is ", opt.cluster, "; pass 0 (chosen with the tile), 1 (single CTAs) or 2 (pairs)"));
     OCTET_REQUIRE(
         opt.bias.empty() || opt.bias.size() == N, fn, "options.bias",
         message("has ", opt.bias.size(), " entries but D has N = ", N, " columns; pass one per output column or none"));

@@ -35,6 +35,14 @@
 // a wait that lasts about 17 s of clock traps the kernel instead of hanging the GPU); by default a
 // wait spins until its phase completes, as a legitimate wait on a busy GPU may take long.
 //
+// Clusters (sm90_plan::cluster 2): the CTAs run in pairs (a thread block cluster) that take the two
+// vertically adjacent tiles of one tile column together. Each CTA's producer loads A for its own tile
+// and half of their common B tile, which TMA multicasts into both CTAs' stages (each full mbarrier
+// expects all of B's bytes); a consumer warp releases a stage on the empty mbarriers of both CTAs (a
+// remote arrival through mapa), since the stage of either is written by both producers. So each B
+// tile crosses from L2 once per pair instead of once per tile. A cluster barrier orders the mbarrier
+// initialisation before the first remote signal, and the last signals before either CTA exits.
+//
 // Split-K (sm90_plan): the CTAs walk work units, one output tile over one range of whole K blocks;
 // with more than one range, each unit writes its float acc to scratch instead of D, and
 // sm90_split_k_sum_kernel adds the ranges in order and applies the epilogue. Deterministic: no
@@ -153,6 +161,10 @@ struct sm90_params {
     /// floats, boxes of BM (BN) rows x one K block); only for one scale per row (sa_br == 1). B's
     /// scales of a per_tile or two_blocks instantiation (sm90_b_scales) are always loaded by threads.
     bool tma_scale_a = false, tma_scale_b = false;
+    /// CTAs per thread block cluster (1, or 2 with a cluster launch): a cluster's CTAs compute the
+    /// vertically adjacent tiles (tile rows cluster * g + rank) of one tile column, and each loads
+    /// BN / cluster rows of their common B tile (tma_b's box) and multicasts them to all.
+    std::uint32_t cluster = 1;
 };
 
 /// The K blocks [first, end) of split-K range r.
@@ -171,7 +183,7 @@ OCTET_HD std::uint32_t sm90_b_split(std::uint32_t n0, std::uint32_t rows) {
     return rows - n0 % rows;
 }
 
-/// Tile t of a grouped raster: groups of 8 tile-rows, N fastest within a group's column sweep.
+/// Tile t of a grouped raster: groups of 8 tile-rows, M fastest within a group's column sweep.
 OCTET_DEVICE void sm90_tile_coords(std::uint32_t t, std::uint32_t tiles_m, std::uint32_t tiles_n, std::uint32_t& mb,
                                    std::uint32_t& nb) {
     constexpr std::uint32_t G = 8;
@@ -265,10 +277,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
 
     const std::uint32_t tid = threadIdx.x;
     const std::uint32_t wg = tid / 128;
+    // With a cluster of cl CTAs each stage's B tile is filled by all of them (multicast), so a stage
+    // is free only when the consumers of every CTA of the cluster have released it.
+    const std::uint32_t cl = p.cluster, rank = cl > 1 ? ptx::cluster_ctarank() : 0u;
     if (tid == 0) {
         for (int s = 0; s < S; ++s) {
-            mbar_init(ptx::shared_address(full + s), 128);                  // every producer thread arrives
-            mbar_init(ptx::shared_address(empty + s), Cfg::consumers * 4);  // one arrival per consumer warp
+            mbar_init(ptx::shared_address(full + s), 128);                       // every producer thread arrives
+            mbar_init(ptx::shared_address(empty + s), Cfg::consumers * 4 * cl);  // one per consumer warp
         }
         mbar_fence_init();
     }
@@ -280,8 +295,21 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         if (p.tma_store) tma_prefetch_map(&tma_d);
     }
     __syncthreads();
+    if (cl > 1) {  // the cluster's mbarriers are initialised before any CTA signals another's
+        ptx::barrier_cluster_arrive();
+        ptx::barrier_cluster_wait();
+    }
 
-    const std::uint32_t tiles = p.tiles_m * p.tiles_n, units = tiles * p.splits;
+    // Work unit u: tile group u % tiles (cl tile rows of one tile column) over split-K range u / tiles.
+    // A cluster walks its units together, from its index on, by the number of clusters.
+    const std::uint32_t groups_m = (p.tiles_m + cl - 1) / cl, tiles = groups_m * p.tiles_n, units = tiles * p.splits;
+    const std::uint32_t first_unit = blockIdx.x / cl, unit_stride = gridDim.x / cl;
+    // This CTA's tile of unit u (tile rows from p.tiles_m on, in a ragged last group, lie below M: TMA
+    // zero-fills their A, and their results are not stored).
+    auto tile_of = [&](std::uint32_t u, std::uint32_t& mb, std::uint32_t& nb) {
+        sm90_tile_coords(u % tiles, groups_m, p.tiles_n, mb, nb);
+        mb = mb * cl + rank;
+    };
     if (wg == Cfg::consumers) {
         // ---- producer warpgroup ----
         if constexpr (Cfg::reconfigure_registers) setmaxnreg_dec<Cfg::producer_regs>();
@@ -300,7 +328,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         };
         auto fetch = [&](std::uint32_t u, std::uint32_t kb) {
             std::uint32_t mb, nb;
-            sm90_tile_coords(u % tiles, p.tiles_m, p.tiles_n, mb, nb);
+            tile_of(u, mb, nb);
             const std::uint32_t row = mb * BM + ptid, n0 = nb * BN, n = n0 + ptid;
             const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld;
             const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld;
@@ -320,13 +348,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             return s;
         };
         std::uint32_t stage = 0, phase = 0;
-        std::uint32_t u = blockIdx.x;
+        std::uint32_t u = first_unit;
         sm90_k_range range = sm90_range(p, u / tiles);
         std::uint32_t kb = range.first;
         stage_scales next = u < units ? fetch(u, kb) : stage_scales{};
         while (u < units) {
             std::uint32_t mb, nb;
-            sm90_tile_coords(u % tiles, p.tiles_m, p.tiles_n, mb, nb);
+            tile_of(u, mb, nb);
             const std::uint32_t m0 = mb * BM, n0 = nb * BN;
             const stage_scales now = next;
             mbar_wait(ptx::shared_address(empty + stage), phase ^ 1u);
@@ -334,8 +362,16 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             if (ptid == 0) {
                 tma_load_2d(ptx::shared_address(sA + stage * Cfg::a_stage_bytes), &tma_a,
                             static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(m0), bar);
-                tma_load_2d(ptx::shared_address(sB + stage * Cfg::b_stage_bytes), &tma_b,
-                            static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
+                if (cl > 1) {  // this CTA's share of the B tile, into every CTA of the cluster
+                    const std::uint32_t rows = BN / cl;
+                    ptx::tma_load_2d_multicast(ptx::shared_address(sB + stage * Cfg::b_stage_bytes + rank * rows * BK),
+                                               &tma_b, static_cast<std::int32_t>(kb * BK),
+                                               static_cast<std::int32_t>(n0 + rank * rows), bar,
+                                               static_cast<std::uint16_t>((1u << cl) - 1u));
+                } else {
+                    tma_load_2d(ptx::shared_address(sB + stage * Cfg::b_stage_bytes), &tma_b,
+                                static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(n0), bar);
+                }
                 // the scale columns of K block kb: rows m0.. (n0..), zero past M (N)
                 if (p.tma_scale_a)
                     tma_load_2d(ptx::shared_address(sSA + stage * BM), &tma_sa, static_cast<std::int32_t>(m0),
@@ -357,7 +393,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             else
                 mbar_arrive(bar);
             if (++kb >= range.end) {
-                u += gridDim.x;
+                u += unit_stride;
                 range = sm90_range(p, u / tiles);
                 kb = range.first;
             }
@@ -377,9 +413,9 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         OCTET_UNROLL
         for (int i = 0; i < BN / 2; ++i) frag[i] = 0.0f;
         std::uint32_t stage = 0, phase = 0;
-        for (std::uint32_t u = blockIdx.x; u < units; u += gridDim.x) {
+        for (std::uint32_t u = first_unit; u < units; u += unit_stride) {
             std::uint32_t mb, nb;
-            sm90_tile_coords(u % tiles, p.tiles_m, p.tiles_n, mb, nb);
+            tile_of(u, mb, nb);
             const sm90_k_range range = sm90_range(p, u / tiles);
             // two_blocks: the first 8-column group of the tile in B's second scale block
             const std::uint32_t split_group =
@@ -421,7 +457,14 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 OCTET_UNROLL
                 for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
                 __syncwarp();
-                if (lane == 0) mbar_arrive(ptx::shared_address(empty + stage));  // this warp is done with the stage
+                if (lane == 0) {  // this warp is done with the stage, in every CTA of the cluster
+                    const std::uint32_t e = ptx::shared_address(empty + stage);
+                    if (cl > 1) {
+                        for (std::uint32_t r = 0; r < cl; ++r) ptx::mbarrier_arrive_cluster(ptx::mapa_shared(e, r));
+                    } else {
+                        mbar_arrive(e);
+                    }
+                }
                 // promotion: acc += frag * (sA * sB)
                 if constexpr (kB == sm90_b_scales::per_tile) {
                     const float s0 = sa0 * sb[0], s1 = sa1 * sb[0];
@@ -493,6 +536,10 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         // the last tile's stores must have read their staging before the CTA's shared memory goes
         if (p.tma_store && tid % 128 == 0) ptx::bulk_wait_group_read<0>();
     }
+    if (cl > 1) {  // no CTA leaves while another may still signal its mbarriers
+        ptx::barrier_cluster_arrive();
+        ptx::barrier_cluster_wait();
+    }
 #endif
 }
 
@@ -548,9 +595,10 @@ inline CUtensorMap sm90_scale_map(const void* scales, const quant_layout& l, std
                                   l.scale_ld * sizeof(float), box_rows, 1u, "octet::scaled_gemm");
 }
 
-/// The sm90 kernel's tile and split-K ranges for an M x N x K problem.
+/// The sm90 kernel's tile, cluster and split-K ranges for an M x N x K problem.
 struct sm90_plan {
     gemm_tile tile = gemm_tile::m128n128;
+    std::uint32_t cluster = 1;       ///< CTAs per cluster: 2 multicasts each B tile to a pair of tiles
     std::uint32_t splits = 1;        ///< K ranges (1: no split-K)
     std::uint32_t kb_per_split = 0;  ///< 128-element K blocks per range (the last may have fewer)
     /// Device scratch the split needs: the ranges' float accs (0 without a split).
@@ -559,21 +607,22 @@ struct sm90_plan {
     }
 };
 
-/// The plan for the requested tile and split (options.tile, options.split_k; 0 and automatic are
-/// chosen here) on a GPU with `sms` multiprocessors; `wide_serves`: whether the 128 x 192 tile serves
-/// B's scales (sm90_wide_serves), else an automatic choice leaves it out. Automatic choices minimize a
-/// model, not a measurement: time ~ waves of work units x the work of one unit, where a 128 x 192
-/// tile does 1.5 times a 128 x 128 tile's work at the same efficiency, a 64 x 64 tile a quarter of it
-/// at about 70% (less reuse of each byte loaded), a range does 1 / splits of its tile's, and a split
-/// costs 10% more for writing and summing the partial accs. So the wide tile is taken where the
-/// last wave of 128 x 128 tiles would leave SMs idle that fewer, larger tiles fill (8192^3 on 132
-/// SMs: 32 waves of 4096 tiles, against 21 of 2752 at 1.5 times the work; the model's ties keep 128
-/// x 128). An automatic split is only for outputs whose tiles leave SMs idle: it makes at most one
-/// wave of work units (a finer split would fill later waves better in the model, but every range
-/// adds M x N floats of partial sums to write and read), and keeps at least 4 K blocks per range, so
-/// that the 5-8 stage ring still fills.
+/// The plan for the requested tile, cluster and split (options.tile, options.cluster, options.split_k;
+/// 0 and automatic are chosen here) on a GPU with `sms` multiprocessors; `wide_serves`: whether the 128 x 192 tile
+/// serves B's scales (sm90_wide_serves), else an automatic choice leaves it out. Automatic choices minimize a model,
+/// not a measurement: time ~ waves of work units x the work of one unit, where a 128 x 192 tile does 1.5 times a 128 x
+/// 128 tile's work at the same efficiency, a 64 x 64 tile a quarter of it at about 70% (less reuse of each byte
+/// loaded), a range does 1 / splits of its tile's, and a split costs 10% more for writing and summing the partial accs.
+/// So the wide tile is taken where the last wave of 128 x 128 tiles would leave SMs idle that fewer, larger tiles fill
+/// (8192^3 on 132 SMs: 32 waves of 4096 tiles, against 21 of 2752 at 1.5 times the work; the model's ties keep 128 x
+/// 128). An automatic split is only for outputs whose tiles leave SMs idle: it makes at most one wave of work units (a
+/// finer split would fill later waves better in the model, but every range adds M x N floats of partial sums to write
+/// and read), and keeps at least 4 K blocks per range, so that the 5-8 stage ring still fills. Pairs of CTAs (cluster
+/// 2) run one unit of two tiles per pair, sms / 2 at a time; the model counts no gain for them (half of B's loads from
+/// L2: the data is reused, the time to move it is not modelled), so an automatic choice takes them where they cost no
+/// more waves and the output has at least two tile rows to pair.
 inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, gemm_tile tile, int split_k, int sms,
-                                  bool wide_serves) {
+                                  bool wide_serves, int cluster = 1) {
     const std::size_t num_kb = std::max<std::size_t>((K + 127) / 128, 1);
     const std::size_t gpu = static_cast<std::size_t>(std::max(sms, 1));
     sm90_plan plan;
@@ -583,21 +632,27 @@ inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, g
         if (tile == gemm_tile::automatic && t == gemm_tile::m128n192 && !wide_serves) continue;
         const bool small = t == gemm_tile::m64n64, wide = t == gemm_tile::m128n192;
         const std::size_t bm = small ? 64 : 128, bn = small ? 64 : wide ? sm90_wide_bn : 128;
-        const std::size_t tiles = ((M + bm - 1) / bm) * ((N + bn - 1) / bn);
+        const std::size_t tiles_m = (M + bm - 1) / bm, tiles = tiles_m * ((N + bn - 1) / bn);
         const double work = small ? 1.0 / 0.7 : wide ? 6.0 : 4.0;  // in 64 x 64 tiles at full efficiency
         // An explicit split_k is taken as asked (at most one range per K block).
         const std::size_t most = split_k > 0
                                      ? std::min<std::size_t>(static_cast<std::size_t>(split_k), num_kb)
                                      : std::max<std::size_t>(std::min({num_kb / 4, std::size_t{16}, gpu / tiles}), 1);
-        for (std::size_t s = split_k > 0 ? most : 1; s <= most; ++s) {
-            const double waves = std::ceil(static_cast<double>(tiles * s) / static_cast<double>(gpu));
-            const double c = waves * work / static_cast<double>(s) * (s > 1 ? 1.1 : 1.0);
-            if (best < 0 || c < best) {
-                best = c;
-                plan.tile = t;
-                plan.splits = static_cast<std::uint32_t>(s);
+        for (std::size_t s = split_k > 0 ? most : 1; s <= most; ++s)
+            for (std::size_t cl : {2, 1}) {  // pairs first: they win ties
+                if (cluster > 0 ? cl != static_cast<std::size_t>(cluster) : cl == 2 && (tiles_m < 2 || gpu < 2))
+                    continue;
+                const std::size_t units = (tiles_m + cl - 1) / cl * (tiles / tiles_m) * s;
+                const double waves =
+                    std::ceil(static_cast<double>(units) / static_cast<double>(std::max<std::size_t>(gpu / cl, 1)));
+                const double c = waves * work / static_cast<double>(s) * (s > 1 ? 1.1 : 1.0);
+                if (best < 0 || c < best) {
+                    best = c;
+                    plan.tile = t;
+                    plan.cluster = static_cast<std::uint32_t>(cl);
+                    plan.splits = static_cast<std::uint32_t>(s);
+                }
             }
-        }
     }
     // Whole blocks per range, and no empty range: ceil(num_kb / ceil(num_kb / splits)) ranges.
     plan.kb_per_split = static_cast<std::uint32_t>((num_kb + plan.splits - 1) / plan.splits);
@@ -608,7 +663,8 @@ inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, g
 /// options' plan on the current GPU for a B of recipe RB.
 template <class RB>
 sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, const gemm_options& opt) {
-    return sm90_choose_plan(M, N, K, opt.tile, opt.split_k, cuda::multiprocessor_count(), sm90_wide_serves<RB>());
+    return sm90_choose_plan(M, N, K, opt.tile, opt.split_k, cuda::multiprocessor_count(), sm90_wide_serves<RB>(),
+                            opt.cluster);
 }
 
 /// The kernel's parameters for D = epilogue(A B^T) on tile configuration Cfg: shape, tile counts, scale
@@ -649,8 +705,12 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
     p.splits = plan.splits;
     p.kb_per_split = plan.kb_per_split;
     p.partial = partial;
+    p.cluster = plan.cluster;
+    OCTET_REQUIRE(p.cluster == 1 || p.cluster == 2, "octet::scaled_gemm", "plan.cluster",
+                  message("is ", p.cluster, "; pass 1 or 2"));
     const CUtensorMap ma = sm90_operand_map(A.data, M, K, A.layout.row_bytes, Cfg::BM);
-    const CUtensorMap mb = sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN);
+    // with a cluster, each CTA loads (and multicasts) its share of the B tile's rows
+    const CUtensorMap mb = sm90_operand_map(B.data, N, K, B.layout.row_bytes, Cfg::BN / p.cluster);
     p.tma_scale_a = sm90_scales_by_tma(A.scales, A.layout);
     p.tma_scale_b = b_scales == sm90_b_scales::per_column && sm90_scales_by_tma(B.scales, B.layout);
     const CUtensorMap msa = p.tma_scale_a ? sm90_scale_map(A.scales, A.layout, Cfg::BM) : CUtensorMap{};
@@ -670,11 +730,28 @@ void launch_sm90_config(cudaStream_t stream, const quantized_cref<RA>& A, const 
         cuda::require_register_split(kernel, Cfg::threads,
                                      Cfg::producer_regs * 128 + Cfg::consumer_regs * 128 * Cfg::consumers,
                                      "octet::scaled_gemm", "options.backend", "use gemm_backend::sm89_mma");
-    const std::size_t units = static_cast<std::size_t>(p.tiles_m) * p.tiles_n * p.splits;
-    const unsigned grid =
-        static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
-    cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, msa, msb,
-                 md, p);
+    // persistent: as many CTAs (clusters) as run at once, or as there are work units
+    const std::size_t units = static_cast<std::size_t>((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n * p.splits;
+    if (p.cluster > 1) {
+        // the clusters that fit at once (GPCs may leave SMs unpaired), queried once per device
+        static std::atomic<int> slots_cache[64] = {};
+        int device = 0;
+        OCTET_CUDA_CHECK(cudaGetDevice(&device));
+        int slots = device < 64 ? slots_cache[device].load(std::memory_order_relaxed) : 0;
+        if (slots == 0) {
+            slots = cuda::max_active_clusters(kernel, dim3(Cfg::threads), Cfg::smem_bytes, p.cluster);
+            if (device < 64) slots_cache[device].store(slots, std::memory_order_relaxed);
+        }
+        const unsigned grid =
+            static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(slots)) * p.cluster);
+        cuda::launch_cluster("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), dim3(p.cluster),
+                             Cfg::smem_bytes, stream, ma, mb, msa, msb, md, p);
+    } else {
+        const unsigned grid =
+            static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
+        cuda::launch("sm90_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, mb, msa,
+                     msb, md, p);
+    }
     OCTET_CUDA_CHECK_LAUNCH();
     if (p.splits > 1) {
         constexpr unsigned threads = 256;
