@@ -103,22 +103,26 @@ struct setup {
 };
 
 oi::run_result run(const setup& s, variant v, unsigned clusters, std::vector<std::uint8_t>& out,
-                   std::vector<std::uint32_t>& ids, oi::on_report mode = oi::on_report::collect) {
+                   std::vector<std::uint32_t>& ids, oi::on_report mode = oi::on_report::collect,
+                   unsigned host_threads = 1) {
     oi::launch_config cfg{oi::dim3(2 * clusters), oi::dim3(128), tile_bytes};
     cfg.cluster = oi::dim3(2);
     out.assign(2 * clusters * tile_bytes, 0);
     ids.assign(2 * clusters, ~0u);
     oi::options o;
     o.mode = mode;
+    o.host_threads = host_threads;
     return oi::launch("cluster_kernel", cfg, o, cluster_kernel, s.map, out.data(), ids.data(), v);
 }
 
 TEST_CASE("clusters: ranks, a multicast TMA load into both CTAs, remote mbarrier arrivals, the cluster barrier") {
     for (unsigned seed : {1u, 2u}) {
+        CAPTURE(seed);
         const setup s(seed);
         std::vector<std::uint8_t> out;
         std::vector<std::uint32_t> ids;
-        const auto r = run(s, variant::correct, 3, out, ids);
+        // seed 2: the three clusters spread over two host threads, each with its own machine
+        const auto r = run(s, variant::correct, 3, out, ids, oi::on_report::collect, seed);
         REQUIRE_MESSAGE(r.clean(), all_messages(r));
         for (unsigned b = 0; b < 6; ++b) {
             CHECK(ids[b] == ((b % 2) | 2u << 8));  // rank = blockIdx.x % 2 (x fastest in a cluster), size 2
