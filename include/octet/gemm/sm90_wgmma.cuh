@@ -608,18 +608,20 @@ struct sm90_plan {
 };
 
 /// The plan for the requested tile, cluster and split (options.tile, options.cluster, options.split_k;
-/// 0 and automatic are chosen here) on a GPU with `sms` multiprocessors; `wide_serves`: whether the 128 x 192 tile
-/// serves B's scales (sm90_wide_serves), else an automatic choice leaves it out. Automatic choices minimize a model,
-/// not a measurement: time ~ waves of work units x the work of one unit, where a 128 x 192 tile does 1.5 times a 128 x
-/// 128 tile's work at the same efficiency, a 64 x 64 tile a quarter of it at about 70% (less reuse of each byte
-/// loaded), a range does 1 / splits of its tile's, and a split costs 10% more for writing and summing the partial accs.
-/// So the wide tile is taken where the last wave of 128 x 128 tiles would leave SMs idle that fewer, larger tiles fill
-/// (8192^3 on 132 SMs: 32 waves of 4096 tiles, against 21 of 2752 at 1.5 times the work; the model's ties keep 128 x
-/// 128). An automatic split is only for outputs whose tiles leave SMs idle: it makes at most one wave of work units (a
-/// finer split would fill later waves better in the model, but every range adds M x N floats of partial sums to write
-/// and read), and keeps at least 4 K blocks per range, so that the 5-8 stage ring still fills. Pairs of CTAs (cluster
-/// 2) run one unit of two tiles per pair, sms / 2 at a time; the model counts no gain for them (half of B's loads from
-/// L2: the data is reused, the time to move it is not modelled), so an automatic choice takes them where they cost no
+/// 0 and automatic are chosen here) on a GPU with `sms` multiprocessors; `wide_serves`: whether the
+/// 128 x 192 tile serves B's scales (sm90_wide_serves), else an automatic choice leaves it out. Automatic
+/// choices minimize a model, not a measurement: time ~ waves of work units x the work of one unit,
+/// where a 128 x 192 tile does 1.5 times a 128 x 128 tile's work at the same efficiency, a 64 x 64 tile
+/// a quarter of it at about 70% (less reuse of each byte loaded), a range does 1 / splits of its
+/// tile's, and a split costs 10% more for writing and summing the partial accs. So the wide tile is
+/// taken where the last wave of 128 x 128 tiles would leave SMs idle that fewer, larger tiles fill
+/// (8192^3 on 132 SMs: 32 waves of 4096 tiles, against 21 of 2752 at 1.5 times the work; the model's
+/// ties keep 128 x 128). An automatic split is only for outputs whose tiles leave SMs idle: it makes at
+/// most one wave of work units (a finer split would fill later waves better in the model, but every
+/// range adds M x N floats of partial sums to write and read), and keeps at least 4 K blocks per range,
+/// so that the 5-8 stage ring still fills. Pairs of CTAs (cluster 2) run one unit of two tiles per
+/// pair, sms / 2 at a time; the model counts no gain for them (half of B's loads from L2: the data is
+/// reused, the time to move it is not modelled), so an automatic choice takes them where they cost no
 /// more waves and the output has at least two tile rows to pair.
 inline sm90_plan sm90_choose_plan(std::size_t M, std::size_t N, std::size_t K, gemm_tile tile, int split_k, int sms,
                                   bool wide_serves, int cluster = 1) {

@@ -458,9 +458,12 @@ inline void tma_load_2d_into(std::uint32_t dst, const CUtensorMap* map, std::int
     const tensor_map_desc d = checked_tensor_map(m, map, dst, what);
     const unsigned shift = detail::machine::cluster_address_shift;
     const std::uint32_t named = dst >> shift;  // mapa's tag: the rank + 1, 0 for a shared::cta address
-    if (!ctas) ctas = 1u << (named ? named - 1 : m.cta_of(m.current->tid));
     dst &= (1u << shift) - 1;
     bar &= (1u << shift) - 1;
+    if (!ctas) {
+        const unsigned rank = named ? named - 1 : m.cta_of(m.current->tid);
+        ctas = rank < m.ctas ? 1u << rank : 1u << m.ctas;  // the second: beyond the cluster, reported below
+    }
     if (ctas >> m.ctas)
         m.emit(m.make(check::ptx_misuse, m.current->tid, "",
                       what + ": the destination CTAs (mask) " + detail::hex(ctas) +
