@@ -1,11 +1,12 @@
 // Thread block clusters under the interpreter (launch_config::cluster), against the PTX ISA's
-// description: %cluster_ctarank / %cluster_nctarank and blockIdx of each CTA; a TMA load multicast
-// to both CTAs of a pair (each CTA loads half of a box into both, each CTA's mbarrier completes both
+// description: %cluster_ctarank / %cluster_nctarank and blockIdx of each CTA; a TMA load multicast to
+// both CTAs of a pair (each CTA loads half of a box into both, each CTA's mbarrier completes both
 // halves' bytes), compared with the source matrix; remote mbarrier arrivals through mapa; the cluster
-// barrier. And the broken variants: no cluster barrier between the mbarrier init and the peer's first
-// signal (a race), a missing remote arrival (deadlock), a signal to a CTA that has exited, mapa of a
-// rank outside the cluster, a multicast mask naming such a rank, a cluster wait without an arrival,
-// and launch shapes that are not whole clusters.
+// barrier, which threads that exit release (the ISA's exit). And the broken variants: no cluster
+// barrier between the mbarrier init and the peer's first signal (a race), a missing remote arrival
+// (deadlock), a signal to a CTA that has exited, mapa of a rank outside the cluster, a multicast mask
+// naming such a rank, a cluster wait without an arrival, and launch shapes that are not whole
+// clusters.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -159,6 +160,34 @@ TEST_CASE("clusters: a signal before the peer's init, a missing or late arrival,
     REQUIRE(has(r, oi::check::barrier_misuse));
     CHECK(first(r, oi::check::barrier_misuse).detail.find("has not arrived") != std::string::npos);
     CHECK_THROWS_AS(run(s, variant::missing_arrival, 1, out, ids, oi::on_report::raise), oi::failure);
+}
+
+/// Threads 64-127 of cluster rank 1 exit at once (unless all_wait); the others pass two cluster
+/// barriers, between which each CTA's threads 0-63 read back the rank they wrote to shared memory.
+void early_exit_kernel(std::uint32_t* seen, bool all_wait) {
+    OCTET_SHARED(std::uint32_t[64], mark);
+    const unsigned t = threadIdx.x, rank = ptx::cluster_ctarank();
+    if (!all_wait && rank == 1 && t >= 64) return;
+    if (t < 64) mark[t] = rank;
+    ptx::barrier_cluster_arrive();
+    ptx::barrier_cluster_wait();
+    if (t < 64) seen[blockIdx.x * 64 + t] = mark[t];
+    ptx::barrier_cluster_arrive();
+    ptx::barrier_cluster_wait();
+}
+
+TEST_CASE("clusters: threads that exit release the cluster barrier, as the ISA's exit says") {
+    for (bool all_wait : {false, true}) {
+        CAPTURE(all_wait);
+        std::vector<std::uint32_t> seen(4 * 64, ~0u);
+        oi::launch_config cfg{oi::dim3(4), oi::dim3(128), 0};
+        cfg.cluster = oi::dim3(2);
+        oi::options o;
+        o.mode = oi::on_report::collect;
+        const auto r = oi::launch("early_exit_kernel", cfg, o, early_exit_kernel, seen.data(), all_wait);
+        REQUIRE_MESSAGE(r.clean(), all_messages(r));
+        for (unsigned i = 0; i < seen.size(); ++i) CHECK(seen[i] == (i / 64) % 2);
+    }
 }
 
 TEST_CASE("clusters: a grid that is not whole clusters, or blocks the interpreter cannot pair, are refused") {

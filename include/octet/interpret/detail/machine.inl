@@ -801,7 +801,7 @@ struct machine {
                 if (fibers[t].cluster_arrived && fibers[t].cluster_phase == cluster_bar.phase) arrived.push_back(t);
             d += " barrier.cluster (first arrival at " + to_string(cluster_bar.first_at) +
                  "): " + std::to_string(cluster_bar.arrived) + " of the cluster's " + std::to_string(nthreads) +
-                 " threads arrived (threads " + id_ranges(arrived) + ");";
+                 " threads arrived (threads " + id_ranges(arrived) + "), the others neither arrived nor exited;";
         }
         for (std::size_t g = 0; g < warpgroup_ops.size(); ++g)
             if (warpgroup_ops[g].active)
@@ -897,7 +897,18 @@ struct machine {
         ++f.vc[f.tid];  // this thread's later accesses are not covered by the release
         f.cluster_arrived = true;
         f.cluster_phase = C.phase;
-        if (++C.arrived < nthreads) return;
+        ++C.arrived;
+        cluster_try_complete();
+    }
+    /// Completes the cluster barrier's phase when every thread of the cluster has arrived in it or
+    /// exited (PTX ISA, exit: exited threads holding up a barrier.cluster release it); its waiters go on.
+    void cluster_try_complete() {
+        cluster_barrier_state& C = cluster_bar;
+        if (C.arrived == 0) return;  // a phase nobody has arrived in is not under way
+        for (unsigned t = 0; t < nthreads; ++t) {
+            const fiber& g = fibers[t];
+            if (!g.done && !(g.cluster_arrived && g.cluster_phase == C.phase)) return;
+        }
         C.done_vc = C.vc;
         ++C.phase;
         C.arrived = 0;
@@ -1754,7 +1765,8 @@ inline void fiber_entry() {
     }
     f.done = true;
     f.ready = false;
-    exit_context(f.ctx, m.sched);  // never resumed
+    if (!f.error && !f.abort && !m.block_aborted) m.cluster_try_complete();  // may release barrier.cluster
+    exit_context(f.ctx, m.sched);                                // never resumed
 }
 
 inline machine& running(const char* what) {
