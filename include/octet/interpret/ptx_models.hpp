@@ -469,34 +469,37 @@ inline void tma_load_2d_into(std::uint32_t dst, const CUtensorMap* map, std::int
                       what + ": the destination CTAs (mask) " + detail::hex(ctas) +
                           " names CTAs beyond the cluster's " + std::to_string(m.ctas)),
                true);
-    for (unsigned rank = 0; rank < m.ctas; ++rank) {
-        if (!(ctas >> rank & 1u)) continue;
-        const std::uint32_t row_bytes = std::uint32_t{d.box[0]} * d.element_bytes, rows = d.box[1],
-                            bytes = row_bytes * rows;
-        std::uint8_t* const base = m.cta_window(rank);
-        std::uint8_t chunk[16];
-        for (std::uint32_t r = 0; r < rows; ++r) {
-            const long long y = static_cast<long long>(c1) + r;
-            for (std::uint32_t b = 0; b < row_bytes; b += 16) {
-                for (std::uint32_t i = 0; i < 16; i += d.element_bytes) {
-                    const long long x = static_cast<long long>(c0) + (b + i) / d.element_bytes;
-                    const bool inside = x >= 0 && y >= 0 && static_cast<unsigned long long>(x) < d.dims[0] &&
-                                        static_cast<unsigned long long>(y) < d.dims[1];
-                    if (inside)
-                        std::memcpy(chunk + i,
-                                    reinterpret_cast<const std::uint8_t*>(static_cast<std::uintptr_t>(
-                                        d.base + static_cast<std::uint64_t>(y) * d.strides[0] +
-                                        static_cast<std::uint64_t>(x) * d.element_bytes)),
-                                    d.element_bytes);
-                    else
-                        std::memset(chunk + i, 0, d.element_bytes);
-                }
-                const std::uint32_t off = dst + tma_swizzle(r * row_bytes + b, d.swizzle_bytes);
-                if (m.async_proxy_write(base + off, 16)) std::memcpy(base + off, chunk, 16);
+    // each 16-byte chunk of the box is gathered once and written into every destination CTA
+    const std::uint32_t row_bytes = std::uint32_t{d.box[0]} * d.element_bytes, rows = d.box[1],
+                        bytes = row_bytes * rows;
+    std::uint8_t chunk[16];
+    for (std::uint32_t r = 0; r < rows; ++r) {
+        const long long y = static_cast<long long>(c1) + r;
+        for (std::uint32_t b = 0; b < row_bytes; b += 16) {
+            for (std::uint32_t i = 0; i < 16; i += d.element_bytes) {
+                const long long x = static_cast<long long>(c0) + (b + i) / d.element_bytes;
+                const bool inside = x >= 0 && y >= 0 && static_cast<unsigned long long>(x) < d.dims[0] &&
+                                    static_cast<unsigned long long>(y) < d.dims[1];
+                if (inside)
+                    std::memcpy(chunk + i,
+                                reinterpret_cast<const std::uint8_t*>(
+                                    static_cast<std::uintptr_t>(d.base + static_cast<std::uint64_t>(y) * d.strides[0] +
+                                                                static_cast<std::uint64_t>(x) * d.element_bytes)),
+                                d.element_bytes);
+                else
+                    std::memset(chunk + i, 0, d.element_bytes);
+            }
+            const std::uint32_t off = dst + tma_swizzle(r * row_bytes + b, d.swizzle_bytes);
+            for (unsigned rank = 0; rank < m.ctas; ++rank) {
+                std::uint8_t* const to = m.cta_window(rank) + off;
+                if (ctas >> rank & 1u && m.async_proxy_write(to, 16)) std::memcpy(to, chunk, 16);
             }
         }
-        m.mbar_complete_tx(detail::machine::cluster_address(bar, rank), bytes, "cp.async.bulk.tensor complete_tx", at);
     }
+    for (unsigned rank = 0; rank < m.ctas; ++rank)
+        if (ctas >> rank & 1u)
+            m.mbar_complete_tx(detail::machine::cluster_address(bar, rank), bytes, "cp.async.bulk.tensor complete_tx",
+                               at);
 }
 inline void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::uint32_t bar,
                         const char* file = __builtin_FILE(), int line = __builtin_LINE()) {

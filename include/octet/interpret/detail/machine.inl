@@ -729,11 +729,12 @@ struct machine {
             // the threads of the CTA not at this __syncthreads exited or wait somewhere else
             std::vector<bool> at_b0(nthreads, false);
             for (unsigned t : B0.arrivals) at_b0[t] = true;
-            std::vector<unsigned> cta_exited;
+            std::vector<unsigned> cta_exited;  // this CTA's share of `exited`
+            for (unsigned t : exited)
+                if (cta_of(t) == c) cta_exited.push_back(t);
             std::string elsewhere;
             for (unsigned t = c * cta_threads; t < (c + 1) * cta_threads; ++t) {
                 const fiber& g = fibers[t];
-                if (g.done) cta_exited.push_back(t);
                 if (at_b0[t] || g.done) continue;
                 if (!elsewhere.empty()) elsewhere += "; ";
                 elsewhere += thread_name(t) + " waits at " +
@@ -747,14 +748,12 @@ struct machine {
                     break;
                 }
             }
-            const std::vector<unsigned>& exited_here = ctas > 1 ? cta_exited : exited;
-            return make(
-                check::divergent_barrier, B0.arrivals.front(), "",
-                "__syncthreads at " + to_string(B0.sites.front()) + " is waited on by threads " +
-                    id_ranges(B0.arrivals) + ", but " +
-                    (exited_here.empty() ? std::string()
-                                         : "threads " + id_ranges(exited_here) + " exited without reaching it") +
-                    (!exited_here.empty() && !elsewhere.empty() ? ", and " : "") + elsewhere);
+            return make(check::divergent_barrier, B0.arrivals.front(), "",
+                        "__syncthreads at " + to_string(B0.sites.front()) + " is waited on by threads " +
+                            id_ranges(B0.arrivals) + ", but " +
+                            (cta_exited.empty() ? std::string()
+                                                : "threads " + id_ranges(cta_exited) + " exited without reaching it") +
+                            (!cta_exited.empty() && !elsewhere.empty() ? ", and " : "") + elsewhere);
         }
         for (std::size_t w = 0; w < warp_ops.size(); ++w)
             for (const warp_op& op : warp_ops[w]) {
@@ -1766,7 +1765,7 @@ inline void fiber_entry() {
     f.done = true;
     f.ready = false;
     if (!f.error && !f.abort && !m.block_aborted) m.cluster_try_complete();  // may release barrier.cluster
-    exit_context(f.ctx, m.sched);                                // never resumed
+    exit_context(f.ctx, m.sched);                                            // never resumed
 }
 
 inline machine& running(const char* what) {
