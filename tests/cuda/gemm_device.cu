@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -752,4 +753,76 @@ TEST_SUITE("cuda") {
     }
 }
 
+// Real training data on the kernels (tests/host/scaled_invariance.cpp has the host's): A times 2^k
+// (k from -40 to 40, through the 1e-3..1e-6 magnitudes of gradients) gives D times 2^k bit for bit,
+// and zero tokens appended to A, or a zero tail on the contraction, leave every row of D bit for bit.
+namespace gemm_invariance {
+
+template <class RA, class RB>
+std::vector<float> device_gemm(gemm_backend backend, const std::vector<float>& a, const std::vector<float>& b,
+                               std::size_t M, std::size_t N, std::size_t K) {
+    const device_copy<RA> da(quantized<RA>(a, M, K));
+    const device_copy<RB> db(quantized<RB>(b, N, K));
+    cuda::device_buffer<float> d(M * N);
+    d.fill_bytes(0xFF);
+    gemm_options opt;
+    opt.backend = backend;
+    scaled_gemm(gpu(), da.cref(), db.cref(), matrix_ref<float>(d.data(), M, N), opt);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    return d.download();
+}
+
+std::uint32_t bits_of(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+template <class RA, class RB>
+void check_backend(gemm_backend backend, const char* pair) {
+    INFO(backend_name(backend) << ": " << pair);
+    auto g = octet_test::rng(4431);
+    const std::size_t M = 70, N = 64, K = 256;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> a(M * K), b(N * K);
+    for (auto& v : a) v = 1e-3f * nd(g);
+    for (auto& v : b) v = 0.05f * nd(g);
+    for (std::size_t k = 0; k < K; ++k) a[5 * K + k] = 0.0f;  // a zero token (padding) among them
+    const std::vector<float> d0 = device_gemm<RA, RB>(backend, a, b, M, N, K);
+    for (const int k : {-40, -9, 17, 40}) {
+        INFO("k = " << k);
+        std::vector<float> ak = a;
+        for (auto& v : ak) v = std::ldexp(v, k);
+        const std::vector<float> dk = device_gemm<RA, RB>(backend, ak, b, M, N, K);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < M * N; ++i) bad += !(dk[i] == std::ldexp(d0[i], k));
+        CHECK(bad == 0);
+    }
+    const std::size_t pm = 58, pk = 128;
+    std::vector<float> ap((M + pm) * (K + pk), 0.0f), bp(N * (K + pk), 0.0f);
+    for (std::size_t i = 0; i < M; ++i) std::copy(&a[i * K], &a[i * K] + K, &ap[i * (K + pk)]);
+    for (std::size_t j = 0; j < N; ++j) std::copy(&b[j * K], &b[j * K] + K, &bp[j * (K + pk)]);
+    const std::vector<float> d1 = device_gemm<RA, RB>(backend, ap, bp, M + pm, N, K + pk);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < M * N; ++i) bad += bits_of(d1[i]) != bits_of(d0[i]);
+    CHECK(bad == 0);
+}
+
+TEST_SUITE("gpu") {
+    TEST_CASE(
+        "sm89_mma and sm90_wgmma: A times 2^k scales D by 2^k bit for bit; zero tokens and a zero K tail change "
+        "nothing") {
+        std::vector<gemm_backend> backends;
+        if (has_arch(89) && detail::sm89_available()) backends.push_back(gemm_backend::sm89_mma);
+        if (cuda::compute_capability() == 90 && detail::sm90a_available()) backends.push_back(gemm_backend::sm90_wgmma);
+        if (backends.empty()) MESSAGE("skipped: needs an sm_89+ GPU");
+        for (const gemm_backend be : backends) {
+            check_backend<recipes::blockwise_1x128, recipes::blockwise_128x128>(be, "1x128 x 128x128");
+            check_backend<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(be, "tensor x tensor");
+            check_backend<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(be, "row x row");
+        }
+    }
+}
+
+}  // namespace gemm_invariance
 }  // namespace gemm_device_test

@@ -420,3 +420,96 @@ TEST_SUITE("interpret") {
     }
 }
 #endif
+
+// Real training data on the quantize kernels (tests/host/scaled_invariance.cpp has the host's, for
+// every recipe): x times 2^k gives the same codes and dequantizes to 2^k times the values, bit for
+// bit; zero tokens appended leave every code and scale of the real ones unchanged (the column-wise
+// copy then gains zero columns: its stochastic rounding draws do not depend on the row length).
+namespace quant_device_test {
+
+template <class Recipe>
+struct device_run {
+    std::vector<std::uint8_t> row_data, row_scales, col_data, col_scales;
+    std::vector<float> row_values;
+    quant_layout row_layout, col_layout;
+};
+
+template <class Recipe>
+device_run<Recipe> quantize_on_device(const std::vector<float>& x, std::size_t rows, std::size_t cols) {
+    cuda::device_buffer<float> dx(x);
+    device_copy<Recipe> d(rows, cols), dt(cols, rows);
+    device_quantize_options o;
+    o.rng = philox_stream{17, 4};
+    quantize<Recipe>(on_stream(), matrix_ref<const float>(dx.data(), rows, cols), d.ref(), dt.ref(), o);
+    cuda::device_buffer<float> y(rows * cols);
+    dequantize(on_stream(), d.ref(), matrix_ref<float>(y.data(), rows, cols));
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    return {d.data.download(), d.scales.download(), dt.data.download(), dt.scales.download(), y.download(), d.layout,
+            dt.layout};
+}
+
+template <class Recipe>
+void check_invariances(const char* name) {
+    INFO("recipe " << name);
+    auto g = octet_test::rng(4441);
+    const std::size_t rows = 70, cols = 256;
+    std::normal_distribution<float> nd(0.0f, 1e-3f);
+    std::vector<float> x(rows * cols);
+    for (auto& v : x) v = nd(g);
+    std::fill(x.begin() + 3 * cols, x.begin() + 4 * cols, 0.0f);  // a zero token
+    const auto r0 = quantize_on_device<Recipe>(x, rows, cols);
+    for (const int k : {-40, -9, 17, 40}) {
+        INFO("k = " << k);
+        std::vector<float> xk = x;
+        for (auto& v : xk) v = std::ldexp(v, k);
+        const auto rk = quantize_on_device<Recipe>(xk, rows, cols);
+        CHECK(rk.row_data == r0.row_data);
+        CHECK(rk.col_data == r0.col_data);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < x.size(); ++i) bad += !(rk.row_values[i] == std::ldexp(r0.row_values[i], k));
+        CHECK(bad == 0);
+    }
+    const std::size_t more = 58;
+    std::vector<float> xp = x;
+    xp.resize((rows + more) * cols, 0.0f);
+    const auto rp = quantize_on_device<Recipe>(xp, rows + more, cols);
+    // row-wise: the first rows' bytes and scale rows; column-wise: each row's first `rows` codes
+    std::size_t bad = 0;
+    for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t b = 0; b < r0.row_layout.row_bytes; ++b)
+            bad += rp.row_data[r * rp.row_layout.row_bytes + b] != r0.row_data[r * r0.row_layout.row_bytes + b];
+    // the scale grid is column-major (quant/tensor.hpp): block (bi, bj) at bj * scale_ld + bi
+    const std::size_t sb = std::is_same_v<typename Recipe::scale_storage_type, scale_storage::f32> ? 4 : 1;
+    const quant_layout &l0 = r0.row_layout, &lp = rp.row_layout;
+    for (std::size_t bj = 0; bj < l0.scale_cols; ++bj)
+        for (std::size_t bi = 0; bi < l0.scale_rows; ++bi)
+            bad += std::memcmp(&rp.row_scales[(bj * lp.scale_ld + bi) * sb],
+                               &r0.row_scales[(bj * l0.scale_ld + bi) * sb], sb) != 0;
+    for (std::size_t r = 0; r < cols; ++r)
+        for (std::size_t c = 0; c < rows; ++c) {
+            const std::size_t bits = Recipe::format::bits;
+            const auto code = [&](const device_run<Recipe>& run, std::size_t cr, std::size_t cc) {
+                const std::size_t bit = cc * bits;
+                return (run.col_data[cr * run.col_layout.row_bytes + bit / 8] >> (bit % 8)) & ((1u << bits) - 1u);
+            };
+            bad += code(rp, r, c) != code(r0, r, c);
+        }
+    CHECK(bad == 0);
+}
+
+}  // namespace quant_device_test
+
+TEST_SUITE("gpu") {
+    TEST_CASE(
+        "quantize kernels: x times 2^k gives the same codes and 2^k times the values; zero tokens change nothing") {
+        using namespace quant_device_test;
+        namespace r = octet::recipes;
+        using stochastic_nvfp4 = recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3,
+                                        round::stochastic, overflow::saturate>;
+        check_invariances<r::blockwise_1x128>("blockwise_1x128");
+        check_invariances<r::tensorwise_e4m3>("tensorwise_e4m3");
+        check_invariances<r::mxfp8_e4m3>("mxfp8_e4m3");
+        check_invariances<r::nvfp4>("nvfp4");
+        check_invariances<stochastic_nvfp4>("nvfp4, stochastic rounding");
+    }
+}

@@ -3,8 +3,10 @@
 // original values, and error measures.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -177,6 +179,108 @@ inline double max_abs_finite(const std::vector<double>& a, const std::vector<dou
 struct outputs {
     std::vector<double> o, lse, dq, dk, dv;
 };
+
+// ---- problems for the invariance tests (tests/host/attention_padding.cpp, tests/cuda/attention_device.cu)
+
+/// Multiplies every element of x by 2^k (exact where no element leaves the normal range).
+inline void scale_pow2(std::vector<float>& x, int k) {
+    for (float& v : x) v = std::ldexp(v, k);
+}
+/// Zeroes row `token` of x, [tokens][width] row-major.
+inline void zero_row(std::vector<float>& x, std::size_t width, int token) {
+    std::fill(x.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(token) * width),
+              x.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(token + 1) * width), 0.0f);
+}
+
+/// Where each token of a problem sits in its padded version (see pad).
+struct padded_problem {
+    problem p;
+    std::vector<int> q_at, k_at;  ///< token t of the original is token q_at[t] / k_at[t] here
+};
+
+/// `p` with `tail` tokens appended to every sequence and, before every sequence, an all-zero
+/// sequence of `gap` tokens (varlen padding). The appended tokens have dO = 0 (masked labels, or
+/// padding); their q, k and v are zero when `zero_tail` is set, random otherwise. Under a causal
+/// mask with Lq == Lk no original query sees an appended key, so every output of the original tokens
+/// is unchanged in exact arithmetic: the tests ask for it bit for bit.
+inline padded_problem pad(const problem& p, int tail, int gap, bool zero_tail, std::uint64_t salt) {
+    padded_problem r;
+    r.p.cfg = p.cfg;
+    const config& c = p.cfg;
+    const std::size_t wq = static_cast<std::size_t>(c.hq) * c.d, wk = static_cast<std::size_t>(c.hkv) * c.d;
+    auto g = octet_test::rng(salt);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<std::int32_t> lq, lk;
+    auto extend = [&](const std::vector<float>& src, std::vector<float>& dst, std::size_t w, int t0, int len,
+                      bool random_tail, std::vector<int>* at) {
+        for (int z = 0; z < gap; ++z) dst.insert(dst.end(), w, 0.0f);
+        for (int t = t0; t < t0 + len; ++t) {
+            if (at) (*at)[static_cast<std::size_t>(t)] = static_cast<int>(dst.size() / w);
+            dst.insert(dst.end(), src.begin() + static_cast<std::ptrdiff_t>(t * w),
+                       src.begin() + static_cast<std::ptrdiff_t>((t + 1) * w));
+        }
+        for (int z = 0; z < tail; ++z)
+            for (std::size_t e = 0; e < w; ++e) dst.push_back(random_tail ? n(g) : 0.0f);
+    };
+    r.q_at.assign(static_cast<std::size_t>(p.tq), -1);
+    r.k_at.assign(static_cast<std::size_t>(p.tk), -1);
+    for (std::size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
+        const int q0 = p.cu_q[b], nq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], nk = p.cu_k[b + 1] - k0;
+        if (gap > 0) {
+            lq.push_back(gap);
+            lk.push_back(gap);
+        }
+        lq.push_back(nq + tail);
+        lk.push_back(nk + tail);
+        extend(p.q, r.p.q, wq, q0, nq, !zero_tail, &r.q_at);
+        extend(p.dout, r.p.dout, wq, q0, nq, false, nullptr);
+        extend(p.k, r.p.k, wk, k0, nk, !zero_tail, &r.k_at);
+        extend(p.v, r.p.v, wk, k0, nk, !zero_tail, nullptr);
+    }
+    r.p.cfg.lens_q = lq;
+    r.p.cfg.lens_k = lk;
+    r.p.cu_q = offsets(lq);
+    r.p.cu_k = offsets(lk);
+    r.p.tq = r.p.cu_q.back();
+    r.p.tk = r.p.cu_k.back();
+    return r;
+}
+
+/// The rows of x ([tokens][width]) at `at`, in order: a padded output brought back to the original's.
+template <class T>
+std::vector<T> gather_rows(const std::vector<T>& x, std::size_t width, const std::vector<int>& at) {
+    std::vector<T> y;
+    y.reserve(at.size() * width);
+    for (const int t : at)
+        y.insert(y.end(), x.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * width),
+                 x.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t + 1) * width));
+    return y;
+}
+/// L is [heads][tokens]: the entries of the original tokens, head by head.
+inline std::vector<float> gather_lse(const std::vector<float>& lse, int heads, int tokens, const std::vector<int>& at) {
+    std::vector<float> y;
+    for (int h = 0; h < heads; ++h)
+        for (const int t : at) y.push_back(lse[static_cast<std::size_t>(h) * tokens + t]);
+    return y;
+}
+
+/// Number of elements where a != 2^k * b as floats (bit for bit, NaN never equal).
+inline std::size_t count_not_scaled(const std::vector<float>& a, const std::vector<float>& b, int k) {
+    std::size_t n = a.size() == b.size() ? 0 : a.size() + b.size();
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += !(a[i] == std::ldexp(b[i], k));
+    return n;
+}
+/// Number of elements whose bits differ.
+inline std::size_t count_bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+    std::size_t n = a.size() == b.size() ? 0 : a.size() + b.size();
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+        std::uint32_t x, y;
+        std::memcpy(&x, &a[i], 4);
+        std::memcpy(&y, &b[i], 4);
+        n += x != y;
+    }
+    return n;
+}
 
 /// rows x (heads*d) quantized view type helpers
 template <class R>

@@ -632,6 +632,64 @@ TEST_CASE_TEMPLATE("linear: zeros, no tokens, NaN", LR, OCTET_LINEAR_RECIPES) {
     }
 }
 
+// Real training data: multiplying X, W or dY by 2^k (k from -40 to 40, around the 1e-3..1e-6 a
+// gradient has) multiplies what depends on it by 2^k bit for bit (no bias: it is added after the
+// product), and zero tokens appended after the real ones (padding) leave Y and dX of the real
+// tokens, and dW, unchanged bit for bit. One fresh context per run (its first step: delayed scaling
+// measures; stochastic rounding draws the same bits, which depend on (seed, step) and position).
+template <class LR>
+outputs run_fresh(const problem& p, std::size_t max_tokens) {
+    linear_context<LR> ctx({max_tokens, p.in, p.out});
+    outputs o(p);
+    linear_forward(on_host(), ctx, p.X(), p.W(), {}, matrix_ref<float>(o.y.data(), p.tokens, p.out));
+    linear_backward(on_host(), ctx, p.dY(), matrix_ref<float>(o.dx.data(), p.tokens, p.in),
+                    matrix_ref<float>(o.dw.data(), p.out, p.in), {});
+    return o;
+}
+
+std::size_t count_not_scaled(const std::vector<float>& a, const std::vector<float>& b, int k, std::size_t n) {
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += !(a[i] == std::ldexp(b[i], k));
+    return bad;
+}
+
+TEST_CASE_TEMPLATE("linear: X, W and dY times 2^k scale what they reach by 2^k; zero tokens appended change nothing",
+                   LR, OCTET_LINEAR_RECIPES) {
+    const std::size_t T = 70, I = 128, O = 64, pad = 58;
+    auto g = octet_test::rng(106);
+    INFO("run seed " << octet_test::run_seed());
+    problem p = make_problem(g, T, I, O);
+    for (float& v : p.dy) v *= 1e-3f;                               // a mean-reduced loss's gradient
+    std::fill(p.dy.begin() + 69 * O, p.dy.begin() + 70 * O, 0.0f);  // the last token has no label
+    const outputs base = run_fresh<LR>(p, T + pad);
+    for (const int k : {-40, -13, 1, 9, 40}) {
+        INFO("k = " << k);
+        problem px = p, pw = p, pd = p;
+        for (float& v : px.x) v = std::ldexp(v, k);
+        for (float& v : pw.w) v = std::ldexp(v, k);
+        for (float& v : pd.dy) v = std::ldexp(v, k);
+        const outputs ox = run_fresh<LR>(px, T + pad), ow = run_fresh<LR>(pw, T + pad), od = run_fresh<LR>(pd, T + pad);
+        CHECK(count_not_scaled(ox.y, base.y, k, T * O) == 0);
+        CHECK(count_not_scaled(ox.dx, base.dx, 0, T * I) == 0);
+        CHECK(count_not_scaled(ox.dw, base.dw, k, O * I) == 0);
+        CHECK(count_not_scaled(ow.y, base.y, k, T * O) == 0);
+        CHECK(count_not_scaled(ow.dx, base.dx, k, T * I) == 0);
+        CHECK(count_not_scaled(ow.dw, base.dw, 0, O * I) == 0);
+        CHECK(count_not_scaled(od.y, base.y, 0, T * O) == 0);
+        CHECK(count_not_scaled(od.dx, base.dx, k, T * I) == 0);
+        CHECK(count_not_scaled(od.dw, base.dw, k, O * I) == 0);
+    }
+    problem padded = p;
+    padded.tokens = T + pad;
+    padded.x.resize((T + pad) * I, 0.0f);
+    padded.dy.resize((T + pad) * O, 0.0f);
+    const outputs op = run_fresh<LR>(padded, T + pad);
+    check_same_bits(std::vector<float>(op.y.begin(), op.y.begin() + T * O), base.y, "Y of the real tokens");
+    check_same_bits(std::vector<float>(op.dx.begin(), op.dx.begin() + T * I), base.dx, "dX of the real tokens");
+    check_same_bits(op.dw, base.dw, "dW");
+    for (std::size_t i = T * O; i < op.y.size(); ++i) CHECK(op.y[i] == 0.0f);  // zero tokens, no bias: Y = 0
+}
+
 /// One quantized copy in storage the test owns (what a framework's tensors are to linear_forward).
 template <class R>
 struct owned_copy {

@@ -96,13 +96,13 @@ def test_identity_codes_match_torch_float8_casts(gen, fmt, maxf, dtype):
     # Per block of 128: S = amax / max_finite (float), code = round(x / S) in torch's float8 dtype.
     n = 128 * 7 + 45
     x = _gradient(gen, n)
-    x[:128] = 0.0  # a zero block: scale 1, codes 0
+    x[:128] = 0.0  # a zero block: scale 2^-126, codes 0
     msg = ot.encode_gradient(x, od.CodecConfig(fmt, "identity"))
     pad = torch.zeros(-(-n // 128) * 128)
     pad[:n] = x
     blocks = pad.view(-1, 128)
     amax = blocks.abs().amax(1)
-    S = torch.where(amax > 0, torch.clamp(amax / maxf, min=2.0**-126), torch.ones_like(amax))
+    S = torch.clamp(amax / maxf, min=2.0**-126)  # a zero block too: the smallest scale
     expected = ((blocks / S[:, None]).to(dtype).float() * S[:, None]).reshape(-1)[:n]
     assert torch.equal(ot.decode_gradient(msg, n), expected)
     assert torch.equal(msg[64: 64 + 4 * S.numel()].view(torch.float32), S)

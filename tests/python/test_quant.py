@@ -51,16 +51,18 @@ def _check_scales(s: torch.Tensor, amax: torch.Tensor, info, fmt):
     """Each block scale obeys its recipe's rule (quant/recipe.hpp), computed independently."""
     mx = MAX_FINITE[fmt]
     if info.scale_dtype == torch.float32:  # amax_ratio<0>: s = amax / max_finite in float32
-        expect = torch.where(amax > 0, (amax / mx).clamp(min=2.0**-126), torch.ones_like(amax))
+        expect = (amax / mx).clamp(min=2.0**-126)  # a zero block too: the smallest scale
         assert torch.equal(s, expect)
     elif info.two_level:  # NVFP4: s = e4m3(amax / 6 / ts) * ts, ts = tensor amax / (6 * 448)
         t_amax = amax.max()
         ts = (t_amax / (mx * 448.0)).clamp(min=2.0**-126) if t_amax > 0 else torch.tensor(1.0)
-        raw = torch.where(amax > 0, (amax / mx).clamp(min=2.0**-126), torch.ones_like(amax))
-        assert torch.equal(s, (raw / ts).to(torch.float8_e4m3fn).float() * ts)
+        raw = (amax / mx).clamp(min=2.0**-126)
+        expect = torch.where(amax > 0, (raw / ts).to(torch.float8_e4m3fn).float() * ts, torch.zeros_like(amax))
+        assert torch.equal(s, expect)  # a zero block: E4M3 code 0
     else:  # UE8M0 powers of two; pow2_floor: 2^(floor(log2 amax) - emax), pow2_ceil: smallest with amax/s <= max
         assert bool((torch.frexp(s).mantissa == 0.5).all())
         nz = amax > 0
+        assert bool((s[~nz] == 2.0**-127).all())  # a zero block: the smallest scale, UE8M0 code 0
         e = torch.floor(torch.log2(amax[nz].double()))
         if info.name.endswith("_ceil"):
             assert bool((amax[nz] / s[nz] <= mx).all()) and bool((amax[nz] / (s[nz] / 2) > mx).all())

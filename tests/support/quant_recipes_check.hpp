@@ -143,12 +143,12 @@ void check_recipe(std::size_t rows, std::size_t cols, std::uint64_t salt, float 
     opt.rng = rng;
     const auto result =
         quantize<Recipe>(on_host(), matrix_ref<const In>(stored.data(), rows, cols), q.ref(), qt.ref(), opt);
-    const auto ref = reference::quantize<Recipe>(x, rows, cols, -1.0,
-                                                 [&](std::size_t i, std::size_t j) { return rng.bits(i * cols + j); });
+    const auto ref = reference::quantize<Recipe>(
+        x, rows, cols, -1.0, [&](std::size_t i, std::size_t j) { return rng.bits(octet::stochastic_index(i, j)); });
     const philox_stream rng_t{rng.seed, rng.offset + 1};
-    const auto ref_t =
-        reference::quantize<Recipe>(transpose(x, rows, cols), cols, rows, -1.0,
-                                    [&](std::size_t i, std::size_t j) { return rng_t.bits(i * rows + j); });
+    const auto ref_t = reference::quantize<Recipe>(
+        transpose(x, rows, cols), cols, rows, -1.0,
+        [&](std::size_t i, std::size_t j) { return rng_t.bits(octet::stochastic_index(i, j)); });
     INFO(std::string(format_name<typename Recipe::format>()) << " rows=" << rows << " cols=" << cols);
     CHECK(static_cast<double>(result.amax) == ref.amax);
     if (Recipe::two_level) {

@@ -304,7 +304,7 @@ OCTET_DEVICE void quantize_tile_copy(const quant_copy_args<Recipe>& a, shared_pt
                 S = c < copy_cols ? a.scale_values[(gr / L.block_rows) * L.scale_cols + c / L.block_cols] : 1.0f;
             std::uint32_t bits = 0;
             if constexpr (std::is_same_v<typename Recipe::rounding, round::stochastic>)
-                bits = a.rng.bits(gr * copy_cols + c);
+                bits = a.rng.bits(stochastic_index(gr, c));
             codes[k] = c < copy_cols ? encode_scaled<Recipe>(v, S, bits) : std::uint8_t{0};
             if (a.stats && c < copy_cols) acc.add<Fmt>(v, S, codes[k]);
         }

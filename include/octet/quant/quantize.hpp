@@ -13,8 +13,8 @@
 // (octet::on_stream, with octet/quant/quantize.cuh included) the same call gives the same bits. On the host the two
 // copies are produced by separate passes over x; the device quantizer produces both from one read.
 //
-// Stochastic rounding draws element (r, c) of a copy from rng.bits(r * copy_cols + c), with the
-// row-wise copy on rng.offset and the column-wise copy on rng.offset + 1.
+// Stochastic rounding draws element (r, c) of a copy from rng.bits(stochastic_index(r, c)) (scale.hpp),
+// with the row-wise copy on rng.offset and the column-wise copy on rng.offset + 1.
 #pragma once
 
 #include <algorithm>
@@ -435,7 +435,7 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
                 }
                 if constexpr (stochastic) {
                     for (std::size_t j = 0; j < cols; ++j)
-                        codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(i * cols + j));
+                        codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(stochastic_index(i, j)));
                 } else if (row_major) {
                     run_kernel<encode_scaled_kernel<Recipe, In>>(isa, row_src, S_of.data(), codes.data(), cols);
                 } else {

@@ -10,8 +10,14 @@
 //     0xFF; e4m3: code 0x7F; f32: the NaN 0x7FFFFFFF) and zero codes, so every element of it dequantizes to NaN;
 //     its finite elements are counted in quant_stats::lost_to_nan. Inf alone does not do this.
 //     A stored scale that is NaN (ue8m0 0xFF included) always decodes to NaN.
-//   * amax == 0 (an all-zero block, or one holding only non-finite values): the scale is 1 (for
-//     ue8m0: code 127) and every finite element encodes to zero. Never NaN.
+//   * amax == 0 (an all-zero block, or one holding only non-finite values): the scale is the
+//     smallest the rule gives (f32: 2^-126; ue8m0: 2^-127, code 0; e4m3 storage: code 0, the
+//     value 0) and every finite element encodes to zero. Never NaN. The scale of a block with no
+//     magnitude carries no information, and the smallest one keeps it out of every maximum taken
+//     over scales: a consumer that folds per-row scales into a product by their largest (FP8
+//     attention's V and dO tiles, the dS scales of dQ and dK) is then unchanged by zero rows
+//     (padding, masked labels). A scale of 1 there made every other row of a 1e-3 gradient
+//     underflow in E4M3 (tests/host/attention_padding.cpp).
 //   * a tiny (even subnormal) amax: float scales are clamped to at least 2^-126 and power-of-two
 //     scales to at least 2^-126 (f32) or 2^-127 (ue8m0), so x / s is always finite; elements too
 //     small for that scale flush to zero and are counted. Scales are at most 2^127.
@@ -104,7 +110,7 @@ OCTET_HD block_scale make_block_scale(float amax, float tensor_scale = 1.0f) {
     const bool zero = !(amax > 0.0f);  // also catches a NaN amax defensively
     if constexpr (is_pow2_rule_v<Rule>) {
         constexpr int lo = std::is_same_v<Storage, scale_storage::ue8m0> ? -127 : -126;
-        int e = zero ? 0 : detail::pow2_scale_exponent<Fmt, Rule>(amax);
+        int e = zero ? lo : detail::pow2_scale_exponent<Fmt, Rule>(amax);
         e = e < lo ? lo : (e > 127 ? 127 : e);
         const float value = exp2i(e);
         if constexpr (std::is_same_v<Storage, scale_storage::ue8m0>)
@@ -116,9 +122,9 @@ OCTET_HD block_scale make_block_scale(float amax, float tensor_scale = 1.0f) {
         if constexpr (Rule::margin > 0) s = s * exp2i(Rule::margin);
         s = s < 1.17549435e-38f ? 1.17549435e-38f : s;  // 2^-126: x / s stays finite
         s = s > 1.70141183e38f ? 1.70141183e38f : s;    // 2^127
-        s = zero ? 1.0f : s;
+        s = zero ? 1.17549435e-38f : s;                 // the smallest scale (a NaN amax included)
         if constexpr (std::is_same_v<Storage, scale_storage::e4m3>) {
-            const std::uint8_t code = encode<e4m3>(s / tensor_scale);
+            const std::uint8_t code = zero ? std::uint8_t{0} : encode<e4m3>(s / tensor_scale);
             return block_scale{code, decode<e4m3>(code) * tensor_scale};
         } else {
             return block_scale{float_to_bits(s), s};
@@ -164,6 +170,14 @@ OCTET_HD std::uint8_t encode_scaled(float x, float scale_value, std::uint32_t ra
         code = encode<Fmt, Round, Overflow>(v);
     }
     return scale_value == 0.0f || scale_value != scale_value ? std::uint8_t{0} : code;
+}
+
+/// The index of element (r, c) of a copy in its stochastic-rounding stream: r in the high 32 bits,
+/// c (< 2^32) in the low, so that a copy's draws do not depend on its row length: zero columns
+/// appended to a copy (padding tokens in a transposed gradient) leave the other elements' bits,
+/// and so their codes, unchanged.
+OCTET_HD std::uint64_t stochastic_index(std::uint64_t r, std::uint64_t c) {
+    return (r << 32) | c;
 }
 
 /// True when |v| lies beyond max_finite by at least half a unit in the last place of max_finite

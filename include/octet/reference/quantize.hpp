@@ -59,7 +59,7 @@ std::pair<std::uint32_t, double> block_scale_f64(double amax, double tensor_scal
     using Storage = typename Recipe::scale_storage_type;
     const double maxf = Fmt::max_finite_d;
     if constexpr (is_pow2_rule_v<Rule>) {
-        int e = 0;
+        int e = -1000;  // a zero amax: the smallest scale (clamped below)
         if (amax > 0) {
             if constexpr (std::is_same_v<Rule, scale::pow2_floor>) {
                 e = std::ilogb(amax) - Fmt::emax;  // OCP MX: floor(log2 amax) - emax
@@ -87,8 +87,9 @@ std::pair<std::uint32_t, double> block_scale_f64(double amax, double tensor_scal
         if (Rule::margin > 0) s = static_cast<float>(static_cast<double>(s) * std::ldexp(1.0, Rule::margin));
         s = std::max(s, std::ldexp(1.0f, -126));
         s = std::min(s, std::ldexp(1.0f, 127));
-        if (!(amax > 0)) s = 1.0f;
+        if (!(amax > 0)) s = std::ldexp(1.0f, -126);  // a zero amax: the smallest scale
         if constexpr (std::is_same_v<Storage, scale_storage::e4m3>) {
+            if (!(amax > 0)) return {0u, 0.0};  // ... stored as E4M3 code 0
             const float ratio = detail::to_float_rn(static_cast<double>(s) / tensor_scale);
             const std::uint32_t code = encode_code<e4m3, round::nearest_even, overflow::saturate>(ratio);
             const double dec = decode_code<e4m3>(code).value;
