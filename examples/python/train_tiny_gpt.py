@@ -59,7 +59,7 @@ def exact_attention(q, k, v):
 
 def octet_attention(q, k, v):
     # octet reads q, k, v in place as slices of the fused QKV projection (no copy).
-    return ot.attention(q, k, v, causal=True, delta="matched")
+    return ot.attention(q, k, v, causal=True, delta="matched", layout="bshd")
 
 
 class GPT(nn.Module):

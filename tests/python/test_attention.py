@@ -192,7 +192,7 @@ def test_batched_layout_and_strided_slices_agree_with_packed(gen):
     q, k, v = qkv.unbind(2)
     assert not q.is_contiguous()
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o = ot.attention(*leaves, causal=True)
+    o = ot.attention(*leaves, causal=True, layout="bshd")
     o.backward(torch.ones_like(o))
     cu = torch.arange(0, b * t + 1, t, dtype=torch.int32)
     flat = [packed(x.contiguous()).requires_grad_() for x in (q, k, v)]

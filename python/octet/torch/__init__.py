@@ -50,7 +50,14 @@ if _wanted("codec"):
 if _wanted("optim"):
     from .optim import AdamW  # noqa: F401
 if _wanted("attention"):
-    from ._attention import AttentionFunction, AttentionTelemetry, attention  # noqa: F401
+    from ._attention import (  # noqa: F401
+        AttentionFunction,
+        AttentionTelemetry,
+        attention,
+        hf_attention_forward,
+        register_hf_attention,
+        scaled_dot_product_attention,
+    )
 if _wanted("monitor"):
     from .monitor import RunReport  # noqa: F401
 

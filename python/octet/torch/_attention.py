@@ -141,13 +141,19 @@ class AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
+LAYOUTS = ("thd", "bshd")
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, delta: str = "matched",
               scale: Optional[float] = None, return_telemetry: bool = False, v_scaling: str = "per_head",
               cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
-              fold_dq_residual: bool = False):
+              fold_dq_residual: bool = False, layout: Optional[str] = None):
     """softmax(scale * Q K^T) V with octet's FP8 attention, differentiable in q, k and v.
 
-    q: [tokens, heads_q, head_dim] or [batch, tokens, heads_q, head_dim], float32 or bfloat16;
+    layout: "thd" (q is [tokens, heads_q, head_dim], the default for 3-D inputs) or "bshd"
+    (q is [batch, tokens, heads_q, head_dim]: required for 4-D inputs, so that SDPA's
+    [batch, heads, tokens, head_dim] is refused rather than read as tokens; for that layout use
+    octet.torch.scaled_dot_product_attention). float32 or bfloat16;
     k, v: the same with heads_kv heads (dividing heads_q; grouped-query attention) and their own
     token count. cu_seqlens_q / cu_seqlens_k (int32, batch + 1 offsets, 3-D inputs only) pack
     several sequences along tokens; cu_seqlens_k defaults to cu_seqlens_q. causal masks key j of
@@ -164,6 +170,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     into the Python object is a side effect that fullgraph refuses (without fullgraph it breaks the
     graph there and works).
     """
+    expected = {3: "thd", 4: "bshd"}.get(q.dim())
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"octet.torch.attention: layout is {layout!r}; pass one of {LAYOUTS}")
+    if q.dim() == 4 and layout != "bshd":
+        raise ValueError(
+            "octet.torch.attention: q is 4-D, so pass layout='bshd' ([batch, tokens, heads, head_dim]); for "
+            "SDPA's [batch, heads, tokens, head_dim] call octet.torch.scaled_dot_product_attention")
+    if layout is not None and expected is not None and layout != expected:
+        raise ValueError(f"octet.torch.attention: layout is {layout!r} but q is {q.dim()}-D; "
+                         f"pass layout={expected!r}")
     if delta not in DELTA_MODES:
         raise ValueError(f"octet.torch.attention: delta is {delta!r}; pass one of {DELTA_MODES}")
     if v_scaling not in V_SCALINGS:
@@ -180,3 +196,202 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         return o
     telemetry.forward_tensor = forward_stats
     return o, telemetry
+
+
+# ---- SDPA's interface -----------------------------------------------------------------------------
+
+
+def _served_head_dim(d: int) -> int:
+    """The smallest head dim of HEAD_DIMS that holds d (q, k and v are zero-padded up to it)."""
+    for h in HEAD_DIMS:
+        if d <= h:
+            return h
+    raise ValueError(f"octet.torch.scaled_dot_product_attention: head_dim is {d}; octet serves head dims up to "
+                     f"{HEAD_DIMS[-1]} (smaller ones are zero-padded to one of {HEAD_DIMS})")
+
+
+def _allowed(attn_mask: torch.Tensor, b: int, lq: int, lk: int) -> torch.Tensor:
+    """SDPA's attn_mask as a boolean [b, lq, lk] (True: query i may attend key j). A float mask must
+    hold only 0 (attend) and large negative values (-inf, or dtype-min as HF writes): a bias is not a
+    mask octet can serve."""
+    fn = "octet.torch.scaled_dot_product_attention"
+    if attn_mask.dim() > 4 or attn_mask.dim() < 2:
+        raise ValueError(f"{fn}: attn_mask has {attn_mask.dim()} dimensions; pass [lq, lk], [b, 1, lq, lk] or a "
+                         "shape broadcastable to [b, heads, lq, lk]")
+    m = attn_mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    if m.dtype == torch.bool:
+        allowed = m
+    else:
+        allowed = m == 0
+        blocked = m <= -1e4
+        if not bool((allowed | blocked).all()):
+            raise ValueError(f"{fn}: attn_mask holds values other than 0 and large negatives (a bias); octet serves "
+                             "padding and causal masks only")
+    allowed = allowed.expand(b, allowed.shape[1], lq, lk)
+    if allowed.shape[1] > 1 and not bool((allowed == allowed[:, :1]).all()):
+        raise ValueError(f"{fn}: attn_mask differs between heads; octet serves masks shared by every head")
+    return allowed[:, 0].to("cpu")
+
+
+def _mask_as_sequences(allowed: torch.Tensor, self_attention: bool):
+    """Reads a padding (and possibly causal) mask as one contiguous run of tokens per batch entry.
+    Returns (starts, ends, causal) with tokens [starts[b], ends[b]) of entry b valid, as keys and
+    (self-attention) as queries; raises ValueError for any other mask."""
+    fn = "octet.torch.scaled_dot_product_attention"
+    b, lq, lk = allowed.shape
+    keys = allowed.any(dim=1)  # [b, lk]: keys some query sees
+    starts, ends = [], []
+    for e in range(b):
+        idx = torch.nonzero(keys[e]).flatten()
+        s0, s1 = (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 0)
+        if int(keys[e].sum()) != s1 - s0:
+            raise ValueError(f"{fn}: attn_mask's keys of batch entry {e} are not one contiguous run; octet serves "
+                             "left or right padding (one run of valid tokens per sequence)")
+        starts.append(s0)
+        ends.append(s1)
+    j = torch.arange(lk)
+    causal = None
+    for e in range(b):
+        s0, s1 = starts[e], ends[e]
+        if s1 == s0:
+            continue
+        r0, r1 = (s0, s1) if self_attention else (0, lq)
+        block = allowed[e, r0:r1]
+        full = ((j >= s0) & (j < s1)).expand_as(block)
+        is_full = torch.equal(block, full)
+        is_causal = self_attention and torch.equal(block, full & (j.unsqueeze(0) <= torch.arange(r0, r1).unsqueeze(1)))
+        if not (is_full or is_causal):
+            raise ValueError(f"{fn}: attn_mask of batch entry {e} is neither a padding mask nor a causal one over "
+                             "its valid tokens; octet serves those two")
+        if is_full and is_causal:  # one valid token: both readings agree
+            continue
+        if causal is not None and causal != is_causal:
+            raise ValueError(f"{fn}: attn_mask is causal for some batch entries and not for others")
+        causal = is_causal
+    return starts, ends, bool(causal)
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
+                                 *, delta: str = "matched", v_scaling: str = "per_head") -> torch.Tensor:
+    """torch.nn.functional.scaled_dot_product_attention's interface over octet's FP8 attention.
+
+    query [batch, heads_q, lq, head_dim], key and value [batch, heads_kv, lk, head_dim] (SDPA's
+    layout), float32, bfloat16 or float16 (computed in float32 for float16). Returns
+    [batch, heads_q, lq, head_dim] in query's dtype, differentiable in query, key and value.
+
+    - heads_kv != heads_q needs enable_gqa=True (as SDPA); heads_kv must divide heads_q.
+    - is_causal: key j of query i is masked unless j <= i; lq must equal lk (SDPA aligns a causal
+      mask top-left, octet bottom-right: equal lengths are where they agree).
+    - attn_mask: a padding mask, causal or not (boolean, True = attend; or float, 0 = attend and
+      -inf or dtype-min = masked, as Hugging Face builds them), shared by every head: each batch
+      entry's valid tokens must be one contiguous run (right or left padding). The valid tokens are
+      packed into octet's varlen layout; the output rows of the other (padding) queries are 0 and
+      get no gradient. Any other mask (a bias, per-head masks, holes) raises ValueError.
+    - head_dim: 32, 64, 128 and 256 directly; smaller ones are zero-padded to the next of those
+      inside (16 -> 32, 80 and 96 -> 128, ...), which changes no score (the softmax scale stays
+      1 / sqrt(head_dim) of the original) at the cost of the padded width.
+    - dropout_p must be 0 (octet's attention has no dropout).
+    delta and v_scaling are octet.torch.attention's."""
+    fn = "octet.torch.scaled_dot_product_attention"
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if x.dim() != 4:
+            raise ValueError(f"{fn}: {name} is {x.dim()}-D; pass [batch, heads, tokens, head_dim] (SDPA's layout)")
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"{fn}: {name} is {x.dtype}; pass float32, bfloat16 or float16")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(f"{fn}: query, key and value are {query.dtype}, {key.dtype}, {value.dtype}; pass one dtype")
+    b, hq, lq, d = query.shape
+    if key.shape != value.shape or key.shape[0] != b or key.shape[3] != d:
+        raise ValueError(f"{fn}: key {tuple(key.shape)} and value {tuple(value.shape)} must share one shape "
+                         f"[batch={b}, heads_kv, lk, head_dim={d}]")
+    hk, lk = key.shape[1], key.shape[2]
+    if dropout_p != 0.0:
+        raise ValueError(f"{fn}: dropout_p is {dropout_p}; octet's attention has no dropout (pass 0.0)")
+    if hk != hq and not enable_gqa:
+        raise ValueError(f"{fn}: query has {hq} heads and key {hk}; pass enable_gqa=True for grouped-query attention")
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"{fn}: key's {hk} heads must divide query's {hq}")
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{fn}: pass is_causal or attn_mask, not both (as SDPA)")
+    if is_causal and lq != lk:
+        raise ValueError(f"{fn}: is_causal with lq={lq} != lk={lk}: SDPA aligns the mask top-left and octet "
+                         "bottom-right; pass equal lengths or an explicit attn_mask")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    dp = _served_head_dim(d)
+    compute = torch.float32 if query.dtype == torch.float16 else query.dtype
+
+    def prepare(x):  # [b, h, s, d] -> [b, s, h, dp] (a view when x came from a [b, s, h, d] projection)
+        x = x.transpose(1, 2).to(compute)
+        return torch.nn.functional.pad(x, (0, dp - d)) if dp != d else x
+
+    q, k, v = prepare(query), prepare(key), prepare(value)
+    if attn_mask is None:
+        o = attention(q, k, v, causal=bool(is_causal), delta=delta, scale=scale, v_scaling=v_scaling,
+                      layout="bshd")
+    else:
+        allowed = _allowed(attn_mask, b, lq, lk)
+        starts, ends, causal = _mask_as_sequences(allowed, self_attention=(lq == lk))
+        if lq == lk and all(s0 == 0 and s1 == lq for s0, s1 in zip(starts, ends)):
+            o = attention(q, k, v, causal=causal, delta=delta, scale=scale, v_scaling=v_scaling, layout="bshd")
+        else:
+            qs = [(s0, s1) if lq == lk else (0, lq) for s0, s1 in zip(starts, ends)]
+            q_index = torch.cat([torch.arange(e * lq + s0, e * lq + s1) for e, (s0, s1) in enumerate(qs)])
+            k_index = torch.cat([torch.arange(e * lk + s0, e * lk + s1) for e, (s0, s1) in enumerate(zip(starts, ends))])
+            cu_q = torch.tensor([0] + [s1 - s0 for s0, s1 in qs], dtype=torch.int32).cumsum(0).to(torch.int32)
+            cu_k = torch.tensor([0] + [s1 - s0 for s0, s1 in zip(starts, ends)], dtype=torch.int32).cumsum(0)
+            q_index, k_index = q_index.to(q.device), k_index.to(q.device)
+            packed_q = q.reshape(b * lq, hq, dp).index_select(0, q_index)
+            packed_k = k.reshape(b * lk, hk, dp).index_select(0, k_index)
+            packed_v = v.reshape(b * lk, hk, dp).index_select(0, k_index)
+            o_packed = attention(packed_q, packed_k, packed_v, causal=causal, delta=delta, scale=scale,
+                                 v_scaling=v_scaling, cu_seqlens_q=cu_q.to(torch.int32),
+                                 cu_seqlens_k=cu_k.to(torch.int32))
+            o = o_packed.new_zeros(b * lq, hq, dp).index_copy(0, q_index, o_packed).reshape(b, lq, hq, dp)
+    if dp != d:
+        o = o[..., :d]
+    return o.transpose(1, 2).to(query.dtype)
+
+
+def hf_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                         **kwargs):
+    """Hugging Face transformers' attention interface over octet.torch.scaled_dot_product_attention:
+    register it with register_hf_attention() and load a model with attn_implementation="octet".
+    Takes query, key, value as [batch, heads, tokens, head_dim]; returns ([batch, tokens, heads,
+    head_dim], None) as transformers' sdpa_attention_forward does. Softcapping, attention sinks and
+    attention weights are refused."""
+    fn = "octet.torch.hf_attention_forward"
+    for unsupported in ("softcap", "sinks", "s_aux", "position_bias"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"{fn}: the model passes {unsupported}; octet's attention has none")
+    if kwargs.get("output_attentions", False):
+        raise ValueError(f"{fn}: output_attentions=True; octet's attention returns no weights")
+    lq = query.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(causal) and attention_mask is None and lq > 1
+    if causal and key.shape[2] > lq:  # transformers' rule: keys past the queries are a cache, cut
+        key, value = key[:, :, :lq], value[:, :, :lq]
+    o = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                     is_causal=causal, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return o.transpose(1, 2).contiguous(), None
+
+
+def register_hf_attention(name: str = "octet") -> str:
+    """Registers hf_attention_forward with transformers' AttentionInterface under ``name``; then
+    ``AutoModelForCausalLM.from_config(config, attn_implementation=name)`` (or
+    ``model.set_attn_implementation(name)``) runs every attention layer through octet, with the masks
+    transformers builds for SDPA. Returns the name. Needs transformers."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        raise ImportError("octet.torch.register_hf_attention needs transformers (pip install transformers)") from e
+    AttentionInterface.register(name, hf_attention_forward)
+    # the masks SDPA gets (None without padding, else boolean [b, 1, lq, lk]): without this a new name
+    # gets no mask at all, and padding would be attended
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
