@@ -275,15 +275,16 @@ def test_convert_sequential(gen):
     out = ot.convert(model, recipe="tensorwise", filter=lambda name, m: name != "4")
     assert out is model
     kinds = [type(m).__name__ for m in model]
-    # 128 x 10 does not fit (10 is no multiple of 16); "4" is filtered out.
-    assert kinds == ["Float8Linear", "ReLU", "Linear", "Sequential", "Linear"]
+    # 128 x 10 converts too (10 is no multiple of 16: padded inside on CUDA); "4" is filtered out.
+    assert kinds == ["Float8Linear", "ReLU", "Float8Linear", "Sequential", "Linear"]
     assert type(model[3][0]) is ot.Float8Linear
     assert model[0].weight is weights[0] and model[3][0].weight is weights[2]  # parameters are shared
     got = nn.Sequential(model[0], model[1], model[3])(x)
     assert _rel(got, expected.double()) <= _tolerance("tensorwise_e4m3", "tensorwise_e4m3")
-    # blockwise needs multiples of 128: only 128 x ... pairs with both dims fitting are swapped.
-    m2 = ot.convert(nn.Sequential(nn.Linear(128, 256), nn.Linear(256, 64)), recipe="blockwise")
-    assert [type(m).__name__ for m in m2] == ["Float8Linear", "Linear"]
+    # blockwise's kernels want multiples of 128: both convert, the second is padded inside on CUDA
+    m2, report = ot.convert(nn.Sequential(nn.Linear(128, 256), nn.Linear(256, 64)), recipe="blockwise",
+                            return_report=True)
+    assert [type(m).__name__ for m in m2] == ["Float8Linear", "Float8Linear"] and report.padded == ["1"]
     single = ot.convert(nn.Linear(32, 32), recipe="mxfp8")
     assert isinstance(single, ot.Float8Linear) and single.recipe.name == "mxfp8"
     with pytest.raises(ValueError, match="recipe 'fp8' is unknown"):

@@ -36,7 +36,16 @@ from ._quant import (  # noqa: F401
 if _wanted("gemm"):
     from ._gemm import SCALED_MM_PAIRS, gemm_error_bound, scaled_mm  # noqa: F401
 if _wanted("linear"):
-    from .linear import LINEAR_RECIPES, Float8Linear, LinearRecipe, convert  # noqa: F401
+    from .linear import (  # noqa: F401
+        LINEAR_RECIPES,
+        ConversionReport,
+        Float8Conv1D,
+        Float8Linear,
+        LinearRecipe,
+        convert,
+        linear_state,
+        load_linear_state,
+    )
 if _wanted("codec"):
     from .distributed import (  # noqa: F401
         CodecConfig,

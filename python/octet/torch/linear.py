@@ -39,8 +39,8 @@ Recipes (``recipe=``, LINEAR_RECIPES; octet::linear_recipes):
   nvfp4               NVFP4 (16-element E2M1 blocks, E4M3 block scales on a float tensor scale) for
                       every operand; the output gradient is rounded stochastically (Philox seed =
                       the module's ``seed``; backward s draws from offset 4 s, so a run is
-                      reproducible and resumes from the saved ``philox`` buffer), and the
-                      weight-gradient inputs dY and X are rotated along the token dimension by the
+                      reproducible and resumes from the ``philox`` buffer, which linear_state()
+                      carries), and the weight-gradient inputs dY and X are rotated along the token dimension by the
                       16-point random Hadamard transform of octet's codec (c H_16 D, signs from the
                       seed and the token index; tokens zero-padded to a multiple of 16) before their
                       column-wise copies: (H D dY)^T (H D X) = dY^T X. Weights use 1x16 blocks.
@@ -272,7 +272,12 @@ class Float8Linear(nn.Linear):
 
     Same constructor as nn.Linear plus ``recipe`` (a name of LINEAR_RECIPES or a LinearRecipe),
     ``amax_history_len`` (tensorwise_delayed) and ``seed`` (stochastic rounding and the Hadamard
-    signs of nvfp4). Inputs of any leading shape, float32, bfloat16 or float16; the output has the
+    signs of nvfp4). Any in_features and out_features: the CPU's GEMM takes any shape, and on CUDA,
+    whose kernels want multiples of the recipe's block (``recipe.dim_multiple``), the layer pads X,
+    W and the bias with zeros inside and slices Y (``pad_features``: "auto", the default, pads
+    where the kernels need it; "always"; "never"). Zero padding changes no code, scale or sum: the
+    result is the unpadded layer's, bit for bit (tests/python/test_convert.py).
+    Inputs of any leading shape, float32, bfloat16 or float16; the output has the
     input's dtype. Set ``keep_operands = True`` to keep the last step's quantized copies in
     ``last_operands`` (tests, inspection), ``collect_stats = True`` to keep their quantization
     statistics in ``last_stats`` ({"x", "w", "x_t", "w_t", "dy", "dy_t"} -> quantize's stats dict;
@@ -292,11 +297,17 @@ class Float8Linear(nn.Linear):
             if amax_history_len < 1:
                 raise ValueError(f"octet.torch.Float8Linear: amax_history_len is {amax_history_len}; pass >= 1")
             for role in ("x", "w", "g"):
-                self.register_buffer(f"amax_history_{role}", torch.zeros(amax_history_len, device="cpu"))
+                self.register_buffer(f"amax_history_{role}", torch.zeros(amax_history_len, device="cpu"),
+                                     persistent=False)
         if self.recipe.stochastic_gradients:
             # (seed, Philox offset of the next backward): a tensor, so that torch.compile does not
-            # guard on the step; saved with the model, so that a resumed run draws new bits.
-            self.register_buffer("philox", torch.tensor([self.seed, 0], dtype=torch.int64, device="cpu"))
+            # guard on the step.
+            self.register_buffer("philox", torch.tensor([self.seed, 0], dtype=torch.int64, device="cpu"),
+                                 persistent=False)
+        # The amax histories and the Philox pair are not in state_dict(), so that a converted model's
+        # state dict loads strictly into the unconverted model and back; linear_state() /
+        # load_linear_state() carry them for a bit-exact resume.
+        self.pad_features = "auto"
 
     @property
     def step(self) -> int:
@@ -329,12 +340,36 @@ class Float8Linear(nn.Linear):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", recipe={self.recipe.name}"
 
+    def _weight_out_in(self) -> torch.Tensor:
+        """The weight as [out_features, in_features] (Float8Conv1D: a transposed view)."""
+        return self.weight
+
+    def _padding(self, device: torch.device):
+        """(in, out) zeros to append, or None: "auto" pads on CUDA when a dimension is not a multiple
+        of the recipe's block."""
+        if self.pad_features not in ("auto", "always", "never"):
+            raise ValueError(f"octet.torch.Float8Linear: pad_features is {self.pad_features!r}; pass 'auto', "
+                             "'always' or 'never'")
+        m = self.recipe.dim_multiple
+        pad_in, pad_out = -self.in_features % m, -self.out_features % m
+        if (pad_in or pad_out) and (self.pad_features == "always" or
+                                    (self.pad_features == "auto" and device.type == "cuda")):
+            return pad_in, pad_out
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"octet.torch.Float8Linear: input has {x.shape[-1]} features in its last dimension; "
                              f"this layer takes {self.in_features}")
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features).contiguous()
+        weight, bias = self._weight_out_in(), self.bias
+        padding = self._padding(x.device)
+        if padding is not None:
+            pad_in, pad_out = padding
+            x2d = torch.nn.functional.pad(x2d, (0, pad_in))
+            weight = torch.nn.functional.pad(weight, (0, pad_in, 0, pad_out))
+            bias = None if bias is None else torch.nn.functional.pad(bias, (0, pad_out))
         grad = torch.is_grad_enabled()
         need_x_t = grad and self.weight.requires_grad
         need_w_t = grad and x.requires_grad
@@ -348,12 +383,14 @@ class Float8Linear(nn.Linear):
         keep = self if self.keep_operands or self.collect_stats else None
         # The layer computes in float32 (widened copies of bfloat16 / float16; float64 is refused
         # by the op, naming the argument): autograd rounds the gradients back to each dtype.
-        y, x_amax, w_amax = _Float8LinearFn.apply(_widen(x2d), _widen(self.weight),
-                                                  None if self.bias is None else _widen(self.bias), x_hist, w_hist,
-                                                  g_hist, philox, self.seed, cfg.name, need_x_t, need_w_t, keep)
+        y, x_amax, w_amax = _Float8LinearFn.apply(_widen(x2d), _widen(weight), None if bias is None else _widen(bias),
+                                                  x_hist, w_hist, g_hist, philox, self.seed, cfg.name, need_x_t,
+                                                  need_w_t, keep)
         if cfg.delayed and grad:  # training steps record amaxes; evaluation does not
             _push_amax(x_hist, x_amax)
             _push_amax(w_hist, w_amax)
+        if padding is not None:
+            y = y[:, :self.out_features]
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
 
@@ -362,27 +399,144 @@ def _widen(t: torch.Tensor) -> torch.Tensor:
 
 
 def fits(recipe, linear: nn.Linear) -> bool:
-    """convert()'s rule: in_features and out_features are multiples of the recipe's dim_multiple."""
+    """Whether in_features and out_features are multiples of the recipe's dim_multiple (the block the
+    CUDA kernels want): a layer that does not fit still converts, and pads inside on CUDA."""
     m = linear_recipe(recipe).dim_multiple
     return linear.in_features % m == 0 and linear.out_features % m == 0
 
 
-def convert(model: nn.Module, recipe="tensorwise", filter: Optional[Callable[[str, nn.Module], bool]] = None,
-            **kwargs) -> nn.Module:
-    """Swaps every nn.Linear of ``model`` (exactly that type: subclasses such as attention's
-    out_proj, whose weight is read directly, are left alone) for a Float8Linear sharing its
-    parameters, in place, when fits(recipe, linear) and filter(qualified_name, linear) say so.
-    Returns the model (a new Float8Linear when ``model`` itself is a linear)."""
+class Float8Conv1D(Float8Linear):
+    """Hugging Face's Conv1D (GPT-2's projections: y = x W + b with W [in, out]) on octet's
+    quantized GEMMs. It keeps the Conv1D's weight Parameter, [in_features, out_features], so its
+    state dict is the Conv1D's; the GEMMs read the weight transposed, in place."""
+
+    @classmethod
+    def from_conv1d(cls, conv: nn.Module, *, recipe="tensorwise", **kwargs) -> "Float8Conv1D":
+        in_f, out_f = conv.weight.shape
+        with torch.device("meta"):
+            new = cls(in_f, out_f, bias=conv.bias is not None, recipe=recipe, **kwargs)
+        new.weight = conv.weight
+        new.bias = conv.bias
+        for name, buf in list(new.named_buffers(recurse=False)):  # host-read state: on the CPU
+            setattr(new, name, torch.zeros_like(buf, device="cpu"))
+        if new.recipe.stochastic_gradients:
+            new.philox = torch.tensor([new.seed, 0], dtype=torch.int64)
+        return new
+
+    def _weight_out_in(self) -> torch.Tensor:
+        return self.weight.t()
+
+
+def _is_hf_conv1d(m: nn.Module) -> bool:
+    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers") and m.weight.dim() == 2
+
+
+@dataclass
+class ConversionReport:
+    """What convert() did: ``converted`` (qualified names, each swapped for a Float8Linear or
+    Float8Conv1D), ``padded`` (the converted ones whose dimensions are not multiples of the recipe's
+    block: padded inside on CUDA), ``skipped`` (qualified name -> why)."""
+    recipe: str
+    converted: list
+    padded: list
+    skipped: dict
+
+    def __str__(self):
+        lines = [f"octet.torch.convert ({self.recipe}): {len(self.converted)} converted, "
+                 f"{len(self.skipped)} skipped, {len(self.padded)} padded inside on CUDA"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def convert(model: nn.Module, recipe="tensorwise", filter: Optional[Callable[[str, nn.Module], bool]] = None, *,
+            module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None, keep_output_head: bool = True,
+            return_report: bool = False, **kwargs):
+    """Swaps, in place, every nn.Linear of ``model`` (exactly that type) for a Float8Linear and every
+    Hugging Face Conv1D (GPT-2) for a Float8Conv1D, each sharing the module's Parameters (optimizers
+    and tied weights keep working; the state dict keeps its keys and shapes). Any shape converts
+    (see Float8Linear on padding). Left alone, each with its reason in the report:
+      * the output head (``model.get_output_embeddings()``, or a module named ``lm_head``) while
+        keep_output_head is set (the default: the logits' GEMM is the one most sensitive to FP8);
+      * modules for which filter(qualified_name, module) or torchao's form
+        module_filter_fn(module, qualified_name) returns False;
+      * subclasses of nn.Linear (attention's out_proj, whose weight is read directly).
+    Returns the model (a new module when ``model`` itself is a linear), or (model, ConversionReport)
+    with return_report=True; the report's summary is also logged (logger "octet.torch", INFO)."""
     cfg = linear_recipe(recipe)
+    heads = set()
+    if keep_output_head:
+        get = getattr(model, "get_output_embeddings", None)
+        head = get() if callable(get) else None
+        if head is not None:
+            heads.add(id(head))
+    report = ConversionReport(cfg.name, [], [], {})
 
-    def wanted(name, m):
-        return type(m) is nn.Linear and fits(cfg, m) and (filter is None or filter(name, m))
+    def swap(name, m):
+        """The converted module, or None (with the reason recorded)."""
+        linear = type(m) is nn.Linear
+        if not (linear or _is_hf_conv1d(m)):
+            if isinstance(m, nn.Linear) and not isinstance(m, Float8Linear):
+                report.skipped[name or "<model>"] = (f"{type(m).__name__} subclasses nn.Linear (its weight may be "
+                                                     "read directly)")
+            return None
+        if keep_output_head and (id(m) in heads or name.split(".")[-1] == "lm_head"):
+            report.skipped[name] = "the output head stays in high precision (keep_output_head=False converts it)"
+            return None
+        if (filter is not None and not filter(name, m)) or (module_filter_fn is not None
+                                                            and not module_filter_fn(m, name)):
+            report.skipped[name] = "the filter left it out"
+            return None
+        new = Float8Linear.from_float(m, recipe=cfg, **kwargs) if linear else \
+            Float8Conv1D.from_conv1d(m, recipe=cfg, **kwargs)
+        report.converted.append(name)
+        if not fits(cfg, new):
+            report.padded.append(name)
+        return new
 
-    if wanted("", model):
-        return Float8Linear.from_float(model, recipe=cfg, **kwargs)
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            name = f"{parent_name}.{child_name}" if parent_name else child_name
-            if wanted(name, child):
-                setattr(parent, child_name, Float8Linear.from_float(child, recipe=cfg, **kwargs))
-    return model
+    result = model
+    top = swap("", model)
+    if top is not None:
+        result = top
+    else:
+        for parent_name, parent in list(model.named_modules()):
+            for child_name, child in list(parent.named_children()):
+                name = f"{parent_name}.{child_name}" if parent_name else child_name
+                new = swap(name, child)
+                if new is not None:
+                    setattr(parent, child_name, new)
+    import logging
+
+    logging.getLogger("octet.torch").info("%s", report)
+    return (result, report) if return_report else result
+
+
+def linear_state(model: nn.Module) -> dict:
+    """The per-step state of every Float8Linear of ``model`` that is not in its state_dict(): the
+    amax histories (tensorwise_delayed) and the Philox pair (nvfp4), by qualified name. Save it
+    beside the state dict for a bit-exact resume; load_linear_state() puts it back."""
+    state = {}
+    for name, m in model.named_modules():
+        if isinstance(m, Float8Linear):
+            for b, t in m.named_buffers(recurse=False):
+                state[f"{name}.{b}" if name else b] = t.detach().clone()
+    return state
+
+
+def load_linear_state(model: nn.Module, state: dict) -> None:
+    """Puts linear_state()'s tensors back into the Float8Linear modules of ``model``. Every entry must
+    name a buffer of such a module, with its shape, and every such buffer must have an entry:
+    anything else raises ValueError, and nothing is loaded."""
+    own = linear_state(model)
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"octet.torch.load_linear_state: missing {missing}, unexpected {unexpected}; pass the "
+                         "linear_state() of a model converted with the same recipes")
+    for k, t in state.items():
+        if tuple(t.shape) != tuple(own[k].shape):
+            raise ValueError(f"octet.torch.load_linear_state: {k} has shape {tuple(t.shape)}, the model's "
+                             f"{tuple(own[k].shape)}")
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for k, t in state.items():
+            buffers[k].copy_(t)
