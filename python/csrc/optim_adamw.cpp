@@ -10,6 +10,12 @@
 //       codec's meta structs (octet::state_codec::*::meta_type, floats) travel as raw uint8 bytes.
 //   octet::adamw_count_nonfinite(grads) -> int64 scalar: gradient elements that are NaN, +-Inf or
 //       >= 2^63 in magnitude (the step's definition), for a skip decision over many parameters.
+//   octet::adamw_encode_moment(x, codec, moment, seed, step) -> [codes, meta]: float32 moments (moment
+//       1 or 2) as the codec stores them (octet::encode_moments; a stochastic codec draws from
+//       philox_stream{seed, step}), to import another optimizer's state. CPU.
+//   octet::adamw_decode_moment(codes, meta, codec, moment) -> float32: the moments the step uses
+//       (octet::decode_moments), to export the state. CPU.
+#include "octet/optim/moments.hpp"
 #include "optim_adamw.hpp"
 
 #include <ATen/MemoryOverlap.h>
@@ -208,11 +214,71 @@ at::Tensor adamw_count_nonfinite(const at::Tensor& grads) {
     return out;
 }
 
+/// Calls f(std::integral_constant<octet::moment, K>) for moment 1 or 2.
+template <class F>
+decltype(auto) with_moment(int64_t moment, const char* op, F&& f) {
+    TORCH_CHECK_VALUE(moment == 1 || moment == 2, where(op, "moment"), "is ", moment,
+                      "; pass 1 (the first moment, m) or 2 (the second, v)");
+    if (moment == 1) return f(std::integral_constant<octet::moment, octet::moment::first>{});
+    return f(std::integral_constant<octet::moment, octet::moment::second>{});
+}
+
+std::vector<at::Tensor> adamw_encode_moment(const at::Tensor& x, c10::string_view codec, int64_t moment, int64_t seed,
+                                            int64_t step) {
+    constexpr const char* op = "adamw_encode_moment";
+    check_tensor(x, op, "x", {at::kFloat}, c10::DeviceType::CPU);
+    check_vector(x, op, "x");
+    TORCH_CHECK_VALUE(seed >= 0 && step >= 0, where(op, "seed/step"), "are ", seed, ", ", step, "; pass values >= 0");
+    const auto n = static_cast<std::size_t>(x.numel());
+    const codec_layout l = layout_of(codec, op, "codec", n);
+    at::Tensor codes = at::zeros({x.numel()}, x.options().dtype(l.code_dtype));
+    at::Tensor meta = at::zeros({l.meta_bytes}, x.options().dtype(at::kByte));
+    with_codec(codec, op, "codec", [&](auto c) {
+        using C = typename decltype(c)::type;
+        with_moment(moment, op, [&](auto k) {
+            guarded([&] {
+                octet::encode_moments<C, decltype(k)::value>(
+                    host(), span_of<const float>(x, n), span_of<typename C::code_type>(codes, n),
+                    span_of<typename C::meta_type>(meta, octet::state_meta_count<C>(n)),
+                    octet::philox_stream{static_cast<std::uint64_t>(seed), static_cast<std::uint64_t>(step)});
+            });
+        });
+    });
+    return {codes, meta};
+}
+
+at::Tensor adamw_decode_moment(const at::Tensor& codes, const at::Tensor& meta, c10::string_view codec,
+                               int64_t moment) {
+    constexpr const char* op = "adamw_decode_moment";
+    check_vector(codes, op, "codes");
+    const auto n = static_cast<std::size_t>(codes.numel());
+    const codec_layout l = layout_of(codec, op, "codec", n);
+    check_tensor(codes, op, "codes", {l.code_dtype}, c10::DeviceType::CPU);
+    check_tensor(meta, op, "meta", {at::kByte}, c10::DeviceType::CPU);
+    check_vector(meta, op, "meta");
+    TORCH_CHECK_VALUE(meta.numel() == l.meta_bytes, where(op, "meta"), "has ", meta.numel(), " bytes; ", n,
+                      " moments of codec '", std::string(codec), "' have ", l.meta_bytes);
+    at::Tensor x = at::empty({codes.numel()}, codes.options().dtype(at::kFloat));
+    with_codec(codec, op, "codec", [&](auto c) {
+        using C = typename decltype(c)::type;
+        with_moment(moment, op, [&](auto k) {
+            guarded([&] {
+                octet::decode_moments<C, decltype(k)::value>(
+                    host(), span_of<const typename C::code_type>(codes, n),
+                    span_of<const typename C::meta_type>(meta, octet::state_meta_count<C>(n)), span_of<float>(x, n));
+            });
+        });
+    });
+    return x;
+}
+
 }  // namespace
 }  // namespace optim
 }  // namespace octet_torch
 
 TORCH_LIBRARY_FRAGMENT(octet, m) {
+    m.def("adamw_encode_moment(Tensor x, str codec, int moment, int seed=0, int step=0) -> Tensor[]");
+    m.def("adamw_decode_moment(Tensor codes, Tensor meta, str codec, int moment) -> Tensor");
     m.def(
         "adamw_step(Tensor(a!) params, Tensor(b!) compensation, Tensor(c!) m_codes, Tensor(d!) m_meta, Tensor(e!) "
         "v_codes, Tensor(f!) v_meta, Tensor grads, str m_codec, str v_codec, str master, float lr, float beta1, "
@@ -225,6 +291,8 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
     m.impl("adamw_step", &octet_torch::optim::adamw_step);
     m.impl("adamw_count_nonfinite", &octet_torch::optim::adamw_count_nonfinite);
+    m.impl("adamw_encode_moment", &octet_torch::optim::adamw_encode_moment);
+    m.impl("adamw_decode_moment", &octet_torch::optim::adamw_decode_moment);
 }
 
 // Without CUDA kernels the same functions answer a CUDA tensor with an error that says so.

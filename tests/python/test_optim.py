@@ -538,3 +538,77 @@ def test_optimizer_bad_arguments(gen):
     opt.param_groups[0]["m_codec"] = opt.param_groups[0]["v_codec"] = "e4m3_scaled"
     with pytest.raises(ValueError, match="cannot change"):
         opt.step()
+
+
+def test_one_codec_named_sets_both(gen):
+    p = torch.nn.Parameter(torch.randn(40, generator=gen))
+    for kw in (dict(m_codec="bf16"), dict(v_codec="bf16")):
+        opt = ot.AdamW([p], **kw)
+        assert opt.param_groups[0]["m_codec"] == opt.param_groups[0]["v_codec"] == "bf16"
+        p.grad = torch.randn(40, generator=gen)
+        opt.step()
+    assert ot.AdamW([p]).param_groups[0]["m_codec"] == oo.DEFAULT_CODEC
+
+
+def _steps(params, opt, grads):
+    for gs in grads:
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        opt.step()
+
+
+@pytest.mark.parametrize("codec", ["fp32", "e4m3_expanded", "dynamic8"])
+def test_state_moves_between_torch_adamw_and_octet(codec, gen):
+    """torch.optim.AdamW -> octet (load_state_dict imports exp_avg / exp_avg_sq) and octet -> torch
+    (torch_state_dict): the run continues as the other optimizer's would, exactly up to float order
+    with fp32 moments, within the codec's error otherwise."""
+    shapes = [(37, 19), (300,)]
+    kw = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    ws = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(6)]
+    # an Adam update is about lr per element; an 8-bit codec's relative error (2^-4 for E4M3 at worst)
+    # moves each of the 3 steps after the hand-over by at most about 0.1 lr
+    tol = dict(rtol=1e-5, atol=1e-5 * kw["lr"]) if codec == "fp32" else dict(rtol=0, atol=3 * 0.1 * kw["lr"])
+
+    # torch for 3 steps, then both continue from its state
+    ref = [torch.nn.Parameter(w.clone()) for w in ws]
+    torch_opt = torch.optim.AdamW(ref, **kw)
+    _steps(ref, torch_opt, grads[:3])
+    ours = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+    octet_opt = ot.AdamW(ours, lr=1.0, m_codec=codec)  # lr, betas, eps, weight_decay come from the state
+    octet_opt.load_state_dict(torch_opt.state_dict())
+    assert octet_opt.param_groups[0]["lr"] == kw["lr"] and octet_opt.state[ours[0]]["step"] == 3
+    _steps(ref, torch_opt, grads[3:])
+    _steps(ours, octet_opt, grads[3:])
+    for p, q in zip(ours, ref):
+        torch.testing.assert_close(p.detach(), q.detach(), **tol)
+
+    # octet for 3 steps, then torch continues from its exported state
+    ours = [torch.nn.Parameter(w.clone()) for w in ws]
+    octet_opt = ot.AdamW(ours, m_codec=codec, **kw)
+    _steps(ours, octet_opt, grads[:3])
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    torch_opt = torch.optim.AdamW(theirs, lr=1.0)
+    torch_opt.load_state_dict(octet_opt.torch_state_dict())
+    assert torch_opt.param_groups[0]["lr"] == kw["lr"]
+    for p, q in zip(ours, theirs):  # the exported moments are what the codec decodes
+        s = octet_opt.state[p]
+        exp_avg = oo.decode_moment(s["m_codes"], s["m_meta"], codec, 1)
+        assert torch.equal(torch_opt.state[q]["exp_avg"].reshape(-1), exp_avg)
+    _steps(ours, octet_opt, grads[3:])
+    _steps(theirs, torch_opt, grads[3:])
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.detach(), q.detach(), **tol)
+
+
+def test_torch_state_with_amsgrad_or_other_parameters_is_refused(gen):
+    p = torch.nn.Parameter(torch.randn(8, generator=gen))
+    t = torch.optim.AdamW([p], amsgrad=True)
+    p.grad = torch.randn(8, generator=gen)
+    t.step()
+    with pytest.raises(ValueError, match="amsgrad"):
+        ot.AdamW([torch.nn.Parameter(p.detach().clone())]).load_state_dict(t.state_dict())
+    t2 = torch.optim.AdamW([p])
+    t2.step()
+    with pytest.raises(ValueError, match="same parameters"):
+        ot.AdamW([torch.nn.Parameter(torch.zeros(9))]).load_state_dict(t2.state_dict())

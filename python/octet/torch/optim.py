@@ -28,7 +28,7 @@ state_dict() returns the live state tensors: save it (torch.save) or deep-copy i
 """
 
 import math
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 
@@ -38,6 +38,7 @@ load("optim")
 _ops = torch.ops.octet
 
 CODECS = ("fp32", "bf16", "bf16_stochastic", "e4m3_scaled", "e4m3_expanded", "dynamic8")
+DEFAULT_CODEC = "e4m3_expanded"
 MASTERS = ("fp32", "bf16_nearest", "bf16_stochastic", "bf16_kahan")
 NONFINITE_POLICIES = ("skip_step", "zero_block")
 REPORT_FIELDS = ("nonfinite_gradients", "blocks_zeroed", "skipped")
@@ -58,6 +59,16 @@ def _adamw_step_fake(params, compensation, m_codes, m_meta, v_codes, v_meta, gra
 @torch.library.register_fake("octet::adamw_count_nonfinite")
 def _adamw_count_nonfinite_fake(grads):
     return grads.new_empty((), dtype=torch.int64)
+
+
+def encode_moment(x: torch.Tensor, codec: str, moment: int, seed: int = 0, step: int = 0):
+    """(codes, meta) of float32 moments as ``codec`` stores them (moment 1: m, 2: v); CPU."""
+    return _ops.adamw_encode_moment(x.detach().float().reshape(-1).contiguous().cpu(), codec, moment, seed, step)
+
+
+def decode_moment(codes: torch.Tensor, meta: torch.Tensor, codec: str, moment: int) -> torch.Tensor:
+    """The float32 moments a state holds (what the step uses); CPU."""
+    return _ops.adamw_decode_moment(codes.cpu(), meta.cpu(), codec, moment)
 
 
 # ---- state layout ----
@@ -112,7 +123,7 @@ class AdamW(torch.optim.Optimizer):
     """AdamW (PyTorch's formula: decoupled weight decay, bias correction) with compressed moments.
 
     Args: params, lr, betas, eps, weight_decay as torch.optim.AdamW; m_codec / v_codec (the moment
-    codecs, equal in this build), master (see the module docstring: fp32 needs float32 parameters,
+    codecs, equal in this build: naming one sets both; e4m3_expanded when neither is named), master (see the module docstring: fp32 needs float32 parameters,
     bf16_* bfloat16 ones), seed (Philox seed of stochastic rounding), on_nonfinite:
       * "skip_step": if any gradient of a skip_step group holds a NaN, +-Inf or |g| >= 2^63, no
         parameter is updated this step and no step counter advances (as GradScaler skips);
@@ -124,8 +135,11 @@ class AdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
-                 m_codec: str = "e4m3_expanded", v_codec: str = "e4m3_expanded", master: str = "fp32", seed: int = 0,
+                 m_codec: Optional[str] = None, v_codec: Optional[str] = None, master: str = "fp32", seed: int = 0,
                  on_nonfinite: str = "skip_step"):
+        # one codec named: both moments use it (this build steps with one codec for both)
+        m_codec = m_codec or v_codec or DEFAULT_CODEC
+        v_codec = v_codec or m_codec
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, m_codec=m_codec,
                         v_codec=v_codec, master=master, seed=seed, on_nonfinite=on_nonfinite)
         super().__init__(params, defaults)
@@ -221,7 +235,12 @@ class AdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """As torch's, but the state tensors are copied as they are: torch would cast them to the
-        parameter's dtype (uint8 codes to bfloat16 values, float32 moments of a bf16 parameter)."""
+        parameter's dtype (uint8 codes to bfloat16 values, float32 moments of a bf16 parameter).
+        A state dict of torch.optim.AdamW (its state holds exp_avg and exp_avg_sq) is imported: its
+        hyperparameters replace the groups', and each moment is encoded with the group's codec
+        (exactly, for fp32); amsgrad and maximize are refused by name."""
+        if _is_torch_adamw_state(state_dict):
+            state_dict = self._from_torch_adamw(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]
@@ -229,3 +248,73 @@ class AdamW(torch.optim.Optimizer):
             if i in state_dict["state"]:
                 self.state[p] = {k: (v.detach().clone().to(p.device) if isinstance(v, torch.Tensor) else v)
                                  for k, v in state_dict["state"][i].items()}
+
+    # ---- torch.optim.AdamW's state ---------------------------------------------------------------
+
+    def _from_torch_adamw(self, sd: Dict[str, Any]) -> Dict[str, Any]:
+        fn = "octet.torch.AdamW.load_state_dict"
+        groups = sd["param_groups"]
+        if len(groups) != len(self.param_groups) or any(len(a["params"]) != len(b["params"])
+                                                        for a, b in zip(groups, self.param_groups)):
+            raise ValueError(f"{fn}: the torch.optim.AdamW state has groups of "
+                             f"{[len(g['params']) for g in groups]} parameters, this optimizer "
+                             f"{[len(g['params']) for g in self.param_groups]}; pass the state of the same parameters")
+        for g in groups:
+            for flag in ("amsgrad", "maximize"):
+                if g.get(flag, False):
+                    raise ValueError(f"{fn}: the torch.optim.AdamW state has {flag}=True; octet's AdamW has no {flag}")
+        offsets = self._element_offsets()
+        state, out_groups = {}, []
+        for saved, g in zip(groups, self.param_groups):
+            out = {k: v for k, v in g.items() if k != "params"}
+            for k in ("lr", "betas", "eps", "weight_decay"):
+                if k in saved:
+                    out[k] = tuple(saved[k]) if k == "betas" else saved[k]
+            out["params"] = list(saved["params"])
+            out_groups.append(out)
+            for i, p in zip(saved["params"], g["params"]):
+                s = sd["state"].get(i)
+                if not s:
+                    continue
+                if s["exp_avg"].numel() != p.numel():
+                    raise ValueError(f"{fn}: parameter {i}'s exp_avg has {s['exp_avg'].numel()} elements, the "
+                                     f"parameter {p.numel()}; pass the state of the same parameters")
+                step = int(s["step"])
+                new = new_state(p, g["m_codec"], g["v_codec"], g["master"])
+                m = encode_moment(s["exp_avg"], g["m_codec"], 1, int(g["seed"]), step)
+                v = encode_moment(s["exp_avg_sq"], g["v_codec"], 2, int(g["seed"]), step)
+                new.update(m_codes=m[0].to(p.device), m_meta=m[1].to(p.device), v_codes=v[0].to(p.device),
+                           v_meta=v[1].to(p.device))
+                new.update(step=step, element_offset=offsets[p], m_codec=g["m_codec"], v_codec=g["v_codec"],
+                           master=g["master"])
+                state[i] = new
+        return {"state": state, "param_groups": out_groups}
+
+    def torch_state_dict(self) -> Dict[str, Any]:
+        """This optimizer's state as torch.optim.AdamW's state_dict() has it (float32 exp_avg and
+        exp_avg_sq decoded from the codecs, float step tensors): torch.optim.AdamW.load_state_dict
+        takes it. Compensation buffers (bf16_kahan) have no place there and are dropped."""
+        sd = self.state_dict()
+        state = {}
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        for g in self.param_groups:
+            for p in g["params"]:
+                s = self.state.get(p)
+                if not s:
+                    continue
+                shape = p.shape
+                state[index[id(p)]] = {
+                    "step": torch.tensor(float(s["step"])),
+                    "exp_avg": decode_moment(s["m_codes"], s["m_meta"], s["m_codec"], 1).reshape(shape).to(p.device),
+                    "exp_avg_sq": decode_moment(s["v_codes"], s["v_meta"], s["v_codec"], 2).reshape(shape).to(p.device),
+                }
+        groups = []
+        for g, saved in zip(self.param_groups, sd["param_groups"]):
+            groups.append(dict(lr=g["lr"], betas=tuple(g["betas"]), eps=g["eps"], weight_decay=g["weight_decay"],
+                               amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
+                               fused=None, params=list(saved["params"])))
+        return {"state": state, "param_groups": groups}
+
+
+def _is_torch_adamw_state(sd: Dict[str, Any]) -> bool:
+    return any(isinstance(s, dict) and "exp_avg" in s for s in sd.get("state", {}).values())
