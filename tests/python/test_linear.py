@@ -429,3 +429,49 @@ def test_bad_op_arguments(gen):
         ops.linear_backward(dy, out[3:7], "mxfp8", philox=torch.tensor([1, 6]))
     with pytest.raises(ValueError, match="octet::linear_backward: argument 'x_t_codes' holds 1536 bytes; a 32 x 5"):
         ops.linear_backward(dy[:5].contiguous(), out[3:7], "mxfp8")  # 5 tokens against a forward of 40
+
+
+# ---- delayed scaling under data parallelism: two processes over gloo ----
+
+
+def _amax_worker(rank, world, store, out_dir, sync):
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)  # the same weights on every rank
+        model = nn.Sequential(nn.Linear(32, 48), nn.Tanh(), nn.Linear(48, 16))
+        ot.convert(model, recipe="tensorwise_delayed")
+        data = torch.Generator().manual_seed(100 + rank)
+        local = []
+        for step in range(3):
+            x = torch.randn(8, 32, generator=data) * (1 + 3 * rank)  # rank 1 sees 4x larger inputs
+            model(x).square().sum().backward()
+            local.append([float(getattr(m, f"amax_history_{r}")[0]) for m in model if isinstance(m, ot.Float8Linear)
+                          for r in "xwg"])
+            reduced = ot.sync_amax_histories(model) if sync else 0
+        hist = torch.cat([getattr(m, f"amax_history_{r}") for m in model if isinstance(m, ot.Float8Linear)
+                          for r in "xwg"])
+        torch.save({"hist": hist, "local": torch.tensor(local), "reduced": reduced},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_delayed_amax_histories_reduced_across_ranks(tmp_path, sync):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_amax_worker, args=(2, str(tmp_path / "store"), str(tmp_path), sync), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    if not sync:  # each rank keeps its own amaxes: the histories disagree
+        assert not torch.equal(r0["hist"], r1["hist"])
+        return
+    assert r0["reduced"] == r1["reduced"] == 6  # X, W, dY of two layers, one all-reduce
+    assert torch.equal(r0["hist"], r1["hist"])
+    # the last step's newest amaxes are the larger of the two ranks' own
+    newest = r0["hist"].reshape(6, -1)[:, 0]
+    assert torch.equal(newest, torch.maximum(r0["local"][-1], r1["local"][-1]))

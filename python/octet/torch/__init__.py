@@ -45,6 +45,7 @@ if _wanted("linear"):
         convert,
         linear_state,
         load_linear_state,
+        sync_amax_histories,
     )
 if _wanted("codec"):
     from .distributed import (  # noqa: F401

@@ -540,3 +540,27 @@ def load_linear_state(model: nn.Module, state: dict) -> None:
     with torch.no_grad():
         for k, t in state.items():
             buffers[k].copy_(t)
+
+
+def sync_amax_histories(model: nn.Module, group=None) -> int:
+    """Delayed scaling under data parallelism: replaces the newest amax of every history of
+    ``model``'s tensorwise_delayed layers (X, W and dY of each) by its maximum over the ranks of
+    ``group``, in one all-reduce for all layers together (as Transformer Engine and torchao reduce
+    amaxes), so that every rank quantizes the next step with the same scales. Call it once per step,
+    after the backward and before the next forward (the dY amax is pushed by the backward). Without
+    an initialized process group it does nothing. Returns the number of amaxes reduced."""
+    import torch.distributed as dist
+
+    hists = [getattr(m, f"amax_history_{r}") for m in model.modules()
+             if isinstance(m, Float8Linear) and m.recipe.delayed for r in "xwg"]
+    if not hists or not (dist.is_available() and dist.is_initialized()):
+        return 0
+    newest = torch.stack([h[0] for h in hists])
+    if dist.get_backend(group) == "nccl":  # NCCL reduces device tensors; the histories live on the CPU
+        newest = newest.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(newest, op=dist.ReduceOp.MAX, group=group)
+    newest = newest.cpu()
+    with torch.no_grad():
+        for h, v in zip(hists, newest):
+            h[0] = v
+    return len(hists)
