@@ -230,6 +230,60 @@ TEST_CASE("results do not depend on the thread count") {
     CHECK(same_bits(a, b));
 }
 
+/// The host step compiled for one instruction set (core/isa_dispatch.hpp's run_fma_kernel).
+template <class St, class G>
+void step_with_isa(detail::simd_isa isa, St& s, const std::vector<G>& gr, const adamw_hyper& h, std::uint64_t t) {
+    optim_detail::step_backend<host_executor>::run(on_host(1), s.ref(), as_cspan(gr), h, t, 1e-3f, nullptr, isa);
+}
+
+template <class MC, class M, class G = float>
+void check_isa_variants(std::uint64_t salt) {
+    auto g = octet_test::rng(salt);
+    const std::size_t n = 3 * optim_block + 77;
+    adamw_hyper h;
+    h.seed = 5;
+    using St = adamw_state<MC, MC, M>;
+    const auto w0 = normal_vec(g, n);
+    St portable(n);
+    portable.set_params(as_cspan(w0));
+    std::vector<std::vector<float>> grads;
+    for (int t = 0; t < 3; ++t) {
+        auto gr = normal_vec(g, n, 0.01f);
+        for (std::size_t i = 0; i < n; i += 97) gr[i] *= 1e-6f;  // tiny gradients: subnormal-range moments
+        grads.push_back(gr);
+    }
+    auto as_g = [](const std::vector<float>& x) {
+        std::vector<G> y(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            if constexpr (std::is_same_v<G, bf16>)
+                y[i] = to_bf16(x[i]);
+            else
+                y[i] = x[i];
+        }
+        return y;
+    };
+    for (int t = 0; t < 3; ++t) step_with_isa(detail::simd_isa::portable, portable, as_g(grads[t]), h, t + 1);
+    for (const auto isa : {detail::simd_isa::avx2, detail::simd_isa::avx512}) {
+        if (!detail::fma_kernel_supported(isa)) continue;
+        INFO("isa " << static_cast<int>(isa));
+        St s(n);
+        s.set_params(as_cspan(w0));
+        for (int t = 0; t < 3; ++t) step_with_isa(isa, s, as_g(grads[t]), h, t + 1);
+        CHECK(same_bits(s, portable));
+    }
+}
+
+TEST_CASE("every instruction-set variant of the host step gives the portable variant's bits") {
+    MESSAGE("best variant on this CPU: " << static_cast<int>(detail::best_fma_isa()));
+    check_isa_variants<state_codec::fp32, master::fp32>(71);
+    check_isa_variants<state_codec::bf16, master::fp32, bf16>(72);
+    check_isa_variants<state_codec::bf16_stochastic, master::bf16_stochastic>(73);
+    check_isa_variants<state_codec::e4m3_scaled, master::bf16_nearest>(74);
+    check_isa_variants<state_codec::e4m3_expanded, master::fp32>(75);
+    check_isa_variants<state_codec::e4m3_expanded, master::bf16_kahan, bf16>(76);
+    check_isa_variants<state_codec::dynamic8, master::bf16_stochastic>(77);
+}
+
 TEST_CASE_TEMPLATE("a flat split on block boundaries gives the same bits as unsharded", Master, master::fp32,
                    master::bf16_stochastic, master::bf16_kahan) {
     auto g = octet_test::rng(14);

@@ -31,6 +31,7 @@
 // one (a subset of its ISA) but refuses when arch or tune differ. avx2 without fma, so that no
 // contraction can change a rounding; AVX-512 implies fma in GCC, and the kernels have no a*b+c.
 #define OCTET_TARGET_AVX2 __attribute__((target("avx2")))
+#define OCTET_TARGET_AVX2_FMA __attribute__((target("avx2,fma")))
 #define OCTET_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 #else
 #define OCTET_ISA_DISPATCH 0
@@ -103,6 +104,46 @@ void run_kernel(simd_isa isa, Args... args) {
     (void)isa;
 #endif
     Kernel::run(args...);
+}
+
+#if OCTET_ISA_DISPATCH
+template <class Kernel, class... Args>
+OCTET_TARGET_AVX2_FMA void run_fma_kernel_avx2(Args... args) {
+    Kernel::run(args...);
+}
+#endif
+
+/// As run_kernel, for kernels written with explicit fused multiply-adds (rn::fma) and no other
+/// product added to anything (the optimizer's rules: optim/detail/float_ops.hpp), so that a
+/// compiler has nothing to contract: their AVX2 variant is compiled with FMA as well, where std::fma
+/// is one instruction instead of a library call (10-20x faster for the polynomial-heavy codecs)
+/// and gives the same, correctly rounded, bits. The CPU must have FMA for the avx2 variant
+/// (fma_supported).
+template <class Kernel, class... Args>
+void run_fma_kernel(simd_isa isa, Args... args) {
+#if OCTET_ISA_DISPATCH
+    if (isa == simd_isa::avx512) return run_kernel_avx512<Kernel, Args...>(args...);
+    if (isa == simd_isa::avx2) return run_fma_kernel_avx2<Kernel, Args...>(args...);
+#else
+    (void)isa;
+#endif
+    Kernel::run(args...);
+}
+
+/// Whether this CPU can run run_fma_kernel's `isa` variant.
+inline bool fma_kernel_supported(simd_isa isa) {
+#if OCTET_ISA_DISPATCH
+    if (isa == simd_isa::avx2) return isa_supported(isa) && __builtin_cpu_supports("fma");
+#endif
+    return isa_supported(isa);
+}
+
+/// The best run_fma_kernel variant of this CPU, decided once.
+inline simd_isa best_fma_isa() {
+    static const simd_isa chosen = fma_kernel_supported(simd_isa::avx512) ? simd_isa::avx512
+                                   : fma_kernel_supported(simd_isa::avx2) ? simd_isa::avx2
+                                                                          : simd_isa::portable;
+    return chosen;
 }
 
 }  // namespace detail

@@ -53,6 +53,7 @@
 #include "octet/core/bits.hpp"
 #include "octet/core/check.hpp"
 #include "octet/core/executor.hpp"
+#include "octet/core/isa_dispatch.hpp"
 #include "octet/core/philox.hpp"
 #include "octet/core/span.hpp"
 #include "octet/optim/detail/float_ops.hpp"
@@ -263,8 +264,8 @@ struct block_result {
 /// The fused step on one block of 256 elements, as one member of `team` (host: the whole block;
 /// device: a warp lane's 8 elements). The same function runs on host and device.
 template <class MCodec, class VCodec, class Master, class Grad, class Team>
-OCTET_HD block_result adamw_block(const Team& team, const adamw_block_args<MCodec, VCodec, Master, Grad>& a,
-                                  const codec_context& ctx, std::size_t block) {
+OCTET_OPTIM_HD block_result adamw_block(const Team& team, const adamw_block_args<MCodec, VCodec, Master, Grad>& a,
+                                        const codec_context& ctx, std::size_t block) {
     constexpr int P = Team::per_member;
     const std::size_t start = block * optim_block + static_cast<std::size_t>(team.rank()) * P;
     const int valid = start < a.n ? (a.n - start < static_cast<std::size_t>(P) ? static_cast<int>(a.n - start) : P) : 0;
@@ -435,6 +436,26 @@ adamw_block_args<MCodec, VCodec, Master, Grad> block_args_of(const adamw_state_r
             hyper.on_nonfinite,   vectorized};
 }
 
+/// The host step over blocks [b, e) as an ISA-dispatched kernel (core/isa_dispatch.hpp,
+/// run_fma_kernel: the step's rules are contraction-free by construction, so every variant gives the
+/// same bits; tests/host/optim_adamw.cpp compares them).
+template <class MCodec, class VCodec, class Master, class Grad>
+struct adamw_blocks_kernel {
+    static OCTET_KERNEL_INLINE void run(const adamw_block_args<MCodec, VCodec, Master, Grad>* args, std::size_t b,
+                                        std::size_t e, std::uint64_t* bad, std::uint64_t* zeroed) {
+        const host_team team;
+        const codec_context ctx = host_codec_context();
+        std::uint64_t lb = 0, lz = 0;
+        for (std::size_t blk = b; blk < e; ++blk) {
+            const auto r = adamw_block(team, *args, ctx, blk);
+            lb += r.nonfinite;
+            lz += r.zeroed;
+        }
+        *bad = lb;
+        *zeroed = lz;
+    }
+};
+
 template <>
 struct step_backend<host_executor> {
     template <class Grad>
@@ -445,7 +466,7 @@ struct step_backend<host_executor> {
     template <class MCodec, class VCodec, class Master, class Grad>
     static adamw_report run(host_executor ex, const adamw_state_ref<MCodec, VCodec, Master>& state,
                             span<const Grad> grads, const adamw_hyper& hyper, std::uint64_t step, float lr,
-                            std::nullptr_t) {
+                            std::nullptr_t, detail::simd_isa isa = detail::best_fma_isa()) {
         adamw_report report;
         if (hyper.on_nonfinite == grad_nonfinite_policy::skip_step) {
             report.nonfinite_gradients = count_nonfinite(ex, grads);
@@ -458,14 +479,8 @@ struct step_backend<host_executor> {
         const std::size_t blocks = (state.size() + optim_block - 1) / optim_block;
         std::atomic<std::uint64_t> bad{0}, zeroed{0};
         parallel_for(ex, blocks, 64, [&](std::size_t b, std::size_t e) {
-            const host_team team;
-            const codec_context ctx = host_codec_context();
             std::uint64_t lb = 0, lz = 0;
-            for (std::size_t blk = b; blk < e; ++blk) {
-                const auto r = adamw_block(team, args, ctx, blk);
-                lb += r.nonfinite;
-                lz += r.zeroed;
-            }
+            detail::run_fma_kernel<adamw_blocks_kernel<MCodec, VCodec, Master, Grad>>(isa, &args, b, e, &lb, &lz);
             bad += lb;
             zeroed += lz;
         });

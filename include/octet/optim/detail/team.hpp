@@ -32,12 +32,12 @@ struct host_team {
     }
     OCTET_HD int sum(int x) const { return x; }
     template <class T>
-    OCTET_HD void load(const T* src, int valid, T (&dst)[per_member], bool) const {
+    OCTET_OPTIM_HD void load(const T* src, int valid, T (&dst)[per_member], bool) const {
         for (int i = 0; i < valid; ++i) dst[i] = src[i];
         for (int i = valid; i < per_member; ++i) dst[i] = T{};
     }
     template <class T>
-    OCTET_HD void store(T* dst, int valid, const T (&src)[per_member], bool) const {
+    OCTET_OPTIM_HD void store(T* dst, int valid, const T (&src)[per_member], bool) const {
         for (int i = 0; i < valid; ++i) dst[i] = src[i];
     }
 };
@@ -54,8 +54,8 @@ struct slice_shape {
 /// Decodes a member's slice. Codes beyond `valid` must be 0 (team.load fills them so); they decode
 /// to 0. No per-element conditions, so that host loops vectorize and warps do not diverge.
 template <class Codec, moment K, int P>
-OCTET_HD void decode_slice(const typename Codec::code_type (&codes)[P], const typename Codec::meta_type* meta,
-                           std::size_t start, int valid, const codec_context& ctx, float (&out)[P]) {
+OCTET_OPTIM_HD void decode_slice(const typename Codec::code_type (&codes)[P], const typename Codec::meta_type* meta,
+                                 std::size_t start, int valid, const codec_context& ctx, float (&out)[P]) {
     using shape = slice_shape<Codec, P>;
     const codec_context tables = ctx;  // a local copy: the stores below cannot alias it (host vectorization)
     OCTET_OPTIM_UNROLL
@@ -85,9 +85,9 @@ struct moment_bits {
 /// does), and fills codes. Values beyond `valid` must be 0: zeros change no group statistic, and
 /// their codes are not stored.
 template <class Codec, moment K, class Team, int P>
-OCTET_HD void encode_slice(const Team& team, const float (&x)[P], std::size_t start, int valid,
-                           typename Codec::meta_type* meta, const codec_context& ctx,
-                           typename Codec::code_type (&codes)[P], const moment_bits& bits = {}) {
+OCTET_OPTIM_HD void encode_slice(const Team& team, const float (&x)[P], std::size_t start, int valid,
+                                 typename Codec::meta_type* meta, const codec_context& ctx,
+                                 typename Codec::code_type (&codes)[P], const moment_bits& bits = {}) {
     using shape = slice_shape<Codec, P>;
     const codec_context tables = ctx;  // a local copy: the stores below cannot alias it (host vectorization)
     float y[P];                        // the codec's domain (the square root of a second moment in the 8-bit codecs)
@@ -126,8 +126,8 @@ OCTET_HD void encode_slice(const Team& team, const float (&x)[P], std::size_t st
 
 /// Writes the zero state (codes 0, meta zero) over a member's slice.
 template <class Codec, class Team, int P>
-OCTET_HD void zero_slice(const Team& team, std::size_t start, int valid, typename Codec::code_type* codes,
-                         typename Codec::meta_type* meta, bool vectorized) {
+OCTET_OPTIM_HD void zero_slice(const Team& team, std::size_t start, int valid, typename Codec::code_type* codes,
+                               typename Codec::meta_type* meta, bool vectorized) {
     using shape = slice_shape<Codec, P>;
     typename Codec::code_type zeros[P];
     OCTET_OPTIM_UNROLL
