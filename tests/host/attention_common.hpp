@@ -199,10 +199,12 @@ struct padded_problem {
 };
 
 /// `p` with `tail` tokens appended to every sequence and, before every sequence, an all-zero
-/// sequence of `gap` tokens (varlen padding). The appended tokens have dO = 0 (masked labels, or
-/// padding); their q, k and v are zero when `zero_tail` is set, random otherwise. Under a causal
-/// mask with Lq == Lk no original query sees an appended key, so every output of the original tokens
-/// is unchanged in exact arithmetic: the tests ask for it bit for bit.
+/// sequence of `gap` tokens (varlen padding). The appended tokens have dO = 0 and v = 0 (padding);
+/// their q and k are zero when `zero_tail` is set, random otherwise. Under a causal mask with
+/// Lq == Lk no original query sees an appended key, so every output of the original tokens is
+/// unchanged in exact arithmetic: the tests ask for it bit for bit. (A non-zero v would not do: an
+/// appended key shares the last key tile of its sequence, whose per-token V scales are folded into
+/// P by the tile's largest, rules.hpp; that is the V recipe's blocking, as any block scale is.)
 inline padded_problem pad(const problem& p, int tail, int gap, bool zero_tail, std::uint64_t salt) {
     padded_problem r;
     r.p.cfg = p.cfg;
@@ -235,7 +237,7 @@ inline padded_problem pad(const problem& p, int tail, int gap, bool zero_tail, s
         extend(p.q, r.p.q, wq, q0, nq, !zero_tail, &r.q_at);
         extend(p.dout, r.p.dout, wq, q0, nq, false, nullptr);
         extend(p.k, r.p.k, wk, k0, nk, !zero_tail, &r.k_at);
-        extend(p.v, r.p.v, wk, k0, nk, !zero_tail, nullptr);
+        extend(p.v, r.p.v, wk, k0, nk, false, nullptr);
     }
     r.p.cfg.lens_q = lq;
     r.p.cfg.lens_k = lk;
