@@ -15,8 +15,8 @@
 //       philox_stream{seed, step}), to import another optimizer's state. CPU.
 //   octet::adamw_decode_moment(codes, meta, codec, moment) -> float32: the moments the step uses
 //       (octet::decode_moments), to export the state. CPU.
-#include "octet/optim/moments.hpp"
 #include "optim_adamw.hpp"
+#include "octet/optim/moments.hpp"
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
