@@ -671,28 +671,16 @@ struct host_gemm_kernel {
     }
 };
 
-#if OCTET_ISA_DISPATCH
-// The GEMM's AVX2 variant adds FMA (which every AVX2 CPU has); see host_unfused for why it is safe.
-template <class Kernel, class... Args>
-__attribute__((target("avx2,fma"))) void run_kernel_avx2_fma(Args... args) {
-    Kernel::run(args...);
-}
-#endif
-
+// The GEMM's AVX2 variant adds FMA (see host_unfused for why it is safe): core/isa_dispatch.hpp's
+// run_fma_kernel variants, chosen by fma_kernel_supported / best_fma_isa.
 /// Whether this CPU runs the GEMM's variant for `isa` (AVX2 also needs FMA).
 inline bool host_gemm_isa_supported(simd_isa isa) {
-#if OCTET_ISA_DISPATCH
-    if (isa == simd_isa::avx2 && !__builtin_cpu_supports("fma")) return false;
-#endif
-    return isa_supported(isa);
+    return fma_kernel_supported(isa);
 }
 
-/// The GEMM's best variant on this CPU, decided once.
+/// The GEMM's best variant on this CPU.
 inline simd_isa host_gemm_isa() {
-    static const simd_isa chosen = host_gemm_isa_supported(simd_isa::avx512) ? simd_isa::avx512
-                                   : host_gemm_isa_supported(simd_isa::avx2) ? simd_isa::avx2
-                                                                             : simd_isa::portable;
-    return chosen;
+    return best_fma_isa();
 }
 
 template <class Tile, class... Args>
@@ -701,7 +689,7 @@ void run_host_gemm_kernel(Args... args) {
     if constexpr (Tile::isa == simd_isa::avx512)
         return run_kernel_avx512<host_gemm_kernel<Tile>>(args...);
     else if constexpr (Tile::isa == simd_isa::avx2)
-        return run_kernel_avx2_fma<host_gemm_kernel<Tile>>(args...);
+        return run_fma_kernel_avx2<host_gemm_kernel<Tile>>(args...);
     else
 #endif
         host_gemm_kernel<Tile>::run(args...);

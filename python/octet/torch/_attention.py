@@ -290,7 +290,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
       -inf or dtype-min = masked, as Hugging Face builds them), shared by every head: each batch
       entry's valid tokens must be one contiguous run (right or left padding). The valid tokens are
       packed into octet's varlen layout; the output rows of the other (padding) queries are 0 and
-      get no gradient. Any other mask (a bias, per-head masks, holes) raises ValueError.
+      get no gradient. Any other mask (a bias, per-head masks, holes) raises ValueError. The mask is
+      read on the host: for a CUDA mask that is one device-to-host copy (a synchronization) per call.
     - head_dim: 32, 64, 128 and 256 directly; smaller ones are zero-padded to the next of those
       inside (16 -> 32, 80 and 96 -> 128, ...), which changes no score (the softmax scale stays
       1 / sqrt(head_dim) of the original) at the cost of the padded width.

@@ -317,11 +317,15 @@ class Float8Linear(nn.Linear):
     @classmethod
     def from_float(cls, linear: nn.Linear, *, recipe="tensorwise", **kwargs) -> "Float8Linear":
         """A Float8Linear sharing ``linear``'s weight and bias Parameters (optimizers keep working)."""
+        return cls._sharing(linear.in_features, linear.out_features, linear.weight, linear.bias, recipe, **kwargs)
+
+    @classmethod
+    def _sharing(cls, in_features, out_features, weight, bias, recipe, **kwargs):
+        """A new layer of this class whose weight and bias are the given Parameters."""
         with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, recipe=recipe,
-                      **kwargs)
-        new.weight = linear.weight
-        new.bias = linear.bias
+            new = cls(in_features, out_features, bias=bias is not None, recipe=recipe, **kwargs)
+        new.weight = weight
+        new.bias = bias
         for name, buf in list(new.named_buffers(recurse=False)):  # host-read state: on the CPU
             setattr(new, name, torch.zeros_like(buf, device="cpu"))
         if new.recipe.stochastic_gradients:
@@ -413,15 +417,7 @@ class Float8Conv1D(Float8Linear):
     @classmethod
     def from_conv1d(cls, conv: nn.Module, *, recipe="tensorwise", **kwargs) -> "Float8Conv1D":
         in_f, out_f = conv.weight.shape
-        with torch.device("meta"):
-            new = cls(in_f, out_f, bias=conv.bias is not None, recipe=recipe, **kwargs)
-        new.weight = conv.weight
-        new.bias = conv.bias
-        for name, buf in list(new.named_buffers(recurse=False)):  # host-read state: on the CPU
-            setattr(new, name, torch.zeros_like(buf, device="cpu"))
-        if new.recipe.stochastic_gradients:
-            new.philox = torch.tensor([new.seed, 0], dtype=torch.int64)
-        return new
+        return cls._sharing(in_f, out_f, conv.weight, conv.bias, recipe, **kwargs)
 
     def _weight_out_in(self) -> torch.Tensor:
         return self.weight.t()
