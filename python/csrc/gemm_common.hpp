@@ -3,9 +3,9 @@
 // that they compile in parallel).
 //
 // The GEMM reads only an operand's format, granularity and scale storage (dequant = decode(code) *
-// stored scale value), so the recipes that differ from a served one only in their scale rule or
-// NaN policy (mxfp8_e4m3_ceil, the *_nan variants) are served through it: their copies multiply
-// exactly as the served recipe's do.
+// stored scale value), so a recipe that differs from a served one only in its scale rule
+// (mxfp8_e4m3_ceil) is served through it: its copies multiply exactly as the served recipe's do.
+// A block scale that is NaN (a block that held a NaN or an Inf) makes every output it reaches NaN.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -49,7 +49,7 @@ inline constexpr const char* served_pairs =
     "tensorwise_e5m2 x tensorwise_e5m2, rowwise_e4m3 x rowwise_e4m3, blockwise_1x128 x blockwise_128x128, "
     "blockwise_1x128 x blockwise_1x128, mxfp8_e4m3 x mxfp8_e4m3, mxfp8_e4m3 x mxfp8_e5m2, mxfp8_e5m2 x mxfp8_e4m3, "
     "mxfp8_e5m2 x mxfp8_e5m2, mxfp6_e2m3 x mxfp6_e2m3, mxfp6_e3m2 x mxfp6_e3m2, mxfp4 x mxfp4, nvfp4 x nvfp4 "
-    "(mxfp8_e4m3_ceil and the *_nan variants count as their base recipe)";
+    "(mxfp8_e4m3_ceil counts as mxfp8_e4m3)";
 
 /// D = alpha * A B^T (+ beta C) + bias for one recipe pair, D of args.out_dtype.
 template <class RA, class RB>

@@ -13,18 +13,14 @@
 namespace octet_torch {
 namespace {
 
-/// The recipe a copy multiplies as (gemm_common.hpp): the scale-rule and NaN-policy variants map
-/// to their base recipe; an unknown name raises ValueError naming the argument.
+/// The recipe a copy multiplies as (gemm_common.hpp): mxfp8_e4m3_ceil maps to mxfp8_e4m3; an
+/// unknown name raises ValueError naming the argument.
 std::string_view gemm_recipe(std::string_view name, const char* arg) {
     static constexpr std::string_view known[] = {
         "tensorwise_e4m3", "tensorwise_e5m2", "rowwise_e4m3", "columnwise_e4m3", "blockwise_1x128", "blockwise_128x128",
         "mxfp8_e4m3",      "mxfp8_e5m2",      "mxfp6_e2m3",   "mxfp6_e3m2",      "mxfp4",           "nvfp4"};
     std::string_view base = name;
     if (base == "mxfp8_e4m3_ceil") base = "mxfp8_e4m3";
-    constexpr std::string_view nan = "_nan";
-    if (base.size() > nan.size() && base.substr(base.size() - nan.size()) == nan &&
-        (base.substr(0, 2) == "mx" || base.substr(0, 2) == "nv"))
-        base = base.substr(0, base.size() - nan.size());
     for (std::string_view k : known)
         if (base == k) return base;
     TORCH_CHECK_VALUE(false, where("scaled_mm", arg), "is '", std::string(name), "'; pass one of ", recipe_names);

@@ -172,8 +172,7 @@ decltype(auto) with_format(std::string_view name, const char* op, F&& f) {
 /// The recipe names Python passes: octet::recipes::<name>.
 inline constexpr const char* recipe_names =
     "tensorwise_e4m3, tensorwise_e5m2, rowwise_e4m3, columnwise_e4m3, blockwise_1x128, blockwise_128x128, "
-    "mxfp8_e4m3, mxfp8_e5m2, mxfp8_e4m3_ceil, mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4, and the *_nan variants of the "
-    "MX and NVFP4 recipes";
+    "mxfp8_e4m3, mxfp8_e5m2, mxfp8_e4m3_ceil, mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4";
 
 /// Calls f(type_tag<Recipe>{}) for a recipe name.
 template <class F>

@@ -20,13 +20,7 @@
     X(mxfp6_e2m3)              \
     X(mxfp6_e3m2)              \
     X(mxfp4)                   \
-    X(nvfp4)                   \
-    X(mxfp8_e4m3_nan)          \
-    X(mxfp8_e5m2_nan)          \
-    X(mxfp6_e2m3_nan)          \
-    X(mxfp6_e3m2_nan)          \
-    X(mxfp4_nan)               \
-    X(nvfp4_nan)
+    X(nvfp4)
 
 namespace octet_torch {
 

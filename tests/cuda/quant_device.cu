@@ -260,22 +260,22 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE(
-        "nan_policy::propagate: device equals host (NaN scales, zero codes, lost_to_nan) on the tile and grid paths") {
+        "non-finite policies: device equals host under propagate (the named recipes above: NaN scales, zero codes, "
+        "lost_to_nan) and per_element (each element alone) on the tile and grid paths") {
         using namespace quant_device_test;
         using namespace octet;
         namespace r = octet::recipes;
-        check_all_shapes<r::mxfp8_e4m3_nan>(1100);
-        check_all_shapes<r::mxfp6_e3m2_nan>(1200);
-        check_all_shapes<r::mxfp4_nan>(1300);
-        check_all_shapes<r::nvfp4_nan>(1400);
-        using propagate = nan_policy::propagate;
-        check_all_shapes<recipe<e4m3, block<96, 96>, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
-                                overflow::saturate, propagate>>(1500);
-        check_all_shapes<recipe<e4m3, per_tensor, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
-                                overflow::saturate, propagate>>(1600);
-        check_all_shapes<recipe<e2m1, block<16, 16>, scale::pow2_ceil, scale_storage::ue8m0, round::nearest_even,
-                                overflow::saturate, propagate>>(1700);
-        check_device<r::mxfp4_nan, octet::bf16>(129, 300, 1800, true);
+        using per_element = nan_policy::per_element;
+        check_all_shapes<with_nan_policy<r::mxfp8_e4m3, per_element>>(1100);
+        check_all_shapes<with_nan_policy<r::mxfp6_e3m2, per_element>>(1200);
+        check_all_shapes<with_nan_policy<r::mxfp4, per_element>>(1300);
+        check_all_shapes<with_nan_policy<r::nvfp4, per_element>>(1400);
+        check_all_shapes<with_nan_policy<r::tensorwise_e4m3, per_element>>(1450);
+        check_all_shapes<recipe<e4m3, block<96, 96>, scale::amax_ratio<0>>>(1500);
+        check_all_shapes<recipe<e4m3, per_tensor, scale::amax_ratio<0>>>(1600);
+        check_all_shapes<recipe<e2m1, block<16, 16>, scale::pow2_ceil, scale_storage::ue8m0>>(1700);
+        check_device<r::mxfp4, octet::bf16>(129, 300, 1800, true);
+        check_device<with_nan_policy<r::mxfp4, per_element>, octet::bf16>(129, 300, 1850, true);
     }
 
     TEST_CASE("custom recipes: odd blocks (grid path), stochastic, other rules") {

@@ -202,19 +202,37 @@ TEST_CASE("exact inputs give exact results") {
     }
 }
 
-TEST_CASE("non-finite codes propagate to their row or column only") {
+TEST_CASE("non-finite inputs reach their row or column of D, and under propagate never come out finite") {
     auto g = octet_test::rng(8);
     const std::size_t M = 9, N = 11, K = 256;
     auto xa = octet_test::with_edge_cases(g, M * K);
     auto xb = octet_test::with_edge_cases(g, N * K);
-    xa[4 * K + 17] = NAN;   // row 4 of A
-    xb[6 * K + 200] = NAN;  // row 6 of B = column 6 of D
-    const auto qa = quantized<recipes::blockwise_1x128>(xa, M, K);
-    const auto qb = quantized<recipes::blockwise_128x128>(xb, N, K);
+    xa[4 * K + 17] = NAN;        // row 4 of A
+    xb[6 * K + 200] = NAN;       // row 6 of B = column 6 of D
+    xa[2 * K + 3] = -INFINITY;   // row 2 of A
+    xb[8 * K + 130] = INFINITY;  // row 8 of B
     std::vector<float> d(M * N);
-    scaled_gemm(on_host(), qa.cref(), qb.cref(), matrix_ref<float>(d.data(), M, N));
-    for (std::size_t i = 0; i < M; ++i)
-        for (std::size_t j = 0; j < N; ++j) CHECK(std::isnan(d[i * N + j]) == (i == 4 || j == 6));
+    SUBCASE("per_element: a NaN code reaches its row or column; an Inf saturates") {
+        using A = with_nan_policy<recipes::blockwise_1x128, nan_policy::per_element>;
+        using B = with_nan_policy<recipes::blockwise_128x128, nan_policy::per_element>;
+        const auto qa = quantized<A>(xa, M, K);
+        const auto qb = quantized<B>(xb, N, K);
+        scaled_gemm(on_host(), qa.cref(), qb.cref(), matrix_ref<float>(d.data(), M, N));
+        for (std::size_t i = 0; i < M; ++i)
+            for (std::size_t j = 0; j < N; ++j) CHECK(std::isnan(d[i * N + j]) == (i == 4 || j == 6));
+    }
+    SUBCASE("propagate (the default): the NaN scale of a NaN or Inf block reaches every output that reads it") {
+        const auto qa = quantized<recipes::blockwise_1x128>(xa, M, K);
+        const auto qb = quantized<recipes::blockwise_1x128>(xb, N, K);
+        scaled_gemm(on_host(), qa.cref(), qb.cref(), matrix_ref<float>(d.data(), M, N));
+        for (std::size_t i = 0; i < M; ++i)
+            for (std::size_t j = 0; j < N; ++j)
+                CHECK(std::isnan(d[i * N + j]) == (i == 4 || i == 2 || j == 6 || j == 8));
+        // a 128 x 128 block of B holds all 11 rows: every column of D
+        const auto qw = quantized<recipes::blockwise_128x128>(xb, N, K);
+        scaled_gemm(on_host(), qa.cref(), qw.cref(), matrix_ref<float>(d.data(), M, N));
+        for (float v : d) CHECK(std::isnan(v));
+    }
 }
 
 TEST_CASE("quantized output: the float result quantized with the output recipe, and its amax") {

@@ -561,7 +561,7 @@ TEST_CASE(
     }
 }
 
-TEST_CASE_TEMPLATE("linear: zeros, no tokens, NaN", LR, OCTET_LINEAR_RECIPES) {
+TEST_CASE_TEMPLATE("linear: zeros, no tokens, NaN and Inf", LR, OCTET_LINEAR_RECIPES) {
     const std::size_t I = 40, O = 24, max_tokens = 40;
     auto g = octet_test::rng(105);
     INFO("run seed " << octet_test::run_seed());
@@ -606,29 +606,26 @@ TEST_CASE_TEMPLATE("linear: zeros, no tokens, NaN", LR, OCTET_LINEAR_RECIPES) {
         linear_backward(on_host(), twin, p.dY(), matrix_ref<float>(part.dx.data(), p.tokens, I), {}, {});
         if (!LR::stochastic_gradients) check_same_bits(part.dx, full.dx, "dX without dW");
     }
-    SUBCASE("a NaN in X is counted, and propagates where the format has NaN") {
-        problem p = make_problem(g, 37, I, O);
-        const std::size_t t0 = 5, i0 = 11;
-        p.x[t0 * I + i0] = NAN;
-        outputs o(p);
-        run_layer(on_host(), ctx, p, o);
-        CHECK(ctx.stats().x.rowwise.non_finite == 1);
-        CHECK(ctx.stats().x.amax == largest_finite_abs(p.x));
-        using XF = typename LR::x_recipe::format;
-        for (std::size_t t = 0; t < p.tokens; ++t)
-            for (std::size_t j = 0; j < O; ++j) {
-                // E4M3 keeps NaN: row t0 of Y is NaN and the rest is finite. E2M1 has no NaN and
-                // encodes it as +max_finite: everything stays finite.
-                const bool nan_row = XF::has_nan && t == t0;
-                CHECK(std::isnan(o.y[t * O + j]) == nan_row);
-            }
-        for (std::size_t o_ = 0; o_ < O; ++o_)
-            for (std::size_t i = 0; i < I; ++i) {
-                // The weight gradient of feature i0 reads X's NaN (its column-wise copy, or the
-                // rotated one, where E2M1 again encodes it as a finite value).
-                const bool nan_col = XF::has_nan && i == i0;
-                CHECK(std::isnan(o.dw[o_ * I + i]) == nan_col);
-            }
+    SUBCASE("a NaN or an Inf in X is counted and reaches every output its blocks reach (nan_policy::propagate)") {
+        for (const float bad : {NAN, -INFINITY}) {
+            problem p = make_problem(g, 37, I, O);
+            const std::size_t t0 = 5, i0 = 11;
+            p.x[t0 * I + i0] = bad;
+            outputs o(p);
+            run_layer(on_host(), ctx, p, o);
+            CHECK(ctx.stats().x.rowwise.non_finite == 1);
+            CHECK(ctx.stats().x.amax == largest_finite_abs(p.x));
+            // Its block's scale is NaN: row t0 of Y (every row for a per-tensor X recipe) ...
+            const bool whole = LR::x_recipe::is_per_tensor;
+            for (std::size_t t = 0; t < p.tokens; ++t)
+                for (std::size_t j = 0; j < O; ++j) CHECK(std::isnan(o.y[t * O + j]) == (whole || t == t0));
+            // ... and column i0 of dW, which reads X's column-wise copy (or the rotated one)
+            for (std::size_t o_ = 0; o_ < O; ++o_)
+                for (std::size_t i = 0; i < I; ++i) {
+                    const bool nan_col = whole || i == i0;
+                    CHECK(std::isnan(o.dw[o_ * I + i]) == nan_col);
+                }
+        }
     }
 }
 

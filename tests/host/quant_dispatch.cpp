@@ -202,8 +202,8 @@ void check_dequantize(simd_isa isa, std::uint64_t salt) {
     }
 }
 
-using mxfp8_nan = recipe<e4m3, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0, round::nearest_even,
-                         overflow::saturate, nan_policy::propagate>;
+using mxfp8_per_element = recipe<e4m3, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0, round::nearest_even,
+                                 overflow::saturate, nan_policy::per_element>;
 using e5m2_to_nonfinite =
     recipe<e5m2, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even, overflow::to_nonfinite>;
 
@@ -253,7 +253,7 @@ TEST_CASE("encode_scaled kernel: every variant gives the scalar bits") {
         check_encode_scaled<recipes::mxfp6_e3m2, bf16>(isa, 6);
         check_encode_scaled<recipes::nvfp4, bf16>(isa, 7);
         check_encode_scaled<recipes::mxfp4, float>(isa, 8);
-        check_encode_scaled<mxfp8_nan, float>(isa, 9);
+        check_encode_scaled<mxfp8_per_element, float>(isa, 9);
         check_encode_scaled<e5m2_to_nonfinite, float>(isa, 10);
     }
 }
@@ -262,19 +262,19 @@ TEST_CASE("row amax kernel: every variant gives the scalar bits") {
     for (simd_isa isa : runnable_isas()) {
         check_block_amax<recipes::blockwise_1x128, bf16>(isa, 11);
         check_block_amax<recipes::mxfp8_e4m3, float>(isa, 12);
-        check_block_amax<mxfp8_nan, float>(isa, 13);
-        check_block_amax<mxfp8_nan, bf16>(isa, 14);
+        check_block_amax<mxfp8_per_element, float>(isa, 13);
+        check_block_amax<mxfp8_per_element, bf16>(isa, 14);
         check_block_amax<void, fp16>(isa, 15);
         check_block_amax<void, float>(isa, 16);
     }
 }
 
-using mxfp8_ceil_nan = recipe<e4m3, block<1, 32>, scale::pow2_ceil, scale_storage::ue8m0, round::nearest_even,
-                              overflow::saturate, nan_policy::propagate>;
-using nvfp4_nan = recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, round::nearest_even,
-                         overflow::saturate, nan_policy::propagate>;
-using amax_ratio_nan = recipe<e4m3, block<1, 128>, scale::amax_ratio<1>, scale_storage::f32, round::nearest_even,
-                              overflow::saturate, nan_policy::propagate>;
+using mxfp8_ceil_per_element = recipe<e4m3, block<1, 32>, scale::pow2_ceil, scale_storage::ue8m0, round::nearest_even,
+                                      overflow::saturate, nan_policy::per_element>;
+using nvfp4_per_element = recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, round::nearest_even,
+                                 overflow::saturate, nan_policy::per_element>;
+using amax_ratio_per_element = recipe<e4m3, block<1, 128>, scale::amax_ratio<1>, scale_storage::f32,
+                                      round::nearest_even, overflow::saturate, nan_policy::per_element>;
 
 TEST_CASE("block scale kernel: every variant gives the scalar bits") {
     for (simd_isa isa : runnable_isas()) {
@@ -283,10 +283,10 @@ TEST_CASE("block scale kernel: every variant gives the scalar bits") {
         check_block_scales<recipes::mxfp8_e4m3_ceil>(isa, 43);
         check_block_scales<recipes::mxfp4>(isa, 44);
         check_block_scales<recipes::nvfp4>(isa, 45);
-        check_block_scales<mxfp8_nan>(isa, 46);
-        check_block_scales<mxfp8_ceil_nan>(isa, 47);
-        check_block_scales<nvfp4_nan>(isa, 48);
-        check_block_scales<amax_ratio_nan>(isa, 49);
+        check_block_scales<mxfp8_per_element>(isa, 46);
+        check_block_scales<mxfp8_ceil_per_element>(isa, 47);
+        check_block_scales<nvfp4_per_element>(isa, 48);
+        check_block_scales<amax_ratio_per_element>(isa, 49);
         check_block_scales<recipe<e4m3, block<1, 32>, scale::pow2_nearest, scale_storage::f32>>(isa, 50);
     }
 }
@@ -309,7 +309,7 @@ TEST_CASE("quantize and dequantize front doors against the scalar rules") {
     check_front_doors<recipes::mxfp6_e2m3, fp16>(9, 260, 34);
     check_front_doors<recipes::blockwise_128x128, float>(200, 300, 35);
     check_front_doors<recipes::tensorwise_e4m3, bf16>(17, 999, 36);
-    check_front_doors<mxfp8_nan, float>(21, 290, 37);
+    check_front_doors<mxfp8_per_element, float>(21, 290, 37);
 }
 
 TEST_CASE("encode_array and decode_array from a second translation unit") {

@@ -35,12 +35,14 @@ TEST_CASE("named recipes against the float64 reference") {
     check_all_shapes<rcp::mxfp4>(1100);
     check_all_shapes<rcp::mxfp8_e4m3_ceil>(1200);
     check_all_shapes<rcp::nvfp4>(1300);
-    check_all_shapes<rcp::mxfp8_e4m3_nan>(1400);
-    check_all_shapes<rcp::mxfp8_e5m2_nan>(1500);
-    check_all_shapes<rcp::mxfp6_e2m3_nan>(1600);
-    check_all_shapes<rcp::mxfp6_e3m2_nan>(1700);
-    check_all_shapes<rcp::mxfp4_nan>(1800);
-    check_all_shapes<rcp::nvfp4_nan>(1900);
+    // the same under nan_policy::per_element (the named recipes propagate)
+    using per_element = octet::nan_policy::per_element;
+    check_all_shapes<octet::with_nan_policy<rcp::tensorwise_e4m3, per_element>>(1400);
+    check_all_shapes<octet::with_nan_policy<rcp::mxfp8_e5m2, per_element>>(1500);
+    check_all_shapes<octet::with_nan_policy<rcp::mxfp6_e2m3, per_element>>(1600);
+    check_all_shapes<octet::with_nan_policy<rcp::blockwise_128x128, per_element>>(1700);
+    check_all_shapes<octet::with_nan_policy<rcp::mxfp4, per_element>>(1800);
+    check_all_shapes<octet::with_nan_policy<rcp::nvfp4, per_element>>(1900);
 }
 
 TEST_CASE("bf16 and fp16 inputs are quantized from their exact float values") {
@@ -109,15 +111,15 @@ TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing
         CHECK(r.rowwise.non_finite == 0);
         CHECK(r.rowwise.flushed_to_zero > 0);  // 1e-42 / 2^-126 ~ 8.5e-5, below E4M3's 2^-9: flushed and counted
     }
-    SUBCASE("Inf and NaN do not take part in the amax; they encode by the format contract and are counted") {
+    SUBCASE("per_element: Inf and NaN do not take part in the amax; they encode by the format contract, counted") {
+        using R = with_nan_policy<rcp::mxfp8_e4m3, nan_policy::per_element>;
         std::vector<float> x(32, 1.0f);
         x[3] = 2.0f;
         x[5] = INFINITY;
         x[6] = -INFINITY;
         x[7] = NAN;
-        quantized_tensor<rcp::mxfp8_e4m3> q(1, 32);
-        const auto r =
-            quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 32), q.ref(), {}, {true});
+        quantized_tensor<R> q(1, 32);
+        const auto r = quantize<R>(on_host(), matrix_ref<const float>(x.data(), 1, 32), q.ref(), {}, {true});
         CHECK(q.cref().scale(0, 0) == std::ldexp(1.0f, 1 - 8));  // floor(log2 2) - emax(8)
         CHECK(q.cref().code(0, 5) == 0x7E);                      // saturate: +max
         CHECK(q.cref().code(0, 6) == 0xFE);
@@ -127,6 +129,22 @@ TEST_CASE("edge contract: zero blocks, subnormal amax, Inf and NaN, underflowing
         CHECK(r.rowwise.amax == 2.0f);
         CHECK(r.rowwise.noise_energy == 0.0);  // 1 and 2 are exact at this scale: SQNR is +Inf
         CHECK(r.rowwise.sqnr_db() == INFINITY);
+    }
+    SUBCASE("propagate (the default): an Inf alone makes its block NaN; the finite amax is still reported") {
+        std::vector<float> x(64, 1.0f);
+        x[3] = 2.0f;
+        x[40] = 4.0f;
+        x[5] = -INFINITY;
+        quantized_tensor<rcp::mxfp8_e4m3> q(1, 64);
+        const auto r =
+            quantize<rcp::mxfp8_e4m3>(on_host(), matrix_ref<const float>(x.data(), 1, 64), q.ref(), {}, {true});
+        CHECK(q.cref().stored_scale(0, 0) == 0xFFu);
+        CHECK(std::isnan(q.cref().value(0, 5)));
+        CHECK(std::isnan(q.cref().value(0, 3)));
+        CHECK(q.cref().value(0, 40) == 4.0f);  // the next block is untouched
+        CHECK(r.rowwise.non_finite == 1);
+        CHECK(r.rowwise.lost_to_nan == 31);
+        CHECK(r.amax == 4.0f);
     }
     SUBCASE("NVFP4: a block far below the tensor amax underflows its E4M3 scale to zero codes, counted") {
         std::vector<float> x(32, 0.0f);
@@ -204,14 +222,15 @@ TEST_CASE("bad arguments raise octet::error naming the argument") {
 }
 
 namespace quant_recipes_test {
-/// One row of four blocks: all NaN; one NaN among finite values; NaN beside +Inf and -Inf; finite.
-/// Checked bit for bit against the float64 reference, and for what dequantize then gives.
+/// One row of five blocks: all NaN; one NaN among finite values; NaN beside +Inf and -Inf; finite;
+/// one +Inf among finite values. Checked bit for bit against the float64 reference, and for what
+/// dequantize then gives.
 template <class Recipe>
 void check_nan_blocks(std::uint64_t salt) {
     using namespace octet;
     using Fmt = typename Recipe::format;
     constexpr std::size_t C = Recipe::granularity::cols;
-    const std::size_t cols = 4 * C;
+    const std::size_t cols = 5 * C;
     auto g = octet_test::rng(salt);
     std::vector<float> x = octet_test::with_edge_cases(g, cols, 3.0f, false);
     for (std::size_t j = 0; j < C; ++j) x[j] = NAN;
@@ -219,6 +238,9 @@ void check_nan_blocks(std::uint64_t salt) {
     x[2 * C + 1] = NAN;
     x[2 * C + 2] = INFINITY;
     x[2 * C + 3] = -INFINITY;
+    for (std::size_t j = 3 * C; j < 4 * C; ++j)
+        if (!std::isfinite(x[j])) x[j] = 1.0f;
+    x[4 * C + 7] = INFINITY;
     INFO(format_name<Fmt>() << " block 1x" << C << (Recipe::propagates_nan ? ", propagate" : ", per_element"));
     quantized_tensor<Recipe> q(1, cols);
     quantize_options opt;
@@ -229,52 +251,65 @@ void check_nan_blocks(std::uint64_t salt) {
     std::vector<float> y(cols);
     dequantize(on_host(), q.cref(), matrix_ref<float>(y.data(), 1, cols));
     const auto c = q.cref();
-    CHECK(r.rowwise.non_finite == C + 1 + 3);
+    CHECK(r.rowwise.non_finite == C + 1 + 3 + 1);
+    const auto poisoned = [](std::size_t b) { return b != 3; };
     if constexpr (Recipe::propagates_nan) {
-        const std::uint32_t nan_scale =
-            std::is_same_v<typename Recipe::scale_storage_type, scale_storage::ue8m0> ? 0xFFu : 0x7Fu;
-        for (std::size_t b = 0; b < 3; ++b) CHECK(c.stored_scale(0, b) == nan_scale);
-        for (std::size_t j = 0; j < 3 * C; ++j) {
-            CHECK(std::isnan(y[j]));
-            CHECK(c.code(0, j) == 0);
-        }
-        CHECK(r.rowwise.lost_to_nan == (C - 1) + (C - 3));
+        using Storage = typename Recipe::scale_storage_type;
+        const std::uint32_t nan_scale = std::is_same_v<Storage, scale_storage::ue8m0>  ? 0xFFu
+                                        : std::is_same_v<Storage, scale_storage::e4m3> ? 0x7Fu
+                                                                                       : 0x7FFFFFFFu;
+        for (std::size_t b = 0; b < 5; ++b)
+            if (poisoned(b)) CHECK(c.stored_scale(0, b) == nan_scale);
+        for (std::size_t j = 0; j < cols; ++j)
+            if (poisoned(j / C)) {
+                CHECK(std::isnan(y[j]));
+                CHECK(c.code(0, j) == 0);
+            }
+        CHECK(r.rowwise.lost_to_nan == (C - 1) + (C - 3) + (C - 1));
     } else {
         CHECK(r.rowwise.lost_to_nan == 0);
-        // per element: a NaN is the format's NaN code, or +max_finite times the scale where there is none
-        for (std::size_t j = 0; j < 3 * C; ++j) {
+        // per element: a NaN is the format's NaN code, or +max_finite times the scale where there
+        // is none; an Inf saturates to +-max_finite times the scale
+        for (std::size_t j = 0; j < cols; ++j) {
             if (x[j] != x[j])
                 CHECK(std::isnan(y[j]) == Fmt::has_nan);
-            else if (std::isfinite(x[j]))
+            else
                 CHECK(std::isfinite(y[j]));
         }
         if constexpr (!Fmt::has_nan) CHECK(y[0] == static_cast<float>(Fmt::max_finite) * c.scale(0, 0));
+        CHECK(y[4 * C + 7] == static_cast<float>(Fmt::max_finite) * c.scale(0, 4));
     }
-    // the clean block is untouched by its neighbours' NaNs
-    for (std::size_t j = 3 * C; j < cols; ++j) CHECK(std::isfinite(y[j]));
+    // the clean block is untouched by its neighbours' NaNs and Infs
+    for (std::size_t j = 3 * C; j < 4 * C; ++j) CHECK(std::isfinite(y[j]));
     CHECK(std::isfinite(c.scale(0, 3)));
     CHECK(r.amax == ref.amax);  // the finite amax, what delayed scaling records
 }
 }  // namespace quant_recipes_test
 
-TEST_CASE("NaN inside MX, FP6 and NVFP4 blocks: per_element keeps today's codes, propagate makes the whole block NaN") {
+TEST_CASE(
+    "NaN and Inf inside blocks: propagate (the default) makes the whole block NaN, per_element keeps 0.2's codes") {
+    using per_element = octet::nan_policy::per_element;
+    using octet::with_nan_policy;
     check_nan_blocks<rcp::mxfp4>(5100);
-    check_nan_blocks<rcp::mxfp4_nan>(5101);
+    check_nan_blocks<with_nan_policy<rcp::mxfp4, per_element>>(5101);
     check_nan_blocks<rcp::mxfp6_e3m2>(5102);
-    check_nan_blocks<rcp::mxfp6_e3m2_nan>(5103);
-    check_nan_blocks<rcp::mxfp6_e2m3_nan>(5104);
+    check_nan_blocks<with_nan_policy<rcp::mxfp6_e3m2, per_element>>(5103);
+    check_nan_blocks<rcp::mxfp6_e2m3>(5104);
     check_nan_blocks<rcp::nvfp4>(5105);
-    check_nan_blocks<rcp::nvfp4_nan>(5106);
+    check_nan_blocks<with_nan_policy<rcp::nvfp4, per_element>>(5106);
     check_nan_blocks<rcp::mxfp8_e4m3>(5107);
-    check_nan_blocks<rcp::mxfp8_e4m3_nan>(5108);
-    check_nan_blocks<rcp::mxfp8_e5m2_nan>(5109);
-    // the defect this policy answers: an all-NaN MXFP4 block dequantizes to a finite value under
+    check_nan_blocks<with_nan_policy<rcp::mxfp8_e4m3, per_element>>(5108);
+    check_nan_blocks<rcp::mxfp8_e5m2>(5109);
+    check_nan_blocks<rcp::blockwise_1x128>(5110);
+    check_nan_blocks<with_nan_policy<rcp::blockwise_1x128, per_element>>(5111);
+    // the defect propagation answers: an all-NaN MXFP4 block dequantizes to a finite value under
     // per_element (FP4's largest, 6, times the smallest scale: the block has no finite magnitude)
     std::vector<float> x(32, NAN);
-    octet::quantized_tensor<rcp::mxfp4> a(1, 32);
-    octet::quantized_tensor<rcp::mxfp4_nan> b(1, 32);
-    octet::quantize<rcp::mxfp4>(octet::on_host(), octet::matrix_ref<const float>(x.data(), 1, 32), a.ref());
-    octet::quantize<rcp::mxfp4_nan>(octet::on_host(), octet::matrix_ref<const float>(x.data(), 1, 32), b.ref());
+    octet::quantized_tensor<with_nan_policy<rcp::mxfp4, per_element>> a(1, 32);
+    octet::quantized_tensor<rcp::mxfp4> b(1, 32);
+    octet::quantize<with_nan_policy<rcp::mxfp4, per_element>>(octet::on_host(),
+                                                              octet::matrix_ref<const float>(x.data(), 1, 32), a.ref());
+    octet::quantize<rcp::mxfp4>(octet::on_host(), octet::matrix_ref<const float>(x.data(), 1, 32), b.ref());
     CHECK(a.cref().value(0, 7) == std::ldexp(6.0f, -127));
     CHECK(std::isnan(b.cref().value(0, 7)));
     // a UE8M0 scale code 0xFF decodes to NaN, whoever wrote it

@@ -21,12 +21,13 @@ TEST_CASE("custom recipes: other rules, storages, roundings, overflows and block
     check_all_shapes<recipe<e2m3, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, round::stochastic>>(2700);
     check_all_shapes<recipe<float_format<3, 4>, block<1, 32>, scale::pow2_ceil, scale_storage::f32, round::up,
                             overflow::to_nonfinite>>(2800);
-    // nan_policy::propagate with float scales, 2-D blocks, per tensor and stochastic rounding
-    using propagate = nan_policy::propagate;
+    // nan_policy::per_element (not the default) with float scales, 2-D blocks, per tensor and
+    // stochastic rounding
+    using per_element = nan_policy::per_element;
     check_all_shapes<recipe<e4m3, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
-                            overflow::saturate, propagate>>(2900);
+                            overflow::saturate, per_element>>(2900);
     check_all_shapes<recipe<e4m3, per_tensor, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
-                            overflow::saturate, propagate>>(2950);
+                            overflow::saturate, per_element>>(2950);
     check_all_shapes<recipe<e2m1, block<16, 16>, scale::pow2_ceil, scale_storage::ue8m0, round::stochastic,
-                            overflow::saturate, propagate>>(2970);
+                            overflow::saturate, per_element>>(2970);
 }

@@ -153,8 +153,8 @@ TEST_CASE("quantize: every named recipe is scale-equivariant and padding-invaria
     check_quantize<rc::mxfp6_e3m2>("mxfp6_e3m2", 11);
     check_quantize<rc::mxfp4>("mxfp4", 12);
     check_quantize<rc::nvfp4>("nvfp4", 13);
-    check_quantize<rc::mxfp8_e4m3_nan>("mxfp8_e4m3_nan", 14);
-    check_quantize<rc::nvfp4_nan>("nvfp4_nan", 15);
+    check_quantize<with_nan_policy<rc::mxfp8_e4m3, nan_policy::per_element>>("mxfp8_e4m3, per_element", 14);
+    check_quantize<with_nan_policy<rc::nvfp4, nan_policy::per_element>>("nvfp4, per_element", 15);
     check_quantize<stochastic_nvfp4>("nvfp4, stochastic rounding", 16);
     check_quantize<stochastic_e4m3_1x128>("e4m3 1x128, stochastic rounding", 17);
 }

@@ -520,3 +520,27 @@ def test_bad_inputs(gen):
         ot.attention(q, k, k, delta="exact")
     with pytest.raises(ValueError, match="scale"):
         ot.attention(q, k, k, scale=-1.0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_inputs_reach_the_rows_that_read_their_block(gen, bad):
+    # The default non-finite policy: Q and K are scaled per token and head, V per head over all
+    # tokens of the call. A bad query is its own row; a bad key reaches every row of its sequence
+    # and head that sees it (causal: rows >= its position); a bad value reaches its whole head.
+    # None of them comes out finite, and no other head does.
+    b, s, h, d, tok, head = 2, 70, 4, 64, 10, 1
+    expect = torch.zeros(b, s, h, dtype=torch.bool)
+    for which in range(3):
+        t = [torch.randn(b, s, h, d, generator=gen) for _ in range(3)]
+        t[which][0, tok, head, 5] = bad
+        o = ot.attention(*t, causal=True, layout="bshd")
+        nan_rows = torch.isnan(o).any(-1)
+        assert (torch.isnan(o).all(-1) == nan_rows).all()  # a row is NaN whole or not at all
+        expect.zero_()
+        if which == 0:
+            expect[0, tok, head] = True
+        elif which == 1:
+            expect[0, tok:, head] = True
+        else:
+            expect[:, :, head] = True
+        assert torch.equal(nan_rows, expect), "qkv"[which]

@@ -311,6 +311,37 @@ def test_edge_inputs(gen, recipe):
         assert buf.dtype == torch.float32 or not name.startswith("amax"), name
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("recipe", list(ot.LINEAR_RECIPES))
+def test_non_finite_inputs_come_out_nan(gen, recipe, bad):
+    # The default non-finite policy: a NaN or an Inf in X or dY makes its block's scale NaN, so it
+    # reaches every output that reads the block (per-tensor recipes: all of them) and never comes
+    # out finite; the delayed-scaling history keeps the finite amax, so the next clean step is clean.
+    layer, _ = _layers(gen, recipe, 64, 48, torch.float32)
+    per_tensor = recipe.startswith("tensorwise")
+    others = torch.arange(8) != 3
+    x = torch.randn(8, 64, generator=gen)
+    x[3, 7] = bad
+    y = layer(x.requires_grad_())
+    assert torch.isnan(y[3]).all()
+    assert torch.isnan(y).all() if per_tensor else torch.isfinite(y[others]).all()
+    # dY: row 2 of dX = dY W and row 5 of dW = dY^T X read the bad element's blocks
+    x = torch.randn(8, 64, generator=gen).requires_grad_()
+    layer.weight.grad = None
+    y = layer(x)
+    dy = torch.randn(y.shape, generator=gen)
+    dy[2, 5] = bad
+    y.backward(dy)
+    assert torch.isnan(x.grad[2]).all() and torch.isnan(layer.weight.grad[5]).all()
+    if not per_tensor:
+        assert torch.isfinite(x.grad[torch.arange(8) != 2]).all()
+    # a clean step afterwards (what a skipped step leaves behind) is finite everywhere
+    x = torch.randn(8, 64, generator=gen).requires_grad_()
+    layer.weight.grad = None
+    layer(x).backward(torch.randn(8, 48, generator=gen))
+    assert torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all()
+
+
 def test_bad_input(gen):
     layer = ot.Float8Linear(32, 16)
     with pytest.raises(ValueError, match="takes 32"):

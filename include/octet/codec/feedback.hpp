@@ -55,7 +55,8 @@ inline const char* residual_storage_name(residual_storage s) {
 
 /// Elements per scale of the e4m3 residual, and the recipe whose rules make its scales.
 inline constexpr std::size_t residual_block = 128;
-using residual_recipe = recipe<e4m3, block<1, 128>, scale::amax_ratio<0>>;
+using residual_recipe = recipe<e4m3, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, round::nearest_even,
+                               overflow::saturate, nan_policy::per_element>;
 
 OCTET_HD std::size_t residual_bytes(residual_storage s, std::size_t n) {
     switch (s) {

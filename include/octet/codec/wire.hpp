@@ -110,35 +110,41 @@ struct codec_config {
 /// Philox stream offset of stochastic-rounding bits ("RNDBITS0"); encode_options::random_stream is added.
 inline constexpr std::uint64_t codec_rounding_stream = 0x524E444249545330ull;
 
-/// Compile-time facts of each wire format: the recipe whose rules make scales and codes.
+/// Compile-time facts of each wire format: the recipe whose rules make scales and codes. Its
+/// non-finite policy is per_element: a non-finite gradient element is data on the wire (encoded
+/// by its own code, every scale valid), not a poisoned block.
 template <wire_format F>
 struct wire_traits;
 template <>
 struct wire_traits<wire_format::e4m3> {
     template <class Round>
-    using recipe_with = octet::recipe<e4m3, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, Round>;
+    using recipe_with = octet::recipe<e4m3, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, Round,
+                                      overflow::saturate, nan_policy::per_element>;
     using recipe = recipe_with<round::nearest_even>;
     static constexpr std::uint32_t fixed_scale_block = 0, default_scale_block = 128, scale_bytes = 4;
 };
 template <>
 struct wire_traits<wire_format::e5m2> {
     template <class Round>
-    using recipe_with = octet::recipe<e5m2, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, Round>;
+    using recipe_with = octet::recipe<e5m2, block<1, 128>, scale::amax_ratio<0>, scale_storage::f32, Round,
+                                      overflow::saturate, nan_policy::per_element>;
     using recipe = recipe_with<round::nearest_even>;
     static constexpr std::uint32_t fixed_scale_block = 0, default_scale_block = 128, scale_bytes = 4;
 };
 template <>
 struct wire_traits<wire_format::mxfp8> {
     template <class Round>
-    using recipe_with = octet::recipe<e4m3, block<1, 32>, scale::pow2_ceil, scale_storage::ue8m0, Round>;
-    using recipe = recipe_with<round::nearest_even>;  // = recipes::mxfp8_e4m3_ceil
+    using recipe_with = octet::recipe<e4m3, block<1, 32>, scale::pow2_ceil, scale_storage::ue8m0, Round,
+                                      overflow::saturate, nan_policy::per_element>;
+    using recipe = recipe_with<round::nearest_even>;  // = recipes::mxfp8_e4m3_ceil, per_element
     static constexpr std::uint32_t fixed_scale_block = 32, default_scale_block = 32, scale_bytes = 1;
 };
 template <>
 struct wire_traits<wire_format::nvfp4> {
     template <class Round>
-    using recipe_with = octet::recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, Round>;
-    using recipe = recipe_with<round::nearest_even>;  // = recipes::nvfp4
+    using recipe_with = octet::recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, Round,
+                                      overflow::saturate, nan_policy::per_element>;
+    using recipe = recipe_with<round::nearest_even>;  // = recipes::nvfp4, per_element
     static constexpr std::uint32_t fixed_scale_block = 16, default_scale_block = 16, scale_bytes = 1;
 };
 

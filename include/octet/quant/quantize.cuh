@@ -354,7 +354,7 @@ OCTET_KERNEL void __launch_bounds__(kQuantThreads) quantize_tile_kernel(quant_ke
 
 /// Global mode, pass 1: block amaxes of both copies into grids (row-major, zeroed beforehand), and
 /// the tensor amax. Shared-memory atomics per tile, then one global atomic per touched block.
-/// PropagateNan: a NaN enters its block's amax as 0x7FFFFFFF, above every other value's bits.
+/// PropagateNan: a NaN or an Inf enters its block's amax as 0x7FFFFFFF, above every other value's bits.
 template <class In, bool PropagateNan>
 OCTET_KERNEL void __launch_bounds__(kQuantThreads)
     block_amax_kernel(const In* __restrict__ x, std::size_t rows, std::size_t cols, std::size_t ld, bool vector_loads,
@@ -392,8 +392,8 @@ OCTET_KERNEL void __launch_bounds__(kQuantThreads)
             const int tr = idx / kQuantTile, tc = idx % kQuantTile;
             const std::size_t gi = r0 + tr, gj = c0 + tc;
             if (gi >= rows || gj >= cols) continue;
-            const float x_abs = fabsf(as_float<In>(tile[tr * pitch + tc]));
-            const float v = PropagateNan && x_abs != x_abs ? __uint_as_float(0x7FFFFFFFu) : finite_abs(x_abs);
+            const float x = as_float<In>(tile[tr * pitch + tc]);
+            const float v = PropagateNan ? propagating_abs(x) : finite_abs(x);
             if (v == 0.0f) continue;
             const std::size_t ci = copy == 0 ? gi : gj, cj = copy == 0 ? gj : gi;
             const std::size_t bi = ci / R, bj = cj / C;

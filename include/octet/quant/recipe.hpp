@@ -17,11 +17,14 @@
 // Scale storage: scale_storage::f32 (any rule), ue8m0 (pow2 rules: code = e + 127), e4m3 (two-level,
 // as NVFP4: the block scale is stored in E4M3 relative to one float scale per tensor,
 // tensor_scale = tensor amax / (max_finite * 448)).
-// NaN policy: nan_policy::per_element (the default) encodes each NaN by the element format's
-// contract (its NaN code; +max_finite in FP6/FP4, which have none, as CUDA's conversions do) and
-// leaves the rest of its block alone; nan_policy::propagate gives a block holding a NaN the NaN
-// scale (UE8M0 0xFF as the OCP MX spec defines it, E4M3 0x7F, a float NaN) and zero codes, so the
-// whole block dequantizes to NaN. The recipes::*_nan aliases are the MX and NVFP4 recipes with it.
+// Non-finite policy: nan_policy::propagate (the default) gives a block holding a NaN or an Inf the
+// NaN scale (UE8M0 0xFF as the OCP MX spec defines it, E4M3 0x7F, a float NaN) and zero codes, so
+// the whole block dequantizes to NaN and so does every GEMM output, gradient and attention row
+// that reads it: a non-finite input never comes out finite, and a NaN-loss check or a skipped
+// step fires (per-tensor recipes: the whole tensor is one block). nan_policy::per_element (octet
+// 0.2's behaviour, kept as an option) encodes each element by the format's contract (NaN: its NaN
+// code, +max_finite in FP6/FP4, which have none, as CUDA's conversions do; Inf: +-max_finite under
+// overflow::saturate) and leaves the rest of its block alone; the codecs' wire formats use it.
 #pragma once
 
 #include <cstddef>
@@ -70,7 +73,7 @@ struct ue8m0 {};
 struct e4m3 {};
 }  // namespace scale_storage
 
-/// What a NaN input does to its block (see the top of this file).
+/// What a NaN or Inf input does to its block (see the top of this file).
 namespace nan_policy {
 struct per_element {};
 struct propagate {};
@@ -90,7 +93,7 @@ template <std::size_t R, std::size_t C>
 struct is_block<block<R, C>> : std::true_type {};
 
 template <class Format, class Granularity, class ScaleRule, class ScaleStorage = scale_storage::f32,
-          class Round = round::nearest_even, class Overflow = overflow::saturate, class Nan = nan_policy::per_element>
+          class Round = round::nearest_even, class Overflow = overflow::saturate, class Nan = nan_policy::propagate>
 struct recipe {
     static_assert(is_float_format_v<Format>, "octet::recipe: Format must be an octet::float_format (e4m3, e2m1, ...)");
     static_assert(Format::special_codes != specials::exponent_only,
@@ -129,7 +132,7 @@ struct recipe {
     using nan_handling = Nan;
 
     static constexpr bool two_level = std::is_same_v<ScaleStorage, scale_storage::e4m3>;
-    /// nan_policy::propagate: a NaN makes its whole block NaN.
+    /// nan_policy::propagate: a NaN or an Inf makes its whole block NaN.
     static constexpr bool propagates_nan = std::is_same_v<Nan, nan_policy::propagate>;
     static constexpr bool is_per_tensor = Granularity::rows == full && Granularity::cols == full;
     /// Bytes of one stored scale.
@@ -162,20 +165,12 @@ using mxfp4 = recipe<e2m1, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0
 using mxfp8_e4m3_ceil = recipe<e4m3, block<1, 32>, scale::pow2_ceil, scale_storage::ue8m0>;
 /// NVFP4: 16 E2M1 elements share an E4M3 scale, on top of one float scale per tensor.
 using nvfp4 = recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3>;
-/// The same with nan_policy::propagate: a block holding a NaN gets the NaN scale and dequantizes
-/// to NaN (the named recipes above keep per-element NaN handling, so their bits never change).
-using mxfp8_e4m3_nan = recipe<e4m3, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0, round::nearest_even,
-                              overflow::saturate, nan_policy::propagate>;
-using mxfp8_e5m2_nan = recipe<e5m2, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0, round::nearest_even,
-                              overflow::saturate, nan_policy::propagate>;
-using mxfp6_e2m3_nan = recipe<e2m3, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0, round::nearest_even,
-                              overflow::saturate, nan_policy::propagate>;
-using mxfp6_e3m2_nan = recipe<e3m2, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0, round::nearest_even,
-                              overflow::saturate, nan_policy::propagate>;
-using mxfp4_nan = recipe<e2m1, block<1, 32>, scale::pow2_floor, scale_storage::ue8m0, round::nearest_even,
-                         overflow::saturate, nan_policy::propagate>;
-using nvfp4_nan = recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3, round::nearest_even,
-                         overflow::saturate, nan_policy::propagate>;
 }  // namespace recipes
+
+/// Recipe R with another non-finite policy (nan_policy::per_element: octet 0.2's encoding, each
+/// NaN or Inf by the format's contract and the rest of its block unchanged).
+template <class R, class Nan>
+using with_nan_policy = recipe<typename R::format, typename R::granularity, typename R::scale_rule,
+                               typename R::scale_storage_type, typename R::rounding, typename R::overflow_policy, Nan>;
 
 }  // namespace octet

@@ -2,14 +2,17 @@
 // step, as OCTET_HD functions shared by the host path and every kernel.
 //
 // Edge contract (tested in tests/host/quant_*.cpp):
-//   * amax is the largest |x| over the block's FINITE values; Inf and NaN do not take part, so one
-//     bad value does not wipe out its block. They are encoded by the recipe's format contract
-//     (Inf: +-max_finite under saturate, Inf/NaN under to_nonfinite; NaN: the NaN code) and
-//     counted in quant_stats::non_finite.
-//   * nan_policy::propagate (recipe.hpp): a block holding a NaN takes the NaN scale (ue8m0: code
-//     0xFF; e4m3: code 0x7F; f32: the NaN 0x7FFFFFFF) and zero codes, so every element of it dequantizes to NaN;
-//     its finite elements are counted in quant_stats::lost_to_nan. Inf alone does not do this.
-//     A stored scale that is NaN (ue8m0 0xFF included) always decodes to NaN.
+//   * nan_policy::propagate (recipe.hpp, the default): a block holding a NaN or an Inf takes the
+//     NaN scale (ue8m0: code 0xFF; e4m3: code 0x7F; f32: the NaN 0x7FFFFFFF) and zero codes, so
+//     every element of it dequantizes to NaN and every product that reads it is NaN (a NaN-loss
+//     check fires, as with torchao's float8, where an Inf amax gives scale 0 and Inf * 0 = NaN);
+//     its finite elements are counted in quant_stats::lost_to_nan, the non-finite ones in
+//     quant_stats::non_finite. A stored scale that is NaN (ue8m0 0xFF included) always decodes to NaN.
+//   * nan_policy::per_element: amax is the largest |x| over the block's FINITE values; Inf and NaN
+//     do not take part, so one bad value does not wipe out its block. They are encoded by the
+//     format's contract (Inf: +-max_finite under saturate, Inf/NaN under to_nonfinite; NaN: the
+//     NaN code, +max_finite in FP6/FP4) and counted in quant_stats::non_finite. The codecs' wire
+//     formats use it (a non-finite gradient element is data there, codec/codec.hpp).
 //   * amax == 0 (an all-zero block, or one holding only non-finite values): the scale is the
 //     smallest the rule gives (f32: 2^-126; ue8m0: 2^-127, code 0; e4m3 storage: code 0, the
 //     value 0) and every finite element encodes to zero. Never NaN. The scale of a block with no
@@ -196,16 +199,21 @@ OCTET_HD float finite_abs(float x) {
     return is_finite_float(x) ? abs_float(x) : 0.0f;
 }
 
-/// What an element contributes to its block's amax: finite_abs, except that under
-/// nan_policy::propagate a NaN gives NaN (0x7FFFFFFF), which amax_max keeps.
+/// |x| if x is finite, else NaN (0x7FFFFFFF): what an element contributes to its block's amax
+/// under nan_policy::propagate (amax_max keeps the NaN).
+OCTET_HD float propagating_abs(float x) {
+    const std::uint32_t a = float_to_bits(x) & 0x7FFFFFFFu;
+    return a >= 0x7F800000u ? bits_to_float(0x7FFFFFFFu) : bits_to_float(a);
+}
+
+/// What an element contributes to its block's amax: propagating_abs under nan_policy::propagate,
+/// finite_abs under per_element.
 template <class Recipe>
 OCTET_HD float block_abs(float x) {
-    if constexpr (Recipe::propagates_nan) {
-        const std::uint32_t a = float_to_bits(x) & 0x7FFFFFFFu;
-        return a > 0x7F800000u ? bits_to_float(0x7FFFFFFFu) : finite_abs(x);
-    } else {
+    if constexpr (Recipe::propagates_nan)
+        return propagating_abs(x);
+    else
         return finite_abs(x);
-    }
 }
 
 /// max of two block_abs values that keeps a NaN (their bit patterns order as the values do, and

@@ -6,8 +6,9 @@
 //                    least half its ulp (clamped by overflow::saturate; see beyond_max_finite)
 //   flushed_to_zero  finite non-zero inputs whose code decodes to zero
 //   non_finite       Inf and NaN inputs
-//   lost_to_nan      finite inputs in a block whose scale is NaN (nan_policy::propagate): they
-//                    dequantize to NaN and take no part in the energies below
+//   lost_to_nan      finite inputs in a block whose scale is NaN (nan_policy::propagate, the
+//                    default: the block held a NaN or an Inf): they dequantize to NaN and take no
+//                    part in the energies below
 //   signal_energy    sum of x^2 over finite inputs; noise_energy: sum of (x - dequantized)^2
 //   sqnr_db()        10 log10(signal / noise): the signal-to-quantization-noise ratio
 //

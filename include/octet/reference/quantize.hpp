@@ -2,8 +2,9 @@
 // in quant/recipe.hpp and quant/scale.hpp without their code: block amax in double, scale rules in
 // exact arithmetic (powers of two found by search, the nearest rule decided by comparing squares),
 // elements through the brute-force format reference. The result is unpacked (one code per element)
-// with the scale grid row-major. nan_policy::propagate: a block holding a NaN stores the NaN of its
-// scale format (UE8M0 0xFF, E4M3 0x7F, float 0x7FFFFFFF), effective scale NaN, and zero codes.
+// with the scale grid row-major. nan_policy::propagate: a block holding a NaN or an Inf stores the
+// NaN of its scale format (UE8M0 0xFF, E4M3 0x7F, float 0x7FFFFFFF), effective scale NaN, and zero
+// codes; per_element: amax over the finite values, each element encoded alone.
 #pragma once
 
 #include <cmath>
@@ -117,12 +118,14 @@ quantized_matrix quantize(const std::vector<float>& x, std::size_t rows, std::si
     q.scale_rows = rows == 0 ? 0 : (rows + q.block_rows - 1) / q.block_rows;
     q.scale_cols = cols == 0 ? 0 : (cols + q.block_cols - 1) / q.block_cols;
     std::vector<double> amax(q.scale_rows * q.scale_cols, 0.0);
-    std::vector<bool> has_nan(amax.size(), false);
+    std::vector<bool> non_finite(amax.size(), false);
     for (std::size_t i = 0; i < rows; ++i)
         for (std::size_t j = 0; j < cols; ++j) {
             const double v = x[i * cols + j];
-            if (std::isnan(v)) has_nan[(i / q.block_rows) * q.scale_cols + j / q.block_cols] = true;
-            if (!std::isfinite(v)) continue;
+            if (!std::isfinite(v)) {
+                non_finite[(i / q.block_rows) * q.scale_cols + j / q.block_cols] = true;
+                continue;
+            }
             double& a = amax[(i / q.block_rows) * q.scale_cols + j / q.block_cols];
             a = std::max(a, std::fabs(v));
             q.amax = std::max(q.amax, std::fabs(v));
@@ -135,7 +138,7 @@ quantized_matrix quantize(const std::vector<float>& x, std::size_t rows, std::si
                            std::ldexp(1.0, -126))
                 : 1.0;
     for (std::size_t k = 0; k < amax.size(); ++k) {
-        if (Recipe::propagates_nan && has_nan[k]) {
+        if (Recipe::propagates_nan && non_finite[k]) {
             using Storage = typename Recipe::scale_storage_type;
             const std::uint32_t nan_code = std::is_same_v<Storage, scale_storage::ue8m0>  ? 0xFFu
                                            : std::is_same_v<Storage, scale_storage::e4m3> ? 0x7Fu

@@ -15,8 +15,8 @@ from ._quant import QuantizedTensor, recipe_info
 load("gemm")
 _ops = torch.ops.octet
 
-# The pairs octet::scaled_mm serves (python/csrc/gemm_common.hpp); mxfp8_e4m3_ceil and the *_nan
-# variants multiply as their base recipe.
+# The pairs octet::scaled_mm serves (python/csrc/gemm_common.hpp); mxfp8_e4m3_ceil multiplies as
+# mxfp8_e4m3.
 SCALED_MM_PAIRS = (
     ("tensorwise_e4m3", "tensorwise_e4m3"), ("tensorwise_e4m3", "tensorwise_e5m2"),
     ("tensorwise_e5m2", "tensorwise_e4m3"), ("tensorwise_e5m2", "tensorwise_e5m2"),

@@ -17,7 +17,6 @@ RECIPES = (
     "tensorwise_e4m3", "tensorwise_e5m2", "rowwise_e4m3", "columnwise_e4m3",
     "blockwise_1x128", "blockwise_128x128",
     "mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_e4m3_ceil", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4",
-    "mxfp8_e4m3_nan", "mxfp8_e5m2_nan", "mxfp6_e2m3_nan", "mxfp6_e3m2_nan", "mxfp4_nan", "nvfp4_nan",
 )
 
 
