@@ -33,6 +33,7 @@ from ._quant import (  # noqa: F401
     quantize,
     recipe_info,
 )
+from .activations import compress_activations  # noqa: F401  (quant family only)
 if _wanted("gemm"):
     from ._gemm import SCALED_MM_PAIRS, gemm_error_bound, scaled_mm  # noqa: F401
 if _wanted("linear"):
