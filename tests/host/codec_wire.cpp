@@ -276,14 +276,21 @@ TEST_CASE("wire: non-finite payload codes are counted and reported, not hidden")
             CHECK(decode_gradient_transformed(on_host(), m, y).non_finite_codes == expected);
         }
     }
-    // the encoder writes a NaN code for a NaN input, and the count says so
-    {
-        const codec_config cfg{wire_format::e4m3, transform_kind::identity, 64};
+    // the encoder writes a non-finite code for a NaN or an Inf input, and the count says so; the
+    // decoded gradient is non-finite exactly there (E5M2 keeps the Inf's sign)
+    for (const wire_format f : {wire_format::e4m3, wire_format::e5m2, wire_format::mxfp8}) {
+        const codec_config cfg{f, transform_kind::identity, 64};
         std::vector<float> x(256, 0.5f);
         x[17] = std::numeric_limits<float>::quiet_NaN();
+        x[100] = std::numeric_limits<float>::infinity();
+        x[101] = -std::numeric_limits<float>::infinity();
         std::vector<std::uint8_t> m(encoded_size(cfg, x.size()));
         encode_gradient(on_host(), cfg, x, m);
-        CHECK(read_wire_header(m).non_finite_codes == 1);
+        CHECK(read_wire_header(m).non_finite_codes == 3);
+        std::vector<float> y(x.size());
+        CHECK(decode_gradient(on_host(), m, y).non_finite_codes == 3);
+        for (std::size_t i = 0; i < y.size(); ++i) CHECK(std::isfinite(y[i]) == std::isfinite(x[i]));
+        if (f == wire_format::e5m2) CHECK((y[100] == INFINITY && y[101] == -INFINITY));
     }
     // NVFP4 has no non-finite codes: every message counts 0
     const codec_config fp4{wire_format::nvfp4, transform_kind::identity, 64};

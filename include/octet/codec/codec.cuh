@@ -310,9 +310,9 @@ OCTET_KERNEL void __launch_bounds__(max_threads<R>) encode_kernel(encode_args a)
         std::uint8_t q = 0;
         if (cj < a.L) {
             if (a.stochastic)
-                q = encode_scaled<RS>(v[j], S[j / 8], a.rng.bits(a.first_index + cj));
+                q = encode_wire_code<RS>(v[j], S[j / 8], a.rng.bits(a.first_index + cj));
             else
-                q = encode_scaled<RN>(v[j], S[j / 8]);
+                q = encode_wire_code<RN>(v[j], S[j / 8]);
         }
         code[j] = q;
     }

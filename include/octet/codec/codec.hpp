@@ -40,8 +40,10 @@
 // becomes 0.0885). It is a worst case (every element at the worst point of its rounding interval);
 // measured errors are 2.5 to 5 times smaller (tests/host/codec_quality.cpp prints both).
 //
-// Non-finite inputs are data: amax ignores them; a NaN/Inf encodes by the format's contract
-// (saturating: Inf -> +-max finite, NaN -> NaN code; E2M1 has no NaN and gives +6 S). Under
+// Non-finite inputs are data: amax ignores them (every scale stays valid), and each one takes a
+// non-finite code where the format has one (encode_wire_code: E4M3 / MXFP8 the NaN code, E5M2 +-Inf
+// or NaN), so it decodes non-finite and the header counts it: a NaN or Inf gradient never arrives
+// finite. E2M1 (NVFP4) has no such code: an Inf saturates to +-6 S and a NaN gives +6 S. Under
 // Hadamard one non-finite element makes its whole block non-finite before quantization.
 #pragma once
 
@@ -179,7 +181,7 @@ void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t
                 for (std::size_t j = b; j < e; ++j)
                     deq[j] = mul_rn(decode<Fmt>(unpack_fp4(payload[j / 2], static_cast<int>(j & 1u))), s.value);
         } else {
-            for (std::size_t j = b; j < e; ++j) payload[j] = encode_scaled<R>(y[j], s.value, random_bits(j));
+            for (std::size_t j = b; j < e; ++j) payload[j] = encode_wire_code<R>(y[j], s.value, random_bits(j));
             if (deq)
                 for (std::size_t j = b; j < e; ++j) deq[j] = mul_rn(decode<Fmt>(payload[j]), s.value);
         }

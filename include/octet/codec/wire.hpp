@@ -53,7 +53,7 @@
 //
 // Non-finite payload codes are counted, not rejected: a message with valid checksums may carry
 // NaN codes (E4M3 / MXFP8 0x7F, 0xFF; E5M2 0x7D..0x7F, 0xFD..0xFF) or E5M2 infinities (0x7C,
-// 0xFC). The encoder writes a NaN code for a NaN input (non-finite inputs are data, codec.hpp),
+// 0xFC). The encoder writes a non-finite code for a NaN or Inf input (encode_wire_code, codec.hpp),
 // so refusing them would turn one bad gradient element into an undecodable message. Instead
 // validation counts them in wire_header::non_finite_codes (read_wire_header and both
 // decode_gradient overloads, host and device), and decoding writes NaN / Inf there (under
@@ -147,6 +147,20 @@ struct wire_traits<wire_format::nvfp4> {
     using recipe = recipe_with<round::nearest_even>;  // = recipes::nvfp4, per_element
     static constexpr std::uint32_t fixed_scale_block = 16, default_scale_block = 16, scale_bytes = 1;
 };
+
+/// The payload code of one transformed coordinate x at the block scale S: the recipe's element
+/// rule, except that a non-finite x takes a non-finite code where the format has one (E4M3 and
+/// MXFP8: the NaN code; E5M2: +-Inf, or the NaN code), so that it decodes non-finite and is counted
+/// in wire_header::non_finite_codes rather than arriving as a large finite gradient. E2M1 (NVFP4)
+/// has no such code: there an Inf saturates to +-6 S and a NaN gives +6 S, as in encode.
+template <class R>
+OCTET_HD std::uint8_t encode_wire_code(float x, float S, std::uint32_t random_bits = 0) {
+    using Fmt = typename R::format;
+    if constexpr (Fmt::has_nan || Fmt::has_inf) {
+        if (!is_finite_float(x)) return encode<Fmt, round::nearest_even, overflow::to_nonfinite>(x);
+    }
+    return encode_scaled<R>(x, S, random_bits);
+}
 
 /// Calls fn(wire_traits<F>{}) for the runtime format f (which must be valid).
 template <class Fn>
