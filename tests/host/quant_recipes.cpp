@@ -287,7 +287,8 @@ void check_nan_blocks(std::uint64_t salt) {
 }  // namespace quant_recipes_test
 
 TEST_CASE(
-    "NaN and Inf inside blocks: propagate (the default) makes the whole block NaN, per_element keeps 0.2's codes") {
+    "NaN and Inf inside blocks: propagate (the default) makes the whole block NaN, per_element keeps the earlier "
+    "codes") {
     using per_element = octet::nan_policy::per_element;
     using octet::with_nan_policy;
     check_nan_blocks<rcp::mxfp4>(5100);

@@ -21,8 +21,8 @@
 // NaN scale (UE8M0 0xFF as the OCP MX spec defines it, E4M3 0x7F, a float NaN) and zero codes, so
 // the whole block dequantizes to NaN and so does every GEMM output, gradient and attention row
 // that reads it: a non-finite input never comes out finite, and a NaN-loss check or a skipped
-// step fires (per-tensor recipes: the whole tensor is one block). nan_policy::per_element (octet
-// 0.2's behaviour, kept as an option) encodes each element by the format's contract (NaN: its NaN
+// step fires (per-tensor recipes: the whole tensor is one block). nan_policy::per_element (the
+// earlier default, kept as an option) encodes each element by the format's contract (NaN: its NaN
 // code, +max_finite in FP6/FP4, which have none, as CUDA's conversions do; Inf: +-max_finite under
 // overflow::saturate) and leaves the rest of its block alone; the codecs' wire formats use it.
 #pragma once
@@ -167,7 +167,7 @@ using mxfp8_e4m3_ceil = recipe<e4m3, block<1, 32>, scale::pow2_ceil, scale_stora
 using nvfp4 = recipe<e2m1, block<1, 16>, scale::amax_ratio<0>, scale_storage::e4m3>;
 }  // namespace recipes
 
-/// Recipe R with another non-finite policy (nan_policy::per_element: octet 0.2's encoding, each
+/// Recipe R with another non-finite policy (nan_policy::per_element: the earlier default, each
 /// NaN or Inf by the format's contract and the rest of its block unchanged).
 template <class R, class Nan>
 using with_nan_policy = recipe<typename R::format, typename R::granularity, typename R::scale_rule,
