@@ -845,3 +845,77 @@ TEST_CASE("linear: arguments are checked once, with the argument and the fix nam
     CHECK_THROWS_WITH_AS(linear_context<linear_recipes::tensorwise_delayed>{bad}, Contains("config.history_length"),
                          octet::error);
 }
+
+namespace nn_linear_workspace_test {
+using namespace octet;
+
+/// Three layers of different shapes on one linear_workspace, run as a model runs them (forwards in
+/// order, backwards in reverse, two steps), against the same layers with storage of their own.
+template <class LR>
+void check_shared_workspace(std::uint64_t salt) {
+    INFO("seed=" << octet_test::run_seed());
+    auto g = octet_test::rng(salt);
+    const std::size_t tokens = 1 + g() % 70;
+    const std::size_t widths[4] = {64, 96, 160, 64};
+    linear_workspace ws;
+    std::vector<linear_context<LR>> own, shared;
+    std::size_t most = 0;
+    for (int l = 0; l < 3; ++l) {
+        linear_config c;
+        c.max_tokens = tokens + static_cast<std::size_t>(l);  // contexts of different sizes
+        c.in_features = widths[l];
+        c.out_features = widths[l + 1];
+        c.seed = salt + static_cast<std::uint64_t>(l);
+        own.emplace_back(c);
+        shared.emplace_back(c, ws);
+        most = std::max(most, linear_context<LR>::workspace_bytes(c));
+        CHECK(shared.back().memory().workspace == 0);
+        CHECK(shared.back().memory().saved_for_backward == own.back().memory().saved_for_backward);
+        CHECK(shared.back().workspace() == &ws);
+    }
+    CHECK(ws.bytes() == most);
+    thread_pool pool(2);
+    for (int step = 0; step < 2; ++step) {
+        std::vector<std::vector<float>> acts[2], grads[2], dws[2];
+        for (int k = 0; k < 2; ++k) {
+            auto& ctx = k == 0 ? own : shared;
+            acts[k].push_back(octet_test::with_edge_cases(g, tokens * widths[0], 1.0f));
+            if (k == 1) acts[1][0] = acts[0][0];
+            std::vector<std::vector<float>> ws_(3);
+            for (int l = 0; l < 3; ++l) {
+                auto gw = octet_test::rng(salt * 31 + static_cast<std::uint64_t>(l));
+                ws_[l] = octet_test::with_edge_cases(gw, widths[l + 1] * widths[l], 0.1f);
+                acts[k].emplace_back(tokens * widths[l + 1]);
+                linear_forward(on_host(pool), ctx[l], matrix_ref<const float>(acts[k][l].data(), tokens, widths[l]),
+                               matrix_ref<const float>(ws_[l].data(), widths[l + 1], widths[l]), {},
+                               matrix_ref<float>(acts[k][l + 1].data(), tokens, widths[l + 1]));
+            }
+            auto gd = octet_test::rng(salt * 7 + static_cast<std::uint64_t>(step));
+            grads[k].push_back(octet_test::with_edge_cases(gd, tokens * widths[3], 0.01f));
+            for (int l = 2; l >= 0; --l) {
+                std::vector<float> dx(tokens * widths[l]), dw(widths[l + 1] * widths[l]);
+                linear_backward(on_host(pool), ctx[l],
+                                matrix_ref<const float>(grads[k].back().data(), tokens, widths[l + 1]),
+                                matrix_ref<float>(dx.data(), tokens, widths[l]),
+                                matrix_ref<float>(dw.data(), widths[l + 1], widths[l]), {});
+                grads[k].push_back(dx);
+                dws[k].push_back(dw);
+            }
+        }
+        for (std::size_t i = 0; i < acts[0].size(); ++i)
+            CHECK(std::memcmp(acts[0][i].data(), acts[1][i].data(), acts[0][i].size() * sizeof(float)) == 0);
+        for (std::size_t i = 0; i < grads[0].size(); ++i)
+            CHECK(std::memcmp(grads[0][i].data(), grads[1][i].data(), grads[0][i].size() * sizeof(float)) == 0);
+        for (std::size_t i = 0; i < dws[0].size(); ++i)
+            CHECK(std::memcmp(dws[0][i].data(), dws[1][i].data(), dws[0][i].size() * sizeof(float)) == 0);
+    }
+}
+
+TEST_CASE("layers on one shared linear_workspace compute the bits of layers with storage of their own") {
+    check_shared_workspace<linear_recipes::mxfp8>(11);
+    check_shared_workspace<linear_recipes::blockwise>(12);
+    check_shared_workspace<linear_recipes::tensorwise_delayed>(13);
+    check_shared_workspace<linear_recipes::nvfp4>(14);
+}
+
+}  // namespace nn_linear_workspace_test

@@ -27,6 +27,11 @@
 // same points as the CUDA kernels (attention.cuh), walking the same 64 x 64 tiles, so the two agree
 // up to the order of float summation inside the products.
 //
+// Host memory: every temporary of a host call (decoded operands, accumulators, per-thread tiles)
+// comes from one block, taken from the executor's allocator when one is lent (octet::with_allocator)
+// and else from ::operator new; attention_forward_scratch_bytes / attention_backward_scratch_bytes
+// give its size. Only the backward's attention_row_telemetry, when asked for, allocates besides.
+//
 // Edge cases: a sequence may be empty; a query row that sees no key (an empty key sequence, or a
 // causal mask with Lk < Lq) gets O = 0, L = +Inf and dQ = 0. Non-finite inputs are data: a NaN code
 // in a row of Q or K makes that row's scores NaN, and NaN propagates to what it touches.
@@ -189,6 +194,13 @@ enum attention_row_array : int {
     row_array_count
 };
 
+/// The backward's per-row arrays, each [heads_q][total_q], for the caller that asks for them
+/// (attention_backward's `rows`; the device path keeps them in its workspace instead). Host path:
+/// filled only when the caller passes one, and then the only memory the host backward allocates
+/// outside its scratch block (with std::vector's allocator, not the executor's; by assign, so a
+/// struct reused from an earlier call of the same sizes allocates nothing). Without `rows` the
+/// backward allocates nothing beyond attention_backward_scratch_bytes. Without options.telemetry
+/// only delta and delta_from_output are written (the others are left as they were).
 struct attention_row_telemetry {
     std::vector<float> delta;              ///< D_i the backward used
     std::vector<float> delta_from_output;  ///< rowsum(dO_i * O_i) (0 without O)
@@ -401,33 +413,68 @@ attention_dims check_backward_args(const attention_shape& shape, const quantized
     return dims;
 }
 
-/// Decoded codes [tokens][heads][head_dim] and scales [tokens][heads] of an operand (host).
+/// Decoded codes [tokens][heads][head_dim] and scales [tokens][heads] of an operand (host), in
+/// the operation's scratch block.
 struct attention_plane {
-    std::vector<float> code, scale;
+    float* code = nullptr;
+    float* scale = nullptr;
     int heads = 0, dim = 0;
-    const float* row(int t, int h) const { return code.data() + (static_cast<std::size_t>(t) * heads + h) * dim; }
+    attention_plane() = default;
+    attention_plane(scratch_carver& c, int tokens, int heads_, int dim_) : heads(heads_), dim(dim_) {
+        code = c.take<float>(static_cast<std::size_t>(tokens) * heads * dim);
+        scale = c.take<float>(static_cast<std::size_t>(tokens) * heads);
+    }
+    const float* row(int t, int h) const { return code + (static_cast<std::size_t>(t) * heads + h) * dim; }
     float s(int t, int h) const { return scale[static_cast<std::size_t>(t) * heads + h]; }
 };
 
+/// Fills p (carved for `tokens` tokens of x's heads) with x's decoded codes and scales.
 template <class R, class B>
-attention_plane decode_plane(host_executor ex, const quantized_ref<R, B>& x, int tokens, int heads, int dim) {
-    attention_plane p;
-    p.heads = heads;
-    p.dim = dim;
-    p.code.resize(static_cast<std::size_t>(tokens) * heads * dim);
-    p.scale.resize(static_cast<std::size_t>(tokens) * heads);
+void decode_plane(host_executor ex, const quantized_ref<R, B>& x, int tokens, attention_plane& p) {
+    const int heads = p.heads, dim = p.dim;
     const quantized_cref<R> c = x;
     parallel_for(ex, static_cast<std::size_t>(tokens), 64, [&](std::size_t b, std::size_t e) {
         for (std::size_t t = b; t < e; ++t)
             for (int h = 0; h < heads; ++h) {
                 const std::size_t col0 = static_cast<std::size_t>(h) * dim;
                 p.scale[t * heads + h] = c.scale(t / c.layout.block_rows, col0 / c.layout.block_cols);
-                float* dst = p.code.data() + (t * heads + h) * dim;
+                float* dst = p.code + (t * heads + h) * dim;
                 for (int k = 0; k < dim; ++k) dst[k] = decode<typename R::format>(c.code(t, col0 + k));
             }
     });
-    return p;
 }
+
+/// The bytes of the scratch that Scratch(carver, args...) describes.
+template <class Scratch, class... Args>
+std::size_t scratch_bytes_of(const Args&... args) {
+    scratch_carver c;
+    (void)Scratch(c, args...);
+    return c.bytes();
+}
+
+/// `chunks` slots of per-chunk scratch (parallel_for_chunks' slot `chunk`), each laid out by
+/// Slot(carver, args...) and rounded up to 64 bytes, taken from the operation's carver.
+/// at(chunk, args...) carves slot `chunk`, zero-filled (as the std::vector<float>(n) they replace).
+template <class Slot>
+struct chunk_slots {
+    unsigned char* base = nullptr;
+    std::size_t stride = 0;
+    chunk_slots() = default;
+    template <class... Args>
+    chunk_slots(scratch_carver& c, std::size_t chunks, const Args&... args) {
+        scratch_carver one;
+        (void)Slot(one, args...);
+        stride = (one.bytes() + 63) & ~std::size_t{63};
+        base = c.take<unsigned char>(chunks * stride);
+    }
+    template <class... Args>
+    Slot at(std::size_t chunk, const Args&... args) const {
+        unsigned char* const at = base + chunk * stride;
+        std::fill(at, at + stride, static_cast<unsigned char>(0));
+        scratch_carver c(at);
+        return Slot(c, args...);
+    }
+};
 
 // The host path's inner loops, as kernels that run compiled for the CPU's instruction set
 // (core/isa_dispatch.hpp). Each works on one 64-wide row of a tile and keeps the order of every
@@ -581,7 +628,63 @@ inline float dequantized_ds(float y, float tile_scale, float s, float ds) {
 // Forward
 // =================================================================================================
 
+/// One work unit of the host forward: a 64-query tile of one head of one sequence.
+struct attention_forward_unit {
+    int b, h, qt;
+};
+
+/// The host forward's work units for a shape: (sequence, head, 64-query tile).
+inline std::size_t attention_forward_unit_count(const attention_shape& shape) {
+    const auto cuq = shape.cu_seqlens_q;
+    std::size_t n = 0;
+    for (int b = 0; b < shape.batch(); ++b)
+        for (int qt = 0; qt * attn::tile_size < cuq[b + 1] - cuq[b]; ++qt)
+            n += static_cast<std::size_t>(std::max(shape.heads_q, 0));
+    return n;
+}
+
+/// The arrays one chunk of the host forward works in (one slot per chunk of its units).
+struct attention_forward_chunk {
+    float *tmp, *x, *p, *u, *pq, *ratio, *ks, *kt;
+    float *m_row, *l_row, *acc_rows;  ///< the running state of a unit's query rows (at most 64)
+    attention_forward_chunk(scratch_carver& c, int d) {
+        constexpr std::size_t T = attn::tile_size;
+        const std::size_t D = static_cast<std::size_t>(d);
+        tmp = c.take<float>(D);
+        x = c.take<float>(T);
+        p = c.take<float>(T);
+        u = c.take<float>(T);
+        pq = c.take<float>(T);
+        ratio = c.take<float>(T);
+        ks = c.take<float>(T);
+        kt = c.take<float>(D * T);
+        m_row = c.take<float>(T);
+        l_row = c.take<float>(T);
+        acc_rows = c.take<float>(T * D);
+    }
+};
+
+/// The host forward's scratch, described once for attention_forward_scratch_bytes and the
+/// forward: the decoded Q, K, V, the work units and one attention_forward_chunk per chunk.
+struct attention_forward_scratch {
+    attention_plane Q, K, V;
+    attention_forward_unit* units = nullptr;
+    std::size_t unit_count = 0;
+    chunk_slots<attention_forward_chunk> chunks;
+    attention_forward_scratch(scratch_carver& c, const host_executor& ex, const attention_shape& shape) {
+        const int Hq = std::max(shape.heads_q, 0), Hk = std::max(shape.heads_kv, 0), d = std::max(shape.head_dim, 0);
+        const int Tq = std::max(shape.total_q(), 0), Tk = std::max(shape.total_k(), 0);
+        Q = attention_plane(c, Tq, Hq, d);
+        K = attention_plane(c, Tk, Hk, d);
+        V = attention_plane(c, Tk, Hk, d);
+        unit_count = attention_forward_unit_count(shape);
+        units = c.take<attention_forward_unit>(unit_count);
+        chunks = chunk_slots<attention_forward_chunk>(c, parallel_chunks(ex, unit_count, 1), d);
+    }
+};
+
 /// The forward on the host (the entry, octet::attention_forward, checked the arguments into `dims`).
+/// Every temporary comes from one host_scratch block of attention_forward_scratch_bytes(ex, shape).
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT>
 void host_attention_forward(host_executor ex, const attention_dims& dims, const attention_shape& shape,
                             const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
@@ -592,29 +695,34 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
     const float scale_log2 = attn::mul(scale, attn::log2e);
     const bool causal = opt.mask == attention_mask::causal;
 
-    const auto Q = detail::decode_plane(ex, q, Tq, Hq, d);
-    const auto K = detail::decode_plane(ex, k, Tk, Hk, d);
-    const auto V = detail::decode_plane(ex, v, Tk, Hk, d);
+    const host_scratch block(ex, scratch_bytes_of<attention_forward_scratch>(ex, shape), "octet::attention_forward");
+    scratch_carver carve = block.carver();
+    attention_forward_scratch work(carve, ex, shape);
+
+    detail::decode_plane(ex, q, Tq, work.Q);
+    detail::decode_plane(ex, k, Tk, work.K);
+    detail::decode_plane(ex, v, Tk, work.V);
+    const attention_plane &Q = work.Q, &K = work.K, &V = work.V;
     const auto cuq = shape.cu_seqlens_q;
     const auto cuk = shape.keys();
     const int G = Hq / Hk, B = shape.batch();
 
     // Work units: (sequence, head, 64-query tile).
-    struct unit {
-        int b, h, qt;
-    };
-    std::vector<unit> units;
+    attention_forward_unit* const units = work.units;
+    std::size_t n_units = 0;
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < Hq; ++h)
-            for (int qt = 0; qt * attn::tile_size < cuq[b + 1] - cuq[b]; ++qt) units.push_back({b, h, qt});
+            for (int qt = 0; qt * attn::tile_size < cuq[b + 1] - cuq[b]; ++qt) units[n_units++] = {b, h, qt};
 
     const detail::simd_isa isa = detail::best_isa();
     const std::size_t kstride = static_cast<std::size_t>(Hk) * d;
     std::mutex census_mutex;
     if (census) *census = {};
-    parallel_for(ex, units.size(), 1, [&](std::size_t ub, std::size_t ue) {
+    parallel_for_chunks(ex, n_units, 1, [&](std::size_t chunk, std::size_t ub, std::size_t ue) {
         constexpr int T = attn::tile_size;
-        std::vector<float> tmp(d), x(T), p(T), u(T), pq(T), ratio(T), ks(T), kt(static_cast<std::size_t>(d) * T);
+        const attention_forward_chunk w = work.chunks.at(chunk, d);
+        float *const tmp = w.tmp, *const x = w.x, *const p = w.p, *const u = w.u, *const pq = w.pq,
+                     *const ratio = w.ratio, *const ks = w.ks, *const kt = w.kt;
         attention_p_census mine;
         for (std::size_t un = ub; un < ue; ++un) {
             const int b = units[un].b, h = units[un].h, qt = units[un].qt, hk = h / G;
@@ -622,12 +730,14 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
             const int ntiles = attn::key_tiles_for(qt, lq, lk, causal);
             const int i0 = qt * T, i1 = std::min(lq, i0 + T);
             // Row i's running state across key tiles, for the tile's rows at once.
-            std::vector<float> m_row(static_cast<std::size_t>(i1 - i0), attn::neg_inf()),
-                l_row(static_cast<std::size_t>(i1 - i0), 0.0f), acc_rows(static_cast<std::size_t>(i1 - i0) * d, 0.0f);
+            float *const m_row = w.m_row, *const l_row = w.l_row, *const acc_rows = w.acc_rows;
+            std::fill(m_row, m_row + (i1 - i0), attn::neg_inf());
+            std::fill(l_row, l_row + (i1 - i0), 0.0f);
+            std::fill(acc_rows, acc_rows + static_cast<std::size_t>(i1 - i0) * d, 0.0f);
             for (int step = 0; step < ntiles; ++step) {
                 const int jt = attn::key_tile_at(step, ntiles, opt.key_order);
                 const int j0 = jt * T, j1 = std::min(lk, j0 + T), n = j1 - j0;
-                detail::transposed_panel(K, k0 + j0, n, hk, kt.data());
+                detail::transposed_panel(K, k0 + j0, n, hk, kt);
                 float mv = 0.0f;
                 for (int j = j0; j < j1; ++j) {
                     ks[j - j0] = K.s(k0 + j, hk);
@@ -637,7 +747,7 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                 const float cv = attn::mul(mv, attn::p_scale);
                 for (int i = i0; i < i1; ++i) {
                     const float qf = attn::query_factor(Q.s(q0 + i, h), scale_log2);
-                    detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt.data(), d, x.data());
+                    detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt, d, x);
                     float mt = attn::neg_inf();
                     for (int j = 0; j < n; ++j) {
                         x[j] =
@@ -647,13 +757,13 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                     float& m = m_row[i - i0];
                     const float m_new = attn::fmax(m, mt), mu = attn::usable_max(m_new);
                     const float alpha = attn::exp2(attn::sub(m, mu));
-                    detail::run_kernel<detail::exp2_row_kernel>(isa, x.data(), mu, p.data());
+                    detail::run_kernel<detail::exp2_row_kernel>(isa, x, mu, p);
                     float rowsum = 0.0f;
                     for (int j = 0; j < n; ++j) {
                         rowsum = attn::add(rowsum, p[j]);
                         u[j] = attn::mul(p[j], ratio[j]);
                     }
-                    detail::run_kernel<detail::e4m3_row_kernel>(isa, u.data(), 256.0f, pq.data());
+                    detail::run_kernel<detail::e4m3_row_kernel>(isa, u, 256.0f, pq);
                     if (census)
                         for (int j = 0; j < n; ++j) {
                             if (!(u[j] > 0.0f)) continue;
@@ -662,15 +772,15 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                             mine.subnormal += pq[j] != 0.0f && pq[j] < 0.015625f;  // 2^-6, E4M3's smallest normal
                         }
                     l_row[i - i0] = attn::fma(l_row[i - i0], alpha, rowsum);
-                    detail::weighted_rows(isa, pq.data(), n, V.row(k0 + j0, hk), kstride, d, tmp.data());
+                    detail::weighted_rows(isa, pq, n, V.row(k0 + j0, hk), kstride, d, tmp);
                     detail::run_kernel<detail::rescale_accumulate_kernel>(
-                        isa, alpha, cv, tmp.data(), d, acc_rows.data() + static_cast<std::size_t>(i - i0) * d);
+                        isa, alpha, cv, tmp, d, acc_rows + static_cast<std::size_t>(i - i0) * d);
                     m = m_new;
                 }
             }
             for (int i = i0; i < i1; ++i) {
                 const float l = l_row[i - i0];
-                const float* ar = acc_rows.data() + static_cast<std::size_t>(i - i0) * d;
+                const float* ar = acc_rows + static_cast<std::size_t>(i - i0) * d;
                 const float inv = l > 0.0f ? attn::div(1.0f, l) : 0.0f;
                 OT* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
                 for (int c = 0; c < d; ++c) orow[c] = detail::attention_store<OT>(attn::mul(ar[c], inv));
@@ -690,8 +800,79 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
 // Backward
 // =================================================================================================
 
+/// The arrays one chunk of the host backward works in (one slot per chunk of either pass): the
+/// panels of one 64-key tile of one key/value head (K and V transposed, their scales) and the
+/// 64 x 64 tiles and rows of pass 2 (pass 1 uses P, dP and x of them as its rows).
+struct attention_backward_chunk {
+    float *kt, *vt, *ks, *vs;
+    float *P, *dS, *dP, *RQ, *PQt, *x, *codes, *y, *sq, *tmp, *kb;
+    attention_backward_chunk(scratch_carver& c, int d) {
+        constexpr std::size_t T = attn::tile_size;
+        const std::size_t D = static_cast<std::size_t>(d);
+        kt = c.take<float>(D * T);
+        vt = c.take<float>(D * T);
+        ks = c.take<float>(T);
+        vs = c.take<float>(T);
+        P = c.take<float>(T * T);
+        dS = c.take<float>(T * T);
+        dP = c.take<float>(T * T);
+        RQ = c.take<float>(T * T);
+        PQt = c.take<float>(T * T);
+        x = c.take<float>(T);
+        codes = c.take<float>(T);
+        y = c.take<float>(T);
+        sq = c.take<float>(T);
+        tmp = c.take<float>(D);
+        kb = c.take<float>(D);
+    }
+};
+
+/// The host backward's scratch, described once for attention_backward_scratch_bytes and the
+/// backward: the decoded Q, K, V, dO, the row arrays ([heads_q][total_q]; the telemetry's only with
+/// options.telemetry, rq with telemetry or fold_dq_residual), Kbar (fold_dq_residual), the float
+/// dQ, dK, dV accumulators and one attention_backward_chunk per chunk of pass 1 (the larger count).
+struct attention_backward_scratch {
+    attention_plane Q, K, V, DO;
+    float *delta = nullptr, *delta_out = nullptr, *lc = nullptr;
+    float *row_res_dq = nullptr, *kbar = nullptr;
+    float *row_res = nullptr, *row_res_dk = nullptr, *row_abs = nullptr, *row_pdp = nullptr, *row_pabs = nullptr;
+    float *dq_acc = nullptr, *dk_acc = nullptr, *dv_acc = nullptr;
+    chunk_slots<attention_backward_chunk> chunks;
+    attention_backward_scratch(scratch_carver& c, const host_executor& ex, const attention_shape& shape,
+                               const attention_backward_options& opt) {
+        const int Hq = std::max(shape.heads_q, 0), Hk = std::max(shape.heads_kv, 0), d = std::max(shape.head_dim, 0);
+        const int Tq = std::max(shape.total_q(), 0), Tk = std::max(shape.total_k(), 0);
+        const std::size_t R = static_cast<std::size_t>(Hq) * Tq, D = static_cast<std::size_t>(d);
+        const std::size_t B = static_cast<std::size_t>(shape.batch());
+        Q = attention_plane(c, Tq, Hq, d);
+        K = attention_plane(c, Tk, Hk, d);
+        V = attention_plane(c, Tk, Hk, d);
+        DO = attention_plane(c, Tq, Hq, d);
+        delta = c.take<float>(R);
+        delta_out = c.take<float>(R);
+        lc = c.take<float>(R);
+        if (opt.telemetry || opt.fold_dq_residual) row_res_dq = c.take<float>(R);
+        if (opt.fold_dq_residual) kbar = c.take<float>(R * D);  // like dq_acc: [token][head][d]
+        if (opt.telemetry) {
+            row_res = c.take<float>(R);
+            row_res_dk = c.take<float>(R);
+            row_abs = c.take<float>(R);
+            row_pdp = c.take<float>(R);
+            row_pabs = c.take<float>(R);
+        }
+        dq_acc = c.take<float>(R * D);
+        dk_acc = c.take<float>(static_cast<std::size_t>(Tk) * Hk * D);
+        dv_acc = c.take<float>(static_cast<std::size_t>(Tk) * Hk * D);
+        // pass 1 runs over (sequence, query head), pass 2 over (sequence, key/value head): no more chunks
+        chunks = chunk_slots<attention_backward_chunk>(
+            c, std::max(parallel_chunks(ex, B * Hq, 1), parallel_chunks(ex, B * Hk, 1)), d);
+    }
+};
+
 /// The backward on the host (the entry, octet::attention_backward, checked the arguments into
-/// `dims`); `rows`, when given, receives the per-row arrays.
+/// `dims`); `rows`, when given, receives the per-row arrays. Every temporary comes from one
+/// host_scratch block of attention_backward_scratch_bytes(ex, shape, opt); only `rows`' vectors
+/// are allocated (std::vector's assign: not when they already hold the capacity).
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
 attention_stats host_attention_backward(host_executor ex, const attention_dims& dims, const attention_shape& shape,
                                         const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
@@ -707,27 +888,36 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
     const bool causal = opt.mask == attention_mask::causal;
     const bool tele = opt.telemetry;
 
-    const auto Q = detail::decode_plane(ex, q, Tq, Hq, d);
-    const auto K = detail::decode_plane(ex, k, Tk, Hk, d);
-    const auto V = detail::decode_plane(ex, v, Tk, Hk, d);
-    const auto DO = detail::decode_plane(ex, dout, Tq, Hq, d);
+    const host_scratch block(ex, scratch_bytes_of<attention_backward_scratch>(ex, shape, opt),
+                             "octet::attention_backward");
+    scratch_carver carve = block.carver();
+    attention_backward_scratch work(carve, ex, shape, opt);
+    detail::decode_plane(ex, q, Tq, work.Q);
+    detail::decode_plane(ex, k, Tk, work.K);
+    detail::decode_plane(ex, v, Tk, work.V);
+    detail::decode_plane(ex, dout, Tq, work.DO);
+    const attention_plane &Q = work.Q, &K = work.K, &V = work.V, &DO = work.DO;
     const auto cuq = shape.cu_seqlens_q;
     const auto cuk = shape.keys();
     const int G = Hq / Hk, B = shape.batch();
     const std::size_t R = static_cast<std::size_t>(Hq) * Tq;
 
-    std::vector<float> delta(R, 0.0f), delta_out(R, 0.0f), lc(R);
+    float *const delta = work.delta, *const delta_out = work.delta_out, *const lc = work.lc;
+    std::fill(delta, delta + R, 0.0f);
+    std::fill(delta_out, delta_out + R, 0.0f);
     for (std::size_t r = 0; r < R; ++r) lc[r] = attn::mul(lse[r], attn::log2e);
     const bool fold = opt.fold_dq_residual, track_rq = tele || fold;
-    std::vector<float> row_res, row_abs, row_pdp, row_pabs, row_res_dq, row_res_dk, kbar;
-    if (track_rq) row_res_dq.assign(R, 0.0f);
-    if (fold) kbar.assign(R * static_cast<std::size_t>(d), 0.0f);  // like dq_acc: [token][head][d]
+    float *const row_res = work.row_res, *const row_abs = work.row_abs, *const row_pdp = work.row_pdp,
+                 *const row_pabs = work.row_pabs, *const row_res_dq = work.row_res_dq,
+                 *const row_res_dk = work.row_res_dk, *const kbar = work.kbar;
+    if (track_rq) std::fill(row_res_dq, row_res_dq + R, 0.0f);
+    if (fold) std::fill(kbar, kbar + R * static_cast<std::size_t>(d), 0.0f);
     if (tele) {
-        row_res.assign(R, 0.0f);
-        row_res_dk.assign(R, 0.0f);
-        row_abs.assign(R, 0.0f);
-        row_pdp.assign(R, 0.0f);
-        row_pabs.assign(R, 0.0f);
+        std::fill(row_res, row_res + R, 0.0f);
+        std::fill(row_res_dk, row_res_dk + R, 0.0f);
+        std::fill(row_abs, row_abs + R, 0.0f);
+        std::fill(row_pdp, row_pdp + R, 0.0f);
+        std::fill(row_pabs, row_pabs + R, 0.0f);
     }
 
     constexpr int T = attn::tile_size;
@@ -736,15 +926,14 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
 
     // The panels of one 64-key tile of one key/value head: K and V transposed, and their scales.
     struct key_tile {
-        std::vector<float> kt, vt, ks, vs;
+        float *kt, *vt, *ks, *vs;  // d * 64, d * 64, 64, 64 (a chunk's attention_backward_chunk)
         int j0 = 0, n = 0;
-        key_tile(int dim) : kt(static_cast<std::size_t>(dim) * T), vt(kt.size()), ks(T), vs(T) {}
         void load(const detail::attention_plane& Kp, const detail::attention_plane& Vp, int k0, int j0_, int lk,
                   int hk) {
             j0 = j0_;
             n = std::min(lk, j0 + T) - j0;
-            detail::transposed_panel(Kp, k0 + j0, n, hk, kt.data());
-            detail::transposed_panel(Vp, k0 + j0, n, hk, vt.data());
+            detail::transposed_panel(Kp, k0 + j0, n, hk, kt);
+            detail::transposed_panel(Vp, k0 + j0, n, hk, vt);
             for (int j = 0; j < n; ++j) {
                 ks[j] = Kp.s(k0 + j0 + j, hk);
                 vs[j] = Vp.s(k0 + j0 + j, hk);
@@ -756,8 +945,8 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
     auto p_dp_row = [&](int b, int h, int i, const key_tile& kt, float* p, float* dp, float* x) {
         const int q0 = cuq[b], lq = cuq[b + 1] - q0, lk = cuk[b + 1] - cuk[b];
         const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
-        detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt.kt.data(), d, x);
-        detail::run_kernel<detail::tile_row_dots_kernel>(isa, DO.row(q0 + i, h), kt.vt.data(), d, dp);
+        detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt.kt, d, x);
+        detail::run_kernel<detail::tile_row_dots_kernel>(isa, DO.row(q0 + i, h), kt.vt, d, dp);
         const float qf = attn::query_factor(Q.s(q0 + i, h), scale_log2), sdo = DO.s(q0 + i, h);
         for (int j = 0; j < kt.n; ++j) {
             x[j] = attn::score(x[j], qf, kt.ks[j]);
@@ -770,9 +959,11 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
     };
 
     // ---- pass 1: D per row ------------------------------------------------------------------
-    parallel_for(ex, static_cast<std::size_t>(B) * Hq, 1, [&](std::size_t ub, std::size_t ue) {
-        key_tile kt(d);
-        std::vector<float> p(T), dp(T), x(T);
+    const std::size_t q_units = static_cast<std::size_t>(B) * Hq;  // (sequence, query head)
+    parallel_for_chunks(ex, q_units, 1, [&](std::size_t chunk, std::size_t ub, std::size_t ue) {
+        const attention_backward_chunk w = work.chunks.at(chunk, d);
+        key_tile kt{w.kt, w.vt, w.ks, w.vs};
+        float *const p = w.P, *const dp = w.dP, *const x = w.x;
         for (std::size_t u = ub; u < ue; ++u) {
             const int b = static_cast<int>(u / Hq), h = static_cast<int>(u % Hq), hk = h / G;
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
@@ -801,7 +992,7 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                 for (int jt = 0; jt < nt; ++jt) {
                     kt.load(K, V, k0, jt * T, lk, hk);
                     for (int i = i0; i < i1; ++i) {
-                        p_dp_row(b, h, i, kt, p.data(), dp.data(), x.data());
+                        p_dp_row(b, h, i, kt, p, dp, x);
                         const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
                         float s = delta[r];
                         for (int j = 0; j < kt.n; ++j) s = attn::add(s, attn::mul(p[j], dp[j]));
@@ -813,12 +1004,17 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
     });
 
     // ---- pass 2: gradients, per (sequence, key/value head) ------------------------------------
-    std::vector<float> dq_acc(static_cast<std::size_t>(Tq) * Hq * d, 0.0f),
-        dk_acc(static_cast<std::size_t>(Tk) * Hk * d, 0.0f), dv_acc(dk_acc.size(), 0.0f);
-    parallel_for(ex, static_cast<std::size_t>(B) * Hk, 1, [&](std::size_t ub, std::size_t ue) {
-        key_tile kt(d);
-        std::vector<float> P(T * T), dS(T * T), dP(T * T), RQ(T * T), PQt(T * T), x(T), codes(T), y(T), sq(T), tmp(d),
-            kb(d);
+    const std::size_t kv_floats = static_cast<std::size_t>(Tk) * Hk * d;
+    float *const dq_acc = work.dq_acc, *const dk_acc = work.dk_acc, *const dv_acc = work.dv_acc;
+    std::fill(dq_acc, dq_acc + static_cast<std::size_t>(Tq) * Hq * d, 0.0f);
+    std::fill(dk_acc, dk_acc + kv_floats, 0.0f);
+    std::fill(dv_acc, dv_acc + kv_floats, 0.0f);
+    const std::size_t kv_units = static_cast<std::size_t>(B) * Hk;  // (sequence, key/value head)
+    parallel_for_chunks(ex, kv_units, 1, [&](std::size_t chunk, std::size_t ub, std::size_t ue) {
+        const attention_backward_chunk w = work.chunks.at(chunk, d);
+        key_tile kt{w.kt, w.vt, w.ks, w.vs};
+        float *const P = w.P, *const dS = w.dS, *const dP = w.dP, *const RQ = w.RQ, *const PQt = w.PQt, *const x = w.x,
+                     *const codes = w.codes, *const y = w.y, *const sq = w.sq, *const tmp = w.tmp, *const kb = w.kb;
         for (std::size_t u = ub; u < ue; ++u) {
             const int b = static_cast<int>(u / Hk), hk = static_cast<int>(u % Hk);
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
@@ -831,10 +1027,10 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                         const std::size_t r0 = static_cast<std::size_t>(h) * Tq + q0 + i0;
                         // P, dP, dS of the tile
                         for (int a = 0; a < ni; ++a) {
-                            float* pr = P.data() + a * T;
-                            float* dpr = dP.data() + a * T;
-                            float* dsr = dS.data() + a * T;
-                            p_dp_row(b, h, i0 + a, kt, pr, dpr, x.data());
+                            float* pr = P + a * T;
+                            float* dpr = dP + a * T;
+                            float* dsr = dS + a * T;
+                            p_dp_row(b, h, i0 + a, kt, pr, dpr, x);
                             for (int c = 0; c < nj; ++c) dsr[c] = attn::dscore(pr[c], dpr[c], delta[r0 + a]);
                         }
                         // Row sums key by key, the tile's rows side by side: each row's sum keeps
@@ -856,15 +1052,13 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                         for (int a = 0; a < ni; ++a) {
                             const float rd = attn::scale_ratio(DO.s(q0 + i0 + a, h), mdo);
                             for (int c = 0; c < nj; ++c) codes[c] = attn::mul(P[a * T + c], rd);
-                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes.data(), 256.0f, y.data());
+                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes, 256.0f, y);
                             for (int c = 0; c < nj; ++c) PQt[c * T + a] = y[c];
                         }
                         for (int c = 0; c < nj; ++c) {
-                            detail::weighted_rows(isa, PQt.data() + c * T, ni, DO.row(q0 + i0, h), qstride, d,
-                                                  tmp.data());
+                            detail::weighted_rows(isa, PQt + c * T, ni, DO.row(q0 + i0, h), qstride, d, tmp);
                             detail::run_kernel<detail::fma_accumulate_kernel>(
-                                isa, cdo, tmp.data(), d,
-                                dv_acc.data() + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
+                                isa, cdo, tmp, d, dv_acc + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
                         }
                         // dK += (dS s_q)^T Q, one dS scale per key row of the tile
                         for (int a = 0; a < ni; ++a) sq[a] = Q.s(q0 + i0 + a, h);
@@ -875,15 +1069,14 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                                 amax = attn::fmax(amax, finite_abs(codes[a]));
                             }
                             const float sc = attn::ds_scale(amax), inv = attn::ds_inverse(sc);
-                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes.data(), inv, y.data());
-                            detail::weighted_rows(isa, y.data(), ni, Q.row(q0 + i0, h), qstride, d, tmp.data());
+                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes, inv, y);
+                            detail::weighted_rows(isa, y, ni, Q.row(q0 + i0, h), qstride, d, tmp);
                             if (tele)
                                 for (int a = 0; a < ni; ++a)
                                     row_res_dk[r0 + a] = attn::add(
                                         row_res_dk[r0 + a], detail::dequantized_ds(y[a], sc, sq[a], dS[a * T + c]));
                             detail::run_kernel<detail::fma_accumulate_kernel>(
-                                isa, sc, tmp.data(), d,
-                                dk_acc.data() + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
+                                isa, sc, tmp, d, dk_acc + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
                         }
                         // dQ += scale * (dS s_k) K, one dS scale per query row of the tile
                         for (int a = 0; a < ni; ++a) {
@@ -894,13 +1087,13 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                             }
                             const float ds_sc = attn::ds_scale(amax), inv = attn::ds_inverse(ds_sc);
                             const float sc = attn::mul(scale, ds_sc);
-                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes.data(), inv, y.data());
-                            detail::weighted_rows(isa, y.data(), nj, K.row(k0 + j0, hk), kstride, d, tmp.data());
+                            detail::run_kernel<detail::e4m3_row_kernel>(isa, codes, inv, y);
+                            detail::weighted_rows(isa, y, nj, K.row(k0 + j0, hk), kstride, d, tmp);
                             if (track_rq)  // summed into row_res_dq after the tile's rows, below
                                 for (int c = 0; c < nj; ++c)
                                     RQ[a * T + c] = detail::dequantized_ds(y[c], ds_sc, kt.ks[c], dS[a * T + c]);
                             if (fold) {  // Kbar_i += P_ij K_j, K_j = s_k(j) * codes
-                                std::fill(kb.begin(), kb.end(), 0.0f);
+                                std::fill(kb, kb + d, 0.0f);
                                 for (int c = 0; c < nj; ++c) {
                                     const float pk = attn::mul(P[a * T + c], kt.ks[c]);
                                     const float* krow = K.row(k0 + j0 + c, hk);
@@ -908,7 +1101,7 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                                 }
                             }
                             const std::size_t at = (static_cast<std::size_t>(q0 + i0 + a) * Hq + h) * d;
-                            float* dst = dq_acc.data() + at;
+                            float* dst = dq_acc + at;
                             for (int e = 0; e < d; ++e) dst[e] = attn::add(dst[e], attn::mul(sc, tmp[e]));
                             if (fold)
                                 for (int e = 0; e < d; ++e) kbar[at + e] = attn::add(kbar[at + e], kb[e]);
@@ -957,18 +1150,17 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                 detail::accumulate_quantized_row_stats(st, row_res_dq[r], row_res_dk[r]);
             }
         if (rows) {
-            rows->delta = delta;
-            rows->delta_from_output = delta_out;
-            rows->residual = std::move(row_res);
-            rows->abs_ds = std::move(row_abs);
-            rows->p_dp = std::move(row_pdp);
-            rows->p_abs_dp = std::move(row_pabs);
-            rows->residual_dq = std::move(row_res_dq);
-            rows->residual_dk = std::move(row_res_dk);
+            rows->residual.assign(row_res, row_res + R);
+            rows->abs_ds.assign(row_abs, row_abs + R);
+            rows->p_dp.assign(row_pdp, row_pdp + R);
+            rows->p_abs_dp.assign(row_pabs, row_pabs + R);
+            rows->residual_dq.assign(row_res_dq, row_res_dq + R);
+            rows->residual_dk.assign(row_res_dk, row_res_dk + R);
         }
-    } else if (rows) {
-        rows->delta = delta;
-        rows->delta_from_output = delta_out;
+    }
+    if (rows) {
+        rows->delta.assign(delta, delta + R);
+        rows->delta_from_output.assign(delta_out, delta_out + R);
     }
     return st;
 }
@@ -1022,7 +1214,9 @@ decltype(auto) attention_backward_entry(const Executor& ex, const attention_shap
 /// host (host memory; any head_dim) or a CUDA stream (octet/attention/attention.cuh: device memory
 /// and shape.device_cu_seqlens_q/_k, head dims 64 and 128, sm_89+; enqueues the forward kernel on
 /// ex.stream, allocates nothing and never synchronizes). The arguments every executor shares are
-/// checked here, once, before the executor's backend runs.
+/// checked here, once, before the executor's backend runs. On the host every temporary (the decoded
+/// operands, per-thread tiles) comes from one block of attention_forward_scratch_bytes(ex, shape)
+/// bytes, taken from ex's allocator (octet::with_allocator) or else ::operator new.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class Executor>
 void attention_forward(const Executor& ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
                        const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
@@ -1045,7 +1239,11 @@ void attention_forward(host_executor ex, const attention_shape& shape, const qua
 /// delta_mode::from_output and for the telemetry's gap; with matched and no telemetry it may be
 /// empty ({}). Returns the telemetry summary (zeros unless options.telemetry); `rows`, when given,
 /// receives the per-row arrays. The stream form, with a workspace and device_stats instead of
-/// `rows`, is in attention.cuh; both go through the one entry (attention_backward_entry).
+/// `rows`, is in attention.cuh; both go through the one entry (attention_backward_entry). Every
+/// temporary (decoded operands, row arrays, float dQ/dK/dV accumulators, per-thread tiles) comes
+/// from one block of attention_backward_scratch_bytes(ex, shape, options) bytes, taken from ex's
+/// allocator (octet::with_allocator) or else ::operator new; `rows`' vectors are the only other
+/// allocations (attention_row_telemetry).
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
 attention_stats attention_backward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
                                    const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
@@ -1053,6 +1251,30 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
                                    matrix_ref<GT> dk, matrix_ref<GT> dv, const attention_backward_options& opt = {},
                                    attention_row_telemetry* rows = nullptr) {
     return detail::attention_backward_entry(ex, shape, q, k, v, o, lse, dout, dq, dk, dv, opt, rows);
+}
+
+/// Bytes of host scratch attention_forward(ex, shape, q, k, v, o, lse, opt[, census]) on FP8
+/// operands takes (one block, from ex's allocator when one is lent): the decoded Q, K, V (4 bytes
+/// per element and per scale), 12 bytes per (sequence, query head, 64-query tile), and per chunk
+/// of work (at most ex's thread count) about 4 * (129 * head_dim + 512), each array rounded up to
+/// 64 bytes. Depends on ex's thread count, the offsets, heads and head_dim (not on the options or
+/// the recipes); the arguments are not checked here.
+inline std::size_t attention_forward_scratch_bytes(const host_executor& ex, const attention_shape& shape,
+                                                   const attention_options& opt = {}) {
+    (void)opt;
+    return detail::scratch_bytes_of<detail::attention_forward_scratch>(ex, shape);
+}
+
+/// Bytes of host scratch attention_backward(ex, shape, q, k, v, o, lse, dout, dq, dk, dv, opt[, rows])
+/// on FP8 operands takes (one block, from ex's allocator when one is lent): the decoded Q, K, V,
+/// dO, three [heads_q][total_q] row arrays (one more with telemetry or fold_dq_residual, five more
+/// with telemetry), float dQ, dK, dV accumulators (and Kbar, as large as dQ, with
+/// fold_dq_residual), and per chunk of work (at most ex's thread count) about 4 * (130 * head_dim +
+/// 20864). Depends on ex's thread count, the offsets, heads, head_dim and options.telemetry /
+/// fold_dq_residual; the arguments are not checked here. `rows`' vectors are not part of it.
+inline std::size_t attention_backward_scratch_bytes(const host_executor& ex, const attention_shape& shape,
+                                                    const attention_backward_options& opt = {}) {
+    return detail::scratch_bytes_of<detail::attention_backward_scratch>(ex, shape, opt);
 }
 
 }  // namespace octet

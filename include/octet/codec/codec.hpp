@@ -10,6 +10,11 @@
 //   octet::error_feedback fb(g.size(), octet::residual_storage::bf16);
 //   octet::encode_gradient(octet::on_host(), cfg, g, msg, {0, fb.view()}); // with error feedback
 //
+// Host scratch: each host encode and decode takes its temporaries as one block, from the executor's
+// allocator when one is lent (octet::with_allocator), else ::operator new; at most
+//   encode_gradient_scratch_bytes(ex, cfg, n, opt)   encode_gradient_transformed_scratch_bytes(ex, cfg, n, opt)
+//   decode_gradient_scratch_bytes(ex, cfg, n)        (decode_gradient_transformed takes none)
+//
 // Stages (also public, for collectives that sum in rotated coordinates, see comm/allreduce.hpp):
 //   encode_gradient_transformed(ex, cfg, y, n, msg)   y: the L transformed coordinates of n elements
 //   decode_gradient_transformed(ex, msg, y, add)      y = (or +=) the L dequantized coordinates
@@ -52,7 +57,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -131,16 +135,20 @@ inline codec_bound error_bound(const codec_config& cfg, std::size_t n) {
 
 namespace detail {
 
-/// Largest finite |y_j|.
-inline float finite_amax(host_executor ex, const float* y, std::size_t n) {
-    std::mutex m;
-    float amax = 0.0f;
-    parallel_for(ex, n, 1 << 16, [&](std::size_t b, std::size_t e) {
+/// Elements per chunk of finite_amax at least.
+inline constexpr std::size_t amax_grain = std::size_t{1} << 16;
+
+/// Largest finite |y_j|; `slots` holds parallel_chunks(ex, n, amax_grain) floats of scratch.
+inline float finite_amax(const host_executor& ex, const float* y, std::size_t n, float* slots) {
+    const std::size_t chunks = parallel_chunks(ex, n, amax_grain);
+    std::fill(slots, slots + chunks, 0.0f);
+    parallel_for_chunks(ex, n, amax_grain, [&](std::size_t chunk, std::size_t b, std::size_t e) {
         float a = 0.0f;
         for (std::size_t i = b; i < e; ++i) a = std::max(a, finite_abs(y[i]));
-        std::lock_guard<std::mutex> lock(m);
-        amax = std::max(amax, a);
+        slots[chunk] = a;
     });
+    float amax = 0.0f;
+    for (std::size_t c = 0; c < chunks; ++c) amax = std::max(amax, slots[c]);
     return amax;
 }
 
@@ -250,30 +258,59 @@ inline void check_feedback(const residual_view& fb, std::size_t n, const char* f
                   fn, "options.feedback", "has an unknown residual storage");
 }
 
+/// The host scratch of one encode (all of it carved from one block, see detail::scratch_carver):
+///   y     L floats: the transformed coordinates (null when the input is used as it is: transformed
+///         coordinates, or the identity transform, without feedback)
+///   x     n floats (feedback): the residual, or x + residual; then the new residual
+///   d     L floats (feedback): T residual; then y - dequantized
+///   amax  one float per chunk of finite_amax
+///   tr    the transform's (the inverse's with feedback, which holds the forward's)
+struct encode_scratch {
+    float* y = nullptr;
+    float* x = nullptr;
+    float* d = nullptr;
+    float* amax = nullptr;
+    transform_scratch tr{};
+};
+
+/// Describes the scratch of encoding n = l.count elements (`transformed`: the L coordinates) on a
+/// carver: one description for the query (encode_gradient_scratch_bytes) and the operation.
+inline encode_scratch carve_encode(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
+                                   const wire_layout& l, bool transformed, bool feedback) {
+    encode_scratch s;
+    const bool own_y = feedback || (!transformed && cfg.transform == transform_kind::hadamard);
+    if (own_y) s.y = c.take<float>(l.coded);
+    if (feedback) {
+        s.x = c.take<float>(l.count);
+        s.d = c.take<float>(l.coded);
+    }
+    s.amax = c.take<float>(parallel_chunks(ex, l.coded, amax_grain));
+    if (feedback || !transformed) s.tr = carve_transform(c, ex, cfg.transform, l.count, cfg.block, feedback);
+    return s;
+}
+
 /// Steps 3-5 of encoding: y holds the L transformed coordinates (with the residual already added).
-inline encode_result encode_coded(host_executor ex, const codec_config& cfg, const wire_layout& l,
-                                  std::vector<float>& y, const encode_options& opt, span<std::uint8_t> out) {
+inline encode_result encode_coded(const host_executor& ex, const codec_config& cfg, const wire_layout& l,
+                                  const float* y, const encode_options& opt, span<std::uint8_t> out,
+                                  const encode_scratch& s) {
     encode_result res;
     res.bytes = static_cast<std::size_t>(l.total_bytes);
-    res.amax = finite_amax(ex, y.data(), y.size());
+    const std::size_t coded = static_cast<std::size_t>(l.coded), count = static_cast<std::size_t>(l.count);
+    res.amax = finite_amax(ex, y, coded, s.amax);
     const float ts = cfg.format == wire_format::nvfp4 ? make_tensor_scale<recipes::nvfp4>(res.amax) : 1.0f;
-    std::vector<float> deq(opt.feedback.empty() ? 0 : l.coded);
-    float* deq_ptr = opt.feedback.empty() ? nullptr : deq.data();
+    float* deq = opt.feedback.empty() ? nullptr : s.d;
     const philox_stream rng{cfg.seed, codec_rounding_stream + opt.random_stream};
     dispatch_wire_format(cfg.format, [&](auto tr) {
         if (cfg.stochastic)
-            quantize_coded<decltype(tr), round::stochastic>(ex, l, y.data(), ts, out.data(), deq_ptr, rng,
-                                                            opt.first_index);
+            quantize_coded<decltype(tr), round::stochastic>(ex, l, y, ts, out.data(), deq, rng, opt.first_index);
         else
-            quantize_coded<decltype(tr), round::nearest_even>(ex, l, y.data(), ts, out.data(), deq_ptr, rng,
-                                                              opt.first_index);
+            quantize_coded<decltype(tr), round::nearest_even>(ex, l, y, ts, out.data(), deq, rng, opt.first_index);
     });
     if (!opt.feedback.empty()) {
         // r = y - dequantized, back to x's coordinates, kept as the next residual.
-        for (std::size_t j = 0; j < deq.size(); ++j) deq[j] = y[j] - deq[j];
-        std::vector<float> e(l.count);
-        transform_inverse(ex, cfg.transform, deq, e, cfg.block, cfg.seed, opt.first_index);
-        store_residual(opt.feedback, 0, e.size(), e.data());
+        for (std::size_t j = 0; j < coded; ++j) deq[j] = y[j] - deq[j];
+        transform_inverse_host(ex, cfg.transform, deq, count, s.x, cfg.block, cfg.seed, opt.first_index, s.tr);
+        store_residual(opt.feedback, 0, count, s.x);
     }
     write_header_fields(out.data(), cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, opt.first_index,
                         l.count, ts, l.total_bytes, cfg.stochastic);
@@ -337,29 +374,59 @@ inline void check_decode_destination(span<float> dst, const wire_layout& l, deco
 template <class Executor>
 struct codec_backend;
 
+/// The host scratch of one decode: the L coordinates and the inverse transform's scratch, only
+/// when a Hadamard message is decoded to its n elements (otherwise nothing).
+struct decode_scratch {
+    float* y = nullptr;
+    transform_scratch tr{};
+};
+
+/// Describes the scratch of decoding a message of layout l (decode_gradient_scratch_bytes and the
+/// operation share it).
+inline decode_scratch carve_decode(scratch_carver& c, const host_executor& ex, transform_kind transform,
+                                   const wire_layout& l, decoded_space space) {
+    decode_scratch s;
+    if (space != decoded_space::original || transform != transform_kind::hadamard || l.count == 0) return s;
+    s.y = c.take<float>(static_cast<std::size_t>(l.coded));
+    s.tr = carve_transform(c, ex, transform, l.count, l.block, true);
+    return s;
+}
+
 template <>
 struct codec_backend<host_executor> {
     /// Steps 1-5 of encoding x (the L coordinates y with `transformed`) into `out`.
+    /// Every temporary comes from one block of host scratch (encode_gradient_scratch_bytes).
     static encode_result encode(host_executor ex, const codec_config& cfg, const wire_layout& l, span<const float> in,
                                 bool transformed, span<std::uint8_t> out, const encode_options& opt) {
-        std::vector<float> y(l.coded);
+        const bool feedback = !opt.feedback.empty();
+        scratch_carver size;
+        carve_encode(size, ex, cfg, l, transformed, feedback);
+        const host_scratch scratch(ex, size.bytes(),
+                                   transformed ? "octet::encode_gradient_transformed" : "octet::encode_gradient");
+        scratch_carver carver = scratch.carver();
+        const encode_scratch s = carve_encode(carver, ex, cfg, l, transformed, feedback);
+        const std::size_t count = static_cast<std::size_t>(l.count), coded = static_cast<std::size_t>(l.coded);
+        const float* y = in.data();  // transformed coordinates without feedback, or the identity's: as they are
         if (transformed) {
-            std::copy(in.begin(), in.end(), y.begin());
-            if (!opt.feedback.empty()) {
-                std::vector<float> e(l.count), te(l.coded);
-                load_residual(opt.feedback, 0, e.size(), e.data());
-                transform_forward(ex, cfg.transform, e, te, cfg.block, cfg.seed, opt.first_index);
-                for (std::size_t j = 0; j < y.size(); ++j) y[j] = y[j] + te[j];
+            if (feedback) {
+                load_residual(opt.feedback, 0, count, s.x);
+                transform_forward_host(ex, cfg.transform, s.x, count, s.d, cfg.block, cfg.seed, opt.first_index, s.tr);
+                for (std::size_t j = 0; j < coded; ++j) s.y[j] = in[j] + s.d[j];
+                y = s.y;
             }
-        } else if (opt.feedback.empty()) {
-            transform_forward(ex, cfg.transform, in, y, cfg.block, cfg.seed, opt.first_index);
+        } else if (!feedback) {
+            if (s.y != nullptr) {
+                transform_forward_host(ex, cfg.transform, in.data(), count, s.y, cfg.block, cfg.seed, opt.first_index,
+                                       s.tr);
+                y = s.y;
+            }
         } else {
-            std::vector<float> xf(in.size());
-            load_residual(opt.feedback, 0, in.size(), xf.data());
-            for (std::size_t i = 0; i < xf.size(); ++i) xf[i] = in[i] + xf[i];
-            transform_forward(ex, cfg.transform, xf, y, cfg.block, cfg.seed, opt.first_index);
+            load_residual(opt.feedback, 0, count, s.x);
+            for (std::size_t i = 0; i < count; ++i) s.x[i] = in[i] + s.x[i];
+            transform_forward_host(ex, cfg.transform, s.x, count, s.y, cfg.block, cfg.seed, opt.first_index, s.tr);
+            y = s.y;
         }
-        return encode_coded(ex, cfg, l, y, opt, out);
+        return encode_coded(ex, cfg, l, y, opt, out, s);
     }
 
     /// Validates the whole message (wire.hpp) and reads its header and layout.
@@ -367,18 +434,23 @@ struct codec_backend<host_executor> {
         return read_wire_header(message, &l, fn);
     }
 
+    /// Host scratch only for a Hadamard message decoded to its n elements (decode_gradient_scratch_bytes).
     static void decode(host_executor ex, const wire_header& h, const wire_layout& l, span<const std::uint8_t> message,
-                       span<float> dst, decoded_space space, const char* /*fn*/) {
-        std::vector<float> y(space == decoded_space::original ? l.coded : 0);
-        float* coords = space == decoded_space::original ? y.data() : dst.data();
+                       span<float> dst, decoded_space space, const char* fn) {
+        scratch_carver size;
+        carve_decode(size, ex, h.transform, l, space);
+        const host_scratch scratch(ex, size.bytes(), fn);
+        scratch_carver carver = scratch.carver();
+        const decode_scratch s = carve_decode(carver, ex, h.transform, l, space);
+        // The identity's coordinates are the elements: decoded straight into dst.
+        float* coords = s.y != nullptr ? s.y : dst.data();
         dispatch_wire_format(h.format, [&](auto tr) {
             dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, coords,
                                            space == decoded_space::transformed_add);
         });
-        if (space == decoded_space::original)
-            transform_inverse(ex, h.transform, y, dst,
-                              h.transform == transform_kind::hadamard ? h.block : hadamard_min_block, h.seed,
-                              h.first_index);
+        if (s.y != nullptr)
+            transform_inverse_host(ex, h.transform, s.y, static_cast<std::size_t>(l.count), dst.data(), h.block, h.seed,
+                                   h.first_index, s.tr);
     }
 };
 
@@ -442,6 +514,42 @@ inline wire_header decode_gradient_transformed(host_executor ex, span<const std:
 /// which never synchronizes, and decode_gradient_synchronizing, which reads the header as this one does).
 inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> message, span<float> out) {
     return detail::decode_reading_header(ex, message, out, detail::decoded_space::original, "octet::decode_gradient");
+}
+
+/// Bytes of host scratch that encode_gradient(ex, cfg, x, out, opt) takes for n = x.size() elements
+/// on the host executor `ex` (from ex.allocator when one is lent, see octet::with_allocator; else
+/// ::operator new), in one block per call: the transformed coordinates (none for the identity
+/// without feedback), with opt.feedback also n + L floats, and a few bytes per thread. Only whether
+/// opt.feedback is empty matters. A stream's encoders take no scratch.
+inline std::size_t encode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n,
+                                                 const encode_options& opt = {}) {
+    const wire_layout l = detail::checked_layout(cfg, n, "n", opt.first_index, "octet::encode_gradient_scratch_bytes");
+    detail::scratch_carver c;
+    detail::carve_encode(c, ex, cfg, l, false, !opt.feedback.empty());
+    return c.bytes();
+}
+
+/// Bytes of host scratch that encode_gradient_transformed(ex, cfg, y, n, out, opt) takes (as
+/// encode_gradient_scratch_bytes): a few bytes per thread without feedback; with opt.feedback,
+/// n + 2 L floats and the transforms' scratch.
+inline std::size_t encode_gradient_transformed_scratch_bytes(const host_executor& ex, const codec_config& cfg,
+                                                             std::size_t n, const encode_options& opt = {}) {
+    const wire_layout l =
+        detail::checked_layout(cfg, n, "n", opt.first_index, "octet::encode_gradient_transformed_scratch_bytes");
+    detail::scratch_carver c;
+    detail::carve_encode(c, ex, cfg, l, true, !opt.feedback.empty());
+    return c.bytes();
+}
+
+/// Bytes of host scratch that decode_gradient(ex, message, out) takes for a message of n elements
+/// encoded under cfg (config_of(header) gives it from a received header): L floats and the inverse
+/// transform's scratch for a Hadamard message, 0 for the identity. decode_gradient_transformed
+/// takes no scratch (it writes the caller's y directly).
+inline std::size_t decode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n) {
+    const wire_layout l = detail::checked_layout(cfg, n, "n", 0, "octet::decode_gradient_scratch_bytes");
+    detail::scratch_carver c;
+    detail::carve_decode(c, ex, cfg.transform, l, detail::decoded_space::original);
+    return c.bytes();
 }
 
 /// The configuration a message was encoded with (block: its effective block).

@@ -7,6 +7,8 @@
 //   std::size_t L = octet::transform_length(kind, n, block);            // coordinates y holds
 //   octet::transform_forward(octet::on_host(), kind, x, y, block, seed, first_index);  // x: n, y: L
 //   octet::transform_inverse(octet::on_host(), kind, y, x, block, seed, first_index);  // y: L, x: n
+//   octet::transform_scratch_bytes(ex, kind, n, block);   // host scratch either direction takes (from
+//                                                          // ex.allocator when lent; 0 for identity)
 //
 // The randomized Hadamard transform of one block of B = 2^k elements (16 <= B <= 32768) is
 // y = c * H_B * D * x, with D a diagonal of random signs, H_B the Sylvester-Hadamard matrix
@@ -46,7 +48,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
@@ -181,10 +182,10 @@ inline void check_transform_args(transform_kind kind, std::uint32_t block, const
 }
 
 /// Sign words of global indices [g0, g0 + count): words[k] holds the bits of 32 (g0 / 32 + k) ..
-/// (one Philox block serves four words).
-inline void sign_words(std::uint64_t seed, std::uint64_t g0, std::size_t count, std::vector<std::uint32_t>& words) {
+/// (one Philox block serves four words). Writes (g0 + count - 1) / 32 - g0 / 32 + 1 words (at most
+/// count / 32 + 2).
+inline void sign_words(std::uint64_t seed, std::uint64_t g0, std::size_t count, std::uint32_t* words) {
     const std::uint64_t w0 = g0 >> 5, w1 = count ? (g0 + count - 1) >> 5 : w0;
-    words.resize(static_cast<std::size_t>(w1 - w0 + 1));
     const philox_stream rng{seed, hadamard_sign_stream};
     for (std::uint64_t w = w0; w <= w1;) {
         const std::uint64_t block = w >> 2;
@@ -194,8 +195,7 @@ inline void sign_words(std::uint64_t seed, std::uint64_t g0, std::size_t count, 
 }
 
 /// out[j] = in[j] with the sign of global index g0 + j flipped (j < count).
-inline void flip_signs(const float* in, float* out, std::size_t count, std::uint64_t g0,
-                       const std::vector<std::uint32_t>& words) {
+inline void flip_signs(const float* in, float* out, std::size_t count, std::uint64_t g0, const std::uint32_t* words) {
     const std::uint64_t w0 = g0 >> 5;
     for (std::size_t j = 0; j < count; ++j) {
         const std::uint64_t g = g0 + j;
@@ -204,9 +204,10 @@ inline void flip_signs(const float* in, float* out, std::size_t count, std::uint
     }
 }
 
-/// Forward transform of one block: out[0..b) = c H D in[0..count) (zero-padded to b).
+/// Forward transform of one block: out[0..b) = c H D in[0..count) (zero-padded to b); `words`
+/// holds count / 32 + 2 sign words of scratch.
 inline void hadamard_block_forward(const float* in, std::size_t count, float* out, std::uint32_t b, std::uint64_t seed,
-                                   std::uint64_t global_first, std::vector<std::uint32_t>& words) {
+                                   std::uint64_t global_first, std::uint32_t* words) {
     sign_words(seed, global_first, count, words);
     flip_signs(in, out, count, global_first, words);
     for (std::size_t j = count; j < b; ++j) out[j] = 0.0f;
@@ -217,13 +218,88 @@ inline void hadamard_block_forward(const float* in, std::size_t count, float* ou
 
 /// Inverse of one block: work[0..b) is overwritten; out[0..count) = D H (c in).
 inline void hadamard_block_inverse(const float* in, float* work, std::size_t count, float* out, std::uint32_t b,
-                                   std::uint64_t seed, std::uint64_t global_first, std::vector<std::uint32_t>& words) {
+                                   std::uint64_t seed, std::uint64_t global_first, std::uint32_t* words) {
     std::memcpy(work, in, b * sizeof(float));
     fwht_inplace(work, b);
     const float c = hadamard_norm(log2_exact(b));
     for (std::size_t j = 0; j < count; ++j) work[j] = work[j] * c;
     sign_words(seed, global_first, count, words);
     flip_signs(work, out, count, global_first, words);
+}
+
+/// The host scratch of one transform: per chunk of blocks (parallel_for_chunks), `words_per_chunk`
+/// sign words and, for the inverse, `work_per_chunk` floats (one block). Empty for the identity.
+struct transform_scratch {
+    std::uint32_t* words = nullptr;
+    float* work = nullptr;
+    std::size_t words_per_chunk = 0;
+    std::size_t work_per_chunk = 0;
+};
+
+/// Blocks per chunk at least (about 64 K elements).
+inline std::size_t transform_grain(std::uint32_t b) {
+    return std::max<std::size_t>(1, 65536 / b);
+}
+
+/// Describes the scratch of the host transform of n elements (inverse: transform_inverse's, which
+/// holds the forward's too) on a carver (see detail::scratch_carver).
+inline transform_scratch carve_transform(scratch_carver& c, const host_executor& ex, transform_kind kind,
+                                         std::uint64_t n, std::uint32_t block, bool inverse) {
+    transform_scratch s;
+    if (kind != transform_kind::hadamard || n == 0) return s;
+    const std::uint32_t b = hadamard_effective_block(n, block);
+    const std::size_t blocks = static_cast<std::size_t>(transform_length(kind, n, block) / b);
+    const std::size_t chunks = parallel_chunks(ex, blocks, transform_grain(b));
+    s.words_per_chunk = b / 32 + 2;
+    s.words = c.take<std::uint32_t>(chunks * s.words_per_chunk);
+    if (inverse) {
+        s.work_per_chunk = b;
+        s.work = c.take<float>(chunks * s.work_per_chunk);
+    }
+    return s;
+}
+
+/// y[0..L) = the transform of x[0..n) (n > 0, arguments checked), with scratch from carve_transform.
+inline void transform_forward_host(const host_executor& ex, transform_kind kind, const float* x, std::uint64_t n,
+                                   float* y, std::uint32_t block, std::uint64_t seed, std::uint64_t first_index,
+                                   const transform_scratch& s) {
+    if (n == 0) return;
+    if (kind == transform_kind::identity) {
+        std::memmove(y, x, n * sizeof(float));
+        return;
+    }
+    const std::uint32_t b = hadamard_effective_block(n, block);
+    const std::size_t blocks = static_cast<std::size_t>(transform_length(kind, n, block) / b);
+    parallel_for_chunks(ex, blocks, transform_grain(b), [&](std::size_t chunk, std::size_t lo, std::size_t hi) {
+        std::uint32_t* words = s.words + chunk * s.words_per_chunk;
+        for (std::size_t k = lo; k < hi; ++k) {
+            const std::size_t begin = k * b;
+            const std::size_t count = std::min<std::size_t>(b, n - begin);
+            hadamard_block_forward(x + begin, count, y + begin, b, seed, first_index + begin, words);
+        }
+    });
+}
+
+/// x[0..n) = the inverse transform of y[0..L) (arguments checked), with scratch from carve_transform(inverse).
+inline void transform_inverse_host(const host_executor& ex, transform_kind kind, const float* y, std::uint64_t n,
+                                   float* x, std::uint32_t block, std::uint64_t seed, std::uint64_t first_index,
+                                   const transform_scratch& s) {
+    if (n == 0) return;
+    if (kind == transform_kind::identity) {
+        std::memmove(x, y, n * sizeof(float));
+        return;
+    }
+    const std::uint32_t b = hadamard_effective_block(n, block);
+    const std::size_t blocks = static_cast<std::size_t>(transform_length(kind, n, block) / b);
+    parallel_for_chunks(ex, blocks, transform_grain(b), [&](std::size_t chunk, std::size_t lo, std::size_t hi) {
+        std::uint32_t* words = s.words + chunk * s.words_per_chunk;
+        float* work = s.work + chunk * s.work_per_chunk;
+        for (std::size_t k = lo; k < hi; ++k) {
+            const std::size_t begin = k * b;
+            const std::size_t count = std::min<std::size_t>(b, n - begin);
+            hadamard_block_inverse(y + begin, work, count, x + begin, b, seed, first_index + begin, words);
+        }
+    });
 }
 
 /// The arguments of a forward or inverse transform of n elements whose transformed side holds
@@ -239,55 +315,49 @@ inline std::uint64_t checked_transform_length(transform_kind kind, std::uint32_t
 
 }  // namespace detail
 
-/// y (L = transform_length(kind, x.size(), block) floats) = the transform of x.
+/// Bytes of host scratch that transform_forward or transform_inverse of n elements takes on `ex`
+/// (either direction at most this; from ex.allocator when one is lent, see octet::with_allocator):
+/// per chunk of blocks, the sign words and (inverse) one block of floats. 0 for the identity.
+inline std::size_t transform_scratch_bytes(const host_executor& ex, transform_kind kind, std::uint64_t n,
+                                           std::uint32_t block) {
+    detail::check_transform_args(kind, block, "octet::transform_scratch_bytes");
+    detail::scratch_carver c;
+    detail::carve_transform(c, ex, kind, n, block, true);
+    return c.bytes();
+}
+
+/// y (L = transform_length(kind, x.size(), block) floats) = the transform of x. Host scratch:
+/// transform_scratch_bytes.
 inline void transform_forward(host_executor ex, transform_kind kind, span<const float> x, span<float> y,
                               std::uint32_t block, std::uint64_t seed, std::uint64_t first_index = 0) {
     constexpr const char* fn = "octet::transform_forward";
     const std::uint64_t n = x.size();
-    const std::uint64_t L = detail::checked_transform_length(kind, block, n, y.size(), fn);
+    detail::checked_transform_length(kind, block, n, y.size(), fn);
     OCTET_REQUIRE(n == 0 || (x.data() && y.data()), fn, "x/y", "is null with a non-zero size");
     if (n == 0) return;
-    if (kind == transform_kind::identity) {
-        std::memmove(y.data(), x.data(), n * sizeof(float));
-        return;
-    }
-    const std::uint32_t b = hadamard_effective_block(n, block);
-    const std::size_t blocks = L / b;
-    parallel_for(ex, blocks, std::max<std::size_t>(1, 65536 / b), [&](std::size_t lo, std::size_t hi) {
-        std::vector<std::uint32_t> words;
-        for (std::size_t k = lo; k < hi; ++k) {
-            const std::size_t begin = k * b;
-            const std::size_t count = std::min<std::size_t>(b, n - begin);
-            detail::hadamard_block_forward(x.data() + begin, count, y.data() + begin, b, seed, first_index + begin,
-                                           words);
-        }
-    });
+    detail::scratch_carver count;
+    detail::carve_transform(count, ex, kind, n, block, false);
+    const detail::host_scratch scratch(ex, count.bytes(), fn);
+    detail::scratch_carver carver = scratch.carver();
+    const detail::transform_scratch s = detail::carve_transform(carver, ex, kind, n, block, false);
+    detail::transform_forward_host(ex, kind, x.data(), n, y.data(), block, seed, first_index, s);
 }
 
-/// x (n floats) = the inverse transform of y (L = transform_length(kind, n, block) floats).
+/// x (n floats) = the inverse transform of y (L = transform_length(kind, n, block) floats). Host
+/// scratch: transform_scratch_bytes.
 inline void transform_inverse(host_executor ex, transform_kind kind, span<const float> y, span<float> x,
                               std::uint32_t block, std::uint64_t seed, std::uint64_t first_index = 0) {
     constexpr const char* fn = "octet::transform_inverse";
     const std::uint64_t n = x.size();
-    const std::uint64_t L = detail::checked_transform_length(kind, block, n, y.size(), fn);
+    detail::checked_transform_length(kind, block, n, y.size(), fn);
     OCTET_REQUIRE(n == 0 || (x.data() && y.data()), fn, "x/y", "is null with a non-zero size");
     if (n == 0) return;
-    if (kind == transform_kind::identity) {
-        std::memmove(x.data(), y.data(), n * sizeof(float));
-        return;
-    }
-    const std::uint32_t b = hadamard_effective_block(n, block);
-    const std::size_t blocks = L / b;
-    parallel_for(ex, blocks, std::max<std::size_t>(1, 65536 / b), [&](std::size_t lo, std::size_t hi) {
-        std::vector<float> work(b);
-        std::vector<std::uint32_t> words;
-        for (std::size_t k = lo; k < hi; ++k) {
-            const std::size_t begin = k * b;
-            const std::size_t count = std::min<std::size_t>(b, n - begin);
-            detail::hadamard_block_inverse(y.data() + begin, work.data(), count, x.data() + begin, b, seed,
-                                           first_index + begin, words);
-        }
-    });
+    detail::scratch_carver count;
+    detail::carve_transform(count, ex, kind, n, block, true);
+    const detail::host_scratch scratch(ex, count.bytes(), fn);
+    detail::scratch_carver carver = scratch.carver();
+    const detail::transform_scratch s = detail::carve_transform(carver, ex, kind, n, block, true);
+    detail::transform_inverse_host(ex, kind, y.data(), n, x.data(), block, seed, first_index, s);
 }
 
 }  // namespace octet

@@ -4,6 +4,8 @@
 //   octet::on_host(1)       host, one thread (deterministic work split is the same either way)
 //   octet::on_host(pool)    host, the caller's octet::thread_pool (no thread started per call)
 //   octet::on_stream(s)     a CUDA stream (octet/cuda/executor.cuh)
+//   octet::with_allocator(on_host(...), a)   the same, with the caller's host allocator lent: every
+//                           temporary a host operation needs comes from `a` (host_allocator, below)
 //
 // Every operation has one name for both executors; the host's implementation lives in a .hpp
 // header, the stream's in the .cuh beside it (quantize and dequantize: one entry in the .hpp that
@@ -16,8 +18,11 @@
 #include <cstddef>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
+
+#include "octet/core/check.hpp"
 
 namespace octet {
 
@@ -142,9 +147,24 @@ private:
     bool stop_ = false;
 };
 
+/// A host allocator lent to octet by the caller (a framework's CPU allocator, an arena):
+///   allocate(context, bytes): memory at least 64-byte aligned, bytes > 0. Returns null (or throws)
+///     when it cannot; octet then throws octet::error naming the operation and the bytes.
+///   deallocate(context, p, bytes): gives back `p` (from allocate, same bytes).
+/// octet calls both only from the thread that called the operation (never from a pool's worker), and
+/// gives back everything it took before the operation returns (or throws). Both null: nothing lent;
+/// then octet's temporaries come from ::operator new (64-byte aligned). The bytes an operation takes
+/// are at most what its ..._scratch_bytes(ex, ...) query returns for the same executor and shapes.
+struct host_allocator {
+    void* context = nullptr;
+    void* (*allocate)(void* context, std::size_t bytes) = nullptr;
+    void (*deallocate)(void* context, void* p, std::size_t bytes) = nullptr;
+};
+
 struct host_executor {
     int threads = 0;              ///< 0: std::thread::hardware_concurrency() (ignored with a pool)
     thread_pool* pool = nullptr;  ///< the caller's pool, or null: threads are started per call
+    host_allocator allocator{};   ///< optional (octet::with_allocator); default: ::operator new
 
     int thread_count() const {
         if (pool) return pool->size();
@@ -155,35 +175,112 @@ struct host_executor {
 };
 
 inline host_executor on_host(int threads = 0) {
-    return host_executor{threads, nullptr};
+    return host_executor{threads, nullptr, {}};
 }
 
 /// Host work on the caller's pool: no thread is started or joined per call.
 inline host_executor on_host(thread_pool& pool) {
-    return host_executor{0, &pool};
+    return host_executor{0, &pool, {}};
 }
 
-/// Calls body(begin, end) over [0, n) split into contiguous chunks of at least `grain`
-/// elements, on up to ex.thread_count() threads. The split never changes results: each
-/// index is processed exactly once and by the same code. Exceptions propagate to the caller.
-template <class Body>
-void parallel_for(host_executor ex, std::size_t n, std::size_t grain, Body&& body) {
-    if (n == 0) return;
+/// `ex` with the caller's host allocator lent: every temporary of a host operation called with the
+/// returned executor comes from `a` (see host_allocator for the contract). With a pool as well
+/// (on_host(pool)), an operation neither allocates nor starts a thread behind the caller's back.
+inline host_executor with_allocator(host_executor ex, host_allocator a) {
+    OCTET_REQUIRE(a.allocate != nullptr && a.deallocate != nullptr, "octet::with_allocator", "allocator",
+                  "needs both allocate and deallocate (leave both null for octet's default, ::operator new)");
+    ex.allocator = a;
+    return ex;
+}
+
+namespace detail {
+
+/// Sizes and hands out the typed arrays of one block of scratch, each 64-byte aligned. An operation
+/// describes its scratch once, as a function of a carver: run on a carver without a base it counts
+/// the bytes (the ..._scratch_bytes query); run on one with a base it returns the arrays. One
+/// description serves both, so the query and the operation cannot disagree.
+class scratch_carver {
+public:
+    scratch_carver() = default;
+    explicit scratch_carver(unsigned char* base) : base_(base) {}
+    template <class T>
+    T* take(std::size_t count) {
+        offset_ = (offset_ + 63) & ~std::size_t{63};
+        T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
+        offset_ += count * sizeof(T);
+        return p;
+    }
+    std::size_t bytes() const { return offset_; }
+
+private:
+    unsigned char* base_ = nullptr;
+    std::size_t offset_ = 0;
+};
+
+/// One block of host scratch for the length of an operation: from the executor's allocator when one
+/// is lent, else ::operator new. Given back in the destructor (also when the operation throws).
+class host_scratch {
+public:
+    host_scratch(const host_executor& ex, std::size_t bytes, const char* fn) : allocator_(ex.allocator), bytes_(bytes) {
+        if (bytes_ == 0) return;
+        if (allocator_.allocate != nullptr) {
+            base_ = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, bytes_));
+            OCTET_REQUIRE(base_ != nullptr, fn, "executor's allocator",
+                          message("returned null for ", bytes_, " bytes of scratch; lend an allocator that can serve ",
+                                  "the operation's ..._scratch_bytes(ex, ...)"));
+        } else {
+            base_ = static_cast<unsigned char*>(::operator new (bytes_, std::align_val_t{64}));
+        }
+    }
+    ~host_scratch() {
+        if (base_ == nullptr) return;
+        if (allocator_.deallocate != nullptr)
+            allocator_.deallocate(allocator_.context, base_, bytes_);
+        else
+            ::operator delete (base_, std::align_val_t{64});
+    }
+    host_scratch(const host_scratch&) = delete;
+    host_scratch& operator=(const host_scratch&) = delete;
+    scratch_carver carver() const { return scratch_carver(base_); }
+
+private:
+    host_allocator allocator_;
+    std::size_t bytes_;
+    unsigned char* base_ = nullptr;
+};
+
+/// The number of chunks parallel_for(ex, n, grain, ...) splits [0, n) into: per-chunk scratch is
+/// sized by it (a body run as chunk w uses slot w).
+inline std::size_t parallel_chunks(const host_executor& ex, std::size_t n, std::size_t grain) {
+    if (n == 0) return 0;
     grain = std::max<std::size_t>(grain, 1);
-    const std::size_t max_chunks = (n + grain - 1) / grain;
-    const std::size_t workers = std::min<std::size_t>(static_cast<std::size_t>(ex.thread_count()), max_chunks);
-    if (workers <= 1) {
-        body(std::size_t{0}, n);
+    return std::min<std::size_t>(static_cast<std::size_t>(ex.thread_count()), (n + grain - 1) / grain);
+}
+
+}  // namespace detail
+
+/// Calls body(chunk, begin, end) over [0, n) split into contiguous chunks of at least `grain`
+/// elements, chunk in [0, detail::parallel_chunks(ex, n, grain)), on up to ex.thread_count() threads;
+/// no two calls at once share a chunk index, so a body may use per-chunk scratch slot `chunk` (sized
+/// without regard to the chunk's length: a busy pool runs all of [0, n) as chunk 0). The split never
+/// changes results: each index is processed exactly once and by the same code. Exceptions propagate
+/// to the caller. With a pool (on_host(pool)) nothing is allocated; without one, threads are started.
+template <class Body>
+void parallel_for_chunks(const host_executor& ex, std::size_t n, std::size_t grain, Body&& body) {
+    const std::size_t workers = detail::parallel_chunks(ex, n, grain);
+    if (workers == 0) return;
+    if (workers == 1) {
+        body(std::size_t{0}, std::size_t{0}, n);
         return;
     }
     const std::size_t chunk = (n + workers - 1) / workers;
     if (ex.pool) {
         auto task = [&](std::size_t w) {
             const std::size_t b = w * chunk, e = std::min(n, b + chunk);
-            if (b < e) body(b, e);
+            if (b < e) body(w, b, e);
         };
         if (ex.pool->try_run(workers, task)) return;
-        body(std::size_t{0}, n);  // the pool is busy (a nested or concurrent operation): same results
+        body(std::size_t{0}, std::size_t{0}, n);  // the pool is busy (a nested or concurrent operation): same results
         return;
     }
     std::vector<std::thread> pool;
@@ -193,20 +290,26 @@ void parallel_for(host_executor ex, std::size_t n, std::size_t grain, Body&& bod
         pool.emplace_back([&, w] {
             try {
                 const std::size_t b = w * chunk, e = std::min(n, b + chunk);
-                if (b < e) body(b, e);
+                if (b < e) body(w, b, e);
             } catch (...) {
                 errors[w] = std::current_exception();
             }
         });
     }
     try {
-        body(std::size_t{0}, std::min(n, chunk));
+        body(std::size_t{0}, std::size_t{0}, std::min(n, chunk));
     } catch (...) {
         errors[0] = std::current_exception();
     }
     for (auto& t : pool) t.join();
     for (auto& e : errors)
         if (e) std::rethrow_exception(e);
+}
+
+/// parallel_for_chunks for a body that needs no per-chunk scratch: body(begin, end).
+template <class Body>
+void parallel_for(const host_executor& ex, std::size_t n, std::size_t grain, Body&& body) {
+    parallel_for_chunks(ex, n, grain, [&](std::size_t, std::size_t b, std::size_t e) { body(b, e); });
 }
 
 }  // namespace octet

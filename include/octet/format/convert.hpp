@@ -8,6 +8,7 @@
 // rng.bits(i), so the result does not depend on the thread count or on host versus device.
 // The deterministic roundings and decode_array run a kernel compiled for the CPU's best
 // instruction set (core/isa_dispatch.hpp), bit-identical to encode()/decode().
+// Host scratch: none (both allocate nothing; no ..._scratch_bytes query).
 // The stream overloads are in octet/format/convert.cuh.
 #pragma once
 

@@ -68,12 +68,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "octet/config.hpp"
 #include "octet/core/check.hpp"
@@ -720,29 +718,61 @@ void host_gemm_pack_panel(const quantized_cref<R>& q, const float* table, std::s
             scales[s * Rows + r] = r < rows ? q.scale((i0 + r) / br, (s * g) / bc) : 0.0f;
 }
 
+/// The host backend's work split with one register tile (A task: 16 A panels x 128 columns of D, 48
+/// KB of accumulators with the AVX-512 tile. A chunk: whole segments of about 128 k, so that a chunk
+/// of one B panel stays in L1 while the task's A panels stream past it) and its scratch, described
+/// once for both the query (scaled_gemm_scratch_bytes) and the call: the panels of decoded codes and
+/// scales (every element written by packing), and one task's accumulators per thread.
+template <class Tile>
+struct host_gemm_plan {
+    static constexpr std::size_t MR = Tile::mr, NR = Tile::nr;
+    static constexpr std::size_t task_panels_a = 16, task_panels_b = std::max<std::size_t>(1, 128 / NR);
+    static constexpr std::size_t chunk_k = 128;
+    std::size_t M, N, K, g, S, chunk_segments, a_panels, b_panels, tiles_m, tiles_n;
+    float* a_pack = nullptr;    ///< a_panels x MR rows of K decoded codes
+    float* b_pack = nullptr;    ///< b_panels x NR rows of K
+    float* a_scales = nullptr;  ///< a_panels x MR rows of S segment scales
+    float* b_scales = nullptr;  ///< b_panels x NR rows of S
+    float* acc = nullptr;       ///< per chunk of the task loop: one task's accumulators
+
+    host_gemm_plan(scratch_carver& c, const host_executor& ex, std::size_t M_, std::size_t N_, std::size_t K_,
+                   std::size_t a_block_cols, std::size_t b_block_cols, int promotion_interval)
+        : M(M_), N(N_), K(K_) {
+        g = gemm_segment(static_cast<std::size_t>(promotion_interval), a_block_cols, b_block_cols, K);
+        S = K == 0 ? 0 : (K + g - 1) / g;
+        chunk_segments = std::max<std::size_t>(1, chunk_k / g);
+        a_panels = (M + MR - 1) / MR;
+        b_panels = (N + NR - 1) / NR;
+        tiles_m = (a_panels + task_panels_a - 1) / task_panels_a;
+        tiles_n = (b_panels + task_panels_b - 1) / task_panels_b;
+        a_pack = c.take<float>(a_panels * MR * K);
+        b_pack = c.take<float>(b_panels * NR * K);
+        a_scales = c.take<float>(a_panels * MR * S);
+        b_scales = c.take<float>(b_panels * NR * S);
+        acc = c.take<float>(parallel_chunks(ex, tiles_m * tiles_n, 1) * task_acc_floats());
+    }
+    static constexpr std::size_t task_acc_floats() { return task_panels_a * MR * task_panels_b * NR; }
+};
+
 /// The host backend with one register tile: out(i, j) = epilogue(acc(i, j)) for D float, bf16, fp16.
 template <class Tile, class RA, class RB, class CT, class DT>
 void host_scaled_gemm_tiled(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
                             const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+    using plan_type = host_gemm_plan<Tile>;
     constexpr std::size_t MR = Tile::mr, NR = Tile::nr;
-    // A task: 16 A panels x 128 columns of D (48 KB of accumulators with the AVX-512 tile). A chunk:
-    // whole segments of about 128 k, so that a chunk of one B panel stays in L1 while the task's A
-    // panels stream past it.
-    constexpr std::size_t kTaskPanelsA = 16, kTaskPanelsB = std::max<std::size_t>(1, 128 / NR), kChunkK = 128;
+    constexpr std::size_t kTaskPanelsA = plan_type::task_panels_a, kTaskPanelsB = plan_type::task_panels_b;
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
-    const std::size_t P = static_cast<std::size_t>(opt.promotion_interval);
-    const std::size_t g = gemm_segment(P, A.layout.block_cols, B.layout.block_cols, K);
-    const std::size_t S = K == 0 ? 0 : (K + g - 1) / g;
-    const std::size_t chunk_segments = std::max<std::size_t>(1, kChunkK / g);
-    const std::size_t a_panels = (M + MR - 1) / MR, b_panels = (N + NR - 1) / NR;
-
-    // Panels of decoded codes and of scales, in one allocation (not value-initialized: packing writes
-    // every element; one block is what lets malloc keep its pages from call to call).
-    const std::unique_ptr<float[]> packs(new float[(a_panels * MR + b_panels * NR) * (K + S)]);
-    float* const a_pack = packs.get();
-    float* const b_pack = a_pack + a_panels * MR * K;
-    float* const a_scales = b_pack + b_panels * NR * K;
-    float* const b_scales = a_scales + a_panels * MR * S;
+    scratch_carver sizing;
+    (void)plan_type(sizing, ex, M, N, K, A.layout.block_cols, B.layout.block_cols, opt.promotion_interval);
+    const host_scratch scratch(ex, sizing.bytes(), "octet::scaled_gemm");
+    scratch_carver carver = scratch.carver();
+    const plan_type plan(carver, ex, M, N, K, A.layout.block_cols, B.layout.block_cols, opt.promotion_interval);
+    const std::size_t g = plan.g, S = plan.S, chunk_segments = plan.chunk_segments;
+    const std::size_t a_panels = plan.a_panels, b_panels = plan.b_panels;
+    float* const a_pack = plan.a_pack;
+    float* const b_pack = plan.b_pack;
+    float* const a_scales = plan.a_scales;
+    float* const b_scales = plan.b_scales;
     float table_a[256], table_b[256];
     for (int c = 0; c < 256; ++c) {
         table_a[c] = decode<typename RA::format>(static_cast<std::uint8_t>(c));
@@ -758,26 +788,25 @@ void host_scaled_gemm_tiled(host_executor ex, const quantized_cref<RA>& A, const
             host_gemm_pack_panel<NR>(B, table_b, q, g, S, b_pack + q * NR * K, b_scales + q * NR * S);
     });
 
-    const std::size_t tiles_m = (a_panels + kTaskPanelsA - 1) / kTaskPanelsA;
-    const std::size_t tiles_n = (b_panels + kTaskPanelsB - 1) / kTaskPanelsB;
+    const std::size_t tiles_m = plan.tiles_m, tiles_n = plan.tiles_n;
     const float alpha = opt.alpha, beta = opt.beta;
     const float* bias = opt.bias.empty() ? nullptr : opt.bias.data();
-    parallel_for(ex, tiles_m * tiles_n, 1, [&](std::size_t t0, std::size_t t1) {
-        std::vector<float> acc(kTaskPanelsA * MR * kTaskPanelsB * NR);
+    parallel_for_chunks(ex, tiles_m * tiles_n, 1, [&](std::size_t chunk, std::size_t t0, std::size_t t1) {
+        float* const acc = plan.acc + chunk * plan_type::task_acc_floats();
         for (std::size_t t = t0; t < t1; ++t) {
             const std::size_t pa0 = (t / tiles_n) * kTaskPanelsA, pb0 = (t % tiles_n) * kTaskPanelsB;
             const std::size_t pa = std::min(kTaskPanelsA, a_panels - pa0), pb = std::min(kTaskPanelsB, b_panels - pb0);
-            std::fill(acc.begin(), acc.end(), 0.0f);
+            std::fill(acc, acc + plan_type::task_acc_floats(), 0.0f);
             for (std::size_t s0 = 0; s0 < S; s0 += chunk_segments)
                 run_host_gemm_kernel<Tile>(a_pack + pa0 * MR * K, a_scales + pa0 * MR * S, pa, b_pack + pb0 * NR * K,
                                            b_scales + pb0 * NR * S, pb, K, S, g, s0, std::min(S, s0 + chunk_segments),
-                                           acc.data());
+                                           acc);
             // Epilogue: v = alpha * acc, + beta * C, + bias, each rounded (no fused multiply-add),
             // then one rounding to D's type.
             const std::size_t i0 = pa0 * MR, i1 = std::min(M, (pa0 + pa) * MR);
             for (std::size_t i = i0; i < i1; ++i)
                 for (std::size_t jb = 0; jb < pb; ++jb) {
-                    const float* a_row = acc.data() + (jb * pa + (i - i0) / MR) * MR * NR + (i - i0) % MR * NR;
+                    const float* a_row = acc + (jb * pa + (i - i0) / MR) * MR * NR + (i - i0) % MR * NR;
                     const std::size_t j0 = (pb0 + jb) * NR, j1 = std::min(N, j0 + NR);
                     if constexpr (std::is_same_v<DT, float>) {
                         if (!C && !bias && D.order == storage_order::row_major) {  // a loop that vectorizes
@@ -817,6 +846,28 @@ void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quant
     host_scaled_gemm_tiled<host_gemm_tile_portable>(ex, A, B, C, D, opt);
 }
 
+/// The scratch host_scaled_gemm takes with the tile `isa` selects (host_gemm_plan).
+inline std::size_t host_gemm_scratch_bytes(const host_executor& ex, std::size_t M, std::size_t N, std::size_t K,
+                                           std::size_t a_block_cols, std::size_t b_block_cols, int promotion_interval,
+                                           simd_isa isa = host_gemm_isa()) {
+    if (M == 0 || N == 0) return 0;
+    scratch_carver c;
+#if OCTET_ISA_DISPATCH
+    if (isa == simd_isa::avx512) {
+        (void)host_gemm_plan<host_gemm_tile_avx512>(c, ex, M, N, K, a_block_cols, b_block_cols, promotion_interval);
+        return c.bytes();
+    }
+    if (isa == simd_isa::avx2) {
+        (void)host_gemm_plan<host_gemm_tile_avx2>(c, ex, M, N, K, a_block_cols, b_block_cols, promotion_interval);
+        return c.bytes();
+    }
+#else
+    (void)isa;
+#endif
+    (void)host_gemm_plan<host_gemm_tile_portable>(c, ex, M, N, K, a_block_cols, b_block_cols, promotion_interval);
+    return c.bytes();
+}
+
 /// The executor half of octet::scaled_gemm, specialized per executor: `element<T>` maps the caller's
 /// element type to octet's (the stream's also takes CUDA's __nv_bfloat16 / __half); run(ex, A, B, C,
 /// D, opt) with the arguments already checked by the entry (C null when absent); run_quantized(ex,
@@ -846,9 +897,11 @@ struct gemm_executor_backend<host_executor> {
         OCTET_REQUIRE(device_amax == nullptr, "octet::scaled_gemm", "device_amax",
                       "is for a stream executor; on the host the amax is returned in gemm_result::amax");
         const std::size_t M = A.rows(), N = B.rows();
-        std::vector<float> tmp(M * N);
-        gemm_result r = run<RA, RB, float, float>(ex, A, B, nullptr, matrix_ref<float>(tmp.data(), M, N), opt);
-        r.amax = quantize<RD>(ex, matrix_ref<const float>(tmp.data(), M, N), D).amax;
+        const host_scratch result_scratch(ex, M * N * sizeof(float), "octet::scaled_gemm");
+        scratch_carver c = result_scratch.carver();
+        float* const tmp = c.take<float>(M * N);
+        gemm_result r = run<RA, RB, float, float>(ex, A, B, nullptr, matrix_ref<float>(tmp, M, N), opt);
+        r.amax = quantize<RD>(ex, matrix_ref<const float>(tmp, M, N), D).amax;
         return r;
     }
 };
@@ -887,6 +940,29 @@ template <class RA, class BA, class RB, class BB, class CT, class DT, class Exec
 gemm_result scaled_gemm(const Executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B, matrix_ref<CT> C,
                         matrix_ref<DT> D, const gemm_options& opt = {}) {
     return detail::scaled_gemm_entry<Executor>(ex, A, B, &C, D, opt);
+}
+
+/// Bytes of host scratch scaled_gemm(ex, A, B, [C,] D, opt) takes from ex's allocator (one block):
+/// both operands decoded into panels of floats ((M + N) x K, rounded up to the register tile) with
+/// their segment scales, and one task's accumulators (48 KB) per thread. Same arguments as
+/// scaled_gemm (not checked here; C does not change it). 0 when M or N is 0.
+template <class RA, class BA, class RB, class BB, class DT>
+std::size_t scaled_gemm_scratch_bytes(const host_executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B,
+                                      matrix_ref<DT> D, const gemm_options& opt = {}) {
+    (void)D;
+    return detail::host_gemm_scratch_bytes(ex, A.layout.rows, B.layout.rows, A.layout.cols, A.layout.block_cols,
+                                           B.layout.block_cols, opt.promotion_interval);
+}
+
+/// The same for a quantized D: the float result (M x N floats), then the larger of the product's
+/// scratch and quantize's (quantize_scratch_bytes) for D.
+template <class RA, class BA, class RB, class BB, class RD>
+std::size_t scaled_gemm_scratch_bytes(const host_executor& ex, quantized_ref<RA, BA> A, quantized_ref<RB, BB> B,
+                                      quantized_ref<RD> D, const gemm_options& opt = {}) {
+    const std::size_t M = A.layout.rows, N = B.layout.rows;
+    const matrix_ref<const float> result(nullptr, M, N);
+    return M * N * sizeof(float) + std::max(scaled_gemm_scratch_bytes(ex, A, B, matrix_ref<float>(nullptr, M, N), opt),
+                                            quantize_scratch_bytes(ex, result, D));
 }
 
 /// Quantized output: the float result alpha * A B^T + bias is quantized into D with recipe RD

@@ -67,6 +67,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -206,8 +207,12 @@ struct linear_memory {
 
 namespace detail {
 
+/// The tag of a quant_buffer that owns no storage: the caller binds it to borrowed bytes (a
+/// linear_workspace's) before each use.
+struct borrowed_storage {};
+
 /// Storage for quantized copies of up to max_rows x max_cols (a copy of fewer rows or columns fits,
-/// since the layout's data and scale bytes grow with both).
+/// since the layout's data and scale bytes grow with both): owned, or borrowed and bound per call.
 template <class R>
 class quant_buffer {
 public:
@@ -216,21 +221,42 @@ public:
         const quant_layout l = quant_layout_of<R>::make(max_rows, max_cols);
         data_.resize(l.data_bytes);
         scales_.resize(l.scale_bytes);
+        capacity_data_ = l.data_bytes;
+        capacity_scales_ = l.scale_bytes;
+    }
+    quant_buffer(borrowed_storage, std::size_t max_rows, std::size_t max_cols) : borrowed_(true) {
+        const quant_layout l = quant_layout_of<R>::make(max_rows, max_cols);
+        capacity_data_ = l.data_bytes;
+        capacity_scales_ = l.scale_bytes;
+    }
+    /// Borrowed storage: takes its data and scale bytes (at most the largest copy's) from `c`.
+    void bind(scratch_carver& c) {
+        data_ptr_ = c.take<std::uint8_t>(capacity_data_);
+        scales_ptr_ = c.take<std::uint8_t>(capacity_scales_);
     }
     /// A rows x cols copy in this storage (the shape of the copy made next).
     quantized_ref<R> ref(std::size_t rows, std::size_t cols) {
         layout_ = quant_layout_of<R>::make(rows, cols);
-        OCTET_REQUIRE(layout_.data_bytes <= data_.size() && layout_.scale_bytes <= scales_.size(),
+        OCTET_REQUIRE(layout_.data_bytes <= capacity_data_ && layout_.scale_bytes <= capacity_scales_,
                       "octet::linear_context", "shape",
                       message("of a ", rows, " x ", cols, " copy exceeds the storage the context holds (internal)"));
-        return quantized_ref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_);
+        return quantized_ref<R>(data(), scales(), layout_, &tensor_scale_);
     }
-    quantized_cref<R> cref() const { return quantized_cref<R>(data_.data(), scales_.data(), layout_, &tensor_scale_); }
+    quantized_cref<R> cref() const { return quantized_cref<R>(data(), scales(), layout_, &tensor_scale_); }
 
 private:
+    std::uint8_t* data() { return borrowed_ ? data_ptr_ : data_.data(); }
+    std::uint8_t* scales() { return borrowed_ ? scales_ptr_ : scales_.data(); }
+    const std::uint8_t* data() const { return borrowed_ ? data_ptr_ : data_.data(); }
+    const std::uint8_t* scales() const { return borrowed_ ? scales_ptr_ : scales_.data(); }
+
     quant_layout layout_{};
+    bool borrowed_ = false;
+    std::size_t capacity_data_ = 0, capacity_scales_ = 0;  // of the largest copy
     std::vector<std::uint8_t> data_;
     std::vector<std::uint8_t> scales_;
+    std::uint8_t* data_ptr_ = nullptr;
+    std::uint8_t* scales_ptr_ = nullptr;
     float tensor_scale_ = 1.0f;
 };
 
@@ -243,7 +269,7 @@ inline void hadamard_tokens(host_executor ex, matrix_ref<const float> x, std::ui
     const float c = hadamard_norm(4);
     parallel_for(ex, groups, std::max<std::size_t>(1, 4096 / std::max<std::size_t>(cols, 1)),
                  [&](std::size_t g0, std::size_t g1) {
-                     std::vector<std::uint32_t> words;
+                     std::uint32_t words[2];  // 16 tokens starting at a multiple of 16 span at most two words
                      for (std::size_t g = g0; g < g1; ++g) {
                          float* o = out + g * B * cols;  // (B, cols)
                          const std::size_t t0 = g * B, n = std::min(B, tokens - t0);
@@ -399,11 +425,16 @@ struct linear_backend<host_executor> {
         detail::hadamard_tokens(ex, x, seed, out.data());
     }
 
+    /// db[j] = sum over tokens of dY(t, j), in float64 in token order, 64 columns at a time.
     static void column_sums(host_executor, matrix_ref<const float> dy, span<float> db) {
-        std::vector<double> sum(dy.cols, 0.0);
-        for (std::size_t t = 0; t < dy.rows; ++t)
-            for (std::size_t j = 0; j < dy.cols; ++j) sum[j] += static_cast<double>(dy(t, j));
-        for (std::size_t j = 0; j < dy.cols; ++j) db[j] = static_cast<float>(sum[j]);
+        constexpr std::size_t width = 64;
+        for (std::size_t j0 = 0; j0 < dy.cols; j0 += width) {
+            const std::size_t n = std::min(width, dy.cols - j0);
+            double sum[width] = {};
+            for (std::size_t t = 0; t < dy.rows; ++t)
+                for (std::size_t j = 0; j < n; ++j) sum[j] += static_cast<double>(dy(t, j0 + j));
+            for (std::size_t j = 0; j < n; ++j) db[j0 + j] = static_cast<float>(sum[j]);
+        }
     }
 };
 }  // namespace detail
@@ -523,6 +554,40 @@ void linear_backward(const Executor& ex, matrix_ref<const float> dy, matrix_ref<
     if (!db.empty()) backend::column_sums(ex, dy, db);
 }
 
+/// Bytes of host scratch one linear_forward or linear_backward of `tokens` tokens (in_features in,
+/// out_features out) takes from ex's allocator at most: its steps (quantize X, W, dY and the rotated
+/// copies; the three GEMMs) run one after another, each giving its block back before the next, so
+/// this is the largest step's need (quantize_scratch_bytes, scaled_gemm_scratch_bytes), not their
+/// sum. It grows with tokens: the query at a context's max_tokens serves every call of the context.
+template <class LR>
+std::size_t linear_scratch_bytes(const host_executor& ex, std::size_t tokens, std::size_t in, std::size_t out) {
+    static_assert(is_linear_recipe_v<LR>, "octet::linear_scratch_bytes: LR must be an octet::linear_recipe<...>");
+    using XR = typename LR::x_recipe;
+    using WR = typename LR::w_recipe;
+    using GR = typename LR::g_quantize_recipe;
+    using quant = detail::quant_backend<host_executor>;
+    const std::size_t padded = linear_wgrad_tokens<LR>(tokens);
+    const auto m = [](std::size_t rows, std::size_t cols) { return matrix_ref<const float>(nullptr, rows, cols); };
+    const auto block_cols = [](auto layout) { return layout.block_cols; };
+    const gemm_options g;
+    const std::size_t steps[] = {
+        quant::scratch_bytes<XR, float>(ex, m(tokens, in), true, !LR::hadamard_wgrad),
+        quant::scratch_bytes<XR, float>(ex, m(padded, in), false, LR::hadamard_wgrad),
+        quant::scratch_bytes<WR, float>(ex, m(out, in), true, true),
+        quant::scratch_bytes<GR, float>(ex, m(tokens, out), true, !LR::hadamard_wgrad),
+        quant::scratch_bytes<GR, float>(ex, m(padded, out), false, LR::hadamard_wgrad),
+        detail::host_gemm_scratch_bytes(ex, tokens, out, in, block_cols(quant_layout_of<XR>::make(tokens, in)),
+                                        block_cols(quant_layout_of<WR>::make(out, in)), g.promotion_interval),
+        detail::host_gemm_scratch_bytes(ex, tokens, in, out, block_cols(quant_layout_of<GR>::make(tokens, out)),
+                                        block_cols(quant_layout_of<WR>::make(in, out)), g.promotion_interval),
+        detail::host_gemm_scratch_bytes(ex, out, in, padded, block_cols(quant_layout_of<GR>::make(out, padded)),
+                                        block_cols(quant_layout_of<XR>::make(in, padded)), g.promotion_interval),
+    };
+    std::size_t most = 0;
+    for (std::size_t b : steps) most = std::max(most, b);
+    return most;
+}
+
 namespace detail {
 // The rules of a linear context that do not depend on where its buffers live: the host's below and
 // the stream's (octet::cuda::linear_context, nn/linear.cuh) share them.
@@ -611,6 +676,15 @@ struct linear_copies {
           dy_row(where..., c.max_tokens, c.out_features),
           dy_col(where..., c.out_features, linear_wgrad_tokens<LR>(c.max_tokens)) {}
 
+    /// The same with the transient copies (row-wise X and W, dY's two) borrowed (host storage only).
+    linear_copies(const linear_config& c, borrowed_storage b)
+        : x_row(b, c.max_tokens, c.in_features),
+          w_row(b, c.out_features, c.in_features),
+          x_col(c.in_features, linear_wgrad_tokens<LR>(c.max_tokens)),
+          w_col(c.in_features, c.out_features),
+          dy_row(b, c.max_tokens, c.out_features),
+          dy_col(b, c.out_features, linear_wgrad_tokens<LR>(c.max_tokens)) {}
+
     /// The row-wise copies, and for a training pass the column-wise ones the backward reads.
     linear_forward_buffers<LR> forward(const linear_config& c, std::size_t tokens, bool training, span<float> rotated) {
         linear_forward_buffers<LR> buf;
@@ -650,8 +724,48 @@ constexpr bool linear_backward_quantizes_dy(bool want_dx, bool want_dw) {
 }
 }  // namespace detail
 
+/// The transient buffers of host linear contexts, shared: X's and W's row-wise copies (read by the
+/// forward GEMM only), dY's two copies (the backward's), the Hadamard buffer. A context built on a
+/// workspace (linear_context(config, workspace)) owns only what its backward reads (X's and W's
+/// column-wise copies) and its delayed-scaling state, and binds the rest here on each call, so that
+/// the layers of a model hold one set of transient copies, the largest layer's, not one each.
+/// Contexts that share a workspace must not run at the same time (one model on one thread: its
+/// layers run one after another). Building a context reserves what it needs (the workspace grows to
+/// the largest context's need then, and never during a call); the workspace outlives its contexts.
+class linear_workspace {
+public:
+    linear_workspace() = default;
+    ~linear_workspace() { release(); }
+    linear_workspace(const linear_workspace&) = delete;
+    linear_workspace& operator=(const linear_workspace&) = delete;
+
+    /// Grows the storage to at least `bytes` (a new block: no call may be running; the contents
+    /// are not kept, since no copy outlives its call).
+    void reserve(std::size_t bytes) {
+        if (bytes <= bytes_) return;
+        auto* block = static_cast<unsigned char*>(::operator new (bytes, std::align_val_t{64}));
+        release();
+        data_ = block;
+        bytes_ = bytes;
+    }
+    /// The bytes allocated (the largest reserve so far).
+    std::size_t bytes() const { return bytes_; }
+    /// 64-byte aligned storage of bytes() bytes.
+    unsigned char* data() { return data_; }
+
+private:
+    void release() {
+        if (data_) ::operator delete (data_, std::align_val_t{64});
+        data_ = nullptr;
+        bytes_ = 0;
+    }
+    unsigned char* data_ = nullptr;
+    std::size_t bytes_ = 0;
+};
+
 /// One linear layer's quantized copies, scratch, delayed-scaling histories, stochastic-rounding
-/// step and last statistics. Copyable: a copy is a snapshot (a checkpoint of the layer's state).
+/// step and last statistics. Copyable: a copy is a snapshot (a checkpoint of the layer's state;
+/// a context on a workspace shares the workspace with its copy).
 template <class LR>
 class linear_context {
     static_assert(is_linear_recipe_v<LR>,
@@ -671,12 +785,45 @@ public:
           delayed_w_(c.delayed),
           delayed_g_(c.delayed) {}
 
+    /// A context whose transient copies live in `workspace` (see linear_workspace), which grows
+    /// here to workspace_bytes(c) if smaller. Same results, bit for bit, as a context of its own.
+    linear_context(const linear_config& c, linear_workspace& workspace)
+        : config_(detail::checked_linear_config(c, "octet::linear_context")),
+          copies_(c, detail::borrowed_storage{}),
+          workspace_(&workspace),
+          delayed_x_(c.delayed),
+          delayed_w_(c.delayed),
+          delayed_g_(c.delayed) {
+        workspace.reserve(workspace_bytes(c));
+    }
+
+    /// Bytes of linear_workspace a context built for c binds: the larger of a forward's transient
+    /// copies (X's and W's row-wise, the Hadamard buffer) and a backward's (dY's two, the buffer).
+    static std::size_t workspace_bytes(const linear_config& c) {
+        const detail::borrowed_storage b;
+        detail::quant_buffer<XR> x(b, c.max_tokens, c.in_features);
+        detail::quant_buffer<WR> w(b, c.out_features, c.in_features);
+        detail::quant_buffer<GR> dy(b, c.max_tokens, c.out_features);
+        detail::quant_buffer<GR> dy_t(b, c.out_features, linear_wgrad_tokens<LR>(c.max_tokens));
+        detail::scratch_carver forward, backward;
+        (void)bind_transients(forward, c, x, w);
+        (void)bind_transients(backward, c, dy, dy_t);
+        return std::max(forward.bytes(), backward.bytes());
+    }
+
     const linear_config& config() const { return config_; }
     const linear_stats& stats() const { return stats_; }
     /// Statistics cost more than the quantization itself on the host (about half of a step of a
     /// 1024 x 256 x 256 layer): a training loop may gather them only on the steps it reports.
     void set_collect_stats(bool on) { config_.collect_stats = on; }
-    linear_memory memory() const { return detail::linear_context_memory<LR>(config_); }
+    /// What the context owns (on a workspace: no transient copies; the workspace holds them).
+    linear_memory memory() const {
+        linear_memory m = detail::linear_context_memory<LR>(config_);
+        if (workspace_) m.workspace = 0;
+        return m;
+    }
+    /// The workspace the context binds its transient copies to (null: it owns them).
+    const linear_workspace* workspace() const { return workspace_; }
     std::size_t bytes() const { return memory().total(); }
 
     /// Backward passes completed (the stochastic-rounding offset is 4 * step()).
@@ -690,6 +837,12 @@ public:
     const delayed_scaling& delayed_w() const { return delayed_w_; }
     const delayed_scaling& delayed_g() const { return delayed_g_; }
 
+    /// Bytes of host scratch any forward or backward of this context takes from ex's allocator at
+    /// most (linear_scratch_bytes at max_tokens).
+    std::size_t scratch_bytes(const host_executor& ex) const {
+        return linear_scratch_bytes<LR>(ex, config_.max_tokens, config_.in_features, config_.out_features);
+    }
+
     /// Tokens of the weight-gradient GEMM's K for `tokens` tokens (padded to 16 under HadamardWgrad).
     static std::size_t wgrad_tokens(std::size_t tokens) { return linear_wgrad_tokens<LR>(tokens); }
 
@@ -701,8 +854,12 @@ public:
         detail::require_context_forward(config_, x, w);
         const bool training = pass == linear_pass::training;
         if (training) saved_ = false;  // until the new copies are complete
-        linear_forward(ex, x, w, bias, y, copies_.forward(config_, x.rows, training, as_span(rotated_)), options(),
-                       stats_);
+        span<float> rotated = as_span(rotated_);
+        if (workspace_) {
+            detail::scratch_carver c(workspace_->data());
+            rotated = bind_transients(c, config_, copies_.x_row, copies_.w_row);
+        }
+        linear_forward(ex, x, w, bias, y, copies_.forward(config_, x.rows, training, rotated), options(), stats_);
         if (training) {
             if constexpr (LR::scaling == linear_scaling::delayed) {
                 delayed_x_.record(stats_.x.amax);
@@ -721,8 +878,13 @@ public:
                   span<float> db) {
         detail::require_context_backward(config_, saved_, tokens_, dy, dx, dw);
         const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
-        linear_backward(ex, dy, dx, dw, db, copies_.backward(config_, tokens_, want_dx, want_dw, as_span(rotated_)),
-                        options(), stats_);
+        span<float> rotated = as_span(rotated_);
+        if (workspace_) {
+            detail::scratch_carver c(workspace_->data());
+            rotated = bind_transients(c, config_, copies_.dy_row, copies_.dy_col);
+        }
+        linear_backward(ex, dy, dx, dw, db, copies_.backward(config_, tokens_, want_dx, want_dw, rotated), options(),
+                        stats_);
         if constexpr (LR::scaling == linear_scaling::delayed) {
             if (detail::linear_backward_quantizes_dy<LR>(want_dx, want_dw)) {
                 delayed_g_.record(stats_.dy.amax);
@@ -734,6 +896,16 @@ public:
     }
 
 private:
+    /// Binds a call's two transient copies and the Hadamard buffer to the carver's storage, in one
+    /// order for the call and for workspace_bytes; returns the buffer.
+    template <class A, class B>
+    static span<float> bind_transients(detail::scratch_carver& c, const linear_config& config, A& first, B& second) {
+        first.bind(c);
+        second.bind(c);
+        const std::size_t floats = detail::linear_rotated_floats<LR>(config);
+        return span<float>(c.take<float>(floats), floats);
+    }
+
     linear_step_options options() const {
         linear_step_options o;
         if constexpr (LR::scaling == linear_scaling::delayed) {
@@ -749,7 +921,8 @@ private:
 
     linear_config config_;
     detail::linear_copies<LR, detail::quant_buffer> copies_;
-    std::vector<float> rotated_;
+    std::vector<float> rotated_;             // empty on a workspace
+    linear_workspace* workspace_ = nullptr;  // the transient copies' storage, or null: the context's own
     delayed_scaling delayed_x_, delayed_w_, delayed_g_;
     linear_stats stats_;
     std::uint64_t step_ = 0;

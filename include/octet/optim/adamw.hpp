@@ -4,6 +4,10 @@
 //   octet::adamw_hyper h;                                          // betas, eps, weight decay, policy, seed
 //   octet::adamw_report r = octet::adamw_step(octet::on_host(), st.ref(), octet::as_cspan(grads), h, step, lr);
 //
+// Host scratch: none. adamw_step and count_nonfinite on the host allocate nothing (with
+// on_host(pool), they start no thread either), so they have no ..._scratch_bytes query and never
+// call a lent allocator (octet::with_allocator); adamw_state owns its buffers from construction.
+//
 // The stream overload is in optim/adamw.cuh, same name, same bits. One pass per element reads the
 // weight (and its compensation), the gradient and both compressed moments, updates in float, and
 // writes everything back; each block of 256 re-encodes its moments from the new values.

@@ -3,6 +3,7 @@
 //   octet::encode_moments<octet::state_codec::dynamic8, octet::moment::second>(octet::on_host(), v, codes, meta);
 //   octet::decode_moments<octet::state_codec::dynamic8, octet::moment::second>(octet::on_host(), codes, meta, v_out);
 //
+// Host scratch: none (both allocate nothing; no ..._scratch_bytes query).
 // `meta` has state_meta_count<Codec>(n) entries (none for fp32/bf16). The stream overloads are in
 // optim/moments.cuh; both run the same block functions as the fused step (optim/detail/team.hpp),
 // so an array encoded here decodes to the same floats that the step would have used. A

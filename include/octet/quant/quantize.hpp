@@ -22,7 +22,6 @@
 #include <cstring>
 #include <mutex>
 #include <type_traits>
-#include <vector>
 
 #include "octet/core/check.hpp"
 #include "octet/core/executor.hpp"
@@ -311,20 +310,63 @@ struct row_stats_kernel {
     }
 };
 
-/// One quantized copy of x (rows x cols in x's logical orientation) on the host.
+/// The host scratch of one quantized copy of x (rows x cols in the copy's orientation): described
+/// once, as what it takes from a carver, for both quantize_scratch_bytes and quantize_copy_host.
+template <class In>
+struct quantize_copy_scratch {
+    // The work splits of the passes (parallel_for grains, in rows or bands); per-chunk arrays are
+    // sized by the chunks these give.
+    static std::size_t band_grain(std::size_t R, std::size_t cols) {
+        // At least 2^15 elements a chunk: a small x stays on the calling thread, since waking a
+        // pool's workers costs more than the whole pass over a few thousand values.
+        return std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(R * cols, 1));
+    }
+    static std::size_t amax_row_grain(std::size_t cols) {
+        return std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(cols, 1));
+    }
+    static std::size_t code_row_grain(std::size_t cols) {
+        return std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(cols, 1));
+    }
+
+    In* transposed = nullptr;         ///< rows x cols, row-major: x read down its columns once
+    float* amax = nullptr;            ///< the block grid's amax, sr x sc row-major
+    float* part = nullptr;            ///< per chunk of the one-band amax pass (sr == 1): sc each
+    float* scale = nullptr;           ///< the decoded scales, sr x sc row-major
+    std::uint32_t* stored = nullptr;  ///< one band of stored scales, sc
+    float* values = nullptr;          ///< per chunk of the code pass: cols each
+    float* row_scales = nullptr;      ///< per chunk of the code pass: cols each
+    std::uint8_t* codes = nullptr;    ///< per chunk of the code pass: cols each
+
+    quantize_copy_scratch(scratch_carver& c, const host_executor& ex, const matrix_ref<const In>& x,
+                          const quant_layout& L) {
+        const std::size_t rows = x.rows, cols = x.cols, sr = L.scale_rows, sc = L.scale_cols;
+        if (x.order != storage_order::row_major) transposed = c.take<In>(rows * cols);
+        amax = c.take<float>(sr * sc);
+        if (sr <= 1) part = c.take<float>(parallel_chunks(ex, rows, amax_row_grain(cols)) * sc);
+        scale = c.take<float>(sr * sc);
+        stored = c.take<std::uint32_t>(sc);
+        const std::size_t chunks = parallel_chunks(ex, rows, code_row_grain(cols));
+        values = c.take<float>(chunks * cols);
+        row_scales = c.take<float>(chunks * cols);
+        codes = c.take<std::uint8_t>(chunks * cols);
+    }
+};
+
+/// One quantized copy of x (rows x cols in x's logical orientation) on the host, its temporaries
+/// carved from `scratch` (a block of at least quantize_copy_scratch's bytes for this copy).
 template <class Recipe, class In>
 void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& out,
                         float amax_for_scale_override, float tensor_scale, const philox_stream& rng, bool stats_on,
-                        quant_stats& stats) {
+                        quant_stats& stats, scratch_carver scratch) {
     const quant_layout& L = out.layout;
     const std::size_t rows = x.rows, cols = x.cols;
     const std::size_t R = L.block_rows, C = L.block_cols, sr = L.scale_rows, sc = L.scale_cols;
+    const quantize_copy_scratch<In> work(scratch, ex, x, L);
     if (x.order != storage_order::row_major && rows > 0 && cols > 0) {
         // A column-wise copy reads x down its columns: transpose it once, in cache-sized tiles,
         // into a row-major temporary and quantize that (the same values, so the same codes).
         constexpr std::size_t tile = 32;
-        std::vector<In> t(rows * cols);
-        In* const dst = t.data();
+        In* const dst = work.transposed;
         const In* const src = x.data;
         const std::size_t ld = x.ld;
         const std::size_t tile_grain = std::max<std::size_t>(1, (1 << 15) / (tile * std::max<std::size_t>(cols, 1)));
@@ -338,51 +380,36 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
                 }
             }
         });
-        quantize_copy_host<Recipe, In>(ex, matrix_ref<const In>(t.data(), rows, cols), out, amax_for_scale_override,
-                                       tensor_scale, rng, stats_on, stats);
-        return;
+        x = matrix_ref<const In>(work.transposed, rows, cols);
     }
 
     // Phase 1: the finite amax of every block (grid sr x sc, row-major here). max is exact and
     // order-free, so any split of the work gives the same grid.
-    std::vector<float> amax(sr * sc, 0.0f);
+    float* const amax = work.amax;
+    std::fill(amax, amax + sr * sc, 0.0f);
+    const simd_isa isa = best_isa();
     if (sr > 1) {
-        const simd_isa isa = best_isa();
-        // At least 2^15 elements a chunk (as in phase 3): a small x stays on the calling thread, since
-        // waking a pool's workers costs more than the whole pass over a few thousand values.
-        const std::size_t band_grain = std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(R * cols, 1));
-        parallel_for(ex, sr, band_grain, [&](std::size_t b, std::size_t e) {
-            std::vector<float> v(cols);
+        parallel_for(ex, sr, quantize_copy_scratch<In>::band_grain(R, cols), [&](std::size_t b, std::size_t e) {
             for (std::size_t bi = b; bi < e; ++bi)
-                for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i) {
-                    if (x.order == storage_order::row_major) {
-                        run_kernel<row_block_amax_kernel<Recipe, In>>(isa, x.data + i * x.ld, cols, C,
-                                                                      amax.data() + bi * sc);
-                        continue;
-                    }
-                    for (std::size_t j = 0; j < cols; ++j) v[j] = block_abs<Recipe>(as_float(x.data[j * x.ld + i]));
-                    float* a = amax.data() + bi * sc;
-                    for (std::size_t j0 = 0; j0 < cols; j0 += C) {
-                        float m = a[j0 / C];
-                        for (std::size_t j = j0; j < std::min(cols, j0 + C); ++j) m = amax_max(m, v[j]);
-                        a[j0 / C] = m;
-                    }
-                }
+                for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i)
+                    run_kernel<row_block_amax_kernel<Recipe, In>>(isa, x.data + i * x.ld, cols, C, amax + bi * sc);
         });
     } else {
         std::mutex m;
-        parallel_for(ex, rows, std::max<std::size_t>(1, (1 << 16) / std::max<std::size_t>(cols, 1)),
-                     [&](std::size_t b, std::size_t e) {
-                         std::vector<float> part(sc, 0.0f);
-                         for (std::size_t i = b; i < e; ++i)
-                             for (std::size_t j = 0; j < cols; ++j)
-                                 part[j / C] = amax_max(part[j / C], block_abs<Recipe>(as_float(x(i, j))));
-                         std::lock_guard<std::mutex> lock(m);
-                         for (std::size_t k = 0; k < sc; ++k) amax[k] = amax_max(amax[k], part[k]);
-                     });
+        parallel_for_chunks(ex, rows, quantize_copy_scratch<In>::amax_row_grain(cols),
+                            [&](std::size_t chunk, std::size_t b, std::size_t e) {
+                                float* const part = work.part + chunk * sc;
+                                std::fill(part, part + sc, 0.0f);
+                                for (std::size_t i = b; i < e; ++i)
+                                    for (std::size_t j = 0; j < cols; ++j)
+                                        part[j / C] = amax_max(part[j / C], block_abs<Recipe>(as_float(x(i, j))));
+                                std::lock_guard<std::mutex> lock(m);
+                                for (std::size_t k = 0; k < sc; ++k) amax[k] = amax_max(amax[k], part[k]);
+                            });
     }
     bool nan_block = false;  // only under nan_policy::propagate
-    for (float a : amax) {
+    for (std::size_t k = 0; k < sr * sc; ++k) {
+        const float a = amax[k];
         nan_block = nan_block || a != a;
         stats.amax = a == a ? std::max(stats.amax, a) : stats.amax;
     }
@@ -390,14 +417,12 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
     if (nan_block) stats.amax = tensor_amax_host(ex, x);
 
     // Phase 2: scales (column-major grid, padding zeroed).
-    std::vector<float> scale(sr * sc);
-    std::vector<std::uint32_t> stored(sc);
+    float* const scale = work.scale;
+    std::uint32_t* const stored = work.stored;
     std::fill(out.scales, out.scales + L.scale_bytes, std::uint8_t{0});
-    const simd_isa isa = best_isa();
     for (std::size_t bi = 0; bi < sr; ++bi) {
-        run_kernel<block_scale_kernel<Recipe>>(isa, static_cast<const float*>(amax.data() + bi * sc),
-                                               amax_for_scale_override, tensor_scale, scale.data() + bi * sc,
-                                               stored.data(), sc);
+        run_kernel<block_scale_kernel<Recipe>>(isa, static_cast<const float*>(amax + bi * sc), amax_for_scale_override,
+                                               tensor_scale, scale + bi * sc, stored, sc);
         for (std::size_t bj = 0; bj < sc; ++bj) {
             const std::size_t k = bj * L.scale_ld + bi;
             if constexpr (Recipe::scale_bytes == 4)
@@ -407,49 +432,42 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
         }
     }
 
-    // Phase 3: codes, row by row (a row never shares a byte with another row).
+    // Phase 3: codes, row by row (a row never shares a byte with another row); x is row-major here.
     using Fmt = typename Recipe::format;
     constexpr bool stochastic = std::is_same_v<typename Recipe::rounding, round::stochastic>;
-    const bool row_major = x.order == storage_order::row_major;
     std::mutex m;
-    parallel_for(
-        ex, rows, std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(cols, 1)),
-        [&](std::size_t b, std::size_t e) {
+    parallel_for_chunks(
+        ex, rows, quantize_copy_scratch<In>::code_row_grain(cols),
+        [&](std::size_t chunk, std::size_t b, std::size_t e) {
             quant_stats local;
-            std::vector<float> v(cols), S_of(cols);
-            std::vector<std::uint8_t> codes(cols);
+            float* const v = work.values + chunk * cols;
+            float* const S_of = work.row_scales + chunk * cols;
+            std::uint8_t* const codes = work.codes + chunk * cols;
             std::size_t band = static_cast<std::size_t>(-1);
             for (std::size_t i = b; i < e; ++i) {
                 if (i / R != band) {  // the scales of this row's blocks, one per column
                     band = i / R;
                     for (std::size_t bj = 0; bj < sc; ++bj)
-                        std::fill(S_of.begin() + bj * C, S_of.begin() + std::min(cols, (bj + 1) * C),
-                                  scale[band * sc + bj]);
+                        std::fill(S_of + bj * C, S_of + std::min(cols, (bj + 1) * C), scale[band * sc + bj]);
                 }
                 const In* row_src = x.data + i * x.ld;
-                if (row_major) {
-                    if (stochastic || stats_on)
-                        for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(row_src[j]);
-                } else {
-                    for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(x.data[j * x.ld + i]);
-                }
+                if (stochastic || stats_on)
+                    for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(row_src[j]);
                 if constexpr (stochastic) {
                     for (std::size_t j = 0; j < cols; ++j)
                         codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(stochastic_index(i, j)));
-                } else if (row_major) {
-                    run_kernel<encode_scaled_kernel<Recipe, In>>(isa, row_src, S_of.data(), codes.data(), cols);
                 } else {
-                    run_kernel<encode_scaled_kernel<Recipe, float>>(isa, static_cast<const float*>(v.data()),
-                                                                    S_of.data(), codes.data(), cols);
+                    run_kernel<encode_scaled_kernel<Recipe, In>>(isa, row_src, static_cast<const float*>(S_of), codes,
+                                                                 cols);
                 }
                 std::uint8_t* row = out.data + i * L.row_bytes;
                 if constexpr (Fmt::bits == 8) {
-                    std::memcpy(row, codes.data(), cols);
+                    std::memcpy(row, codes, cols);
                     std::fill(row + cols, row + L.row_bytes, std::uint8_t{0});
                 } else if constexpr (Fmt::bits <=
                                      4) {  // two codes a byte, element 0 in the low nibble (store_code's layout)
                     std::fill(row, row + L.row_bytes, std::uint8_t{0});
-                    const std::uint8_t* c = codes.data();
+                    const std::uint8_t* c = codes;
                     for (std::size_t k = 0; k + 1 < cols; k += 2)
                         row[k / 2] = static_cast<std::uint8_t>((c[k] & 0x0Fu) | ((c[k + 1] & 0x0Fu) << 4));
                     if (cols % 2 != 0) row[cols / 2] = static_cast<std::uint8_t>(c[cols - 1] & 0x0Fu);
@@ -458,9 +476,9 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
                     for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
                 }
                 if (stats_on)
-                    run_kernel<row_stats_kernel<Fmt>>(isa, static_cast<const float*>(v.data()),
-                                                      static_cast<const float*>(S_of.data()),
-                                                      static_cast<const std::uint8_t*>(codes.data()), cols, &local);
+                    run_kernel<row_stats_kernel<Fmt>>(isa, static_cast<const float*>(v),
+                                                      static_cast<const float*>(S_of),
+                                                      static_cast<const std::uint8_t*>(codes), cols, &local);
             }
             if (stats_on) {
                 std::lock_guard<std::mutex> lock(m);
@@ -533,6 +551,25 @@ struct quant_backend<host_executor> {
     template <class T>
     using element = T;
 
+    /// The bytes of the one scratch block run_quantize takes: the larger of the two copies' needs.
+    template <class Recipe, class In>
+    static std::size_t scratch_bytes(const host_executor& ex, const matrix_ref<const In>& x, bool want_row,
+                                     bool want_col) {
+        if (x.empty()) return 0;
+        std::size_t bytes = 0;
+        if (want_row) {
+            scratch_carver c;
+            quantize_copy_scratch<In>(c, ex, x, quant_layout_of<Recipe>::make(x.rows, x.cols));
+            bytes = c.bytes();
+        }
+        if (want_col) {
+            scratch_carver c;
+            quantize_copy_scratch<In>(c, ex, x.transposed(), quant_layout_of<Recipe>::make(x.cols, x.rows));
+            bytes = std::max(bytes, c.bytes());
+        }
+        return bytes;
+    }
+
     template <class Recipe, class In>
     static quantize_result run_quantize(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& rowwise,
                                         const quantized_ref<Recipe>& columnwise, const options& opt) {
@@ -558,17 +595,19 @@ struct quant_backend<host_executor> {
         const float override_amax = Recipe::is_per_tensor ? tensor_amax : -1.0f;
         const float tensor_scale = Recipe::two_level ? make_tensor_scale<Recipe>(tensor_amax) : 1.0f;
 
+        // One block serves both copies, one after the other.
+        const host_scratch scratch(ex, scratch_bytes<Recipe, In>(ex, x, want_row, want_col), fn);
         if (want_row) {
             if constexpr (Recipe::two_level) *rowwise.tensor_scale = tensor_scale;
             quantize_copy_host<Recipe, In>(ex, x, rowwise, override_amax, tensor_scale, opt.rng, opt.collect_stats,
-                                           result.rowwise);
+                                           result.rowwise, scratch.carver());
             result.amax = result.rowwise.amax;
         }
         if (want_col) {
             if constexpr (Recipe::two_level) *columnwise.tensor_scale = tensor_scale;
             const philox_stream rng_t{opt.rng.seed, opt.rng.offset + 1};
             quantize_copy_host<Recipe, In>(ex, x.transposed(), columnwise, override_amax, tensor_scale, rng_t,
-                                           opt.collect_stats, result.columnwise);
+                                           opt.collect_stats, result.columnwise, scratch.carver());
             result.amax = result.columnwise.amax;
         }
         return result;
@@ -641,6 +680,19 @@ typename detail::quant_backend<Executor>::result quantize(
     if (want_row) detail::validate_output(rowwise, x.rows, x.cols, fn, "rowwise");
     if (want_col) detail::validate_output(columnwise, x.cols, x.rows, fn, "columnwise");
     return backend::template run_quantize<Recipe, In>(ex, x, rowwise, columnwise, opt);
+}
+
+/// Bytes of host scratch quantize<Recipe>(ex, x, rowwise, columnwise, opt) takes from ex's allocator
+/// (one block; 0 for an empty x): the row-major transpose of x for a copy that reads x down its
+/// columns ((rows x cols) elements of x's type), the block grid's amax and scales, and a few rows of
+/// floats per thread. Same arguments as quantize (not checked here). dequantize takes none.
+template <class Recipe, class T>
+std::size_t quantize_scratch_bytes(const host_executor& ex, matrix_ref<T> x, quantized_ref<Recipe> rowwise,
+                                   quantized_ref<Recipe> columnwise = {}) {
+    using In = std::remove_const_t<T>;
+    const matrix_ref<const In> xc(x.data, x.rows, x.cols, x.ld, x.order);
+    return detail::quant_backend<host_executor>::scratch_bytes<Recipe, In>(ex, xc, !rowwise.absent(),
+                                                                           !columnwise.absent());
 }
 
 /// Dequantize a copy into a float, bf16 or fp16 matrix of the same shape, decode(code) * S, on the

@@ -9,6 +9,7 @@
 //   c.negative_pushed_out_fraction();   // A < 0 tokens inside the region at high precision, outside at low
 //   c.negative_pushed_below_fraction(); // ... pushed below the lower bound: their penalty gradient is lost
 //   c[octet::advantage_sign::negative].branch_changed;
+//   octet::threshold_crossings_scratch_bytes(ex, n);   // host scratch (from ex.allocator when lent)
 //
 // Definitions, per finite token, with h = region of the high-precision ratio under `range`,
 // l = region of the low-precision ratio under `low_range` (default: the same range; pass the
@@ -178,17 +179,34 @@ inline void check_crossing_args(bool from_logp, span<const float> low, span<cons
     if (from_logp) require_log_ratio_limit(log_ratio_limit, fn, "log_ratio_limit");
 }
 
+/// The (sign, high region, low region) cells of the host count, and the non-finite cell after them.
+inline constexpr int crossing_cells = 27;
+
+/// The host scratch of threshold_crossings over n tokens: per chunk of reduction blocks
+/// (parallel_for_chunks), the counts of the 28 cells (exact integers: any split gives the same sums).
+inline std::uint64_t* carve_crossings(scratch_carver& c, const host_executor& ex, std::size_t n) {
+    const std::size_t blocks = (n + kRlReduceBlock - 1) / kRlReduceBlock;
+    return c.take<std::uint64_t>(parallel_chunks(ex, blocks, 4) * (crossing_cells + 1));
+}
+
 /// Host loop shared by both entry points: ratio_of(i) gives (ratio_low, ratio_high). Each token
 /// falls into one of 27 (sign, high region, low region) cells or the non-finite cell; the counters
 /// follow from the cell counts through crossing_flags (the same rule the kernel applies per token).
 /// Four interleaved histograms keep consecutive increments of the common cell independent.
 template <class RatioOf>
 crossing_report crossings_host(host_executor ex, std::size_t n, span<const float> advantages, clip_range range,
-                               clip_range low_range, RatioOf&& ratio_of) {
-    constexpr int cells = 27;
+                               clip_range low_range, const char* fn, RatioOf&& ratio_of) {
+    constexpr int cells = crossing_cells;
     const std::size_t blocks = (n + kRlReduceBlock - 1) / kRlReduceBlock;
-    std::vector<std::array<std::uint64_t, cells + 1>> partial(blocks);
-    parallel_for(ex, blocks, 4, [&](std::size_t bb, std::size_t be) {
+    scratch_carver size;
+    carve_crossings(size, ex, n);
+    const host_scratch scratch(ex, size.bytes(), fn);
+    scratch_carver carver = scratch.carver();
+    std::uint64_t* const partial = carve_crossings(carver, ex, n);  // chunk w: partial[w * (cells + 1) + cell]
+    const std::size_t chunks = parallel_chunks(ex, blocks, 4);
+    std::fill(partial, partial + chunks * (cells + 1), std::uint64_t{0});
+    parallel_for_chunks(ex, blocks, 4, [&](std::size_t chunk, std::size_t bb, std::size_t be) {
+        std::uint64_t* const counts = partial + chunk * (cells + 1);
         for (std::size_t blk = bb; blk < be; ++blk) {
             const std::size_t b = blk * kRlReduceBlock, e = std::min(n, b + kRlReduceBlock);
             std::uint32_t hist[4][cells + 1] = {};
@@ -201,12 +219,12 @@ crossing_report crossings_host(host_executor ex, std::size_t n, span<const float
                 ++hist[i & 3][finite ? cell : cells];
             }
             for (int c = 0; c <= cells; ++c)
-                partial[blk][c] = std::uint64_t{hist[0][c]} + hist[1][c] + hist[2][c] + hist[3][c];
+                counts[c] += std::uint64_t{hist[0][c]} + hist[1][c] + hist[2][c] + hist[3][c];
         }
     });
     std::array<std::uint64_t, cells + 1> total{};
-    for (const auto& p : partial)
-        for (int c = 0; c <= cells; ++c) total[c] += p[c];
+    for (std::size_t w = 0; w < chunks; ++w)
+        for (int c = 0; c <= cells; ++c) total[c] += partial[w * (cells + 1) + c];
     crossing_report r;
     for (int c = 0; c < cells; ++c) {
         const int s = c / 9, h = (c / 3) % 3, l = c % 3;
@@ -221,15 +239,24 @@ crossing_report crossings_host(host_executor ex, std::size_t n, span<const float
 
 }  // namespace detail
 
+/// Bytes of host scratch that threshold_crossings and threshold_crossings_from_ratios take for n
+/// tokens on `ex` (28 counters per thread; from ex.allocator when one is lent, see
+/// octet::with_allocator).
+inline std::size_t threshold_crossings_scratch_bytes(const host_executor& ex, std::size_t n) {
+    detail::scratch_carver c;
+    detail::carve_crossings(c, ex, n);
+    return c.bytes();
+}
+
 /// Crossings from log-probabilities: ratio_low = exp(logp_low - logp_old), ratio_high =
 /// exp(logp_high - logp_old) (clip.hpp's rule, with the same log-ratio limit). `range` classifies
 /// the high-precision ratios, `low_range` the low-precision ones.
 inline crossing_report threshold_crossings(host_executor ex, span<const float> logp_low, span<const float> logp_high,
                                            span<const float> logp_old, span<const float> advantages, clip_range range,
                                            clip_range low_range, float log_ratio_limit = default_log_ratio_limit) {
-    detail::check_crossing_args(true, logp_low, logp_high, logp_old, advantages, range, low_range, log_ratio_limit,
-                                "octet::threshold_crossings");
-    return detail::crossings_host(ex, logp_low.size(), advantages, range, low_range, [&](std::size_t i) {
+    constexpr const char* fn = "octet::threshold_crossings";
+    detail::check_crossing_args(true, logp_low, logp_high, logp_old, advantages, range, low_range, log_ratio_limit, fn);
+    return detail::crossings_host(ex, logp_low.size(), advantages, range, low_range, fn, [&](std::size_t i) {
         return std::pair<float, float>{importance_ratio(logp_low[i], logp_old[i], log_ratio_limit),
                                        importance_ratio(logp_high[i], logp_old[i], log_ratio_limit)};
     });
@@ -244,9 +271,10 @@ inline crossing_report threshold_crossings(host_executor ex, span<const float> l
 inline crossing_report threshold_crossings_from_ratios(host_executor ex, span<const float> ratio_low,
                                                        span<const float> ratio_high, span<const float> advantages,
                                                        clip_range range, clip_range low_range) {
+    constexpr const char* fn = "octet::threshold_crossings_from_ratios";
     detail::check_crossing_args(false, ratio_low, ratio_high, {}, advantages, range, low_range, default_log_ratio_limit,
-                                "octet::threshold_crossings_from_ratios");
-    return detail::crossings_host(ex, ratio_low.size(), advantages, range, low_range, [&](std::size_t i) {
+                                fn);
+    return detail::crossings_host(ex, ratio_low.size(), advantages, range, low_range, fn, [&](std::size_t i) {
         return std::pair<float, float>{ratio_low[i], ratio_high[i]};
     });
 }

@@ -12,6 +12,9 @@
 //
 //   octet::group_advantages(octet::on_host(), rewards, group_size, advantages);   // GRPO
 //
+// Host scratch: clipped_surrogate takes clipped_surrogate_scratch_bytes(ex, n) (from the executor's
+// allocator when one is lent, octet::with_allocator); importance_ratios and group_advantages none.
+//
 // Loss aggregation (the weight w_t of each token's objective; loss = -sum_t w_t J_t):
 //   * token_mean:    w_t = 1 / n over all n tokens (PPO; DAPO's token-level loss).
 //   * sequence_mean: w_t = 1 / (S * L_s) for token t in sequence s of length L_s, S sequences given
@@ -28,6 +31,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <type_traits>
 #include <vector>
 
 #include "octet/core/check.hpp"
@@ -89,6 +94,9 @@ struct surrogate_stats {
         return positive ? static_cast<double>(clipped_high) / static_cast<double>(positive) : 0.0;
     }
 };
+
+static_assert(std::is_trivially_copyable_v<surrogate_stats> && std::is_trivially_destructible_v<surrogate_stats>,
+              "octet: clipped_surrogate keeps its partial statistics in raw scratch");
 
 namespace detail {
 
@@ -240,6 +248,12 @@ namespace detail {
 /// Fixed reduction blocks: partial sums per block, then summed in block order (thread-count independent).
 inline constexpr std::size_t kRlReduceBlock = 4096;
 
+/// The host scratch of clipped_surrogate over n tokens: one surrogate_stats per reduction block
+/// (summed in block order afterwards, so that the result does not depend on the split).
+inline surrogate_stats* carve_surrogate(scratch_carver& c, std::size_t n) {
+    return c.take<surrogate_stats>((n + kRlReduceBlock - 1) / kRlReduceBlock);
+}
+
 /// The executor half of octet::importance_ratios, specialized per executor: ratios(ex, logp_new,
 /// logp_old, ratios, log_ratio_limit) with the arguments the entry checked. The host's is here, the
 /// stream's in surrogate.cuh.
@@ -271,10 +285,20 @@ void importance_ratios(const Executor& ex, span<const float> logp_new, span<cons
     detail::ratio_backend<Executor>::ratios(ex, logp_new, logp_old, ratios, log_ratio_limit);
 }
 
+/// Bytes of host scratch that clipped_surrogate(ex, ...) takes for n tokens (one partial statistic
+/// per 4096 tokens; from ex.allocator when one is lent, see octet::with_allocator). The other host
+/// operations of this header (importance_ratios, group_advantages) take none.
+inline std::size_t clipped_surrogate_scratch_bytes(const host_executor& ex, std::size_t n) {
+    (void)ex;
+    detail::scratch_carver c;
+    detail::carve_surrogate(c, n);
+    return c.bytes();
+}
+
 /// The clipped surrogate over n tokens on the host: statistics (with the aggregated objective) and
 /// the optional per-token outputs. See the header comment for the aggregation and the contract.
 /// The stream form (surrogate.cuh) writes the statistics to device memory instead of returning
-/// them; both run the same checks (check_surrogate_args).
+/// them; both run the same checks (check_surrogate_args). Host scratch: clipped_surrogate_scratch_bytes.
 inline surrogate_stats clipped_surrogate(host_executor ex, span<const float> logp_new, span<const float> logp_old,
                                          span<const float> advantages, const surrogate_config& cfg,
                                          surrogate_outputs out = {}, span<const std::int64_t> sequence_offsets = {}) {
@@ -293,7 +317,11 @@ inline surrogate_stats clipped_surrogate(host_executor ex, span<const float> log
     total.tokens = n;
     if (n == 0) return total;
     const std::size_t blocks = (n + detail::kRlReduceBlock - 1) / detail::kRlReduceBlock;
-    std::vector<surrogate_stats> partial(blocks);
+    detail::scratch_carver size;
+    detail::carve_surrogate(size, n);
+    const detail::host_scratch scratch(ex, size.bytes(), fn);
+    detail::scratch_carver carver = scratch.carver();
+    surrogate_stats* const partial = detail::carve_surrogate(carver, n);
     const std::int64_t sequences = by_sequence ? static_cast<std::int64_t>(sequence_offsets.size()) - 1 : 0;
     parallel_for(ex, blocks, 4, [&](std::size_t bb, std::size_t be) {
         for (std::size_t blk = bb; blk < be; ++blk) {
@@ -321,10 +349,10 @@ inline surrogate_stats clipped_surrogate(host_executor ex, span<const float> log
                 if (objective_out) objective_out[i] = t.objective;
                 if (grad_out) grad_out[i] = -(static_cast<float>(w) * t.gradient);
             }
-            partial[blk] = s;
+            ::new (static_cast<void*>(partial + blk)) surrogate_stats(s);  // trivially destructible
         }
     });
-    for (const auto& p : partial) detail::merge(total, p);
+    for (std::size_t blk = 0; blk < blocks; ++blk) detail::merge(total, partial[blk]);
     return total;
 }
 
