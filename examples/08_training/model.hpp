@@ -35,6 +35,10 @@
 
 #include <octet/octet.hpp>
 
+namespace octet {
+class linear_workspace;  // octet/nn/linear.hpp, when this build has it
+}
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -462,12 +466,17 @@ inline octet::linear_config fp8_linear_config(std::size_t max_tokens, int in, in
 }
 
 /// An FP8 (or NVFP4) linear through octet's component: the context keeps the backward's
-/// column-wise copies (booked as activations) and its workspace and amax histories (temporaries).
+/// column-wise copies (booked as activations) and its amax histories (temporaries); its transient
+/// copies live in the model's shared octet::linear_workspace (booked once, by the model), or with
+/// no workspace in the context (booked here as temporaries).
 template <class LR>
 class fp8_linear final : public linear_layer {
 public:
-    fp8_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_, std::uint64_t seed)
-        : ctx_(fp8_linear_config(max_tokens, in_, out_, seed)), booking_(m, ctx_.memory()) {
+    fp8_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_, std::uint64_t seed,
+               octet::linear_workspace* shared)
+        : ctx_(shared ? octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed), *shared)
+                      : octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed))),
+          booking_(m, ctx_.memory()) {
         in = in_;
         out = out_;
     }
@@ -533,9 +542,11 @@ bool with_fp8_linear_recipe(linear_mode mode, F&& f) {
 #endif
 
 /// A linear layer of `mode` for up to max_tokens rows (in -> out features); an FP8 layer draws its
-/// stochastic rounding from `seed`. Throws octet::error for an FP8 mode this build lacks.
+/// stochastic rounding from `seed` and keeps its transient copies in `shared` (the model's
+/// workspace; null: its own). Throws octet::error for an FP8 mode this build lacks.
 inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_mode mode, std::size_t max_tokens,
-                                                       int in, int out, std::uint64_t seed) {
+                                                       int in, int out, std::uint64_t seed,
+                                                       octet::linear_workspace* shared = nullptr) {
     if (mode == linear_mode::float32) {
         auto l = std::make_unique<float32_linear>();
         l->in = in;
@@ -546,11 +557,12 @@ inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_m
 #if TRAIN_HAS_FP8_LINEAR
     std::unique_ptr<linear_layer> layer;
     const bool fp8 = with_fp8_linear_recipe(mode, [&](auto tag) {
-        layer = std::make_unique<fp8_linear<typename decltype(tag)::type>>(m, max_tokens, in, out, seed);
+        layer = std::make_unique<fp8_linear<typename decltype(tag)::type>>(m, max_tokens, in, out, seed, shared);
     });
     if (fp8) return layer;
 #endif
     (void)seed;
+    (void)shared;
     OCTET_REQUIRE(false, "train::make_linear_layer", "mode", "names no linear mode this build has");
     return nullptr;
 }
@@ -1108,11 +1120,18 @@ private:
                                           {static_cast<std::size_t>(A), static_cast<std::size_t>(d)},
                                           {static_cast<std::size_t>(d), static_cast<std::size_t>(F)},
                                           {static_cast<std::size_t>(F), static_cast<std::size_t>(d)}};
+        // The host layers share one workspace (the largest layer's transient copies); the CUDA
+        // layers (recipe.make_linear) keep their own.
+        double shared_workspace = 0;
         for (const auto& sh : shapes) {
             const auto lm = fp8_linear_memory(r.linear, Nt, sh[0], sh[1]);
             m.activations += layers * static_cast<double>(lm.saved_for_backward);
-            m.temporaries += layers * static_cast<double>(lm.workspace + lm.state);
+            m.temporaries += layers * static_cast<double>(lm.state + (r.make_linear ? lm.workspace : 0));
+            if (!r.make_linear)
+                shared_workspace = std::max(
+                    shared_workspace, static_cast<double>(fp8_linear_workspace_bytes(r.linear, Nt, sh[0], sh[1])));
         }
+        m.temporaries += shared_workspace;
         // FP8 attention: E4M3 Q, K, V per layer (activations) and dO (temporaries)
         if (r.attention == attention_mode::fp8) {
             const auto q = fp8_attention_bytes(c.head_dim, false, Nt, static_cast<std::size_t>(A));
@@ -1138,6 +1157,21 @@ private:
         return per_head
                    ? bytes(octet::recipe<octet::e4m3, octet::block<octet::full, 64>, octet::scale::amax_ratio<0>>{})
                    : bytes(octet::recipe<octet::e4m3, octet::block<1, 64>, octet::scale::amax_ratio<0>>{});
+    }
+    /// Bytes of octet::linear_workspace a layer of this mode binds (none for float32 / bf16).
+    static std::size_t fp8_linear_workspace_bytes(linear_mode mode, std::size_t tokens, std::size_t in,
+                                                  std::size_t out) {
+        std::size_t bytes = 0;
+#if TRAIN_HAS_FP8_LINEAR
+        with_fp8_linear_recipe(mode, [&](auto tag) {
+            using LR = typename decltype(tag)::type;
+            bytes = octet::linear_context<LR>::workspace_bytes(
+                fp8_linear_config(tokens, static_cast<int>(in), static_cast<int>(out), 0));
+        });
+#else
+        (void)mode, (void)tokens, (void)in, (void)out;
+#endif
+        return bytes;
     }
     /// What octet's linear_context of this mode reports for its buffers (none for float32 / bf16).
     static octet::linear_memory fp8_linear_memory(linear_mode mode, std::size_t tokens, std::size_t in,
@@ -1243,10 +1277,18 @@ private:
         if (L.qkv.empty()) L.qkv = make_metered<float>(meter_, activations(), Nmax_ * lay_.qkv_out);
     }
 
+    octet::linear_workspace* shared_linear_workspace() {
+#if TRAIN_HAS_FP8_LINEAR
+        return &linear_workspace_;
+#else
+        return nullptr;
+#endif
+    }
+
     std::unique_ptr<linear_layer> make_linear(int in, int out) {
         const std::uint64_t seed = seed_ * 1000003u + linear_count_++;  // one stream per layer
-        const linear_factory make = recipe_.make_linear ? recipe_.make_linear : &make_linear_layer;
-        return make(meter_, recipe_.linear, Nmax_, in, out, seed);
+        if (recipe_.make_linear) return recipe_.make_linear(meter_, recipe_.linear, Nmax_, in, out, seed);
+        return make_linear_layer(meter_, recipe_.linear, Nmax_, in, out, seed, shared_linear_workspace());
     }
 
     void allocate() {
@@ -1275,6 +1317,11 @@ private:
             L.lin_up = make_linear(cfg_.d_model, cfg_.d_ff);
             L.lin_down = make_linear(cfg_.d_ff, cfg_.d_model);
         }
+#if TRAIN_HAS_FP8_LINEAR
+        if (linear_workspace_.bytes() > 0)
+            workspace_booking_ =
+                std::make_unique<meter_booking>(meter_, temporaries(), static_cast<double>(linear_workspace_.bytes()));
+#endif
         x_fin_ = act(N * d_);
         rstd_f_ = act(N);
         h_fin_ = act(N * d_);
@@ -1632,6 +1679,10 @@ private:
     int batch_ = 0;
     int scored_batch_ = 0;  // batch of the score() whose logits policy_backward may use (0: none)
 
+#if TRAIN_HAS_FP8_LINEAR
+    octet::linear_workspace linear_workspace_;  // the host FP8 linears' transient copies (before the layers)
+#endif
+    std::unique_ptr<meter_booking> workspace_booking_;  // linear_workspace_'s bytes, as temporaries
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;
     metered_vector<std::int32_t> cu_{metered_allocator<std::int32_t>(meter_, temporaries())};
