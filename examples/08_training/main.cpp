@@ -109,6 +109,11 @@ std::vector<recipe_config> all_recipes() {
     codec.name = "grad_codec";
     codec.gradient_codec = true;
     add(codec);
+    // The non-linear layers' saved inputs in FP8, alone.
+    recipe_config act = fp32;
+    act.name = "act_fp8";
+    act.compress_activations = true;
+    add(act);
     // All together, and the same without recovery.
     recipe_config all = fp32;
     all.name = "octet";
@@ -117,6 +122,8 @@ std::vector<recipe_config> all_recipes() {
     all.moments = moment_mode::dynamic8;
     all.master = master_mode::bf16_stochastic;
     all.gradient_codec = true;
+    all.residuals = octet::residual_storage::e4m3;
+    all.compress_activations = true;
     add(all);
     all.name = "octet_no_recovery";
     all.recovery = false;
@@ -130,7 +137,8 @@ std::vector<recipe_config> all_recipes() {
 
 bool is_low_precision(const recipe_config& r) {
     return r.linear != linear_mode::float32 || r.attention != attention_mode::float32 ||
-           r.moments != moment_mode::float32 || r.master != master_mode::float32 || r.gradient_codec;
+           r.moments != moment_mode::float32 || r.master != master_mode::float32 || r.gradient_codec ||
+           r.compress_activations;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -308,8 +316,8 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
         tokens.push_back(make_metered<std::int32_t>(meter, memory_category::temporaries,
                                                     static_cast<std::size_t>(per_rank) * (mc.seq_len + 1)));
     }
-    // The gradient codec: E4M3 on a 1024-point Hadamard rotation, error feedback in bf16 at both
-    // stages (each rank's whole gradient, and the shard it reduces).
+    // The gradient codec: E4M3 on a 1024-point Hadamard rotation, error feedback (recipe.residuals:
+    // bf16, or E4M3 in octet) at both stages (each rank's whole gradient, and the shard it reduces).
     octet::codec_config codec;
     codec.format = octet::wire_format::e4m3;
     codec.transform = octet::transform_kind::hadamard;
@@ -318,13 +326,11 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     in_process_world world(L);
     if (rc.gradient_codec) {
         for (int l = 0; l < L; ++l) {
-            feedback.emplace_back(n, octet::residual_storage::bf16);
-            reduced_feedback.emplace_back(octet::allreduce_shard(codec, n, P, first + l).count,
-                                          octet::residual_storage::bf16);
+            feedback.emplace_back(n, rc.residuals);
+            reduced_feedback.emplace_back(octet::allreduce_shard(codec, n, P, first + l).count, rc.residuals);
             const double residual_bytes =
                 static_cast<double>(feedback.back().bytes() + reduced_feedback.back().bytes());
-            meter.allocate(memory_category::gradients, residual_bytes);
-            meter.allocate(memory_category::temporaries, residual_bytes);  // the checkpoint's copy of them
+            meter.allocate(memory_category::gradients, residual_bytes);  // (the checkpoint keeps them in its file)
         }
         // compressed_allreduce's own message buffers (each rank: its P stage-1 messages, the P it
         // receives, and the all-gathered reduced messages), booked at their encoded sizes.
@@ -513,26 +519,35 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
             std::copy(pre_step_feedback[i].begin(), pre_step_feedback[i].end(), views[i].data);
     };
 
-    // Checkpoints: the optimizer (octet's checkpoint format, a file) and the codec's residuals.
+    // Checkpoints: the optimizer (octet's checkpoint format, a file) and the codec's residuals (a
+    // second file beside it, their bytes as they are: nothing of the checkpoint stays in memory).
     const std::string ckpt_path = checkpoint_path(o.scratch, o.procs);
+    const std::string feedback_path = ckpt_path + ".feedback";
     std::int64_t ckpt_step = -1;
-    std::vector<std::vector<unsigned char>> ckpt_feedback;
     auto save_checkpoint = [&](std::int64_t step) {
         opt->save(ckpt_path);
-        ckpt_feedback.clear();
-        for (auto* set : {&feedback, &reduced_feedback})
-            for (auto& fb : *set) {
-                const octet::residual_view v = fb.view();
-                ckpt_feedback.emplace_back(v.data, v.data + v.bytes());
-            }
+        if (rc.gradient_codec) {
+            std::FILE* f = std::fopen(feedback_path.c_str(), "wb");
+            OCTET_REQUIRE(f != nullptr, "example_08_training", "--out",
+                          "names a folder where the checkpoint's residual file cannot be written: " + feedback_path);
+            bool ok = true;
+            for (const auto& v : residual_views()) ok = ok && std::fwrite(v.data, 1, v.bytes(), f) == v.bytes();
+            ok = std::fclose(f) == 0 && ok;
+            OCTET_REQUIRE(ok, "example_08_training", "--out", "could not write " + feedback_path);
+        }
         ckpt_step = step;
     };
     auto load_checkpoint = [&] {
         opt->load(ckpt_path);
         opt->weights(octet::span<float>(params.data(), n));
-        std::size_t i = 0;
-        for (auto* set : {&feedback, &reduced_feedback})
-            for (auto& fb : *set) std::copy(ckpt_feedback[i].begin(), ckpt_feedback[i].end(), fb.view().data), ++i;
+        if (rc.gradient_codec) {
+            std::FILE* f = std::fopen(feedback_path.c_str(), "rb");
+            OCTET_REQUIRE(f != nullptr, "example_08_training", "checkpoint", "has no residual file " + feedback_path);
+            bool ok = true;
+            for (const auto& v : residual_views()) ok = ok && std::fread(v.data, 1, v.bytes(), f) == v.bytes();
+            std::fclose(f);
+            OCTET_REQUIRE(ok, "example_08_training", "checkpoint", "has a short residual file " + feedback_path);
+        }
         return ckpt_step;
     };
 
@@ -683,9 +698,9 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     if (rc.gradient_codec) {
         codec_bytes = 3.0 * L * static_cast<double>(octet::encoded_size(codec, n));
         for (int r = first; r < first + L; ++r)
-            residual_bytes += static_cast<double>(
-                octet::residual_bytes(octet::residual_storage::bf16, n) +
-                octet::residual_bytes(octet::residual_storage::bf16, octet::allreduce_shard(codec, n, P, r).count));
+            residual_bytes +=
+                static_cast<double>(octet::residual_bytes(rc.residuals, n) +
+                                    octet::residual_bytes(rc.residuals, octet::allreduce_shard(codec, n, P, r).count));
     }
     octet::optimizer_memory_config lc = optimizer_ledger_config(rc, static_cast<double>(n));
     // A float gradient per rank here, the residuals, and under mpirun without the codec the
@@ -696,10 +711,10 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     // sampling the generated text).
     lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, o.threads) +
                           transformer::raise_precision_bytes(mc, rc, per_rank);
-    // Temporaries: the models' own, the token batches, the codec's messages, and two copies of the
-    // residuals (the checkpoint's, and the one a repeated step restores).
-    lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, o.threads) + tokens_bytes + codec_bytes +
-                         2.0 * residual_bytes;
+    // Temporaries: the models' own, the token batches, the codec's messages, and the copy of the
+    // residuals a repeated step restores (the checkpoint's copy is in its file).
+    lc.temporary_bytes =
+        L * transformer::temporary_bytes(mc, rc, per_rank, o.threads) + tokens_bytes + codec_bytes + residual_bytes;
     octet::memory_ledger predicted = octet::optimizer_memory_ledger(lc);
     predicted.set(memory_category::weights, predicted.bytes(memory_category::weights) + 4.0 * n);  // the float copy
     for (int c = 0; c < octet::memory_category_count; ++c) {
@@ -733,7 +748,7 @@ const char* usage =
     "  --preset full   every recipe; seeds 0,1,2; 150 and 300 steps; sizes tiny and small (about 2 h 10 min on 2 "
     "cores)\n"
     "  --recipes       any of: fp32 bf16 fp8_delayed fp8_tensorwise fp8_blockwise mxfp8 nvfp4 attn_fp8\n"
-    "                  attn_matched_per_token_v attn_from_output_per_token_v optim_8bit grad_codec octet\n"
+    "                  attn_matched_per_token_v attn_from_output_per_token_v optim_8bit grad_codec act_fp8 octet\n"
     "                  octet_no_recovery fp32_no_recovery\n"
     "  --ranks         data-parallel ranks (the batch is split over them; default 2): threads of this\n"
     "                  process, or under mpirun (when built with MPI) its processes, one rank each;\n"

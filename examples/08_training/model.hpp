@@ -871,6 +871,14 @@ public:
             "train::transformer", "recipe.linear",
             "is an FP8 mode but octet/nn/linear.hpp is not available in this build");
         allocate();
+        // Every temporary octet's host operations take (quantizer, GEMM, attention) comes from one
+        // arena as large as the largest single operation's need, booked like the model's buffers.
+        const std::size_t arena_bytes = scratch_arena_bytes(cfg_, recipe_, max_batch_, ex.thread_count());
+        if (arena_bytes > 0) {
+            arena_ = octet::host_arena(arena_bytes);
+            arena_booking_ = std::make_unique<meter_booking>(meter_, temporaries(), static_cast<double>(arena_bytes));
+            ex_ = octet::with_allocator(ex, arena_.allocator());
+        }
     }
 
     const model_config& config() const { return cfg_; }
@@ -1092,6 +1100,54 @@ private:
     struct memory_split {
         double activations = 0, temporaries = 0;
     };
+    /// Bytes of the model's scratch arena: the largest ..._scratch_bytes query of the octet host
+    /// operations a step of this recipe calls (the FP8 linears', the FP8 attention's quantizes,
+    /// forward and backward, the saved activations' quantizes), on `threads` threads at max_batch.
+    static std::size_t scratch_arena_bytes(const model_config& c, const recipe_config& r, int max_batch, int threads) {
+        const octet::host_executor ex = octet::on_host(threads > 0 ? threads : octet::on_host().thread_count());
+        const std::size_t N = static_cast<std::size_t>(max_batch) * static_cast<std::size_t>(c.seq_len);
+        const std::size_t d = static_cast<std::size_t>(c.d_model), F = static_cast<std::size_t>(c.d_ff);
+        const std::size_t A = static_cast<std::size_t>(c.heads_q * c.head_dim),
+                          KW = static_cast<std::size_t>(c.heads_kv * c.head_dim);
+        const std::size_t W = A + 2 * KW;
+        using quant = octet::detail::quant_backend<octet::host_executor>;
+        const auto rows = [](std::size_t n, std::size_t cols) {
+            return octet::matrix_ref<const float>(nullptr, n, cols);
+        };
+        std::size_t most = 0;
+#if TRAIN_HAS_FP8_LINEAR
+        if (!r.make_linear) {  // the CUDA layers take device memory, not this arena
+            const std::size_t shapes[4][2] = {{d, W}, {A, d}, {d, F}, {F, d}};
+            with_fp8_linear_recipe(r.linear, [&](auto tag) {
+                using LR = typename decltype(tag)::type;
+                for (const auto& sh : shapes)
+                    most = std::max(most, octet::linear_scratch_bytes<LR>(ex, N, sh[0], sh[1]));
+            });
+        }
+#endif
+        if (r.attention == attention_mode::fp8) {
+            std::vector<std::int32_t> cu(static_cast<std::size_t>(max_batch) + 1);
+            for (std::size_t b = 0; b < cu.size(); ++b) cu[b] = static_cast<std::int32_t>(b * c.seq_len);
+            octet::attention_shape shape;
+            shape.cu_seqlens_q = octet::span<const std::int32_t>(cu.data(), cu.size());
+            shape.heads_q = c.heads_q;
+            shape.heads_kv = c.heads_kv;
+            shape.head_dim = c.head_dim;
+            octet::attention_backward_options bo;
+            bo.telemetry = true;
+            // Q, K, dO and V (its recipe's grid is no larger than per-token's) quantize row-major
+            using QK = octet::recipe<octet::e4m3, octet::block<1, 32>, octet::scale::amax_ratio<0>>;
+            most = std::max({most, quant::scratch_bytes<QK, float>(ex, rows(N, A), true, false),
+                             quant::scratch_bytes<QK, float>(ex, rows(N, KW), true, false),
+                             octet::attention_forward_scratch_bytes(ex, shape),
+                             octet::attention_backward_scratch_bytes(ex, shape, bo)});
+        }
+        if (r.compress_activations)
+            most = std::max({most, quant::scratch_bytes<saved_recipe, float>(ex, rows(N, d), true, false),
+                             quant::scratch_bytes<saved_recipe, float>(ex, rows(N, F), true, false)});
+        return most;
+    }
+
     static memory_split memory_plan(const model_config& c, const recipe_config& r, int max_batch, int threads) {
         checked(c, max_batch);
         const double N = static_cast<double>(max_batch) * c.seq_len, d = c.d_model, F = c.d_ff, V = c.vocab;
@@ -1099,10 +1155,14 @@ private:
         const double layers = c.layers;
         memory_split m;
         // per layer, in floats per token: residual input and middle, two rstd, GELU input, O, L
-        double act = 2 * d + 2 + F + A + Hq;
+        double act = 2 + A + Hq;                                     // rstd1, rstd2, O, L
+        if (!r.compress_activations) act += 2 * d + F;               // x_in, x_mid, u in float
         if (r.linear == linear_mode::float32) act += 2 * d + F;      // the linears' float inputs
         if (r.attention == attention_mode::float32) act += W;        // Q, K, V
         m.activations = 4 * N * act * layers + 4 * N * (2 * d + 1);  // + final residual, rstd, norm output
+        if (r.compress_activations)  // x_in, x_mid, u as FP8 (E4M3, a float scale per 32)
+            m.activations += layers * packed_saves_bytes(static_cast<std::size_t>(N), static_cast<std::size_t>(d),
+                                                         static_cast<std::size_t>(F));
         if (r.linear == linear_mode::bf16) m.activations += 2 * N * (2 * d + A + F) * layers;  // bf16 inputs
         // float temporaries: logits, h, qkv, gelu output, 3 residual-sized gradients, the widest
         // gradient, dO, W^T, dY^T, partial sums of the norms' gains (64-token chunks)
@@ -1132,6 +1192,7 @@ private:
                     shared_workspace, static_cast<double>(fp8_linear_workspace_bytes(r.linear, Nt, sh[0], sh[1])));
         }
         m.temporaries += shared_workspace;
+        m.temporaries += static_cast<double>(scratch_arena_bytes(c, r, max_batch, threads));
         // FP8 attention: E4M3 Q, K, V per layer (activations) and dO (temporaries)
         if (r.attention == attention_mode::fp8) {
             const auto q = fp8_attention_bytes(c.head_dim, false, Nt, static_cast<std::size_t>(A));
@@ -1246,6 +1307,20 @@ private:
     }
 
     // ---- buffers ---------------------------------------------------------------------------------
+    /// A layer's RMSNorm inputs (the residual stream before and after attention) and GELU input as
+    /// FP8 copies, booked as activations; their float values live in shared temporaries while the
+    /// forward uses them, and are decoded into temporaries for the backward.
+    using saved_recipe = octet::activation_recipes::e4m3_1x32;
+    struct packed_saves {
+        packed_saves(memory_meter& m, std::size_t tokens, std::size_t d, std::size_t F)
+            : x_in(tokens, d),
+              x_mid(tokens, d),
+              u(tokens, F),
+              booking(m, octet::memory_category::activations,
+                      static_cast<double>(x_in.bytes() + x_mid.bytes() + u.bytes())) {}
+        octet::saved_activation<saved_recipe> x_in, x_mid, u;
+        meter_booking booking;
+    };
     struct layer_state {
         explicit layer_state(memory_meter& m)
             : x_in(alloc(m)),
@@ -1262,11 +1337,33 @@ private:
         static metered_allocator<float> alloc(memory_meter& m) {
             return metered_allocator<float>(m, octet::memory_category::activations);
         }
-        metered_vector<float> x_in, rstd1, x_mid, rstd2, u, o, lse;  // always kept for the backward
+        metered_vector<float> x_in, rstd1, x_mid, rstd2, u, o, lse;  // kept for the backward (x_in, x_mid, u: float)
         metered_vector<float> h1, h2, a;  // float inputs of qkv, up, down (while they compute in float)
         metered_vector<float> qkv;        // Q, K, V in float (while attention computes in float)
         std::unique_ptr<linear_layer> lin_qkv, lin_proj, lin_up, lin_down;
+        std::unique_ptr<packed_saves> packed;  // x_in, x_mid, u as FP8 (recipe.compress_activations)
     };
+
+    /// Bytes of one layer's packed_saves at `tokens` (the ledger's side).
+    static double packed_saves_bytes(std::size_t tokens, std::size_t d, std::size_t F) {
+        return static_cast<double>(2 * octet::saved_activation_bytes<saved_recipe>(tokens, d) +
+                                   octet::saved_activation_bytes<saved_recipe>(tokens, F));
+    }
+    bool compress() const {
+        return recipe_.compress_activations;
+    }
+    // The float x_in, x_mid and u of layer l: the layer's own, or (compressed) shared temporaries
+    // that the forward's other buffers never use: dh_ and dx2_ (backward-only) and t_a_, where GELU
+    // then runs in place.
+    float* x_in_of(std::size_t l) {
+        return compress() ? dh_.data() : layers_[l].x_in.data();
+    }
+    float* x_mid_of(std::size_t l) {
+        return compress() ? dx2_.data() : layers_[l].x_mid.data();
+    }
+    float* u_of(std::size_t l) {
+        return compress() ? t_a_.data() : layers_[l].u.data();
+    }
 
     void allocate_float_saves(layer_state& L) {
         if (L.h1.empty()) {
@@ -1299,11 +1396,15 @@ private:
         layers_.reserve(static_cast<std::size_t>(cfg_.layers));
         for (int l = 0; l < cfg_.layers; ++l) layers_.emplace_back(meter_);
         for (auto& L : layers_) {
-            L.x_in = act(N * d_);
+            if (compress()) {
+                L.packed = std::make_unique<packed_saves>(meter_, N, d_, F_);
+            } else {
+                L.x_in = act(N * d_);
+                L.x_mid = act(N * d_);
+                L.u = act(N * F_);
+            }
             L.rstd1 = act(N);
-            L.x_mid = act(N * d_);
             L.rstd2 = act(N);
-            L.u = act(N * F_);
             L.o = act(N * A);
             L.lse = act(Hq * N);
             if (float_linear_recipe()) {
@@ -1390,7 +1491,7 @@ private:
         len_ = len;
         batch_ = batch;
         const auto s = lin_scratch();
-        float* x = layers_.empty() ? x_fin_.data() : layers_[0].x_in.data();
+        float* x = layers_.empty() ? x_fin_.data() : x_in_of(0);
         {
             timer tm{t, "embedding_head"};
             const float* E = P + lay_.tok_emb;
@@ -1411,7 +1512,9 @@ private:
             float* qkv = float_attention() ? L.qkv.data() : t_qkv_.data();
             {
                 timer tm{t, "norm"};
-                rmsnorm_forward(L.x_in.data(), P + B.norm1, h1, L.rstd1.data(), N);
+                rmsnorm_forward(x_in_of(l), P + B.norm1, h1, L.rstd1.data(), N);
+                if (compress() && training)
+                    L.packed->x_in.store(ex_, octet::matrix_ref<const float>(x_in_of(l), N, d_));
             }
             {
                 timer tm{t, "linear"};
@@ -1432,17 +1535,20 @@ private:
             float* h2 = float_linear() ? L.h2.data() : t_h_.data();
             {
                 timer tm{t, "norm"};
-                add(L.x_in.data(), dx_.data(), L.x_mid.data(), N * d_);
-                rmsnorm_forward(L.x_mid.data(), P + B.norm2, h2, L.rstd2.data(), N);
+                add(x_in_of(l), dx_.data(), x_mid_of(l), N * d_);
+                rmsnorm_forward(x_mid_of(l), P + B.norm2, h2, L.rstd2.data(), N);
+                if (compress() && training)
+                    L.packed->x_mid.store(ex_, octet::matrix_ref<const float>(x_mid_of(l), N, d_));
             }
             {
                 timer tm{t, "linear"};
-                L.lin_up->forward(ex_, h2, N, P + B.up, L.u.data(), float_linear(), training, s, t);
+                L.lin_up->forward(ex_, h2, N, P + B.up, u_of(l), float_linear(), training, s, t);
             }
-            float* a = float_linear() ? L.a.data() : t_a_.data();
+            float* a = float_linear() ? L.a.data() : t_a_.data();  // compressed: u_of(l) is t_a_ (in place)
             {
                 timer tm{t, "mlp_activation"};
-                gelu_forward(L.u.data(), a, N * F_);
+                if (compress() && training) L.packed->u.store(ex_, octet::matrix_ref<const float>(u_of(l), N, F_));
+                gelu_forward(u_of(l), a, N * F_);
             }
             {
                 timer tm{t, "linear"};
@@ -1450,8 +1556,8 @@ private:
             }
             {
                 timer tm{t, "norm"};
-                float* next = l + 1 < layers_.size() ? layers_[l + 1].x_in.data() : x_fin_.data();
-                add(L.x_mid.data(), dx_.data(), next, N * d_);
+                float* next = l + 1 < layers_.size() ? x_in_of(l + 1) : x_fin_.data();
+                add(x_mid_of(l), dx_.data(), next, N * d_);
             }
         }
         {
@@ -1499,6 +1605,29 @@ private:
     }
 
     // ---- backward ----------------------------------------------------------------------------
+    // The saved x_in, x_mid and u of layer l for the backward: the layer's floats, or (compressed)
+    // their FP8 copies decoded into temporaries the backward does not otherwise use (t_h_, t_a_).
+    const float* saved_x_in(std::size_t l) {
+        return decoded(l, &packed_saves::x_in, t_h_.data(), d_);
+    }
+    const float* saved_x_mid(std::size_t l) {
+        return decoded(l, &packed_saves::x_mid, t_h_.data(), d_);
+    }
+    const float* saved_u(std::size_t l) {
+        return decoded(l, &packed_saves::u, t_a_.data(), F_);
+    }
+    const float* decoded(std::size_t l, octet::saved_activation<saved_recipe> packed_saves::*which, float* into,
+                         std::size_t cols) {
+        auto& L = layers_[l];
+        if (!compress()) {
+            if (which == &packed_saves::x_in) return L.x_in.data();
+            if (which == &packed_saves::x_mid) return L.x_mid.data();
+            return L.u.data();
+        }
+        (L.packed.get()->*which).load(ex_, octet::matrix_ref<float>(into, n_, cols));
+        return into;
+    }
+
     void backward(const float* P, const std::int32_t* tokens, int batch, float* G, step_telemetry* t) {
         const std::size_t N = n_;
         const auto s = lin_scratch();
@@ -1527,7 +1656,7 @@ private:
             }
             {
                 timer tm{t, "mlp_activation"};
-                gelu_backward(L.u.data(), dwide, N * F_);
+                gelu_backward(saved_u(l), dwide, N * F_);
             }
             {
                 timer tm{t, "linear"};
@@ -1535,7 +1664,7 @@ private:
             }
             {
                 timer tm{t, "norm"};  // dx_mid = dx + norm2'(dh)
-                rmsnorm_backward(L.x_mid.data(), P + B.norm2, L.rstd2.data(), dh_.data(), dx, dx_alt, G + B.norm2, N);
+                rmsnorm_backward(saved_x_mid(l), P + B.norm2, L.rstd2.data(), dh_.data(), dx, dx_alt, G + B.norm2, N);
             }
             std::swap(dx, dx_alt);
             {
@@ -1556,7 +1685,7 @@ private:
             }
             {
                 timer tm{t, "norm"};
-                rmsnorm_backward(L.x_in.data(), P + B.norm1, L.rstd1.data(), dh_.data(), dx, dx_alt, G + B.norm1, N);
+                rmsnorm_backward(saved_x_in(l), P + B.norm1, L.rstd1.data(), dh_.data(), dx, dx_alt, G + B.norm1, N);
             }
             std::swap(dx, dx_alt);
         }
@@ -1683,6 +1812,8 @@ private:
     octet::linear_workspace linear_workspace_;  // the host FP8 linears' transient copies (before the layers)
 #endif
     std::unique_ptr<meter_booking> workspace_booking_;  // linear_workspace_'s bytes, as temporaries
+    octet::host_arena arena_;                           // octet's host scratch (scratch_arena_bytes)
+    std::unique_ptr<meter_booking> arena_booking_;      // its bytes, as temporaries
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;
     metered_vector<std::int32_t> cu_{metered_allocator<std::int32_t>(meter_, temporaries())};

@@ -231,9 +231,11 @@ TEST_CASE("model: the float32 GEMM matches a float64 product, any shape and thre
 TEST_CASE("model: the meter books every buffer at construction, and a step allocates nothing") {
     auto g = octet_test::rng(4);
     const auto cfg = tiny_config(17, true);
+    auto packed = recipe(train::linear_mode::mxfp8, train::attention_mode::fp8);
+    packed.compress_activations = true;  // every octet operation on the model's scratch arena
     const train::recipe_config recipes[] = {recipe(train::linear_mode::float32), recipe(train::linear_mode::bf16),
                                             recipe(train::linear_mode::blockwise, train::attention_mode::fp8),
-                                            recipe(train::linear_mode::tensorwise_delayed)};
+                                            recipe(train::linear_mode::tensorwise_delayed), packed};
     for (const auto& r : recipes) {
         train::memory_meter meter;
         transformer model(cfg, r, meter, octet::on_host(2), 3, 5);
@@ -352,7 +354,8 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
         AM attention;
         octet::delta_mode delta;
         train::v_scale_mode v;
-        double min_cosine;  // why: the elements' relative rounding error (below), through 2 blocks
+        double min_cosine;    // why: the elements' relative rounding error (below), through 2 blocks
+        bool packed = false;  // the non-linear layers' saved inputs in FP8 (compress_activations)
     };
     const row rows[] = {
         {"bf16", LM::bf16, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head, 0.9999},  // 2^-9
@@ -369,12 +372,17 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
          train::v_scale_mode::per_token, 0.99},
         {"blockwise + fp8 attention", LM::blockwise, AM::fp8, octet::delta_mode::matched, train::v_scale_mode::per_head,
          0.99},
+        {"FP8 saved activations", LM::float32, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head,
+         0.99, true},  // E4M3 2^-4 on the norms' and GELU's inputs
+        {"blockwise + fp8 attention + FP8 saved activations", LM::blockwise, AM::fp8, octet::delta_mode::matched,
+         train::v_scale_mode::per_head, 0.99, true},
     };
     for (const auto& rw : rows) {
         CAPTURE(rw.name);
         auto r = recipe(rw.linear, rw.attention);
         r.delta = rw.delta;
         r.v_scale = rw.v;
+        r.compress_activations = rw.packed;
         const auto got = gradient_of(cfg, r, params, tokens, batch);
         for (float v : got.grads) REQUIRE(std::isfinite(v));
         const double cos = cosine(got.grads, ref.grads), dloss = std::fabs(got.loss - ref.loss) / ref.loss;
@@ -396,6 +404,7 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
         CHECK(dloss < (rw.linear == LM::nvfp4 ? 2e-2 : 5e-3));
         REQUIRE(got.telemetry.attention_residual.size() == static_cast<std::size_t>(cfg.layers));
         if (rw.linear != LM::float32 && rw.linear != LM::bf16) CHECK(got.telemetry.quantized > 0);
+        if (rw.packed && rw.linear == LM::float32 && rw.attention == AM::float32) CHECK(got.grads != ref.grads);
         if (rw.attention == AM::fp8) {
             CHECK(got.telemetry.quantized > 0);
             for (double res : got.telemetry.attention_residual) CHECK((res > 0 && res < 0.5));
@@ -443,10 +452,18 @@ TEST_CASE("model: FP8 recipes keep less activation memory than float32") {
     const double f32 = activations(train::linear_mode::float32, train::attention_mode::float32);
     const double bf16 = activations(train::linear_mode::bf16, train::attention_mode::float32);
     const double fp8 = activations(train::linear_mode::blockwise, train::attention_mode::fp8);
-    std::printf("activation bytes for 8 x %d tokens: float32 %.0f, bf16 %.0f, blockwise + fp8 attention %.0f\n",
-                cfg.seq_len, f32, bf16, fp8);
+    auto packed_recipe = recipe(train::linear_mode::blockwise, train::attention_mode::fp8);
+    packed_recipe.compress_activations = true;
+    train::memory_meter meter;
+    transformer packed_model(cfg, packed_recipe, meter, octet::on_host(1), 8, 0);
+    const double packed = meter.ledger().bytes(octet::memory_category::activations);
+    std::printf(
+        "activation bytes for 8 x %d tokens: float32 %.0f, bf16 %.0f, blockwise + fp8 attention %.0f, and with FP8 "
+        "saved activations %.0f\n",
+        cfg.seq_len, f32, bf16, fp8, packed);
     CHECK(bf16 < f32);
     CHECK(fp8 < bf16);
+    CHECK(packed < fp8);
 }
 
 TEST_CASE("model: generate extends the prompt with in-vocabulary tokens, reproducibly") {
@@ -508,6 +525,7 @@ TEST_CASE("model: the ledger's prediction of activations and temporaries is what
                 for (auto v : {train::v_scale_mode::per_head, train::v_scale_mode::per_token}) {
                     auto r = recipe(l, a);
                     r.v_scale = v;
+                    r.compress_activations = v == train::v_scale_mode::per_token;  // both ways, every mode
                     CAPTURE(hd);
                     CAPTURE(static_cast<int>(l));
                     CAPTURE(static_cast<int>(a));

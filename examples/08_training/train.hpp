@@ -86,7 +86,13 @@ struct recipe_config {
     v_scale_mode v_scale = v_scale_mode::per_head;
     moment_mode moments = moment_mode::float32;
     master_mode master = master_mode::float32;
-    bool gradient_codec = false;           ///< gradients cross the ranks through octet's codec with error feedback
+    bool gradient_codec = false;  ///< gradients cross the ranks through octet's codec with error feedback
+    /// How the codec's error-feedback residuals are stored (both stages): bf16, or E4M3 with a scale
+    /// per block (half the bytes)
+    octet::residual_storage residuals = octet::residual_storage::bf16;
+    /// The non-linear layers' saved inputs (RMSNorm's residual-stream inputs, GELU's input) kept as
+    /// FP8 copies (octet::saved_activation, E4M3 1x32) instead of float32
+    bool compress_activations = false;
     bool recovery = true;                  ///< checks before each update, and the recovery policy
     linear_factory make_linear = nullptr;  ///< where the linears run (null: make_linear_layer, the host)
 };
