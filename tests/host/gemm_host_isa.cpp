@@ -4,7 +4,8 @@
 // D = alpha * acc (+ beta * C, + bias), each operation rounded. Every variant must give exactly
 // those bits (so also the same bits as each other) on 1 and 3 threads, on ragged shapes that leave
 // partial register tiles, partial tasks and a short last segment, for several scaling pairs and
-// promotion intervals (1, 16, 48, 128, and one above K), and K = 0.
+// promotion intervals (1, 16, 48, 128, and one above K), and K = 0; with K decoded whole and in
+// blocks (long K).
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -81,18 +82,21 @@ void check_variants(std::size_t M, std::size_t N, std::size_t K, int promotion, 
     for (detail::simd_isa isa : octet_test::runnable_isas()) {
         if (!detail::host_gemm_isa_supported(isa)) continue;
         INFO("variant " << std::string(octet_test::isa_name(isa)));
-        for (int threads : {1, 3}) {
-            std::vector<float> d(M * N, NAN);  // poison: every element must be written
-            const matrix_ref<float> D(d.data(), M, N);
-            detail::host_scaled_gemm<RA, RB, float, float>(on_host(threads), qa.cref(), qb.cref(),
-                                                           with_c_and_bias ? &C : nullptr, D, opt, isa);
-            std::size_t differ = 0, first = 0;
-            for (std::size_t e = 0; e < d.size(); ++e)
-                if (std::memcmp(&d[e], &expect[e], sizeof(float)) != 0 && differ++ == 0) first = e;
-            CHECK_MESSAGE(differ == 0, threads << " threads: " << differ << " of " << d.size()
-                                               << " elements differ, first D(" << first / N << "," << first % N
-                                               << ") = " << d[first] << ", contract " << expect[first]);
-        }
+        for (int threads : {1, 3})
+            for (auto blocks : {detail::host_gemm_k_blocks::smaller, detail::host_gemm_k_blocks::whole,
+                                detail::host_gemm_k_blocks::blocks}) {
+                std::vector<float> d(M * N, NAN);  // poison: every element must be written
+                const matrix_ref<float> D(d.data(), M, N);
+                detail::host_scaled_gemm<RA, RB, float, float>(on_host(threads), qa.cref(), qb.cref(),
+                                                               with_c_and_bias ? &C : nullptr, D, opt, isa, blocks);
+                std::size_t differ = 0, first = 0;
+                for (std::size_t e = 0; e < d.size(); ++e)
+                    if (std::memcmp(&d[e], &expect[e], sizeof(float)) != 0 && differ++ == 0) first = e;
+                CHECK_MESSAGE(differ == 0, threads << " threads, K blocks " << static_cast<int>(blocks) << ": "
+                                                   << differ << " of " << d.size() << " elements differ, first D("
+                                                   << first / N << "," << first % N << ") = " << d[first]
+                                                   << ", contract " << expect[first]);
+            }
     }
 }
 
@@ -116,6 +120,24 @@ TEST_CASE("every instruction-set variant gives the contract's bits, on every thr
     check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(1, 1, 1, 128, salt++);
     check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(50, 70, 260, 128, salt++, true);
     check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(3, 5, 0, 128, salt++);  // K = 0
+    // Long K (a weight gradient's tokens), decoded in blocks of 512 k: several blocks, a short last
+    // block and segment, segments of 16 and 48 that do not divide 512.
+    check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(40, 70, 1500, 128, salt++, true);
+    check_variants<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(33, 17, 1100, 16, salt++);
+    check_variants<recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(9, 130, 1201, 48, salt++);
+}
+
+TEST_CASE("a long K is decoded in blocks: scratch near M x N floats, not (M + N) x K") {
+    using R = recipes::mxfp8_e4m3;
+    const std::size_t M = 256, N = 128, K = 8192;  // a weight gradient over 8192 tokens
+    const std::size_t whole = (M + N) * K * sizeof(float);
+    const std::size_t query = detail::host_gemm_scratch_bytes(on_host(2), M, N, K, 32, 32, 128);
+    MESSAGE("scratch for " << M << " x " << N << " x " << K << ": " << query << " bytes (the whole K decoded: " << whole
+                           << ")");
+    CHECK(query < whole / 4);
+    quantized_tensor<R> a(M, K), b(N, K);
+    std::vector<float> d(M * N);
+    CHECK(query == scaled_gemm_scratch_bytes(on_host(2), a.ref(), b.ref(), matrix_ref<float>(d.data(), M, N)));
 }
 
 }  // namespace gemm_host_isa_test

@@ -693,50 +693,63 @@ void run_host_gemm_kernel(Args... args) {
         host_gemm_kernel<Tile>::run(args...);
 }
 
-/// Packs panel `panel` of q (rows panel * Rows + r, r < Rows; rows past the end are zeros): the
-/// decoded codes k-major, dst[k * Rows + r], and each row's scale per segment, scales[s * Rows + r].
+/// Packs segments [s0, s1) of panel `panel` of q (rows panel * Rows + r, r < Rows; rows past the end
+/// are zeros), k in [s0 g, min(K, s1 g)): the decoded codes k-major, dst[(k - s0 g) * Rows + r], and
+/// each row's scale per segment, scales[(s - s0) * Rows + r].
 template <std::size_t Rows, class R>
 void host_gemm_pack_panel(const quantized_cref<R>& q, const float* table, std::size_t panel, std::size_t g,
-                          std::size_t S, float* dst, float* scales) {
+                          std::size_t s0, std::size_t s1, float* dst, float* scales) {
     using Fmt = typename R::format;
-    const std::size_t K = q.cols(), i0 = panel * Rows, rows = std::min(Rows, q.rows() - i0);
+    const std::size_t k0 = s0 * g, k1 = std::min(q.cols(), s1 * g), i0 = panel * Rows,
+                      rows = std::min(Rows, q.rows() - i0);
     const std::uint8_t* row[Rows];
     for (std::size_t r = 0; r < Rows; ++r) row[r] = q.data + (i0 + std::min(r, rows - 1)) * q.layout.row_bytes;
-    for (std::size_t k = 0; k < K; ++k)
+    for (std::size_t k = k0; k < k1; ++k)
         for (std::size_t r = 0; r < Rows; ++r) {
             if constexpr (Fmt::bits == 8)
-                dst[k * Rows + r] = table[row[r][k]];
+                dst[(k - k0) * Rows + r] = table[row[r][k]];
             else
-                dst[k * Rows + r] = table[load_code<Fmt>(row[r], k)];
+                dst[(k - k0) * Rows + r] = table[load_code<Fmt>(row[r], k)];
         }
     if (rows < Rows)  // the missing rows read the last row above; zero them
-        for (std::size_t k = 0; k < K; ++k)
-            for (std::size_t r = rows; r < Rows; ++r) dst[k * Rows + r] = 0.0f;
+        for (std::size_t k = k0; k < k1; ++k)
+            for (std::size_t r = rows; r < Rows; ++r) dst[(k - k0) * Rows + r] = 0.0f;
     const std::size_t br = q.layout.block_rows, bc = q.layout.block_cols;
-    for (std::size_t s = 0; s < S; ++s)
+    for (std::size_t s = s0; s < s1; ++s)
         for (std::size_t r = 0; r < Rows; ++r)
-            scales[s * Rows + r] = r < rows ? q.scale((i0 + r) / br, (s * g) / bc) : 0.0f;
+            scales[(s - s0) * Rows + r] = r < rows ? q.scale((i0 + r) / br, (s * g) / bc) : 0.0f;
 }
 
 /// The host backend's work split with one register tile (A task: 16 A panels x 128 columns of D, 48
 /// KB of accumulators with the AVX-512 tile. A chunk: whole segments of about 128 k, so that a chunk
 /// of one B panel stays in L1 while the task's A panels stream past it) and its scratch, described
-/// once for both the query (scaled_gemm_scratch_bytes) and the call: the panels of decoded codes and
-/// scales (every element written by packing), and one task's accumulators per thread.
+/// once for both the query (scaled_gemm_scratch_bytes) and the call. Two shapes of scratch, the
+/// smaller chosen:
+///   whole K: both operands decoded at once ((M + N) x K floats and their segment scales) and one
+///     task's accumulators per thread;
+///   K blocks: the operands decoded one block of about 512 k at a time, and every task's
+///     accumulators kept across the blocks (about M x N floats): far less when K is long (a weight
+///     gradient's K is the tokens).
+/// Each output element adds its segments' products in the same order either way: the same bits
+/// (tests force each shape with host_gemm_k_blocks).
+enum class host_gemm_k_blocks { smaller, whole, blocks };
 template <class Tile>
 struct host_gemm_plan {
     static constexpr std::size_t MR = Tile::mr, NR = Tile::nr;
     static constexpr std::size_t task_panels_a = 16, task_panels_b = std::max<std::size_t>(1, 128 / NR);
-    static constexpr std::size_t chunk_k = 128;
+    static constexpr std::size_t chunk_k = 128, block_k = 512;
     std::size_t M, N, K, g, S, chunk_segments, a_panels, b_panels, tiles_m, tiles_n;
-    float* a_pack = nullptr;    ///< a_panels x MR rows of K decoded codes
-    float* b_pack = nullptr;    ///< b_panels x NR rows of K
-    float* a_scales = nullptr;  ///< a_panels x MR rows of S segment scales
-    float* b_scales = nullptr;  ///< b_panels x NR rows of S
-    float* acc = nullptr;       ///< per chunk of the task loop: one task's accumulators
+    std::size_t block_segments;  ///< segments decoded at once (S: the whole K)
+    std::size_t pack_k;          ///< k columns a pack holds (K, or block_segments * g)
+    float* a_pack = nullptr;     ///< a_panels x MR rows of pack_k decoded codes
+    float* b_pack = nullptr;     ///< b_panels x NR rows of pack_k
+    float* a_scales = nullptr;   ///< a_panels x MR rows of block_segments segment scales
+    float* b_scales = nullptr;   ///< b_panels x NR rows of block_segments
+    float* acc = nullptr;        ///< whole K: one task's accumulators per chunk; K blocks: every task's
 
     host_gemm_plan(scratch_carver& c, const host_executor& ex, std::size_t M_, std::size_t N_, std::size_t K_,
-                   std::size_t a_block_cols, std::size_t b_block_cols, int promotion_interval)
+                   std::size_t a_block_cols, std::size_t b_block_cols, int promotion_interval,
+                   host_gemm_k_blocks choice = host_gemm_k_blocks::smaller)
         : M(M_), N(N_), K(K_) {
         g = gemm_segment(static_cast<std::size_t>(promotion_interval), a_block_cols, b_block_cols, K);
         S = K == 0 ? 0 : (K + g - 1) / g;
@@ -745,28 +758,39 @@ struct host_gemm_plan {
         b_panels = (N + NR - 1) / NR;
         tiles_m = (a_panels + task_panels_a - 1) / task_panels_a;
         tiles_n = (b_panels + task_panels_b - 1) / task_panels_b;
-        a_pack = c.take<float>(a_panels * MR * K);
-        b_pack = c.take<float>(b_panels * NR * K);
-        a_scales = c.take<float>(a_panels * MR * S);
-        b_scales = c.take<float>(b_panels * NR * S);
-        acc = c.take<float>(parallel_chunks(ex, tiles_m * tiles_n, 1) * task_acc_floats());
+        const std::size_t rows = a_panels * MR + b_panels * NR, tasks = tiles_m * tiles_n;
+        const std::size_t blocked_segments = std::max<std::size_t>(1, block_k / g);
+        const std::size_t whole = rows * (K + S) + parallel_chunks(ex, tasks, 1) * task_acc_floats();
+        const std::size_t blocked = rows * (blocked_segments * g + blocked_segments) + tasks * task_acc_floats();
+        const bool block =
+            choice == host_gemm_k_blocks::smaller ? blocked < whole : choice == host_gemm_k_blocks::blocks;
+        block_segments = blocked_segments < S && block ? blocked_segments : S;
+        pack_k = block_segments == S ? K : block_segments * g;
+        a_pack = c.take<float>(a_panels * MR * pack_k);
+        b_pack = c.take<float>(b_panels * NR * pack_k);
+        a_scales = c.take<float>(a_panels * MR * block_segments);
+        b_scales = c.take<float>(b_panels * NR * block_segments);
+        acc = c.take<float>((blocked_k() ? tasks : parallel_chunks(ex, tasks, 1)) * task_acc_floats());
     }
+    bool blocked_k() const { return block_segments < S; }
     static constexpr std::size_t task_acc_floats() { return task_panels_a * MR * task_panels_b * NR; }
 };
 
 /// The host backend with one register tile: out(i, j) = epilogue(acc(i, j)) for D float, bf16, fp16.
 template <class Tile, class RA, class RB, class CT, class DT>
 void host_scaled_gemm_tiled(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
-                            const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt) {
+                            const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt,
+                            host_gemm_k_blocks k_blocks = host_gemm_k_blocks::smaller) {
     using plan_type = host_gemm_plan<Tile>;
     constexpr std::size_t MR = Tile::mr, NR = Tile::nr;
     constexpr std::size_t kTaskPanelsA = plan_type::task_panels_a, kTaskPanelsB = plan_type::task_panels_b;
     const std::size_t M = A.rows(), N = B.rows(), K = A.cols();
     scratch_carver sizing;
-    (void)plan_type(sizing, ex, M, N, K, A.layout.block_cols, B.layout.block_cols, opt.promotion_interval);
+    (void)plan_type(sizing, ex, M, N, K, A.layout.block_cols, B.layout.block_cols, opt.promotion_interval, k_blocks);
     const host_scratch scratch(ex, sizing.bytes(), "octet::scaled_gemm");
     scratch_carver carver = scratch.carver();
-    const plan_type plan(carver, ex, M, N, K, A.layout.block_cols, B.layout.block_cols, opt.promotion_interval);
+    const plan_type plan(carver, ex, M, N, K, A.layout.block_cols, B.layout.block_cols, opt.promotion_interval,
+                         k_blocks);
     const std::size_t g = plan.g, S = plan.S, chunk_segments = plan.chunk_segments;
     const std::size_t a_panels = plan.a_panels, b_panels = plan.b_panels;
     float* const a_pack = plan.a_pack;
@@ -778,56 +802,85 @@ void host_scaled_gemm_tiled(host_executor ex, const quantized_cref<RA>& A, const
         table_a[c] = decode<typename RA::format>(static_cast<std::uint8_t>(c));
         table_b[c] = decode<typename RB::format>(static_cast<std::uint8_t>(c));
     }
-    // Split by rows (A's then B's): a range packs the panels whose first row falls in it.
-    const std::size_t a_rows = a_panels * MR;
-    const std::size_t pack_grain = std::max<std::size_t>(1, 16384 / std::max<std::size_t>(K, 1));
-    parallel_for(ex, a_rows + b_panels * NR, pack_grain, [&](std::size_t u0, std::size_t u1) {
-        for (std::size_t p = (u0 + MR - 1) / MR; p * MR < std::min(u1, a_rows); ++p)
-            host_gemm_pack_panel<MR>(A, table_a, p, g, S, a_pack + p * MR * K, a_scales + p * MR * S);
-        for (std::size_t q = (std::max(u0, a_rows) - a_rows + NR - 1) / NR; a_rows + q * NR < u1; ++q)
-            host_gemm_pack_panel<NR>(B, table_b, q, g, S, b_pack + q * NR * K, b_scales + q * NR * S);
-    });
-
+    // Decodes segments [s0, s1) of every panel, k_len = min(K, s1 g) - s0 g columns each (the
+    // panels' stride). Split by rows (A's then B's): a range packs the panels whose first row falls in it.
+    const std::size_t a_rows = a_panels * MR, SP = plan.block_segments;
+    const std::size_t pack_grain = std::max<std::size_t>(1, 16384 / std::max<std::size_t>(plan.pack_k, 1));
+    auto pack = [&](std::size_t s0, std::size_t s1, std::size_t k_len) {
+        parallel_for(ex, a_rows + b_panels * NR, pack_grain, [&](std::size_t u0, std::size_t u1) {
+            for (std::size_t p = (u0 + MR - 1) / MR; p * MR < std::min(u1, a_rows); ++p)
+                host_gemm_pack_panel<MR>(A, table_a, p, g, s0, s1, a_pack + p * MR * k_len, a_scales + p * MR * SP);
+            for (std::size_t q = (std::max(u0, a_rows) - a_rows + NR - 1) / NR; a_rows + q * NR < u1; ++q)
+                host_gemm_pack_panel<NR>(B, table_b, q, g, s0, s1, b_pack + q * NR * k_len, b_scales + q * NR * SP);
+        });
+    };
     const std::size_t tiles_m = plan.tiles_m, tiles_n = plan.tiles_n;
+    // Adds the products of the packed segments [0, segments) (panels of k_len columns) into task t's
+    // accumulators, in chunks of whole segments.
+    auto accumulate = [&](std::size_t t, std::size_t k_len, std::size_t segments, float* acc) {
+        const std::size_t pa0 = (t / tiles_n) * kTaskPanelsA, pb0 = (t % tiles_n) * kTaskPanelsB;
+        const std::size_t pa = std::min(kTaskPanelsA, a_panels - pa0), pb = std::min(kTaskPanelsB, b_panels - pb0);
+        for (std::size_t s0 = 0; s0 < segments; s0 += chunk_segments)
+            run_host_gemm_kernel<Tile>(a_pack + pa0 * MR * k_len, a_scales + pa0 * MR * SP, pa,
+                                       b_pack + pb0 * NR * k_len, b_scales + pb0 * NR * SP, pb, k_len, SP, g, s0,
+                                       std::min(segments, s0 + chunk_segments), acc);
+    };
     const float alpha = opt.alpha, beta = opt.beta;
     const float* bias = opt.bias.empty() ? nullptr : opt.bias.data();
-    parallel_for_chunks(ex, tiles_m * tiles_n, 1, [&](std::size_t chunk, std::size_t t0, std::size_t t1) {
-        float* const acc = plan.acc + chunk * plan_type::task_acc_floats();
-        for (std::size_t t = t0; t < t1; ++t) {
-            const std::size_t pa0 = (t / tiles_n) * kTaskPanelsA, pb0 = (t % tiles_n) * kTaskPanelsB;
-            const std::size_t pa = std::min(kTaskPanelsA, a_panels - pa0), pb = std::min(kTaskPanelsB, b_panels - pb0);
-            std::fill(acc, acc + plan_type::task_acc_floats(), 0.0f);
-            for (std::size_t s0 = 0; s0 < S; s0 += chunk_segments)
-                run_host_gemm_kernel<Tile>(a_pack + pa0 * MR * K, a_scales + pa0 * MR * S, pa, b_pack + pb0 * NR * K,
-                                           b_scales + pb0 * NR * S, pb, K, S, g, s0, std::min(S, s0 + chunk_segments),
-                                           acc);
-            // Epilogue: v = alpha * acc, + beta * C, + bias, each rounded (no fused multiply-add),
-            // then one rounding to D's type.
-            const std::size_t i0 = pa0 * MR, i1 = std::min(M, (pa0 + pa) * MR);
-            for (std::size_t i = i0; i < i1; ++i)
-                for (std::size_t jb = 0; jb < pb; ++jb) {
-                    const float* a_row = acc + (jb * pa + (i - i0) / MR) * MR * NR + (i - i0) % MR * NR;
-                    const std::size_t j0 = (pb0 + jb) * NR, j1 = std::min(N, j0 + NR);
-                    if constexpr (std::is_same_v<DT, float>) {
-                        if (!C && !bias && D.order == storage_order::row_major) {  // a loop that vectorizes
-                            float* d = &D(i, j0);
-                            for (std::size_t j = j0; j < j1; ++j) d[j - j0] = alpha * a_row[j - j0];
-                            continue;
-                        }
-                    }
-                    for (std::size_t j = j0; j < j1; ++j) {
-                        float v = alpha * a_row[j - j0];
-                        host_unfused(v);
-                        if (C) {
-                            float t = beta * load_as_float((*C)(i, j));
-                            host_unfused(t);
-                            v += t;
-                        }
-                        if (bias) v += bias[j];
-                        D(i, j) = store_from_float<DT>(v);
+    // Epilogue of task t: v = alpha * acc, + beta * C, + bias, each rounded (no fused multiply-add),
+    // then one rounding to D's type.
+    auto finish = [&](std::size_t t, const float* acc) {
+        const std::size_t pa0 = (t / tiles_n) * kTaskPanelsA, pb0 = (t % tiles_n) * kTaskPanelsB;
+        const std::size_t pa = std::min(kTaskPanelsA, a_panels - pa0), pb = std::min(kTaskPanelsB, b_panels - pb0);
+        const std::size_t i0 = pa0 * MR, i1 = std::min(M, (pa0 + pa) * MR);
+        for (std::size_t i = i0; i < i1; ++i)
+            for (std::size_t jb = 0; jb < pb; ++jb) {
+                const float* a_row = acc + (jb * pa + (i - i0) / MR) * MR * NR + (i - i0) % MR * NR;
+                const std::size_t j0 = (pb0 + jb) * NR, j1 = std::min(N, j0 + NR);
+                if constexpr (std::is_same_v<DT, float>) {
+                    if (!C && !bias && D.order == storage_order::row_major) {  // a loop that vectorizes
+                        float* d = &D(i, j0);
+                        for (std::size_t j = j0; j < j1; ++j) d[j - j0] = alpha * a_row[j - j0];
+                        continue;
                     }
                 }
-        }
+                for (std::size_t j = j0; j < j1; ++j) {
+                    float v = alpha * a_row[j - j0];
+                    host_unfused(v);
+                    if (C) {
+                        float c = beta * load_as_float((*C)(i, j));
+                        host_unfused(c);
+                        v += c;
+                    }
+                    if (bias) v += bias[j];
+                    D(i, j) = store_from_float<DT>(v);
+                }
+            }
+    };
+    constexpr std::size_t task_acc = plan_type::task_acc_floats();
+    if (!plan.blocked_k()) {  // the whole K decoded once; each task accumulates and finishes in one go
+        pack(0, S, K);
+        parallel_for_chunks(ex, tiles_m * tiles_n, 1, [&](std::size_t chunk, std::size_t t0, std::size_t t1) {
+            float* const acc = plan.acc + chunk * task_acc;
+            for (std::size_t t = t0; t < t1; ++t) {
+                std::fill(acc, acc + task_acc, 0.0f);
+                accumulate(t, K, S, acc);
+                finish(t, acc);
+            }
+        });
+        return;
+    }
+    // K blocks: every task's accumulators live across the blocks.
+    std::fill(plan.acc, plan.acc + tiles_m * tiles_n * task_acc, 0.0f);
+    for (std::size_t s0 = 0; s0 < S; s0 += SP) {
+        const std::size_t s1 = std::min(S, s0 + SP), k_len = std::min(K, s1 * g) - s0 * g;
+        pack(s0, s1, k_len);
+        parallel_for(ex, tiles_m * tiles_n, 1, [&](std::size_t t0, std::size_t t1) {
+            for (std::size_t t = t0; t < t1; ++t) accumulate(t, k_len, s1 - s0, plan.acc + t * task_acc);
+        });
+    }
+    parallel_for(ex, tiles_m * tiles_n, 1, [&](std::size_t t0, std::size_t t1) {
+        for (std::size_t t = t0; t < t1; ++t) finish(t, plan.acc + t * task_acc);
     });
 }
 
@@ -835,15 +888,15 @@ void host_scaled_gemm_tiled(host_executor ex, const quantized_cref<RA>& A, const
 template <class RA, class RB, class CT, class DT>
 void host_scaled_gemm(host_executor ex, const quantized_cref<RA>& A, const quantized_cref<RB>& B,
                       const matrix_ref<const CT>* C, const matrix_ref<DT>& D, const gemm_options& opt,
-                      simd_isa isa = host_gemm_isa()) {
+                      simd_isa isa = host_gemm_isa(), host_gemm_k_blocks k_blocks = host_gemm_k_blocks::smaller) {
     if (A.rows() == 0 || B.rows() == 0) return;
 #if OCTET_ISA_DISPATCH
-    if (isa == simd_isa::avx512) return host_scaled_gemm_tiled<host_gemm_tile_avx512>(ex, A, B, C, D, opt);
-    if (isa == simd_isa::avx2) return host_scaled_gemm_tiled<host_gemm_tile_avx2>(ex, A, B, C, D, opt);
+    if (isa == simd_isa::avx512) return host_scaled_gemm_tiled<host_gemm_tile_avx512>(ex, A, B, C, D, opt, k_blocks);
+    if (isa == simd_isa::avx2) return host_scaled_gemm_tiled<host_gemm_tile_avx2>(ex, A, B, C, D, opt, k_blocks);
 #else
     (void)isa;
 #endif
-    host_scaled_gemm_tiled<host_gemm_tile_portable>(ex, A, B, C, D, opt);
+    host_scaled_gemm_tiled<host_gemm_tile_portable>(ex, A, B, C, D, opt, k_blocks);
 }
 
 /// The scratch host_scaled_gemm takes with the tile `isa` selects (host_gemm_plan).
