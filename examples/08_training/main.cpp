@@ -14,6 +14,7 @@
 //
 // Run:  cmake --workflow --preset demo        (the quick default; build/demo/examples/example_08_training)
 //       example_08_training --preset full     (every recipe, 3 seeds, 2 lengths, 2 sizes)
+//       example_08_training --preset memory   (each memory mechanism alone and all, size medium, batch 32)
 //       example_08_training --help
 //       mpiexec -n 2 example_08_training ...   (built with MPI: each process is one rank; rank 0
 //                                               prints and writes the report)
@@ -740,13 +741,15 @@ struct flags {
 };
 
 const char* usage =
-    "usage: example_08_training [--preset quick|full] [--recipes a,b,...] [--seeds 0,1,2] [--steps 200,400]\n"
+    "usage: example_08_training [--preset quick|full|memory] [--recipes a,b,...] [--seeds 0,1,2] [--steps 200,400]\n"
     "                           [--sizes tiny,small] [--ranks N] [--batch N] [--threads N] [--lr X]\n"
     "                           [--tolerance NATS] [--no-faults] [--out FOLDER] [--corpus FILE]\n"
     "                           [--linears host|cuda]\n"
     "  --preset quick  (default) recipes fp32,octet,octet_no_recovery; seeds 0,1,2; 150 steps; size tiny\n"
     "  --preset full   every recipe; seeds 0,1,2; 150 and 300 steps; sizes tiny and small (about 2 h 10 min on 2 "
     "cores)\n"
+    "  --preset memory recipes fp32,fp8_blockwise,attn_fp8,act_fp8,optim_8bit,grad_codec,octet; seeds 0,1,2;\n"
+    "                  150 steps; size medium; batch 32 (each memory mechanism alone, then all)\n"
     "  --recipes       any of: fp32 bf16 fp8_delayed fp8_tensorwise fp8_blockwise mxfp8 nvfp4 attn_fp8\n"
     "                  attn_matched_per_token_v attn_from_output_per_token_v optim_8bit grad_codec act_fp8 octet\n"
     "                  octet_no_recovery fp32_no_recovery\n"
@@ -766,7 +769,7 @@ const char* usage =
 /// `processes`: the size of the MPI world this process is a rank of (0: not started by mpirun).
 flags parse_flags(int argc, char** argv, int processes = 0) {
     flags f;
-    bool ranks_given = false;
+    bool ranks_given = false, batch_given = false;
     auto need = [&](int& i) -> std::string {
         if (i + 1 >= argc) throw std::invalid_argument(std::string(argv[i]) + " needs a value");
         return argv[++i];
@@ -790,8 +793,8 @@ flags parse_flags(int argc, char** argv, int processes = 0) {
             return f;
         } else if (a == "--preset") {
             f.preset = need(i);
-            if (f.preset != "quick" && f.preset != "full")
-                throw std::invalid_argument("--preset: '" + f.preset + "' (use quick or full)");
+            if (f.preset != "quick" && f.preset != "full" && f.preset != "memory")
+                throw std::invalid_argument("--preset: '" + f.preset + "' (use quick, full or memory)");
         } else if (a == "--recipes") {
             recipes = split(need(i));
         } else if (a == "--sizes") {
@@ -805,6 +808,7 @@ flags parse_flags(int argc, char** argv, int processes = 0) {
             ranks_given = true;
         } else if (a == "--batch") {
             f.batch = ints(a, need(i)).at(0);
+            batch_given = true;
         } else if (a == "--threads") {
             f.threads = ints(a, need(i)).at(0);
         } else if (a == "--lr") {
@@ -834,6 +838,15 @@ flags parse_flags(int argc, char** argv, int processes = 0) {
         f.sizes = {"tiny"};
         f.seeds = {0, 1, 2};
         f.steps = {150};
+    } else if (f.preset == "memory") {
+        // Proportions nearer real training: the largest size at twice the default batch, so that
+        // weights and optimizer state weigh beside the activations; each memory mechanism alone,
+        // then all of octet; the quick default's length, so each has its loss cost beside it.
+        f.recipes = {"fp32", "fp8_blockwise", "attn_fp8", "act_fp8", "optim_8bit", "grad_codec", "octet"};
+        f.sizes = {"medium"};
+        f.seeds = {0, 1, 2};
+        f.steps = {150};
+        if (!batch_given) f.batch = 32;
     } else {
         for (const auto& r : all_recipes()) f.recipes.push_back(r.name);
         f.sizes = {"tiny", "small"};

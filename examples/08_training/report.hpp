@@ -672,6 +672,53 @@ inline double mean_of(const std::vector<const run_result*>& rs, double (*f)(cons
     return mean_finite(v);
 }
 
+/// The "## Memory" section: each recipe's measured peak by category (its first run: memory does not
+/// depend on the seed), the ratio of its peak to float32's at the same size, the training state's
+/// bytes per parameter (weights with masters and compute copies, gradients, optimizer state: the
+/// peaks of those categories over the parameters), and the ledger's largest miss in any category.
+inline std::string memory_section(const sweep_result& s) {
+    const auto gs = groups_of(s);
+    const auto cats = categories_of(s);
+    auto at = [](const std::map<std::string, double>& m, const std::string& c) {
+        auto it = m.find(c);
+        return it == m.end() ? 0.0 : it->second;
+    };
+    std::ostringstream o;
+    o << "\n## Memory\n\nPeak bytes by category as the meter counted them (every buffer of the run, octet's "
+         "scratch included), the peak against float32's at the same size, the training state (weights, "
+         "gradients, optimizer state) per parameter, and the ledger's largest miss in any category "
+         "(|measured - predicted| / predicted).\n\n| recipe | size |";
+    for (const auto& c : cats) o << " " << cell(c) << " |";
+    o << " peak | x fp32 | state bytes/param | ledger miss |\n|---|---|";
+    for (std::size_t i = 0; i < cats.size() + 4; ++i) o << "---|";
+    o << "\n";
+    std::vector<std::string> done;
+    for (const auto& g : gs) {
+        const std::string key = g.label() + "|" + g.size;
+        if (std::find(done.begin(), done.end(), key) != done.end()) continue;
+        done.push_back(key);
+        const run_result& r = *g.runs.front();
+        const run_result* f32 = nullptr;
+        for (const auto& q : s.runs)
+            if (q.recipe == "fp32" && q.size == r.size && !f32) f32 = &q;
+        double miss = 0;
+        for (const auto& c : cats) {
+            const double m = at(r.peak_bytes_by_category, c), l = at(r.ledger_bytes, c);
+            if (l > 0) miss = std::max(miss, std::fabs(m - l) / l);
+        }
+        const double state = at(r.peak_bytes_by_category, "weights") + at(r.peak_bytes_by_category, "gradients") +
+                             at(r.peak_bytes_by_category, "optimizer_state");
+        o << "| " << cell(g.label()) << " | " << cell(r.size) << " |";
+        for (const auto& c : cats) o << " " << bytes_str(at(r.peak_bytes_by_category, c)) << " |";
+        o << " " << bytes_str(r.peak_bytes_measured) << " | "
+          << (f32 && f32->peak_bytes_measured > 0 ? printf_str("%.3f", r.peak_bytes_measured / f32->peak_bytes_measured)
+                                                  : std::string("n/a"))
+          << " | " << (r.parameters > 0 ? printf_str("%.2f", state / r.parameters) : std::string("n/a")) << " | "
+          << printf_str("%.2f%%", 100 * miss) << " |\n";
+    }
+    return o.str();
+}
+
 inline std::string memory_svg(const sweep_result& s) {
     const auto cats = categories_of(s);
     std::vector<std::string> sizes;
@@ -1006,6 +1053,7 @@ inline std::string markdown(const sweep_result& s) {
           << layers_str(per_layer_max(r.attention_residual)) << " | "
           << layers_str(per_layer_max(r.attention_residual_q)) << " |\n";
     }
+    o << memory_section(s);
     o << "\n## Recovery events\n\nEach event's cost is included in its run's wall time and tokens/s.\n\n";
     std::size_t events = 0;
     for (const auto& r : s.runs) events += r.recoveries.size();
