@@ -312,6 +312,9 @@ struct row_stats_kernel {
 
 /// The host scratch of one quantized copy of x (rows x cols in the copy's orientation): described
 /// once, as what it takes from a carver, for both quantize_scratch_bytes and quantize_copy_host.
+/// A copy that reads x down its columns (x not row-major) works in bands of rows of the copy (x's
+/// columns), each transposed into a row-major temporary: band_rows x cols of x's type, not the
+/// whole x (a weight gradient's X^T copy reads tokens x features).
 template <class In>
 struct quantize_copy_scratch {
     // The work splits of the passes (parallel_for grains, in rows or bands); per-chunk arrays are
@@ -327,12 +330,19 @@ struct quantize_copy_scratch {
     static std::size_t code_row_grain(std::size_t cols) {
         return std::max<std::size_t>(1, (1 << 15) / std::max<std::size_t>(cols, 1));
     }
+    /// Rows of the copy a band holds: all of them for a row-major x; else whole scale bands of at
+    /// least 64 rows (any 64 when the grid has one band of rows, whose amax is measured first).
+    static std::size_t band_rows(const matrix_ref<const In>& x, const quant_layout& L) {
+        if (x.order == storage_order::row_major) return x.rows;
+        const std::size_t R = L.scale_rows <= 1 ? 1 : L.block_rows;
+        return std::min(x.rows, R * ((64 + R - 1) / R));
+    }
 
-    In* transposed = nullptr;         ///< rows x cols, row-major: x read down its columns once
-    float* amax = nullptr;            ///< the block grid's amax, sr x sc row-major
+    In* transposed = nullptr;         ///< one band, row-major (x not row-major)
+    float* amax = nullptr;            ///< one band's block amax, row-major (scale_rows <= 1: sc)
     float* part = nullptr;            ///< per chunk of the one-band amax pass (sr == 1): sc each
-    float* scale = nullptr;           ///< the decoded scales, sr x sc row-major
-    std::uint32_t* stored = nullptr;  ///< one band of stored scales, sc
+    float* scale = nullptr;           ///< one band's decoded scales, row-major
+    std::uint32_t* stored = nullptr;  ///< one band row of stored scales, sc
     float* values = nullptr;          ///< per chunk of the code pass: cols each
     float* row_scales = nullptr;      ///< per chunk of the code pass: cols each
     std::uint8_t* codes = nullptr;    ///< per chunk of the code pass: cols each
@@ -340,12 +350,14 @@ struct quantize_copy_scratch {
     quantize_copy_scratch(scratch_carver& c, const host_executor& ex, const matrix_ref<const In>& x,
                           const quant_layout& L) {
         const std::size_t rows = x.rows, cols = x.cols, sr = L.scale_rows, sc = L.scale_cols;
-        if (x.order != storage_order::row_major) transposed = c.take<In>(rows * cols);
-        amax = c.take<float>(sr * sc);
+        const std::size_t band = band_rows(x, L);
+        const std::size_t band_sr = sr <= 1 ? sr : (band + L.block_rows - 1) / L.block_rows;
+        if (x.order != storage_order::row_major) transposed = c.take<In>(band * cols);
+        amax = c.take<float>(band_sr * sc);
         if (sr <= 1) part = c.take<float>(parallel_chunks(ex, rows, amax_row_grain(cols)) * sc);
-        scale = c.take<float>(sr * sc);
+        scale = c.take<float>(band_sr * sc);
         stored = c.take<std::uint32_t>(sc);
-        const std::size_t chunks = parallel_chunks(ex, rows, code_row_grain(cols));
+        const std::size_t chunks = parallel_chunks(ex, band, code_row_grain(cols));
         values = c.take<float>(chunks * cols);
         row_scales = c.take<float>(chunks * cols);
         codes = c.take<std::uint8_t>(chunks * cols);
@@ -358,45 +370,138 @@ template <class Recipe, class In>
 void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantized_ref<Recipe>& out,
                         float amax_for_scale_override, float tensor_scale, const philox_stream& rng, bool stats_on,
                         quant_stats& stats, scratch_carver scratch) {
+    using work_type = quantize_copy_scratch<In>;
     const quant_layout& L = out.layout;
     const std::size_t rows = x.rows, cols = x.cols;
     const std::size_t R = L.block_rows, C = L.block_cols, sr = L.scale_rows, sc = L.scale_cols;
-    const quantize_copy_scratch<In> work(scratch, ex, x, L);
-    if (x.order != storage_order::row_major && rows > 0 && cols > 0) {
-        // A column-wise copy reads x down its columns: transpose it once, in cache-sized tiles,
-        // into a row-major temporary and quantize that (the same values, so the same codes).
+    const work_type work(scratch, ex, x, L);
+    const simd_isa isa = best_isa();
+    std::fill(out.scales, out.scales + L.scale_bytes, std::uint8_t{0});
+    bool nan_block = false;  // only under nan_policy::propagate
+
+    // Phase 1: the finite amax of every block of band rows [r0, r1) (grid rows r0 / R.., row-major in
+    // work.amax); row i of the band is at base + (i - r0) * ld. max is exact and order-free, so any
+    // split of the work gives the same grid.
+    auto band_amax = [&](std::size_t r0, std::size_t r1, const In* base, std::size_t ld) {
+        const std::size_t b0 = r0 / R, b1 = (r1 + R - 1) / R;
+        std::fill(work.amax, work.amax + (b1 - b0) * sc, 0.0f);
+        parallel_for(ex, b1 - b0, work_type::band_grain(R, cols), [&](std::size_t b, std::size_t e) {
+            for (std::size_t bi = b0 + b; bi < b0 + e; ++bi)
+                for (std::size_t i = bi * R; i < std::min(r1, (bi + 1) * R); ++i)
+                    run_kernel<row_block_amax_kernel<Recipe, In>>(isa, base + (i - r0) * ld, cols, C,
+                                                                  work.amax + (bi - b0) * sc);
+        });
+    };
+    // Phase 2: the scales of grid rows [b0, b1) from work.amax (column-major grid in out).
+    auto band_scales = [&](std::size_t b0, std::size_t b1) {
+        for (std::size_t bi = b0; bi < b1; ++bi) {
+            const float* a = work.amax + (bi - b0) * sc;
+            for (std::size_t k = 0; k < sc; ++k) {
+                nan_block = nan_block || a[k] != a[k];
+                stats.amax = a[k] == a[k] ? std::max(stats.amax, a[k]) : stats.amax;
+            }
+            run_kernel<block_scale_kernel<Recipe>>(isa, a, amax_for_scale_override, tensor_scale,
+                                                   work.scale + (bi - b0) * sc, work.stored, sc);
+            for (std::size_t bj = 0; bj < sc; ++bj) {
+                const std::size_t k = bj * L.scale_ld + bi;
+                if constexpr (Recipe::scale_bytes == 4)
+                    std::memcpy(out.scales + 4 * k, &work.stored[bj], 4);
+                else
+                    out.scales[k] = static_cast<std::uint8_t>(work.stored[bj]);
+            }
+        }
+    };
+    // Phase 3: the codes of rows [r0, r1), row by row (a row never shares a byte with another row);
+    // the scales of grid row bi are work.scale[(bi - b0) * sc ..].
+    using Fmt = typename Recipe::format;
+    constexpr bool stochastic = std::is_same_v<typename Recipe::rounding, round::stochastic>;
+    std::mutex m;
+    auto band_codes = [&](std::size_t r0, std::size_t r1, const In* base, std::size_t ld, std::size_t b0) {
+        parallel_for_chunks(
+            ex, r1 - r0, work_type::code_row_grain(cols), [&](std::size_t chunk, std::size_t b, std::size_t e) {
+                quant_stats local;
+                float* const v = work.values + chunk * cols;
+                float* const S_of = work.row_scales + chunk * cols;
+                std::uint8_t* const codes = work.codes + chunk * cols;
+                std::size_t band = static_cast<std::size_t>(-1);
+                for (std::size_t i = r0 + b; i < r0 + e; ++i) {
+                    if (i / R != band) {  // the scales of this row's blocks, one per column
+                        band = i / R;
+                        const float* sb = work.scale + (band - b0) * sc;
+                        for (std::size_t bj = 0; bj < sc; ++bj)
+                            std::fill(S_of + bj * C, S_of + std::min(cols, (bj + 1) * C), sb[bj]);
+                    }
+                    const In* row_src = base + (i - r0) * ld;
+                    if (stochastic || stats_on)
+                        for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(row_src[j]);
+                    if constexpr (stochastic) {
+                        for (std::size_t j = 0; j < cols; ++j)
+                            codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(stochastic_index(i, j)));
+                    } else {
+                        run_kernel<encode_scaled_kernel<Recipe, In>>(isa, row_src, static_cast<const float*>(S_of),
+                                                                     codes, cols);
+                    }
+                    std::uint8_t* row = out.data + i * L.row_bytes;
+                    if constexpr (Fmt::bits == 8) {
+                        std::memcpy(row, codes, cols);
+                        std::fill(row + cols, row + L.row_bytes, std::uint8_t{0});
+                    } else if constexpr (Fmt::bits <=
+                                         4) {  // two codes a byte, element 0 in the low nibble (store_code's layout)
+                        std::fill(row, row + L.row_bytes, std::uint8_t{0});
+                        const std::uint8_t* c = codes;
+                        for (std::size_t k = 0; k + 1 < cols; k += 2)
+                            row[k / 2] = static_cast<std::uint8_t>((c[k] & 0x0Fu) | ((c[k + 1] & 0x0Fu) << 4));
+                        if (cols % 2 != 0) row[cols / 2] = static_cast<std::uint8_t>(c[cols - 1] & 0x0Fu);
+                    } else {
+                        std::fill(row, row + L.row_bytes, std::uint8_t{0});
+                        for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
+                    }
+                    if (stats_on)
+                        run_kernel<row_stats_kernel<Fmt>>(isa, static_cast<const float*>(v),
+                                                          static_cast<const float*>(S_of),
+                                                          static_cast<const std::uint8_t*>(codes), cols, &local);
+                }
+                if (stats_on) {
+                    std::lock_guard<std::mutex> lock(m);
+                    const float keep = stats.amax;
+                    stats.merge(local);
+                    stats.amax = keep;
+                }
+            });
+    };
+    // Rows [r0, r1) of x as a row-major band: x itself, or (x read down its columns) transposed
+    // into work.transposed in cache-sized tiles (the same values, so the same codes).
+    auto band_of = [&](std::size_t r0, std::size_t r1, std::size_t& ld) -> const In* {
+        if (x.order == storage_order::row_major) {
+            ld = x.ld;
+            return x.data + r0 * x.ld;
+        }
         constexpr std::size_t tile = 32;
         In* const dst = work.transposed;
         const In* const src = x.data;
-        const std::size_t ld = x.ld;
+        const std::size_t xld = x.ld, n = r1 - r0;
         const std::size_t tile_grain = std::max<std::size_t>(1, (1 << 15) / (tile * std::max<std::size_t>(cols, 1)));
-        parallel_for(ex, (rows + tile - 1) / tile, tile_grain, [&](std::size_t b, std::size_t e) {
-            for (std::size_t i0 = b * tile; i0 < std::min(rows, e * tile); i0 += tile) {
-                const std::size_t i1 = std::min(rows, i0 + tile);
+        parallel_for(ex, (n + tile - 1) / tile, tile_grain, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i0 = b * tile; i0 < std::min(n, e * tile); i0 += tile) {
+                const std::size_t i1 = std::min(n, i0 + tile);
                 for (std::size_t j0 = 0; j0 < cols; j0 += tile) {
                     const std::size_t j1 = std::min(cols, j0 + tile);
                     for (std::size_t i = i0; i < i1; ++i)
-                        for (std::size_t j = j0; j < j1; ++j) dst[i * cols + j] = src[j * ld + i];
+                        for (std::size_t j = j0; j < j1; ++j) dst[i * cols + j] = src[j * xld + r0 + i];
                 }
             }
         });
-        x = matrix_ref<const In>(work.transposed, rows, cols);
-    }
+        ld = cols;
+        return dst;
+    };
 
-    // Phase 1: the finite amax of every block (grid sr x sc, row-major here). max is exact and
-    // order-free, so any split of the work gives the same grid.
-    float* const amax = work.amax;
-    std::fill(amax, amax + sr * sc, 0.0f);
-    const simd_isa isa = best_isa();
-    if (sr > 1) {
-        parallel_for(ex, sr, quantize_copy_scratch<In>::band_grain(R, cols), [&](std::size_t b, std::size_t e) {
-            for (std::size_t bi = b; bi < e; ++bi)
-                for (std::size_t i = bi * R; i < std::min(rows, (bi + 1) * R); ++i)
-                    run_kernel<row_block_amax_kernel<Recipe, In>>(isa, x.data + i * x.ld, cols, C, amax + bi * sc);
-        });
-    } else {
-        std::mutex m;
-        parallel_for_chunks(ex, rows, quantize_copy_scratch<In>::amax_row_grain(cols),
+    const std::size_t band = work_type::band_rows(x, L);
+    if (sr <= 1) {
+        // One band of grid rows: its amax over all of x first (any order: x(i, j)), then the codes
+        // band by band.
+        float* const amax = work.amax;
+        std::fill(amax, amax + sc, 0.0f);
+        parallel_for_chunks(ex, rows, work_type::amax_row_grain(cols),
                             [&](std::size_t chunk, std::size_t b, std::size_t e) {
                                 float* const part = work.part + chunk * sc;
                                 std::fill(part, part + sc, 0.0f);
@@ -406,87 +511,25 @@ void quantize_copy_host(host_executor ex, matrix_ref<const In> x, const quantize
                                 std::lock_guard<std::mutex> lock(m);
                                 for (std::size_t k = 0; k < sc; ++k) amax[k] = amax_max(amax[k], part[k]);
                             });
-    }
-    bool nan_block = false;  // only under nan_policy::propagate
-    for (std::size_t k = 0; k < sr * sc; ++k) {
-        const float a = amax[k];
-        nan_block = nan_block || a != a;
-        stats.amax = a == a ? std::max(stats.amax, a) : stats.amax;
+        band_scales(0, sr);
+        for (std::size_t r0 = 0; r0 < rows; r0 += band) {
+            const std::size_t r1 = std::min(rows, r0 + band);
+            std::size_t ld = 0;
+            const In* base = band_of(r0, r1, ld);
+            band_codes(r0, r1, base, ld, 0);
+        }
+    } else {
+        for (std::size_t r0 = 0; r0 < rows; r0 += band) {  // band is a multiple of R
+            const std::size_t r1 = std::min(rows, r0 + band);
+            std::size_t ld = 0;
+            const In* base = band_of(r0, r1, ld);
+            band_amax(r0, r1, base, ld);
+            band_scales(r0 / R, (r1 + R - 1) / R);
+            band_codes(r0, r1, base, ld, r0 / R);
+        }
     }
     // A NaN block hides its finite amax, which the result reports: measure it (NaN inputs only).
     if (nan_block) stats.amax = tensor_amax_host(ex, x);
-
-    // Phase 2: scales (column-major grid, padding zeroed).
-    float* const scale = work.scale;
-    std::uint32_t* const stored = work.stored;
-    std::fill(out.scales, out.scales + L.scale_bytes, std::uint8_t{0});
-    for (std::size_t bi = 0; bi < sr; ++bi) {
-        run_kernel<block_scale_kernel<Recipe>>(isa, static_cast<const float*>(amax + bi * sc), amax_for_scale_override,
-                                               tensor_scale, scale + bi * sc, stored, sc);
-        for (std::size_t bj = 0; bj < sc; ++bj) {
-            const std::size_t k = bj * L.scale_ld + bi;
-            if constexpr (Recipe::scale_bytes == 4)
-                std::memcpy(out.scales + 4 * k, &stored[bj], 4);
-            else
-                out.scales[k] = static_cast<std::uint8_t>(stored[bj]);
-        }
-    }
-
-    // Phase 3: codes, row by row (a row never shares a byte with another row); x is row-major here.
-    using Fmt = typename Recipe::format;
-    constexpr bool stochastic = std::is_same_v<typename Recipe::rounding, round::stochastic>;
-    std::mutex m;
-    parallel_for_chunks(
-        ex, rows, quantize_copy_scratch<In>::code_row_grain(cols),
-        [&](std::size_t chunk, std::size_t b, std::size_t e) {
-            quant_stats local;
-            float* const v = work.values + chunk * cols;
-            float* const S_of = work.row_scales + chunk * cols;
-            std::uint8_t* const codes = work.codes + chunk * cols;
-            std::size_t band = static_cast<std::size_t>(-1);
-            for (std::size_t i = b; i < e; ++i) {
-                if (i / R != band) {  // the scales of this row's blocks, one per column
-                    band = i / R;
-                    for (std::size_t bj = 0; bj < sc; ++bj)
-                        std::fill(S_of + bj * C, S_of + std::min(cols, (bj + 1) * C), scale[band * sc + bj]);
-                }
-                const In* row_src = x.data + i * x.ld;
-                if (stochastic || stats_on)
-                    for (std::size_t j = 0; j < cols; ++j) v[j] = as_float(row_src[j]);
-                if constexpr (stochastic) {
-                    for (std::size_t j = 0; j < cols; ++j)
-                        codes[j] = encode_scaled<Recipe>(v[j], S_of[j], rng.bits(stochastic_index(i, j)));
-                } else {
-                    run_kernel<encode_scaled_kernel<Recipe, In>>(isa, row_src, static_cast<const float*>(S_of), codes,
-                                                                 cols);
-                }
-                std::uint8_t* row = out.data + i * L.row_bytes;
-                if constexpr (Fmt::bits == 8) {
-                    std::memcpy(row, codes, cols);
-                    std::fill(row + cols, row + L.row_bytes, std::uint8_t{0});
-                } else if constexpr (Fmt::bits <=
-                                     4) {  // two codes a byte, element 0 in the low nibble (store_code's layout)
-                    std::fill(row, row + L.row_bytes, std::uint8_t{0});
-                    const std::uint8_t* c = codes;
-                    for (std::size_t k = 0; k + 1 < cols; k += 2)
-                        row[k / 2] = static_cast<std::uint8_t>((c[k] & 0x0Fu) | ((c[k + 1] & 0x0Fu) << 4));
-                    if (cols % 2 != 0) row[cols / 2] = static_cast<std::uint8_t>(c[cols - 1] & 0x0Fu);
-                } else {
-                    std::fill(row, row + L.row_bytes, std::uint8_t{0});
-                    for (std::size_t j = 0; j < cols; ++j) detail::store_code<Fmt>(row, j, codes[j]);
-                }
-                if (stats_on)
-                    run_kernel<row_stats_kernel<Fmt>>(isa, static_cast<const float*>(v),
-                                                      static_cast<const float*>(S_of),
-                                                      static_cast<const std::uint8_t*>(codes), cols, &local);
-            }
-            if (stats_on) {
-                std::lock_guard<std::mutex> lock(m);
-                const float keep = stats.amax;
-                stats.merge(local);
-                stats.amax = keep;
-            }
-        });
 }
 
 /// The finite amax of a whole matrix (the "amax pass" of current per-tensor scaling).
