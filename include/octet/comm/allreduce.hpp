@@ -9,7 +9,10 @@
 //   0. agree: every rank contributes a 64-byte descriptor (codec config, n, P, the caller's
 //      expected rank count, feedback shapes, and whether its own arguments passed validation) to
 //      one all-gather; if the descriptors differ, or any rank failed validation, EVERY rank throws
-//      octet::error (the same decision everywhere, so no rank is left waiting in a later collective);
+//      octet::error (the same decision everywhere, so no rank is left waiting in a later collective).
+//      On the host (compressed_allreduce_host) each rank first validates its arguments and takes
+//      its one block of scratch (below), and the ranks exchange a failure flag (allreduce_max)
+//      before the descriptors: a rank that cannot take its scratch stops every rank there;
 //   1. shard: [0, n) is cut into P contiguous shards on multiples of the granule
 //      G = max(Hadamard block, scale block, 128) (allreduce_shard); rank s owns shard s;
 //   2. encode: every rank encodes each shard of its gradient as one message (transform, scales,
@@ -29,6 +32,13 @@
 // floats sends 2 (P-1)/P * 4n), plus headers. Error: see allreduce_error_bound (two codec
 // roundings, one float sum).
 //
+// Host scratch: compressed_allreduce_host takes every temporary (the descriptors, the per-rank
+// counts and offsets, the stage-1 messages, the received messages, the rotated sum, the reduced
+// message, and the codec calls' scratch) as ONE block from options.executor's allocator when one is
+// lent (octet::with_allocator), else ::operator new, before its first collective; the codec calls
+// inside take theirs from a region of that block (see compressed_allreduce_scratch_bytes). The
+// transport's own buffers are the transport's (mpi_communicator allocates its int count arrays).
+//
 // Transport interface (a class with these members; blocking collectives over host memory):
 //   int rank() const;  int size() const;
 //   void allgather(const void* send, std::size_t bytes, void* recv);           // recv: size() * bytes
@@ -46,6 +56,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -136,7 +147,8 @@ struct allreduce_descriptor {
     std::uint8_t format = 0, transform = 0, stochastic = 0, feedback = 0;  // feedback: 0 none, else storage + 1
     std::uint8_t reduced_feedback = 0, reserved0 = 0, reserved1 = 0, reserved2 = 0;
     std::uint32_t reserved3 = 0;
-    std::int32_t local_error = 0;  ///< not compared: 1 if this rank's own arguments failed validation
+    std::int32_t local_error = 0;  ///< 1 if this rank's own arguments failed validation (0 on the host path,
+                                   ///< which stops on a failure flag before the gather)
     std::uint32_t reserved4 = 0;
 };
 static_assert(sizeof(allreduce_descriptor) == 64, "allreduce_descriptor must be 64 bytes");
@@ -170,13 +182,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// Step 0 (shared by the MPI and NCCL versions): validate locally, agree collectively, throw everywhere.
-/// `local_check` throws octet::error on bad local arguments; `gather(send, recv)` all-gathers 64 bytes.
-template <class Check, class Gather>
-void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank, const allreduce_options& opt,
-                    Check&& local_check, Gather&& gather, const char* fn) {
+/// This rank's agreement descriptor (local_error 0).
+inline allreduce_descriptor make_descriptor(const codec_config& cfg, std::size_t n, int world,
+                                            const allreduce_options& opt) {
     allreduce_descriptor d;
-    std::string local_message;
     d.n = n;
     d.seed = cfg.seed;
     d.block = cfg.block;
@@ -190,10 +199,36 @@ void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank,
     d.reduced_feedback = opt.reduced_feedback.empty()
                              ? 0
                              : static_cast<std::uint8_t>(static_cast<int>(opt.reduced_feedback.storage) + 1);
+    return d;
+}
+
+/// The local check every version makes first: options.expected_ranks against the communicator.
+inline void check_expected_ranks(const allreduce_options& opt, int world, const char* fn) {
+    OCTET_REQUIRE(opt.expected_ranks == 0 || opt.expected_ranks == world, fn, "options.expected_ranks",
+                  message("is ", opt.expected_ranks, " but the communicator has ", world, " ranks; launch with ",
+                          opt.expected_ranks, " ranks (mpirun -np ", opt.expected_ranks, ") or pass 0"));
+}
+
+/// Throws (the same decision on every rank) unless the `world` gathered descriptors are identical.
+inline void throw_unless_agreed(const allreduce_descriptor* all, int world, const char* fn) {
+    for (int r = 1; r < world; ++r) {
+        allreduce_descriptor a = all[0], b = all[r];
+        if (std::memcmp(&a, &b, sizeof a) != 0)
+            throw error(
+                message(fn, ": the ranks disagree on the call (mismatched headers): ", describe_mismatch(a, b, 0, r),
+                        "; every rank must pass the same config, size and options"));
+    }
+}
+
+/// Step 0 of the NCCL versions: validate locally, agree collectively, throw everywhere.
+/// `local_check` throws octet::error on bad local arguments; `gather(send, recv)` all-gathers 64 bytes.
+template <class Check, class Gather>
+void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank, const allreduce_options& opt,
+                    Check&& local_check, Gather&& gather, const char* fn) {
+    allreduce_descriptor d = make_descriptor(cfg, n, world, opt);
+    std::string local_message;
     try {
-        OCTET_REQUIRE(opt.expected_ranks == 0 || opt.expected_ranks == world, fn, "options.expected_ranks",
-                      message("is ", opt.expected_ranks, " but the communicator has ", world, " ranks; launch with ",
-                              opt.expected_ranks, " ranks (mpirun -np ", opt.expected_ranks, ") or pass 0"));
+        check_expected_ranks(opt, world, fn);
         local_check();
     } catch (const error& e) {
         d.local_error = 1;
@@ -208,14 +243,95 @@ void agree_or_throw(const codec_config& cfg, std::size_t n, int world, int rank,
             throw error(message(fn, ": rank ", r,
                                 " failed validation of its own arguments; every rank stops (see rank ", r,
                                 "'s error)"));
-    for (int r = 1; r < world; ++r) {
-        allreduce_descriptor a = all[0], b = all[r];
-        if (std::memcmp(&a, &b, sizeof a) != 0)
-            throw error(
-                message(fn, ": the ranks disagree on the call (mismatched headers): ", describe_mismatch(a, b, 0, r),
-                        "; every rank must pass the same config, size and options"));
-    }
+    throw_unless_agreed(all.data(), world, fn);
 }
+
+/// The host scratch of one compressed_allreduce_host call on rank `me` of P, all of it carved from
+/// one block (see scratch_carver; carve_allreduce describes it for the query and the operation):
+struct allreduce_scratch {
+    allreduce_descriptor* descriptors = nullptr;  ///< P: the agreement's all-gather
+    shard_range* shard = nullptr;                 ///< P: every rank's shard
+    std::size_t* msg_bytes = nullptr;             ///< P: the message of each shard (stage 1 and reduced)
+    std::size_t* send_off = nullptr;              ///< P + 1: their offsets, one after another
+    std::size_t* recv_counts = nullptr;           ///< P: msg_bytes[me] each
+    std::size_t* recv_off = nullptr;              ///< P
+    std::uint8_t* messages = nullptr;  ///< send_off[P]: the stage-1 messages sent; then the reduced ones gathered
+    std::uint8_t* recvbuf = nullptr;   ///< P * msg_bytes[me]: the stage-1 messages of my shard
+    float* y = nullptr;                ///< L of my shard: their sum in rotated coordinates
+    std::uint8_t* reduced = nullptr;   ///< msg_bytes[me]: my reduced message
+    unsigned char* codec = nullptr;    ///< codec_bytes: lent to the codec calls inside, one at a time
+    std::size_t codec_bytes = 0;
+};
+
+/// The most host scratch one codec call inside compressed_allreduce_host takes (they run one after
+/// another): the stage-1 encodes of every shard, the re-encode of mine, the decodes of every shard.
+inline std::size_t allreduce_codec_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n, int P, int me,
+                                         bool feedback, bool reduced_feedback) {
+    std::size_t most = 0;
+    auto keep = [&](scratch_carver& c) { most = std::max(most, c.bytes()); };
+    for (int r = 0; r < P; ++r) {
+        const wire_layout l = wire_layout_of(cfg, allreduce_shard(cfg, n, P, r).count);
+        scratch_carver e, d;
+        carve_encode(e, ex, cfg, l, false, feedback);
+        carve_decode(d, ex, cfg.transform, l, decoded_space::original);
+        keep(e), keep(d);
+        if (r == me) {
+            scratch_carver t;
+            carve_encode(t, ex, cfg, l, true, reduced_feedback);
+            keep(t);
+        }
+    }
+    return most;
+}
+
+/// Describes the scratch of compressed_allreduce_host on rank `me` of P (arguments validated):
+/// one description for compressed_allreduce_scratch_bytes and the operation. The sizes come from
+/// the shards, not from the arrays (which a counting carver does not hand out).
+inline allreduce_scratch carve_allreduce(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
+                                         std::size_t n, int P, int me, bool feedback, bool reduced_feedback) {
+    const std::size_t world = static_cast<std::size_t>(P);
+    std::size_t total = 0;
+    for (int r = 0; r < P; ++r) total += encoded_size(cfg, allreduce_shard(cfg, n, P, r).count);
+    const shard_range mine = allreduce_shard(cfg, n, P, me);
+    const std::size_t msg_me = encoded_size(cfg, mine.count);
+    allreduce_scratch s;
+    s.descriptors = c.take<allreduce_descriptor>(world);
+    s.shard = c.take<shard_range>(world);
+    s.msg_bytes = c.take<std::size_t>(world);
+    s.send_off = c.take<std::size_t>(world + 1);
+    s.recv_counts = c.take<std::size_t>(world);
+    s.recv_off = c.take<std::size_t>(world);
+    // The stage-1 messages are dead once the all-to-all returns (a blocking collective): the
+    // reduced messages are gathered into the same bytes.
+    s.messages = c.take<std::uint8_t>(total);
+    s.recvbuf = c.take<std::uint8_t>(world * msg_me);
+    s.y = c.take<float>(static_cast<std::size_t>(transform_length(cfg.transform, mine.count, cfg.block)));
+    s.reduced = c.take<std::uint8_t>(msg_me);
+    s.codec_bytes = allreduce_codec_bytes(ex, cfg, n, P, me, feedback, reduced_feedback);
+    s.codec = c.take<unsigned char>(s.codec_bytes);
+    return s;
+}
+
+/// The region of the all-reduce's block that the codec calls inside it take their scratch from, as
+/// a host_allocator: one request at a time (the codec calls run one after another), at most its bytes.
+struct codec_region {
+    unsigned char* base = nullptr;
+    std::size_t bytes = 0;
+    bool taken = false;
+
+    host_allocator allocator() {
+        host_allocator a;
+        a.context = this;
+        a.allocate = [](void* c, std::size_t bytes) -> void* {
+            auto& r = *static_cast<codec_region*>(c);
+            if (r.taken || bytes > r.bytes) return nullptr;
+            r.taken = true;
+            return r.base;
+        };
+        a.deallocate = [](void* c, void*, std::size_t) { static_cast<codec_region*>(c)->taken = false; };
+        return a;
+    }
+};
 
 /// Checks a received message's header against what this rank expects (after read_wire_header).
 inline void expect_message(const wire_header& h, const codec_config& cfg, const shard_range& s, const char* fn,
@@ -230,7 +346,35 @@ inline void expect_message(const wire_header& h, const codec_config& cfg, const 
 
 }  // namespace detail
 
+/// Bytes of host scratch that compressed_allreduce_host(comm, cfg, data, opt) (and
+/// compressed_allreduce over MPI) takes on rank `rank` of a communicator of `world` ranks, for
+/// n = data.size() elements, when it runs on the host executor `ex` (pass options.executor; the
+/// options' own executor is not read, only whether options.feedback and options.reduced_feedback
+/// are empty): the peak the call holds from ex.allocator (or ::operator new), the whole call
+/// included. It is ONE block, taken before the first collective and given back on return or throw:
+/// the call's own buffers (the P shard messages, sent and then gathered in the same bytes, about
+/// encoded_size(cfg, n); P + 1 messages of this rank's shard, received and reduced; L floats of
+/// its shard; 64 + 48 bytes per rank) plus the largest scratch of one codec call nested inside
+/// (encode_gradient_scratch_bytes of a shard, encode_gradient_transformed_scratch_bytes of this
+/// rank's shard, decode_gradient_scratch_bytes of a shard), which those calls take, one after
+/// another, from a region of that block. Shards differ in size, so the bytes depend on the rank;
+/// the largest over the ranks bounds them all.
+inline std::size_t compressed_allreduce_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n,
+                                                      int world, int rank, const allreduce_options& opt = {}) {
+    constexpr const char* fn = "octet::compressed_allreduce_scratch_bytes";
+    detail::validate_config(cfg, fn);
+    OCTET_REQUIRE(n <= wire_max_elements, fn, "n", detail::message("counts ", n, " elements; at most 2^40"));
+    OCTET_REQUIRE(world >= 1, fn, "world", detail::message("is ", world, "; a communicator has at least one rank"));
+    OCTET_REQUIRE(rank >= 0 && rank < world, fn, "rank", detail::message("is ", rank, "; ranks are 0..", world - 1));
+    detail::scratch_carver c;
+    detail::carve_allreduce(c, ex, cfg, n, world, rank, !opt.feedback.empty(), !opt.reduced_feedback.empty());
+    return c.bytes();
+}
+
 /// The compressed all-reduce over any transport (see the header comment). data <- sum over ranks.
+/// Every temporary comes from one block of host scratch (compressed_allreduce_scratch_bytes), from
+/// opt.executor's allocator when one is lent; a rank that cannot take it stops every rank with
+/// octet::error before any data moves.
 template <class Transport>
 allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& cfg, span<float> data,
                                            const allreduce_options& opt = {},
@@ -242,76 +386,122 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     const std::size_t n = data.size();
     auto t0 = clock::now();
 
-    detail::agree_or_throw(
-        cfg, n, P, me, opt,
-        [&] {
-            detail::validate_config(cfg, fn);
-            OCTET_REQUIRE(n == 0 || data.data() != nullptr, fn, "data", "is null with a non-zero size");
-            OCTET_REQUIRE(n <= wire_max_elements, fn, "data", "has more than 2^40 elements");
-            if (!opt.feedback.empty())
-                OCTET_REQUIRE(opt.feedback.size == n, fn, "options.feedback",
-                              detail::message("has ", opt.feedback.size,
-                                              " elements; the stage-1 residual covers the whole gradient (", n, ")"));
-            if (!opt.reduced_feedback.empty()) {
-                const shard_range s = allreduce_shard(cfg, n, P, me);
-                OCTET_REQUIRE(opt.reduced_feedback.size == s.count, fn, "options.reduced_feedback",
-                              detail::message("has ", opt.reduced_feedback.size, " elements; this rank's shard has ",
-                                              s.count, " (allreduce_shard)"));
-            }
-            for (int r = 0; r < P; ++r)
-                OCTET_REQUIRE(encoded_size(cfg, allreduce_shard(cfg, n, P, r).count) < (std::size_t{1} << 31), fn,
-                              "data",
-                              "gives a shard message of 2 GiB or more; use more ranks or a smaller gradient per call");
-        },
-        [&](const void* send, void* recv) { comm.allgather(send, sizeof(detail::allreduce_descriptor), recv); }, fn);
+    // 0. Validate locally and take the scratch; exchange the failure flag; agree on the call.
+    std::optional<detail::host_scratch> block;
+    detail::allreduce_scratch s;
+    int local_failure = 0;  // 1: the arguments, 2: the scratch
+    std::string local_message;
+    try {
+        detail::check_expected_ranks(opt, P, fn);
+        detail::validate_config(cfg, fn);
+        OCTET_REQUIRE(n == 0 || data.data() != nullptr, fn, "data", "is null with a non-zero size");
+        OCTET_REQUIRE(n <= wire_max_elements, fn, "data", "has more than 2^40 elements");
+        if (!opt.feedback.empty())
+            OCTET_REQUIRE(opt.feedback.size == n, fn, "options.feedback",
+                          detail::message("has ", opt.feedback.size,
+                                          " elements; the stage-1 residual covers the whole gradient (", n, ")"));
+        if (!opt.reduced_feedback.empty()) {
+            const shard_range sh = allreduce_shard(cfg, n, P, me);
+            OCTET_REQUIRE(opt.reduced_feedback.size == sh.count, fn, "options.reduced_feedback",
+                          detail::message("has ", opt.reduced_feedback.size, " elements; this rank's shard has ",
+                                          sh.count, " (allreduce_shard)"));
+        }
+        for (int r = 0; r < P; ++r)
+            OCTET_REQUIRE(encoded_size(cfg, allreduce_shard(cfg, n, P, r).count) < (std::size_t{1} << 31), fn, "data",
+                          "gives a shard message of 2 GiB or more; use more ranks or a smaller gradient per call");
+    } catch (const error& e) {
+        local_failure = 1;
+        local_message = detail::text_of(e);
+    }
+    if (local_failure == 0) {
+        const bool fb = !opt.feedback.empty(), rfb = !opt.reduced_feedback.empty();
+        try {
+            detail::scratch_carver size;
+            detail::carve_allreduce(size, opt.executor, cfg, n, P, me, fb, rfb);
+            block.emplace(opt.executor, size.bytes(), fn);
+            detail::scratch_carver carver = block->carver();
+            s = detail::carve_allreduce(carver, opt.executor, cfg, n, P, me, fb, rfb);
+        } catch (const error& e) {
+            local_failure = 2;
+            local_message = detail::text_of(e);
+        } catch (const std::exception& e) {  // an allocator that throws, or ::operator new
+            local_failure = 2;
+            local_message = detail::message("the scratch could not be taken: ", e.what());
+        }
+    }
+    // The lowest failing rank wins (2 (P - rank) + what failed), as every rank sees the same flag.
+    const int flag = comm.allreduce_max(local_failure == 0 ? 0 : 2 * (P - me) + (local_failure - 1));
+    if (flag != 0) {
+        const int who = P - flag / 2;
+        const bool scratch = (flag & 1) != 0;
+        if (local_failure == 1)
+            throw error(detail::message(fn, ": rank ", me, " failed validation (every rank stops): ", local_message));
+        if (local_failure == 2)
+            throw error(
+                detail::message(fn, ": rank ", me, " could not take its scratch (every rank stops): ", local_message));
+        throw error(detail::message(fn, ": rank ", who,
+                                    scratch ? " could not take its scratch from its executor's allocator"
+                                            : " failed validation of its own arguments",
+                                    "; every rank stops (see rank ", who, "'s error)"));
+    }
+    const detail::allreduce_descriptor d = detail::make_descriptor(cfg, n, P, opt);
+    comm.allgather(&d, sizeof d, s.descriptors);
+    detail::throw_unless_agreed(s.descriptors, P, fn);
     rep.agree_s = detail::seconds_since(t0);
 
+    // The codec calls take their scratch from the block's codec region.
+    detail::codec_region region{s.codec, s.codec_bytes};
+    host_executor codec_ex = opt.executor;
+    codec_ex.allocator = region.allocator();
+
     // 1-2. Shards and stage-1 messages.
-    std::vector<shard_range> shard(static_cast<std::size_t>(P));
-    std::vector<std::size_t> msg_bytes(static_cast<std::size_t>(P)), send_off(static_cast<std::size_t>(P) + 1, 0);
+    std::size_t* const msg_bytes = s.msg_bytes;
+    std::size_t* const send_off = s.send_off;
+    shard_range* const shard = s.shard;
+    send_off[0] = 0;
     for (int r = 0; r < P; ++r) {
         shard[r] = allreduce_shard(cfg, n, P, r);
         msg_bytes[r] = encoded_size(cfg, shard[r].count);
         send_off[r + 1] = send_off[r] + msg_bytes[r];
     }
     const shard_range mine = shard[me];
+    const std::size_t msg_me = msg_bytes[me];
     t0 = clock::now();
-    std::vector<std::uint8_t> sendbuf(send_off[P]);
     for (int r = 0; r < P; ++r) {
         encode_options eo;
         eo.first_index = shard[r].begin;
         eo.random_stream = 1 + static_cast<std::uint64_t>(me);
         if (!opt.feedback.empty()) eo.feedback = opt.feedback.subrange(shard[r].begin, shard[r].count);
-        const span<std::uint8_t> out(sendbuf.data() + send_off[r], msg_bytes[r]);
-        encode_gradient(opt.executor, cfg, span<const float>(data.data() + shard[r].begin, shard[r].count), out, eo);
+        const span<std::uint8_t> out(s.messages + send_off[r], msg_bytes[r]);
+        encode_gradient(codec_ex, cfg, span<const float>(data.data() + shard[r].begin, shard[r].count), out, eo);
         if (opt.tamper) opt.tamper(r, out);
     }
     rep.encode_s = detail::seconds_since(t0);
 
     // 3. All-to-all: P messages of my shard arrive.
     t0 = clock::now();
-    std::vector<std::size_t> recv_counts(static_cast<std::size_t>(P), msg_bytes[me]),
-        recv_off(static_cast<std::size_t>(P));
-    for (int r = 0; r < P; ++r) recv_off[r] = static_cast<std::size_t>(r) * msg_bytes[me];
-    std::vector<std::uint8_t> recvbuf(static_cast<std::size_t>(P) * msg_bytes[me]);
-    comm.alltoallv(sendbuf.data(), msg_bytes.data(), send_off.data(), recvbuf.data(), recv_counts.data(),
-                   recv_off.data());
+    for (int r = 0; r < P; ++r) {
+        s.recv_counts[r] = msg_me;
+        s.recv_off[r] = static_cast<std::size_t>(r) * msg_me;
+    }
+    comm.alltoallv(s.messages, msg_bytes, send_off, s.recvbuf, s.recv_counts, s.recv_off);
     rep.exchange_s = detail::seconds_since(t0);
     for (int r = 0; r < P; ++r)
-        if (r != me) rep.bytes_sent += msg_bytes[r], rep.bytes_received += msg_bytes[me];
+        if (r != me) rep.bytes_sent += msg_bytes[r], rep.bytes_received += msg_me;
 
     // 4. Validate and sum in rotated coordinates; 5. re-encode.
     t0 = clock::now();
     const std::size_t L = static_cast<std::size_t>(transform_length(cfg.transform, mine.count, cfg.block));
-    std::vector<float> y(L, 0.0f);
-    std::vector<std::uint8_t> reduced(msg_bytes[me]);
+    const span<float> y(s.y, L);
+    std::fill(s.y, s.y + L, 0.0f);
+    const span<std::uint8_t> reduced(s.reduced, msg_me);
     std::string failure;
     try {
         for (int r = 0; r < P; ++r) {
-            const span<const std::uint8_t> m(recvbuf.data() + recv_off[r], msg_bytes[me]);
+            const span<const std::uint8_t> m(s.recvbuf + s.recv_off[r], msg_me);
             wire_header h;
             try {
-                h = decode_gradient_transformed(opt.executor, m, y, r > 0);
+                h = decode_gradient_transformed(codec_ex, m, y, r > 0);
             } catch (const error& e) {
                 throw error(detail::message(fn, ": the stage-1 message from rank ", r, " to rank ", me,
                                             " is invalid: ", detail::text_of(e)));
@@ -322,7 +512,7 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
         eo.first_index = mine.begin;
         eo.random_stream = 0;
         eo.feedback = opt.reduced_feedback;
-        encode_gradient_transformed(opt.executor, cfg, y, mine.count, reduced, eo);
+        encode_gradient_transformed(codec_ex, cfg, y, mine.count, reduced, eo);
     } catch (const error& e) {
         failure = detail::text_of(e);
     }
@@ -334,22 +524,22 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     }
     rep.reduce_s = detail::seconds_since(t0);
 
-    // 6. All-gather the reduced shards, validate and decode every one.
+    // 6. All-gather the reduced shards (into the stage-1 messages' bytes), validate and decode every one.
     t0 = clock::now();
-    std::vector<std::uint8_t> gathered(send_off[P]);
-    comm.allgatherv(reduced.data(), reduced.size(), gathered.data(), msg_bytes.data(), send_off.data());
+    std::uint8_t* const gathered = s.messages;
+    comm.allgatherv(s.reduced, msg_me, gathered, msg_bytes, send_off);
     rep.gather_s = detail::seconds_since(t0);
-    rep.bytes_sent += static_cast<std::size_t>(P - 1) * msg_bytes[me];
-    rep.bytes_received += send_off[P] - msg_bytes[me];
+    rep.bytes_sent += static_cast<std::size_t>(P - 1) * msg_me;
+    rep.bytes_received += send_off[P] - msg_me;
 
     t0 = clock::now();
     failure.clear();
     try {
         for (int r = 0; r < P; ++r) {
-            const span<const std::uint8_t> m(gathered.data() + send_off[r], msg_bytes[r]);
+            const span<const std::uint8_t> m(gathered + send_off[r], msg_bytes[r]);
             wire_header h;
             try {
-                h = decode_gradient(opt.executor, m, span<float>(data.data() + shard[r].begin, shard[r].count));
+                h = decode_gradient(codec_ex, m, span<float>(data.data() + shard[r].begin, shard[r].count));
             } catch (const error& e) {
                 throw error(detail::message(fn, ": the reduced message of rank ", r, " is invalid on rank ", me, ": ",
                                             detail::text_of(e)));

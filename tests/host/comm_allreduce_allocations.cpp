@@ -1,0 +1,471 @@
+// octet-test: timeout=240
+// Every byte through the caller: the host compressed all-reduce (compressed_allreduce_host,
+// octet/comm/allreduce.hpp) over an in-process transport of 2 and 3 ranks (one thread each, the
+// transport of examples/08_training/ranks.hpp with its mailboxes allocated up front):
+//   (a) with the default executor, the whole multi-rank call makes exactly one global allocation
+//       per rank (its one block of scratch);
+//   (b) with with_allocator(on_host(1), lent) (and on_host(pool) with a lent allocator), one lent
+//       allocator per rank: zero global allocations around the whole multi-thread call (threads
+//       started before, joined after), every lent allocator balanced, one request of exactly
+//       compressed_allreduce_scratch_bytes(ex, cfg, n, P, rank, opt) bytes, and the results (the
+//       sums and both residuals) bit-identical to the default executor's;
+//   (c) an allocator that refuses (returns null) or throws std::bad_alloc, on every rank or on one
+//       rank only: octet::error on EVERY rank (no rank is left waiting in a collective: a watchdog
+//       fails the test instead of hanging), the data untouched, every lent allocator balanced, and
+//       the world usable afterwards.
+// Inputs are fresh random values (support/random.hpp) at ragged sizes, including sizes below the
+// granule (ranks with empty shards).
+#include "support/counting_allocator.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "octet/codec/codec.hpp"
+#include "octet/codec/feedback.hpp"
+#include "octet/comm/allreduce.hpp"
+#include "support/random.hpp"
+
+namespace {
+using namespace octet;
+
+/// A barrier that can be used again and again (C++17 has no std::barrier). Allocates nothing.
+class thread_barrier {
+public:
+    explicit thread_barrier(int n) : n_(n) {}
+    void arrive_and_wait() {
+        std::unique_lock<std::mutex> lock(m_);
+        const unsigned long gen = generation_;
+        if (++waiting_ == n_) {
+            waiting_ = 0;
+            ++generation_;
+            cv_.notify_all();
+            return;
+        }
+        cv_.wait(lock, [&] { return gen != generation_; });
+    }
+
+private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    int n_, waiting_ = 0;
+    unsigned long generation_ = 0;
+};
+
+/// What the ranks share (allocated in the constructor; the collectives allocate nothing).
+struct in_process_world {
+    explicit in_process_world(int ranks)
+        : size(ranks), barrier(ranks), send(ranks), counts(ranks), offsets(ranks), values(ranks) {}
+    int size;
+    thread_barrier barrier;
+    std::vector<const unsigned char*> send;
+    std::vector<const std::size_t*> counts, offsets;
+    std::vector<int> values;
+};
+
+/// One rank's view of the world: the transport interface of comm/allreduce.hpp.
+class in_process_transport {
+public:
+    in_process_transport(in_process_world& w, int rank) : w_(&w), rank_(rank) {}
+    int rank() const { return rank_; }
+    int size() const { return w_->size; }
+
+    void allgather(const void* send, std::size_t bytes, void* recv) {
+        publish(send);
+        for (int q = 0; q < w_->size; ++q)
+            if (bytes) std::memcpy(static_cast<unsigned char*>(recv) + q * bytes, w_->send[q], bytes);
+        w_->barrier.arrive_and_wait();
+    }
+    void alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_offsets, void* recv,
+                   const std::size_t* recv_counts, const std::size_t* recv_offsets) {
+        w_->counts[rank_] = send_counts;
+        w_->offsets[rank_] = send_offsets;
+        publish(send);
+        for (int q = 0; q < w_->size; ++q)
+            if (recv_counts[q])
+                std::memcpy(static_cast<unsigned char*>(recv) + recv_offsets[q], w_->send[q] + w_->offsets[q][rank_],
+                            recv_counts[q]);
+        w_->barrier.arrive_and_wait();
+    }
+    void allgatherv(const void* send, std::size_t, void* recv, const std::size_t* counts, const std::size_t* offsets) {
+        publish(send);
+        for (int q = 0; q < w_->size; ++q)
+            if (counts[q]) std::memcpy(static_cast<unsigned char*>(recv) + offsets[q], w_->send[q], counts[q]);
+        w_->barrier.arrive_and_wait();
+    }
+    int allreduce_max(int value) {
+        w_->values[rank_] = value;
+        w_->barrier.arrive_and_wait();
+        const int m = *std::max_element(w_->values.begin(), w_->values.end());
+        w_->barrier.arrive_and_wait();
+        return m;
+    }
+
+private:
+    void publish(const void* send) {
+        w_->send[rank_] = static_cast<const unsigned char*>(send);
+        w_->barrier.arrive_and_wait();
+    }
+    in_process_world* w_;
+    int rank_;
+};
+
+/// Runs fn(rank) on one thread per rank. The threads start before and are joined after the
+/// window in which `counted` (when not null) receives the global allocations of every thread; a
+/// rank's exception is kept in errors[rank]. A call that does not finish within a minute (a rank
+/// left waiting in a collective) ends the program with a message instead of hanging.
+template <class Fn>
+void on_every_rank(int ranks, Fn&& fn, std::vector<std::exception_ptr>& errors, long* counted = nullptr) {
+    errors.assign(static_cast<std::size_t>(ranks), nullptr);
+    thread_barrier start(ranks + 1);
+    std::mutex m;
+    std::condition_variable cv;
+    int finished = 0;
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+            start.arrive_and_wait();
+            try {
+                fn(r);
+            } catch (...) {
+                errors[r] = std::current_exception();
+            }
+            std::lock_guard<std::mutex> lock(m);
+            ++finished;
+            cv.notify_all();
+        });
+    auto wait_all = [&] {
+        std::unique_lock<std::mutex> lock(m);
+        if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return finished == ranks; })) {
+            std::fprintf(stderr,
+                         "comm_allreduce_allocations: %d of %d ranks still inside the call after 60 s "
+                         "(a rank left waiting in a collective)\n",
+                         ranks - finished, ranks);
+            std::fflush(stderr);
+            std::_Exit(3);
+        }
+    };
+    if (counted) {
+        octet_test::global_allocations count;
+        start.arrive_and_wait();
+        wait_all();
+        *counted = count.count();
+    } else {
+        start.arrive_and_wait();
+        wait_all();
+    }
+    for (auto& t : threads) t.join();
+}
+
+/// An allocator that refuses every request (returns null, or throws std::bad_alloc) and counts.
+struct refusing_allocator {
+    long allocations = 0, deallocations = 0;
+    bool throws = false;
+    host_allocator ref() {
+        host_allocator a;
+        a.context = this;
+        a.allocate = [](void* c, std::size_t) -> void* {
+            auto& self = *static_cast<refusing_allocator*>(c);
+            ++self.allocations;
+            if (self.throws) throw std::bad_alloc();
+            return nullptr;
+        };
+        a.deallocate = [](void* c, void*, std::size_t) { ++static_cast<refusing_allocator*>(c)->deallocations; };
+        return a;
+    }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+std::vector<std::uint8_t> residual_bytes_of(error_feedback* fb) {
+    if (fb == nullptr) return {};
+    const residual_view v = fb->view();
+    return std::vector<std::uint8_t>(v.data, v.data + v.bytes());
+}
+
+struct allreduce_variant {
+    wire_format format;
+    transform_kind transform;
+    std::uint32_t block;
+    bool stochastic;
+    int feedback;           ///< -1: none, else the residual_storage of both residuals
+    bool reduced_feedback;  ///< also the stage-2 residual
+};
+
+const allreduce_variant variants[] = {
+    {wire_format::e4m3, transform_kind::hadamard, 1024, false, -1, false},
+    {wire_format::e4m3, transform_kind::hadamard, 1024, false, 1, true},
+    {wire_format::nvfp4, transform_kind::hadamard, 256, true, 2, true},
+    {wire_format::mxfp8, transform_kind::identity, 1024, false, -1, false},
+    {wire_format::e5m2, transform_kind::identity, 1024, true, 0, false},
+};
+
+/// Everything one multi-rank call reads and writes: every rank's data and residuals.
+struct world_state {
+    std::vector<std::vector<float>> data;
+    std::vector<std::unique_ptr<error_feedback>> fb, rfb;
+
+    world_state(const codec_config& cfg, const std::vector<std::vector<float>>& g, const allreduce_variant& v)
+        : data(g) {
+        const int P = static_cast<int>(g.size());
+        const std::size_t n = g.empty() ? 0 : g[0].size();
+        for (int r = 0; r < P; ++r) {
+            if (v.feedback >= 0) {
+                const auto st = static_cast<residual_storage>(v.feedback);
+                fb.push_back(std::make_unique<error_feedback>(n, st));
+                rfb.push_back(v.reduced_feedback
+                                  ? std::make_unique<error_feedback>(allreduce_shard(cfg, n, P, r).count, st)
+                                  : nullptr);
+            } else {
+                fb.push_back(nullptr);
+                rfb.push_back(nullptr);
+            }
+        }
+    }
+    /// A residual's view; for one of no elements, a view that is still not empty() (error_feedback's
+    /// own view of nothing has a null pointer, which reads as "no residual": the ranks would disagree).
+    static residual_view view_of(error_feedback& f) {
+        static std::uint8_t nothing = 0;
+        residual_view v = f.view();
+        if (v.size == 0) v.data = &nothing;
+        return v;
+    }
+    allreduce_options options(int r, host_executor ex) const {
+        allreduce_options o;
+        o.expected_ranks = static_cast<int>(data.size());
+        if (fb[r]) o.feedback = view_of(*fb[r]);
+        if (rfb[r]) o.reduced_feedback = view_of(*rfb[r]);
+        o.executor = ex;
+        return o;
+    }
+    bool same(const world_state& o) const {
+        for (std::size_t r = 0; r < data.size(); ++r) {
+            if (!same_bits(data[r], o.data[r])) return false;
+            if (residual_bytes_of(fb[r].get()) != residual_bytes_of(o.fb[r].get())) return false;
+            if (residual_bytes_of(rfb[r].get()) != residual_bytes_of(o.rfb[r].get())) return false;
+        }
+        return true;
+    }
+};
+
+/// Runs one compressed all-reduce on every rank of `w` with executor ex(r); counts global allocations.
+template <class Ex>
+std::vector<std::exception_ptr> run_world(in_process_world& w, const codec_config& cfg, world_state& st, Ex&& ex,
+                                          long* counted = nullptr) {
+    const int P = w.size;
+    std::vector<allreduce_options> opts;  // built outside the counted window
+    std::vector<in_process_transport> ts;
+    for (int r = 0; r < P; ++r) {
+        opts.push_back(st.options(r, ex(r)));
+        ts.emplace_back(w, r);
+    }
+    std::vector<std::exception_ptr> errors;
+    on_every_rank(
+        P,
+        [&](int r) {
+            compressed_allreduce_host(ts[r], cfg, span<float>(st.data[r].data(), st.data[r].size()), opts[r]);
+        },
+        errors, counted);
+    return errors;
+}
+
+std::string text_of(const std::exception_ptr& e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const octet::error& x) {
+        return x.what();
+    } catch (const std::exception& x) {
+        return std::string("not an octet::error: ") + x.what();
+    } catch (...) {
+        return "not an exception";
+    }
+}
+
+bool is_octet_error(const std::exception_ptr& e) {
+    if (!e) return false;
+    try {
+        std::rethrow_exception(e);
+    } catch (const octet::error&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+}  // namespace
+
+TEST_CASE("compressed all-reduce: every temporary from the lent allocator, at most the query, same bits") {
+    auto g = octet_test::rng(7301);
+    for (const int P : {2, 3}) {
+        in_process_world w(P);
+        std::vector<std::unique_ptr<thread_pool>> pools;
+        for (int r = 0; r < P; ++r) pools.push_back(std::make_unique<thread_pool>(2));
+        for (const allreduce_variant& v : variants) {
+            codec_config cfg;
+            cfg.format = v.format;
+            cfg.transform = v.transform;
+            cfg.block = v.block;
+            cfg.stochastic = v.stochastic;
+            cfg.seed = g();
+            const std::size_t G = allreduce_granule(cfg);
+            const std::size_t sizes[] = {0, 1,
+                                         1 + g() % (G - 1),  // below the granule: some ranks own nothing
+                                         G * static_cast<std::size_t>(P) - 1 - g() % 7, G + g() % (12 * G)};
+            for (const std::size_t n : sizes) {
+                CAPTURE(P);
+                CAPTURE(wire_format_name(v.format));
+                CAPTURE(transform_name(v.transform));
+                CAPTURE(v.feedback);
+                CAPTURE(v.reduced_feedback);
+                CAPTURE(n);
+                std::vector<std::vector<float>> grads;
+                for (int r = 0; r < P; ++r) grads.push_back(octet_test::with_edge_cases(g, n));
+
+                // (a) the default executor: one global allocation per rank, the block.
+                world_state want(cfg, grads, v);
+                long global = -1;
+                auto errors = run_world(
+                    w, cfg, want, [](int) { return on_host(1); }, &global);
+                for (int r = 0; r < P; ++r) REQUIRE_MESSAGE(!errors[r], text_of(errors[r]));
+                CHECK(global == P);
+
+                // (b) lent allocators, one thread and a pool of two per rank.
+                for (const bool pooled : {false, true}) {
+                    CAPTURE(pooled);
+                    std::vector<octet_test::lent_allocator> lent(static_cast<std::size_t>(P));
+                    auto ex = [&](int r) {
+                        return with_allocator(pooled ? on_host(*pools[r]) : on_host(1), lent[r].ref());
+                    };
+                    world_state got(cfg, grads, v);
+                    std::vector<std::size_t> need(static_cast<std::size_t>(P));
+                    for (int r = 0; r < P; ++r)
+                        need[r] = compressed_allreduce_scratch_bytes(ex(r), cfg, n, P, r, got.options(r, ex(r)));
+                    global = -1;
+                    errors = run_world(w, cfg, got, ex, &global);
+                    for (int r = 0; r < P; ++r) REQUIRE_MESSAGE(!errors[r], text_of(errors[r]));
+                    CHECK(global == 0);
+                    for (int r = 0; r < P; ++r) {
+                        CAPTURE(r);
+                        CAPTURE(need[r]);
+                        CHECK(lent[r].balanced());
+                        CHECK(lent[r].allocations == 1);
+                        CHECK(lent[r].peak <= need[r]);
+                        CHECK(lent[r].peak == need[r]);  // one block of exactly the query
+                    }
+                    CHECK(got.same(want));
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("compressed all-reduce: an allocator that cannot serve stops every rank with octet::error") {
+    auto g = octet_test::rng(7302);
+    for (const int P : {2, 3}) {
+        in_process_world w(P);
+        codec_config cfg;
+        cfg.format = wire_format::e4m3;
+        cfg.transform = transform_kind::hadamard;
+        cfg.block = 1024;
+        cfg.seed = g();
+        const allreduce_variant v{cfg.format, cfg.transform, cfg.block, false, 1, true};
+        for (const std::size_t n : {std::size_t{300}, std::size_t{5000 + g() % 20000}}) {
+            std::vector<std::vector<float>> grads;
+            for (int r = 0; r < P; ++r) grads.push_back(octet_test::with_edge_cases(g, n));
+            world_state want(cfg, grads, v);
+            auto errors = run_world(w, cfg, want, [](int) { return on_host(1); });
+            for (int r = 0; r < P; ++r) REQUIRE_MESSAGE(!errors[r], text_of(errors[r]));
+
+            for (const bool throws : {false, true})
+                for (int refuser = -1; refuser < P; ++refuser) {  // -1: every rank refuses
+                    CAPTURE(P);
+                    CAPTURE(n);
+                    CAPTURE(throws);
+                    CAPTURE(refuser);
+                    std::vector<refusing_allocator> refusing(static_cast<std::size_t>(P));
+                    std::vector<octet_test::lent_allocator> lent(static_cast<std::size_t>(P));
+                    for (auto& a : refusing) a.throws = throws;
+                    auto refuses = [&](int r) { return refuser < 0 || r == refuser; };
+                    world_state st(cfg, grads, v);
+                    errors = run_world(w, cfg, st, [&](int r) {
+                        return with_allocator(on_host(1), refuses(r) ? refusing[r].ref() : lent[r].ref());
+                    });
+                    for (int r = 0; r < P; ++r) {
+                        CAPTURE(r);
+                        const std::string text = errors[r] ? text_of(errors[r]) : std::string("no error");
+                        CAPTURE(text);
+                        CHECK(is_octet_error(errors[r]));
+                        CHECK(text.find("scratch") != std::string::npos);
+                        if (refuses(r)) {
+                            CHECK(refusing[r].allocations == 1);
+                            CHECK(refusing[r].deallocations == 0);
+                        } else {
+                            CHECK(lent[r].allocations == 1);  // its block, given back when the call stopped
+                            CHECK(lent[r].balanced());
+                        }
+                    }
+                    // Nothing moved: the data and the residuals are as they were.
+                    CHECK(st.same(world_state(cfg, grads, v)));
+                }
+
+            // The world is still usable: the same call completes with the same bits.
+            world_state again(cfg, grads, v);
+            errors = run_world(w, cfg, again, [](int) { return on_host(1); });
+            for (int r = 0; r < P; ++r) REQUIRE_MESSAGE(!errors[r], text_of(errors[r]));
+            CHECK(again.same(want));
+        }
+    }
+}
+
+TEST_CASE("compressed_allreduce_scratch_bytes: checked arguments; the block holds the codec calls' largest scratch") {
+    codec_config cfg;
+    cfg.format = wire_format::e4m3;
+    cfg.transform = transform_kind::hadamard;
+    cfg.block = 1024;
+    const host_executor ex = on_host(1);
+    CHECK_THROWS_AS(compressed_allreduce_scratch_bytes(ex, cfg, 100, 0, 0), octet::error);
+    CHECK_THROWS_AS(compressed_allreduce_scratch_bytes(ex, cfg, 100, 2, 2), octet::error);
+    CHECK_THROWS_AS(compressed_allreduce_scratch_bytes(ex, cfg, 100, 2, -1), octet::error);
+    codec_config bad = cfg;
+    bad.block = 1000;
+    CHECK_THROWS_AS(compressed_allreduce_scratch_bytes(ex, bad, 100, 2, 0), octet::error);
+
+    const std::size_t n = 100003;
+    for (const int P : {1, 2, 3, 5})
+        for (int r = 0; r < P; ++r) {
+            CAPTURE(P);
+            CAPTURE(r);
+            const shard_range s = allreduce_shard(cfg, n, P, r);
+            std::size_t messages = 0, codec = 0;
+            for (int q = 0; q < P; ++q) {
+                const std::size_t c = allreduce_shard(cfg, n, P, q).count;
+                messages += encoded_size(cfg, c);
+                codec = std::max(
+                    {codec, encode_gradient_scratch_bytes(ex, cfg, c), decode_gradient_scratch_bytes(ex, cfg, c)});
+            }
+            codec = std::max(codec, encode_gradient_transformed_scratch_bytes(ex, cfg, s.count));
+            const std::size_t own = messages + (static_cast<std::size_t>(P) + 1) * encoded_size(cfg, s.count) +
+                                    4 * transform_length(cfg.transform, s.count, cfg.block);
+            const std::size_t small = (64 + 4 * sizeof(std::size_t) + sizeof(shard_range)) * (P + 1);
+            const std::size_t q = compressed_allreduce_scratch_bytes(ex, cfg, n, P, r);
+            CHECK(q >= codec + own);
+            CHECK(q <= codec + own + small + 12 * 64);  // and the 64-byte alignment of each array
+        }
+}
