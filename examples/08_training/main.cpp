@@ -324,6 +324,14 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     codec.transform = octet::transform_kind::hadamard;
     codec.block = 1024;
     std::vector<octet::error_feedback> feedback, reduced_feedback;
+    std::vector<octet::host_arena> allreduce_arenas;
+    // The bytes compressed_allreduce takes on rank r (with both residuals; one thread each).
+    auto allreduce_scratch = [&](int r) {
+        octet::allreduce_options probe;
+        probe.feedback = feedback.front().view();
+        probe.reduced_feedback = reduced_feedback.front().view();
+        return octet::compressed_allreduce_scratch_bytes(octet::on_host(1), codec, n, P, r, probe);
+    };
     in_process_world world(L);
     if (rc.gradient_codec) {
         for (int l = 0; l < L; ++l) {
@@ -333,9 +341,13 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
                 static_cast<double>(feedback.back().bytes() + reduced_feedback.back().bytes());
             meter.allocate(memory_category::gradients, residual_bytes);  // (the checkpoint keeps them in its file)
         }
-        // compressed_allreduce's own message buffers (each rank: its P stage-1 messages, the P it
-        // receives, and the all-gathered reduced messages), booked at their encoded sizes.
-        meter.allocate(memory_category::temporaries, 3.0 * L * static_cast<double>(octet::encoded_size(codec, n)));
+        // compressed_allreduce's buffers (each rank: its stage-1 messages, those it receives, the
+        // reduced shard and the gathered messages, and the codec's scratch): one arena per rank of
+        // exactly its query, lent to the call, booked as it is allocated.
+        for (int l = 0; l < L; ++l) {
+            allreduce_arenas.emplace_back(allreduce_scratch(first + l));
+            meter.allocate(memory_category::temporaries, static_cast<double>(allreduce_arenas.back().capacity()));
+        }
     }
     // Without the codec, processes sum their gradients from an all-gather in rank order (the order
     // the in-process ranks sum in), not with MPI_Allreduce, whose order MPI does not fix: both
@@ -446,7 +458,7 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
                 ao.expected_ranks = P;
                 ao.feedback = feedback[l].view();
                 ao.reduced_feedback = reduced_feedback[l].view();
-                ao.executor = octet::on_host(1);
+                ao.executor = octet::with_allocator(octet::on_host(1), allreduce_arenas[l].allocator());
                 return ao;
             };
             if (o.procs) {
@@ -697,7 +709,7 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     const double tokens_bytes = 4.0 * (static_cast<double>(L) * per_rank + o.eval_sequences) * (mc.seq_len + 1);
     double codec_bytes = 0, residual_bytes = 0;
     if (rc.gradient_codec) {
-        codec_bytes = 3.0 * L * static_cast<double>(octet::encoded_size(codec, n));
+        for (int r = first; r < first + L; ++r) codec_bytes += static_cast<double>(allreduce_scratch(r));
         for (int r = first; r < first + L; ++r)
             residual_bytes +=
                 static_cast<double>(octet::residual_bytes(rc.residuals, n) +

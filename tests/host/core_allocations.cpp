@@ -17,7 +17,7 @@
 #include "support/counting_allocator.hpp"
 #include "support/random.hpp"
 
-namespace core_host_allocator_test {
+namespace core_allocations_test {
 using namespace octet;
 using octet_test::global_allocations;
 using octet_test::lent_allocator;
@@ -350,4 +350,4 @@ TEST_CASE("one host_arena sized by the largest query serves a training step of s
     CHECK(small.used() == 0);
 }
 
-}  // namespace core_host_allocator_test
+}  // namespace core_allocations_test
