@@ -4,7 +4,9 @@
 // FP8 forms' one block) and give it all back, and give the default executor's bits; without an
 // allocator the counter sees their scratch; an allocator that returns null (at any of an
 // operation's requests) raises octet::error and everything taken comes back; a reused
-// attention_row_telemetry is filled without allocating.
+// attention_row_telemetry is filled without allocating; the FP8 forms' scratch grows with the
+// longest sequence, not with the batch (16 sequences of 128 tokens take what 1 sequence does, up to
+// the telemetry's row arrays).
 #include "support/counting_allocator.hpp"
 
 #include <doctest/doctest.h>
@@ -309,6 +311,82 @@ TEST_CASE("backward telemetry rows: the only allocations, and none when the stru
     CHECK(same(rows.p_abs_dp, expected.p_abs_dp));
     CHECK(same(rows.residual_dq, expected.residual_dq));
     CHECK(same(rows.residual_dk, expected.residual_dk));
+}
+
+TEST_CASE("FP8 scratch grows with the longest sequence, not with the batch") {
+    // 16 sequences of 128 tokens against 1 of 128 (and 1 of 2048: the same tokens in one sequence),
+    // heads 8:4, head_dim 32, two threads: the forward and the backward take the same scratch for 16
+    // sequences as for 1 (a thread holds one sequence and head at a time); with telemetry (and the
+    // dQ fold) the seven [heads_q][total_q] row arrays add a float per token and head. Before the
+    // scratch held whole decoded planes and accumulators, 12-14x more for the 16 sequences.
+    const auto offsets = [](int sequences, int len) {
+        std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences) + 1);
+        for (int b = 0; b <= sequences; ++b) cu[static_cast<std::size_t>(b)] = b * len;
+        return cu;
+    };
+    const auto cu16 = offsets(16, 128), cu1 = offsets(1, 128), cu_long = offsets(1, 2048);
+    const auto shape_of = [](const std::vector<std::int32_t>& cu) {
+        attention_shape s;
+        s.cu_seqlens_q = span<const std::int32_t>(cu.data(), cu.size());
+        s.heads_q = 8;
+        s.heads_kv = 4;
+        s.head_dim = 32;
+        return s;
+    };
+    const host_executor ex = on_host(2);
+    attention_backward_options plain, tele;
+    tele.telemetry = true;
+    tele.fold_dq_residual = true;
+    const auto fwd = [&](const std::vector<std::int32_t>& cu) {
+        return attention_forward_scratch_bytes(ex, shape_of(cu));
+    };
+    const auto bwd = [&](const std::vector<std::int32_t>& cu, const attention_backward_options& o) {
+        return attention_backward_scratch_bytes(ex, shape_of(cu), o);
+    };
+    MESSAGE("forward scratch: 16 x 128 tokens ", fwd(cu16), " B, 1 x 128 ", fwd(cu1), " B, 1 x 2048 ", fwd(cu_long),
+            " B");
+    MESSAGE("backward scratch: 16 x 128 tokens ", bwd(cu16, plain), " B, 1 x 128 ", bwd(cu1, plain), " B, 1 x 2048 ",
+            bwd(cu_long, plain), " B; with telemetry and the fold ", bwd(cu16, tele), " B, ", bwd(cu1, tele), " B, ",
+            bwd(cu_long, tele), " B");
+    CHECK(fwd(cu16) < 2 * fwd(cu1));
+    CHECK(bwd(cu16, plain) < 2 * bwd(cu1, plain));
+    CHECK(bwd(cu16, tele) < 4 * bwd(cu1, tele));
+    // the longest sequence is what counts
+    CHECK(fwd(cu_long) > 4 * fwd(cu16));
+    CHECK(bwd(cu_long, plain) > 4 * bwd(cu16, plain));
+
+    // and the calls on 16 sequences take exactly the query (with causal masks, ragged units)
+    attention_test::config c;
+    c.lens_q.assign(16, 128);
+    c.hq = 8;
+    c.hkv = 4;
+    c.d = 32;
+    c.causal = true;
+    c.salt = 16;
+    const auto p = attention_test::make_problem(c);
+    const auto shape = p.shape();
+    const attention_test::quantized<per_token<32>> qz(p);
+    const std::size_t qc = static_cast<std::size_t>(c.hq) * c.d, kc = static_cast<std::size_t>(c.hkv) * c.d;
+    std::vector<float> o(p.tq * qc), lse(static_cast<std::size_t>(c.hq) * p.tq), dq(p.tq * qc), dk(p.tk * kc),
+        dv(p.tk * kc);
+    const attention_options fo = c.forward_options();
+    {
+        octet_test::lent_allocator lent;
+        attention_forward(with_allocator(ex, lent.ref()), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                          matrix_ref<float>(o.data(), p.tq, qc), as_span(lse), fo);
+        CHECK(lent.balanced());
+        CHECK(lent.peak == attention_forward_scratch_bytes(ex, shape, fo));
+    }
+    for (attention_backward_options bo : {plain, tele}) {
+        bo.mask = attention_mask::causal;
+        octet_test::lent_allocator lent;
+        attention_backward(with_allocator(ex, lent.ref()), shape, qz.q.cref(), qz.k.cref(), qz.v.cref(),
+                           matrix_ref<const float>(o.data(), p.tq, qc), as_cspan(lse), qz.dout.cref(),
+                           matrix_ref<float>(dq.data(), p.tq, qc), matrix_ref<float>(dk.data(), p.tk, kc),
+                           matrix_ref<float>(dv.data(), p.tk, kc), bo);
+        CHECK(lent.balanced());
+        CHECK(lent.peak == attention_backward_scratch_bytes(ex, shape, bo));
+    }
 }
 
 }  // namespace attention_allocations_test

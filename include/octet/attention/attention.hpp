@@ -30,7 +30,11 @@
 // Host memory: every temporary of a host call (decoded operands, accumulators, per-thread tiles)
 // comes from one block, taken from the executor's allocator when one is lent (octet::with_allocator)
 // and else from ::operator new; attention_forward_scratch_bytes / attention_backward_scratch_bytes
-// give its size. Only the backward's attention_row_telemetry, when asked for, allocates besides.
+// give its size. It grows with the thread count and the longest sequence, not with the batch: a
+// thread decodes the operands of the one sequence and head it works on, and the backward writes a
+// sequence's gradients out as they complete (only the backward's telemetry keeps a float per query
+// token and head of the batch). Only the backward's attention_row_telemetry, when asked for,
+// allocates besides.
 //
 // Edge cases: a sequence may be empty; a query row that sees no key (an empty key sequence, or a
 // causal mask with Lk < Lq) gets O = 0, L = +Inf and dQ = 0. Non-finite inputs are data: a NaN code
@@ -413,35 +417,56 @@ attention_dims check_backward_args(const attention_shape& shape, const quantized
     return dims;
 }
 
-/// Decoded codes [tokens][heads][head_dim] and scales [tokens][heads] of an operand (host), in
-/// the operation's scratch block.
-struct attention_plane {
+/// Decoded codes [tokens][dim] and scales [tokens] of one head of a run of an operand's tokens
+/// (host), in a chunk's slot of the operation's scratch block (decode_rows fills it).
+struct attention_rows {
     float* code = nullptr;
     float* scale = nullptr;
-    int heads = 0, dim = 0;
-    attention_plane() = default;
-    attention_plane(scratch_carver& c, int tokens, int heads_, int dim_) : heads(heads_), dim(dim_) {
-        code = c.take<float>(static_cast<std::size_t>(tokens) * heads * dim);
-        scale = c.take<float>(static_cast<std::size_t>(tokens) * heads);
+    int dim = 0;
+    attention_rows() = default;
+    attention_rows(scratch_carver& c, int tokens, int dim_) : dim(dim_) {
+        code = c.take<float>(static_cast<std::size_t>(tokens) * dim);
+        scale = c.take<float>(static_cast<std::size_t>(tokens));
     }
-    const float* row(int t, int h) const { return code + (static_cast<std::size_t>(t) * heads + h) * dim; }
-    float s(int t, int h) const { return scale[static_cast<std::size_t>(t) * heads + h]; }
+    const float* row(int t) const { return code + static_cast<std::size_t>(t) * dim; }
+    float s(int t) const { return scale[t]; }
 };
 
-/// Fills p (carved for `tokens` tokens of x's heads) with x's decoded codes and scales.
-template <class R, class B>
-void decode_plane(host_executor ex, const quantized_ref<R, B>& x, int tokens, attention_plane& p) {
-    const int heads = p.heads, dim = p.dim;
-    const quantized_cref<R> c = x;
-    parallel_for(ex, static_cast<std::size_t>(tokens), 64, [&](std::size_t b, std::size_t e) {
-        for (std::size_t t = b; t < e; ++t)
-            for (int h = 0; h < heads; ++h) {
-                const std::size_t col0 = static_cast<std::size_t>(h) * dim;
-                p.scale[t * heads + h] = c.scale(t / c.layout.block_rows, col0 / c.layout.block_cols);
-                float* dst = p.code + (t * heads + h) * dim;
-                for (int k = 0; k < dim; ++k) dst[k] = decode<typename R::format>(c.code(t, col0 + k));
-            }
-    });
+/// Fills rows [0, n) of p with tokens [t0, t0 + n) of head `head` of x: the decoded codes and
+/// their scales (exact: decoding rounds nothing, so when it happens changes no result).
+template <class R>
+void decode_rows(const quantized_cref<R>& x, int t0, int n, int head, attention_rows& p) {
+    const int dim = p.dim;
+    const std::size_t col0 = static_cast<std::size_t>(head) * dim;
+    for (int t = 0; t < n; ++t) {
+        const std::size_t tok = static_cast<std::size_t>(t0) + static_cast<std::size_t>(t);
+        p.scale[t] = x.scale(tok / x.layout.block_rows, col0 / x.layout.block_cols);
+        float* dst = p.code + static_cast<std::size_t>(t) * dim;
+        for (int k = 0; k < dim; ++k) dst[k] = decode<typename R::format>(x.code(tok, col0 + k));
+    }
+}
+
+/// panel[c * 64 + j] = the decoded code of channel c of token t0 + j, head `head`, of x, and s[j]
+/// its scale, for j < n (the panel zero for j >= n): decode_rows straight into the transposed
+/// 64-token panel the row dots read (transposed_panel).
+template <class R>
+void decode_panel(const quantized_cref<R>& x, int t0, int n, int head, int dim, float* panel, float* s) {
+    constexpr int T = attn::tile_size;
+    std::fill(panel, panel + static_cast<std::size_t>(dim) * T, 0.0f);
+    const std::size_t col0 = static_cast<std::size_t>(head) * dim;
+    for (int j = 0; j < n; ++j) {
+        const std::size_t tok = static_cast<std::size_t>(t0) + static_cast<std::size_t>(j);
+        s[j] = x.scale(tok / x.layout.block_rows, col0 / x.layout.block_cols);
+        for (int c = 0; c < dim; ++c)
+            panel[static_cast<std::size_t>(c) * T + j] = decode<typename R::format>(x.code(tok, col0 + c));
+    }
+}
+
+/// The largest difference of consecutive offsets (0 for fewer than two): the longest sequence.
+inline int longest_sequence(span<const std::int32_t> cu) {
+    int m = 0;
+    for (std::size_t b = 1; b < cu.size(); ++b) m = std::max(m, cu[b] - cu[b - 1]);
+    return m;
 }
 
 /// The bytes of the scratch that Scratch(carver, args...) describes.
@@ -570,13 +595,13 @@ struct e4m3_row_kernel {
     }
 };
 
-/// panel[c * 64 + j] = plane row (t0 + j, head) channel c for j < n (zero for j >= n): the
-/// transposed 64-token panel the row dots read.
-inline void transposed_panel(const attention_plane& p, int t0, int n, int head, float* panel) {
+/// panel[c * 64 + j] = row t0 + j of p, channel c, for j < n (zero for j >= n): the transposed
+/// 64-token panel the row dots read.
+inline void transposed_panel(const attention_rows& p, int t0, int n, float* panel) {
     constexpr int T = attn::tile_size;
     std::fill(panel, panel + static_cast<std::size_t>(p.dim) * T, 0.0f);
     for (int j = 0; j < n; ++j) {
-        const float* r = p.row(t0 + j, head);
+        const float* r = p.row(t0 + j);
         for (int c = 0; c < p.dim; ++c) panel[static_cast<std::size_t>(c) * T + j] = r[c];
     }
 }
@@ -628,12 +653,7 @@ inline float dequantized_ds(float y, float tile_scale, float s, float ds) {
 // Forward
 // =================================================================================================
 
-/// One work unit of the host forward: a 64-query tile of one head of one sequence.
-struct attention_forward_unit {
-    int b, h, qt;
-};
-
-/// The host forward's work units for a shape: (sequence, head, 64-query tile).
+/// The host forward's work units, (sequence, head, 64-query tile) in that order: their count.
 inline std::size_t attention_forward_unit_count(const attention_shape& shape) {
     const auto cuq = shape.cu_seqlens_q;
     std::size_t n = 0;
@@ -643,21 +663,31 @@ inline std::size_t attention_forward_unit_count(const attention_shape& shape) {
     return n;
 }
 
-/// The arrays one chunk of the host forward works in (one slot per chunk of its units).
+/// The arrays one chunk of the host forward works in (one slot per chunk of its units): K and V
+/// of the (sequence, key/value head) the chunk is at, decoded when it gets there (K as one
+/// transposed d x 64 panel and 64 scales per 64-key tile, what the row dots read; V as rows), the
+/// unit's decoded Q rows (at most 64), the rows of one query row against a key tile, and the
+/// running state of the unit's query rows. Sized by the longest key sequence, not the batch:
+/// decoding is exact, so when and how often it happens changes no result.
 struct attention_forward_chunk {
-    float *tmp, *x, *p, *u, *pq, *ratio, *ks, *kt;
+    float *kpanel, *kscale;
+    attention_rows V, Q;
+    float *tmp, *x, *p, *u, *pq, *ratio;
     float *m_row, *l_row, *acc_rows;  ///< the running state of a unit's query rows (at most 64)
-    attention_forward_chunk(scratch_carver& c, int d) {
+    attention_forward_chunk(scratch_carver& c, int d, int lk) {
         constexpr std::size_t T = attn::tile_size;
         const std::size_t D = static_cast<std::size_t>(d);
+        const std::size_t key_tiles = (static_cast<std::size_t>(lk) + T - 1) / T;
+        kpanel = c.take<float>(key_tiles * D * T);
+        kscale = c.take<float>(key_tiles * T);
+        V = attention_rows(c, lk, d);
+        Q = attention_rows(c, static_cast<int>(T), d);
         tmp = c.take<float>(D);
         x = c.take<float>(T);
         p = c.take<float>(T);
         u = c.take<float>(T);
         pq = c.take<float>(T);
         ratio = c.take<float>(T);
-        ks = c.take<float>(T);
-        kt = c.take<float>(D * T);
         m_row = c.take<float>(T);
         l_row = c.take<float>(T);
         acc_rows = c.take<float>(T * D);
@@ -665,21 +695,16 @@ struct attention_forward_chunk {
 };
 
 /// The host forward's scratch, described once for attention_forward_scratch_bytes and the
-/// forward: the decoded Q, K, V, the work units and one attention_forward_chunk per chunk.
+/// forward: one attention_forward_chunk per chunk of the work units, nothing else.
 struct attention_forward_scratch {
-    attention_plane Q, K, V;
-    attention_forward_unit* units = nullptr;
     std::size_t unit_count = 0;
+    int longest_k = 0;
     chunk_slots<attention_forward_chunk> chunks;
     attention_forward_scratch(scratch_carver& c, const host_executor& ex, const attention_shape& shape) {
-        const int Hq = std::max(shape.heads_q, 0), Hk = std::max(shape.heads_kv, 0), d = std::max(shape.head_dim, 0);
-        const int Tq = std::max(shape.total_q(), 0), Tk = std::max(shape.total_k(), 0);
-        Q = attention_plane(c, Tq, Hq, d);
-        K = attention_plane(c, Tk, Hk, d);
-        V = attention_plane(c, Tk, Hk, d);
         unit_count = attention_forward_unit_count(shape);
-        units = c.take<attention_forward_unit>(unit_count);
-        chunks = chunk_slots<attention_forward_chunk>(c, parallel_chunks(ex, unit_count, 1), d);
+        longest_k = longest_sequence(shape.keys());
+        chunks = chunk_slots<attention_forward_chunk>(c, parallel_chunks(ex, unit_count, 1),
+                                                      std::max(shape.head_dim, 0), longest_k);
     }
 };
 
@@ -690,45 +715,60 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                             const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
                             const quantized_ref<VR, VB>& v, matrix_ref<OT> o, span<float> lse,
                             const attention_options& opt, attention_p_census* census = nullptr) {
-    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q, Tk = dims.total_k;
+    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q;
     const float scale = dims.scale;
     const float scale_log2 = attn::mul(scale, attn::log2e);
     const bool causal = opt.mask == attention_mask::causal;
 
     const host_scratch block(ex, scratch_bytes_of<attention_forward_scratch>(ex, shape), "octet::attention_forward");
     scratch_carver carve = block.carver();
-    attention_forward_scratch work(carve, ex, shape);
+    const attention_forward_scratch work(carve, ex, shape);
 
-    detail::decode_plane(ex, q, Tq, work.Q);
-    detail::decode_plane(ex, k, Tk, work.K);
-    detail::decode_plane(ex, v, Tk, work.V);
-    const attention_plane &Q = work.Q, &K = work.K, &V = work.V;
+    const quantized_cref<QR> qc = q;
+    const quantized_cref<KR> kc = k;
+    const quantized_cref<VR> vc = v;
     const auto cuq = shape.cu_seqlens_q;
     const auto cuk = shape.keys();
     const int G = Hq / Hk, B = shape.batch();
-
-    // Work units: (sequence, head, 64-query tile).
-    attention_forward_unit* const units = work.units;
-    std::size_t n_units = 0;
-    for (int b = 0; b < B; ++b)
-        for (int h = 0; h < Hq; ++h)
-            for (int qt = 0; qt * attn::tile_size < cuq[b + 1] - cuq[b]; ++qt) units[n_units++] = {b, h, qt};
+    const std::size_t n_units = work.unit_count;
 
     const detail::simd_isa isa = detail::best_isa();
-    const std::size_t kstride = static_cast<std::size_t>(Hk) * d;
     std::mutex census_mutex;
     if (census) *census = {};
     parallel_for_chunks(ex, n_units, 1, [&](std::size_t chunk, std::size_t ub, std::size_t ue) {
         constexpr int T = attn::tile_size;
-        const attention_forward_chunk w = work.chunks.at(chunk, d);
+        attention_forward_chunk w = work.chunks.at(chunk, d, work.longest_k);
+        attention_rows &Q = w.Q, &V = w.V;
         float *const tmp = w.tmp, *const x = w.x, *const p = w.p, *const u = w.u, *const pq = w.pq,
-                     *const ratio = w.ratio, *const ks = w.ks, *const kt = w.kt;
+                     *const ratio = w.ratio;
+        int kv_b = -1, kv_h = -1;  // the (sequence, key/value head) whose K and V w holds
         attention_p_census mine;
+        // Work units: (sequence, head, 64-query tile), in that order; find the chunk's first.
+        const auto q_tiles = [&](int sb) { return (cuq[sb + 1] - cuq[sb] + T - 1) / T; };
+        int b = 0, h = 0, qt = 0;
+        for (std::size_t skip = ub;; ++b) {
+            const std::size_t nb = static_cast<std::size_t>(q_tiles(b)) * Hq;
+            if (skip < nb) {
+                h = static_cast<int>(skip / q_tiles(b));
+                qt = static_cast<int>(skip % q_tiles(b));
+                break;
+            }
+            skip -= nb;
+        }
         for (std::size_t un = ub; un < ue; ++un) {
-            const int b = units[un].b, h = units[un].h, qt = units[un].qt, hk = h / G;
+            const int hk = h / G;
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
             const int ntiles = attn::key_tiles_for(qt, lq, lk, causal);
             const int i0 = qt * T, i1 = std::min(lq, i0 + T);
+            if (b != kv_b || hk != kv_h) {
+                for (int j0 = 0; j0 < lk; j0 += T)
+                    detail::decode_panel(kc, k0 + j0, std::min(T, lk - j0), hk, d,
+                                         w.kpanel + static_cast<std::size_t>(j0) * d, w.kscale + j0);
+                detail::decode_rows(vc, k0, lk, hk, V);
+                kv_b = b;
+                kv_h = hk;
+            }
+            detail::decode_rows(qc, q0 + i0, i1 - i0, h, Q);
             // Row i's running state across key tiles, for the tile's rows at once.
             float *const m_row = w.m_row, *const l_row = w.l_row, *const acc_rows = w.acc_rows;
             std::fill(m_row, m_row + (i1 - i0), attn::neg_inf());
@@ -737,17 +777,14 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
             for (int step = 0; step < ntiles; ++step) {
                 const int jt = attn::key_tile_at(step, ntiles, opt.key_order);
                 const int j0 = jt * T, j1 = std::min(lk, j0 + T), n = j1 - j0;
-                detail::transposed_panel(K, k0 + j0, n, hk, kt);
+                const float *const kt = w.kpanel + static_cast<std::size_t>(j0) * d, *const ks = w.kscale + j0;
                 float mv = 0.0f;
-                for (int j = j0; j < j1; ++j) {
-                    ks[j - j0] = K.s(k0 + j, hk);
-                    mv = attn::fmax(mv, V.s(k0 + j, hk));
-                }
-                for (int j = 0; j < n; ++j) ratio[j] = attn::scale_ratio(V.s(k0 + j0 + j, hk), mv);
+                for (int j = 0; j < n; ++j) mv = attn::fmax(mv, V.s(j0 + j));
+                for (int j = 0; j < n; ++j) ratio[j] = attn::scale_ratio(V.s(j0 + j), mv);
                 const float cv = attn::mul(mv, attn::p_scale);
                 for (int i = i0; i < i1; ++i) {
-                    const float qf = attn::query_factor(Q.s(q0 + i, h), scale_log2);
-                    detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt, d, x);
+                    const float qf = attn::query_factor(Q.s(i - i0), scale_log2);
+                    detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(i - i0), kt, d, x);
                     float mt = attn::neg_inf();
                     for (int j = 0; j < n; ++j) {
                         x[j] =
@@ -772,7 +809,7 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                             mine.subnormal += pq[j] != 0.0f && pq[j] < 0.015625f;  // 2^-6, E4M3's smallest normal
                         }
                     l_row[i - i0] = attn::fma(l_row[i - i0], alpha, rowsum);
-                    detail::weighted_rows(isa, pq, n, V.row(k0 + j0, hk), kstride, d, tmp);
+                    detail::weighted_rows(isa, pq, n, V.row(j0), static_cast<std::size_t>(d), d, tmp);
                     detail::run_kernel<detail::rescale_accumulate_kernel>(
                         isa, alpha, cv, tmp, d, acc_rows + static_cast<std::size_t>(i - i0) * d);
                     m = m_new;
@@ -785,6 +822,15 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
                 OT* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
                 for (int c = 0; c < d; ++c) orow[c] = detail::attention_store<OT>(attn::mul(ar[c], inv));
                 lse[static_cast<std::size_t>(h) * Tq + q0 + i] = attn::log_sum_exp(m_row[i - i0], l_row[i - i0]);
+            }
+            // the next unit
+            if (++qt == q_tiles(b)) {
+                qt = 0;
+                if (++h == Hq) {
+                    h = 0;
+                    do ++b;
+                    while (b < B && q_tiles(b) == 0);
+                }
             }
         }
         if (census) {
@@ -800,15 +846,34 @@ void host_attention_forward(host_executor ex, const attention_dims& dims, const 
 // Backward
 // =================================================================================================
 
-/// The arrays one chunk of the host backward works in (one slot per chunk of either pass): the
-/// panels of one 64-key tile of one key/value head (K and V transposed, their scales) and the
-/// 64 x 64 tiles and rows of pass 2 (pass 1 uses P, dP and x of them as its rows).
+/// The arrays one chunk of the host backward works in (one slot per chunk of its units, a unit
+/// being one (sequence, key/value head)): the decoded K and V of the unit (the longest key
+/// sequence), the decoded Q and dO of the query head it is at (the longest query sequence), the
+/// float dK and dV accumulators of the unit and the dQ accumulator of the query head (with Kbar
+/// for fold_dq_residual), that head's D per row (and rowsum(dO * O), rq: in the whole-tensor
+/// arrays with options.telemetry), the panels of one 64-key tile (K and V transposed, their
+/// scales) and the 64 x 64 tiles and rows of the gradients (D's rows use P, dP and x of them).
 struct attention_backward_chunk {
+    attention_rows K, V, Q, DO;
+    float *dk = nullptr, *dv = nullptr, *dq = nullptr, *kbar = nullptr;
+    float *delta = nullptr, *delta_out = nullptr, *rq = nullptr;
     float *kt, *vt, *ks, *vs;
     float *P, *dS, *dP, *RQ, *PQt, *x, *codes, *y, *sq, *tmp, *kb;
-    attention_backward_chunk(scratch_carver& c, int d) {
+    attention_backward_chunk(scratch_carver& c, int d, int lq, int lk, bool fold, bool tele) {
         constexpr std::size_t T = attn::tile_size;
-        const std::size_t D = static_cast<std::size_t>(d);
+        const std::size_t D = static_cast<std::size_t>(d), Lq = static_cast<std::size_t>(lq),
+                          Lk = static_cast<std::size_t>(lk);
+        K = attention_rows(c, lk, d);
+        V = attention_rows(c, lk, d);
+        Q = attention_rows(c, lq, d);
+        DO = attention_rows(c, lq, d);
+        dk = c.take<float>(Lk * D);
+        dv = c.take<float>(Lk * D);
+        dq = c.take<float>(Lq * D);
+        if (fold) kbar = c.take<float>(Lq * D);
+        delta = c.take<float>(Lq);
+        if (!tele) delta_out = c.take<float>(Lq);
+        if (fold && !tele) rq = c.take<float>(Lq);
         kt = c.take<float>(D * T);
         vt = c.take<float>(D * T);
         ks = c.take<float>(T);
@@ -828,44 +893,39 @@ struct attention_backward_chunk {
 };
 
 /// The host backward's scratch, described once for attention_backward_scratch_bytes and the
-/// backward: the decoded Q, K, V, dO, the row arrays ([heads_q][total_q]; the telemetry's only with
-/// options.telemetry, rq with telemetry or fold_dq_residual), Kbar (fold_dq_residual), the float
-/// dQ, dK, dV accumulators and one attention_backward_chunk per chunk of pass 1 (the larger count).
+/// backward: with options.telemetry seven [heads_q][total_q] row arrays (rowsum(dO * O), the dS
+/// row sums as formed, as the dK and the dQ products used it, |dS|, P dP, P |dP|), and one
+/// attention_backward_chunk per chunk of the (sequence, key/value head) units. The telemetry's
+/// arrays are the one part that grows with the whole batch (a float per query token and head, no
+/// head_dim factor): attention_stats sums its squares over all rows in [head][token] order, which
+/// interleaves the units, so every row's terms are kept until the end (and they are what `rows`
+/// receives). Nothing else is whole-tensor: a unit owns every dK, dV row of its key/value head in
+/// its sequence (grouped-query attention's sum over the query heads that share it stays inside the
+/// unit) and every dQ row of those query heads there, so it writes them out itself.
 struct attention_backward_scratch {
-    attention_plane Q, K, V, DO;
-    float *delta = nullptr, *delta_out = nullptr, *lc = nullptr;
-    float *row_res_dq = nullptr, *kbar = nullptr;
+    float *delta_out = nullptr, *row_res_dq = nullptr;
     float *row_res = nullptr, *row_res_dk = nullptr, *row_abs = nullptr, *row_pdp = nullptr, *row_pabs = nullptr;
-    float *dq_acc = nullptr, *dk_acc = nullptr, *dv_acc = nullptr;
+    int longest_q = 0, longest_k = 0;
     chunk_slots<attention_backward_chunk> chunks;
     attention_backward_scratch(scratch_carver& c, const host_executor& ex, const attention_shape& shape,
                                const attention_backward_options& opt) {
         const int Hq = std::max(shape.heads_q, 0), Hk = std::max(shape.heads_kv, 0), d = std::max(shape.head_dim, 0);
-        const int Tq = std::max(shape.total_q(), 0), Tk = std::max(shape.total_k(), 0);
-        const std::size_t R = static_cast<std::size_t>(Hq) * Tq, D = static_cast<std::size_t>(d);
+        const int Tq = std::max(shape.total_q(), 0);
+        const std::size_t R = static_cast<std::size_t>(Hq) * Tq;
         const std::size_t B = static_cast<std::size_t>(shape.batch());
-        Q = attention_plane(c, Tq, Hq, d);
-        K = attention_plane(c, Tk, Hk, d);
-        V = attention_plane(c, Tk, Hk, d);
-        DO = attention_plane(c, Tq, Hq, d);
-        delta = c.take<float>(R);
-        delta_out = c.take<float>(R);
-        lc = c.take<float>(R);
-        if (opt.telemetry || opt.fold_dq_residual) row_res_dq = c.take<float>(R);
-        if (opt.fold_dq_residual) kbar = c.take<float>(R * D);  // like dq_acc: [token][head][d]
         if (opt.telemetry) {
+            delta_out = c.take<float>(R);
+            row_res_dq = c.take<float>(R);
             row_res = c.take<float>(R);
             row_res_dk = c.take<float>(R);
             row_abs = c.take<float>(R);
             row_pdp = c.take<float>(R);
             row_pabs = c.take<float>(R);
         }
-        dq_acc = c.take<float>(R * D);
-        dk_acc = c.take<float>(static_cast<std::size_t>(Tk) * Hk * D);
-        dv_acc = c.take<float>(static_cast<std::size_t>(Tk) * Hk * D);
-        // pass 1 runs over (sequence, query head), pass 2 over (sequence, key/value head): no more chunks
-        chunks = chunk_slots<attention_backward_chunk>(
-            c, std::max(parallel_chunks(ex, B * Hq, 1), parallel_chunks(ex, B * Hk, 1)), d);
+        longest_q = longest_sequence(shape.cu_seqlens_q);
+        longest_k = longest_sequence(shape.keys());
+        chunks = chunk_slots<attention_backward_chunk>(c, parallel_chunks(ex, B * Hk, 1), d, longest_q, longest_k,
+                                                       opt.fold_dq_residual, opt.telemetry);
     }
 };
 
@@ -873,6 +933,14 @@ struct attention_backward_scratch {
 /// `dims`); `rows`, when given, receives the per-row arrays. Every temporary comes from one
 /// host_scratch block of attention_backward_scratch_bytes(ex, shape, opt); only `rows`' vectors
 /// are allocated (std::vector's assign: not when they already hold the capacity).
+///
+/// Work units are (sequence, key/value head); a unit runs its query heads one after the other:
+/// D of every row of the head (rowsum(dO * O), or with delta_mode::matched sum_j P_ij dP_ij over
+/// the key tiles in order), then its key tiles in order, each against the query tiles that see it,
+/// adding into the head's dQ rows and the unit's dK, dV rows. Every float sum thus runs over the
+/// same terms in the same order as in a loop of key tiles outside query heads (a dK or dV row:
+/// query heads, then query tiles; a dQ row: key tiles), and the unit writes dQ when a head is
+/// done and dK, dV when the unit is.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
 attention_stats host_attention_backward(host_executor ex, const attention_dims& dims, const attention_shape& shape,
                                         const quantized_ref<QR, QB>& q, const quantized_ref<KR, KB>& k,
@@ -881,7 +949,7 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                                         matrix_ref<GT> dv, const attention_backward_options& opt,
                                         attention_row_telemetry* rows) {
     using O = std::remove_const_t<OT>;
-    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q, Tk = dims.total_k;
+    const int Hq = dims.heads_q, Hk = dims.heads_kv, d = dims.head_dim, Tq = dims.total_q;
     const float scale = dims.scale;
     const bool have_o = !o.empty();
     const float scale_log2 = attn::mul(scale, attn::log2e);
@@ -891,177 +959,178 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
     const host_scratch block(ex, scratch_bytes_of<attention_backward_scratch>(ex, shape, opt),
                              "octet::attention_backward");
     scratch_carver carve = block.carver();
-    attention_backward_scratch work(carve, ex, shape, opt);
-    detail::decode_plane(ex, q, Tq, work.Q);
-    detail::decode_plane(ex, k, Tk, work.K);
-    detail::decode_plane(ex, v, Tk, work.V);
-    detail::decode_plane(ex, dout, Tq, work.DO);
-    const attention_plane &Q = work.Q, &K = work.K, &V = work.V, &DO = work.DO;
+    const attention_backward_scratch work(carve, ex, shape, opt);
+    const quantized_cref<QR> qc = q;
+    const quantized_cref<KR> kc = k;
+    const quantized_cref<VR> vc = v;
+    const quantized_cref<DR> dc = dout;
     const auto cuq = shape.cu_seqlens_q;
     const auto cuk = shape.keys();
     const int G = Hq / Hk, B = shape.batch();
     const std::size_t R = static_cast<std::size_t>(Hq) * Tq;
 
-    float *const delta = work.delta, *const delta_out = work.delta_out, *const lc = work.lc;
-    std::fill(delta, delta + R, 0.0f);
-    std::fill(delta_out, delta_out + R, 0.0f);
-    for (std::size_t r = 0; r < R; ++r) lc[r] = attn::mul(lse[r], attn::log2e);
     const bool fold = opt.fold_dq_residual, track_rq = tele || fold;
-    float *const row_res = work.row_res, *const row_abs = work.row_abs, *const row_pdp = work.row_pdp,
-                 *const row_pabs = work.row_pabs, *const row_res_dq = work.row_res_dq,
-                 *const row_res_dk = work.row_res_dk, *const kbar = work.kbar;
-    if (track_rq) std::fill(row_res_dq, row_res_dq + R, 0.0f);
-    if (fold) std::fill(kbar, kbar + R * static_cast<std::size_t>(d), 0.0f);
+    // With telemetry, the row arrays of every (head, token) (attention_backward_scratch)
+    float *const all_delta_out = work.delta_out, *const row_res = work.row_res, *const row_abs = work.row_abs,
+                 *const row_pdp = work.row_pdp, *const row_pabs = work.row_pabs, *const row_res_dq = work.row_res_dq,
+                 *const row_res_dk = work.row_res_dk;
     if (tele) {
+        std::fill(all_delta_out, all_delta_out + R, 0.0f);
+        std::fill(row_res_dq, row_res_dq + R, 0.0f);
         std::fill(row_res, row_res + R, 0.0f);
         std::fill(row_res_dk, row_res_dk + R, 0.0f);
         std::fill(row_abs, row_abs + R, 0.0f);
         std::fill(row_pdp, row_pdp + R, 0.0f);
         std::fill(row_pabs, row_pabs + R, 0.0f);
     }
+    if (rows) {  // every row's D is written by the unit that forms it
+        rows->delta.assign(R, 0.0f);
+        rows->delta_from_output.assign(R, 0.0f);
+    }
 
     constexpr int T = attn::tile_size;
     const detail::simd_isa isa = detail::best_isa();
-    const std::size_t qstride = static_cast<std::size_t>(Hq) * d, kstride = static_cast<std::size_t>(Hk) * d;
+    const std::size_t ds = static_cast<std::size_t>(d);
 
     // The panels of one 64-key tile of one key/value head: K and V transposed, and their scales.
     struct key_tile {
         float *kt, *vt, *ks, *vs;  // d * 64, d * 64, 64, 64 (a chunk's attention_backward_chunk)
         int j0 = 0, n = 0;
-        void load(const detail::attention_plane& Kp, const detail::attention_plane& Vp, int k0, int j0_, int lk,
-                  int hk) {
+        void load(const detail::attention_rows& Kp, const detail::attention_rows& Vp, int j0_, int lk) {
             j0 = j0_;
             n = std::min(lk, j0 + T) - j0;
-            detail::transposed_panel(Kp, k0 + j0, n, hk, kt);
-            detail::transposed_panel(Vp, k0 + j0, n, hk, vt);
+            detail::transposed_panel(Kp, j0, n, kt);
+            detail::transposed_panel(Vp, j0, n, vt);
             for (int j = 0; j < n; ++j) {
-                ks[j] = Kp.s(k0 + j0 + j, hk);
-                vs[j] = Vp.s(k0 + j0 + j, hk);
+                ks[j] = Kp.s(j0 + j);
+                vs[j] = Vp.s(j0 + j);
             }
         }
     };
-    // P_ij and dP_ij of query row i (of sequence b, head h) against one key tile, j < kt.n, exactly
-    // as the kernels form them (x is scratch).
-    auto p_dp_row = [&](int b, int h, int i, const key_tile& kt, float* p, float* dp, float* x) {
-        const int q0 = cuq[b], lq = cuq[b + 1] - q0, lk = cuk[b + 1] - cuk[b];
-        const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
-        detail::run_kernel<detail::tile_row_dots_kernel>(isa, Q.row(q0 + i, h), kt.kt, d, x);
-        detail::run_kernel<detail::tile_row_dots_kernel>(isa, DO.row(q0 + i, h), kt.vt, d, dp);
-        const float qf = attn::query_factor(Q.s(q0 + i, h), scale_log2), sdo = DO.s(q0 + i, h);
+    // P_ij and dP_ij of query row i of a sequence (lq queries, lk keys; Qp and DOp its decoded
+    // rows of the head, lse_row its L) against one key tile, j < kt.n, exactly as the kernels form
+    // them (x is scratch).
+    auto p_dp_row = [&](const detail::attention_rows& Qp, const detail::attention_rows& DOp, const float* lse_row,
+                        int lq, int lk, int i, const key_tile& kt, float* p, float* dp, float* x) {
+        detail::run_kernel<detail::tile_row_dots_kernel>(isa, Qp.row(i), kt.kt, d, x);
+        detail::run_kernel<detail::tile_row_dots_kernel>(isa, DOp.row(i), kt.vt, d, dp);
+        const float qf = attn::query_factor(Qp.s(i), scale_log2), sdo = DOp.s(i);
         for (int j = 0; j < kt.n; ++j) {
             x[j] = attn::score(x[j], qf, kt.ks[j]);
             dp[j] = attn::dprob(dp[j], sdo, kt.vs[j]);
         }
-        detail::run_kernel<detail::exp2_row_kernel>(isa, x, lc[r], p);
+        detail::run_kernel<detail::exp2_row_kernel>(isa, x, attn::mul(lse_row[i], attn::log2e), p);
         // attn::visible(i, kt.j0 + j, lq, lk, causal) is j < seen (i < lq, kt.j0 + j < lk always hold here)
         const int seen = causal ? std::max(0, std::min(kt.n, i + (lk - lq) - kt.j0 + 1)) : kt.n;
         for (int j = seen; j < kt.n; ++j) p[j] = 0.0f;
     };
 
-    // ---- pass 1: D per row ------------------------------------------------------------------
-    const std::size_t q_units = static_cast<std::size_t>(B) * Hq;  // (sequence, query head)
-    parallel_for_chunks(ex, q_units, 1, [&](std::size_t chunk, std::size_t ub, std::size_t ue) {
-        const attention_backward_chunk w = work.chunks.at(chunk, d);
-        key_tile kt{w.kt, w.vt, w.ks, w.vs};
-        float *const p = w.P, *const dp = w.dP, *const x = w.x;
-        for (std::size_t u = ub; u < ue; ++u) {
-            const int b = static_cast<int>(u / Hq), h = static_cast<int>(u % Hq), hk = h / G;
-            const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
-            for (int i = 0; i < lq; ++i) {
-                if (!have_o) break;
-                const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
-                float s = 0.0f;
-                const float* dorow = DO.row(q0 + i, h);
-                const float sd = DO.s(q0 + i, h);
-                const O* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
-                for (int c = 0; c < d; ++c)
-                    s = attn::add(s, attn::mul(attn::mul(dorow[c], sd), detail::attention_load(orow[c])));
-                delta_out[r] = s;
-            }
-            if (opt.delta != delta_mode::matched) {
-                for (int i = 0; i < lq; ++i) {
-                    const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
-                    delta[r] = delta_out[r];
-                }
-                continue;
-            }
-            // D_i = sum_j P_ij dP_ij over the key tiles row i's query tile visits, in key order.
-            for (int qt = 0; qt * T < lq; ++qt) {
-                const int i0 = qt * T, i1 = std::min(lq, i0 + T);
-                const int nt = attn::key_tiles_for(qt, lq, lk, causal);
-                for (int jt = 0; jt < nt; ++jt) {
-                    kt.load(K, V, k0, jt * T, lk, hk);
-                    for (int i = i0; i < i1; ++i) {
-                        p_dp_row(b, h, i, kt, p, dp, x);
-                        const std::size_t r = static_cast<std::size_t>(h) * Tq + q0 + i;
-                        float s = delta[r];
-                        for (int j = 0; j < kt.n; ++j) s = attn::add(s, attn::mul(p[j], dp[j]));
-                        delta[r] = s;
-                    }
-                }
-            }
-        }
-    });
-
-    // ---- pass 2: gradients, per (sequence, key/value head) ------------------------------------
-    const std::size_t kv_floats = static_cast<std::size_t>(Tk) * Hk * d;
-    float *const dq_acc = work.dq_acc, *const dk_acc = work.dk_acc, *const dv_acc = work.dv_acc;
-    std::fill(dq_acc, dq_acc + static_cast<std::size_t>(Tq) * Hq * d, 0.0f);
-    std::fill(dk_acc, dk_acc + kv_floats, 0.0f);
-    std::fill(dv_acc, dv_acc + kv_floats, 0.0f);
     const std::size_t kv_units = static_cast<std::size_t>(B) * Hk;  // (sequence, key/value head)
     parallel_for_chunks(ex, kv_units, 1, [&](std::size_t chunk, std::size_t ub, std::size_t ue) {
-        const attention_backward_chunk w = work.chunks.at(chunk, d);
+        attention_backward_chunk w = work.chunks.at(chunk, d, work.longest_q, work.longest_k, fold, tele);
+        const attention_rows &K = w.K, &V = w.V, &Q = w.Q, &DO = w.DO;
         key_tile kt{w.kt, w.vt, w.ks, w.vs};
         float *const P = w.P, *const dS = w.dS, *const dP = w.dP, *const RQ = w.RQ, *const PQt = w.PQt, *const x = w.x,
                      *const codes = w.codes, *const y = w.y, *const sq = w.sq, *const tmp = w.tmp, *const kb = w.kb;
+        float *const dk_acc = w.dk, *const dv_acc = w.dv, *const dq_acc = w.dq, *const kbar = w.kbar,
+                     *const delta = w.delta;
         for (std::size_t u = ub; u < ue; ++u) {
             const int b = static_cast<int>(u / Hk), hk = static_cast<int>(u % Hk);
             const int q0 = cuq[b], lq = cuq[b + 1] - q0, k0 = cuk[b], lk = cuk[b + 1] - k0;
-            for (int jt = 0; jt * T < lk; ++jt) {
-                kt.load(K, V, k0, jt * T, lk, hk);
-                const int j0 = kt.j0, nj = kt.n;
-                for (int h = hk * G; h < (hk + 1) * G; ++h) {
+            detail::decode_rows(kc, k0, lk, hk, w.K);
+            detail::decode_rows(vc, k0, lk, hk, w.V);
+            std::fill(dk_acc, dk_acc + static_cast<std::size_t>(lk) * ds, 0.0f);
+            std::fill(dv_acc, dv_acc + static_cast<std::size_t>(lk) * ds, 0.0f);
+            for (int h = hk * G; h < (hk + 1) * G; ++h) {
+                detail::decode_rows(qc, q0, lq, h, w.Q);
+                detail::decode_rows(dc, q0, lq, h, w.DO);
+                // this head's rows of the [heads_q][total_q] arrays start at rb
+                const std::size_t rb = static_cast<std::size_t>(h) * Tq + q0;
+                const float* const lse_row = lse.data() + rb;
+                float* const delta_out = tele ? all_delta_out + rb : w.delta_out;
+                float* const rq = tele ? row_res_dq + rb : w.rq;  // null without telemetry and the fold
+                float *const res = tele ? row_res + rb : nullptr, *const res_abs = tele ? row_abs + rb : nullptr,
+                             *const pdp = tele ? row_pdp + rb : nullptr, *const pabs = tele ? row_pabs + rb : nullptr,
+                             *const rdk = tele ? row_res_dk + rb : nullptr;
+
+                // ---- D per row ---------------------------------------------------------------
+                std::fill(delta_out, delta_out + lq, 0.0f);
+                for (int i = 0; i < lq; ++i) {
+                    if (!have_o) break;
+                    float s = 0.0f;
+                    const float* dorow = DO.row(i);
+                    const float sd = DO.s(i);
+                    const O* orow = o.data + static_cast<std::size_t>(q0 + i) * o.ld + static_cast<std::size_t>(h) * d;
+                    for (int c = 0; c < d; ++c)
+                        s = attn::add(s, attn::mul(attn::mul(dorow[c], sd), detail::attention_load(orow[c])));
+                    delta_out[i] = s;
+                }
+                if (opt.delta != delta_mode::matched) {
+                    std::copy(delta_out, delta_out + lq, delta);
+                } else {
+                    // D_i = sum_j P_ij dP_ij over the key tiles row i's query tile visits, in key order.
+                    std::fill(delta, delta + lq, 0.0f);
+                    for (int qt = 0; qt * T < lq; ++qt) {
+                        const int i0 = qt * T, i1 = std::min(lq, i0 + T);
+                        const int nt = attn::key_tiles_for(qt, lq, lk, causal);
+                        for (int jt = 0; jt < nt; ++jt) {
+                            kt.load(K, V, jt * T, lk);
+                            for (int i = i0; i < i1; ++i) {
+                                p_dp_row(Q, DO, lse_row, lq, lk, i, kt, P, dP, x);
+                                float s = delta[i];
+                                for (int j = 0; j < kt.n; ++j) s = attn::add(s, attn::mul(P[j], dP[j]));
+                                delta[i] = s;
+                            }
+                        }
+                    }
+                }
+
+                // ---- gradients: the head's key tiles in order ------------------------------------
+                std::fill(dq_acc, dq_acc + static_cast<std::size_t>(lq) * ds, 0.0f);
+                if (fold) std::fill(kbar, kbar + static_cast<std::size_t>(lq) * ds, 0.0f);
+                if (fold && !tele) std::fill(rq, rq + lq, 0.0f);
+                for (int jt = 0; jt * T < lk; ++jt) {
+                    kt.load(K, V, jt * T, lk);
+                    const int j0 = kt.j0, nj = kt.n;
                     for (int qt = attn::first_query_tile_for(jt, lq, lk, causal); qt * T < lq; ++qt) {
                         const int i0 = qt * T, ni = std::min(lq, i0 + T) - i0;
-                        const std::size_t r0 = static_cast<std::size_t>(h) * Tq + q0 + i0;
                         // P, dP, dS of the tile
                         for (int a = 0; a < ni; ++a) {
                             float* pr = P + a * T;
                             float* dpr = dP + a * T;
                             float* dsr = dS + a * T;
-                            p_dp_row(b, h, i0 + a, kt, pr, dpr, x);
-                            for (int c = 0; c < nj; ++c) dsr[c] = attn::dscore(pr[c], dpr[c], delta[r0 + a]);
+                            p_dp_row(Q, DO, lse_row, lq, lk, i0 + a, kt, pr, dpr, x);
+                            for (int c = 0; c < nj; ++c) dsr[c] = attn::dscore(pr[c], dpr[c], delta[i0 + a]);
                         }
                         // Row sums key by key, the tile's rows side by side: each row's sum keeps
                         // key order, and the rows' independent chains overlap.
                         if (tele)
                             for (int c = 0; c < nj; ++c)
                                 for (int a = 0; a < ni; ++a) {
-                                    const float ds = dS[a * T + c], pv = P[a * T + c], dpv = dP[a * T + c];
-                                    const std::size_t r = r0 + a;
-                                    row_res[r] = attn::add(row_res[r], ds);
-                                    row_abs[r] = attn::add(row_abs[r], abs_float(ds));
-                                    row_pdp[r] = attn::add(row_pdp[r], attn::mul(pv, dpv));
-                                    row_pabs[r] = attn::add(row_pabs[r], attn::mul(pv, abs_float(dpv)));
+                                    const float dsv = dS[a * T + c], pv = P[a * T + c], dpv = dP[a * T + c];
+                                    const int i = i0 + a;
+                                    res[i] = attn::add(res[i], dsv);
+                                    res_abs[i] = attn::add(res_abs[i], abs_float(dsv));
+                                    pdp[i] = attn::add(pdp[i], attn::mul(pv, dpv));
+                                    pabs[i] = attn::add(pabs[i], attn::mul(pv, abs_float(dpv)));
                                 }
                         // dV += P^T dO with s_do folded into P over the query tile
                         float mdo = 0.0f;
-                        for (int a = 0; a < ni; ++a) mdo = attn::fmax(mdo, DO.s(q0 + i0 + a, h));
+                        for (int a = 0; a < ni; ++a) mdo = attn::fmax(mdo, DO.s(i0 + a));
                         const float cdo = attn::mul(mdo, attn::p_scale);
                         for (int a = 0; a < ni; ++a) {
-                            const float rd = attn::scale_ratio(DO.s(q0 + i0 + a, h), mdo);
+                            const float rd = attn::scale_ratio(DO.s(i0 + a), mdo);
                             for (int c = 0; c < nj; ++c) codes[c] = attn::mul(P[a * T + c], rd);
                             detail::run_kernel<detail::e4m3_row_kernel>(isa, codes, 256.0f, y);
                             for (int c = 0; c < nj; ++c) PQt[c * T + a] = y[c];
                         }
                         for (int c = 0; c < nj; ++c) {
-                            detail::weighted_rows(isa, PQt + c * T, ni, DO.row(q0 + i0, h), qstride, d, tmp);
+                            detail::weighted_rows(isa, PQt + c * T, ni, DO.row(i0), ds, d, tmp);
                             detail::run_kernel<detail::fma_accumulate_kernel>(
-                                isa, cdo, tmp, d, dv_acc + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
+                                isa, cdo, tmp, d, dv_acc + static_cast<std::size_t>(j0 + c) * ds);
                         }
                         // dK += (dS s_q)^T Q, one dS scale per key row of the tile
-                        for (int a = 0; a < ni; ++a) sq[a] = Q.s(q0 + i0 + a, h);
+                        for (int a = 0; a < ni; ++a) sq[a] = Q.s(i0 + a);
                         for (int c = 0; c < nj; ++c) {
                             float amax = 0.0f;
                             for (int a = 0; a < ni; ++a) {
@@ -1070,13 +1139,13 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                             }
                             const float sc = attn::ds_scale(amax), inv = attn::ds_inverse(sc);
                             detail::run_kernel<detail::e4m3_row_kernel>(isa, codes, inv, y);
-                            detail::weighted_rows(isa, y, ni, Q.row(q0 + i0, h), qstride, d, tmp);
+                            detail::weighted_rows(isa, y, ni, Q.row(i0), ds, d, tmp);
                             if (tele)
                                 for (int a = 0; a < ni; ++a)
-                                    row_res_dk[r0 + a] = attn::add(
-                                        row_res_dk[r0 + a], detail::dequantized_ds(y[a], sc, sq[a], dS[a * T + c]));
+                                    rdk[i0 + a] =
+                                        attn::add(rdk[i0 + a], detail::dequantized_ds(y[a], sc, sq[a], dS[a * T + c]));
                             detail::run_kernel<detail::fma_accumulate_kernel>(
-                                isa, sc, tmp, d, dk_acc + (static_cast<std::size_t>(k0 + j0 + c) * Hk + hk) * d);
+                                isa, sc, tmp, d, dk_acc + static_cast<std::size_t>(j0 + c) * ds);
                         }
                         // dQ += scale * (dS s_k) K, one dS scale per query row of the tile
                         for (int a = 0; a < ni; ++a) {
@@ -1088,19 +1157,19 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                             const float ds_sc = attn::ds_scale(amax), inv = attn::ds_inverse(ds_sc);
                             const float sc = attn::mul(scale, ds_sc);
                             detail::run_kernel<detail::e4m3_row_kernel>(isa, codes, inv, y);
-                            detail::weighted_rows(isa, y, nj, K.row(k0 + j0, hk), kstride, d, tmp);
-                            if (track_rq)  // summed into row_res_dq after the tile's rows, below
+                            detail::weighted_rows(isa, y, nj, K.row(j0), ds, d, tmp);
+                            if (track_rq)  // summed into rq after the tile's rows, below
                                 for (int c = 0; c < nj; ++c)
                                     RQ[a * T + c] = detail::dequantized_ds(y[c], ds_sc, kt.ks[c], dS[a * T + c]);
                             if (fold) {  // Kbar_i += P_ij K_j, K_j = s_k(j) * codes
                                 std::fill(kb, kb + d, 0.0f);
                                 for (int c = 0; c < nj; ++c) {
                                     const float pk = attn::mul(P[a * T + c], kt.ks[c]);
-                                    const float* krow = K.row(k0 + j0 + c, hk);
+                                    const float* krow = K.row(j0 + c);
                                     for (int e = 0; e < d; ++e) kb[e] = attn::add(kb[e], attn::mul(pk, krow[e]));
                                 }
                             }
-                            const std::size_t at = (static_cast<std::size_t>(q0 + i0 + a) * Hq + h) * d;
+                            const std::size_t at = static_cast<std::size_t>(i0 + a) * ds;
                             float* dst = dq_acc + at;
                             for (int e = 0; e < d; ++e) dst[e] = attn::add(dst[e], attn::mul(sc, tmp[e]));
                             if (fold)
@@ -1108,45 +1177,50 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
                         }
                         if (track_rq)
                             for (int c = 0; c < nj; ++c)
-                                for (int a = 0; a < ni; ++a)
-                                    row_res_dq[r0 + a] = attn::add(row_res_dq[r0 + a], RQ[a * T + c]);
+                                for (int a = 0; a < ni; ++a) rq[i0 + a] = attn::add(rq[i0 + a], RQ[a * T + c]);
                     }
+                }
+
+                // ---- the head's dQ: the fold, dQ_i -= scale * rq_i * Kbar_i, then out -------------
+                if (fold)
+                    for (int i = 0; i < lq; ++i) {
+                        const float f = attn::mul(scale, rq[i]);
+                        const std::size_t at = static_cast<std::size_t>(i) * ds;
+                        for (int e = 0; e < d; ++e)
+                            dq_acc[at + e] = attn::sub(dq_acc[at + e], attn::mul(f, kbar[at + e]));
+                    }
+                for (int i = 0; i < lq; ++i) {
+                    GT* dst = dq.data + static_cast<std::size_t>(q0 + i) * dq.ld + static_cast<std::size_t>(h) * d;
+                    const float* src = dq_acc + static_cast<std::size_t>(i) * ds;
+                    for (int e = 0; e < d; ++e) dst[e] = detail::attention_store<GT>(src[e]);
+                }
+                if (rows) {
+                    std::copy(delta, delta + lq, rows->delta.data() + rb);
+                    std::copy(delta_out, delta_out + lq, rows->delta_from_output.data() + rb);
+                }
+            }
+
+            // ---- the unit's dK, dV ---------------------------------------------------------------
+            for (int j = 0; j < lk; ++j) {
+                const std::size_t off = static_cast<std::size_t>(hk) * d;
+                GT* dkr = dk.data + static_cast<std::size_t>(k0 + j) * dk.ld + off;
+                GT* dvr = dv.data + static_cast<std::size_t>(k0 + j) * dv.ld + off;
+                const float *ka = dk_acc + static_cast<std::size_t>(j) * ds,
+                            *va = dv_acc + static_cast<std::size_t>(j) * ds;
+                for (int e = 0; e < d; ++e) {
+                    dkr[e] = detail::attention_store<GT>(attn::mul(ka[e], scale));
+                    dvr[e] = detail::attention_store<GT>(va[e]);
                 }
             }
         }
     });
-
-    // ---- the fold: dQ_i -= scale * rq_i * Kbar_i ------------------------------------------------
-    if (fold)
-        for (int t = 0; t < Tq; ++t)
-            for (int h = 0; h < Hq; ++h) {
-                const float f = attn::mul(scale, row_res_dq[static_cast<std::size_t>(h) * Tq + t]);
-                const std::size_t at = (static_cast<std::size_t>(t) * Hq + h) * d;
-                for (int e = 0; e < d; ++e) dq_acc[at + e] = attn::sub(dq_acc[at + e], attn::mul(f, kbar[at + e]));
-            }
-
-    // ---- outputs ------------------------------------------------------------------------------
-    for (int t = 0; t < Tq; ++t)
-        for (int h = 0; h < Hq; ++h)
-            for (int e = 0; e < d; ++e)
-                dq.data[static_cast<std::size_t>(t) * dq.ld + static_cast<std::size_t>(h) * d + e] =
-                    detail::attention_store<GT>(dq_acc[(static_cast<std::size_t>(t) * Hq + h) * d + e]);
-    for (int t = 0; t < Tk; ++t)
-        for (int h = 0; h < Hk; ++h)
-            for (int e = 0; e < d; ++e) {
-                const std::size_t src = (static_cast<std::size_t>(t) * Hk + h) * d + e;
-                const std::size_t off = static_cast<std::size_t>(h) * d + e;
-                dk.data[static_cast<std::size_t>(t) * dk.ld + off] =
-                    detail::attention_store<GT>(attn::mul(dk_acc[src], scale));
-                dv.data[static_cast<std::size_t>(t) * dv.ld + off] = detail::attention_store<GT>(dv_acc[src]);
-            }
 
     attention_stats st;
     if (tele) {
         for (std::size_t r = 0; r < R; ++r)
             if (lse[r] < attn::pos_inf()) {
                 detail::accumulate_row_stats(st, row_res[r], row_abs[r],
-                                             have_o ? attn::sub(delta_out[r], row_pdp[r]) : 0.0f, row_pabs[r]);
+                                             have_o ? attn::sub(all_delta_out[r], row_pdp[r]) : 0.0f, row_pabs[r]);
                 detail::accumulate_quantized_row_stats(st, row_res_dq[r], row_res_dk[r]);
             }
         if (rows) {
@@ -1157,10 +1231,6 @@ attention_stats host_attention_backward(host_executor ex, const attention_dims& 
             rows->residual_dq.assign(row_res_dq, row_res_dq + R);
             rows->residual_dk.assign(row_res_dk, row_res_dk + R);
         }
-    }
-    if (rows) {
-        rows->delta.assign(delta, delta + R);
-        rows->delta_from_output.assign(delta_out, delta_out + R);
     }
     return st;
 }
@@ -1214,9 +1284,10 @@ decltype(auto) attention_backward_entry(const Executor& ex, const attention_shap
 /// host (host memory; any head_dim) or a CUDA stream (octet/attention/attention.cuh: device memory
 /// and shape.device_cu_seqlens_q/_k, head dims 64 and 128, sm_89+; enqueues the forward kernel on
 /// ex.stream, allocates nothing and never synchronizes). The arguments every executor shares are
-/// checked here, once, before the executor's backend runs. On the host every temporary (the decoded
-/// operands, per-thread tiles) comes from one block of attention_forward_scratch_bytes(ex, shape)
-/// bytes, taken from ex's allocator (octet::with_allocator) or else ::operator new.
+/// checked here, once, before the executor's backend runs. On the host every temporary (per thread:
+/// the decoded K and V of a sequence and head, a tile of Q, the tiles it works in) comes from one
+/// block of attention_forward_scratch_bytes(ex, shape) bytes, taken from ex's allocator
+/// (octet::with_allocator) or else ::operator new.
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class Executor>
 void attention_forward(const Executor& ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
                        const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
@@ -1240,10 +1311,10 @@ void attention_forward(host_executor ex, const attention_shape& shape, const qua
 /// empty ({}). Returns the telemetry summary (zeros unless options.telemetry); `rows`, when given,
 /// receives the per-row arrays. The stream form, with a workspace and device_stats instead of
 /// `rows`, is in attention.cuh; both go through the one entry (attention_backward_entry). Every
-/// temporary (decoded operands, row arrays, float dQ/dK/dV accumulators, per-thread tiles) comes
-/// from one block of attention_backward_scratch_bytes(ex, shape, options) bytes, taken from ex's
-/// allocator (octet::with_allocator) or else ::operator new; `rows`' vectors are the only other
-/// allocations (attention_row_telemetry).
+/// temporary (per thread: the decoded operands and the float dQ/dK/dV accumulators of a sequence
+/// and head, the tiles it works in; the telemetry's row arrays) comes from one block of
+/// attention_backward_scratch_bytes(ex, shape, options) bytes, taken from ex's allocator (octet::with_allocator) or
+/// else ::operator new; `rows`' vectors are the only other allocations (attention_row_telemetry).
 template <class QR, class QB, class KR, class KB, class VR, class VB, class OT, class DR, class DB, class GT>
 attention_stats attention_backward(host_executor ex, const attention_shape& shape, const quantized_ref<QR, QB>& q,
                                    const quantized_ref<KR, KB>& k, const quantized_ref<VR, VB>& v, matrix_ref<OT> o,
@@ -1254,11 +1325,13 @@ attention_stats attention_backward(host_executor ex, const attention_shape& shap
 }
 
 /// Bytes of host scratch attention_forward(ex, shape, q, k, v, o, lse, opt[, census]) on FP8
-/// operands takes (one block, from ex's allocator when one is lent): the decoded Q, K, V (4 bytes
-/// per element and per scale), 12 bytes per (sequence, query head, 64-query tile), and per chunk
-/// of work (at most ex's thread count) about 4 * (129 * head_dim + 512), each array rounded up to
-/// 64 bytes. Depends on ex's thread count, the offsets, heads and head_dim (not on the options or
-/// the recipes); the arguments are not checked here.
+/// operands takes (one block, from ex's allocator when one is lent): per chunk of work (at most ex's
+/// thread count, and at most one per (sequence, query head, 64-query tile)) about
+/// 4 * ((Lk64 + Lk) * (head_dim + 1) + 129 * head_dim + 512) bytes, with Lk the longest key
+/// sequence and Lk64 that rounded up to a multiple of 64 (the decoded K and V of one sequence and
+/// key/value head, a 64-query tile of Q, the tiles of the work), each array rounded up to 64 bytes.
+/// Nothing grows with the batch. Depends on ex's thread count, the offsets and head_dim (not on
+/// the options or the recipes); the arguments are not checked here.
 inline std::size_t attention_forward_scratch_bytes(const host_executor& ex, const attention_shape& shape,
                                                    const attention_options& opt = {}) {
     (void)opt;
@@ -1266,12 +1339,15 @@ inline std::size_t attention_forward_scratch_bytes(const host_executor& ex, cons
 }
 
 /// Bytes of host scratch attention_backward(ex, shape, q, k, v, o, lse, dout, dq, dk, dv, opt[, rows])
-/// on FP8 operands takes (one block, from ex's allocator when one is lent): the decoded Q, K, V,
-/// dO, three [heads_q][total_q] row arrays (one more with telemetry or fold_dq_residual, five more
-/// with telemetry), float dQ, dK, dV accumulators (and Kbar, as large as dQ, with
-/// fold_dq_residual), and per chunk of work (at most ex's thread count) about 4 * (130 * head_dim +
-/// 20864). Depends on ex's thread count, the offsets, heads, head_dim and options.telemetry /
-/// fold_dq_residual; the arguments are not checked here. `rows`' vectors are not part of it.
+/// on FP8 operands takes (one block, from ex's allocator when one is lent): per chunk of work (at
+/// most ex's thread count, and at most batch * heads_kv) about
+/// 4 * ((4 * head_dim + 2) * Lk + (3 * head_dim + 4) * Lq + 130 * head_dim + 20864) bytes, with Lq,
+/// Lk the longest query and key sequences (the decoded K, V of one sequence and key/value head and
+/// Q, dO of one query head, their float dK, dV and dQ accumulators, D per row, the tiles of the
+/// work), Lq * (head_dim + 1) floats more with fold_dq_residual (Kbar); and with telemetry seven
+/// [heads_q][total_q] float row arrays, the only part that grows with the batch. Depends on ex's
+/// thread count, the offsets, heads, head_dim and options.telemetry / fold_dq_residual; the
+/// arguments are not checked here. `rows`' vectors are not part of it.
 inline std::size_t attention_backward_scratch_bytes(const host_executor& ex, const attention_shape& shape,
                                                     const attention_backward_options& opt = {}) {
     return detail::scratch_bytes_of<detail::attention_backward_scratch>(ex, shape, opt);
