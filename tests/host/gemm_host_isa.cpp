@@ -120,8 +120,8 @@ TEST_CASE("every instruction-set variant gives the contract's bits, on every thr
     check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(1, 1, 1, 128, salt++);
     check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(50, 70, 260, 128, salt++, true);
     check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(3, 5, 0, 128, salt++);  // K = 0
-    // Long K (a weight gradient's tokens), decoded in blocks of 512 k: several blocks, a short last
-    // block and segment, segments of 16 and 48 that do not divide 512.
+    // Long K (a weight gradient's tokens), decoded in blocks of 128 k: several blocks, a short last
+    // block and segment, segments of 16 and 48 that do not divide 128.
     check_variants<recipes::blockwise_1x128, recipes::blockwise_128x128>(40, 70, 1500, 128, salt++, true);
     check_variants<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(33, 17, 1100, 16, salt++);
     check_variants<recipes::tensorwise_e4m3, recipes::tensorwise_e5m2>(9, 130, 1201, 48, salt++);

@@ -727,7 +727,7 @@ void host_gemm_pack_panel(const quantized_cref<R>& q, const float* table, std::s
 /// smaller chosen:
 ///   whole K: both operands decoded at once ((M + N) x K floats and their segment scales) and one
 ///     task's accumulators per thread;
-///   K blocks: the operands decoded one block of about 512 k at a time, and every task's
+///   K blocks: the operands decoded one chunk (about 128 k) at a time, and every task's
 ///     accumulators kept across the blocks (about M x N floats): far less when K is long (a weight
 ///     gradient's K is the tokens).
 /// Each output element adds its segments' products in the same order either way: the same bits
@@ -737,7 +737,7 @@ template <class Tile>
 struct host_gemm_plan {
     static constexpr std::size_t MR = Tile::mr, NR = Tile::nr;
     static constexpr std::size_t task_panels_a = 16, task_panels_b = std::max<std::size_t>(1, 128 / NR);
-    static constexpr std::size_t chunk_k = 128, block_k = 512;
+    static constexpr std::size_t chunk_k = 128, block_k = 128;
     std::size_t M, N, K, g, S, chunk_segments, a_panels, b_panels, tiles_m, tiles_n;
     std::size_t block_segments;  ///< segments decoded at once (S: the whole K)
     std::size_t pack_k;          ///< k columns a pack holds (K, or block_segments * g)
