@@ -473,7 +473,7 @@ template <class LR>
 class fp8_linear final : public linear_layer {
 public:
     fp8_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_, std::uint64_t seed,
-               octet::linear_workspace* shared)
+               octet::linear_workspace* shared = nullptr)
         : ctx_(shared ? octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed), *shared)
                       : octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed))),
           booking_(m, ctx_.memory()) {
