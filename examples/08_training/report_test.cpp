@@ -15,6 +15,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -459,10 +460,21 @@ TEST_CASE("report: every output is written, well-formed, and carries the sweep's
         CHECK(md.find("**Verdict: FAILED**") < md.find("## Gate"));
         const std::size_t per_seed = md.find("## Per seed");
         REQUIRE(per_seed != std::string::npos);
-        std::istringstream lines(md.substr(per_seed, md.find("## Recovery events") - per_seed));
+        const std::size_t memory = md.find("## Memory");
+        REQUIRE(memory != std::string::npos);
+        CHECK(per_seed < memory);
+        CHECK(memory < md.find("## Recovery events"));
+        std::istringstream lines(md.substr(per_seed, memory - per_seed));
         std::size_t rows = 0;
         for (std::string line; std::getline(lines, line);) rows += line.rfind("| ", 0) == 0;
         CHECK(rows == s.runs.size() + 1);  // + the header row
+        // The Memory section: one row per recipe (label) and size, each with its ratio to fp32.
+        std::istringstream memory_lines(md.substr(memory, md.find("## Recovery events") - memory));
+        std::set<std::string> groups;
+        for (const auto& r : s.runs) groups.insert(r.recipe + (r.recovery ? "" : " (no recovery)") + "|" + r.size);
+        std::size_t memory_rows = 0;
+        for (std::string line; std::getline(memory_lines, line);) memory_rows += line.rfind("| ", 0) == 0;
+        CHECK(memory_rows == groups.size() + 1);
         const std::string tps = train::report_detail::printf_str("%.0f", s.runs[5].tokens_per_second);
         CHECK(md.find("| " + tps + " |") != std::string::npos);
         CHECK(md.find("test machine \\| 2 threads") != std::string::npos);  // '|' escaped in cells

@@ -133,6 +133,7 @@ OCTET_HD float residual_e4m3_value(std::uint8_t code, float scale) {
 
 /// Reads residual elements [begin, begin + count) as floats (host memory).
 inline void load_residual(const residual_view& r, std::size_t begin, std::size_t count, float* out) {
+    if (count == 0) return;  // (an empty range may come with null pointers: memcpy must not see them)
     switch (r.storage) {
         case residual_storage::f32:
             std::memcpy(out, r.data + 4 * begin, 4 * count);
