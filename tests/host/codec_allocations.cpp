@@ -295,6 +295,42 @@ TEST_CASE("codec: decode_gradient and decode_gradient_transformed take every tem
     }
 }
 
+TEST_CASE("codec: the host encode and decode stream the message: their scratch does not grow with n") {
+    // A span is 16 K coordinates (or the transform block, if larger); each thread at work holds at
+    // most three spans of floats and one transform block's floats and sign words.
+    for (const wire_format f : {wire_format::e4m3, wire_format::mxfp8, wire_format::nvfp4})
+        for (const transform_kind t : {transform_kind::identity, transform_kind::hadamard})
+            for (const std::uint32_t block : {1024u, 32768u})
+                for (const int threads : {1, 3}) {
+                    CAPTURE(wire_format_name(f));
+                    CAPTURE(transform_name(t));
+                    CAPTURE(block);
+                    CAPTURE(threads);
+                    codec_config cfg;
+                    cfg.format = f;
+                    cfg.transform = t;
+                    cfg.block = block;
+                    const host_executor ex = on_host(threads);
+                    error_feedback fb(1);
+                    encode_options with_fb;
+                    with_fb.feedback = fb.view();  // only whether it is empty matters to the query
+                    const std::size_t span = std::max<std::size_t>(16384, block);
+                    const std::size_t bound =
+                        static_cast<std::size_t>(threads) * ((4 * span + block / 32 + 2) * sizeof(float) + 64) + 4096;
+                    const std::size_t big = (std::size_t{1} << 24) + 7;  // 64 MiB of floats
+                    for (const std::size_t n : {std::size_t{1} << 20, big}) {
+                        CAPTURE(n);
+                        const encode_options none;
+                        CHECK(encode_gradient_scratch_bytes(ex, cfg, n, with_fb) <= bound);
+                        CHECK(encode_gradient_transformed_scratch_bytes(ex, cfg, n, with_fb) <= bound);
+                        CHECK(encode_gradient_scratch_bytes(ex, cfg, n, none) <= bound);
+                        CHECK(decode_gradient_scratch_bytes(ex, cfg, n) <= bound);
+                    }
+                    CHECK(encode_gradient_scratch_bytes(ex, cfg, big, with_fb) ==
+                          encode_gradient_scratch_bytes(ex, cfg, std::size_t{1} << 20, with_fb));
+                }
+}
+
 TEST_CASE("codec: transform_forward and transform_inverse take their scratch from the lent allocator") {
     thread_pool pool(3);
     auto g = octet_test::rng(9103);

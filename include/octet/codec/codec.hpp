@@ -14,6 +14,8 @@
 // allocator when one is lent (octet::with_allocator), else ::operator new; at most
 //   encode_gradient_scratch_bytes(ex, cfg, n, opt)   encode_gradient_transformed_scratch_bytes(ex, cfg, n, opt)
 //   decode_gradient_scratch_bytes(ex, cfg, n)        (decode_gradient_transformed takes none)
+// The host encode and decode stream the message in spans of 16 K coordinates (or a transform or
+// scale block, if larger): their scratch is a few spans per thread, whatever n.
 //
 // Stages (also public, for collectives that sum in rotated coordinates, see comm/allreduce.hpp):
 //   encode_gradient_transformed(ex, cfg, y, n, msg)   y: the L transformed coordinates of n elements
@@ -135,29 +137,14 @@ inline codec_bound error_bound(const codec_config& cfg, std::size_t n) {
 
 namespace detail {
 
-/// Elements per chunk of finite_amax at least.
-inline constexpr std::size_t amax_grain = std::size_t{1} << 16;
-
-/// Largest finite |y_j|; `slots` holds parallel_chunks(ex, n, amax_grain) floats of scratch.
-inline float finite_amax(const host_executor& ex, const float* y, std::size_t n, float* slots) {
-    const std::size_t chunks = parallel_chunks(ex, n, amax_grain);
-    std::fill(slots, slots + chunks, 0.0f);
-    parallel_for_chunks(ex, n, amax_grain, [&](std::size_t chunk, std::size_t b, std::size_t e) {
-        float a = 0.0f;
-        for (std::size_t i = b; i < e; ++i) a = std::max(a, finite_abs(y[i]));
-        slots[chunk] = a;
-    });
-    float amax = 0.0f;
-    for (std::size_t c = 0; c < chunks; ++c) amax = std::max(amax, slots[c]);
-    return amax;
-}
-
-/// Scale blocks [k0, k1) of quantize_coded. A plain function: its pointers are locals that the
-/// byte stores cannot alias (as a lambda's captures could), so the loops vectorize.
+/// Scale blocks [k0, k1) of a message's coordinates: their scales and codes (and, with deq, the
+/// dequantized values). y and deq hold the coordinates from `origin` on (y[j - origin] is
+/// coordinate j). A plain function: its pointers are locals that the byte stores cannot alias (as
+/// a lambda's captures could), so the loops vectorize.
 template <class Tr, class Round>
 void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t coded, const float* y,
                      float tensor_scale, std::uint8_t* scales, std::uint8_t* payload, float* deq, philox_stream rng,
-                     std::uint64_t first_index) {
+                     std::uint64_t first_index, std::size_t origin) {
     using R = typename Tr::template recipe_with<Round>;
     using Fmt = typename R::format;
     // Random bits only for stochastic rounding (a Philox block costs more than the encode itself).
@@ -170,7 +157,7 @@ void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t
     for (std::size_t k = k0; k < k1; ++k) {
         const std::size_t b = k * Bs, e = std::min<std::size_t>(coded, b + Bs);
         float amax = 0.0f;
-        for (std::size_t j = b; j < e; ++j) amax = std::max(amax, finite_abs(y[j]));
+        for (std::size_t j = b; j < e; ++j) amax = std::max(amax, finite_abs(y[j - origin]));
         const block_scale s = make_block_scale<R>(amax, tensor_scale);
         if constexpr (Tr::scale_bytes == 4)
             store_le32(scales + 4 * k, s.stored);
@@ -181,41 +168,29 @@ void quantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t
             for (std::size_t j0 = b; j0 < e; j0 += 64) {
                 const std::size_t m = std::min<std::size_t>(64, e - j0);
                 std::uint8_t c[64 + 1];
-                for (std::size_t t = 0; t < m; ++t) c[t] = encode_scaled<R>(y[j0 + t], s.value, random_bits(j0 + t));
+                for (std::size_t t = 0; t < m; ++t)
+                    c[t] = encode_scaled<R>(y[j0 + t - origin], s.value, random_bits(j0 + t));
                 c[m] = 0;  // the high nibble after an odd last element
                 for (std::size_t t = 0; t < m; t += 2) payload[(j0 + t) / 2] = pack_fp4x2(c[t], c[t + 1]);
             }
             if (deq)
                 for (std::size_t j = b; j < e; ++j)
-                    deq[j] = mul_rn(decode<Fmt>(unpack_fp4(payload[j / 2], static_cast<int>(j & 1u))), s.value);
+                    deq[j - origin] =
+                        mul_rn(decode<Fmt>(unpack_fp4(payload[j / 2], static_cast<int>(j & 1u))), s.value);
         } else {
-            for (std::size_t j = b; j < e; ++j) payload[j] = encode_wire_code<R>(y[j], s.value, random_bits(j));
+            for (std::size_t j = b; j < e; ++j)
+                payload[j] = encode_wire_code<R>(y[j - origin], s.value, random_bits(j));
             if (deq)
-                for (std::size_t j = b; j < e; ++j) deq[j] = mul_rn(decode<Fmt>(payload[j]), s.value);
+                for (std::size_t j = b; j < e; ++j) deq[j - origin] = mul_rn(decode<Fmt>(payload[j]), s.value);
         }
     }
 }
 
-/// Scales and codes of L transformed coordinates; deq (if not null) receives the dequantized values.
-template <class Tr, class Round>
-void quantize_coded(host_executor ex, const wire_layout& l, const float* y, float tensor_scale, std::uint8_t* msg,
-                    float* deq, philox_stream rng, std::uint64_t first_index) {
-    std::uint8_t* scales = msg + l.scales_offset;
-    std::uint8_t* payload = msg + l.payload_offset;
-    const std::size_t Bs = l.scale_block, coded = l.coded;
-    parallel_for(ex, l.scale_count, std::max<std::size_t>(1, 16384 / Bs), [=](std::size_t lo, std::size_t hi) {
-        quantize_blocks<Tr, Round>(lo, hi, Bs, coded, y, tensor_scale, scales, payload, deq, rng, first_index);
-    });
-    const std::uint64_t scale_used = l.scale_count * l.scale_bytes;
-    std::memset(scales + scale_used, 0, l.scales_bytes - scale_used);
-    const std::uint64_t used = l.code_bits == 4 ? (l.coded + 1) / 2 : l.coded;
-    std::memset(payload + used, 0, l.payload_bytes - used);
-}
-
-/// Scale blocks [k0, k1) of dequantize_coded (a plain function for the same reason).
+/// Scale blocks [k0, k1) of a message's coordinates dequantized: y[j - origin] = (add: +=)
+/// coordinate j (a plain function for the same reason as quantize_blocks).
 template <class Tr>
 void dequantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size_t coded, const std::uint8_t* scales,
-                       const std::uint8_t* payload, float tensor_scale, float* y, bool add) {
+                       const std::uint8_t* payload, float tensor_scale, float* y, bool add, std::size_t origin) {
     using R = typename Tr::recipe;
     using Fmt = typename R::format;
     for (std::size_t k = k0; k < k1; ++k) {
@@ -226,28 +201,65 @@ void dequantize_blocks(std::size_t k0, std::size_t k1, std::size_t Bs, std::size
             for (std::size_t j = b; j < e; ++j) {
                 const std::uint8_t c =
                     Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
-                y[j] = y[j] + mul_rn(decode<Fmt>(c), S);
+                y[j - origin] = y[j - origin] + mul_rn(decode<Fmt>(c), S);
             }
         } else {
             for (std::size_t j = b; j < e; ++j) {
                 const std::uint8_t c =
                     Fmt::bits <= 4 ? unpack_fp4(payload[j / 2], static_cast<int>(j & 1u)) : payload[j];
-                y[j] = mul_rn(decode<Fmt>(c), S);
+                y[j - origin] = mul_rn(decode<Fmt>(c), S);
             }
         }
     }
 }
 
-/// y (or y +=) = the dequantized coordinates of a validated message.
-template <class Tr>
-void dequantize_coded(host_executor ex, const wire_layout& l, const std::uint8_t* msg, float tensor_scale, float* y,
-                      bool add) {
-    const std::uint8_t* scales = msg + l.scales_offset;
-    const std::uint8_t* payload = msg + l.payload_offset;
-    const std::size_t Bs = l.scale_block, coded = l.coded;
-    parallel_for(ex, l.scale_count, std::max<std::size_t>(1, 16384 / Bs), [=](std::size_t lo, std::size_t hi) {
-        dequantize_blocks<Tr>(lo, hi, Bs, coded, scales, payload, tensor_scale, y, add);
-    });
+/// Largest finite |y_j| of m values.
+inline float finite_amax(const float* y, std::size_t m) {
+    float a = 0.0f;
+    for (std::size_t j = 0; j < m; ++j) a = std::max(a, finite_abs(y[j]));
+    return a;
+}
+
+/// The host encode and decode stream a message span by span: a span is whole transform blocks and
+/// whole scale blocks (both powers of two), at least 16 K coordinates, so that their scratch is a
+/// span's floats per thread rather than the message's. Every coordinate, scale and residual element
+/// is computed by the same code as over the whole message at once: the same bits.
+inline std::size_t codec_span(const wire_layout& l) {
+    return std::max<std::size_t>(
+        {std::size_t{16384}, static_cast<std::size_t>(l.block), static_cast<std::size_t>(l.scale_block)});
+}
+inline std::size_t codec_spans(const wire_layout& l) {
+    return static_cast<std::size_t>((l.coded + codec_span(l) - 1) / codec_span(l));
+}
+
+/// The transform of elements [e0, e0 + count) of a message (whole blocks from e0, the last one maybe
+/// ragged) into its coordinates from e0 (the ragged block zero-padded); the identity copies.
+/// `words`: one block's sign words (block / 32 + 2).
+inline void span_forward(transform_kind t, const wire_layout& l, std::uint64_t seed, std::uint64_t first_index,
+                         const float* x, std::size_t e0, std::size_t count, float* y, std::uint32_t* words) {
+    if (t == transform_kind::identity) {
+        std::memcpy(y, x, count * sizeof(float));
+        return;
+    }
+    const std::size_t b = l.block;
+    for (std::size_t off = 0; off < count; off += b)
+        hadamard_block_forward(x + off, std::min(b, count - off), y + off, l.block, seed, first_index + e0 + off,
+                               words);
+}
+
+/// The inverse of span_forward: elements [e0, e0 + count) from the coordinates from e0 (`work`: one
+/// block of floats).
+inline void span_inverse(transform_kind t, const wire_layout& l, std::uint64_t seed, std::uint64_t first_index,
+                         const float* y, std::size_t e0, std::size_t count, float* x, std::uint32_t* words,
+                         float* work) {
+    if (t == transform_kind::identity) {
+        std::memcpy(x, y, count * sizeof(float));
+        return;
+    }
+    const std::size_t b = l.block;
+    for (std::size_t off = 0; off < count; off += b)
+        hadamard_block_inverse(y + off, work, std::min(b, count - off), x + off, l.block, seed, first_index + e0 + off,
+                               words);
 }
 
 inline void check_feedback(const residual_view& fb, std::size_t n, const char* fn) {
@@ -258,60 +270,141 @@ inline void check_feedback(const residual_view& fb, std::size_t n, const char* f
                   fn, "options.feedback", "has an unknown residual storage");
 }
 
-/// The host scratch of one encode (all of it carved from one block, see detail::scratch_carver):
-///   y     L floats: the transformed coordinates (null when the input is used as it is: transformed
-///         coordinates, or the identity transform, without feedback)
-///   x     n floats (feedback): the residual, or x + residual; then the new residual
-///   d     L floats (feedback): T residual; then y - dequantized
-///   amax  one float per chunk of finite_amax
-///   tr    the transform's (the inverse's with feedback, which holds the forward's)
-struct encode_scratch {
+/// The host scratch of one encode or decode, carved from one block (see detail::scratch_carver):
+/// per chunk of spans (parallel_for_chunks gives each chunk its own slot)
+///   y     a span of floats: the transformed coordinates (none when they are read from the input as
+///         they are: transformed coordinates, or the identity, without feedback; a decode: only a
+///         Hadamard message decoded to its elements)
+///   x     a span (encode with feedback): the residual, or x + residual; then the new residual
+///   d     a span (encode with feedback): T residual; then y - dequantized
+///   amax  one float (encode)
+///   words, work: one transform block's sign words and, for the inverse, its floats
+struct codec_scratch {
+    std::size_t span = 0, words_per_chunk = 0, work_per_chunk = 0;
     float* y = nullptr;
     float* x = nullptr;
     float* d = nullptr;
     float* amax = nullptr;
-    transform_scratch tr{};
+    std::uint32_t* words = nullptr;
+    float* work = nullptr;
 };
+
+/// Takes the transform's per-chunk scratch (a Hadamard message only).
+inline void carve_span_transform(scratch_carver& c, codec_scratch& s, const wire_layout& l, std::size_t chunks,
+                                 bool inverse) {
+    if (l.block == 0) return;
+    s.words_per_chunk = l.block / 32 + 2;
+    s.words = c.take<std::uint32_t>(chunks * s.words_per_chunk);
+    if (inverse) {
+        s.work_per_chunk = l.block;
+        s.work = c.take<float>(chunks * s.work_per_chunk);
+    }
+}
 
 /// Describes the scratch of encoding n = l.count elements (`transformed`: the L coordinates) on a
 /// carver: one description for the query (encode_gradient_scratch_bytes) and the operation.
-inline encode_scratch carve_encode(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
-                                   const wire_layout& l, bool transformed, bool feedback) {
-    encode_scratch s;
-    const bool own_y = feedback || (!transformed && cfg.transform == transform_kind::hadamard);
-    if (own_y) s.y = c.take<float>(l.coded);
+inline codec_scratch carve_encode(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
+                                  const wire_layout& l, bool transformed, bool feedback) {
+    codec_scratch s;
+    const std::size_t chunks = parallel_chunks(ex, codec_spans(l), 1);
+    if (chunks == 0) return s;
+    s.span = codec_span(l);
+    const bool hadamard = cfg.transform == transform_kind::hadamard;
+    if (feedback || (!transformed && hadamard)) s.y = c.take<float>(chunks * s.span);
     if (feedback) {
-        s.x = c.take<float>(l.count);
-        s.d = c.take<float>(l.coded);
+        s.x = c.take<float>(chunks * s.span);
+        s.d = c.take<float>(chunks * s.span);
     }
-    s.amax = c.take<float>(parallel_chunks(ex, l.coded, amax_grain));
-    if (feedback || !transformed) s.tr = carve_transform(c, ex, cfg.transform, l.count, cfg.block, feedback);
+    s.amax = c.take<float>(chunks);
+    if (feedback || !transformed) carve_span_transform(c, s, l, chunks, feedback);
     return s;
 }
 
-/// Steps 3-5 of encoding: y holds the L transformed coordinates (with the residual already added).
-inline encode_result encode_coded(const host_executor& ex, const codec_config& cfg, const wire_layout& l,
-                                  const float* y, const encode_options& opt, span<std::uint8_t> out,
-                                  const encode_scratch& s) {
+/// Encodes on the host, span by span (steps 1-5 of the header comment): `in` holds the n elements,
+/// or with `transformed` the L coordinates. NVFP4's tensor scale needs the message's amax before
+/// any block is scaled: its coordinates are computed twice (a first pass for the amax).
+inline encode_result encode_spans(const host_executor& ex, const codec_config& cfg, const wire_layout& l,
+                                  const float* in, bool transformed, const encode_options& opt, span<std::uint8_t> out,
+                                  const codec_scratch& s) {
     encode_result res;
     res.bytes = static_cast<std::size_t>(l.total_bytes);
     const std::size_t coded = static_cast<std::size_t>(l.coded), count = static_cast<std::size_t>(l.count);
-    res.amax = finite_amax(ex, y, coded, s.amax);
-    const float ts = cfg.format == wire_format::nvfp4 ? make_tensor_scale<recipes::nvfp4>(res.amax) : 1.0f;
-    float* deq = opt.feedback.empty() ? nullptr : s.d;
+    const std::size_t S = s.span, spans = codec_spans(l), chunks = parallel_chunks(ex, spans, 1);
+    const std::size_t Bs = l.scale_block;
+    const bool feedback = !opt.feedback.empty(), tensor_scaled = cfg.format == wire_format::nvfp4;
+    std::uint8_t* scales = out.data() + l.scales_offset;
+    std::uint8_t* payload = out.data() + l.payload_offset;
+    // The coordinates of span [c0, c1) (elements [c0, min(c1, n))): the input's, or computed into
+    // the chunk's y.
+    auto coordinates = [&](std::size_t chunk, std::size_t c0, std::size_t c1) -> const float* {
+        const std::size_t ne = std::min(c1, count) - c0;
+        float* y = s.y ? s.y + chunk * S : nullptr;
+        float* x = s.x ? s.x + chunk * S : nullptr;
+        float* d = s.d ? s.d + chunk * S : nullptr;
+        std::uint32_t* words = s.words ? s.words + chunk * s.words_per_chunk : nullptr;
+        if (transformed) {
+            if (!feedback) return in + c0;
+            load_residual(opt.feedback, c0, ne, x);
+            span_forward(cfg.transform, l, cfg.seed, opt.first_index, x, c0, ne, d, words);
+            for (std::size_t j = 0; j < c1 - c0; ++j) y[j] = in[c0 + j] + d[j];
+            return y;
+        }
+        if (!feedback) {
+            if (y == nullptr) return in + c0;  // the identity's coordinates are the elements
+            span_forward(cfg.transform, l, cfg.seed, opt.first_index, in + c0, c0, ne, y, words);
+            return y;
+        }
+        load_residual(opt.feedback, c0, ne, x);
+        for (std::size_t i = 0; i < ne; ++i) x[i] = in[c0 + i] + x[i];
+        span_forward(cfg.transform, l, cfg.seed, opt.first_index, x, c0, ne, y, words);
+        return y;
+    };
+    auto span_of = [&](std::size_t k) { return std::make_pair(k * S, std::min(coded, (k + 1) * S)); };
+    std::fill(s.amax, s.amax + chunks, 0.0f);
+    float ts = 1.0f;
+    if (tensor_scaled) {
+        parallel_for_chunks(ex, spans, 1, [&](std::size_t chunk, std::size_t lo, std::size_t hi) {
+            for (std::size_t k = lo; k < hi; ++k) {
+                const auto [c0, c1] = span_of(k);
+                s.amax[chunk] = std::max(s.amax[chunk], finite_amax(coordinates(chunk, c0, c1), c1 - c0));
+            }
+        });
+        res.amax = chunks ? *std::max_element(s.amax, s.amax + chunks) : 0.0f;
+        ts = make_tensor_scale<recipes::nvfp4>(res.amax);
+    }
     const philox_stream rng{cfg.seed, codec_rounding_stream + opt.random_stream};
     dispatch_wire_format(cfg.format, [&](auto tr) {
-        if (cfg.stochastic)
-            quantize_coded<decltype(tr), round::stochastic>(ex, l, y, ts, out.data(), deq, rng, opt.first_index);
-        else
-            quantize_coded<decltype(tr), round::nearest_even>(ex, l, y, ts, out.data(), deq, rng, opt.first_index);
+        using Tr = decltype(tr);
+        parallel_for_chunks(ex, spans, 1, [&](std::size_t chunk, std::size_t lo, std::size_t hi) {
+            for (std::size_t k = lo; k < hi; ++k) {
+                const auto [c0, c1] = span_of(k);
+                const float* y = coordinates(chunk, c0, c1);
+                if (!tensor_scaled) s.amax[chunk] = std::max(s.amax[chunk], finite_amax(y, c1 - c0));
+                float* deq = feedback ? s.d + chunk * S : nullptr;
+                const std::size_t k0 = c0 / Bs, k1 = (c1 + Bs - 1) / Bs;
+                if (cfg.stochastic)
+                    quantize_blocks<Tr, round::stochastic>(k0, k1, Bs, coded, y, ts, scales, payload, deq, rng,
+                                                           opt.first_index, c0);
+                else
+                    quantize_blocks<Tr, round::nearest_even>(k0, k1, Bs, coded, y, ts, scales, payload, deq, rng,
+                                                             opt.first_index, c0);
+                if (!feedback) continue;
+                // r = y - dequantized, back to x's coordinates, kept as the next residual.
+                for (std::size_t j = 0; j < c1 - c0; ++j) deq[j] = y[j] - deq[j];
+                const std::size_t ne = std::min(c1, count) - c0;
+                float* x = s.x + chunk * S;
+                span_inverse(cfg.transform, l, cfg.seed, opt.first_index, deq, c0, ne, x,
+                             s.words ? s.words + chunk * s.words_per_chunk : nullptr,
+                             s.work ? s.work + chunk * s.work_per_chunk : nullptr);
+                store_residual(opt.feedback, c0, ne, x);
+            }
+        });
     });
-    if (!opt.feedback.empty()) {
-        // r = y - dequantized, back to x's coordinates, kept as the next residual.
-        for (std::size_t j = 0; j < coded; ++j) deq[j] = y[j] - deq[j];
-        transform_inverse_host(ex, cfg.transform, deq, count, s.x, cfg.block, cfg.seed, opt.first_index, s.tr);
-        store_residual(opt.feedback, 0, count, s.x);
-    }
+    if (!tensor_scaled) res.amax = chunks ? *std::max_element(s.amax, s.amax + chunks) : 0.0f;
+    const std::uint64_t scale_used = l.scale_count * l.scale_bytes;
+    std::memset(scales + scale_used, 0, l.scales_bytes - scale_used);
+    const std::uint64_t used = l.code_bits == 4 ? (l.coded + 1) / 2 : l.coded;
+    std::memset(payload + used, 0, l.payload_bytes - used);
     write_header_fields(out.data(), cfg.format, cfg.transform, l.block, l.scale_block, cfg.seed, opt.first_index,
                         l.count, ts, l.total_bytes, cfg.stochastic);
     seal_wire_message(out);
@@ -374,27 +467,22 @@ inline void check_decode_destination(span<float> dst, const wire_layout& l, deco
 template <class Executor>
 struct codec_backend;
 
-/// The host scratch of one decode: the L coordinates and the inverse transform's scratch, only
-/// when a Hadamard message is decoded to its n elements (otherwise nothing).
-struct decode_scratch {
-    float* y = nullptr;
-    transform_scratch tr{};
-};
-
 /// Describes the scratch of decoding a message of layout l (decode_gradient_scratch_bytes and the
-/// operation share it).
-inline decode_scratch carve_decode(scratch_carver& c, const host_executor& ex, transform_kind transform,
-                                   const wire_layout& l, decoded_space space) {
-    decode_scratch s;
+/// operation share it): only a Hadamard message decoded to its elements takes any.
+inline codec_scratch carve_decode(scratch_carver& c, const host_executor& ex, transform_kind transform,
+                                  const wire_layout& l, decoded_space space) {
+    codec_scratch s;
     if (space != decoded_space::original || transform != transform_kind::hadamard || l.count == 0) return s;
-    s.y = c.take<float>(static_cast<std::size_t>(l.coded));
-    s.tr = carve_transform(c, ex, transform, l.count, l.block, true);
+    const std::size_t chunks = parallel_chunks(ex, codec_spans(l), 1);
+    s.span = codec_span(l);
+    s.y = c.take<float>(chunks * s.span);
+    carve_span_transform(c, s, l, chunks, true);
     return s;
 }
 
 template <>
 struct codec_backend<host_executor> {
-    /// Steps 1-5 of encoding x (the L coordinates y with `transformed`) into `out`.
+    /// Steps 1-5 of encoding x (the L coordinates y with `transformed`) into `out`, span by span.
     /// Every temporary comes from one block of host scratch (encode_gradient_scratch_bytes).
     static encode_result encode(host_executor ex, const codec_config& cfg, const wire_layout& l, span<const float> in,
                                 bool transformed, span<std::uint8_t> out, const encode_options& opt) {
@@ -404,29 +492,8 @@ struct codec_backend<host_executor> {
         const host_scratch scratch(ex, size.bytes(),
                                    transformed ? "octet::encode_gradient_transformed" : "octet::encode_gradient");
         scratch_carver carver = scratch.carver();
-        const encode_scratch s = carve_encode(carver, ex, cfg, l, transformed, feedback);
-        const std::size_t count = static_cast<std::size_t>(l.count), coded = static_cast<std::size_t>(l.coded);
-        const float* y = in.data();  // transformed coordinates without feedback, or the identity's: as they are
-        if (transformed) {
-            if (feedback) {
-                load_residual(opt.feedback, 0, count, s.x);
-                transform_forward_host(ex, cfg.transform, s.x, count, s.d, cfg.block, cfg.seed, opt.first_index, s.tr);
-                for (std::size_t j = 0; j < coded; ++j) s.y[j] = in[j] + s.d[j];
-                y = s.y;
-            }
-        } else if (!feedback) {
-            if (s.y != nullptr) {
-                transform_forward_host(ex, cfg.transform, in.data(), count, s.y, cfg.block, cfg.seed, opt.first_index,
-                                       s.tr);
-                y = s.y;
-            }
-        } else {
-            load_residual(opt.feedback, 0, count, s.x);
-            for (std::size_t i = 0; i < count; ++i) s.x[i] = in[i] + s.x[i];
-            transform_forward_host(ex, cfg.transform, s.x, count, s.y, cfg.block, cfg.seed, opt.first_index, s.tr);
-            y = s.y;
-        }
-        return encode_coded(ex, cfg, l, y, opt, out, s);
+        const codec_scratch s = carve_encode(carver, ex, cfg, l, transformed, feedback);
+        return encode_spans(ex, cfg, l, in.data(), transformed, opt, out, s);
     }
 
     /// Validates the whole message (wire.hpp) and reads its header and layout.
@@ -434,23 +501,37 @@ struct codec_backend<host_executor> {
         return read_wire_header(message, &l, fn);
     }
 
-    /// Host scratch only for a Hadamard message decoded to its n elements (decode_gradient_scratch_bytes).
+    /// Span by span; host scratch only for a Hadamard message decoded to its n elements
+    /// (decode_gradient_scratch_bytes).
     static void decode(host_executor ex, const wire_header& h, const wire_layout& l, span<const std::uint8_t> message,
                        span<float> dst, decoded_space space, const char* fn) {
         scratch_carver size;
         carve_decode(size, ex, h.transform, l, space);
         const host_scratch scratch(ex, size.bytes(), fn);
         scratch_carver carver = scratch.carver();
-        const decode_scratch s = carve_decode(carver, ex, h.transform, l, space);
-        // The identity's coordinates are the elements: decoded straight into dst.
-        float* coords = s.y != nullptr ? s.y : dst.data();
+        const codec_scratch s = carve_decode(carver, ex, h.transform, l, space);
+        const std::uint8_t* scales = message.data() + l.scales_offset;
+        const std::uint8_t* payload = message.data() + l.payload_offset;
+        const std::size_t coded = static_cast<std::size_t>(l.coded), count = static_cast<std::size_t>(l.count);
+        const std::size_t S = codec_span(l), Bs = l.scale_block;
+        const bool add = space == decoded_space::transformed_add;
+        float* const out = dst.data();
         dispatch_wire_format(h.format, [&](auto tr) {
-            dequantize_coded<decltype(tr)>(ex, l, message.data(), h.tensor_scale, coords,
-                                           space == decoded_space::transformed_add);
+            using Tr = decltype(tr);
+            parallel_for_chunks(ex, codec_spans(l), 1, [&](std::size_t chunk, std::size_t lo, std::size_t hi) {
+                for (std::size_t k = lo; k < hi; ++k) {
+                    const std::size_t c0 = k * S, c1 = std::min(coded, c0 + S), k0 = c0 / Bs, k1 = (c1 + Bs - 1) / Bs;
+                    if (s.y == nullptr) {  // coordinates wanted, or the identity's (the elements): straight into dst
+                        dequantize_blocks<Tr>(k0, k1, Bs, coded, scales, payload, h.tensor_scale, out + c0, add, c0);
+                        continue;
+                    }
+                    float* y = s.y + chunk * s.span;
+                    dequantize_blocks<Tr>(k0, k1, Bs, coded, scales, payload, h.tensor_scale, y, false, c0);
+                    span_inverse(h.transform, l, h.seed, h.first_index, y, c0, std::min(c1, count) - c0, out + c0,
+                                 s.words + chunk * s.words_per_chunk, s.work + chunk * s.work_per_chunk);
+                }
+            });
         });
-        if (s.y != nullptr)
-            transform_inverse_host(ex, h.transform, s.y, static_cast<std::size_t>(l.count), dst.data(), h.block, h.seed,
-                                   h.first_index, s.tr);
     }
 };
 
@@ -518,9 +599,12 @@ inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> me
 
 /// Bytes of host scratch that encode_gradient(ex, cfg, x, out, opt) takes for n = x.size() elements
 /// on the host executor `ex` (from ex.allocator when one is lent, see octet::with_allocator; else
-/// ::operator new), in one block per call: the transformed coordinates (none for the identity
-/// without feedback), with opt.feedback also n + L floats, and a few bytes per thread. Only whether
-/// opt.feedback is empty matters. A stream's encoders take no scratch.
+/// ::operator new), in one block per call. The host encode streams the message span by span (16 K
+/// coordinates, or the transform block or scale block if larger), so this is per thread at work
+/// (at most ex.thread_count()): a span of transformed coordinates (none for the identity without
+/// feedback), with opt.feedback two spans more, and a transform block's sign words and floats.
+/// It does not grow with n beyond one span per thread. Only whether opt.feedback is empty matters.
+/// A stream's encoders take no scratch.
 inline std::size_t encode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n,
                                                  const encode_options& opt = {}) {
     const wire_layout l = detail::checked_layout(cfg, n, "n", opt.first_index, "octet::encode_gradient_scratch_bytes");
@@ -531,7 +615,7 @@ inline std::size_t encode_gradient_scratch_bytes(const host_executor& ex, const 
 
 /// Bytes of host scratch that encode_gradient_transformed(ex, cfg, y, n, out, opt) takes (as
 /// encode_gradient_scratch_bytes): a few bytes per thread without feedback; with opt.feedback,
-/// n + 2 L floats and the transforms' scratch.
+/// three spans of floats per thread and the transforms' scratch.
 inline std::size_t encode_gradient_transformed_scratch_bytes(const host_executor& ex, const codec_config& cfg,
                                                              std::size_t n, const encode_options& opt = {}) {
     const wire_layout l =
@@ -542,8 +626,9 @@ inline std::size_t encode_gradient_transformed_scratch_bytes(const host_executor
 }
 
 /// Bytes of host scratch that decode_gradient(ex, message, out) takes for a message of n elements
-/// encoded under cfg (config_of(header) gives it from a received header): L floats and the inverse
-/// transform's scratch for a Hadamard message, 0 for the identity. decode_gradient_transformed
+/// encoded under cfg (config_of(header) gives it from a received header): for a Hadamard message a
+/// span of floats per thread at work and a transform block's scratch; 0 for the identity.
+/// decode_gradient_transformed
 /// takes no scratch (it writes the caller's y directly).
 inline std::size_t decode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n) {
     const wire_layout l = detail::checked_layout(cfg, n, "n", 0, "octet::decode_gradient_scratch_bytes");
