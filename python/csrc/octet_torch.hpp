@@ -93,8 +93,8 @@ inline c10::DeviceType kernel_device(const at::Tensor& t, const char* op, const 
 #endif
     TORCH_CHECK_VALUE(false, where(op, arg), "is on ", t.device(), "; this build of octet's op libraries runs ", op,
                       " on the CPU",
-                      (t.is_cuda() ? " only (it was built without CUDA kernels: see the README's "
-                                     "PyTorch section to build them), so move it to the CPU"
+                      (t.is_cuda() ? " only (it was built without CUDA kernels: see docs/python.md, "
+                                     "CUDA kernels, to build them), so move it to the CPU"
                                    : ", so move it there"));
 }
 

@@ -8,7 +8,7 @@
 //   * end to end, on heavy-tailed, log-normal, low-rank and Gaussian gradients, every format and
 //     transform: the error against the float64 input is within error_bound (the stated worst case),
 //     also with stochastic rounding; the measured errors, Hadamard against identity at equal bytes,
-//     are printed (the README records them);
+//     are printed (docs/codecs-and-collectives.md records them);
 //   * the 100-and-0.1 case: NVFP4 with nearest rounding erases the 0.1s that share a block with a
 //     100 (identity and Hadamard alike), E4M3 keeps them to 2^-4; error feedback returns what was
 //     dropped (the mean of K decoded steps equals x up to the last residual / K, an identity checked

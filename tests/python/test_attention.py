@@ -2,7 +2,7 @@
 
 Oracles: a float64 softmax(scale Q K^T) V written here with torch ops, on the FP8 operands as this
 file quantizes them with torch's own float8_e4m3fn cast ("internal": what is left is P's and dS's
-quantization and float sums; tolerances from the README's accuracy table) and on the original
+quantization and float sums; tolerances from docs/attention.md's accuracy table) and on the original
 inputs ("end-to-end"); its gradients by torch.autograd in float64; exact identities (rows that see
 no key, masked keys changing nothing, dS rows summing to zero under delta matching)."""
 
@@ -80,7 +80,7 @@ def magnitudes(gen, tokens, heads):
 
 def make_inputs(gen, cfg, dtype=torch.float32):
     """The distribution of octet's accuracy measurements (tests/host/attention_common.hpp), so that
-    the README's tolerances apply: queries N(0, 1.5^2), keys sharing a mean direction per head."""
+    docs/attention.md's tolerances apply: queries N(0, 1.5^2), keys sharing a mean direction per head."""
     lq, lk, hq, hk, d, causal = cfg
     lk = lk or lq
     tq, tk = sum(lq), sum(lk)
@@ -116,7 +116,7 @@ def test_forward_matches_float64(gen, name, v_scaling, dtype):
         assert float(row[7]) == pytest.approx(float((x.double() - xd).square().sum()), rel=1e-6, abs=1e-30)
 
     o_int, lse_int = reference(qd, kd, vd, causal, scale, cu_q.tolist(), cu_k.tolist())
-    # internal: README's tested tolerances (O 0.015 per-head V, 0.04 per-token V), plus bf16's
+    # internal: docs/attention.md's tested tolerances (O 0.015 per-head V, 0.04 per-token V), plus bf16's
     # output rounding
     tol = (0.015 if per_head else 0.04) + (0.004 if dtype == torch.bfloat16 else 0)
     assert rel_l2(o, o_int) < tol
@@ -125,7 +125,7 @@ def test_forward_matches_float64(gen, name, v_scaling, dtype):
     assert torch.equal(torch.isfinite(lse), seen)
     torch.testing.assert_close(lse[seen].double(), lse_int[seen], rtol=1e-5, atol=1e-5)
     # end-to-end against the original inputs: input quantization plus the internal error; the
-    # README's bound (0.13) was measured for head dims 64 and 128 (at 32 the E4M3 inputs alone
+    # docs/attention.md's bound (0.13) was measured for head dims 64 and 128 (at 32 the E4M3 inputs alone
     # can move O further)
     o_e2e, _ = reference(q.double(), k.double(), v.double(), causal, scale, cu_q.tolist(), cu_k.tolist())
     assert rel_l2(o, o_e2e) <= rel_l2(o_int, o_e2e) + tol
@@ -167,14 +167,14 @@ def test_backward_matches_float64(gen, name, dtype):
     grads = [x.grad for x in leaves]
     assert all(g.dtype == dtype and g.shape == x.shape for g, x in zip(grads, (q, k, v)))
 
-    # internal: float64 on the FP8 operands, dO included (README: dQ 0.03, dK 0.025, dV 0.04)
+    # internal: float64 on the FP8 operands, dO included (docs/attention.md: dQ 0.03, dK 0.025, dV 0.04)
     ref_q = reference_grads(fake_quant(q, False), fake_quant(k, False), fake_quant(v, True), fake_quant(do, False),
                             causal, scale, cu_q.tolist(), cu_k.tolist())
     extra = 0.004 if dtype == torch.bfloat16 else 0
     tols = [tol + extra for tol in (0.03, 0.025, 0.04)]
     for g, r, tol in zip(grads, ref_q, tols):
         assert rel_l2(g, r) < tol
-    # end-to-end: as for O (README: 0.18 at head dims 64 and 128; at 32, one seed in 16 put dK 0.23
+    # end-to-end: as for O (docs/attention.md: 0.18 at head dims 64 and 128; at 32, one seed in 16 put dK 0.23
     # from the original-input gradient, the float64 gradient on the E4M3 inputs being as far)
     ref_0 = reference_grads(q.double(), k.double(), v.double(), do.double(), causal, scale, cu_q.tolist(),
                             cu_k.tolist())

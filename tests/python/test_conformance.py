@@ -2,7 +2,7 @@
 
 Each of torch's float8 dtypes matches one octet mode; the sweep runs all 2^32 float32 bit
 patterns through both and requires identical codes except where the two are documented to
-differ (the table below; README "octet and torch's float8 casts"):
+differ (the table below; docs/python.md, "octet and torch's float8 casts"):
 
   torch dtype            octet format, rounding, overflow    differences
   float8_e4m3fn          e4m3, nearest_even, saturate        torch keeps a NaN's sign (0xFF); octet

@@ -1,7 +1,7 @@
 """octet.torch.scaled_dot_product_attention (SDPA's interface) and the Hugging Face attention backend.
 
 Oracles: torch's own scaled_dot_product_attention in float64 on the original inputs (end to end:
-FP8 inputs, P and dS; the README's tolerances O 0.13, gradients 0.18 at head dims 64 and 128),
+FP8 inputs, P and dS; docs/attention.md's tolerances O 0.13, gradients 0.18 at head dims 64 and 128),
 octet.torch.attention on the same tokens packed by hand (bit for bit: the entry only moves data),
 and exact identities (padding query rows are 0 and get no gradient; a mask of all-valid tokens is
 the unmasked call). The HF part trains a tiny random-init Llama (nothing downloaded) with padding and
