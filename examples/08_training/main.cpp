@@ -720,10 +720,10 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     // all-gathered gradients of every rank.
     lc.gradient_bytes =
         4.0 * L + residual_bytes / static_cast<double>(n) + (o.procs && !rc.gradient_codec ? 4.0 * P : 0.0);
-    // Every rank's model; one of them at a time may run raised to float32 (a repeated step, or
-    // sampling the generated text).
+    // Every rank's model; with recovery and the injected faults, one of them at a time runs a
+    // repeated step raised to float32 (sampling the generated text keeps nothing per layer).
     lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, o.threads) +
-                          transformer::raise_precision_bytes(mc, rc, per_rank);
+                          (rc.recovery && o.faults ? transformer::raise_precision_bytes(mc, rc, per_rank) : 0.0);
     // Temporaries: the models' own, the token batches, the codec's messages, and the copy of the
     // residuals a repeated step restores (the checkpoint's copy is in its file).
     lc.temporary_bytes =
@@ -761,7 +761,7 @@ const char* usage =
     "  --preset full   every recipe; seeds 0,1,2; 150 and 300 steps; sizes tiny and small (about 2 h 10 min on 2 "
     "cores)\n"
     "  --preset memory recipes fp32,fp8_blockwise,attn_fp8,act_fp8,optim_8bit,grad_codec,octet; seeds 0,1,2;\n"
-    "                  150 steps; size medium; batch 32 (each memory mechanism alone, then all)\n"
+    "                  150 steps; size medium; batch 32; no injected faults (each memory mechanism alone, then all)\n"
     "  --recipes       any of: fp32 bf16 fp8_delayed fp8_tensorwise fp8_blockwise mxfp8 nvfp4 attn_fp8\n"
     "                  attn_matched_per_token_v attn_from_output_per_token_v optim_8bit grad_codec act_fp8 octet\n"
     "                  octet_no_recovery fp32_no_recovery\n"
@@ -859,6 +859,9 @@ flags parse_flags(int argc, char** argv, int processes = 0) {
         f.seeds = {0, 1, 2};
         f.steps = {150};
         if (!batch_given) f.batch = 32;
+        // A training step's memory: no injected faults, so no repeated step raised to float32
+        // (its float copies, the recovery's cost, are the quick default's to show).
+        f.faults = false;
     } else {
         for (const auto& r : all_recipes()) f.recipes.push_back(r.name);
         f.sizes = {"tiny", "small"};

@@ -1038,7 +1038,8 @@ public:
 
     /// Samples n characters after `prompt` (the last seq_len tokens are the context), at
     /// `temperature` (<= 0: greedy). Runs the forward in float32 whatever the recipe (a sample
-    /// is for reading, not for measuring the recipe).
+    /// is for reading, not for measuring the recipe), in the buffers it already has: a forward
+    /// that does not train keeps nothing per layer, so sampling allocates nothing.
     std::vector<std::int32_t> generate(octet::span<const float> params, std::vector<std::int32_t> prompt, int n,
                                        std::uint64_t seed, float temperature) {
         constexpr const char* fn = "train::transformer::generate";
@@ -1048,8 +1049,8 @@ public:
         for (auto tok : prompt)
             OCTET_REQUIRE(tok >= 0 && tok < cfg_.vocab, fn, "prompt",
                           octet::detail::message("holds token ", tok, " outside [0, vocab = ", cfg_.vocab, ")"));
-        const bool was = high_precision_;
-        set_high_precision(true);
+        const bool was = sampling_;
+        sampling_ = true;
         const octet::philox_stream rng{seed, 0};
         std::vector<std::int32_t> window;
         std::vector<double> p(V_);
@@ -1071,7 +1072,7 @@ public:
             }
             prompt.push_back(static_cast<std::int32_t>(pick));
         }
-        set_high_precision(was);
+        sampling_ = was;
         return prompt;
     }
 
@@ -1300,10 +1301,10 @@ private:
         return recipe_.attention == attention_mode::float32;
     }
     bool float_linear() const {
-        return high_precision_ || float_linear_recipe();
+        return high_precision_ || sampling_ || float_linear_recipe();
     }
     bool float_attention() const {
-        return high_precision_ || float_attention_recipe();
+        return high_precision_ || sampling_ || float_attention_recipe();
     }
 
     // ---- buffers ---------------------------------------------------------------------------------
@@ -1508,8 +1509,10 @@ private:
         for (std::size_t l = 0; l < layers_.size(); ++l) {
             auto& L = layers_[l];
             const auto& B = lay_.blocks[l];
-            float* h1 = float_linear() ? L.h1.data() : t_h_.data();
-            float* qkv = float_attention() ? L.qkv.data() : t_qkv_.data();
+            // A float linear or attention keeps its inputs for the backward in the layer's own
+            // buffers; a forward that does not train (or an FP8 one) works in shared temporaries.
+            float* h1 = float_linear() && training ? L.h1.data() : t_h_.data();
+            float* qkv = float_attention() && training ? L.qkv.data() : t_qkv_.data();
             {
                 timer tm{t, "norm"};
                 rmsnorm_forward(x_in_of(l), P + B.norm1, h1, L.rstd1.data(), N);
@@ -1532,7 +1535,7 @@ private:
                 timer tm{t, "linear"};
                 L.lin_proj->forward(ex_, L.o.data(), N, P + B.proj, dx_.data(), float_linear(), training, s, t);
             }
-            float* h2 = float_linear() ? L.h2.data() : t_h_.data();
+            float* h2 = float_linear() && training ? L.h2.data() : t_h_.data();
             {
                 timer tm{t, "norm"};
                 add(x_in_of(l), dx_.data(), x_mid_of(l), N * d_);
@@ -1544,7 +1547,7 @@ private:
                 timer tm{t, "linear"};
                 L.lin_up->forward(ex_, h2, N, P + B.up, u_of(l), float_linear(), training, s, t);
             }
-            float* a = float_linear() ? L.a.data() : t_a_.data();  // compressed: u_of(l) is t_a_ (in place)
+            float* a = float_linear() && training ? L.a.data() : t_a_.data();  // compressed: u_of(l) is t_a_ (in place)
             {
                 timer tm{t, "mlp_activation"};
                 if (compress() && training) L.packed->u.store(ex_, octet::matrix_ref<const float>(u_of(l), N, F_));
@@ -1803,6 +1806,7 @@ private:
     std::size_t T_, d_, F_, V_, Nmax_;
     std::size_t workers_ = 1;
     bool high_precision_ = false;
+    bool sampling_ = false;  // generate(): float32 compute, nothing kept for a backward
     std::uint64_t linear_count_ = 0;
     std::size_t n_ = 0, len_ = 0;  // the last forward's token count and sequence length
     int batch_ = 0;

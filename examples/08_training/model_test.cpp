@@ -474,7 +474,7 @@ TEST_CASE("model: generate extends the prompt with in-vocabulary tokens, reprodu
                       1, 0);
     std::vector<float> params(transformer::parameter_count(cfg));
     transformer::init_parameters(cfg, g(), octet::as_span(params));
-    const double before = meter.ledger().total();
+    const double before = meter.ledger().total(), peak_before = meter.ledger().peak_total();
     const std::vector<std::int32_t> prompt = {1, 2, 3};
     const auto a = model.generate(octet::as_cspan(params), prompt, 40, 11, 1.0f);
     const auto b = model.generate(octet::as_cspan(params), prompt, 40, 11, 1.0f);
@@ -486,6 +486,7 @@ TEST_CASE("model: generate extends the prompt with in-vocabulary tokens, reprodu
     CHECK(greedy.size() == a.size());
     CHECK(!model.high_precision());
     CHECK(meter.ledger().total() == before);
+    CHECK(meter.ledger().peak_total() == peak_before);  // sampling runs in the buffers the model has
 }
 
 TEST_CASE("model: the vectorizable exp and tanh of GELU agree with the C library's") {
