@@ -90,7 +90,7 @@ int main() {
     cuda::device_buffer<float> lse(static_cast<std::size_t>(H) * total);
     cuda::device_buffer<attention_stats> stats(1);
 
-    const bool wgmma = attn_kernel::uses_wgmma(attention_kernel::automatic, "attention_fp8");
+    const bool wgmma = detail::attention::uses_wgmma(attention_kernel::automatic, "attention_fp8");
     const auto start = std::chrono::steady_clock::now();
     auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     for (int L : {2048, 4096, 8192, 16384}) {

@@ -444,7 +444,7 @@ void run(const config& c, const char* name_c) {
     // every forward kernel this device and binary can run (wgmma on sm_90 with sm_90a code, and
     // under the interpreter), each against the same bounds
     std::vector<attention_kernel> kernels{attention_kernel::mma_sync};
-    if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test")) kernels.push_back(attention_kernel::wgmma);
+    if (detail::attention::uses_wgmma(attention_kernel::automatic, "test")) kernels.push_back(attention_kernel::wgmma);
     for (const attention_kernel kernel : kernels) {
         const bool wgmma = kernel == attention_kernel::wgmma;
         const std::string kernel_name = wgmma ? "wgmma" : "mma_sync";
@@ -727,7 +727,7 @@ TEST_SUITE("gpu") {
                                span<float>(workspace.data(), ws.floats), bo);
             OCTET_CUDA_CHECK(cudaDeviceSynchronize());
         };
-        if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test")) {
+        if (detail::attention::uses_wgmma(attention_kernel::automatic, "test")) {
             MESSAGE("this device and binary run wgmma: it must run when asked for");
             CHECK_NOTHROW(run_wgmma());
             CHECK_NOTHROW(run_wgmma_backward());
@@ -761,7 +761,7 @@ TEST_SUITE("gpu") {
             device_operand<per_token> dq_(qz.q), dk_(qz.k), dv_(qz.v);
             const std::size_t rows0 = 70, cols = static_cast<std::size_t>(d);
             std::vector<attention_kernel> kernels{attention_kernel::mma_sync};
-            if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test"))
+            if (detail::attention::uses_wgmma(attention_kernel::automatic, "test"))
                 kernels.push_back(attention_kernel::wgmma);
             for (const attention_kernel kernel : kernels) {
                 INFO("forward kernel " << std::string(kernel == attention_kernel::wgmma ? "wgmma" : "mma_sync"));
@@ -828,7 +828,7 @@ TEST_SUITE("gpu") {
             const auto ws = attention_backward_workspace_for(shape);
             cuda::device_buffer<float> workspace(ws.floats);
             std::vector<attention_kernel> kernels{attention_kernel::mma_sync};
-            if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test"))
+            if (detail::attention::uses_wgmma(attention_kernel::automatic, "test"))
                 kernels.push_back(attention_kernel::wgmma);
             for (const attention_kernel kernel : kernels)
                 for (delta_mode mode : {delta_mode::from_output, delta_mode::matched}) {
@@ -1048,7 +1048,7 @@ std::size_t count_not_close_scaled(const std::vector<float>& a, const std::vecto
 
 std::vector<attention_kernel> kernels_here() {
     std::vector<attention_kernel> k{attention_kernel::mma_sync};
-    if (attn_kernel::uses_wgmma(attention_kernel::automatic, "test")) k.push_back(attention_kernel::wgmma);
+    if (detail::attention::uses_wgmma(attention_kernel::automatic, "test")) k.push_back(attention_kernel::wgmma);
     return k;
 }
 

@@ -225,7 +225,7 @@ struct fp8_run {
     /// (dQ), the largest |dS_ij s_q(i)| of each key column and 64-query tile (dK). Also sum_j |dS_ij|.
     void ds_energy(std::vector<double>& for_dq, std::vector<double>& for_dk, std::vector<double>& abs_sum) const {
         const config& c = p.cfg;
-        const int G = c.hq / c.hkv, T = attn::tile_size;
+        const int G = c.hq / c.hkv, T = detail::attention::tile_size;
         const double sm = c.scale != 0.0f ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.d));
         const auto qc = qz.q.cref();
         const auto kc = qz.k.cref();

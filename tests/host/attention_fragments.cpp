@@ -20,7 +20,7 @@
 
 namespace attention_fragments_test {
 using namespace octet;
-using namespace octet::attn_frag;
+using namespace octet::detail::attention;
 
 using regs4 = std::uint32_t[32][4];
 

@@ -38,22 +38,22 @@ TEST_CASE("attention exp2 rule: within 2 float ulps of 2^y, exact at 0, edges") 
     for (int i = 0; i < 200000; ++i) {
         const float y = (i & 1) ? u(g) : small(g);
         const double want = std::exp2(static_cast<double>(y));
-        const double got = attn::exp2(y);
+        const double got = detail::attention::exp2(y);
         const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
         worst = std::max(worst, std::fabs(got - want) / ulp);
     }
     MESSAGE("exp2: worst error " << worst << " ulp");
     CHECK(worst <= 2.0);
-    CHECK(attn::exp2(0.0f) == 1.0f);
-    CHECK(attn::exp2(-INFINITY) == 0.0f);
-    CHECK(attn::exp2(-127.0f) == 0.0f);
-    CHECK(std::isnan(attn::exp2(NAN)));
-    CHECK(attn::exp2(3.0f) == 8.0f);
+    CHECK(detail::attention::exp2(0.0f) == 1.0f);
+    CHECK(detail::attention::exp2(-INFINITY) == 0.0f);
+    CHECK(detail::attention::exp2(-127.0f) == 0.0f);
+    CHECK(std::isnan(detail::attention::exp2(NAN)));
+    CHECK(detail::attention::exp2(3.0f) == 8.0f);
     // P scale: 1 maps to 256, exact; 2^-18 is the smallest P that survives (half the smallest subnormal rounds to even
     // 0)
-    CHECK(decode<e4m3>(attn::encode_p(1.0f)) == 256.0f);
-    CHECK(decode<e4m3>(attn::encode_p(std::ldexp(1.0f, -17))) == std::ldexp(1.0f, -9));
-    CHECK(decode<e4m3>(attn::encode_p(std::ldexp(1.0f, -18))) == 0.0f);
+    CHECK(decode<e4m3>(detail::attention::encode_p(1.0f)) == 256.0f);
+    CHECK(decode<e4m3>(detail::attention::encode_p(std::ldexp(1.0f, -17))) == std::ldexp(1.0f, -9));
+    CHECK(decode<e4m3>(detail::attention::encode_p(std::ldexp(1.0f, -18))) == 0.0f);
 }
 
 TEST_CASE(
@@ -65,14 +65,16 @@ TEST_CASE(
     std::size_t bad_p = 0, bad_ds = 0, far_ds = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
         const float u = std::fabs(x[i]) * 0.4f;  // P-like values, with subnormals, Inf and NaN
-        bad_p += attn::encode_p(u) != encode_scaled<attn::p_recipe>(u, attn::p_scale);
+        bad_p +=
+            detail::attention::encode_p(u) != encode_scaled<detail::attention::p_recipe>(u, detail::attention::p_scale);
         float amax = std::fabs(amaxes[i]);
         if (i % 1000 == 0) amax = 0.0f;
-        const float s = attn::ds_scale(amax);
+        const float s = detail::attention::ds_scale(amax);
         const float y = std::fabs(x[i]) <= amax || !std::isfinite(x[i])
                             ? x[i]
                             : std::copysign(amax, x[i]);  // |y| <= amax, as in a tile
-        const std::uint8_t a = attn::encode_ds(y, attn::ds_inverse(s)), b = encode_scaled<attn::ds_recipe>(y, s);
+        const std::uint8_t a = detail::attention::encode_ds(y, detail::attention::ds_inverse(s)),
+                           b = encode_scaled<detail::attention::ds_recipe>(y, s);
         bad_ds += a != b;
         // one code apart: adjacent magnitudes with the same sign (E4M3 codes are monotone in magnitude)
         far_ds += a != b && ((a ^ b) & 0x80u ? true : (a > b ? a - b : b - a) > 1);

@@ -2,7 +2,7 @@
 // PTX ISA's description, independently of octet's kernels: lanes 8m..8m+7 give the row addresses of
 // matrix m (here rows of a shared tile in a random order), and thread i of the warp holds, of each
 // matrix, row i / 4, elements 2 (i % 4) and 2 (i % 4) + 1. Misuse: a misaligned row address. Then the
-// sm_90 tile transpose built on it and ldmatrix (attn_kernel::transpose_tile_sm90) against the
+// sm_90 tile transpose built on it and ldmatrix (detail::attention::transpose_tile_sm90) against the
 // portable one (transpose_tile), byte for byte, tokens past `valid` included.
 #include <doctest/doctest.h>
 
@@ -94,8 +94,8 @@ __global__ void transpose_kernel(const std::uint8_t* in, int valid, std::uint8_t
     const int t = static_cast<int>(threadIdx.x);
     for (int i = t; i < 64 * D; i += 128) src[i] = in[i];
     __syncthreads();
-    octet::attn_kernel::transpose_tile<D, 128>(src, a, t, valid);
-    octet::attn_kernel::transpose_tile_sm90<D, 128>(src, b, t, valid);
+    octet::detail::attention::transpose_tile<D, 128>(src, a, t, valid);
+    octet::detail::attention::transpose_tile_sm90<D, 128>(src, b, t, valid);
     __syncthreads();
     for (int i = t; i < 64 * D; i += 128) {
         portable[i] = a[i];

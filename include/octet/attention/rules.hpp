@@ -93,7 +93,8 @@ enum class attention_mask {
     causal,
 };
 
-namespace attn {
+namespace detail {
+namespace attention {
 
 /// Queries per tile and keys per tile, for the host path and the kernels.
 inline constexpr int tile_size = 64;
@@ -247,5 +248,6 @@ OCTET_HD int first_query_tile_for(int kt, int lq, int lk, bool causal) {
     return first_row <= 0 ? 0 : first_row / tile_size;
 }
 
-}  // namespace attn
+}  // namespace attention
+}  // namespace detail
 }  // namespace octet

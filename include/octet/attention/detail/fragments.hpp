@@ -1,6 +1,6 @@
 // octet/attention/detail/fragments.hpp: the index arithmetic of the attention kernels' tiles and
-// tensor-core fragments, as OCTET_HD functions. The kernels (detail/tiles.cuh, attention.cuh) take
-// every shared-memory address and every fragment coordinate from here, and
+// tensor-core fragments, as OCTET_HD functions. The kernels (detail/tiles.cuh and the kernel files
+// beside it) take every shared-memory address and every fragment coordinate from here, and
 // tests/host/attention_fragments.cpp runs the same functions against an emulation of ldmatrix and
 // mma.sync on the CPU, so the bookkeeping is checked without a GPU.
 //
@@ -18,7 +18,8 @@
 #include "octet/config.hpp"
 
 namespace octet {
-namespace attn_frag {
+namespace detail {
+namespace attention {
 
 inline constexpr int tile = 64;
 
@@ -121,5 +122,6 @@ OCTET_HD void transpose_words(std::uint32_t w0, std::uint32_t w1, std::uint32_t 
     out[3] = perm(hi01, hi23, 0x7632u);
 }
 
-}  // namespace attn_frag
+}  // namespace attention
+}  // namespace detail
 }  // namespace octet

@@ -38,15 +38,13 @@
 #include "octet/interpret/cuda_names.hpp"
 
 namespace octet {
-namespace attn_kernel {
+namespace detail {
+namespace attention {
 
 constexpr int kThreads = 128;  // 4 warps
-constexpr int kTile = 64;      // queries or keys per tile (attn::tile_size)
+constexpr int kTile = 64;      // queries or keys per tile (attention::tile_size)
 
 // ---- shared-memory layout ----------------------------------------------------------------------
-
-using attn_frag::perm_pos;
-using attn_frag::swz;
 
 /// Starts copying rows [row0, row0 + 64) (those below row_end; the rest are zero-filled) of an FP8
 /// matrix with `row_bytes` bytes per row, columns [col0, col0 + D), into a swizzled 64 x D tile.
@@ -79,7 +77,7 @@ __device__ __forceinline__ void zero_rows_from(shared_ptr_t<std::uint8_t> tile, 
 template <int RowBytes>
 __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], shared_ptr_t<const std::uint8_t> tile, int row0, int ks,
                                        int lane) {
-    const attn_frag::row_chunk rc = attn_frag::a_address(lane, row0, ks);
+    const attention::row_chunk rc = attention::a_address(lane, row0, ks);
     ptx::ldmatrix_x4(a, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
 }
 
@@ -88,7 +86,7 @@ __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], shared_ptr_t<const
 template <int RowBytes>
 __device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], shared_ptr_t<const std::uint8_t> tile, int n0, int ks,
                                         int lane) {
-    const attn_frag::row_chunk rc = attn_frag::b2_address(lane, n0, ks);
+    const attention::row_chunk rc = attention::b2_address(lane, n0, ks);
     std::uint32_t r[4];
     ptx::ldmatrix_x4(r, ptx::shared_address(tile + swz<RowBytes>(rc.row, rc.chunk)));
     b[0][0] = r[0];
@@ -101,7 +99,7 @@ __device__ __forceinline__ void load_b2(std::uint32_t (&b)[2][2], shared_ptr_t<c
 /// b[ks] for ks = 0, 1.
 __device__ __forceinline__ void load_bt(std::uint32_t (&b)[2][2], shared_ptr_t<const std::uint8_t> tile, int n0,
                                         int lane) {
-    const attn_frag::row_chunk rc = attn_frag::bt_address(lane, n0);
+    const attention::row_chunk rc = attention::bt_address(lane, n0);
     std::uint32_t r[4];
     ptx::ldmatrix_x4(r, ptx::shared_address(tile + swz<64>(rc.row, rc.chunk)));
     b[0][0] = r[0];
@@ -124,14 +122,14 @@ __device__ __forceinline__ std::uint32_t pack4(std::uint32_t c0, std::uint32_t c
 template <int D, int Threads>
 __device__ __forceinline__ void transpose_tile(shared_ptr_t<const std::uint8_t> src, shared_ptr_t<std::uint8_t> dst,
                                                int thread, int valid) {
-    for (int w = thread; w < attn_frag::transpose_items<D>; w += Threads) {
-        const attn_frag::transpose_item it = attn_frag::transpose_work<D>(w);
+    for (int w = thread; w < attention::transpose_items<D>; w += Threads) {
+        const attention::transpose_item it = attention::transpose_work<D>(w);
         const int chunk = it.col / 16, inner = it.col % 16;
         auto word = [&](int r) -> std::uint32_t {
             return r < valid ? *OCTET_SHARED_CAST(const std::uint32_t, src + swz<D>(r, chunk) + inner) : 0u;
         };
         std::uint32_t out[4];
-        attn_frag::transpose_words(
+        attention::transpose_words(
             word(it.r0), word(it.r0 + 1), word(it.r0 + 8), word(it.r0 + 9), out,
             [](std::uint32_t a, std::uint32_t b, std::uint32_t sel) { return __byte_perm(a, b, sel); });
         OCTET_UNROLL
@@ -186,5 +184,6 @@ __device__ __forceinline__ float shfl_xor(float v, int m) {
     return __shfl_xor_sync(0xFFFFFFFFu, v, m);
 }
 
-}  // namespace attn_kernel
+}  // namespace attention
+}  // namespace detail
 }  // namespace octet
