@@ -310,9 +310,11 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     std::vector<std::unique_ptr<transformer>> models;
     std::vector<metered_vector<float>> grads;
     std::vector<metered_vector<std::int32_t>> tokens;
+    // The in-process ranks step one after another: one set of step buffers serves them all.
+    const auto step_buffers = std::make_shared<train::step_buffers>(meter);
     for (int l = 0; l < L; ++l) {
-        models.push_back(std::make_unique<transformer>(mc, rc, meter, o.ex, per_rank,
-                                                       static_cast<std::uint64_t>(o.seed) * 131u + first + l));
+        models.push_back(std::make_unique<transformer>(
+            mc, rc, meter, o.ex, per_rank, static_cast<std::uint64_t>(o.seed) * 131u + first + l, step_buffers));
         grads.push_back(make_metered<float>(meter, memory_category::gradients, n));
         tokens.push_back(make_metered<std::int32_t>(meter, memory_category::temporaries,
                                                     static_cast<std::size_t>(per_rank) * (mc.seq_len + 1)));
@@ -724,10 +726,11 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     // repeated step raised to float32 (sampling the generated text keeps nothing per layer).
     lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, o.threads) +
                           (rc.recovery && o.faults ? transformer::raise_precision_bytes(mc, rc, per_rank) : 0.0);
-    // Temporaries: the models' own, the token batches, the codec's messages, and the copy of the
-    // residuals a repeated step restores (the checkpoint's copy is in its file).
-    lc.temporary_bytes =
-        L * transformer::temporary_bytes(mc, rc, per_rank, o.threads) + tokens_bytes + codec_bytes + residual_bytes;
+    // Temporaries: the models' own and their one set of step buffers, the token batches, the codec's
+    // messages, and the copy of the residuals a repeated step restores (the checkpoint's is in its file).
+    lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, o.threads) -
+                         (L - 1) * transformer::step_buffer_bytes(mc, rc, per_rank, o.threads) + tokens_bytes +
+                         codec_bytes + residual_bytes;
     octet::memory_ledger predicted = octet::optimizer_memory_ledger(lc);
     predicted.set(memory_category::weights, predicted.bytes(memory_category::weights) + 4.0 * n);  // the float copy
     for (int c = 0; c < octet::memory_category_count; ++c) {
@@ -1039,7 +1042,7 @@ int run_program(int argc, char** argv, process_ranks* procs) {
     if (!lead) return procs->allreduce_max(0);  // rank 0's exit status
 
     // Verdicts: each low-precision recipe against fp32 on the same seeds, size and length.
-    // Tolerance: the held-out loss gap, mean over seeds, paired by seed (see README: it is the
+    // Tolerance: the held-out loss gap, mean over seeds, paired by seed (see docs/training-report.md: it is the
     // seed-to-seed spread of float32 itself at these lengths that sets what "the same" can mean).
     sweep.tolerance_nats = f.tolerance;
     {

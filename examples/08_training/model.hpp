@@ -850,11 +850,56 @@ std::unique_ptr<fp8_attention> make_fp8_attention(memory_meter& m, v_scale_mode 
 // The model
 // =================================================================================================
 
+/// What a training step works in and drops (booked as temporaries): the logits, the float
+/// temporaries, the host FP8 linears' workspace and octet's scratch arena. One set serves every
+/// model of a process whose steps run one after another (the in-process ranks share one, as each
+/// rank of a multi-process run has its own): transformer's constructor takes it. The first model
+/// sizes it; every other model must have the same configuration, recipe, batch and threads.
+struct step_buffers {
+    explicit step_buffers(memory_meter& m)
+        : cu(metered_allocator<std::int32_t>(m, octet::memory_category::temporaries)),
+          logits(tmp(m)),
+          t_h(tmp(m)),
+          t_qkv(tmp(m)),
+          t_a(tmp(m)),
+          dx(tmp(m)),
+          dx2(tmp(m)),
+          dh(tmp(m)),
+          dwide(tmp(m)),
+          do_(tmp(m)),
+          wt(tmp(m)),
+          yt(tmp(m)),
+          xr(tmp(m)),
+          wr(tmp(m)),
+          attn_scratch(tmp(m)),
+          chunk_partials(tmp(m)),
+          loss_partials(metered_allocator<double>(m, octet::memory_category::temporaries)) {}
+    step_buffers(const step_buffers&) = delete;
+    step_buffers& operator=(const step_buffers&) = delete;
+    static metered_allocator<float> tmp(memory_meter& m) {
+        return metered_allocator<float>(m, octet::memory_category::temporaries);
+    }
+
+    metered_vector<std::int32_t> cu;
+    metered_vector<float> logits, t_h, t_qkv, t_a, dx, dx2, dh, dwide, do_, wt, yt, xr, wr, attn_scratch,
+        chunk_partials;
+    metered_vector<double> loss_partials;
+#if TRAIN_HAS_FP8_LINEAR
+    octet::linear_workspace linear_workspace;  // the host FP8 linears' transient copies
+#endif
+    std::unique_ptr<meter_booking> workspace_booking;  // linear_workspace's bytes
+    octet::host_arena arena;                           // octet's host scratch (scratch_arena_bytes)
+    std::unique_ptr<meter_booking> arena_booking;      // its bytes
+    std::string sized_for;                             // the first model's shape ("" until then)
+};
+
 class transformer {
 public:
+    /// `shared`: the step buffers to work in (see step_buffers); null: the model's own.
     transformer(const model_config& cfg, const recipe_config& recipe, memory_meter& meter, octet::host_executor ex,
-                int max_batch, std::uint64_t seed)
-        : cfg_(checked(cfg, max_batch)),
+                int max_batch, std::uint64_t seed, std::shared_ptr<step_buffers> shared = nullptr)
+        : buf_(shared ? std::move(shared) : std::make_shared<step_buffers>(meter)),
+          cfg_(checked(cfg, max_batch)),
           recipe_(recipe),
           meter_(meter),
           ex_(ex),
@@ -870,14 +915,18 @@ public:
             recipe.linear == linear_mode::float32 || recipe.linear == linear_mode::bf16 || TRAIN_HAS_FP8_LINEAR,
             "train::transformer", "recipe.linear",
             "is an FP8 mode but octet/nn/linear.hpp is not available in this build");
-        allocate();
+        const bool first = buf_->sized_for.empty();
+        allocate(first);
         // Every temporary octet's host operations take (quantizer, GEMM, attention) comes from one
         // arena as large as the largest single operation's need, booked like the model's buffers.
         const std::size_t arena_bytes = scratch_arena_bytes(cfg_, recipe_, max_batch_, ex.thread_count());
         if (arena_bytes > 0) {
-            arena_ = octet::host_arena(arena_bytes);
-            arena_booking_ = std::make_unique<meter_booking>(meter_, temporaries(), static_cast<double>(arena_bytes));
-            ex_ = octet::with_allocator(ex, arena_.allocator());
+            if (first) {
+                buf_->arena = octet::host_arena(arena_bytes);
+                buf_->arena_booking =
+                    std::make_unique<meter_booking>(meter_, temporaries(), static_cast<double>(arena_bytes));
+            }
+            ex_ = octet::with_allocator(ex, buf_->arena.allocator());
         }
     }
 
@@ -896,6 +945,11 @@ public:
     }
     static double temporary_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0) {
         return memory_plan(cfg, r, max_batch, threads).temporaries;
+    }
+    /// The part of temporary_bytes in step_buffers: a model built on another's shared buffers
+    /// books temporary_bytes - step_buffer_bytes.
+    static double step_buffer_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0) {
+        return memory_plan(cfg, r, max_batch, threads).step_buffers;
     }
     /// Activation bytes set_high_precision(true) adds while on (float copies of what a float
     /// computation keeps; 0 for a float32 recipe).
@@ -1100,6 +1154,7 @@ private:
 
     struct memory_split {
         double activations = 0, temporaries = 0;
+        double step_buffers = 0;  // the part of temporaries in step_buffers (shareable)
     };
     /// Bytes of the model's scratch arena: the largest ..._scratch_bytes query of the octet host
     /// operations a step of this recipe calls (the FP8 linears', the FP8 attention's quantizes,
@@ -1174,7 +1229,7 @@ private:
         if (r.linear == linear_mode::bf16) tmp += N * std::max(wide, d) + max_in_out;
         const int workers = threads > 0 ? threads : octet::on_host().thread_count();
         tmp += static_cast<double>(workers) * attention_scratch_floats(c.seq_len, c.head_dim);
-        m.temporaries = 4 * tmp + 8 * chunks + 4 * (max_batch + 1.0);  // + loss partials (double), offsets
+        m.step_buffers = 4 * tmp + 8 * chunks + 4 * (max_batch + 1.0);  // + loss partials (double), offsets
         // FP8 linears: octet's context says what it keeps for the backward and what it works in
         const std::size_t Nt = static_cast<std::size_t>(N);
         const std::size_t shapes[4][2] = {{static_cast<std::size_t>(d), static_cast<std::size_t>(W)},
@@ -1187,13 +1242,15 @@ private:
         for (const auto& sh : shapes) {
             const auto lm = fp8_linear_memory(r.linear, Nt, sh[0], sh[1]);
             m.activations += layers * static_cast<double>(lm.saved_for_backward);
+            // each model's own: the delayed-scaling histories, a CUDA layer's workspace
             m.temporaries += layers * static_cast<double>(lm.state + (r.make_linear ? lm.workspace : 0));
             if (!r.make_linear)
                 shared_workspace = std::max(
                     shared_workspace, static_cast<double>(fp8_linear_workspace_bytes(r.linear, Nt, sh[0], sh[1])));
         }
-        m.temporaries += shared_workspace;
-        m.temporaries += static_cast<double>(scratch_arena_bytes(c, r, max_batch, threads));
+        m.step_buffers += shared_workspace;
+        m.step_buffers += static_cast<double>(scratch_arena_bytes(c, r, max_batch, threads));
+        m.temporaries += m.step_buffers;
         // FP8 attention: E4M3 Q, K, V per layer (activations) and dO (temporaries)
         if (r.attention == attention_mode::fp8) {
             const auto q = fp8_attention_bytes(c.head_dim, false, Nt, static_cast<std::size_t>(A));
@@ -1389,7 +1446,15 @@ private:
         return make_linear_layer(meter_, recipe_.linear, Nmax_, in, out, seed, shared_linear_workspace());
     }
 
-    void allocate() {
+    /// The layers' buffers, and with `first` the step buffers (else: checks they fit this model).
+    void allocate(bool first) {
+        const std::string shape = octet::detail::message(
+            cfg_.d_model, ' ', cfg_.layers, ' ', cfg_.heads_q, ' ', cfg_.heads_kv, ' ', cfg_.head_dim, ' ', cfg_.d_ff,
+            ' ', cfg_.seq_len, ' ', cfg_.vocab, ' ', max_batch_, ' ', ex_.thread_count(), ' ', recipe_.name, ' ',
+            static_cast<int>(recipe_.linear), ' ', static_cast<int>(recipe_.attention));
+        OCTET_REQUIRE(first || buf_->sized_for == shape, "train::transformer", "shared",
+                      "holds step buffers sized for another model (" + buf_->sized_for + " against " + shape +
+                          "); share them only between models of one configuration, recipe, batch and thread count");
         auto act = [&](std::size_t n) { return make_metered<float>(meter_, activations(), n); };
         auto tmp = [&](std::size_t n) { return make_metered<float>(meter_, temporaries(), n); };
         const std::size_t N = Nmax_, W = lay_.qkv_out, A = lay_.attn_width;
@@ -1419,14 +1484,22 @@ private:
             L.lin_up = make_linear(cfg_.d_model, cfg_.d_ff);
             L.lin_down = make_linear(cfg_.d_ff, cfg_.d_model);
         }
-#if TRAIN_HAS_FP8_LINEAR
-        if (linear_workspace_.bytes() > 0)
-            workspace_booking_ =
-                std::make_unique<meter_booking>(meter_, temporaries(), static_cast<double>(linear_workspace_.bytes()));
-#endif
         x_fin_ = act(N * d_);
         rstd_f_ = act(N);
         h_fin_ = act(N * d_);
+        if (!float_attention_recipe()) {
+            const std::size_t L = layers_.size(), Hk = static_cast<std::size_t>(cfg_.heads_kv);
+            fp8_attn_ = cfg_.head_dim == 32 ? make_fp8_attention<32>(meter_, recipe_.v_scale, L, N, Hq, Hk)
+                                            : make_fp8_attention<64>(meter_, recipe_.v_scale, L, N, Hq, Hk);
+        }
+        workers_ = static_cast<std::size_t>(std::max(1, ex_.thread_count()));
+        if (!first) return;
+        buf_->sized_for = shape;
+#if TRAIN_HAS_FP8_LINEAR
+        if (linear_workspace_.bytes() > 0)
+            buf_->workspace_booking =
+                std::make_unique<meter_booking>(meter_, temporaries(), static_cast<double>(linear_workspace_.bytes()));
+#endif
         logits_ = tmp(N * V_);
         t_h_ = tmp(N * d_);
         t_qkv_ = tmp(N * W);
@@ -1444,14 +1517,8 @@ private:
             xr_ = tmp(N * std::max(wide, d_));
             wr_ = tmp(max_in_out);
         }
-        if (!float_attention_recipe()) {
-            const std::size_t L = layers_.size(), Hk = static_cast<std::size_t>(cfg_.heads_kv);
-            fp8_attn_ = cfg_.head_dim == 32 ? make_fp8_attention<32>(meter_, recipe_.v_scale, L, N, Hq, Hk)
-                                            : make_fp8_attention<64>(meter_, recipe_.v_scale, L, N, Hq, Hk);
-        }
         cu_ = metered_vector<std::int32_t>(static_cast<std::size_t>(max_batch_) + 1, 0,
                                            metered_allocator<std::int32_t>(meter_, temporaries()));
-        workers_ = static_cast<std::size_t>(std::max(1, ex_.thread_count()));
         attn_scratch_ = tmp(workers_ * attention_scratch_floats(T_, static_cast<std::size_t>(cfg_.head_dim)));
         chunk_partials_ = tmp(((N + kChunk - 1) / kChunk) * d_);
         loss_partials_ =
@@ -1796,6 +1863,7 @@ private:
         for (int b = 0; b <= batch; ++b) cu_[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(b * len);
     }
 
+    std::shared_ptr<step_buffers> buf_;  // (first: the references below are bound to it)
     model_config cfg_;
     recipe_config recipe_;
     memory_meter& meter_;
@@ -1812,34 +1880,32 @@ private:
     int batch_ = 0;
     int scored_batch_ = 0;  // batch of the score() whose logits policy_backward may use (0: none)
 
+    // The step buffers (step_buffers: this model's own, or shared), by their names here.
 #if TRAIN_HAS_FP8_LINEAR
-    octet::linear_workspace linear_workspace_;  // the host FP8 linears' transient copies (before the layers)
+    octet::linear_workspace& linear_workspace_ = buf_->linear_workspace;
 #endif
-    std::unique_ptr<meter_booking> workspace_booking_;  // linear_workspace_'s bytes, as temporaries
-    octet::host_arena arena_;                           // octet's host scratch (scratch_arena_bytes)
-    std::unique_ptr<meter_booking> arena_booking_;      // its bytes, as temporaries
+    metered_vector<std::int32_t>& cu_ = buf_->cu;
+    metered_vector<float>& logits_ = buf_->logits;
+    metered_vector<float>& t_h_ = buf_->t_h;
+    metered_vector<float>& t_qkv_ = buf_->t_qkv;
+    metered_vector<float>& t_a_ = buf_->t_a;
+    metered_vector<float>& dx_ = buf_->dx;
+    metered_vector<float>& dx2_ = buf_->dx2;
+    metered_vector<float>& dh_ = buf_->dh;
+    metered_vector<float>& dwide_ = buf_->dwide;
+    metered_vector<float>& do_ = buf_->do_;
+    metered_vector<float>& wt_ = buf_->wt;
+    metered_vector<float>& yt_ = buf_->yt;
+    metered_vector<float>& xr_ = buf_->xr;
+    metered_vector<float>& wr_ = buf_->wr;
+    metered_vector<float>& attn_scratch_ = buf_->attn_scratch;
+    metered_vector<float>& chunk_partials_ = buf_->chunk_partials;
+    metered_vector<double>& loss_partials_ = buf_->loss_partials;
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;
-    metered_vector<std::int32_t> cu_{metered_allocator<std::int32_t>(meter_, temporaries())};
     metered_vector<float> x_fin_{metered_allocator<float>(meter_, activations())};
     metered_vector<float> rstd_f_{metered_allocator<float>(meter_, activations())};
     metered_vector<float> h_fin_{metered_allocator<float>(meter_, activations())};
-    metered_vector<float> logits_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> t_h_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> t_qkv_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> t_a_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> dx_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> dx2_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> dh_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> dwide_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> do_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> wt_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> yt_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> xr_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> wr_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> attn_scratch_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<float> chunk_partials_{metered_allocator<float>(meter_, temporaries())};
-    metered_vector<double> loss_partials_{metered_allocator<double>(meter_, temporaries())};
 };
 
 }  // namespace train

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -410,6 +412,62 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
             for (double res : got.telemetry.attention_residual) CHECK((res > 0 && res < 0.5));
         } else {
             for (double res : got.telemetry.attention_residual) CHECK(res == 0.0);
+        }
+    }
+}
+
+TEST_CASE("model: models that share step buffers compute their own models' bits, and book the buffers once") {
+    auto g = octet_test::rng(16);
+    const auto cfg = fp8_config(29);
+    const int batch = 3;
+    std::vector<float> params(transformer::parameter_count(cfg));
+    transformer::init_parameters(cfg, g(), octet::as_span(params));
+    auto r = recipe(train::linear_mode::blockwise, train::attention_mode::fp8);
+    r.compress_activations = true;
+    for (const auto& rc : {recipe(train::linear_mode::float32), r}) {
+        CAPTURE(static_cast<int>(rc.linear));
+        // two ranks' batches, stepped one after another (as the in-process ranks are), twice
+        const std::vector<std::int32_t> tokens[2] = {random_tokens(g, batch, cfg.seq_len, cfg.vocab),
+                                                     random_tokens(g, batch, cfg.seq_len, cfg.vocab)};
+        std::vector<float> own[2][2], shared[2][2];
+        {
+            train::memory_meter m0, m1;
+            transformer a(cfg, rc, m0, octet::on_host(2), batch, 5), b(cfg, rc, m1, octet::on_host(2), batch, 6);
+            transformer* models[2] = {&a, &b};
+            for (int step = 0; step < 2; ++step)
+                for (int k = 0; k < 2; ++k) {
+                    own[step][k].assign(params.size(), NAN);
+                    models[k]->forward_backward(octet::as_cspan(params), tokens[k].data(), batch,
+                                                octet::as_span(own[step][k]));
+                }
+        }
+        train::memory_meter meter;
+        auto buffers = std::make_shared<train::step_buffers>(meter);
+        transformer a(cfg, rc, meter, octet::on_host(2), batch, 5, buffers);
+        transformer b(cfg, rc, meter, octet::on_host(2), batch, 6, buffers);
+        transformer* models[2] = {&a, &b};
+        const double temporaries =
+            2 * transformer::temporary_bytes(cfg, rc, batch, 2) - transformer::step_buffer_bytes(cfg, rc, batch, 2);
+        CHECK(transformer::step_buffer_bytes(cfg, rc, batch, 2) > 0);
+        CHECK(meter.ledger().bytes(octet::memory_category::temporaries) == temporaries);
+        CHECK(meter.ledger().bytes(octet::memory_category::activations) ==
+              2 * transformer::activation_bytes(cfg, rc, batch, 2));
+        for (int step = 0; step < 2; ++step)
+            for (int k = 0; k < 2; ++k) {
+                shared[step][k].assign(params.size(), NAN);
+                models[k]->forward_backward(octet::as_cspan(params), tokens[k].data(), batch,
+                                            octet::as_span(shared[step][k]));
+                CHECK(std::memcmp(shared[step][k].data(), own[step][k].data(), params.size() * sizeof(float)) == 0);
+            }
+        CHECK(meter.ledger().peak_total() == meter.ledger().total());  // a step allocates nothing
+        // buffers sized for one model are refused by another shape
+        auto other = cfg;
+        other.d_ff = 2 * cfg.d_ff;
+        try {
+            transformer(other, rc, meter, octet::on_host(2), batch, 7, buffers);
+            FAIL("no octet::error for step buffers of another shape");
+        } catch (const octet::error& e) {
+            CHECK(std::string(e.what()).find("'shared'") != std::string::npos);
         }
     }
 }
