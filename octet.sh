@@ -6,7 +6,7 @@
 # system's Python. Run `./octet.sh --help` for the details.
 set -euo pipefail
 
-usage_text() {
+usage() {
   cat <<'EOF'
 Usage: ./octet.sh <command> [options]
 
@@ -16,7 +16,7 @@ Commands:
           build/demo/training_report/.
   test    build everything and run every test: cmake --workflow --preset test (build/default)
           Needs the Debian packages below and torch, jax and the Python tests' oracles, which go
-          into .venv (python/requirements.txt; about 6 minutes and 5 GB the first time). The CMake
+          into .venv (python/requirements.txt; about 5 minutes and 6 GB the first time). The CMake
           build uses .venv's Python. The CUDA toolkit is optional (/usr/local/cuda is used when
           nvcc is not on PATH).
   setup   install what `test` needs (Debian packages and .venv) and build nothing.
@@ -26,19 +26,20 @@ Options:
   --fresh            passed to `cmake --workflow`: configure the build folder from scratch
   -h, --help         this text
 
-Debian packages:
-  demo: DEMO_PACKAGES
-  test: TEST_PACKAGES
-
 Each command installs only what is missing: apt-get (update, then install) when a package is
 missing, as root or through sudo; without either it prints the apt-get line and exits with 1. pip
 runs when python/requirements.txt has changed since .venv was last filled (or .venv is new).
 Environment: OCTET_VENV (default: .venv in the clone) places the virtual environment elsewhere;
 OCTET_PYTHON (default: /usr/bin/python3, else python3 on PATH) is the Python that creates it.
+
+Debian packages:
 EOF
+  echo "  demo: ${demo_packages[*]}"
+  echo "  test: ${test_packages[*]}" | fold -s -w 90 | sed -e "s/ *$//" -e "2,$ s/^/        /"
 }
-usage() { usage_text | sed -e "s/DEMO_PACKAGES/${demo_packages[*]}/" -e "s/TEST_PACKAGES/${test_packages[*]}/"; }
-short_usage() { echo "usage: ./octet.sh demo|test|setup [--fresh] [--configure-only]   (./octet.sh --help says more)" >&2; }
+short_usage() {
+  echo "usage: ./octet.sh demo|test|setup [--fresh] [--configure-only]   (./octet.sh --help says more)" >&2
+}
 
 # The demo preset builds one C++ program, host only. The test preset builds everything: MPI for the
 # multi-process tests, clang and its runtime for the libFuzzer target and the clang header checks,
@@ -47,8 +48,9 @@ short_usage() { echo "usage: ./octet.sh demo|test|setup [--fresh] [--configure-o
 # python3 has no ensurepip without it), ca-certificates for pip (Debian's pip trusts the system's
 # certificates, not certifi's). g++ brings its own ASan/UBSan runtimes (the sanitize preset).
 demo_packages=(cmake ninja-build g++)
-test_packages=(cmake ninja-build ccache g++ doctest-dev libbenchmark-dev openmpi-bin libopenmpi-dev clang
-               libclang-rt-14-dev clang-format libopenblas-dev pkg-config python3 python3-venv ca-certificates)
+test_packages=(cmake ninja-build ccache g++ doctest-dev libbenchmark-dev openmpi-bin libopenmpi-dev
+               clang libclang-rt-14-dev clang-format libopenblas-dev pkg-config python3 python3-venv
+               ca-certificates)
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$root"
@@ -71,7 +73,8 @@ ensure_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=()
   if [ "$(id -u)" != 0 ]; then
-    if command -v sudo >/dev/null; then
+    # sudo where it needs no password, or where it can ask for one (a terminal).
+    if command -v sudo >/dev/null && { [ -t 0 ] || sudo -n true 2>/dev/null; }; then
       sudo=(sudo)
     else
       echo "octet.sh: these Debian packages are missing: ${missing[*]}" >&2
@@ -104,7 +107,7 @@ ensure_venv() {
   local stamp=$venv/.octet-requirements want
   want="$(sha256sum <"$requirements" | cut -d' ' -f1) $("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])')"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing python/requirements.txt into $venv (torch and jax: several minutes and ~5 GB the first time)"
+    say "installing python/requirements.txt into $venv (torch and jax: about 5 minutes and 6 GB the first time)"
     rm -f "$stamp"
     "$venv/bin/python" -m pip install --disable-pip-version-check -r "$requirements"
     echo "$want" >"$stamp"
