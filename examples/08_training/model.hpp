@@ -959,6 +959,7 @@ public:
         double floats = 0;
         if (r.linear != linear_mode::float32) floats += N * (2 * d + F);
         if (r.attention != attention_mode::float32) floats += N * W;
+        if (compress_o_recipe(r)) floats += N * cfg.heads_q * cfg.head_dim;  // O, kept as FP8 otherwise
         return 4.0 * cfg.layers * floats;
     }
 
@@ -1143,6 +1144,7 @@ public:
                 if (!float_linear_recipe())
                     for (auto* v : {&L.h1, &L.h2, &L.a}) *v = metered_vector<float>(meter_alloc(activations()));
                 if (!float_attention_recipe()) L.qkv = metered_vector<float>(meter_alloc(activations()));
+                if (compress_o()) L.o = metered_vector<float>(meter_alloc(activations()));
             }
     }
     bool high_precision() const { return high_precision_; }
@@ -1211,14 +1213,15 @@ private:
         const double layers = c.layers;
         memory_split m;
         // per layer, in floats per token: residual input and middle, two rstd, GELU input, O, L
-        double act = 2 + A + Hq;                                     // rstd1, rstd2, O, L
+        double act = 2 + Hq + (compress_o_recipe(r) ? 0 : A);        // rstd1, rstd2, L, O (float)
         if (!r.compress_activations) act += 2 * d + F;               // x_in, x_mid, u in float
         if (r.linear == linear_mode::float32) act += 2 * d + F;      // the linears' float inputs
         if (r.attention == attention_mode::float32) act += W;        // Q, K, V
         m.activations = 4 * N * act * layers + 4 * N * (2 * d + 1);  // + final residual, rstd, norm output
-        if (r.compress_activations)  // x_in, x_mid, u as FP8 (E4M3, a float scale per 32)
+        if (r.compress_activations)  // x_in, x_mid, u (and O: compress_o) as FP8 (E4M3, a float scale per 32)
             m.activations += layers * packed_saves_bytes(static_cast<std::size_t>(N), static_cast<std::size_t>(d),
-                                                         static_cast<std::size_t>(F));
+                                                         static_cast<std::size_t>(F),
+                                                         compress_o_recipe(r) ? static_cast<std::size_t>(A) : 0);
         if (r.linear == linear_mode::bf16) m.activations += 2 * N * (2 * d + A + F) * layers;  // bf16 inputs
         // float temporaries: logits, h, qkv, gelu output, 3 residual-sized gradients, the widest
         // gradient, dO, W^T, dY^T, partial sums of the norms' gains (64-token chunks)
@@ -1365,18 +1368,21 @@ private:
     }
 
     // ---- buffers ---------------------------------------------------------------------------------
-    /// A layer's RMSNorm inputs (the residual stream before and after attention) and GELU input as
-    /// FP8 copies, booked as activations; their float values live in shared temporaries while the
-    /// forward uses them, and are decoded into temporaries for the backward.
+    /// A layer's RMSNorm inputs (the residual stream before and after attention), GELU input and,
+    /// under compress_o, attention's output as FP8 copies, booked as activations; their float values
+    /// live in shared temporaries while the forward uses them, and are decoded into temporaries for
+    /// the backward.
     using saved_recipe = octet::activation_recipes::e4m3_1x32;
     struct packed_saves {
-        packed_saves(memory_meter& m, std::size_t tokens, std::size_t d, std::size_t F)
+        /// o_cols: attention's output width when it is kept as FP8 too (compress_o), else 0.
+        packed_saves(memory_meter& m, std::size_t tokens, std::size_t d, std::size_t F, std::size_t o_cols)
             : x_in(tokens, d),
               x_mid(tokens, d),
               u(tokens, F),
+              o(o_cols ? tokens : 0, o_cols),
               booking(m, octet::memory_category::activations,
-                      static_cast<double>(x_in.bytes() + x_mid.bytes() + u.bytes())) {}
-        octet::saved_activation<saved_recipe> x_in, x_mid, u;
+                      static_cast<double>(x_in.bytes() + x_mid.bytes() + u.bytes() + o.bytes())) {}
+        octet::saved_activation<saved_recipe> x_in, x_mid, u, o;
         meter_booking booking;
     };
     struct layer_state {
@@ -1399,16 +1405,32 @@ private:
         metered_vector<float> h1, h2, a;  // float inputs of qkv, up, down (while they compute in float)
         metered_vector<float> qkv;        // Q, K, V in float (while attention computes in float)
         std::unique_ptr<linear_layer> lin_qkv, lin_proj, lin_up, lin_down;
-        std::unique_ptr<packed_saves> packed;  // x_in, x_mid, u as FP8 (recipe.compress_activations)
+        std::unique_ptr<packed_saves> packed;  // x_in, x_mid, u (o) as FP8 (recipe.compress_activations)
     };
 
     /// Bytes of one layer's packed_saves at `tokens` (the ledger's side).
-    static double packed_saves_bytes(std::size_t tokens, std::size_t d, std::size_t F) {
+    static double packed_saves_bytes(std::size_t tokens, std::size_t d, std::size_t F, std::size_t o_cols) {
         return static_cast<double>(2 * octet::saved_activation_bytes<saved_recipe>(tokens, d) +
-                                   octet::saved_activation_bytes<saved_recipe>(tokens, F));
+                                   octet::saved_activation_bytes<saved_recipe>(tokens, F) +
+                                   (o_cols ? octet::saved_activation_bytes<saved_recipe>(tokens, o_cols) : 0));
     }
     bool compress() const {
         return recipe_.compress_activations;
+    }
+    /// Whether attention's output is kept only as FP8 (compress_o_recipe): with the FP8 attention
+    /// and matched delta its backward's gradients never read O (D = sum_j P_ij dP_ij); only the
+    /// telemetry's gap to rowsum(dO * O) does, which then reads the E4M3 copy.
+    static bool compress_o_recipe(const recipe_config& r) {
+        return r.compress_activations && r.attention == attention_mode::fp8 && r.delta == octet::delta_mode::matched;
+    }
+    bool compress_o() const {
+        return compress_o_recipe(recipe_);
+    }
+    /// Where layer l's attention writes O: the layer's float O, or (compress_o, unless a float
+    /// attention trains on it: raised precision) the shared do_, free until the backward.
+    float* o_of(std::size_t l, bool training) {
+        if (!compress_o() || (float_attention() && training)) return layers_[l].o.data();
+        return do_.data();
     }
     // The float x_in, x_mid and u of layer l: the layer's own, or (compressed) shared temporaries
     // that the forward's other buffers never use: dh_ and dx2_ (backward-only) and t_a_, where GELU
@@ -1430,6 +1452,7 @@ private:
             L.a = make_metered<float>(meter_, activations(), Nmax_ * F_);
         }
         if (L.qkv.empty()) L.qkv = make_metered<float>(meter_, activations(), Nmax_ * lay_.qkv_out);
+        if (L.o.empty()) L.o = make_metered<float>(meter_, activations(), Nmax_ * lay_.attn_width);
     }
 
     octet::linear_workspace* shared_linear_workspace() {
@@ -1463,7 +1486,7 @@ private:
         for (int l = 0; l < cfg_.layers; ++l) layers_.emplace_back(meter_);
         for (auto& L : layers_) {
             if (compress()) {
-                L.packed = std::make_unique<packed_saves>(meter_, N, d_, F_);
+                L.packed = std::make_unique<packed_saves>(meter_, N, d_, F_, compress_o() ? A : 0);
             } else {
                 L.x_in = act(N * d_);
                 L.x_mid = act(N * d_);
@@ -1471,7 +1494,7 @@ private:
             }
             L.rstd1 = act(N);
             L.rstd2 = act(N);
-            L.o = act(N * A);
+            if (!compress_o()) L.o = act(N * A);
             L.lse = act(Hq * N);
             if (float_linear_recipe()) {
                 L.h1 = act(N * d_);
@@ -1593,14 +1616,16 @@ private:
             {
                 timer tm{t, "attention"};
                 if (float_attention())
-                    attention_forward_f32(ex_, dims(batch, len), qkv, L.o.data(), L.lse.data(), attn_scratch_.data(),
-                                          workers_);
+                    attention_forward_f32(ex_, dims(batch, len), qkv, o_of(l, training), L.lse.data(),
+                                          attn_scratch_.data(), workers_);
                 else
-                    attention_forward_fp8(l, qkv, batch, len, t);
+                    attention_forward_fp8(l, qkv, o_of(l, training), batch, len, t);
+                if (compress_o() && training && !float_attention())
+                    L.packed->o.store(ex_, octet::matrix_ref<const float>(o_of(l, training), N, lay_.attn_width));
             }
             {
                 timer tm{t, "linear"};
-                L.lin_proj->forward(ex_, L.o.data(), N, P + B.proj, dx_.data(), float_linear(), training, s, t);
+                L.lin_proj->forward(ex_, o_of(l, training), N, P + B.proj, dx_.data(), float_linear(), training, s, t);
             }
             float* h2 = float_linear() && training ? L.h2.data() : t_h_.data();
             {
@@ -1849,15 +1874,21 @@ private:
     }
 
     // ---- FP8 attention -------------------------------------------------------------------------
-    void attention_forward_fp8(std::size_t l, const float* qkv, int batch, std::size_t len, step_telemetry* t) {
+    void attention_forward_fp8(std::size_t l, const float* qkv, float* O, int batch, std::size_t len,
+                               step_telemetry* t) {
         fill_offsets(batch, len);
-        fp8_attn_->forward(ex_, l, dims(batch, len), qkv, layers_[l].o.data(), layers_[l].lse.data(), cu_.data(), t);
+        fp8_attn_->forward(ex_, l, dims(batch, len), qkv, O, layers_[l].lse.data(), cu_.data(), t);
     }
     double attention_backward_fp8(std::size_t l, const float* dO, float* dqkv, int batch, std::size_t len,
                                   step_telemetry* t) {
         fill_offsets(batch, len);
-        return fp8_attn_->backward(ex_, l, dims(batch, len), layers_[l].o.data(), layers_[l].lse.data(), dO, dqkv,
-                                   cu_.data(), recipe_.delta, t);
+        const float* O = layers_[l].o.data();
+        if (compress_o()) {  // its E4M3 copy, decoded into t_qkv_ (free in the backward), for the telemetry
+            layers_[l].packed->o.load(ex_, octet::matrix_ref<float>(t_qkv_.data(), n_, lay_.attn_width));
+            O = t_qkv_.data();
+        }
+        return fp8_attn_->backward(ex_, l, dims(batch, len), O, layers_[l].lse.data(), dO, dqkv, cu_.data(),
+                                   recipe_.delta, t);
     }
     void fill_offsets(int batch, std::size_t len) {
         for (int b = 0; b <= batch; ++b) cu_[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(b * len);
