@@ -460,10 +460,13 @@ TEST_CASE("compressed_allreduce_scratch_bytes: checked arguments; the block hold
                 codec = std::max(
                     {codec, encode_gradient_scratch_bytes(ex, cfg, c), decode_gradient_scratch_bytes(ex, cfg, c)});
             }
-            codec = std::max(codec, encode_gradient_transformed_scratch_bytes(ex, cfg, s.count));
-            const std::size_t own = messages + (static_cast<std::size_t>(P) + 1) * encoded_size(cfg, s.count) +
-                                    4 * transform_length(cfg.transform, s.count, cfg.block);
-            const std::size_t small = (64 + 4 * sizeof(std::size_t) + sizeof(shard_range)) * (P + 1);
+            // the reduce sums the P messages of this rank's shard span by span into the re-encode's
+            // coordinates: one span of 16 K floats (one thread) beside encode_gradient_transformed's
+            if (s.count > 0)
+                codec = std::max(codec, encode_gradient_transformed_scratch_bytes(ex, cfg, s.count) + 4 * 16384);
+            const std::size_t own = messages + (static_cast<std::size_t>(P) + 1) * encoded_size(cfg, s.count);
+            const std::size_t small =
+                (64 + 4 * sizeof(std::size_t) + sizeof(shard_range) + sizeof(void*) + sizeof(float)) * (P + 1);
             const std::size_t q = compressed_allreduce_scratch_bytes(ex, cfg, n, P, r);
             CHECK(q >= codec + own);
             CHECK(q <= codec + own + small + 12 * 64);  // and the 64-byte alignment of each array

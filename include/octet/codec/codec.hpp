@@ -35,7 +35,7 @@
 // the host compiler does not contract a*b+c into FMA (plain x86-64, or -ffp-contract=off; device
 // products that feed adds use __fmul_rn).
 //
-// Error bound (error_bound below; derived in the README): one encode/decode of x satisfies
+// Error bound (error_bound below; docs/codecs-and-collectives.md): one encode/decode of x satisfies
 //   ||x_hat - x||_2 <= beta ||x||_2 + eta sqrt(L)
 //   beta = eps + alpha sqrt(Bs) + zeta sqrt(L) + 3 (log2 B + 1) 2^-24,
 // eps = 2^-(M+1) the format's relative rounding (M mantissa bits), alpha the per-block absolute term
@@ -303,14 +303,15 @@ inline void carve_span_transform(scratch_carver& c, codec_scratch& s, const wire
 
 /// Describes the scratch of encoding n = l.count elements (`transformed`: the L coordinates) on a
 /// carver: one description for the query (encode_gradient_scratch_bytes) and the operation.
+/// `summed`: the coordinates are summed into the span's y (encode_sum_of_messages).
 inline codec_scratch carve_encode(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
-                                  const wire_layout& l, bool transformed, bool feedback) {
+                                  const wire_layout& l, bool transformed, bool feedback, bool summed = false) {
     codec_scratch s;
     const std::size_t chunks = parallel_chunks(ex, codec_spans(l), 1);
     if (chunks == 0) return s;
     s.span = codec_span(l);
     const bool hadamard = cfg.transform == transform_kind::hadamard;
-    if (feedback || (!transformed && hadamard)) s.y = c.take<float>(chunks * s.span);
+    if (feedback || summed || (!transformed && hadamard)) s.y = c.take<float>(chunks * s.span);
     if (feedback) {
         s.x = c.take<float>(chunks * s.span);
         s.d = c.take<float>(chunks * s.span);
@@ -320,12 +321,15 @@ inline codec_scratch carve_encode(scratch_carver& c, const host_executor& ex, co
     return s;
 }
 
-/// Encodes on the host, span by span (steps 1-5 of the header comment): `in` holds the n elements,
-/// or with `transformed` the L coordinates. NVFP4's tensor scale needs the message's amax before
-/// any block is scaled: its coordinates are computed twice (a first pass for the amax).
-inline encode_result encode_spans(const host_executor& ex, const codec_config& cfg, const wire_layout& l,
-                                  const float* in, bool transformed, const encode_options& opt, span<std::uint8_t> out,
-                                  const codec_scratch& s) {
+/// Encodes on the host, span by span (steps 1-5 of the header comment). source(c0, c1, buf) gives
+/// the input from index c0 on: the n elements, or with `transformed` the L coordinates (a pointer
+/// into the caller's array, or `buf`, the span's y, after writing coordinates [c0, c1) there).
+/// NVFP4's tensor scale needs the message's amax before any block is scaled: its coordinates are
+/// computed twice (a first pass for the amax).
+template <class Source>
+encode_result encode_spans(const host_executor& ex, const codec_config& cfg, const wire_layout& l, Source&& source,
+                           bool transformed, const encode_options& opt, span<std::uint8_t> out,
+                           const codec_scratch& s) {
     encode_result res;
     res.bytes = static_cast<std::size_t>(l.total_bytes);
     const std::size_t coded = static_cast<std::size_t>(l.coded), count = static_cast<std::size_t>(l.count);
@@ -343,19 +347,21 @@ inline encode_result encode_spans(const host_executor& ex, const codec_config& c
         float* d = s.d ? s.d + chunk * S : nullptr;
         std::uint32_t* words = s.words ? s.words + chunk * s.words_per_chunk : nullptr;
         if (transformed) {
-            if (!feedback) return in + c0;
+            const float* in = source(c0, c1, y);
+            if (!feedback) return in;
             load_residual(opt.feedback, c0, ne, x);
             span_forward(cfg.transform, l, cfg.seed, opt.first_index, x, c0, ne, d, words);
-            for (std::size_t j = 0; j < c1 - c0; ++j) y[j] = in[c0 + j] + d[j];
+            for (std::size_t j = 0; j < c1 - c0; ++j) y[j] = in[j] + d[j];  // (in may be y: the same index)
             return y;
         }
+        const float* in = source(c0, c1, nullptr);
         if (!feedback) {
-            if (y == nullptr) return in + c0;  // the identity's coordinates are the elements
-            span_forward(cfg.transform, l, cfg.seed, opt.first_index, in + c0, c0, ne, y, words);
+            if (y == nullptr) return in;  // the identity's coordinates are the elements
+            span_forward(cfg.transform, l, cfg.seed, opt.first_index, in, c0, ne, y, words);
             return y;
         }
         load_residual(opt.feedback, c0, ne, x);
-        for (std::size_t i = 0; i < ne; ++i) x[i] = in[c0 + i] + x[i];
+        for (std::size_t i = 0; i < ne; ++i) x[i] = in[i] + x[i];
         span_forward(cfg.transform, l, cfg.seed, opt.first_index, x, c0, ne, y, words);
         return y;
     };
@@ -493,7 +499,9 @@ struct codec_backend<host_executor> {
                                    transformed ? "octet::encode_gradient_transformed" : "octet::encode_gradient");
         scratch_carver carver = scratch.carver();
         const codec_scratch s = carve_encode(carver, ex, cfg, l, transformed, feedback);
-        return encode_spans(ex, cfg, l, in.data(), transformed, opt, out, s);
+        const float* x = in.data();
+        return encode_spans(
+            ex, cfg, l, [x](std::size_t c0, std::size_t, float*) { return x + c0; }, transformed, opt, out, s);
     }
 
     /// Validates the whole message (wire.hpp) and reads its header and layout.
@@ -534,6 +542,37 @@ struct codec_backend<host_executor> {
         });
     }
 };
+
+/// Stage 2 of the host compressed all-reduce: encodes into `out` the sum, in order, of the
+/// dequantized coordinates of `count` validated messages (messages[r], each of layout l, encoded
+/// under cfg, with tensor scale tensor_scales[r]) as the message of l.count elements, span by span:
+/// the sum is never held whole. The same bits as decoding them into one array
+/// (decode_gradient_transformed, adding from the second on) and encoding that array with
+/// encode_gradient_transformed. Host scratch: carve_encode(..., transformed, feedback, summed).
+inline encode_result encode_sum_of_messages(const host_executor& ex, const codec_config& cfg, const wire_layout& l,
+                                            const std::uint8_t* const* messages, const float* tensor_scales,
+                                            std::size_t count, span<std::uint8_t> out, const encode_options& opt,
+                                            const char* fn) {
+    const bool feedback = !opt.feedback.empty();
+    if (feedback) check_feedback(opt.feedback, static_cast<std::size_t>(l.count), fn);
+    scratch_carver size;
+    carve_encode(size, ex, cfg, l, true, feedback, true);
+    const host_scratch scratch(ex, size.bytes(), fn);
+    scratch_carver carver = scratch.carver();
+    const codec_scratch s = carve_encode(carver, ex, cfg, l, true, feedback, true);
+    const std::size_t Bs = l.scale_block, coded = static_cast<std::size_t>(l.coded);
+    auto sum = [&](std::size_t c0, std::size_t c1, float* y) -> const float* {
+        const std::size_t k0 = c0 / Bs, k1 = (c1 + Bs - 1) / Bs;
+        dispatch_wire_format(cfg.format, [&](auto tr) {
+            using Tr = decltype(tr);
+            for (std::size_t r = 0; r < count; ++r)
+                dequantize_blocks<Tr>(k0, k1, Bs, coded, messages[r] + l.scales_offset, messages[r] + l.payload_offset,
+                                      tensor_scales[r], y, r > 0, c0);
+        });
+        return y;
+    };
+    return encode_spans(ex, cfg, l, sum, true, opt, out, s);
+}
 
 /// The encoders' entry for every executor: the shared checks once, then the executor's backend.
 template <class Executor>

@@ -23,7 +23,8 @@
 //      ROTATED coordinates: the transform is linear and every rank uses the same seed and global
 //      indices, so T(sum g_r) = sum T(g_r), and two transforms per shard are saved;
 //   5. re-encode: rank s encodes the reduced shard from rotated coordinates (with
-//      options.reduced_feedback, the stage-2 residual of the owned shard is added and updated);
+//      options.reduced_feedback, the stage-2 residual of the owned shard is added and updated).
+//      On the host, 4 and 5 run span by span (16 K coordinates): the sum is never held whole;
 //   6. all-gather the P reduced messages; every rank validates and decodes all of them (inverse
 //      transform included). Every rank decodes the same bytes, so all ranks end with bit-identical
 //      results. A message that fails validation in step 4 or 6 is reported through an all-reduce
@@ -33,8 +34,8 @@
 // roundings, one float sum).
 //
 // Host scratch: compressed_allreduce_host takes every temporary (the descriptors, the per-rank
-// counts and offsets, the stage-1 messages, the received messages, the rotated sum, the reduced
-// message, and the codec calls' scratch) as ONE block from options.executor's allocator when one is
+// counts and offsets, the stage-1 messages, the received messages, the reduced message, and the
+// codec calls' scratch, the rotated sum's spans among it) as ONE block from options.executor's allocator when one is
 // lent (octet::with_allocator), else ::operator new, before its first collective; the codec calls
 // inside take theirs from a region of that block (see compressed_allreduce_scratch_bytes). The
 // transport's own buffers are the transport's (mpi_communicator allocates its int count arrays).
@@ -255,11 +256,12 @@ struct allreduce_scratch {
     std::size_t* send_off = nullptr;              ///< P + 1: their offsets, one after another
     std::size_t* recv_counts = nullptr;           ///< P: msg_bytes[me] each
     std::size_t* recv_off = nullptr;              ///< P
-    std::uint8_t* messages = nullptr;  ///< send_off[P]: the stage-1 messages sent; then the reduced ones gathered
-    std::uint8_t* recvbuf = nullptr;   ///< P * msg_bytes[me]: the stage-1 messages of my shard
-    float* y = nullptr;                ///< L of my shard: their sum in rotated coordinates
-    std::uint8_t* reduced = nullptr;   ///< msg_bytes[me]: my reduced message
-    unsigned char* codec = nullptr;    ///< codec_bytes: lent to the codec calls inside, one at a time
+    std::uint8_t* messages = nullptr;     ///< send_off[P]: the stage-1 messages sent; then the reduced ones gathered
+    std::uint8_t* recvbuf = nullptr;      ///< P * msg_bytes[me]: the stage-1 messages of my shard
+    const std::uint8_t** mine = nullptr;  ///< P: where each of those is (for their sum's encode)
+    float* mine_scales = nullptr;         ///< P: their tensor scales
+    std::uint8_t* reduced = nullptr;      ///< msg_bytes[me]: my reduced message
+    unsigned char* codec = nullptr;       ///< codec_bytes: lent to the codec calls inside, one at a time
     std::size_t codec_bytes = 0;
 };
 
@@ -277,7 +279,7 @@ inline std::size_t allreduce_codec_bytes(const host_executor& ex, const codec_co
         keep(e), keep(d);
         if (r == me) {
             scratch_carver t;
-            carve_encode(t, ex, cfg, l, true, reduced_feedback);
+            carve_encode(t, ex, cfg, l, true, reduced_feedback, true);
             keep(t);
         }
     }
@@ -305,7 +307,8 @@ inline allreduce_scratch carve_allreduce(scratch_carver& c, const host_executor&
     // reduced messages are gathered into the same bytes.
     s.messages = c.take<std::uint8_t>(total);
     s.recvbuf = c.take<std::uint8_t>(world * msg_me);
-    s.y = c.take<float>(static_cast<std::size_t>(transform_length(cfg.transform, mine.count, cfg.block)));
+    s.mine = c.take<const std::uint8_t*>(world);
+    s.mine_scales = c.take<float>(world);
     s.reduced = c.take<std::uint8_t>(msg_me);
     s.codec_bytes = allreduce_codec_bytes(ex, cfg, n, P, me, feedback, reduced_feedback);
     s.codec = c.take<unsigned char>(s.codec_bytes);
@@ -353,8 +356,8 @@ inline void expect_message(const wire_header& h, const codec_config& cfg, const 
 /// are empty): the peak the call holds from ex.allocator (or ::operator new), the whole call
 /// included. It is ONE block, taken before the first collective and given back on return or throw:
 /// the call's own buffers (the P shard messages, sent and then gathered in the same bytes, about
-/// encoded_size(cfg, n); P + 1 messages of this rank's shard, received and reduced; L floats of
-/// its shard; 64 + 48 bytes per rank) plus the largest scratch of one codec call nested inside
+/// encoded_size(cfg, n); P + 1 messages of this rank's shard, received and reduced; 80 + 48 bytes
+/// per rank) plus the largest scratch of one codec call nested inside
 /// (encode_gradient_scratch_bytes of a shard, encode_gradient_transformed_scratch_bytes of this
 /// rank's shard, decode_gradient_scratch_bytes of a shard), which those calls take, one after
 /// another, from a region of that block. Shards differ in size, so the bytes depend on the rank;
@@ -489,30 +492,36 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     for (int r = 0; r < P; ++r)
         if (r != me) rep.bytes_sent += msg_bytes[r], rep.bytes_received += msg_me;
 
-    // 4. Validate and sum in rotated coordinates; 5. re-encode.
+    // 4. Validate the P messages of my shard; 5. sum them in rotated coordinates and re-encode the
+    // sum, span by span (the sum is never held whole).
     t0 = clock::now();
-    const std::size_t L = static_cast<std::size_t>(transform_length(cfg.transform, mine.count, cfg.block));
-    const span<float> y(s.y, L);
-    std::fill(s.y, s.y + L, 0.0f);
+    const wire_layout mine_layout = wire_layout_of(cfg, mine.count);
     const span<std::uint8_t> reduced(s.reduced, msg_me);
     std::string failure;
     try {
         for (int r = 0; r < P; ++r) {
             const span<const std::uint8_t> m(s.recvbuf + s.recv_off[r], msg_me);
             wire_header h;
+            wire_layout lr;
             try {
-                h = decode_gradient_transformed(codec_ex, m, y, r > 0);
+                h = read_wire_header(m, &lr, fn);
+                OCTET_REQUIRE(lr.coded == mine_layout.coded && lr.scale_block == mine_layout.scale_block &&
+                                  lr.block == mine_layout.block,
+                              fn, "message", "has another layout than this rank's shard under the agreed codec");
             } catch (const error& e) {
                 throw error(detail::message(fn, ": the stage-1 message from rank ", r, " to rank ", me,
                                             " is invalid: ", detail::text_of(e)));
             }
             detail::expect_message(h, cfg, mine, fn, r);
+            s.mine[r] = m.data();
+            s.mine_scales[r] = h.tensor_scale;
         }
         encode_options eo;
         eo.first_index = mine.begin;
         eo.random_stream = 0;
         eo.feedback = opt.reduced_feedback;
-        encode_gradient_transformed(codec_ex, cfg, y, mine.count, reduced, eo);
+        detail::encode_sum_of_messages(codec_ex, cfg, mine_layout, s.mine, s.mine_scales, static_cast<std::size_t>(P),
+                                       reduced, eo, fn);
     } catch (const error& e) {
         failure = detail::text_of(e);
     }
