@@ -1213,11 +1213,15 @@ private:
         const double layers = c.layers;
         memory_split m;
         // per layer, in floats per token: residual input and middle, two rstd, GELU input, O, L
-        double act = 2 + Hq + (compress_o_recipe(r) ? 0 : A);        // rstd1, rstd2, L, O (float)
-        if (!r.compress_activations) act += 2 * d + F;               // x_in, x_mid, u in float
-        if (r.linear == linear_mode::float32) act += 2 * d + F;      // the linears' float inputs
-        if (r.attention == attention_mode::float32) act += W;        // Q, K, V
-        m.activations = 4 * N * act * layers + 4 * N * (2 * d + 1);  // + final residual, rstd, norm output
+        double act = 2 + Hq + (compress_o_recipe(r) ? 0 : A);    // rstd1, rstd2, L, O (float)
+        if (!r.compress_activations) act += 2 * d + F;           // x_in, x_mid, u in float
+        if (r.linear == linear_mode::float32) act += 2 * d + F;  // the linears' float inputs
+        if (r.attention == attention_mode::float32) act += W;    // Q, K, V
+        m.activations = 4 * N * act * layers + 4 * N;            // + the final norm's rstd
+        // + its input: float, or an FP8 copy (its output is recomputed in the backward)
+        m.activations += r.compress_activations ? static_cast<double>(octet::saved_activation_bytes<saved_recipe>(
+                                                      static_cast<std::size_t>(N), static_cast<std::size_t>(d)))
+                                                : 4 * N * d;
         if (r.compress_activations)  // x_in, x_mid, u (and O: compress_o) as FP8 (E4M3, a float scale per 32)
             m.activations += layers * packed_saves_bytes(static_cast<std::size_t>(N), static_cast<std::size_t>(d),
                                                          static_cast<std::size_t>(F),
@@ -1385,6 +1389,13 @@ private:
         octet::saved_activation<saved_recipe> x_in, x_mid, u, o;
         meter_booking booking;
     };
+    /// The final norm's input as an FP8 copy (recipe.compress_activations).
+    struct packed_final {
+        packed_final(memory_meter& m, std::size_t tokens, std::size_t d)
+            : x(tokens, d), booking(m, octet::memory_category::activations, static_cast<double>(x.bytes())) {}
+        octet::saved_activation<saved_recipe> x;
+        meter_booking booking;
+    };
     struct layer_state {
         explicit layer_state(memory_meter& m)
             : x_in(alloc(m)),
@@ -1443,6 +1454,11 @@ private:
     }
     float* u_of(std::size_t l) {
         return compress() ? t_a_.data() : layers_[l].u.data();
+    }
+    // The final norm's float input: the model's, or (compressed) dh_, free once the last layer's
+    // residual middle is computed.
+    float* x_fin_of() {
+        return compress() ? dh_.data() : x_fin_.data();
     }
 
     void allocate_float_saves(layer_state& L) {
@@ -1507,9 +1523,11 @@ private:
             L.lin_up = make_linear(cfg_.d_model, cfg_.d_ff);
             L.lin_down = make_linear(cfg_.d_ff, cfg_.d_model);
         }
-        x_fin_ = act(N * d_);
+        if (compress())
+            x_fin_packed_ = std::make_unique<packed_final>(meter_, N, d_);
+        else
+            x_fin_ = act(N * d_);
         rstd_f_ = act(N);
-        h_fin_ = act(N * d_);
         if (!float_attention_recipe()) {
             const std::size_t L = layers_.size(), Hk = static_cast<std::size_t>(cfg_.heads_kv);
             fp8_attn_ = cfg_.head_dim == 32 ? make_fp8_attention<32>(meter_, recipe_.v_scale, L, N, Hq, Hk)
@@ -1582,7 +1600,7 @@ private:
         len_ = len;
         batch_ = batch;
         const auto s = lin_scratch();
-        float* x = layers_.empty() ? x_fin_.data() : x_in_of(0);
+        float* x = layers_.empty() ? x_fin_of() : x_in_of(0);
         {
             timer tm{t, "embedding_head"};
             const float* E = P + lay_.tok_emb;
@@ -1651,18 +1669,20 @@ private:
             }
             {
                 timer tm{t, "norm"};
-                float* next = l + 1 < layers_.size() ? x_in_of(l + 1) : x_fin_.data();
+                float* next = l + 1 < layers_.size() ? x_in_of(l + 1) : x_fin_of();
                 add(x_mid_of(l), dx_.data(), next, N * d_);
             }
         }
         {
             timer tm{t, "norm"};
-            rmsnorm_forward(x_fin_.data(), P + lay_.norm_f, h_fin_.data(), rstd_f_.data(), N);
+            // the norm's output H in t_h_ (the backward recomputes it: the same bits)
+            rmsnorm_forward(x_fin_of(), P + lay_.norm_f, t_h_.data(), rstd_f_.data(), N);
+            if (compress() && training) x_fin_packed_->x.store(ex_, octet::matrix_ref<const float>(x_fin_of(), N, d_));
         }
         {
             timer tm{t, "embedding_head"};
             transpose(ex_, P + lay_.head, V_, d_, wt_.data());
-            gemm(ex_, h_fin_.data(), d_, wt_.data(), V_, logits_.data(), V_, N, V_, d_);
+            gemm(ex_, t_h_.data(), d_, wt_.data(), V_, logits_.data(), V_, N, V_, d_);
         }
     }
 
@@ -1726,18 +1746,29 @@ private:
     void backward(const float* P, const std::int32_t* tokens, int batch, float* G, step_telemetry* t) {
         const std::size_t N = n_;
         const auto s = lin_scratch();
+        // The final norm's input (decoded into dx2_ when compressed: free until the layers) and its
+        // output H, recomputed into t_h_.
+        const float* x_fin = x_fin_.data();
+        {
+            timer tm{t, "norm"};
+            if (compress()) {
+                x_fin_packed_->x.load(ex_, octet::matrix_ref<float>(dx2_.data(), N, d_));
+                x_fin = dx2_.data();
+            }
+            rmsnorm_forward(x_fin, P + lay_.norm_f, t_h_.data(), rstd_f_.data(), N);
+        }
         // head: dH = dZ W_head, dW_head = dZ^T H
         {
             timer tm{t, "embedding_head"};
             gemm(ex_, logits_.data(), V_, P + lay_.head, d_, dh_.data(), d_, N, d_, V_);
             transpose(ex_, logits_.data(), N, V_, yt_.data());
-            gemm(ex_, yt_.data(), N, h_fin_.data(), d_, G + lay_.head, d_, V_, d_,
+            gemm(ex_, yt_.data(), N, t_h_.data(), d_, G + lay_.head, d_, V_, d_,
                  N);  // tied: the embedding adds below
         }
         {
             timer tm{t, "norm"};
-            rmsnorm_backward(x_fin_.data(), P + lay_.norm_f, rstd_f_.data(), dh_.data(), nullptr, dx_.data(),
-                             G + lay_.norm_f, N);
+            rmsnorm_backward(x_fin, P + lay_.norm_f, rstd_f_.data(), dh_.data(), nullptr, dx_.data(), G + lay_.norm_f,
+                             N);
         }
         float* dx = dx_.data();  // d loss / d residual stream
         float* dx_alt = dx2_.data();
@@ -1934,9 +1965,9 @@ private:
     metered_vector<double>& loss_partials_ = buf_->loss_partials;
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;
-    metered_vector<float> x_fin_{metered_allocator<float>(meter_, activations())};
+    metered_vector<float> x_fin_{metered_allocator<float>(meter_, activations())};  // (empty: compress())
+    std::unique_ptr<packed_final> x_fin_packed_;                                    // (compress())
     metered_vector<float> rstd_f_{metered_allocator<float>(meter_, activations())};
-    metered_vector<float> h_fin_{metered_allocator<float>(meter_, activations())};
 };
 
 }  // namespace train
