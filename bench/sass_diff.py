@@ -6,6 +6,7 @@ function, and compares two such dumps function by function, byte for byte.
   bench/sass_diff.py build-extra OUT            # objects CMake does not build here (below), into OUT
   bench/sass_diff.py dump DIR OBJ...            # DIR/<object>/<arch>/<n>.sass + DIR/index.tsv
   bench/sass_diff.py diff BEFORE AFTER          # a Markdown table; exit 1 on any difference
+                                                # (BEFORE, AFTER: dump folders, several joined by commas)
 
 `dump` runs `cuobjdump -sass -arch sm_89` and `-arch sm_90a` on each object (cuobjdump and the
 nvdisasm it calls must be on PATH or in $CUOBJDUMP_DIR; the pip packages nvidia-cuda-cuobjdump and
@@ -21,8 +22,12 @@ RENAMES lists the namespace renames of the move (old prefix, new prefix of a dem
 `build-extra` compiles the translation units that instantiate attention, GEMM and quantize kernels
 but that this build leaves out (python/csrc's CUDA parts are built only where torch sees a GPU;
 the examples are off in the build the comparison uses), with the flags their CMake targets use,
-for sm_89 and sm_90a. The CMake-built objects (tests/cuda, bench/gpu) are dumped from the build
-folder. Typical use (record the "before" outside the repository):
+for sm_89 and sm_90a. Environment: SASS_DIFF_SRC (the source tree, default this repository),
+SASS_DIFF_ONLY (a regex on the sources, e.g. attention), SASS_DIFF_JOBS (parallel compiles, 2).
+The CMake-built objects (tests/cuda, bench/gpu) are dumped from the build folder. Building both
+sides from `git archive` trees of the same path length (the CMake ones with their build commands,
+the tree's path put for /work/main) keeps the work tree free to change meanwhile. Typical use
+(record the "before" outside the repository):
 
   ninja -C build/x <the .cu.o of tests/cuda/{attention,gemm,quant,linear}_device, graph_capture,
                    bench/gpu/{attention_fp8,gemm_tflops,quant_bandwidth}>
@@ -187,12 +192,14 @@ def dump(outdir, objects):
             f.write("\t".join(row) + "\n")
 
 
-def read_index(d):
+def read_index(dirs):
+    """The functions of one or more dumps (folders joined by commas)."""
     rows = {}
-    with open(os.path.join(d, "index.tsv")) as f:
-        for line in f:
-            key, arch, fname, norm, raw = line.rstrip("\n").split("\t")
-            rows.setdefault((key, arch), {})[norm] = (fname, raw)
+    for d in dirs.split(","):
+        with open(os.path.join(d, "index.tsv")) as f:
+            for line in f:
+                key, arch, fname, norm, raw = line.rstrip("\n").split("\t")
+                rows.setdefault((key, arch), {})[norm] = (os.path.join(d, key, arch, fname), raw)
     return rows
 
 
@@ -210,7 +217,7 @@ def diff(before, after):
             if norm not in fb:
                 details.append(f"only before: {key} {arch} {norm}")
                 continue
-            with open(os.path.join(before, key, arch, fname)) as x, open(os.path.join(after, key, arch, fb[norm][0])) as y:
+            with open(fname) as x, open(fb[norm][0]) as y:
                 if x.read() == y.read():
                     same += 1
                     renamed += raw != fb[norm][1]
