@@ -570,7 +570,9 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     // in float32) before anything is applied; a step that still trips reloads the last checkpoint.
     step_numbers current;
     octet::recovery_callbacks cb;
+    int raised_steps = 0;  // steps repeated at float32 (their float copies are in the peak)
     cb.repeat_step = [&](std::int64_t step) {
+        ++raised_steps;
         restore_feedback();
         current = compute(step, true);
         measure(step, current);
@@ -722,10 +724,11 @@ run_result run_one(const run_options& o, const corpus& data, const std::function
     // all-gathered gradients of every rank.
     lc.gradient_bytes =
         4.0 * L + residual_bytes / static_cast<double>(n) + (o.procs && !rc.gradient_codec ? 4.0 * P : 0.0);
-    // Every rank's model; with recovery and the injected faults, one of them at a time runs a
-    // repeated step raised to float32 (sampling the generated text keeps nothing per layer).
+    // Every rank's model; where the recovery log has a repeated step, one of them at a time ran it
+    // raised to float32 with the float copies that needs (an event of the run, not of its
+    // configuration: a check trips or not; sampling the generated text keeps nothing per layer).
     lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, o.threads) +
-                          (rc.recovery && o.faults ? transformer::raise_precision_bytes(mc, rc, per_rank) : 0.0);
+                          (raised_steps > 0 ? transformer::raise_precision_bytes(mc, rc, per_rank) : 0.0);
     // Temporaries: the models' own and their one set of step buffers, the token batches, the codec's
     // messages, and the copy of the residuals a repeated step restores (the checkpoint's is in its file).
     lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, o.threads) -
