@@ -11,7 +11,7 @@
 // runs on wgmma (the automatic choice) and is timed again on the sm_89 mma.sync kernel.
 //
 // Operands: Q, K, dO E4M3 with one scale per token and head (1 x 128), V E4M3 per head (the
-// choice that keeps P's tile maximum exact, see the README); O and gradients bf16.
+// choice that keeps P's tile maximum exact, see docs/attention.md); O and gradients bf16.
 #include <cuda_runtime.h>
 
 #include <chrono>

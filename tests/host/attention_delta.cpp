@@ -15,8 +15,8 @@
 //   * V with one scale per head (block<full, D>, the bf16 entry points' default) keeps P's tile
 //     maximum exact, so O is closer to P V and the stale delta is several times smaller: the same
 //     checks hold with from_output's residual >= 1e-3, the energy fraction along Kbar >= 0.6
-//     (0.25 for keys without a shared mean) and the error ratio along Kbar >= 1.2 (README: the measured ranges of both
-//     V granularities).
+//     (0.25 for keys without a shared mean) and the error ratio along Kbar >= 1.2 (docs/attention.md: the measured
+//     ranges of both V granularities).
 //   * dS as the products use it (dequantized from its E4M3 codes: attention_stats::residual_dq_rel,
 //     residual_dk_rel) does not sum to zero per row even with matched: the row sums are what E4M3
 //     rounding of independent entries predicts, u sqrt(sum_j dS_ij^2) with u = 0.0265 (derived below),

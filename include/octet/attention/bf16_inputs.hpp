@@ -4,7 +4,7 @@
 //   octet::attention_backward(octet::on_host(), shape, q_bf16, k_bf16, v_bf16, o, lse, dout_bf16, dq, dk, dv, bo);
 //
 // The operands are quantized with octet::quantize at the points the FP8 path documents, with the
-// recipes the accuracy measurements favour (README, "FP8 attention"), then the FP8 path runs:
+// recipes the accuracy measurements favour (docs/attention.md), then the FP8 path runs:
 //   Q, K, dO   E4M3, one float scale per token and head (block<1, D>): fine-grained scales give
 //              gradients the range E5M2 would otherwise buy with a mantissa bit
 //   V          E4M3, one float scale per head over all tokens (block<full, D>): the largest P of a

@@ -11,7 +11,7 @@
 // an FP8 code of P or dS can round the other way where a value sits at a code boundary;
 // tests/cuda/attention_device.cu measures how far apart they are.
 //
-// The quantization points (what the README calls the numerics contract of FP8 attention):
+// The quantization points (what docs/attention.md calls the numerics contract of FP8 attention):
 //   * Q, K, V, dO arrive quantized (octet::quantize with any recipe whose blocks do not split a
 //     head: block<1, head_dim>, block<R, head_dim>, per_row, per_tensor, ...). Element values are
 //     decode(code) * S with S the block's scale, exactly as quantized_ref::value says.
