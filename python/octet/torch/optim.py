@@ -19,6 +19,23 @@ uint8 tensors of the codecs' per-group meta (floats, stored as raw bytes). Codec
 bf16_stochastic, e4m3_scaled, e4m3_expanded, dynamic8 (octet/optim/state_codec.hpp gives their
 error bounds); this build needs m_codec == v_codec.
 
+Sharded parameters (DTensor, as FSDP2's fully_shard makes them). Each rank steps its own shard, and
+the result is the same, bit for bit, as one process stepping the whole parameter with the same
+gradient, whatever the number of ranks:
+  * a parameter sharded along dim 0 (FSDP2's default) whose rows hold a multiple of 256 elements
+    steps its shard in place: its codec groups and 256-element blocks never straddle two rows, so a
+    shard's state is the slice of the whole parameter's state, and the shard's stochastic-rounding
+    stream starts at its global element offset. Its state tensors are DTensors sharded like it
+    (codes [rows, row elements], meta [rows, meta bytes per row]), so torch.distributed.checkpoint
+    saves them from N processes and loads them on M by slicing, and the run continues bit-identically.
+  * any other DTensor parameter (rows of another length, as biases and norm weights have: 1 element
+    per row; other shard dimensions; replicated) is gathered whole (its parameter and gradient,
+    once per step), stepped on every rank as one process would, and its shard written back; its
+    state is a plain tensor, the same on every rank (torchao's and bitsandbytes' low-bit optimizers
+    likewise keep small tensors out of their block layout).
+All DTensor parameters must live on one 1-D device mesh. With DTensor parameters the skip_step
+decision and ``report`` are sums over the mesh's ranks (a plain tensor parameter counted on each).
+
 Reproducibility: every parameter owns an element offset (its start in one flat buffer of the
 optimizer's parameters in param_groups order, each rounded up to 256), so stochastic rounding draws
 distinct bits per parameter. state_dict() holds the codes and meta tensors, the step count and
@@ -119,6 +136,59 @@ def _check_choice(name, value, choices):
         raise ValueError(f"octet.torch.AdamW: argument '{name}' is {value!r}; pass one of {', '.join(choices)}")
 
 
+# ---- sharded parameters (DTensor) ----
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return None
+    return DTensor
+
+
+class _Sharding:
+    """How one DTensor parameter steps (see the module docstring): ``by_rows`` (its own shard, in
+    place) or gathered whole."""
+
+    def __init__(self, p):
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        self.mesh, self.placements = p.device_mesh, tuple(p.placements)
+        if self.mesh.ndim != 1:
+            raise ValueError(f"octet.torch.AdamW: a parameter is a DTensor on a {self.mesh.ndim}-D device mesh "
+                             f"(placements {self.placements}); this build steps DTensors on a 1-D mesh (FSDP2's "
+                             "fully_shard without a replicate dimension)")
+        local_shape, offset = compute_local_shape_and_global_offset(p.shape, self.mesh, self.placements)
+        self.local_slices = tuple(slice(o, o + n) for o, n in zip(offset, local_shape))
+        self.rows = p.shape[0] if p.dim() else 1
+        self.row_elems = p.numel() // self.rows if self.rows else 0
+        self.first_row = offset[0] if p.dim() else 0
+        self.local_rows = local_shape[0] if p.dim() else 1
+        placement = self.placements[0]
+        self.by_rows = (isinstance(placement, Shard) and placement.dim == 0 and p.dim() >= 1 and self.row_elems > 0
+                        and self.row_elems % _BLOCK == 0)
+        self.rank = self.mesh.get_local_rank()
+
+    def wrap(self, local_flat, width):
+        """A state tensor of this shard as a DTensor [rows, width] sharded like the parameter's rows."""
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(local_flat.view(self.local_rows, width), self.mesh, self.placements,
+                                  run_check=False, shape=torch.Size((self.rows, width)), stride=(width, 1))
+
+
+def _all_reduce_sums(values, mesh):
+    """Element-wise sums of a list of ints over the mesh's ranks."""
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else mesh.device_type
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, group=mesh.get_group())
+    return t.tolist()
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW (PyTorch's formula: decoupled weight decay, bias correction) with compressed moments.
 
@@ -178,10 +248,17 @@ class AdamW(torch.optim.Optimizer):
                 at += -(-p.numel() // _BLOCK) * _BLOCK
         return offsets
 
-    def _init_state(self, p, g, offsets):
+    def _init_state(self, p, g, offsets, sharding=None):
         state = self.state[p]
         if not state:
-            state.update(new_state(p, g["m_codec"], g["v_codec"], g["master"]))
+            if sharding is not None and sharding.by_rows:
+                local = new_state(p.to_local(), g["m_codec"], g["v_codec"], g["master"])
+                row = state_sizes(g["m_codec"], g["v_codec"], g["master"], sharding.row_elems)
+                widths = {"m_codes": sharding.row_elems, "v_codes": sharding.row_elems, "m_meta": row["m_meta_bytes"],
+                          "v_meta": row["v_meta_bytes"], "compensation": row["compensation"]}
+                state.update({k: sharding.wrap(t, widths[k]) if widths[k] else t for k, t in local.items()})
+            else:
+                state.update(new_state(p, g["m_codec"], g["v_codec"], g["master"]))
             state.update(step=0, element_offset=offsets[p], m_codec=g["m_codec"], v_codec=g["v_codec"],
                          master=g["master"])
         elif (state["m_codec"], state["v_codec"], state["master"]) != (g["m_codec"], g["v_codec"], g["master"]):
@@ -205,33 +282,86 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         work = [(p, g) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        shardings, mesh = self._shardings(work)
+        grads = {p: self._step_grad(p, shardings.get(p)) for p, _ in work}
+        # A gathered parameter's counts are the same on every rank: its rank 0 reports them.
+        counted = {id(p) for p, _ in work if p not in shardings or shardings[p].by_rows or shardings[p].rank == 0}
         # skip_step is a decision over all parameters: scan first (octet::count_nonfinite), and when
         # nothing offends step with zero_block, which then reads each gradient once and is bitwise
         # the same as skip_step on clean gradients.
-        scan = [self._grad(p) for p, g in work if g["on_nonfinite"] == "skip_step"]
-        bad = _device_sums([_ops.adamw_count_nonfinite(x) for x in scan], 1)[0]
+        skip_groups = {id(p) for p, g in work if g["on_nonfinite"] == "skip_step"}
+        bad = _device_sums([_ops.adamw_count_nonfinite(grads[p]) for p, _ in work if id(p) in counted and id(p) in skip_groups], 1)
+        if mesh is not None:
+            bad = _all_reduce_sums(bad, mesh)
         report = dict.fromkeys(REPORT_FIELDS, 0)
-        if bad:
-            report.update(nonfinite_gradients=bad, skipped=1)
+        if bad[0]:
+            report.update(nonfinite_gradients=bad[0], skipped=1)
         else:
             offsets = self._element_offsets() if any(not self.state[p] for p, _ in work) else None
             reports = []
             for p, g in work:
-                state = self._init_state(p, g, offsets)
-                beta1, beta2 = g["betas"]
-                r = adamw_step(p, state, self._grad(p), m_codec=g["m_codec"], v_codec=g["v_codec"],
-                               master=g["master"], lr=float(g["lr"]), beta1=float(beta1), beta2=float(beta2),
-                               eps=float(g["eps"]), weight_decay=float(g["weight_decay"]), step=state["step"] + 1,
-                               seed=int(g["seed"]), on_nonfinite="zero_block",
-                               element_offset=state["element_offset"])
-                reports.append(r)
+                sharding = shardings.get(p)
+                state = self._init_state(p, g, offsets, sharding)
+                r = self._step_one(p, g, state, grads[p], sharding)
+                if id(p) in counted:
+                    reports.append(r)
                 state["step"] += 1
-            nonfinite, zeroed, _ = _device_sums(reports, 3)
-            report.update(nonfinite_gradients=nonfinite, blocks_zeroed=zeroed)
+            sums = _device_sums(reports, 3)
+            if mesh is not None:
+                sums = _all_reduce_sums(sums, mesh)
+            report.update(nonfinite_gradients=sums[0], blocks_zeroed=sums[1])
         self.report = report
         for k in REPORT_FIELDS:
             self.totals[k] += report[k]
         return loss
+
+    @staticmethod
+    def _shardings(work):
+        """Each DTensor parameter's _Sharding, and their common mesh (None without DTensors)."""
+        dtensor = _dtensor_class()
+        shardings, mesh = {}, None
+        for p, _ in work:
+            if dtensor is not None and isinstance(p, dtensor):
+                s = shardings[p] = _Sharding(p)
+                if mesh is None:
+                    mesh = s.mesh
+                elif s.mesh != mesh:
+                    raise ValueError(f"octet.torch.AdamW: the DTensor parameters live on two device meshes ({mesh} "
+                                     f"and {s.mesh}); this build steps the parameters of one mesh per optimizer")
+        return shardings, mesh
+
+    def _step_grad(self, p, sharding):
+        """The gradient a step reads: the parameter's own, its shard's, or a gathered one whole."""
+        if sharding is None:
+            return self._grad(p)
+        g = p.grad
+        if not isinstance(g, _dtensor_class()):
+            raise TypeError("octet.torch.AdamW: a DTensor parameter has a plain tensor gradient; give it a "
+                            "DTensor gradient placed like the parameter (as FSDP2's backward does)")
+        return (g.to_local() if sharding.by_rows else g.full_tensor()).contiguous()
+
+    def _step_one(self, p, g, state, grad, sharding):
+        """Steps one parameter (or its shard); returns its int64 [3] report."""
+        offset = state["element_offset"]
+        if sharding is None:
+            param = p
+        elif sharding.by_rows:
+            param = p.to_local()
+            state = {k: (v.to_local().reshape(-1) if k != "step" and isinstance(v, _dtensor_class()) else v)
+                     for k, v in state.items()}
+            offset += sharding.first_row * sharding.row_elems
+        else:
+            param = p.full_tensor().contiguous()
+        if param.numel() == 0:  # a rank whose shard of the rows is empty
+            return torch.zeros(3, dtype=torch.int64, device=param.device)
+        beta1, beta2 = g["betas"]
+        r = adamw_step(param, state, grad, m_codec=g["m_codec"], v_codec=g["v_codec"], master=g["master"],
+                       lr=float(g["lr"]), beta1=float(beta1), beta2=float(beta2), eps=float(g["eps"]),
+                       weight_decay=float(g["weight_decay"]), step=state["step"] + 1, seed=int(g["seed"]),
+                       on_nonfinite="zero_block", element_offset=offset)
+        if sharding is not None and not sharding.by_rows:
+            p.to_local().copy_(param[sharding.local_slices])
+        return r
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """As torch's, but the state tensors are copied as they are: torch would cast them to the
@@ -253,6 +383,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _from_torch_adamw(self, sd: Dict[str, Any]) -> Dict[str, Any]:
         fn = "octet.torch.AdamW.load_state_dict"
+        self._refuse_dtensors(fn)
         groups = sd["param_groups"]
         if len(groups) != len(self.param_groups) or any(len(a["params"]) != len(b["params"])
                                                         for a, b in zip(groups, self.param_groups)):
@@ -290,10 +421,17 @@ class AdamW(torch.optim.Optimizer):
                 state[i] = new
         return {"state": state, "param_groups": out_groups}
 
+    def _refuse_dtensors(self, fn):
+        dtensor = _dtensor_class()
+        if dtensor is not None and any(isinstance(p, dtensor) for g in self.param_groups for p in g["params"]):
+            raise ValueError(f"{fn}: the parameters are sharded (DTensor); exchanging state with torch.optim.AdamW "
+                             "is for whole parameters: save and load sharded state with torch.distributed.checkpoint")
+
     def torch_state_dict(self) -> Dict[str, Any]:
         """This optimizer's state as torch.optim.AdamW's state_dict() has it (float32 exp_avg and
         exp_avg_sq decoded from the codecs, float step tensors): torch.optim.AdamW.load_state_dict
         takes it. Compensation buffers (bf16_kahan) have no place there and are dropped."""
+        self._refuse_dtensors("octet.torch.AdamW.torch_state_dict")
         sd = self.state_dict()
         state = {}
         index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}

@@ -1,0 +1,202 @@
+"""The worker side of test_fsdp.py: functions run in each of `world` spawned processes (gloo on the
+CPU). Not collected by pytest (no test_ prefix)."""
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+import octet.torch as ot
+
+# (shape, how octet's AdamW steps its shards under FSDP2): rows of 256 or 512 elements step in place,
+# by rows (one of 10 rows over 4 ranks: uneven; 3 rows over 4: one rank holds none); rows of 100 and
+# of 1 element (a bias) are gathered whole.
+SHAPES = ((10, 256), (64, 512), (3, 256), (256, 100), (37,))
+STEPS = 3
+# (moment codec, master policy): every codec over float32 masters, two codecs over each bf16 master.
+CASES = tuple((c, "fp32") for c in ot.optim.CODECS) + tuple(
+    (c, m) for m in ("bf16_stochastic", "bf16_kahan", "bf16_nearest") for c in ("e4m3_expanded", "dynamic8"))
+
+
+def init(rank, world, init_file):
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))  # a hang fails the test instead
+    torch.manual_seed(0)
+
+
+def full_params(seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).mul_(0.1).to(dtype) for s in SHAPES]
+
+
+def full_grads(seed, step, nan_step=None):
+    """The whole gradients of a step (the same on every rank); at nan_step one element is NaN."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    grads = [torch.randn(s, generator=g).mul_(1e-2 * (1 + step)) for s in SHAPES]
+    if step == nan_step:
+        grads[1][40, 7] = float("nan")
+    return grads
+
+
+class Params(torch.nn.Module):
+    def __init__(self, tensors):
+        super().__init__()
+        self.p = torch.nn.ParameterList([torch.nn.Parameter(t.clone()) for t in tensors])
+
+
+def optimizer_args(codec, master):
+    return dict(lr=1e-2, m_codec=codec, master=master, seed=7, weight_decay=0.1)
+
+
+def single_process(codec, master, steps, nan_step=None, seed=1):
+    """The reference: one process stepping the whole parameters."""
+    dtype = torch.float32 if master == "fp32" else torch.bfloat16
+    model = Params(full_params(seed, dtype))
+    opt = ot.AdamW(model.parameters(), **optimizer_args(codec, master))
+    for step in steps:
+        for p, g in zip(model.p, full_grads(seed, step, nan_step)):
+            p.grad = g.to(p.dtype)
+        opt.step()
+    return [p.detach().clone() for p in model.p], opt
+
+
+def _sharded_model(world, codec, master, seed):
+    from torch.distributed.fsdp import fully_shard
+
+    dtype = torch.float32 if master == "fp32" else torch.bfloat16
+    model = Params(full_params(seed, dtype))
+    fully_shard(model)
+    return model, ot.AdamW(model.parameters(), **optimizer_args(codec, master))
+
+
+def _steps(model, opt, steps, nan_step, seed):
+    from torch.distributed.tensor import distribute_tensor
+
+    skipped = []
+    for step in steps:
+        for p, g in zip(model.p, full_grads(seed, step, nan_step)):
+            p.grad = distribute_tensor(g.to(p.dtype), p.device_mesh, p.placements)
+        opt.step()
+        skipped.append(opt.report["skipped"])
+    return skipped
+
+
+def _gather_state(opt, model):
+    """Every parameter's state, whole (DTensors gathered), as plain CPU tensors."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for p in model.p:
+        s = opt.state[p]
+        out.append({k: (v.full_tensor() if isinstance(v, DTensor) else v).reshape(-1).clone()
+                    for k, v in s.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
+def _write(out_dir, name, model, opt, extra):
+    """Each rank writes its gathered parameters and state (every rank must hold the same)."""
+    params = [p.full_tensor().clone() for p in model.p]
+    torch.save({"params": params, "state": _gather_state(opt, model), **extra},
+               os.path.join(out_dir, f"{name}.rank{dist.get_rank()}.pt"))
+
+
+def train(rank, world, init_file, out_dir, nan_step):
+    """For each of CASES, STEPS steps under FSDP2 with the same whole gradients as single_process;
+    then what is refused: a DTensor parameter given a plain gradient, torch_state_dict of shards."""
+    from torch.distributed.tensor import DTensor
+
+    init(rank, world, init_file)
+    for codec, master in CASES:
+        model, opt = _sharded_model(world, codec, master, 1)
+        skipped = _steps(model, opt, range(STEPS), nan_step, 1)
+        _write(out_dir, f"train.{codec}.{master}", model, opt, {"skipped": skipped})
+    model, opt = _sharded_model(world, "e4m3_expanded", "fp32", 1)
+    model.p[0].grad = torch.zeros(model.p[0].shape)
+    refused = []
+    for call, error in ((opt.step, TypeError), (opt.torch_state_dict, ValueError)):
+        try:
+            call()
+            refused.append("no error")
+        except error as e:
+            refused.append(str(e))
+    assert isinstance(model.p[0], DTensor)
+    torch.save(refused, os.path.join(out_dir, f"refused.rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+# (moment codec, master policy) of the checkpoint tests
+RESHARD_CASES = (("e4m3_expanded", "bf16_stochastic"), ("dynamic8", "bf16_kahan"), ("e4m3_scaled", "fp32"))
+
+
+def save(rank, world, init_file, out_dir):
+    """For each of RESHARD_CASES, STEPS steps, then a torch.distributed.checkpoint of the model and
+    the optimizer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    init(rank, world, init_file)
+    for codec, master in RESHARD_CASES:
+        model, opt = _sharded_model(world, codec, master, 1)
+        _steps(model, opt, range(STEPS), None, 1)
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=os.path.join(out_dir, f"checkpoint.{codec}.{master}"))
+    dist.destroy_process_group()
+
+
+def resume(rank, world, init_file, out_dir, name):
+    """Loads each checkpoint on this world size and steps STEPS more."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    init(rank, world, init_file)
+    for codec, master in RESHARD_CASES:
+        model, opt = _sharded_model(world, codec, master, 2)  # other weights: the checkpoint must replace them
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=os.path.join(out_dir, f"checkpoint.{codec}.{master}"))
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+        loaded = {"loaded_params": [p.full_tensor().clone() for p in model.p],
+                  "loaded_state": _gather_state(opt, model)}
+        _steps(model, opt, range(STEPS, 2 * STEPS), None, 1)
+        _write(out_dir, f"{name}.{codec}.{master}", model, opt, loaded)
+    dist.destroy_process_group()
+
+
+def mlp():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+
+
+def batch(step, size=8):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(size, 256, generator=g), torch.randn(size, 256, generator=g)
+
+
+def fsdp_training(rank, world, init_file, out_dir, steps):
+    """A model trained by backward under FSDP2 (each rank its slice of every batch, FSDP2 averaging
+    the gradients) with octet's AdamW."""
+    from torch.distributed.fsdp import fully_shard
+
+    init(rank, world, init_file)
+    model = mlp()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = ot.AdamW(model.parameters(), lr=1e-3, m_codec="fp32", master="fp32")
+    losses = []
+    for step in range(steps):
+        x, y = batch(step)
+        per = x.shape[0] // world
+        loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach().clone())
+    losses = torch.stack(losses)
+    dist.all_reduce(losses)
+    torch.save({"params": [p.full_tensor().clone() for p in model.parameters()], "losses": losses / world},
+               os.path.join(out_dir, f"fsdp_training.rank{rank}.pt"))
+    dist.destroy_process_group()
