@@ -174,29 +174,68 @@ def batch(step, size=8):
     return torch.randn(size, 256, generator=g), torch.randn(size, 256, generator=g)
 
 
-def fsdp_training(rank, world, init_file, out_dir, steps):
-    """A model trained by backward under FSDP2 (each rank its slice of every batch, FSDP2 averaging
-    the gradients) with octet's AdamW."""
-    from torch.distributed.fsdp import fully_shard
+def reduce_scatter_bounds(rank, world, init_file, out_dir, steps):
+    """CompressedReduceScatter called directly: each rank's input is its own random draw; every rank
+    writes its inputs and outputs (the test computes the exact sums)."""
+    from octet.torch.distributed import CodecConfig, CompressedReduceScatter
 
     init(rank, world, init_file)
-    model = mlp()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    opt = ot.AdamW(model.parameters(), lr=1e-3, m_codec="fp32", master="fp32")
-    losses = []
-    for step in range(steps):
-        x, y = batch(step)
-        per = x.shape[0] // world
-        loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().clone())
-    losses = torch.stack(losses)
-    dist.all_reduce(losses)
-    torch.save({"params": [p.full_tensor().clone() for p in model.parameters()], "losses": losses / world},
-               os.path.join(out_dir, f"fsdp_training.rank{rank}.pt"))
+    shard = 1000  # not a multiple of the Hadamard block or of 128
+    out = {}
+    for feedback in (None, "f32", "e4m3"):
+        comm = CompressedReduceScatter(CodecConfig(format="e4m3", block=256), feedback=feedback)
+        g = torch.Generator().manual_seed(10 * rank + 1)
+        inputs, outputs, residual_norms = [], [], []
+        for step in range(steps):
+            x = torch.randn(world * shard, generator=g) * (1 + 1e-3 * step)
+            x[:shard // 10] = 0  # zero rows (padding): their codes must decode to 0 plus feedback only
+            y = torch.empty(shard)
+            comm(y, x.clone(), dist.group.WORLD, dist.ReduceOp.SUM)
+            inputs.append(x)
+            outputs.append(y)
+            residual_norms.append([float(ot.distributed.residual_values(comm.residuals[r], shard).norm())
+                                   for r in sorted(comm.residuals)] if feedback else [])
+        final = {r: ot.distributed.residual_values(e, shard).clone() for r, e in (comm.residuals or {}).items()}
+        out[feedback] = {"inputs": inputs, "outputs": outputs, "residual_norms": residual_norms,
+                         "final_residuals": final, "bytes_sent": comm.bytes_sent}
+    torch.save(out, os.path.join(out_dir, f"rs.rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def fsdp_training(rank, world, init_file, out_dir, steps):
+    """A model trained by backward under FSDP2 with octet's AdamW (each rank its slice of every
+    batch, FSDP2 averaging the gradients): once with torch's reduce-scatter and once through octet's
+    codec with error feedback; losses (averaged over the ranks), parameters and the bytes each rank
+    sent per step."""
+    from torch.distributed.fsdp import fully_shard
+
+    from octet.torch.distributed import CodecConfig, compress_reduce_scatter
+
+    init(rank, world, init_file)
+    result = {}
+    for compressed in (False, True):
+        model = mlp()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        comms = compress_reduce_scatter(model, CodecConfig(format="e4m3")) if compressed else {}
+        opt = ot.AdamW(model.parameters(), lr=1e-3, m_codec="fp32", master="fp32")
+        losses, sent = [], []
+        for step in range(steps):
+            x, y = batch(step, 16)
+            per = x.shape[0] // world
+            loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]),
+                                                y[rank * per:(rank + 1) * per])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach().clone())
+            sent.append(sum(c.bytes_sent for c in comms.values()))
+        losses = torch.stack(losses)
+        dist.all_reduce(losses)
+        result[compressed] = {"losses": (losses / world).tolist(), "bytes_sent": sent,
+                              "params": [p.full_tensor().clone() for p in model.parameters()],
+                              "elements": sum(p.numel() for p in model.parameters())}
+    torch.save(result, os.path.join(out_dir, f"fsdp_training.rank{rank}.pt"))
     dist.destroy_process_group()

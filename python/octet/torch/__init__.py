@@ -52,7 +52,9 @@ if _wanted("codec"):
     from .distributed import (  # noqa: F401
         CodecConfig,
         CodecHookState,
+        CompressedReduceScatter,
         codec_hook,
+        compress_reduce_scatter,
         compressed_allreduce,
         decode_gradient,
         encode_gradient,

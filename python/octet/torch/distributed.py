@@ -201,7 +201,8 @@ def _group_info(group):
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def _stop_everywhere(failure: Optional[Exception], rank: int, group, what: str, device):
+def _stop_everywhere(failure: Optional[Exception], rank: int, group, what: str, device,
+                     op: str = "octet.compressed_allreduce"):
     """Every rank learns whether any rank failed, so that none is left waiting in a later collective
     (the error-flag all-reduce of allreduce.hpp; on the tensors' device: NCCL takes CUDA tensors)."""
     import torch.distributed as dist
@@ -209,10 +210,9 @@ def _stop_everywhere(failure: Optional[Exception], rank: int, group, what: str, 
     flag = torch.tensor([0 if failure is None else rank + 1], dtype=torch.int64, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     if failure is not None:
-        raise ValueError(f"octet.compressed_allreduce: {what} on rank {rank}: {failure}") from failure
+        raise ValueError(f"{op}: {what} on rank {rank}: {failure}") from failure
     if flag.item():
-        raise ValueError(f"octet.compressed_allreduce: rank {flag.item() - 1} received an invalid {what}; "
-                         "every rank stops")
+        raise ValueError(f"{op}: rank {flag.item() - 1} received an invalid {what}; every rank stops")
 
 
 def compressed_allreduce(x: torch.Tensor, config: Optional[CodecConfig] = None, *, group=None,
@@ -394,3 +394,119 @@ def codec_hook(state: CodecHookState, bucket: _GradBucket) -> torch.futures.Futu
     fut = torch.futures.Future()
     fut.set_result(average)
     return fut
+
+
+# ---- FSDP2's reduce-scatter through the codec ----
+
+
+def _reduce_scatter_base():
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    except ImportError:  # a torch without FSDP2's comm hooks
+        return object
+    return ReduceScatter
+
+
+class CompressedReduceScatter(_reduce_scatter_base()):
+    """FSDP2's gradient reduce-scatter through octet's codec, with error feedback: give it to a
+    module with ``fully_shard(...).set_custom_reduce_scatter(CompressedReduceScatter(config))``, or
+    to every FSDP2 module of a model with ``compress_reduce_scatter(model, config)``; one object per
+    module (it holds that module's residual).
+
+    A call receives FSDP2's flat input (world chunks of the output's size: chunk r is rank r's shard
+    of every parameter's gradient). Each rank encodes every chunk but its own (first_index r x shard
+    size, random_stream 1 + rank, step t with seed config.seed + t) and an all-to-all hands each rank
+    the world - 1 messages of its chunk; it validates and decodes them, and adds them to its own chunk
+    in rank order (its own chunk never leaves it, so it is exact). A message that fails validation
+    makes every rank raise ValueError. The sum is divided by the world size for ReduceOp.AVG.
+
+    feedback: storage of the residual ("f32", "bf16", "e4m3" or None): what encoding the chunks lost is
+    added to them the next step. The residual belongs to the sender and covers every chunk it sends,
+    (world - 1) / world of the module's unsharded gradient, so it cannot be sharded like the
+    parameters without losing what it compensates; "e4m3" keeps it in about 1.03 bytes per element.
+    Held: ``residuals`` (by destination rank, each of the shard's size, see new_residual; None before
+    the first call or without feedback), ``step``,
+    ``bytes_sent`` (the last call's message bytes, this rank) and ``bytes_sent_total``.
+    Error without feedback, per call and rank: at most the sum over the world - 1 chunks received of
+    error_bound(shard size, config) applied to each sender's chunk (see error_bound)."""
+
+    def __init__(self, config: Optional[CodecConfig] = None, *, feedback: Optional[str] = "f32"):
+        if feedback not in (None, "f32", "bf16", "e4m3"):
+            raise ValueError(f"octet.CompressedReduceScatter: argument 'feedback' is {feedback!r}; pass f32, bf16, "
+                             "e4m3 or None")
+        self.config = _config(config)
+        self.feedback = feedback
+        self.residuals: Optional[Dict[int, torch.Tensor]] = None
+        self._shard = -1
+        self.step = 0
+        self.bytes_sent = 0
+        self.bytes_sent_total = 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op, async_op: bool = False):
+        import torch.distributed as dist
+
+        name = "octet.CompressedReduceScatter"
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            raise ValueError(f"{name}: FSDP2 asked for reduce op {op}; this reduce-scatter sums (SUM) or averages "
+                             "(AVG): leave FSDP2's gradient_divide_factor unset")
+        if async_op:
+            raise ValueError(f"{name}: async_op=True was asked; this reduce-scatter runs synchronously")
+        world, rank = _group_info(group)
+        shard = output_tensor.numel()
+        if input_tensor.numel() != world * shard:
+            raise ValueError(f"{name}: the input has {input_tensor.numel()} elements, not world ({world}) x the "
+                             f"output's {shard}")
+        x = input_tensor.reshape(-1).float().contiguous()
+        peers = [r for r in range(world) if r != rank]
+        if self.feedback and (self.residuals is None or self._shard != shard):
+            # a new layout (first call, or FSDP2's shards changed): start from zero
+            self.residuals = {r: new_residual(shard, self.feedback).to(x.device) for r in peers}
+        self._shard = shard
+        c = self.config.with_seed(self.config.seed + self.step)
+        size = encoded_size(shard, c)
+        messages = [encode_gradient(x[r * shard: (r + 1) * shard], c, first_index=r * shard, random_stream=1 + rank,
+                                    residual=self.residuals[r] if self.feedback else None) for r in peers]
+        splits = [0 if r == rank else size for r in range(world)]
+        received = torch.empty((world - 1) * size, dtype=torch.uint8, device=x.device)
+        dist.all_to_all_single(received, torch.cat(messages) if messages else received, output_split_sizes=splits,
+                               input_split_sizes=splits, group=group)
+        failure, total = None, None
+        try:
+            at = 0
+            for r in range(world):
+                if r == rank:
+                    part = x[r * shard: (r + 1) * shard]
+                else:
+                    part = decode_gradient(received[at: at + size], shard, first_index=rank * shard)
+                    at += size
+                total = part.clone() if total is None else total.add_(part)
+        except (ValueError, TypeError, RuntimeError) as e:
+            failure = e
+        _stop_everywhere(failure, rank, group, "message", x.device, name)
+        if op == dist.ReduceOp.AVG:
+            total.div_(world)
+        output_tensor.copy_(total.view(output_tensor.shape))
+        self.step += 1
+        self.bytes_sent = size * len(peers)
+        self.bytes_sent_total += self.bytes_sent
+        return None
+
+
+def compress_reduce_scatter(model: torch.nn.Module, config: Optional[CodecConfig] = None, *,
+                            feedback: Optional[str] = "f32") -> Dict[str, CompressedReduceScatter]:
+    """Gives every FSDP2 module of ``model`` (fully_shard applied) its own CompressedReduceScatter;
+    returns them by module name (read their bytes_sent there)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    comms = {}
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            comms[name] = CompressedReduceScatter(config, feedback=feedback)
+            m.set_custom_reduce_scatter(comms[name])
+    if not comms:
+        raise ValueError("octet.compress_reduce_scatter: argument 'model' has no FSDP2 module; apply fully_shard "
+                         "first")
+    return comms
