@@ -1,7 +1,7 @@
 // The training program's FP8 operations beside their float32 peers, on the `tiny` model's shapes as
 // the quick default runs them (examples/08_training: d_model 128, 4 query and 2 key/value heads of
 // 32 channels, sequences of 64 tokens, 16 sequences per step over 2 ranks, so 8 per call), built
-// from the program's own classes (examples/08_training/model.hpp), so that each pair is what the
+// from the program's own classes (examples/common/model.hpp), so that each pair is what the
 // program times as "attention" and "linear":
 //   attention/{fp8,f32}: forward + backward of one layer's attention; fp8 includes quantizing Q,
 //     K, V and dO (E4M3, one scale per token and head; V per head), delta_mode::matched, telemetry on.
@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "../../examples/08_training/model.hpp"
+#include "../../examples/common/model.hpp"
 
 namespace {
 
@@ -30,8 +30,8 @@ std::vector<float> random_vector(std::size_t n, float scale, std::uint32_t seed)
     return v;
 }
 
-train::attention_dims dims() {
-    train::attention_dims a;
+common::attention_dims dims() {
+    common::attention_dims a;
     a.batch = kBatch;
     a.len = kLen;
     a.heads_q = kHeadsQ;
@@ -41,7 +41,7 @@ train::attention_dims dims() {
 }
 
 struct attention_inputs {
-    train::attention_dims a = dims();
+    common::attention_dims a = dims();
     std::vector<float> qkv = random_vector(kTokens * a.qkv_ld(), 1.0f, 1);
     std::vector<float> dout = random_vector(kTokens * a.o_ld(), 1e-3f, 2);
     std::vector<float> o = std::vector<float>(kTokens * a.o_ld()), lse = std::vector<float>(kTokens * kHeadsQ),
@@ -56,9 +56,9 @@ void attention_fp8(benchmark::State& state) {
     octet::thread_pool pool(static_cast<int>(state.range(0)));
     const octet::host_executor ex = octet::on_host(pool);
     attention_inputs in;
-    train::memory_meter meter;
+    common::memory_meter meter;
     auto attn =
-        train::make_fp8_attention<kHeadDim>(meter, train::v_scale_mode::per_head, 1, kTokens, kHeadsQ, kHeadsKv);
+        common::make_fp8_attention<kHeadDim>(meter, common::v_scale_mode::per_head, 1, kTokens, kHeadsQ, kHeadsKv);
     double residual = 0.0;
     for (auto _ : state) {
         attn->forward(ex, 0, in.a, in.qkv.data(), in.o.data(), in.lse.data(), in.cu.data(), nullptr);
@@ -74,10 +74,10 @@ void attention_f32(benchmark::State& state) {
     octet::thread_pool pool(static_cast<int>(threads));
     const octet::host_executor ex = octet::on_host(pool);
     attention_inputs in;
-    std::vector<float> scratch(threads * train::attention_scratch_floats(kLen, kHeadDim));
+    std::vector<float> scratch(threads * common::attention_scratch_floats(kLen, kHeadDim));
     for (auto _ : state) {
-        train::attention_forward_f32(ex, in.a, in.qkv.data(), in.o.data(), in.lse.data(), scratch.data(), threads);
-        train::attention_backward_f32(ex, in.a, in.qkv.data(), in.o.data(), in.lse.data(), in.dout.data(),
+        common::attention_forward_f32(ex, in.a, in.qkv.data(), in.o.data(), in.lse.data(), scratch.data(), threads);
+        common::attention_backward_f32(ex, in.a, in.qkv.data(), in.o.data(), in.lse.data(), in.dout.data(),
                                       in.dqkv.data(), scratch.data(), threads);
         benchmark::DoNotOptimize(in.dqkv.data());
     }
@@ -93,17 +93,17 @@ template <bool Fp8>
 void linears(benchmark::State& state) {
     octet::thread_pool pool(static_cast<int>(state.range(0)));
     const octet::host_executor ex = octet::on_host(pool);
-    train::memory_meter meter;
-    std::vector<std::unique_ptr<train::linear_layer>> layers;
+    common::memory_meter meter;
+    std::vector<std::unique_ptr<common::linear_layer>> layers;
     std::vector<std::vector<float>> x, w, y, dy, dx, dw;
     std::uint32_t seed = 10;
     for (const linear_shape& s : kLinears) {
         const std::size_t I = static_cast<std::size_t>(s.in), O = static_cast<std::size_t>(s.out);
         if (Fp8)
             layers.push_back(
-                std::make_unique<train::fp8_linear<octet::linear_recipes::blockwise>>(meter, kTokens, s.in, s.out, 7));
+                std::make_unique<common::fp8_linear<octet::linear_recipes::blockwise>>(meter, kTokens, s.in, s.out, 7));
         else
-            layers.push_back(std::make_unique<train::float32_linear>());
+            layers.push_back(std::make_unique<common::float32_linear>());
         layers.back()->in = s.in;
         layers.back()->out = s.out;
         x.push_back(random_vector(kTokens * I, 1.0f, seed++));
@@ -114,7 +114,7 @@ void linears(benchmark::State& state) {
         dw.emplace_back(O * I);
     }
     std::vector<float> wt(kFf * kModel), yt(kFf * kTokens);
-    const train::linear_layer::scratch s{wt.data(), yt.data(), nullptr, nullptr};
+    const common::linear_layer::scratch s{wt.data(), yt.data(), nullptr, nullptr};
     for (auto _ : state) {
         for (std::size_t l = 0; l < layers.size(); ++l) {
             layers[l]->forward(ex, x[l].data(), kTokens, w[l].data(), y[l].data(), false, true, s, nullptr);

@@ -16,7 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "model.hpp"
+#include "common/model.hpp"
+#include "train.hpp"
 
 namespace train {
 

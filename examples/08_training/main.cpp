@@ -22,10 +22,10 @@
 // float32 on the same seeds; 1 otherwise; 2 on bad flags.
 #include <octet/octet.hpp>
 
-#include "corpus.hpp"
+#include "common/corpus.hpp"
+#include "common/model.hpp"
+#include "common/model_file.hpp"
 #include "gate.hpp"
-#include "model.hpp"
-#include "model_file.hpp"
 #if TRAIN_HAS_CUDA_LINEARS
 #include "cuda_linear.hpp"
 #endif

@@ -1,188 +1,36 @@
 // examples/08_training/report.hpp: the training program's outputs, written from a sweep_result:
-// report.md (verdict first), report.json (schema in report_schema.md, checked by check_report.py),
-// three SVG plots drawn by hand (loss curves with seed bands, memory by category beside the
-// ledger, saturation/underflow and attention residual telemetry), and a terminal progress bar.
-// Every number written is taken or derived from the sweep_result passed in.
+// report.md (verdict first), report.json (schema in report_schema.md, checked by check_report.py)
+// and three SVG plots (loss curves with seed bands, memory by category beside the ledger,
+// saturation/underflow and attention residual telemetry), drawn with the examples' report kit
+// (examples/common/report_text.hpp, report_svg.hpp). Every number written is taken or derived from
+// the sweep_result passed in. The progress bar is examples/common/progress.hpp.
 #pragma once
 
+#include "common/progress.hpp"
+#include "common/report_svg.hpp"
+#include "common/report_text.hpp"
 #include "train.hpp"
 
 #include <octet/octet.hpp>
 
 #include <algorithm>
-#include <charconv>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
-#ifdef _WIN32
-#include <io.h>
-#define OCTET_TRAIN_ISATTY(f) _isatty(_fileno(f))
-#else
-#include <unistd.h>
-#define OCTET_TRAIN_ISATTY(f) isatty(fileno(f))
-#endif
 
 namespace train {
 namespace report_detail {
 
+using namespace common::report_kit;
+
 inline const char* schema_version = "octet-training-report/1";
 inline constexpr std::size_t json_curve_points = 2000;  // per-step arrays longer than this are window means
 inline constexpr std::size_t svg_curve_points = 400;
-
-// ---- text -----------------------------------------------------------------------------------
-
-/// The CPU model (from /proc/cpuinfo, where there is one) and the thread count, for a report.
-inline std::string machine_description(int threads) {
-    std::string model = "unknown CPU";
-    std::ifstream cpu("/proc/cpuinfo");
-    for (std::string line; std::getline(cpu, line);)
-        if (line.rfind("model name", 0) == 0) {
-            model = line.substr(line.find(':') + 2);
-            break;
-        }
-    return model + ", " + std::to_string(threads) + " threads";
-}
-
-inline std::string printf_str(const char* f, double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, f, v);
-    return buf;
-}
-inline std::string na_or(double v, const char* f) {
-    return std::isfinite(v) ? printf_str(f, v) : "n/a";
-}
-inline std::string bytes_str(double b) {
-    if (!std::isfinite(b)) return "n/a";
-    const double a = std::fabs(b);
-    if (a >= 1073741824.0) return printf_str("%.2f GiB", b / 1073741824.0);
-    if (a >= 1048576.0) return printf_str("%.2f MiB", b / 1048576.0);
-    return printf_str("%.1f KiB", b / 1024.0);
-}
-inline std::string duration_str(double s) {
-    if (!std::isfinite(s) || s < 0) return "--";
-    char buf[32];
-    const long t = std::lround(s);
-    if (s < 60)
-        std::snprintf(buf, sizeof buf, "%.1fs", s);
-    else if (t < 3600)
-        std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-    else
-        std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    return buf;
-}
-
-/// Replaces bytes that are not valid UTF-8 with U+FFFD, so JSON, XML and markdown readers accept
-/// any text (a character model can emit half of a multi-byte character).
-inline std::string utf8(const std::string& s) {
-    std::string out;
-    for (std::size_t i = 0; i < s.size();) {
-        const auto c = static_cast<unsigned char>(s[i]);
-        std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-        bool ok = n > 0 && i + n <= s.size() && !(n == 2 && c < 0xC2) && c < 0xF5;
-        for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
-        if (ok && n > 2) {  // no overlong forms, UTF-16 surrogates, or code points past U+10FFFF
-            const auto c1 = static_cast<unsigned char>(s[i + 1]);
-            ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 > 0x9F) && !(c == 0xF0 && c1 < 0x90) &&
-                 !(c == 0xF4 && c1 > 0x8F);
-        }
-        if (ok)
-            out.append(s, i, n);
-        else
-            out += "\xEF\xBF\xBD";
-        i += ok ? n : 1;
-    }
-    return out;
-}
-inline std::string xml(const std::string& s) {
-    std::string out;
-    for (char c : utf8(s)) {
-        if (c == '&')
-            out += "&amp;";
-        else if (c == '<')
-            out += "&lt;";
-        else if (c == '>')
-            out += "&gt;";
-        else if (c == '"')
-            out += "&quot;";
-        else if (static_cast<unsigned char>(c) < 0x20)
-            out += ' ';  // XML 1.0 forbids most controls
-        else
-            out += c;
-    }
-    return out;
-}
-/// A markdown table cell: one line, '|' escaped.
-inline std::string cell(const std::string& s) {
-    std::string one = utf8(s);
-    for (char& c : one)
-        if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-    return octet::detail::md_cell(one);
-}
-inline std::string jstr(const std::string& s) {
-    return octet::detail::json_string(utf8(s));
-}
-/// The shortest text that reads back as the same double (so that two runs' reports compare bit
-/// for bit); null where JSON has no number.
-inline std::string jnum(double v) {
-    if (!std::isfinite(v)) return "null";
-    char buf[32];
-    const auto r = std::to_chars(buf, buf + sizeof buf, v);
-    return std::string(buf, r.ptr);
-}
-
-// ---- statistics over seeds ---------------------------------------------------------------------
-
-/// Over the finite values: count, mean, sample standard deviation (n-1; 0 for one value), min, max.
-struct stats {
-    int n = 0;
-    double mean = not_measured, std = not_measured, min = not_measured, max = not_measured;
-};
-inline stats stats_of(const std::vector<double>& v) {
-    stats s;
-    double sum = 0;
-    for (double x : v)
-        if (std::isfinite(x)) {
-            sum += x;
-            s.min = s.n ? std::min(s.min, x) : x;
-            s.max = s.n ? std::max(s.max, x) : x;
-            ++s.n;
-        }
-    if (s.n == 0) return s;
-    s.mean = sum / s.n;
-    double ss = 0;
-    for (double x : v)
-        if (std::isfinite(x)) ss += (x - s.mean) * (x - s.mean);
-    s.std = s.n > 1 ? std::sqrt(ss / (s.n - 1)) : 0.0;
-    return s;
-}
-inline double mean_finite(const std::vector<double>& v) {
-    return stats_of(v).mean;
-}
-inline double max_finite(const std::vector<double>& v) {
-    return stats_of(v).max;
-}
-
-/// Per layer, the largest finite value over steps of a [step][layer] series.
-inline std::vector<double> per_layer_max(const std::vector<std::vector<double>>& steps) {
-    std::vector<double> out;
-    for (const auto& row : steps)
-        for (std::size_t l = 0; l < row.size(); ++l) {
-            if (out.size() <= l) out.push_back(not_measured);
-            if (std::isfinite(row[l]) && !(row[l] <= out[l])) out[l] = row[l];
-        }
-    return out;
-}
-inline std::vector<double> layer_series(const std::vector<std::vector<double>>& steps, std::size_t layer) {
-    std::vector<double> out;
-    for (const auto& row : steps) out.push_back(layer < row.size() ? row[layer] : not_measured);
-    return out;
-}
 
 /// The reference recipe's run on the same size, length and seed, or null.
 inline const run_result* reference_of(const run_result& r, const sweep_result& s) {
@@ -329,243 +177,10 @@ inline std::vector<std::pair<std::string, int>> panels_of(const std::vector<grou
     return out;
 }
 
-// ---- curves -------------------------------------------------------------------------------------
-
-/// The plots' smoothing: a centred moving average over about 1/40 of the run.
-inline int smoothing_window(std::size_t n) {
-    return std::max(1, static_cast<int>(n / 40));
-}
-inline std::vector<double> moving_average(const std::vector<double>& v, int window) {
-    std::vector<double> out(v.size());
-    const long half = window / 2, n = static_cast<long>(v.size());
-    for (long i = 0; i < n; ++i) {
-        double sum = 0;
-        long k = 0;
-        for (long j = std::max(0L, i - half); j <= std::min(n - 1, i + half); ++j, ++k) sum += v[j];
-        out[i] = sum / k;  // a non-finite value spreads over its window: divergence stays visible
-    }
-    return out;
-}
-/// Means over consecutive windows of `stride` values (the last window may be shorter).
-inline std::vector<double> window_means(const std::vector<double>& v, std::size_t stride) {
-    if (stride <= 1) return v;
-    std::vector<double> out;
-    for (std::size_t i = 0; i < v.size(); i += stride) {
-        const std::size_t e = std::min(v.size(), i + stride);
-        double sum = 0;
-        for (std::size_t j = i; j < e; ++j) sum += v[j];
-        out.push_back(sum / double(e - i));
-    }
-    return out;
-}
 inline std::size_t curve_stride(const run_result& r) {
     std::size_t n = std::max({r.train_loss.size(), r.saturation_rate.size(), r.underflow_rate.size(),
                               r.attention_residual.size(), r.attention_residual_q.size()});
     return std::max<std::size_t>(1, (n + json_curve_points - 1) / json_curve_points);
-}
-/// Per step over the seeds' curves: min, mean and max; NaN (a gap in the plot) where a seed's value
-/// is not finite, so that one diverged seed is not hidden behind the others' mean.
-struct band {
-    std::vector<double> lo, mean, hi;
-};
-inline band band_of(const std::vector<std::vector<double>>& curves) {
-    band b;
-    std::size_t n = 0;
-    for (const auto& c : curves) n = std::max(n, c.size());
-    for (std::size_t i = 0; i < n; ++i) {
-        std::vector<double> at;
-        bool finite = true;
-        for (const auto& c : curves)
-            if (i < c.size()) at.push_back(c[i]), finite = finite && std::isfinite(c[i]);
-        const stats s = finite ? stats_of(at) : stats{};
-        b.lo.push_back(s.min), b.mean.push_back(s.mean), b.hi.push_back(s.max);
-    }
-    return b;
-}
-
-// ---- SVG ----------------------------------------------------------------------------------------
-
-inline const char* colour(std::size_t i) {
-    static const char* p[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                              "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-    return p[i % 10];
-}
-inline const char* dash(std::size_t i) {
-    static const char* p[] = {"none", "6,3", "2,2", "8,3,2,3"};
-    return p[i % 4];
-}
-
-/// A plot area: data ranges mapped to SVG pixels, linear or logarithmic in y.
-struct panel {
-    double x = 0, y = 0, w = 0, h = 0;
-    double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
-    bool log_y = false;
-    double y_unit = 1;  ///< linear ticks fall on round multiples of this (e.g. 1 MiB on a bytes axis)
-    int id = 0;
-    double px(double v) const { return x + (v - x0) / (x1 - x0) * w; }
-    double py(double v) const {
-        const double t =
-            log_y ? (std::log10(v) - std::log10(y0)) / (std::log10(y1) - std::log10(y0)) : (v - y0) / (y1 - y0);
-        return y + h - t * h;
-    }
-    bool drawable(double v) const { return std::isfinite(v) && (!log_y || v > 0); }
-    /// Fits the y range to the finite (and, in log, positive) values, padded; log when they span
-    /// more than `log_ratio` (0: never, negative: always).
-    void fit_y(const std::vector<double>& v, double log_ratio) {
-        double lo = INFINITY, hi = -INFINITY, lo_pos = INFINITY;
-        for (double a : v)
-            if (std::isfinite(a))
-                lo = std::min(lo, a), hi = std::max(hi, a), lo_pos = a > 0 ? std::min(lo_pos, a) : lo_pos;
-        log_y = log_ratio < 0 || (log_ratio > 0 && std::isfinite(lo_pos) && lo > 0 && hi / lo > log_ratio);
-        if (log_y) {
-            if (!std::isfinite(lo_pos)) lo_pos = 1e-8, hi = 1;  // nothing positive: an empty log panel
-            y0 = lo_pos / 1.3, y1 = std::max(hi, lo_pos * 10) * 1.3;
-        } else {
-            if (!std::isfinite(lo)) lo = 0, hi = 1;
-            const double pad = hi > lo ? 0.05 * (hi - lo) : std::max(1e-12, 0.05 * std::fabs(hi));
-            y0 = lo - pad, y1 = hi + pad;
-        }
-    }
-};
-inline std::string num(double v) {
-    return printf_str("%.1f", v);
-}
-
-inline std::vector<double> linear_ticks(double lo, double hi) {
-    if (!(hi > lo) || !std::isfinite(hi - lo)) return {};
-    const double raw = (hi - lo) / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
-    double step = mag;
-    for (double m : {1.0, 2.0, 5.0, 10.0})
-        if (m * mag >= raw) {
-            step = m * mag;
-            break;
-        }
-    std::vector<double> t;
-    for (double v = std::ceil(lo / step) * step; v <= hi + 1e-9 * step && t.size() < 50; v += step)
-        t.push_back(std::fabs(v) < 1e-12 * step ? 0.0 : v);
-    return t;
-}
-inline std::vector<double> log_ticks(double lo, double hi) {
-    const int k0 = static_cast<int>(std::floor(std::log10(lo))), k1 = static_cast<int>(std::ceil(std::log10(hi)));
-    for (const std::vector<double>& ms : {std::vector<double>{1}, {1, 2, 5}, {1, 2, 3, 4, 5, 6, 7, 8, 9}}) {
-        std::vector<double> t;
-        const int every = ms.size() == 1 ? std::max(1, (k1 - k0) / 8) : 1;
-        for (int k = k0; k <= k1; ++k)
-            for (double m : ms)
-                if (m * std::pow(10.0, k) >= lo && m * std::pow(10.0, k) <= hi && (k - k0) % every == 0)
-                    t.push_back(m * std::pow(10.0, k));
-        if (t.size() >= 3) return t;
-    }
-    return linear_ticks(lo, hi);  // less than a decade: plain ticks, placed logarithmically
-}
-
-/// Frame, ticks, labels, title, and a clip path for the panel's series.
-inline void axes(std::ostream& o, const panel& p, const std::string& title, const std::string& xlabel,
-                 const std::string& ylabel, std::string (*ylab)(double)) {
-    o << "<clipPath id=\"clip" << p.id << "\"><rect x=\"" << num(p.x) << "\" y=\"" << num(p.y) << "\" width=\""
-      << num(p.w) << "\" height=\"" << num(p.h) << "\"/></clipPath>\n"
-      << "<rect x=\"" << num(p.x) << "\" y=\"" << num(p.y) << "\" width=\"" << num(p.w) << "\" height=\"" << num(p.h)
-      << "\" fill=\"none\" stroke=\"#444\"/>\n"
-      << "<text x=\"" << num(p.x + p.w / 2) << "\" y=\"" << num(p.y - 8)
-      << "\" text-anchor=\"middle\" font-weight=\"bold\">" << xml(title) << "</text>\n";
-    if (!xlabel.empty()) {
-        for (double t : linear_ticks(p.x0, p.x1))
-            o << "<line x1=\"" << num(p.px(t)) << "\" y1=\"" << num(p.y + p.h) << "\" x2=\"" << num(p.px(t))
-              << "\" y2=\"" << num(p.y + p.h + 4) << "\" stroke=\"#444\"/><text x=\"" << num(p.px(t)) << "\" y=\""
-              << num(p.y + p.h + 16) << "\" text-anchor=\"middle\">" << printf_str("%g", t) << "</text>\n";
-        o << "<text x=\"" << num(p.x + p.w / 2) << "\" y=\"" << num(p.y + p.h + 32) << "\" text-anchor=\"middle\">"
-          << xml(xlabel) << "</text>\n";
-    }
-    std::vector<double> yt = p.log_y ? log_ticks(p.y0, p.y1) : linear_ticks(p.y0 / p.y_unit, p.y1 / p.y_unit);
-    if (!p.log_y)
-        for (double& t : yt) t *= p.y_unit;
-    for (double t : yt)
-        o << "<line x1=\"" << num(p.x - 4) << "\" y1=\"" << num(p.py(t)) << "\" x2=\"" << num(p.x + p.w) << "\" y2=\""
-          << num(p.py(t)) << "\" stroke=\"#ddd\"/><text x=\"" << num(p.x - 6) << "\" y=\"" << num(p.py(t) + 4)
-          << "\" text-anchor=\"end\">" << xml(ylab(t)) << "</text>\n";
-    o << "<text transform=\"translate(" << num(p.x - 64) << "," << num(p.y + p.h / 2)
-      << ") rotate(-90)\" text-anchor=\"middle\">" << xml(ylabel) << (p.log_y ? " (log)" : "") << "</text>\n";
-}
-/// Path data through the drawable points, broken where a value is not drawable.
-inline std::string path_d(const panel& p, const std::vector<double>& xs, const std::vector<double>& ys) {
-    std::string d;
-    bool pen = false;
-    for (std::size_t i = 0; i < xs.size() && i < ys.size(); ++i) {
-        if (!p.drawable(ys[i])) {
-            pen = false;
-            continue;
-        }
-        d += (pen ? "L" : "M") + num(p.px(xs[i])) + " " + num(p.py(ys[i])) + " ";
-        pen = true;
-    }
-    return d;
-}
-/// Filled band between lo and hi, one polygon per stretch where both are drawable.
-inline std::string band_d(const panel& p, const std::vector<double>& xs, const std::vector<double>& lo,
-                          const std::vector<double>& hi) {
-    std::string d;
-    for (std::size_t i = 0; i < xs.size();) {
-        std::size_t e = i;
-        while (e < xs.size() && p.drawable(lo[e]) && p.drawable(hi[e])) ++e;
-        if (e > i + 1) {
-            for (std::size_t k = i; k < e; ++k)
-                d += (k == i ? "M" : "L") + num(p.px(xs[k])) + " " + num(p.py(hi[k])) + " ";
-            for (std::size_t k = e; k-- > i;) d += "L" + num(p.px(xs[k])) + " " + num(p.py(lo[k])) + " ";
-            d += "Z ";
-        }
-        i = e + 1;
-    }
-    return d;
-}
-/// Indices of at most `points` evenly spaced entries (first and last kept).
-inline std::vector<std::size_t> thin(std::size_t n, std::size_t points) {
-    std::vector<std::size_t> out;
-    if (n <= points) {
-        for (std::size_t i = 0; i < n; ++i) out.push_back(i);
-    } else {
-        for (std::size_t k = 0; k < points; ++k) out.push_back((k * (n - 1) + (points - 1) / 2) / (points - 1));
-    }
-    return out;
-}
-inline std::vector<double> pick(const std::vector<double>& v, const std::vector<std::size_t>& idx) {
-    std::vector<double> out;
-    for (std::size_t i : idx) out.push_back(i < v.size() ? v[i] : not_measured);
-    return out;
-}
-inline std::vector<double> as_steps(const std::vector<std::size_t>& idx) {
-    return std::vector<double>(idx.begin(), idx.end());
-}
-
-inline std::string svg_open(double w, double h) {
-    return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(w) +
-           "\" height=\"" + num(h) + "\" viewBox=\"0 0 " + num(w) + " " + num(h) +
-           "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-}
-/// A legend row of coloured swatches from (x, y), wrapping at `width`.
-inline double legend(std::ostream& o, double x, double y, double width, const std::vector<std::string>& names,
-                     const std::vector<std::string>& colours) {
-    double cx = x;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-        const double w = 32 + 7 * static_cast<double>(utf8(names[i]).size());
-        if (cx + w > x + width && cx > x) cx = x, y += 16;
-        o << "<rect x=\"" << num(cx) << "\" y=\"" << num(y - 9) << "\" width=\"16\" height=\"10\" fill=\"" << colours[i]
-          << "\"/><text x=\"" << num(cx + 20) << "\" y=\"" << num(y) << "\">" << xml(names[i]) << "</text>\n";
-        cx += w;
-    }
-    return y + 16;
-}
-inline std::string plain_tick(double v) {
-    return printf_str("%g", v);
-}
-inline std::string bytes_tick(double v) {
-    const double a = std::fabs(v);
-    return a == 0              ? "0"
-           : a >= 1073741824.0 ? printf_str("%g GiB", v / 1073741824.0)
-           : a >= 1048576.0    ? printf_str("%g MiB", v / 1048576.0)
-                               : printf_str("%g KiB", v / 1024.0);
-}
-inline std::string sci_tick(double v) {
-    return printf_str("%.0e", v);
 }
 
 // ---- the three plots ------------------------------------------------------------------------------
@@ -970,14 +585,6 @@ inline std::string json(const sweep_result& s) {
 
 // ---- report.md ----------------------------------------------------------------------------------
 
-inline std::string code_block(const std::string& text) {
-    std::string clean;
-    for (char c : utf8(text)) clean += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? '?' : c;
-    std::size_t run = 0, longest = 0;
-    for (char c : clean) run = c == '`' ? run + 1 : 0, longest = std::max(longest, run);
-    const std::string fence(std::max<std::size_t>(3, longest + 1), '`');  // longer than any backtick run inside
-    return fence + "text\n" + clean + "\n" + fence + "\n";
-}
 inline std::string layers_str(const std::vector<double>& v) {
     std::string out;
     for (std::size_t l = 0; l < v.size(); ++l)
@@ -1113,14 +720,6 @@ inline std::string markdown(const sweep_result& s) {
     return o.str();
 }
 
-inline void write_file(const std::filesystem::path& path, const std::string& text) {
-    std::ofstream f(path, std::ios::binary);
-    f << text;
-    f.close();
-    OCTET_REQUIRE(f.good(), "train::write_report", "folder",
-                  "could not be written (" + path.string() + "); pass a writable folder");
-}
-
 }  // namespace report_detail
 
 /// Writes report.md, report.json, loss_curves.svg, memory.svg and telemetry.svg into `folder`
@@ -1138,65 +737,5 @@ inline void write_report(const sweep_result& s, const std::string& folder) {
     write_file(fs::path(folder) / "memory.svg", memory_svg(s));
     write_file(fs::path(folder) / "telemetry.svg", telemetry_svg(s));
 }
-
-/// A one-line progress bar with elapsed time and an ETA from the measured rate. On a terminal it
-/// redraws in place (at most 10 times a second); elsewhere (CI logs), or with plain = true, it
-/// prints a plain line at most every `plain_every_seconds`, and always at the start and at
-/// finish(). (plain: under mpirun, whose launcher gives each rank a pseudo-terminal even when its
-/// own output goes to a file, where in-place redraws would add ten lines a second.)
-class progress {
-public:
-    progress(double total_units, std::FILE* out, bool plain = false, double plain_every_seconds = 5.0)
-        : total_(total_units), out_(out), tty_(out && !plain && OCTET_TRAIN_ISATTY(out)), every_(plain_every_seconds) {
-        OCTET_REQUIRE(std::isfinite(total_units) && total_units > 0, "train::progress", "total_units",
-                      "must be a finite positive amount of work; pass e.g. the total steps of the sweep");
-    }
-    void advance(double units, const std::string& label) {
-        done_ = std::min(total_, done_ + std::max(0.0, units));
-        label_ = label;
-        const double now = seconds();
-        if (drawn_ && now - last_ < (tty_ ? 0.1 : every_)) return;
-        draw(now, false);
-    }
-    void finish() {
-        if (!finished_) draw(seconds(), true);
-        finished_ = true;
-    }
-    ~progress() { finish(); }
-    double elapsed() const { return seconds(); }
-
-private:
-    double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
-    void draw(double now, bool final) {
-        if (!out_) return;
-        const double f = done_ / total_;
-        const int width = 30, fill = static_cast<int>(f * width);
-        const double eta = done_ > 0 ? now * (total_ - done_) / done_ : not_measured;
-        std::string line = "[" + std::string(std::size_t(fill), '#') + std::string(std::size_t(width - fill), '.') +
-                           "] " + report_detail::printf_str("%5.1f%%", 100 * f) + "  elapsed " +
-                           report_detail::duration_str(now) + "  ETA " +
-                           (final ? std::string("0.0s") : report_detail::duration_str(eta)) + "  " + label_;
-        if (tty_) {
-            if (line.size() > 110) line.resize(110);  // a line wider than the terminal would wrap and break the redraw
-            const std::size_t len = line.size();
-            if (line.size() < width_) line += std::string(width_ - line.size(), ' ');  // clear the longer line before
-            width_ = len;
-            std::fprintf(out_, "\r%s%s", line.c_str(), final ? "\n" : "");
-        } else {
-            std::fprintf(out_, "%s\n", line.c_str());
-        }
-        std::fflush(out_);
-        drawn_ = true, last_ = now;
-    }
-
-    double total_, done_ = 0;
-    std::FILE* out_;
-    bool tty_;
-    double every_, last_ = 0;
-    bool drawn_ = false, finished_ = false;
-    std::size_t width_ = 0;
-    std::string label_;
-    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
 
 }  // namespace train

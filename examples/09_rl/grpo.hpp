@@ -1,5 +1,5 @@
 // examples/09_rl/grpo.hpp: one GRPO run of the RL program. Rollouts come from a copy of the
-// policy (rollout.hpp: float32, or FP8 with an E4M3 KV cache); the trainer (train::transformer,
+// policy (rollout.hpp: float32, or FP8 with an E4M3 KV cache); the trainer (common::transformer,
 // float32 by default, or its linears in bf16 or an FP8 recipe) scores them, and the update uses octet's RL pieces:
 // group advantages, the clipped surrogate and its per-token gradient, threshold crossings, calibrated clipping; AdamW
 // through octet::adamw_optimizer; monitors through octet::check_registry and octet::recovery_policy.
@@ -27,8 +27,8 @@
 // replay does not repeat it): a bad update that the next step's rollouts show.
 #pragma once
 
-#include "../08_training/corpus.hpp"
-#include "../08_training/model.hpp"
+#include "common/corpus.hpp"
+#include "common/model.hpp"
 #include "records.hpp"
 #include "rollout.hpp"
 
@@ -53,7 +53,7 @@ namespace rl {
 /// case), a lipogram. Reward: minus the number of e's; solved: none.
 class lipogram_task {
 public:
-    explicit lipogram_task(const train::corpus& c) {
+    explicit lipogram_task(const common::corpus& c) {
         for (std::size_t i = 0; i < c.alphabet.size(); ++i)
             if (c.alphabet[i] == 'e' || c.alphabet[i] == 'E') banned_.push_back(static_cast<std::int32_t>(i));
         OCTET_REQUIRE(!banned_.empty(), "rl::lipogram_task", "corpus", "has no letter e; pass an English corpus");
@@ -83,9 +83,9 @@ struct grpo_config {
     float clip_eps_low = 0.2f, clip_eps_high = 0.28f;
     float tis_cap = 2.0f;
     float grad_clip = 1.0f;
-    train::linear_mode rollout_linear = train::linear_mode::blockwise;
-    train::linear_mode trainer_linear = train::linear_mode::float32;  ///< the trainer's linears
-    int calibration_refresh = 8;                                      ///< steps between references (per epoch index)
+    common::linear_mode rollout_linear = common::linear_mode::blockwise;
+    common::linear_mode trainer_linear = common::linear_mode::float32;  ///< the trainer's linears
+    int calibration_refresh = 8;                                        ///< steps between references (per epoch index)
     double calibration_smoothing = 0.5;
     double entropy_surge = 1.25;  ///< trip when the rollout entropy exceeds this times the recent mean,
                                   ///< or falls below the mean divided by it (a collapse)
@@ -123,7 +123,7 @@ class grpo_run {
 public:
     using optimizer = octet::adamw_optimizer<octet::state_codec::fp32, octet::state_codec::fp32, octet::master::fp32>;
 
-    grpo_run(const grpo_config& cfg, const train::model_config& mc, const train::corpus& data,
+    grpo_run(const grpo_config& cfg, const common::model_config& mc, const common::corpus& data,
              octet::span<const float> init)
         : cfg_(checked(cfg, mc)),
           mc_(mc),
@@ -140,7 +140,7 @@ public:
                                  cfg.rollout_linear},
                   static_cast<int>(n_), ex_),
           opt_(init.size(), hyper(cfg)) {
-        OCTET_REQUIRE(init.size() == train::transformer::parameter_count(mc), "rl::grpo_run", "init",
+        OCTET_REQUIRE(init.size() == common::transformer::parameter_count(mc), "rl::grpo_run", "init",
                       "must hold parameter_count(config) floats");
         opt_.state.set_params(init);
         for (int e = 0; e < cfg.epochs; ++e)
@@ -345,8 +345,8 @@ private:
     static double seconds_since(clock::time_point t0) {
         return std::chrono::duration<double>(clock::now() - t0).count();
     }
-    static train::recipe_config trainer_recipe(const grpo_config& c) {
-        train::recipe_config r;
+    static common::recipe_config trainer_recipe(const grpo_config& c) {
+        common::recipe_config r;
         r.name = "trainer";
         r.linear = c.trainer_linear;
         return r;
@@ -357,7 +357,7 @@ private:
         h.seed = 7000u + static_cast<std::uint64_t>(c.seed);
         return h;
     }
-    static const grpo_config& checked(const grpo_config& c, const train::model_config& mc) {
+    static const grpo_config& checked(const grpo_config& c, const common::model_config& mc) {
         constexpr const char* fn = "rl::grpo_run";
         OCTET_REQUIRE(is_variant(c.variant), fn, "cfg.variant",
                       "'" + c.variant + "' is not float_rollout, fp8_nominal, fp8_calibrated or fp8_tis");
@@ -400,8 +400,8 @@ private:
         const int B = cfg_.prompts, G = cfg_.group;
         const std::size_t L = static_cast<std::size_t>(P_ + C_);
         std::vector<std::int32_t> prompts(static_cast<std::size_t>(B) * P_);
-        train::sample_batch(data_.train, P_ - 1, B, 9000u + static_cast<std::uint64_t>(cfg_.seed), step, 0,
-                            prompts.data());
+        common::sample_batch(data_.train, P_ - 1, B, 9000u + static_cast<std::uint64_t>(cfg_.seed), step, 0,
+                             prompts.data());
         rollout_weights_.assign(opt_.state.params.begin(), opt_.state.params.end());
         const auto t0 = clock::now();
         engine_.generate(params(), prompts.data(), B, P_, G, C_, 5000u + static_cast<std::uint64_t>(cfg_.seed),
@@ -457,8 +457,8 @@ private:
         rec.lr = lr;
         for (int e = 0; e < cfg_.epochs; ++e) {
             const auto tf = clock::now();
-            train::step_telemetry t = trainer_.score(params(), seqs_.data(), static_cast<int>(n_),
-                                                     octet::span<float>(logp_full_), octet::span<float>(ent_full_));
+            common::step_telemetry t = trainer_.score(params(), seqs_.data(), static_cast<int>(n_),
+                                                      octet::span<float>(logp_full_), octet::span<float>(ent_full_));
             const double forward_seconds = seconds_since(tf);
             double ent = 0;
             for (std::size_t s = 0; s < n_; ++s)
@@ -554,15 +554,15 @@ private:
     }
 
     grpo_config cfg_;
-    train::model_config mc_;
-    const train::corpus& data_;
+    common::model_config mc_;
+    const common::corpus& data_;
     lipogram_task task_;
     octet::host_executor ex_;
     std::size_t n_;
     int P_, C_;
     std::size_t T_;
-    train::memory_meter meter_;
-    train::transformer trainer_;
+    common::memory_meter meter_;
+    common::transformer trainer_;
     rollout_engine engine_;
     optimizer opt_;
     std::vector<octet::calibrated_clipping> cal_;

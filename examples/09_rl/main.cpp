@@ -1,8 +1,8 @@
-// examples/09_rl: FP8 reinforcement learning end to end. The small transformer of the training
-// program (examples/08_training) is pretrained on the shipped corpus, then trained by GRPO on a
-// task with a checkable reward (a lipogram: continue a prompt without the letter e), with
-// rollouts from a low-precision copy of the policy, as full-pipeline FP8 RL does. Variants, side
-// by side, several seeds each (grpo.hpp):
+// examples/09_rl: FP8 reinforcement learning end to end. The small transformer the training
+// program (examples/08_training) trains, the examples' shared model (examples/common/model.hpp),
+// is pretrained on the shipped corpus, then trained by GRPO on a task with a checkable reward (a
+// lipogram: continue a prompt without the letter e), with rollouts from a low-precision copy of
+// the policy, as full-pipeline FP8 RL does. Variants, side by side, several seeds each (grpo.hpp):
 //   float_rollout   rollouts from a float32 copy: the mismatch-free baseline
 //   fp8_nominal     FP8 rollouts (FP8 linears, E4M3 Q/K/V and KV cache), nominal clip bounds
 //   fp8_calibrated  FP8 rollouts, clip bounds from octet::calibrated_clipping
@@ -16,10 +16,11 @@
 // Run:  example_09_rl                       (the default: a few minutes on 2 cores)
 //       example_09_rl --help
 // Exit status: 0 on a completed comparison; 1 on an error; 2 on bad flags.
-#include "../08_training/corpus.hpp"
-#include "../08_training/model.hpp"
-#include "../08_training/model_file.hpp"
-#include "../08_training/report.hpp"
+#include "common/corpus.hpp"
+#include "common/model.hpp"
+#include "common/model_file.hpp"
+#include "common/progress.hpp"
+#include "common/report_text.hpp"
 #include "grpo.hpp"
 #include "records.hpp"
 #include "report.hpp"
@@ -98,23 +99,23 @@ float to_float(const std::string& flag, const std::string& v) {
 }
 
 /// The linear recipes by the training program's recipe names.
-const std::pair<const char*, train::linear_mode> linear_names[] = {
-    {"fp32", train::linear_mode::float32},
-    {"bf16", train::linear_mode::bf16},
-    {"fp8_delayed", train::linear_mode::tensorwise_delayed},
-    {"fp8_tensorwise", train::linear_mode::tensorwise},
-    {"fp8_blockwise", train::linear_mode::blockwise},
-    {"mxfp8", train::linear_mode::mxfp8},
-    {"nvfp4", train::linear_mode::nvfp4}};
+const std::pair<const char*, common::linear_mode> linear_names[] = {
+    {"fp32", common::linear_mode::float32},
+    {"bf16", common::linear_mode::bf16},
+    {"fp8_delayed", common::linear_mode::tensorwise_delayed},
+    {"fp8_tensorwise", common::linear_mode::tensorwise},
+    {"fp8_blockwise", common::linear_mode::blockwise},
+    {"mxfp8", common::linear_mode::mxfp8},
+    {"nvfp4", common::linear_mode::nvfp4}};
 bool linear_named(const std::string& name) {
     for (const auto& [n, m] : linear_names)
         if (name == n) return true;
     return false;
 }
-train::linear_mode linear_of(const std::string& name) {
+common::linear_mode linear_of(const std::string& name) {
     for (const auto& [n, m] : linear_names)
         if (name == n) return m;
-    return train::linear_mode::float32;
+    return common::linear_mode::float32;
 }
 
 flags parse(int argc, char** argv) {
@@ -128,13 +129,13 @@ flags parse(int argc, char** argv) {
         if (a == "--help" || a == "-h") {
             f.help = true;
         } else if (a == "--variants") {
-            f.variants = train::split(need(i));
+            f.variants = common::split(need(i));
             for (const auto& v : f.variants)
                 if (!is_variant(v)) throw std::invalid_argument("--variants: unknown variant '" + v + "'");
             if (f.variants.empty()) throw std::invalid_argument("--variants: name at least one");
         } else if (a == "--seeds") {
             f.seeds.clear();
-            for (const auto& s : train::split(need(i))) f.seeds.push_back(to_int(a, s));
+            for (const auto& s : common::split(need(i))) f.seeds.push_back(to_int(a, s));
             if (f.seeds.empty()) throw std::invalid_argument("--seeds: name at least one");
         } else if (a == "--steps") {
             f.steps = to_int(a, need(i));
@@ -195,9 +196,9 @@ flags parse(int argc, char** argv) {
     return f;
 }
 
-/// The policy: examples/08_training's "tiny" size.
-train::model_config policy_config(int vocab) {
-    train::model_config m = train::size_config("tiny");
+/// The policy: the shared model's "tiny" size (examples/common/config.hpp).
+common::model_config policy_config(int vocab) {
+    common::model_config m = common::size_config("tiny");
     m.vocab = vocab;
     return m;
 }
@@ -210,25 +211,25 @@ struct pretrained {
     std::string source;
 };
 
-double heldout_loss(train::transformer& m, const train::corpus& data, octet::span<const float> p, int seq_len) {
+double heldout_loss(common::transformer& m, const common::corpus& data, octet::span<const float> p, int seq_len) {
     const int batch = 16;
     std::vector<std::int32_t> toks(static_cast<std::size_t>(batch) * (seq_len + 1));
-    train::sample_batch(data.heldout, seq_len, batch, 77, 0, 0, toks.data());
+    common::sample_batch(data.heldout, seq_len, batch, 77, 0, 0, toks.data());
     return m.evaluate(p, toks.data(), batch);
 }
 
 /// Float32 next-character training of the policy (AdamW, warmup and cosine decay).
-pretrained pretrain(const train::model_config& mc, const train::corpus& data, int steps, octet::host_executor ex,
+pretrained pretrain(const common::model_config& mc, const common::corpus& data, int steps, octet::host_executor ex,
                     const std::function<void(int)>& advanced) {
     pretrained out;
     const auto t0 = clock_type::now();
-    train::memory_meter meter;
-    train::recipe_config r;
+    common::memory_meter meter;
+    common::recipe_config r;
     r.name = "fp32";
     const int batch = 16;
-    train::transformer m(mc, r, meter, ex, batch, 0);
-    out.params.resize(train::transformer::parameter_count(mc));
-    train::transformer::init_parameters(mc, 0, octet::span<float>(out.params));
+    common::transformer m(mc, r, meter, ex, batch, 0);
+    out.params.resize(common::transformer::parameter_count(mc));
+    common::transformer::init_parameters(mc, 0, octet::span<float>(out.params));
     octet::adamw_hyper h;
     h.weight_decay = 0.01f;
     octet::adamw_optimizer<octet::state_codec::fp32> opt(out.params.size(), h);
@@ -236,7 +237,7 @@ pretrained pretrain(const train::model_config& mc, const train::corpus& data, in
     std::vector<float> grads(out.params.size());
     std::vector<std::int32_t> toks(static_cast<std::size_t>(batch) * (mc.seq_len + 1));
     for (int s = 0; s < steps; ++s) {
-        train::sample_batch(data.train, mc.seq_len, batch, 31, s, 0, toks.data());
+        common::sample_batch(data.train, mc.seq_len, batch, 31, s, 0, toks.data());
         m.forward_backward(octet::span<const float>(opt.state.params), toks.data(), batch, octet::span<float>(grads));
         double g2 = 0;
         for (float g : grads) g2 += static_cast<double>(g) * g;
@@ -371,37 +372,37 @@ int program(int argc, char** argv) {
     const auto t_all = clock_type::now();
     const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const octet::host_executor ex = octet::on_host(threads);
-    const train::corpus data = train::load_corpus(f.corpus);
-    const train::model_config mc = policy_config(static_cast<int>(data.alphabet.size()));
+    const common::corpus data = common::load_corpus(f.corpus);
+    const common::model_config mc = policy_config(static_cast<int>(data.alphabet.size()));
     if (f.completion >= mc.seq_len) throw std::invalid_argument("--completion must be below seq_len = 64");
     std::filesystem::create_directories(f.out);
 
     sweep_result sweep;
     for (int i = 0; i < argc; ++i) sweep.command += (i ? " " : "") + std::string(argv[i]);
-    sweep.machine = train::report_detail::machine_description(threads);
+    sweep.machine = common::report_kit::machine_description(threads);
     sweep.task = lipogram_task::description(f.completion);
     sweep.prompt_chars = mc.seq_len + 1 - f.completion, sweep.completion_chars = f.completion;
     sweep.prompts_per_step = f.prompts, sweep.group_size = f.group, sweep.epochs = f.epochs, sweep.steps = f.steps;
     sweep.clip_eps_low = f.clip_eps, sweep.clip_eps_high = f.clip_eps_high;
     sweep.rollout_recipe = f.rollout_linear + " linears, E4M3 Q/K/V and KV cache (per token and head)";
     sweep.trainer_recipe = f.trainer_linear + " linears, float32 attention and the rest";
-    sweep.parameters = static_cast<double>(train::transformer::parameter_count(mc));
+    sweep.parameters = static_cast<double>(common::transformer::parameter_count(mc));
 
     const double pre_units = f.init.empty() ? 0.25 * f.pretrain_steps : 0.0;
     const double per_run = f.steps;
-    train::progress bar(pre_units + per_run * static_cast<double>(f.variants.size() * f.seeds.size()) + 1e-9, stderr);
+    common::progress bar(pre_units + per_run * static_cast<double>(f.variants.size() * f.seeds.size()) + 1e-9, stderr);
     pretrained init;
     if (f.init.empty()) {
         init = pretrain(mc, data, f.pretrain_steps, ex, [&](int s) {
             bar.advance(0.25, "pretraining: step " + std::to_string(s + 1) + "/" + std::to_string(f.pretrain_steps));
         });
-        train::write_model_file(f.out + "/policy_init.bin", mc, init.params);
+        common::write_model_file(f.out + "/policy_init.bin", mc, init.params);
     } else {
-        init.params = train::read_model_file(f.init, mc);
+        init.params = common::read_model_file(f.init, mc);
         init.source = "read from " + f.init;
-        train::memory_meter meter;
-        train::recipe_config r;
-        train::transformer m(mc, r, meter, ex, 16, 0);
+        common::memory_meter meter;
+        common::recipe_config r;
+        common::transformer m(mc, r, meter, ex, 16, 0);
         init.heldout_loss = heldout_loss(m, data, octet::span<const float>(init.params), mc.seq_len);
     }
     std::printf("starting policy: %s (held-out loss %.4f nats/char)\n", init.source.c_str(), init.heldout_loss);

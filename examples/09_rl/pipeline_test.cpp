@@ -4,7 +4,7 @@
 // a run resumed from its saved state against the uninterrupted run, bit for bit.
 #include <doctest/doctest.h>
 
-#include "../08_training/model_file.hpp"
+#include "common/model_file.hpp"
 #include "grpo.hpp"
 
 #include <algorithm>
@@ -21,13 +21,13 @@
 
 namespace {
 
-const train::corpus& corpus() {
-    static const train::corpus c = train::load_corpus(OCTET_TRAINING_CORPUS);
+const common::corpus& corpus() {
+    static const common::corpus c = common::load_corpus(OCTET_TRAINING_CORPUS);
     return c;
 }
 
-train::model_config config() {
-    train::model_config m;
+common::model_config config() {
+    common::model_config m;
     m.vocab = static_cast<int>(corpus().alphabet.size());
     m.d_model = 64, m.layers = 2, m.heads_q = 2, m.heads_kv = 1, m.head_dim = 32, m.d_ff = 128, m.seq_len = 32;
     return m;
@@ -37,16 +37,16 @@ train::model_config config() {
 const std::vector<float>& policy() {
     static const std::vector<float> p = [] {
         const auto mc = config();
-        train::memory_meter meter;
-        train::recipe_config r;
-        train::transformer m(mc, r, meter, octet::on_host(2), 8, 0);
-        std::vector<float> w(train::transformer::parameter_count(mc)), g(w.size());
-        train::transformer::init_parameters(mc, 3, octet::span<float>(w));
+        common::memory_meter meter;
+        common::recipe_config r;
+        common::transformer m(mc, r, meter, octet::on_host(2), 8, 0);
+        std::vector<float> w(common::transformer::parameter_count(mc)), g(w.size());
+        common::transformer::init_parameters(mc, 3, octet::span<float>(w));
         octet::adamw_optimizer<octet::state_codec::fp32> opt(w.size());
         opt.state.set_params(octet::span<const float>(w));
         std::vector<std::int32_t> toks(8 * 33);
         for (int s = 0; s < 30; ++s) {
-            train::sample_batch(corpus().train, 32, 8, 5, s, 0, toks.data());
+            common::sample_batch(corpus().train, 32, 8, 5, s, 0, toks.data());
             m.forward_backward(octet::span<const float>(opt.state.params), toks.data(), 8, octet::span<float>(g));
             opt.step(octet::on_host(2), octet::span<const float>(g), 3e-3f);
         }
@@ -56,9 +56,9 @@ const std::vector<float>& policy() {
 }
 
 /// log p(seq[t + 1] | seq[0..t]) for t = 0 .. len - 2, by a float64 forward of the model.
-std::vector<double> logp64(const train::model_config& c, const std::vector<float>& P, const std::int32_t* seq,
+std::vector<double> logp64(const common::model_config& c, const std::vector<float>& P, const std::int32_t* seq,
                            std::size_t len) {
-    const train::parameter_layout lay(c);
+    const common::parameter_layout lay(c);
     const std::size_t d = c.d_model, F = c.d_ff, V = c.vocab, hd = c.head_dim, Hq = c.heads_q, Hk = c.heads_kv;
     const std::size_t A = Hq * hd, W = (Hq + 2 * Hk) * hd, n = len - 1;
     std::vector<double> x(n * d), h(n * d), qkv(n * W), o(n * A), u(n * F);
@@ -142,7 +142,7 @@ TEST_CASE("rollout engine: the float32 copy and the trainer agree with a float64
     const auto& P = policy();
     const int B = 3, G = 2, C = 10, Pl = mc.seq_len + 1 - C;
     std::vector<std::int32_t> prompts(static_cast<std::size_t>(B) * Pl);
-    train::sample_batch(corpus().heldout, Pl - 1, B, 11, 0, 0, prompts.data());
+    common::sample_batch(corpus().heldout, Pl - 1, B, 11, 0, 0, prompts.data());
     const std::size_t n = static_cast<std::size_t>(B) * G, L = static_cast<std::size_t>(Pl + C);
     struct out {
         std::vector<std::int32_t> seq;
@@ -156,10 +156,10 @@ TEST_CASE("rollout engine: the float32 copy and the trainer agree with a float64
         return o;
     };
     const out f32 = generate({});
-    const out f8 = generate({rl::rollout_precision::fp8, train::linear_mode::blockwise});
+    const out f8 = generate({rl::rollout_precision::fp8, common::linear_mode::blockwise});
     // the trainer on the float copy's sequences
-    train::memory_meter meter;
-    train::transformer trainer(mc, train::recipe_config{}, meter, octet::on_host(2), static_cast<int>(n), 0);
+    common::memory_meter meter;
+    common::transformer trainer(mc, common::recipe_config{}, meter, octet::on_host(2), static_cast<int>(n), 0);
     std::vector<float> lp(n * mc.seq_len), en(n * mc.seq_len);
     trainer.score(octet::span<const float>(P), f32.seq.data(), static_cast<int>(n), octet::span<float>(lp),
                   octet::span<float>(en));
@@ -189,16 +189,16 @@ TEST_CASE("rollout engine: the float32 copy and the trainer agree with a float64
 TEST_CASE("the mismatch statistics and the crossing counts equal brute-force recomputations") {
     const auto mc = config();
     // the four variants with the float32 trainer, and fp8_nominal with an FP8 (1x128) trainer
-    const std::pair<const char*, train::linear_mode> cases[] = {{"float_rollout", train::linear_mode::float32},
-                                                                {"fp8_nominal", train::linear_mode::float32},
-                                                                {"fp8_calibrated", train::linear_mode::float32},
-                                                                {"fp8_tis", train::linear_mode::float32},
-                                                                {"fp8_nominal", train::linear_mode::blockwise}};
+    const std::pair<const char*, common::linear_mode> cases[] = {{"float_rollout", common::linear_mode::float32},
+                                                                 {"fp8_nominal", common::linear_mode::float32},
+                                                                 {"fp8_calibrated", common::linear_mode::float32},
+                                                                 {"fp8_tis", common::linear_mode::float32},
+                                                                 {"fp8_nominal", common::linear_mode::blockwise}};
     for (const auto& one : cases) {
         const char* const variant = one.first;
-        const train::linear_mode trainer = one.second;
+        const common::linear_mode trainer = one.second;
         CAPTURE(variant);
-        const bool float_trainer = trainer == train::linear_mode::float32;
+        const bool float_trainer = trainer == common::linear_mode::float32;
         CAPTURE(float_trainer);
         auto cfg = small_run(variant);
         cfg.trainer_linear = trainer;
@@ -361,11 +361,11 @@ TEST_CASE("bad input is refused by name") {
     }
     CHECK_THROWS_WITH_AS(run.load(junk.string()), doctest::Contains("not an RL state file"), octet::error);
     std::filesystem::remove(junk);
-    train::memory_meter meter;
-    train::transformer m(mc, train::recipe_config{}, meter, octet::on_host(1), 2, 0);
+    common::memory_meter meter;
+    common::transformer m(mc, common::recipe_config{}, meter, octet::on_host(1), 2, 0);
     std::vector<std::int32_t> toks(2 * 33, 1);
-    std::vector<float> d(2 * 32), g(train::transformer::parameter_count(mc));
-    train::step_telemetry t;
+    std::vector<float> d(2 * 32), g(common::transformer::parameter_count(mc));
+    common::step_telemetry t;
     CHECK_THROWS_WITH_AS(m.policy_backward(octet::span<const float>(policy()), toks.data(), 2,
                                            octet::span<const float>(d), octet::span<float>(g), t),
                          doctest::Contains("call score first"), octet::error);
@@ -374,13 +374,13 @@ TEST_CASE("bad input is refused by name") {
 TEST_CASE("model files: the weights come back bit for bit; another model's file is refused by its field") {
     const auto mc = config();
     const auto path = (std::filesystem::temp_directory_path() / "octet_rl_model_file.bin").string();
-    train::write_model_file(path, mc, policy());
-    CHECK(train::read_model_file(path, mc) == policy());
-    train::model_config other = mc;
+    common::write_model_file(path, mc, policy());
+    CHECK(common::read_model_file(path, mc) == policy());
+    common::model_config other = mc;
     other.d_model = 128, other.heads_q = 4;
-    CHECK_THROWS_WITH_AS(train::read_model_file(path, other), doctest::Contains("d_model = 64"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(common::read_model_file(path, other), doctest::Contains("d_model = 64"), std::runtime_error);
     std::filesystem::resize_file(path, 100);
-    CHECK_THROWS_WITH_AS(train::read_model_file(path, mc), doctest::Contains("truncated"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(common::read_model_file(path, mc), doctest::Contains("truncated"), std::runtime_error);
     std::filesystem::remove(path);
-    CHECK_THROWS_WITH_AS(train::read_model_file(path, mc), doctest::Contains("cannot read"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(common::read_model_file(path, mc), doctest::Contains("cannot read"), std::runtime_error);
 }

@@ -1,11 +1,12 @@
 // examples/09_rl/report.hpp: the RL program's outputs, written from an rl::sweep_result:
 // report.md (findings first), report.json (schema in report_schema.md, checked by check_report.py)
 // and four SVG plots (reward, entropy, clipping, training-inference mismatch). The generic text,
-// statistics and SVG helpers are the training program's (examples/08_training/report.hpp). Every
-// number written is taken or derived from the sweep_result passed in.
+// statistics and SVG helpers are the examples' report kit (examples/common/report_text.hpp and
+// report_svg.hpp). Every number written is taken or derived from the sweep_result passed in.
 #pragma once
 
-#include "../08_training/report.hpp"
+#include "common/report_svg.hpp"
+#include "common/report_text.hpp"
 #include "records.hpp"
 
 #include <algorithm>
@@ -21,7 +22,7 @@
 namespace rl {
 namespace report_detail {
 
-namespace tr = train::report_detail;
+namespace tr = common::report_kit;
 using tr::axes, tr::band, tr::band_d, tr::band_of, tr::cell, tr::code_block, tr::colour, tr::dash;
 using tr::duration_str, tr::jnum, tr::jstr, tr::legend, tr::mean_finite, tr::moving_average, tr::na_or, tr::num;
 using tr::panel, tr::path_d, tr::pick, tr::plain_tick, tr::printf_str, tr::smoothing_window, tr::stats, tr::stats_of;

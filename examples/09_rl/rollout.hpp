@@ -1,11 +1,11 @@
 // examples/09_rl/rollout.hpp: the inference side of the RL pipeline. Generates completions
 // token by token from a copy of the policy with a KV cache, in float32 or in FP8:
 //
-//   rl::rollout_engine eng(model_cfg, {rl::rollout_precision::fp8, train::linear_mode::blockwise},
+//   rl::rollout_engine eng(model_cfg, {rl::rollout_precision::fp8, common::linear_mode::blockwise},
 //                          max_sequences, octet::on_host(threads));
 //   eng.generate(params, prompts, B, P, G, C, seed, step, sequences, logp, entropy);
 //
-// The forward is the one of train::transformer (model.hpp), recomputed incrementally: one
+// The forward is the one of common::transformer (model.hpp), recomputed incrementally: one
 // position of every sequence per call, its K and V appended to a per-layer cache, attention of
 // that position over the cache. FP8 rollouts run
 //   * the four linears of each block through octet's linear component in the given FP8 recipe
@@ -24,7 +24,7 @@
 // reports for the tokens it sampled.
 #pragma once
 
-#include "../08_training/model.hpp"
+#include "common/model.hpp"
 
 #include <octet/octet.hpp>
 
@@ -41,31 +41,31 @@ enum class rollout_precision { float32, fp8 };
 
 struct rollout_config {
     rollout_precision precision = rollout_precision::float32;
-    train::linear_mode linear = train::linear_mode::blockwise;  ///< fp8: the linears' recipe
+    common::linear_mode linear = common::linear_mode::blockwise;  ///< fp8: the linears' recipe
 };
 
 class rollout_engine {
 public:
-    rollout_engine(const train::model_config& c, rollout_config rc, int max_sequences, octet::host_executor ex)
+    rollout_engine(const common::model_config& c, rollout_config rc, int max_sequences, octet::host_executor ex)
         : cfg_(c), rc_(rc), ex_(ex), lay_(c), n_max_(static_cast<std::size_t>(max_sequences)) {
         constexpr const char* fn = "rl::rollout_engine";
         OCTET_REQUIRE(max_sequences > 0, fn, "max_sequences", "must be positive");
         OCTET_REQUIRE(c.head_dim == 32 || c.head_dim == 64, fn, "config.head_dim", "must be 32 or 64");
         OCTET_REQUIRE(rc.precision == rollout_precision::float32 ||
-                          (rc.linear != train::linear_mode::float32 && rc.linear != train::linear_mode::bf16),
+                          (rc.linear != common::linear_mode::float32 && rc.linear != common::linear_mode::bf16),
                       fn, "rc.linear", "must be an FP8 (or NVFP4) mode when rc.precision is fp8");
         d_ = static_cast<std::size_t>(c.d_model), F_ = static_cast<std::size_t>(c.d_ff);
         V_ = static_cast<std::size_t>(c.vocab), T_ = static_cast<std::size_t>(c.seq_len);
         A_ = lay_.attn_width, W_ = lay_.qkv_out, KW_ = static_cast<std::size_t>(c.heads_kv * c.head_dim);
-        const train::linear_mode mode =
-            rc.precision == rollout_precision::fp8 ? rc.linear : train::linear_mode::float32;
+        const common::linear_mode mode =
+            rc.precision == rollout_precision::fp8 ? rc.linear : common::linear_mode::float32;
         std::uint64_t stream = 0;
         for (int l = 0; l < c.layers; ++l) {
             block b;
-            b.qkv = train::make_linear_layer(meter_, mode, n_max_, c.d_model, static_cast<int>(W_), stream++);
-            b.proj = train::make_linear_layer(meter_, mode, n_max_, static_cast<int>(A_), c.d_model, stream++);
-            b.up = train::make_linear_layer(meter_, mode, n_max_, c.d_model, c.d_ff, stream++);
-            b.down = train::make_linear_layer(meter_, mode, n_max_, c.d_ff, c.d_model, stream++);
+            b.qkv = common::make_linear_layer(meter_, mode, n_max_, c.d_model, static_cast<int>(W_), stream++);
+            b.proj = common::make_linear_layer(meter_, mode, n_max_, static_cast<int>(A_), c.d_model, stream++);
+            b.up = common::make_linear_layer(meter_, mode, n_max_, c.d_model, c.d_ff, stream++);
+            b.down = common::make_linear_layer(meter_, mode, n_max_, c.d_ff, c.d_model, stream++);
             b.k.assign(n_max_ * T_ * KW_, 0.0f);
             b.v.assign(n_max_ * T_ * KW_, 0.0f);
             blocks_.push_back(std::move(b));
@@ -115,7 +115,7 @@ public:
             const std::size_t c = pos + 1 - static_cast<std::size_t>(P);
             for (std::size_t s = 0; s < n; ++s) {
                 const float* z = logits_.data() + s * V_;
-                const train::softmax_row sm = train::softmax_of(z, V_);
+                const common::softmax_row sm = common::softmax_of(z, V_);
                 double u = rng.uniform(static_cast<std::uint64_t>(s * static_cast<std::size_t>(C) + c)) * sm.sum;
                 std::size_t pick = V_ - 1;
                 for (std::size_t v = 0; v < V_; ++v)
@@ -142,7 +142,7 @@ public:
         for (std::size_t s = 0; s < n; ++s)
             for (std::size_t c = 0; c < d_; ++c)
                 x_[s * d_ + c] = E[static_cast<std::size_t>(tokens[s]) * d_ + c] + P[lay_.pos_emb + pos * d_ + c];
-        const train::linear_layer::scratch sc{wt_.data(), yt_.data(), nullptr, nullptr};
+        const common::linear_layer::scratch sc{wt_.data(), yt_.data(), nullptr, nullptr};
         const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
         for (std::size_t l = 0; l < blocks_.size(); ++l) {
             block& b = blocks_[l];
@@ -184,14 +184,14 @@ public:
             for (std::size_t i = 0; i < n * d_; ++i) x_[i] += y_[i];
             rmsnorm(x_.data(), P + pb.norm2, h_.data(), n);
             b.up->forward(ex_, h_.data(), n, P + pb.up, u_.data(), false, false, sc, nullptr);
-            octet::detail::run_kernel<train::detail::gelu_forward_kernel>(octet::detail::best_isa(), u_.data(),
-                                                                          a_.data(), n * F_);
+            octet::detail::run_kernel<common::detail::gelu_forward_kernel>(octet::detail::best_isa(), u_.data(),
+                                                                           a_.data(), n * F_);
             b.down->forward(ex_, a_.data(), n, P + pb.down, y_.data(), false, false, sc, nullptr);
             for (std::size_t i = 0; i < n * d_; ++i) x_[i] += y_[i];
         }
         rmsnorm(x_.data(), P + lay_.norm_f, h_.data(), n);
-        train::transpose(ex_, P + lay_.head, V_, d_, wt_.data());
-        train::gemm(ex_, h_.data(), d_, wt_.data(), V_, logits_.data(), V_, n, V_, d_);
+        common::transpose(ex_, P + lay_.head, V_, d_, wt_.data());
+        common::gemm(ex_, h_.data(), d_, wt_.data(), V_, logits_.data(), V_, n, V_, d_);
     }
 
 private:
@@ -233,7 +233,7 @@ private:
     };
 
     struct block {
-        std::unique_ptr<train::linear_layer> qkv, proj, up, down;
+        std::unique_ptr<common::linear_layer> qkv, proj, up, down;
         std::vector<float> k, v;  // cache: [sequence][position][kv heads * head_dim]
     };
 
@@ -248,12 +248,12 @@ private:
         }
     }
 
-    train::model_config cfg_;
+    common::model_config cfg_;
     rollout_config rc_;
     octet::host_executor ex_;
-    train::parameter_layout lay_;
+    common::parameter_layout lay_;
     std::size_t n_max_, d_ = 0, F_ = 0, V_ = 0, T_ = 0, A_ = 0, W_ = 0, KW_ = 0;
-    train::memory_meter meter_;  // the FP8 layers book their buffers here (the RL report does not use it)
+    common::memory_meter meter_;  // the FP8 layers book their buffers here (the RL report does not use it)
     std::vector<block> blocks_;
     std::vector<float> x_, h_, y_, qkv_, o_, u_, a_, logits_, wt_, yt_, scores_;
     std::unique_ptr<e4m3_rounder> q8_, k8_;

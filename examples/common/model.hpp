@@ -1,8 +1,8 @@
-// examples/08_training/model.hpp: the decoder-only transformer the training program trains, built
-// from octet on the host executor.
+// examples/common/model.hpp: the decoder-only transformer the training program (examples/08_training)
+// trains and the RL program (examples/09_rl) fine-tunes, built from octet on the host executor.
 //
-//   train::transformer model(cfg, recipe, meter, octet::on_host(pool), max_batch, seed);
-//   train::step_telemetry t = model.forward_backward(params, tokens, batch, grads);
+//   common::transformer model(cfg, recipe, meter, octet::on_host(pool), max_batch, seed);
+//   common::step_telemetry t = model.forward_backward(params, tokens, batch, grads);
 //
 // Architecture: token embedding + learned position embedding, `layers` pre-norm blocks
 //   x = x + W_o attn(W_qkv rmsnorm(x))          causal attention, grouped-query heads
@@ -56,9 +56,26 @@ class linear_workspace;  // octet/nn/linear.hpp, when this build has it
 #define TRAIN_HAS_FP8_LINEAR 0
 #endif
 
-#include "train.hpp"
+#include "config.hpp"
+#include "meter.hpp"
 
-namespace train {
+#include <map>
+
+namespace common {
+
+/// What the model reports about one forward + backward (summed over its layers).
+struct step_telemetry {
+    double loss = 0;              ///< mean cross-entropy over the batch's targets, nats
+    std::uint64_t quantized = 0;  ///< elements quantized to a narrow format this step
+    std::uint64_t saturated = 0;  ///< of them, clamped to the format's largest finite value
+    std::uint64_t underflow = 0;  ///< of them, nonzero inputs that became zero
+    std::vector<double>
+        attention_residual;  ///< per layer: attention_stats::residual_rel() (FP8 attention; 0 otherwise)
+    std::vector<double>
+        attention_residual_q;  ///< per layer: the same residual measured on the quantized dS that feeds dQ/dK
+    std::map<std::string, double>
+        op_seconds;  ///< time per operation ("linear", "attention", "norm", "embedding", "loss", ...)
+};
 
 // =================================================================================================
 // float32 GEMM: C (M x N) = A (M x K) B (K x N) [+ C], all row-major with leading dimensions.
@@ -563,7 +580,7 @@ inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_m
 #endif
     (void)seed;
     (void)shared;
-    OCTET_REQUIRE(false, "train::make_linear_layer", "mode", "names no linear mode this build has");
+    OCTET_REQUIRE(false, "common::make_linear_layer", "mode", "names no linear mode this build has");
     return nullptr;
 }
 
@@ -913,7 +930,7 @@ public:
           Nmax_(static_cast<std::size_t>(max_batch) * T_) {
         OCTET_REQUIRE(
             recipe.linear == linear_mode::float32 || recipe.linear == linear_mode::bf16 || TRAIN_HAS_FP8_LINEAR,
-            "train::transformer", "recipe.linear",
+            "common::transformer", "recipe.linear",
             "is an FP8 mode but octet/nn/linear.hpp is not available in this build");
         const bool first = buf_->sized_for.empty();
         allocate(first);
@@ -968,7 +985,7 @@ public:
     /// come from octet's philox stream (one stream per tensor), so they are the same everywhere.
     static void init_parameters(const model_config& c, std::uint64_t seed, octet::span<float> params) {
         const parameter_layout lay(c);
-        OCTET_REQUIRE(params.size() == lay.total, "train::transformer::init_parameters", "params",
+        OCTET_REQUIRE(params.size() == lay.total, "common::transformer::init_parameters", "params",
                       octet::detail::message("has ", params.size(), " floats but the model has ", lay.total,
                                              "; size it with parameter_count(config)"));
         std::uint64_t stream = 0;
@@ -1005,7 +1022,7 @@ public:
     /// cross-entropy (overwritten).
     step_telemetry forward_backward(octet::span<const float> params, const std::int32_t* tokens, int batch,
                                     octet::span<float> grads) {
-        constexpr const char* fn = "train::transformer::forward_backward";
+        constexpr const char* fn = "common::transformer::forward_backward";
         check_call(fn, params, tokens, batch);
         OCTET_REQUIRE(grads.size() == lay_.total, fn, "grads",
                       octet::detail::message("has ", grads.size(), " floats but the model has ", lay_.total,
@@ -1026,7 +1043,7 @@ public:
     /// policy_backward needs. Returns the forward's telemetry (loss: mean -logp).
     step_telemetry score(octet::span<const float> params, const std::int32_t* tokens, int batch,
                          octet::span<float> logp, octet::span<float> entropy) {
-        constexpr const char* fn = "train::transformer::score";
+        constexpr const char* fn = "common::transformer::score";
         check_call(fn, params, tokens, batch);
         const std::size_t n = static_cast<std::size_t>(batch) * T_;
         OCTET_REQUIRE(logp.size() == n, fn, "logp",
@@ -1058,7 +1075,7 @@ public:
     /// grads is overwritten; the backward's timings and telemetry are added to `t`.
     void policy_backward(octet::span<const float> params, const std::int32_t* tokens, int batch,
                          octet::span<const float> dloss_dlogp, octet::span<float> grads, step_telemetry& t) {
-        constexpr const char* fn = "train::transformer::policy_backward";
+        constexpr const char* fn = "common::transformer::policy_backward";
         OCTET_REQUIRE(scored_batch_ == batch, fn, "batch",
                       octet::detail::message("is ", batch, " but the last score() was over ", scored_batch_,
                                              " sequences (0: none since the last backward); call score first"));
@@ -1086,7 +1103,7 @@ public:
 
     /// Mean cross-entropy over the batch, forward only.
     double evaluate(octet::span<const float> params, const std::int32_t* tokens, int batch) {
-        check_call("train::transformer::evaluate", params, tokens, batch);
+        check_call("common::transformer::evaluate", params, tokens, batch);
         forward(params.data(), tokens, batch, T_, T_ + 1, false, nullptr);
         return loss(tokens, false, nullptr);
     }
@@ -1097,7 +1114,7 @@ public:
     /// that does not train keeps nothing per layer, so sampling allocates nothing.
     std::vector<std::int32_t> generate(octet::span<const float> params, std::vector<std::int32_t> prompt, int n,
                                        std::uint64_t seed, float temperature) {
-        constexpr const char* fn = "train::transformer::generate";
+        constexpr const char* fn = "common::transformer::generate";
         OCTET_REQUIRE(params.size() == lay_.total, fn, "params",
                       octet::detail::message("has ", params.size(), " floats but the model has ", lay_.total));
         OCTET_REQUIRE(!prompt.empty(), fn, "prompt", "is empty; pass at least one token");
@@ -1328,7 +1345,7 @@ private:
     }
 
     static const model_config& checked(const model_config& c, int max_batch) {
-        constexpr const char* fn = "train::transformer";
+        constexpr const char* fn = "common::transformer";
         OCTET_REQUIRE(c.vocab > 0, fn, "config.vocab",
                       octet::detail::message("is ", c.vocab, "; set it from the corpus"));
         OCTET_REQUIRE(c.head_dim == 32 || c.head_dim == 64, fn, "config.head_dim",
@@ -1491,7 +1508,7 @@ private:
             cfg_.d_model, ' ', cfg_.layers, ' ', cfg_.heads_q, ' ', cfg_.heads_kv, ' ', cfg_.head_dim, ' ', cfg_.d_ff,
             ' ', cfg_.seq_len, ' ', cfg_.vocab, ' ', max_batch_, ' ', ex_.thread_count(), ' ', recipe_.name, ' ',
             static_cast<int>(recipe_.linear), ' ', static_cast<int>(recipe_.attention));
-        OCTET_REQUIRE(first || buf_->sized_for == shape, "train::transformer", "shared",
+        OCTET_REQUIRE(first || buf_->sized_for == shape, "common::transformer", "shared",
                       "holds step buffers sized for another model (" + buf_->sized_for + " against " + shape +
                           "); share them only between models of one configuration, recipe, batch and thread count");
         auto act = [&](std::size_t n) { return make_metered<float>(meter_, activations(), n); };
@@ -1970,4 +1987,4 @@ private:
     metered_vector<float> rstd_f_{metered_allocator<float>(meter_, activations())};
 };
 
-}  // namespace train
+}  // namespace common

@@ -1,4 +1,4 @@
-// Tests of the training program's transformer (examples/08_training/model.hpp): the float32
+// Tests of the examples' shared transformer (examples/common/model.hpp): the float32
 // model's gradient against finite differences, float32 attention against octet's float64
 // reference, each low-precision recipe's gradient against float32's, raising precision, the
 // memory meter, and bad arguments. Random inputs are fresh each run (the seed is printed).
@@ -19,10 +19,10 @@
 
 namespace {
 
-using train::transformer;
+using common::transformer;
 
-train::model_config tiny_config(int vocab, bool tied) {
-    train::model_config c;
+common::model_config tiny_config(int vocab, bool tied) {
+    common::model_config c;
     c.name = "test";
     c.vocab = vocab;
     c.d_model = 64;
@@ -36,8 +36,8 @@ train::model_config tiny_config(int vocab, bool tied) {
     return c;
 }
 
-train::recipe_config recipe(train::linear_mode l, train::attention_mode a = train::attention_mode::float32) {
-    train::recipe_config r;
+common::recipe_config recipe(common::linear_mode l, common::attention_mode a = common::attention_mode::float32) {
+    common::recipe_config r;
     r.name = "test";
     r.linear = l;
     r.attention = a;
@@ -53,10 +53,10 @@ std::vector<std::int32_t> random_tokens(std::mt19937_64& g, int batch, int seq_l
 
 /// Initialized parameters made less trivial than GPT-2's start (which has near-uniform attention
 /// and tiny gradients for Q and K): matrices scaled up, gains drawn around 1.
-std::vector<float> lively_params(const train::model_config& c, std::mt19937_64& g, float matrix_scale) {
+std::vector<float> lively_params(const common::model_config& c, std::mt19937_64& g, float matrix_scale) {
     std::vector<float> p(transformer::parameter_count(c));
     transformer::init_parameters(c, g(), octet::as_span(p));
-    const train::parameter_layout lay(c);
+    const common::parameter_layout lay(c);
     for (auto& v : p) v *= matrix_scale;
     std::uniform_real_distribution<float> gain(0.5f, 1.5f);
     auto gains = [&](std::size_t off) {
@@ -81,8 +81,8 @@ double cosine(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 /// (offset, size) of every tensor of the layout.
-std::vector<std::pair<std::size_t, std::size_t>> tensors(const train::model_config& c) {
-    const train::parameter_layout lay(c);
+std::vector<std::pair<std::size_t, std::size_t>> tensors(const common::model_config& c) {
+    const common::parameter_layout lay(c);
     const std::size_t d = static_cast<std::size_t>(c.d_model), F = static_cast<std::size_t>(c.d_ff);
     std::vector<std::pair<std::size_t, std::size_t>> t = {{lay.tok_emb, static_cast<std::size_t>(c.vocab) * d},
                                                           {lay.pos_emb, static_cast<std::size_t>(c.seq_len) * d}};
@@ -106,8 +106,8 @@ TEST_CASE("model: the float32 gradient matches central finite differences of the
     for (bool tied : {false, true}) {
         CAPTURE(tied);
         const auto cfg = tiny_config(13, tied);
-        train::memory_meter meter;
-        transformer model(cfg, recipe(train::linear_mode::float32), meter, octet::on_host(1), 2, 1);
+        common::memory_meter meter;
+        transformer model(cfg, recipe(common::linear_mode::float32), meter, octet::on_host(1), 2, 1);
         const auto tokens = random_tokens(g, 2, cfg.seq_len, cfg.vocab);
         auto params = lively_params(cfg, g, 6.0f);
         std::vector<float> grads(params.size());
@@ -152,7 +152,7 @@ TEST_CASE("model: the float32 gradient matches central finite differences of the
 TEST_CASE("model: float32 attention forward and backward match the float64 reference") {
     auto g = octet_test::rng(2);
     for (int hd : {32, 64}) {
-        train::attention_dims a{3, 37, 4, 2, static_cast<std::size_t>(hd)};
+        common::attention_dims a{3, 37, 4, 2, static_cast<std::size_t>(hd)};
         CAPTURE(hd);
         const std::size_t N = a.tokens(), W = a.qkv_ld(), A = a.o_ld();
         std::normal_distribution<float> n(0.0f, 1.0f);
@@ -160,10 +160,10 @@ TEST_CASE("model: float32 attention forward and backward match the float64 refer
         for (auto& v : qkv) v = 1.5f * n(g);
         for (auto& v : dO) v = n(g);
         const std::size_t workers = 2;
-        std::vector<float> scratch(workers * train::attention_scratch_floats(a.len, a.head_dim));
-        train::attention_forward_f32(octet::on_host(2), a, qkv.data(), O.data(), lse.data(), scratch.data(), workers);
-        train::attention_backward_f32(octet::on_host(2), a, qkv.data(), O.data(), lse.data(), dO.data(), dqkv.data(),
-                                      scratch.data(), workers);
+        std::vector<float> scratch(workers * common::attention_scratch_floats(a.len, a.head_dim));
+        common::attention_forward_f32(octet::on_host(2), a, qkv.data(), O.data(), lse.data(), scratch.data(), workers);
+        common::attention_backward_f32(octet::on_host(2), a, qkv.data(), O.data(), lse.data(), dO.data(), dqkv.data(),
+                                       scratch.data(), workers);
 
         octet::reference::attention_problem pr;
         for (std::size_t b = 0; b <= a.batch; ++b) pr.cu_q.push_back(static_cast<int>(b * a.len));
@@ -211,7 +211,7 @@ TEST_CASE("model: the float32 GEMM matches a float64 product, any shape and thre
         for (auto& v : C0) v = n(g);
         for (bool acc : {false, true}) {
             if (acc) C = C0;
-            train::gemm(octet::on_host(2), A.data(), K, B.data(), N, C.data(), N, M, N, K, acc);
+            common::gemm(octet::on_host(2), A.data(), K, B.data(), N, C.data(), N, M, N, K, acc);
             for (std::size_t i = 0; i < M; ++i)
                 for (std::size_t j = 0; j < N; ++j) {
                     double want = acc ? C0[i * N + j] : 0.0, mag = std::fabs(want);
@@ -224,8 +224,8 @@ TEST_CASE("model: the float32 GEMM matches a float64 product, any shape and thre
         }
         // the thread count never changes the bits
         std::vector<float> C1(M * N), C2(M * N);
-        train::gemm(octet::on_host(1), A.data(), K, B.data(), N, C1.data(), N, M, N, K);
-        train::gemm(octet::on_host(2), A.data(), K, B.data(), N, C2.data(), N, M, N, K);
+        common::gemm(octet::on_host(1), A.data(), K, B.data(), N, C1.data(), N, M, N, K);
+        common::gemm(octet::on_host(2), A.data(), K, B.data(), N, C2.data(), N, M, N, K);
         CHECK(C1 == C2);
     }
 }
@@ -233,13 +233,13 @@ TEST_CASE("model: the float32 GEMM matches a float64 product, any shape and thre
 TEST_CASE("model: the meter books every buffer at construction, and a step allocates nothing") {
     auto g = octet_test::rng(4);
     const auto cfg = tiny_config(17, true);
-    auto packed = recipe(train::linear_mode::mxfp8, train::attention_mode::fp8);
+    auto packed = recipe(common::linear_mode::mxfp8, common::attention_mode::fp8);
     packed.compress_activations = true;  // every octet operation on the model's scratch arena
-    const train::recipe_config recipes[] = {recipe(train::linear_mode::float32), recipe(train::linear_mode::bf16),
-                                            recipe(train::linear_mode::blockwise, train::attention_mode::fp8),
-                                            recipe(train::linear_mode::tensorwise_delayed), packed};
+    const common::recipe_config recipes[] = {recipe(common::linear_mode::float32), recipe(common::linear_mode::bf16),
+                                             recipe(common::linear_mode::blockwise, common::attention_mode::fp8),
+                                             recipe(common::linear_mode::tensorwise_delayed), packed};
     for (const auto& r : recipes) {
-        train::memory_meter meter;
+        common::memory_meter meter;
         transformer model(cfg, r, meter, octet::on_host(2), 3, 5);
         const auto& L = meter.ledger();
         CHECK(L.bytes(octet::memory_category::activations) > 0);
@@ -260,8 +260,8 @@ TEST_CASE("model: the meter books every buffer at construction, and a step alloc
 TEST_CASE("model: bad arguments throw octet::error naming them") {
     auto g = octet_test::rng(5);
     const auto cfg = tiny_config(11, false);
-    train::memory_meter meter;
-    transformer model(cfg, recipe(train::linear_mode::float32), meter, octet::on_host(1), 2, 0);
+    common::memory_meter meter;
+    transformer model(cfg, recipe(common::linear_mode::float32), meter, octet::on_host(1), 2, 0);
     std::vector<float> params(transformer::parameter_count(cfg)), grads(params.size());
     transformer::init_parameters(cfg, 1, octet::as_span(params));
     auto tokens = random_tokens(g, 3, cfg.seq_len, cfg.vocab);
@@ -293,21 +293,21 @@ TEST_CASE("model: bad arguments throw octet::error naming them") {
     auto bad = cfg;
     bad.head_dim = 48;
     bad.d_model = 96;
-    throws_naming([&] { transformer(bad, recipe(train::linear_mode::float32), meter, octet::on_host(1), 2, 0); },
+    throws_naming([&] { transformer(bad, recipe(common::linear_mode::float32), meter, octet::on_host(1), 2, 0); },
                   "config.head_dim");
     bad = cfg;
     bad.heads_kv = 3;
-    throws_naming([&] { transformer(bad, recipe(train::linear_mode::float32), meter, octet::on_host(1), 2, 0); },
+    throws_naming([&] { transformer(bad, recipe(common::linear_mode::float32), meter, octet::on_host(1), 2, 0); },
                   "config.heads_kv");
-    throws_naming([&] { transformer(cfg, recipe(train::linear_mode::float32), meter, octet::on_host(1), 0, 0); },
+    throws_naming([&] { transformer(cfg, recipe(common::linear_mode::float32), meter, octet::on_host(1), 0, 0); },
                   "max_batch");
     throws_naming([&] { model.generate(octet::as_cspan(params), {1, 2, cfg.vocab}, 3, 0, 1.0f); }, "prompt");
 }
 
 namespace {
 
-train::model_config fp8_config(int vocab) {
-    train::model_config c = tiny_config(vocab, true);
+common::model_config fp8_config(int vocab) {
+    common::model_config c = tiny_config(vocab, true);
     c.d_model = 128;
     c.heads_q = 4;
     c.heads_kv = 2;
@@ -319,13 +319,13 @@ train::model_config fp8_config(int vocab) {
 struct gradient_result {
     double loss = 0;
     std::vector<float> grads;
-    train::step_telemetry telemetry;
+    common::step_telemetry telemetry;
 };
 
-gradient_result gradient_of(const train::model_config& cfg, const train::recipe_config& r,
+gradient_result gradient_of(const common::model_config& cfg, const common::recipe_config& r,
                             const std::vector<float>& params, const std::vector<std::int32_t>& tokens, int batch,
                             bool high_precision = false) {
-    train::memory_meter meter;
+    common::memory_meter meter;
     transformer model(cfg, r, meter, octet::on_host(2), batch, 7);
     model.set_high_precision(high_precision);
     gradient_result g;
@@ -344,40 +344,40 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
     std::vector<float> params(transformer::parameter_count(cfg));
     transformer::init_parameters(cfg, g(), octet::as_span(params));
     const auto tokens = random_tokens(g, batch, cfg.seq_len, cfg.vocab);
-    const auto ref = gradient_of(cfg, recipe(train::linear_mode::float32), params, tokens, batch);
+    const auto ref = gradient_of(cfg, recipe(common::linear_mode::float32), params, tokens, batch);
     for (float v : ref.grads) REQUIRE(std::isfinite(v));
     CHECK(ref.telemetry.quantized == 0);
 
-    using LM = train::linear_mode;
-    using AM = train::attention_mode;
+    using LM = common::linear_mode;
+    using AM = common::attention_mode;
     struct row {
         const char* name;
         LM linear;
         AM attention;
         octet::delta_mode delta;
-        train::v_scale_mode v;
+        common::v_scale_mode v;
         double min_cosine;    // why: the elements' relative rounding error (below), through 2 blocks
         bool packed = false;  // the non-linear layers' saved inputs in FP8 (compress_activations)
     };
     const row rows[] = {
-        {"bf16", LM::bf16, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head, 0.9999},  // 2^-9
+        {"bf16", LM::bf16, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head, 0.9999},  // 2^-9
         {"tensorwise_delayed", LM::tensorwise_delayed, AM::float32, octet::delta_mode::matched,
-         train::v_scale_mode::per_head, 0.99},  // E4M3 2^-4, E5M2 2^-3 gradients
-        {"tensorwise", LM::tensorwise, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head, 0.99},
-        {"blockwise", LM::blockwise, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head, 0.99},
-        {"mxfp8", LM::mxfp8, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head, 0.99},
-        {"nvfp4", LM::nvfp4, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head,
+         common::v_scale_mode::per_head, 0.99},  // E4M3 2^-4, E5M2 2^-3 gradients
+        {"tensorwise", LM::tensorwise, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head, 0.99},
+        {"blockwise", LM::blockwise, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head, 0.99},
+        {"mxfp8", LM::mxfp8, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head, 0.99},
+        {"nvfp4", LM::nvfp4, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head,
          0.9},  // E2M1: 2^-2, and stochastic rounding of dY
         {"fp8 attention, matched, V per head", LM::float32, AM::fp8, octet::delta_mode::matched,
-         train::v_scale_mode::per_head, 0.99},
+         common::v_scale_mode::per_head, 0.99},
         {"fp8 attention, from_output, V per token", LM::float32, AM::fp8, octet::delta_mode::from_output,
-         train::v_scale_mode::per_token, 0.99},
-        {"blockwise + fp8 attention", LM::blockwise, AM::fp8, octet::delta_mode::matched, train::v_scale_mode::per_head,
-         0.99},
-        {"FP8 saved activations", LM::float32, AM::float32, octet::delta_mode::matched, train::v_scale_mode::per_head,
+         common::v_scale_mode::per_token, 0.99},
+        {"blockwise + fp8 attention", LM::blockwise, AM::fp8, octet::delta_mode::matched,
+         common::v_scale_mode::per_head, 0.99},
+        {"FP8 saved activations", LM::float32, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head,
          0.99, true},  // E4M3 2^-4 on the norms' and GELU's inputs
         {"blockwise + fp8 attention + FP8 saved activations", LM::blockwise, AM::fp8, octet::delta_mode::matched,
-         train::v_scale_mode::per_head, 0.99, true},
+         common::v_scale_mode::per_head, 0.99, true},
     };
     for (const auto& rw : rows) {
         CAPTURE(rw.name);
@@ -422,16 +422,16 @@ TEST_CASE("model: models that share step buffers compute their own models' bits,
     const int batch = 3;
     std::vector<float> params(transformer::parameter_count(cfg));
     transformer::init_parameters(cfg, g(), octet::as_span(params));
-    auto r = recipe(train::linear_mode::blockwise, train::attention_mode::fp8);
+    auto r = recipe(common::linear_mode::blockwise, common::attention_mode::fp8);
     r.compress_activations = true;
-    for (const auto& rc : {recipe(train::linear_mode::float32), r}) {
+    for (const auto& rc : {recipe(common::linear_mode::float32), r}) {
         CAPTURE(static_cast<int>(rc.linear));
         // two ranks' batches, stepped one after another (as the in-process ranks are), twice
         const std::vector<std::int32_t> tokens[2] = {random_tokens(g, batch, cfg.seq_len, cfg.vocab),
                                                      random_tokens(g, batch, cfg.seq_len, cfg.vocab)};
         std::vector<float> own[2][2], shared[2][2];
         {
-            train::memory_meter m0, m1;
+            common::memory_meter m0, m1;
             transformer a(cfg, rc, m0, octet::on_host(2), batch, 5), b(cfg, rc, m1, octet::on_host(2), batch, 6);
             transformer* models[2] = {&a, &b};
             for (int step = 0; step < 2; ++step)
@@ -441,8 +441,8 @@ TEST_CASE("model: models that share step buffers compute their own models' bits,
                                                 octet::as_span(own[step][k]));
                 }
         }
-        train::memory_meter meter;
-        auto buffers = std::make_shared<train::step_buffers>(meter);
+        common::memory_meter meter;
+        auto buffers = std::make_shared<common::step_buffers>(meter);
         transformer a(cfg, rc, meter, octet::on_host(2), batch, 5, buffers);
         transformer b(cfg, rc, meter, octet::on_host(2), batch, 6, buffers);
         transformer* models[2] = {&a, &b};
@@ -479,11 +479,11 @@ TEST_CASE("model: raising precision makes an FP8 recipe's gradient float32's, bi
     std::vector<float> params(transformer::parameter_count(cfg));
     transformer::init_parameters(cfg, g(), octet::as_span(params));
     const auto tokens = random_tokens(g, batch, cfg.seq_len, cfg.vocab);
-    const auto ref = gradient_of(cfg, recipe(train::linear_mode::float32), params, tokens, batch);
-    for (auto mode : {train::linear_mode::blockwise, train::linear_mode::nvfp4, train::linear_mode::bf16}) {
+    const auto ref = gradient_of(cfg, recipe(common::linear_mode::float32), params, tokens, batch);
+    for (auto mode : {common::linear_mode::blockwise, common::linear_mode::nvfp4, common::linear_mode::bf16}) {
         CAPTURE(static_cast<int>(mode));
-        auto r = recipe(mode, train::attention_mode::fp8);
-        train::memory_meter meter;
+        auto r = recipe(mode, common::attention_mode::fp8);
+        common::memory_meter meter;
         transformer model(cfg, r, meter, octet::on_host(2), batch, 3);
         const double before = meter.ledger().total();
         std::vector<float> grads(params.size());
@@ -502,17 +502,17 @@ TEST_CASE("model: raising precision makes an FP8 recipe's gradient float32's, bi
 
 TEST_CASE("model: FP8 recipes keep less activation memory than float32") {
     const auto cfg = fp8_config(37);
-    auto activations = [&](train::linear_mode l, train::attention_mode a) {
-        train::memory_meter meter;
+    auto activations = [&](common::linear_mode l, common::attention_mode a) {
+        common::memory_meter meter;
         transformer model(cfg, recipe(l, a), meter, octet::on_host(1), 8, 0);
         return meter.ledger().bytes(octet::memory_category::activations);
     };
-    const double f32 = activations(train::linear_mode::float32, train::attention_mode::float32);
-    const double bf16 = activations(train::linear_mode::bf16, train::attention_mode::float32);
-    const double fp8 = activations(train::linear_mode::blockwise, train::attention_mode::fp8);
-    auto packed_recipe = recipe(train::linear_mode::blockwise, train::attention_mode::fp8);
+    const double f32 = activations(common::linear_mode::float32, common::attention_mode::float32);
+    const double bf16 = activations(common::linear_mode::bf16, common::attention_mode::float32);
+    const double fp8 = activations(common::linear_mode::blockwise, common::attention_mode::fp8);
+    auto packed_recipe = recipe(common::linear_mode::blockwise, common::attention_mode::fp8);
     packed_recipe.compress_activations = true;
-    train::memory_meter meter;
+    common::memory_meter meter;
     transformer packed_model(cfg, packed_recipe, meter, octet::on_host(1), 8, 0);
     const double packed = meter.ledger().bytes(octet::memory_category::activations);
     std::printf(
@@ -527,9 +527,9 @@ TEST_CASE("model: FP8 recipes keep less activation memory than float32") {
 TEST_CASE("model: generate extends the prompt with in-vocabulary tokens, reproducibly") {
     auto g = octet_test::rng(8);
     const auto cfg = tiny_config(19, true);
-    train::memory_meter meter;
-    transformer model(cfg, recipe(train::linear_mode::blockwise, train::attention_mode::fp8), meter, octet::on_host(1),
-                      1, 0);
+    common::memory_meter meter;
+    transformer model(cfg, recipe(common::linear_mode::blockwise, common::attention_mode::fp8), meter,
+                      octet::on_host(1), 1, 0);
     std::vector<float> params(transformer::parameter_count(cfg));
     transformer::init_parameters(cfg, g(), octet::as_span(params));
     const double before = meter.ledger().total(), peak_before = meter.ledger().peak_total();
@@ -553,27 +553,27 @@ TEST_CASE("model: the vectorizable exp and tanh of GELU agree with the C library
     double exp_err = 0, tanh_err = 0;
     for (int i = 0; i < 200000; ++i) {
         const float a = x(g);
-        exp_err = std::max(exp_err, std::fabs(train::exp_approx(a) - std::exp(static_cast<double>(a))) /
+        exp_err = std::max(exp_err, std::fabs(common::exp_approx(a) - std::exp(static_cast<double>(a))) /
                                         std::exp(static_cast<double>(a)));
         for (float b : {z(g), small(g)})
-            tanh_err = std::max(tanh_err, std::fabs(train::tanh_approx(b) - std::tanh(static_cast<double>(b))));
+            tanh_err = std::max(tanh_err, std::fabs(common::tanh_approx(b) - std::tanh(static_cast<double>(b))));
     }
     std::printf("exp_approx: max relative error %.2e; tanh_approx: max absolute error %.2e\n", exp_err, tanh_err);
     CHECK(exp_err < 1e-6);
     CHECK(tanh_err < 2e-7);
-    CHECK(train::tanh_approx(0.0f) == 0.0f);
-    CHECK(train::tanh_approx(1e30f) == 1.0f);
-    CHECK(train::tanh_approx(-INFINITY) == -1.0f);
-    CHECK(std::isnan(train::exp_approx(NAN)));
-    CHECK(std::isnan(train::tanh_approx(NAN)));
-    CHECK(train::exp_approx(-1000.0f) < 1e-37f);
+    CHECK(common::tanh_approx(0.0f) == 0.0f);
+    CHECK(common::tanh_approx(1e30f) == 1.0f);
+    CHECK(common::tanh_approx(-INFINITY) == -1.0f);
+    CHECK(std::isnan(common::exp_approx(NAN)));
+    CHECK(std::isnan(common::tanh_approx(NAN)));
+    CHECK(common::exp_approx(-1000.0f) < 1e-37f);
 }
 
 TEST_CASE("model: the ledger's prediction of activations and temporaries is what the meter books") {
-    using LM = train::linear_mode;
-    using AM = train::attention_mode;
+    using LM = common::linear_mode;
+    using AM = common::attention_mode;
     for (int hd : {32, 64}) {
-        train::model_config cfg = fp8_config(41);
+        common::model_config cfg = fp8_config(41);
         cfg.head_dim = hd;
         cfg.heads_q = cfg.d_model / hd;
         cfg.heads_kv = 1;
@@ -581,14 +581,14 @@ TEST_CASE("model: the ledger's prediction of activations and temporaries is what
         for (auto l :
              {LM::float32, LM::bf16, LM::tensorwise_delayed, LM::tensorwise, LM::blockwise, LM::mxfp8, LM::nvfp4})
             for (auto a : {AM::float32, AM::fp8})
-                for (auto v : {train::v_scale_mode::per_head, train::v_scale_mode::per_token}) {
+                for (auto v : {common::v_scale_mode::per_head, common::v_scale_mode::per_token}) {
                     auto r = recipe(l, a);
                     r.v_scale = v;
-                    r.compress_activations = v == train::v_scale_mode::per_token;  // both ways, every mode
+                    r.compress_activations = v == common::v_scale_mode::per_token;  // both ways, every mode
                     CAPTURE(hd);
                     CAPTURE(static_cast<int>(l));
                     CAPTURE(static_cast<int>(a));
-                    train::memory_meter meter;
+                    common::memory_meter meter;
                     transformer model(cfg, r, meter, octet::on_host(2), 3, 0);
                     const auto& L = meter.ledger();
                     CHECK(L.bytes(octet::memory_category::activations) == transformer::activation_bytes(cfg, r, 3, 2));

@@ -1,4 +1,4 @@
-// examples/08_training/corpus.hpp: the text the programs train on (characters as tokens, the
+// examples/common/corpus.hpp: the text the programs train on (characters as tokens, the
 // last 10% held out) and the windows a step samples from it. Shared by the training program and
 // the RL program (examples/09_rl).
 #pragma once
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace train {
+namespace common {
 
 struct corpus {
     std::vector<char> alphabet;  // token id -> character
@@ -57,4 +57,4 @@ inline void sample_batch(const std::vector<std::int32_t>& src, int seq_len, int 
     }
 }
 
-}  // namespace train
+}  // namespace common

@@ -1,16 +1,16 @@
-// examples/08_training/model_file.hpp: a trained model's weights in a file, with the model's
+// examples/common/model_file.hpp: a trained model's weights in a file, with the model's
 // configuration, so that another program (the RL program, examples/09_rl) starts from them.
 //
-//   train::write_model_file(path, config, params);           // example_08_training --save-models
-//   std::vector<float> p = train::read_model_file(path, config);   // throws if the file's model differs
+//   common::write_model_file(path, config, params);           // example_08_training --save-models
+//   std::vector<float> p = common::read_model_file(path, config);   // throws if the file's model differs
 //
 // Layout (little-endian): 8-byte magic "octetmd1", 9 int32 (vocab, d_model, layers, heads_q,
 // heads_kv, head_dim, d_ff, seq_len, tied_head), uint64 parameter count, the float32 parameters in
 // parameter_layout's order.
 #pragma once
 
+#include "config.hpp"
 #include "model.hpp"
-#include "train.hpp"
 
 #include <array>
 #include <cstdint>
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace train {
+namespace common {
 
 namespace model_file_detail {
 inline constexpr char magic[8] = {'o', 'c', 't', 'e', 't', 'm', 'd', '1'};
@@ -71,4 +71,4 @@ inline std::vector<float> read_model_file(const std::string& path, const model_c
     return p;
 }
 
-}  // namespace train
+}  // namespace common

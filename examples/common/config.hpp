@@ -1,0 +1,98 @@
+// examples/common/config.hpp: what a run of the shared transformer is configured by: the model's
+// sizes (tiny, small, medium) and a recipe (which precision each mechanism runs in). Shared by the
+// training program (examples/08_training) and the RL program (examples/09_rl).
+#pragma once
+
+#include <octet/octet.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace common {
+
+/// A decoder-only transformer: token embedding, `layers` pre-norm blocks (RMSNorm, causal
+/// multi-head attention with grouped-query heads, RMSNorm, a GELU MLP), a final RMSNorm and an
+/// output head (tied to the embedding or separate). Characters are tokens.
+struct model_config {
+    std::string name = "tiny";
+    int vocab = 0;  ///< set from the corpus
+    int d_model = 128;
+    int layers = 2;
+    int heads_q = 4;
+    int heads_kv = 2;
+    int head_dim = 32;  ///< d_model = heads_q * head_dim
+    int d_ff = 512;
+    int seq_len = 128;  ///< tokens per sequence (the model sees seq_len inputs, predicts seq_len targets)
+    bool tied_head = true;
+};
+
+/// The non-empty items of a comma-separated flag value ("a,b,,c" -> a, b, c).
+inline std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> v;
+    std::stringstream ss(s);
+    for (std::string item; std::getline(ss, item, ',');)
+        if (!item.empty()) v.push_back(item);
+    return v;
+}
+
+/// The named sizes: tiny, small, medium (vocab is left 0: set it from the corpus).
+inline model_config size_config(const std::string& name) {
+    model_config m;
+    m.name = name;
+    if (name == "tiny") {  // ~0.2M parameters
+        m.d_model = 128, m.layers = 1, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512, m.seq_len = 64;
+    } else if (name == "small") {  // ~0.8M parameters
+        m.d_model = 128, m.layers = 4, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512;
+    } else if (name == "medium") {  // ~2M parameters
+        m.d_model = 256, m.layers = 3, m.heads_q = 8, m.heads_kv = 4, m.head_dim = 32, m.d_ff = 1024;
+    } else {
+        throw std::invalid_argument("--sizes: unknown size '" + name + "' (use tiny, small or medium)");
+    }
+    return m;
+}
+
+/// How the linear layers compute (forward, data gradient, weight gradient).
+enum class linear_mode { float32, bf16, tensorwise_delayed, tensorwise, blockwise, mxfp8, nvfp4 };
+/// How attention computes: float32 throughout, or octet's FP8 attention (forward and backward).
+enum class attention_mode { float32, fp8 };
+/// Granularity of the V operand's scales in FP8 attention.
+enum class v_scale_mode { per_head, per_token };
+/// Optimizer moments: float32, or octet's 8-bit dynamic codec.
+enum class moment_mode { float32, dynamic8 };
+/// Master weights: float32, or bf16 with stochastic rounding.
+enum class master_mode { float32, bf16_stochastic };
+
+class linear_layer;  // model.hpp
+class memory_meter;
+
+/// Makes one linear layer of a model: make_linear_layer (model.hpp) on the host, or another
+/// placement of the same layers (cuda_linear.hpp: the FP8 modes on a CUDA stream).
+using linear_factory = std::unique_ptr<linear_layer> (*)(memory_meter& m, linear_mode mode, std::size_t max_tokens,
+                                                         int in, int out, std::uint64_t seed);
+
+/// One recipe of the comparison: every mechanism's precision, named.
+struct recipe_config {
+    std::string name;
+    linear_mode linear = linear_mode::float32;
+    attention_mode attention = attention_mode::float32;
+    octet::delta_mode delta = octet::delta_mode::matched;
+    v_scale_mode v_scale = v_scale_mode::per_head;
+    moment_mode moments = moment_mode::float32;
+    master_mode master = master_mode::float32;
+    bool gradient_codec = false;  ///< gradients cross the ranks through octet's codec with error feedback
+    /// How the codec's error-feedback residuals are stored (both stages): bf16, or E4M3 with a scale
+    /// per block (half the bytes)
+    octet::residual_storage residuals = octet::residual_storage::bf16;
+    /// The non-linear layers' saved inputs (RMSNorm's residual-stream inputs, GELU's input) kept as
+    /// FP8 copies (octet::saved_activation, E4M3 1x32) instead of float32
+    bool compress_activations = false;
+    bool recovery = true;                  ///< checks before each update, and the recovery policy
+    linear_factory make_linear = nullptr;  ///< where the linears run (null: make_linear_layer, the host)
+};
+
+}  // namespace common
