@@ -78,7 +78,7 @@ void attention_f32(benchmark::State& state) {
     for (auto _ : state) {
         common::attention_forward_f32(ex, in.a, in.qkv.data(), in.o.data(), in.lse.data(), scratch.data(), threads);
         common::attention_backward_f32(ex, in.a, in.qkv.data(), in.o.data(), in.lse.data(), in.dout.data(),
-                                      in.dqkv.data(), scratch.data(), threads);
+                                       in.dqkv.data(), scratch.data(), threads);
         benchmark::DoNotOptimize(in.dqkv.data());
     }
 }
