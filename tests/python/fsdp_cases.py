@@ -239,3 +239,66 @@ def fsdp_training(rank, world, init_file, out_dir, steps):
                               "elements": sum(p.numel() for p in model.parameters())}
     torch.save(result, os.path.join(out_dir, f"fsdp_training.rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def fp8_model():
+    """Two tensorwise layers (the second's 201 rows shard unevenly over 2 ranks) and a blockwise one,
+    which keeps FSDP2's float all-gather."""
+    torch.manual_seed(4)
+    return torch.nn.Sequential(ot.Float8Linear(256, 512, recipe="tensorwise"), torch.nn.GELU(),
+                               ot.Float8Linear(512, 201, recipe="tensorwise"), torch.nn.GELU(),
+                               ot.Float8Linear(201, 64, recipe="blockwise"))
+
+
+def fp8_all_gather(rank, world, init_file, out_dir, steps):
+    """fp8_model under FSDP2 three ways (weights gathered in FP8, in float32, in bfloat16 by FSDP2's
+    mixed precision), with the bytes every all-gather moved; the FP8 run's parameters after every
+    step, and what enable_fp8_all_gather and bad calls answer."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    init(rank, world, init_file)
+    moved = []
+    # FSDP2's all-gather (DefaultAllGather) calls dist.all_gather_single; count what it gathers
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    real_all_gather = getattr(dist, name)
+
+    def counting_all_gather(output, input, *args, **kwargs):
+        moved.append(output.numel() * output.element_size())
+        return real_all_gather(output, input, *args, **kwargs)
+
+    setattr(dist, name, counting_all_gather)
+    result = {}
+    for run in ("fp8", "fp8_precomputed", "float32", "bf16"):
+        model = fp8_model()
+        if run.startswith("fp8"):
+            result["report"] = ot.enable_fp8_all_gather(model)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if run == "bf16" else MixedPrecisionPolicy()
+        for layer in model:
+            if isinstance(layer, ot.Float8Linear):
+                fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        opt = ot.AdamW(model.parameters(), lr=1e-2, m_codec="e4m3_expanded", master="fp32")
+        params, per_step = [], []
+        for step in range(steps):
+            x, _ = batch(step, 16)
+            moved.clear()
+            loss = model(x).square().mean()
+            per_step.append(sum(moved))  # the forward's all-gathers
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if run == "fp8_precomputed":
+                ot.precompute_fp8_scales(model)
+            params.append([p.full_tensor().clone() for p in model.parameters()])
+        result[run] = {"params": params, "forward_bytes": per_step}
+    setattr(dist, name, real_all_gather)
+    model = fp8_model()
+    ot.enable_fp8_all_gather(model)
+    fully_shard(model)
+    try:
+        ot.enable_fp8_all_gather(model)
+        result["late"] = "no error"
+    except ValueError as e:
+        result["late"] = str(e)
+    torch.save(result, os.path.join(out_dir, f"fp8_all_gather.rank{rank}.pt"))
+    dist.destroy_process_group()

@@ -158,3 +158,33 @@ def test_fsdp2_training_with_compressed_reduce_scatter(fsdp_training):
     assert compressed["losses"][-1] < compressed["losses"][0]
     gap = max(abs(a - b) / b for a, b in zip(compressed["losses"], plain["losses"]))
     assert gap < 0.02, (compressed["losses"], plain["losses"])
+
+
+def test_fp8_all_gather_trains_bit_for_bit_as_one_process(tmp_path):
+    world, steps = 2, 3
+    spawn(cases.fp8_all_gather, world, tmp_path, steps)
+    runs = [load(tmp_path, f"fp8_all_gather.rank{r}.pt") for r in range(world)]
+    # one process, the same model, data and optimizer: every rank computed the whole batch, so
+    # FSDP2's average of the two ranks' gradients is exact, and only the all-gather differs
+    model = cases.fp8_model()
+    opt = ot.AdamW(model.parameters(), lr=1e-2, m_codec="e4m3_expanded", master="fp32")
+    for step in range(steps):
+        x, _ = cases.batch(step, 16)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        for run in ("fp8", "fp8_precomputed", "float32"):
+            for rank in range(world):
+                got = runs[rank][run]["params"][step]
+                for i, (a, p) in enumerate(zip(got, model.parameters())):
+                    assert torch.equal(a, p.detach()), f"{run}: parameter {i} after step {step} on rank {rank}"
+    report = runs[0]["report"]
+    assert report["0"] == report["2"] == "fp8" and "blockwise" in report["4"], report
+    assert "before fully_shard" in runs[0]["late"], runs[0]["late"]
+    # bytes the forward's all-gathers move: FP8 codes for the two tensorwise weights (the blockwise
+    # layer and the biases stay float32 in every run but bf16's)
+    fp8, f32, bf16 = (runs[0][r]["forward_bytes"][0] for r in ("fp8", "float32", "bf16"))
+    tensorwise = 256 * 512 + 512 * 202  # elements gathered (201 rows padded to 202 over 2 ranks)
+    float_rest = f32 - 4 * tensorwise
+    assert fp8 - float_rest <= 1.01 * tensorwise, (fp8, f32)  # one byte per element (+ nothing else)
+    assert fp8 - float_rest <= 0.55 * (bf16 - float_rest / 2), (fp8, bf16)

@@ -48,6 +48,8 @@ if _wanted("linear"):
         load_linear_state,
         sync_amax_histories,
     )
+    if _wanted("gemm"):
+        from .fsdp import enable_fp8_all_gather, precompute_fp8_scales  # noqa: F401
 if _wanted("codec"):
     from .distributed import (  # noqa: F401
         CodecConfig,

@@ -367,6 +367,10 @@ class Float8Linear(nn.Linear):
                              f"this layer takes {self.in_features}")
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features).contiguous()
+        if getattr(self.weight, "_fp8_gathered", False):  # FSDP2 gathered it as E4M3 codes (octet.torch.fsdp)
+            from .fsdp import gathered_forward
+
+            return _shaped(gathered_forward(self, _widen(x2d)), x.dtype, lead, self.out_features)
         weight, bias = self._weight_out_in(), self.bias
         padding = self._padding(x.device)
         if padding is not None:
@@ -395,7 +399,14 @@ class Float8Linear(nn.Linear):
             _push_amax(w_hist, w_amax)
         if padding is not None:
             y = y[:, :self.out_features]
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        return _shaped(y, x.dtype, lead, self.out_features)
+
+
+def _shaped(y: torch.Tensor, dtype: torch.dtype, lead, out_features: int) -> torch.Tensor:
+    """Y in the input's dtype and leading shape; not a view of itself when nothing changes (FSDP2
+    warns about a module that returns a view: an in-place op on it would skip its backward hook)."""
+    y = y.to(dtype)
+    return y if y.shape == (*lead, out_features) else y.reshape(*lead, out_features)
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:

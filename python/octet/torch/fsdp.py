@@ -1,0 +1,266 @@
+"""FP8 weight all-gather under FSDP2 for octet's Float8Linear.
+
+``enable_fp8_all_gather(model)`` (before ``fully_shard``) makes each tensorwise Float8Linear's
+weight a tensor that FSDP2 all-gathers as E4M3 codes instead of floats, through FSDP2's
+``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` extension:
+
+  * before the all-gather, each rank quantizes its rows of W with the scale of the whole weight:
+    the amax of W is the maximum over the ranks of their shards' amaxes, either all-reduced per
+    weight when the all-gather needs it, or for all weights together in one all-reduce by
+    ``precompute_fp8_scales(model)`` after the optimizer step. An E4M3 code depends only on its
+    element and the scale, so the gathered codes are exactly those of the whole weight quantized at
+    once: what a single-process Float8Linear computes;
+  * the layer's forward then runs on the gathered copy (Y = X W^T on the row-wise codes, and the
+    codes transposed as W^T's copy for the data gradient), so Y, dX and dW are those of a
+    single-process Float8Linear, bit for bit (tests/python/test_fsdp.py).
+
+A weight travels as 1 byte per element (plus its 4-byte scale): 0.5x bfloat16's all-gather, 0.25x
+float32's. Dequantizing the gathered codes and letting the layer quantize them again would not be
+bit-identical: the layer's scale fl(amax / 448) computed from the dequantized maximum
+fl(448 fl(amax / 448)) differs from the original scale for about 11% of float32 values.
+
+Recipes: tensorwise (current scaling). The other recipes keep FSDP2's float all-gather (listed with
+the reason by enable_fp8_all_gather): tensorwise_delayed scales from an amax history; blockwise's
+128 x 128 weight blocks and MXFP8's and NVFP4's 1 x 32 / 1 x 16 blocks along both dimensions need
+their row-wise and column-wise copies gathered separately (not built yet).
+"""
+
+from typing import Dict, List
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from ._gemm import scaled_mm
+from ._quant import QuantizedTensor, _no_tensor_scale, layout, quantize
+from .linear import Float8Linear, _raw, _ops, _widen, linear_recipe
+
+# FP8 all-gather recipes: the weight's column-wise copy is its row-wise copy transposed.
+FP8_ALL_GATHER_RECIPES = ("tensorwise",)
+
+# Ops whose results stay sharded weights: how FSDP2 chunks, pads, moves and copies a parameter.
+_PRESERVING_OPS = {
+    torch.ops.aten.empty_like.default, torch.ops.aten.new_zeros.default, torch.ops.aten.slice.Tensor,
+    torch.ops.aten.copy_.default, torch.ops.aten.view.default, torch.ops.aten.as_strided.default,
+    torch.ops.aten._to_copy.default, torch.ops.aten._pin_memory.default, torch.ops.aten.split.Tensor,
+    torch.ops.aten.clone.default, torch.ops.aten.chunk.default, torch.ops.aten.detach.default,
+}
+
+
+class Float8ShardedWeight(torch.Tensor):
+    """A Float8Linear's weight (or FSDP2's shard of it) that FSDP2 all-gathers as E4M3 codes. It
+    holds the float values (``_data``); every op but the all-gather sees them as a plain tensor."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, recipe: str, cols: int):
+        return torch.Tensor._make_wrapper_subclass(cls, data.size(), strides=data.stride(),
+                                                   storage_offset=data.storage_offset(), dtype=data.dtype,
+                                                   device=data.device, requires_grad=data.requires_grad)
+
+    def __init__(self, data: torch.Tensor, recipe: str, cols: int):
+        self._data = data
+        self._recipe = recipe
+        self._cols = cols
+        self._amax = None  # (amax, the shard's version when it was computed): precompute_fp8_scales
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        like = None
+
+        def unwrap(t):
+            nonlocal like
+            like = t
+            return t._data
+
+        args, kwargs = pytree.tree_map_only(Float8ShardedWeight, unwrap, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        if func not in _PRESERVING_OPS:
+            return out
+        return pytree.tree_map_only(torch.Tensor, lambda t: Float8ShardedWeight(t, like._recipe, like._cols), out)
+
+    def __tensor_flatten__(self):
+        return ["_data"], (self._recipe, self._cols)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, spec, outer_size, outer_stride):
+        return Float8ShardedWeight(inner["_data"], *spec)
+
+    def __repr__(self):
+        return f"Float8ShardedWeight(recipe={self._recipe}, {self._data!r})"
+
+    def _global_amax(self, mesh) -> float:
+        if self._amax is not None and self._amax[1] == self._data._version:
+            return self._amax[0]
+        import torch.distributed as dist
+
+        a = _shard_amax(self._data).reshape(1)
+        dist.all_reduce(a, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        return float(a)
+
+    def fsdp_pre_all_gather(self, mesh, outer_size=None, outer_stride=None, module=None, mp_policy=None):
+        recipe = linear_recipe(self._recipe).w
+        amax = self._global_amax(mesh)
+        rows = self._data.shape[0]
+        # Quantized with the whole weight's amax: the codes of these rows are the whole weight's.
+        probe = self._data if rows else self._data.new_zeros(1, self._cols)
+        q, _, _ = quantize(_widen(probe), recipe, rowwise=True, tensor_amax=amax)
+        codes, scales, _ = q.raw()
+        padded = -(-outer_size[0] // mesh.size()) if outer_size is not None else rows
+        if codes.shape[0] != padded:  # FSDP2 gathers equal shards: uneven ones end in zero codes
+            codes = torch.cat([codes[:rows], codes.new_zeros(padded - rows, codes.shape[1])])
+        return (codes,), (scales,)
+
+    def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
+        (codes,) = outputs
+        (scales,) = metadata
+        if out is not None:  # FSDP2 gathered into the codes of the last call's weight again
+            out._scales = scales
+            return None
+        return Float8GatheredWeight(codes, scales, self._recipe, param_dtype, self._cols), (codes,)
+
+
+class Float8GatheredWeight(torch.Tensor):
+    """The whole weight as FSDP2 gathered it: its row-wise E4M3 codes (``_codes``, out x ld) and
+    scale. Only Float8Linear's forward reads it."""
+
+    _fp8_gathered = True
+
+    @staticmethod
+    def __new__(cls, codes, scales, recipe, dtype, cols):
+        return torch.Tensor._make_wrapper_subclass(cls, (codes.shape[0], cols), dtype=dtype, device=codes.device,
+                                                   requires_grad=False)
+
+    def __init__(self, codes, scales, recipe, dtype, cols):
+        self._codes, self._scales, self._recipe, self._cols = codes, scales, recipe, cols
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        kwargs = kwargs or {}
+        t = args[0]
+        if func == torch.ops.aten.detach.default:
+            return Float8GatheredWeight(t._codes, t._scales, t._recipe, t.dtype, t._cols)
+        if func == torch.ops.aten.as_strided.default:  # FSDP2 drops the padding rows of uneven shards
+            size = tuple(args[1])
+            offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
+            if size[1:] == (t._cols,) and not offset:
+                return Float8GatheredWeight(t._codes[: size[0]], t._scales, t._recipe, t.dtype, t._cols)
+        raise NotImplementedError(f"octet: {func} on an FP8-gathered weight; only Float8Linear's forward reads it "
+                                  "(the weight FSDP2 gathered as E4M3 codes, see octet.torch.fsdp)")
+
+    def __tensor_flatten__(self):
+        return ["_codes", "_scales"], (self._recipe, self.dtype, self._cols)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, spec, outer_size, outer_stride):
+        return Float8GatheredWeight(inner["_codes"], inner["_scales"], *spec)
+
+    def copies(self):
+        """(W's row-wise copy, W^T's row-wise copy): the same codes, transposed, with the same scale."""
+        w = linear_recipe(self._recipe).w
+        out_f, in_f = self._codes.shape[0], self._cols
+        ts = _no_tensor_scale(self._codes)
+        wq = QuantizedTensor(self._codes.view(torch.float8_e4m3fn), self._scales, ts, w, in_f)
+        (rows_t, ld_t), _, _ = layout(w, in_f, out_f)
+        codes_t = self._codes.new_zeros(rows_t, ld_t)
+        codes_t[:, :out_f] = self._codes[:, :in_f].t()
+        wt = QuantizedTensor(codes_t.view(torch.float8_e4m3fn), self._scales, ts, w, out_f)
+        return wq, wt
+
+
+def _shard_amax(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().abs().amax().float() if t.numel() else torch.zeros((), device=t.device)
+
+
+class _GatheredLinearFn(torch.autograd.Function):
+    """Float8Linear's _Float8LinearFn with W's copies given (the gathered codes): X is quantized as
+    the layer quantizes it, Y = X W^T by the same scaled GEMM, and the backward is the layer's."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, seed):
+        cfg = linear_recipe(weight._recipe)
+        wq, wt = weight.copies()
+        xq, x_t, _ = quantize(x, cfg.x, rowwise=True, columnwise=True)
+        y = scaled_mm(xq, wq, bias=bias)
+        ctx.save_for_backward(*_raw(x_t), *_raw(wt))
+        ctx.recipe_name, ctx.seed, ctx.n_x = weight._recipe, seed, len(_raw(x_t))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        copies = (list(saved[:ctx.n_x]) if need_dw else []) + (list(saved[ctx.n_x:]) if need_dx else [])
+        dy = dy.float().contiguous() if dy.numel() else torch.zeros(dy.shape, dtype=torch.float32, device=dy.device)
+        out = _ops.linear_backward(dy, copies, ctx.recipe_name, None, ctx.seed, None, need_dx, need_dw, need_db,
+                                   False, False)
+        at, grads = 0, []
+        for need in (need_dx, need_dw, need_db):
+            grads.append(out[at] if need else None)
+            at += int(need)
+        return grads[0], grads[1], grads[2], None
+
+
+def gathered_forward(layer: Float8Linear, x2d: torch.Tensor) -> torch.Tensor:
+    """Float8Linear.forward's GEMMs on a weight FSDP2 gathered as E4M3 codes (float32, 2-D)."""
+    if layer.keep_operands or layer.collect_stats:
+        raise ValueError("octet.torch.Float8Linear: keep_operands / collect_stats are not available while FSDP2 "
+                         "gathers the weight in FP8 (enable_fp8_all_gather)")
+    bias = None if layer.bias is None else _widen(layer.bias)
+    return _GatheredLinearFn.apply(x2d, layer.weight, bias, layer.seed)
+
+
+def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
+    """Makes every tensorwise Float8Linear of ``model`` all-gather its weight in FP8 under FSDP2.
+    Call it before ``fully_shard``. Returns {layer name: "fp8"} for the layers it changed and
+    {layer name: the reason} for the Float8Linear layers it left to FSDP2's float all-gather."""
+    from torch.distributed.tensor import DTensor
+
+    report = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, Float8Linear):
+            continue
+        if type(m) is not Float8Linear:
+            report[name] = f"{type(m).__name__} keeps its float all-gather (its weight is stored transposed)"
+        elif m.recipe.name not in FP8_ALL_GATHER_RECIPES:
+            report[name] = (f"recipe {m.recipe.name} keeps its float all-gather (FP8 all-gather: "
+                            f"{', '.join(FP8_ALL_GATHER_RECIPES)})")
+        elif isinstance(m.weight, DTensor):
+            raise ValueError(f"octet.enable_fp8_all_gather: layer '{name}' is already sharded; call it before "
+                             "fully_shard")
+        elif isinstance(m.weight, Float8ShardedWeight):
+            report[name] = "fp8"
+        else:
+            w = m.weight
+            m.weight = nn.Parameter(Float8ShardedWeight(w.detach(), m.recipe.name, w.shape[1]),
+                                    requires_grad=w.requires_grad)
+            report[name] = "fp8"
+    return report
+
+
+@torch.no_grad()
+def precompute_fp8_scales(model: nn.Module) -> int:
+    """Every FP8-gathered weight's amax (the maximum over the ranks of its shards'), in one
+    all-reduce for all of them, so that FSDP2's next all-gathers need none; call it after the
+    optimizer step. A weight changed after this call all-reduces its own amax again. Returns the
+    number of weights."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    shards: List[Float8ShardedWeight] = []
+    mesh = None
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if isinstance(w, DTensor) and isinstance(w._local_tensor, Float8ShardedWeight):
+            shards.append(w._local_tensor)
+            mesh = w.device_mesh
+    if not shards:
+        return 0
+    amax = torch.stack([_shard_amax(s._data) for s in shards])
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+    for s, a in zip(shards, amax.tolist()):
+        s._amax = (a, s._data._version)
+    return len(shards)
+
+
+__all__ = ["Float8ShardedWeight", "Float8GatheredWeight", "FP8_ALL_GATHER_RECIPES", "enable_fp8_all_gather",
+           "precompute_fp8_scales", "gathered_forward"]
