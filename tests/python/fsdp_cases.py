@@ -291,6 +291,12 @@ def fp8_all_gather(rank, world, init_file, out_dir, steps):
                 ot.precompute_fp8_scales(model)
             params.append([p.full_tensor().clone() for p in model.parameters()])
         result[run] = {"params": params, "forward_bytes": per_step}
+        if run == "fp8":
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+            dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                     checkpoint_id=os.path.join(out_dir, "fp8_checkpoint"))
     setattr(dist, name, real_all_gather)
     model = fp8_model()
     ot.enable_fp8_all_gather(model)
@@ -301,4 +307,34 @@ def fp8_all_gather(rank, world, init_file, out_dir, steps):
     except ValueError as e:
         result["late"] = str(e)
     torch.save(result, os.path.join(out_dir, f"fp8_all_gather.rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def fp8_resume(rank, world, init_file, out_dir):
+    """Loads fp8_all_gather's checkpoint (saved on 2 processes) on this world size, model and
+    optimizer, and steps once more with the weights still gathered in FP8."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.fsdp import fully_shard
+
+    init(rank, world, init_file)
+    model = fp8_model()
+    ot.enable_fp8_all_gather(model)
+    for layer in model:
+        if isinstance(layer, ot.Float8Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = ot.AdamW(model.parameters(), lr=1e-2, m_codec="e4m3_expanded", master="fp32")
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(state, checkpoint_id=os.path.join(out_dir, "fp8_checkpoint"))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
+    loaded = [p.full_tensor().clone() for p in model.parameters()]
+    x, _ = batch(10, 16)
+    model(x).square().mean().backward()
+    opt.step()
+    kinds = [type(layer.weight.to_local()).__name__ for layer in model if isinstance(layer, ot.Float8Linear)]
+    torch.save({"loaded": loaded, "kinds": kinds, "after": [p.full_tensor().clone() for p in model.parameters()]},
+               os.path.join(out_dir, f"fp8_resume.rank{rank}.pt"))
     dist.destroy_process_group()

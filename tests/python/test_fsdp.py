@@ -188,3 +188,11 @@ def test_fp8_all_gather_trains_bit_for_bit_as_one_process(tmp_path):
     float_rest = f32 - 4 * tensorwise
     assert fp8 - float_rest <= 1.01 * tensorwise, (fp8, f32)  # one byte per element (+ nothing else)
     assert fp8 - float_rest <= 0.55 * (bf16 - float_rest / 2), (fp8, bf16)
+    # the checkpoint of the FP8 run (saved on 2 processes) loads on 3, its weights still FP8-gathered
+    spawn(cases.fp8_resume, 3, tmp_path)
+    saved = runs[0]["fp8"]["params"][-1]
+    for rank in range(3):
+        got = load(tmp_path, f"fp8_resume.rank{rank}.pt")
+        assert all(torch.equal(a, b) for a, b in zip(got["loaded"], saved)), rank
+        assert got["kinds"] == ["Float8ShardedWeight", "Float8ShardedWeight", "Tensor"], got["kinds"]
+        assert not any(torch.equal(a, b) for a, b in zip(got["after"], saved)), "the step after loading moved nothing"

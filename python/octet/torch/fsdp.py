@@ -88,6 +88,11 @@ class Float8ShardedWeight(torch.Tensor):
     def __repr__(self):
         return f"Float8ShardedWeight(recipe={self._recipe}, {self._data!r})"
 
+    def __reduce_ex__(self, protocol):
+        # Saved as the plain tensor of its values (torch.save, torch.distributed.checkpoint), so that a
+        # checkpoint loads anywhere, weights_only included; loading copies values into the weight.
+        return self._data.detach().clone().__reduce_ex__(protocol)
+
     def _global_amax(self, mesh) -> float:
         if self._amax is not None and self._amax[1] == self._data._version:
             return self._amax[0]
