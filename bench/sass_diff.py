@@ -48,6 +48,7 @@ ARCHS = ("sm_89", "sm_90a")
 
 # (old, new): a demangled name (or a name in the code) starting a qualified name with `old` is read
 # as if it started with `new`.
+# (gemm's and quant's move to gemm/detail/ and quant/detail/ kept their `octet::detail` names: none.)
 RENAMES = (
     ("octet::attn_kernel::", "octet::detail::attention::"),
     ("octet::attn_frag::", "octet::detail::attention::"),
