@@ -1,0 +1,155 @@
+// examples/08_training/gradient_exchange.hpp: how the data-parallel ranks' gradients become one.
+// With the recipe's gradient codec: octet::compressed_allreduce (E4M3 on a 1024-point Hadamard
+// rotation, error feedback at both stages: each rank's whole gradient, and the shard it reduces;
+// the residuals stored as recipe.residuals), each rank with an arena of exactly the bytes the call
+// asks for. Without it: the plain sum in rank order; under mpirun from an all-gather (the order the
+// in-process ranks sum in, not MPI_Allreduce's, which MPI does not fix), so that both modes
+// produce the same bits. Every buffer is booked in the run's meter.
+//
+// restore_point keeps a copy of the codec's residuals before each step: a repeated step restores
+// them (every attempt's encode updates them; without this a corrupted first attempt would live on
+// in the residuals and poison the repeat).
+#pragma once
+
+#include "ranks.hpp"
+#include "train.hpp"
+
+#include <octet/octet.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace train {
+
+class gradient_exchange {
+public:
+    /// P ranks in all, of which this process runs L, global ranks first .. first + L - 1 (procs:
+    /// the other processes under mpirun; nullptr: all ranks are threads of this process).
+    gradient_exchange(memory_meter& meter, const recipe_config& rc, std::size_t n, int P, int L, int first,
+                      process_ranks* procs)
+        : n_(n),
+          P_(P),
+          codec_on_(rc.gradient_codec),
+          procs_(procs),
+          world_(L),
+          gathered_(make_metered<float>(meter, octet::memory_category::gradients, 0)) {
+        codec_.format = octet::wire_format::e4m3;
+        codec_.transform = octet::transform_kind::hadamard;
+        codec_.block = 1024;
+        if (codec_on_) {
+            for (int l = 0; l < L; ++l) {
+                feedback_.emplace_back(n, rc.residuals);
+                reduced_feedback_.emplace_back(octet::allreduce_shard(codec_, n, P, first + l).count, rc.residuals);
+                const double residual_bytes =
+                    static_cast<double>(feedback_.back().bytes() + reduced_feedback_.back().bytes());
+                // (the checkpoint keeps them in its file)
+                meter.allocate(octet::memory_category::gradients, residual_bytes);
+            }
+            // compressed_allreduce's buffers (each rank: its stage-1 messages, those it receives,
+            // the reduced shard and the gathered messages, and the codec's scratch): one arena per
+            // rank of exactly its query, lent to the call, booked as it is allocated.
+            for (int l = 0; l < L; ++l) {
+                arenas_.emplace_back(scratch_bytes(first + l));
+                meter.allocate(octet::memory_category::temporaries, static_cast<double>(arenas_.back().capacity()));
+            }
+        }
+        gathered_ = make_metered<float>(meter, octet::memory_category::gradients, procs && !codec_on_ ? P * n : 0);
+    }
+
+    bool uses_codec() const { return codec_on_; }
+    const octet::codec_config& codec() const { return codec_; }
+
+    /// The bytes compressed_allreduce takes on rank r (with both residuals; one thread each).
+    std::size_t scratch_bytes(int r) {
+        octet::allreduce_options probe;
+        probe.feedback = feedback_.front().view();
+        probe.reduced_feedback = reduced_feedback_.front().view();
+        return octet::compressed_allreduce_scratch_bytes(octet::on_host(1), codec_, n_, P_, r, probe);
+    }
+
+    /// The codec's error-feedback residuals of this process's ranks (none without the codec).
+    std::vector<octet::residual_view> residual_views() {
+        std::vector<octet::residual_view> v;
+        for (auto* set : {&feedback_, &reduced_feedback_})
+            for (auto& fb : *set) v.push_back(fb.view());
+        return v;
+    }
+
+    /// Reduces this process's ranks' gradients `grads` (one per local rank) with every other
+    /// rank's into grads[0], their mean over the P ranks; returns its L2 norm.
+    double reduce(std::vector<metered_vector<float>>& grads) {
+        const std::size_t n = n_;
+        const int P = P_;
+        if (codec_on_) {
+            auto options = [&](int l) {
+                octet::allreduce_options ao;
+                ao.expected_ranks = P;
+                ao.feedback = feedback_[l].view();
+                ao.reduced_feedback = reduced_feedback_[l].view();
+                ao.executor = octet::with_allocator(octet::on_host(1), arenas_[l].allocator());
+                return ao;
+            };
+            if (procs_) {
+                procs_->compressed_allreduce(codec_, octet::span<float>(grads[0].data(), n), options(0));
+            } else {
+                on_every_rank(P, [&](int r) {
+                    in_process_transport t(world_, r);
+                    octet::compressed_allreduce_host(t, codec_, octet::span<float>(grads[r].data(), n), options(r));
+                });
+            }
+        } else if (procs_) {
+            procs_->allgather(grads[0].data(), n * sizeof(float), gathered_.data());
+            std::copy_n(gathered_.begin(), n, grads[0].begin());
+            for (int r = 1; r < P; ++r)
+                for (std::size_t i = 0; i < n; ++i) grads[0][i] += gathered_[static_cast<std::size_t>(r) * n + i];
+        } else {
+            for (int r = 1; r < P; ++r)
+                for (std::size_t i = 0; i < n; ++i) grads[0][i] += grads[r][i];
+        }
+        double sq = 0;
+        const float inv = 1.0f / static_cast<float>(P);
+        for (std::size_t i = 0; i < n; ++i) {
+            grads[0][i] *= inv;
+            sq += static_cast<double>(grads[0][i]) * grads[0][i];
+        }
+        return std::sqrt(sq);
+    }
+
+private:
+    std::size_t n_;
+    int P_;
+    bool codec_on_;
+    process_ranks* procs_;
+    octet::codec_config codec_;
+    std::vector<octet::error_feedback> feedback_, reduced_feedback_;
+    std::vector<octet::host_arena> arenas_;
+    in_process_world world_;
+    metered_vector<float> gathered_;  // under mpirun without the codec: every rank's gradient
+};
+
+/// The codec's residuals as they were before a step, for a repeat of the step to start from.
+class restore_point {
+public:
+    restore_point(memory_meter& meter, gradient_exchange& exchange) : exchange_(exchange) {
+        for (const auto& v : exchange.residual_views())
+            copies_.push_back(make_metered<std::uint8_t>(meter, octet::memory_category::temporaries, v.bytes()));
+    }
+    void keep() {
+        const auto views = exchange_.residual_views();
+        for (std::size_t i = 0; i < views.size(); ++i)
+            std::copy(views[i].data, views[i].data + views[i].bytes(), copies_[i].data());
+    }
+    void restore() {
+        const auto views = exchange_.residual_views();
+        for (std::size_t i = 0; i < views.size(); ++i) std::copy(copies_[i].begin(), copies_[i].end(), views[i].data);
+    }
+
+private:
+    gradient_exchange& exchange_;
+    std::vector<metered_vector<std::uint8_t>> copies_;
+};
+
+}  // namespace train
