@@ -242,12 +242,16 @@ def fsdp_training(rank, world, init_file, out_dir, steps):
 
 
 def fp8_model():
-    """Two tensorwise layers (the second's 201 rows shard unevenly over 2 ranks) and a blockwise one,
-    which keeps FSDP2's float all-gather."""
+    """Layers that FSDP2 all-gathers in FP8 over 2 ranks: two tensorwise ones (the second's 201 rows
+    shard unevenly) and a blockwise one (256 rows: 128 per rank, whole 128 x 128 blocks; 201 columns:
+    a partial block); and two it gathers in float: a blockwise one whose 100 rows put 50 on a rank
+    (blocks would straddle ranks) and an mxfp8 one."""
     torch.manual_seed(4)
     return torch.nn.Sequential(ot.Float8Linear(256, 512, recipe="tensorwise"), torch.nn.GELU(),
                                ot.Float8Linear(512, 201, recipe="tensorwise"), torch.nn.GELU(),
-                               ot.Float8Linear(201, 64, recipe="blockwise"))
+                               ot.Float8Linear(201, 256, recipe="blockwise"), torch.nn.GELU(),
+                               ot.Float8Linear(256, 100, recipe="blockwise"), torch.nn.GELU(),
+                               ot.Float8Linear(100, 64, recipe="mxfp8"))
 
 
 def fp8_all_gather(rank, world, init_file, out_dir, steps):

@@ -1,8 +1,9 @@
 """FP8 weight all-gather under FSDP2 for octet's Float8Linear.
 
-``enable_fp8_all_gather(model)`` (before ``fully_shard``) makes each tensorwise Float8Linear's
-weight a tensor that FSDP2 all-gathers as E4M3 codes instead of floats, through FSDP2's
-``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` extension:
+``enable_fp8_all_gather(model)`` (before ``fully_shard``) makes each tensorwise and blockwise
+Float8Linear's weight a tensor that FSDP2 all-gathers as E4M3 codes instead of floats, through
+FSDP2's ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` extension (tensorwise described; a
+blockwise block is scaled by its own amax, and its scale travels with its codes):
 
   * before the all-gather, each rank quantizes its rows of W with the scale of the whole weight:
     the amax of W is the maximum over the ranks of their shards' amaxes, either all-reduced per
@@ -19,10 +20,13 @@ float32's. Dequantizing the gathered codes and letting the layer quantize them a
 bit-identical: the layer's scale fl(amax / 448) computed from the dequantized maximum
 fl(448 fl(amax / 448)) differs from the original scale for about 11% of float32 values.
 
-Recipes: tensorwise (current scaling). The other recipes keep FSDP2's float all-gather (listed with
-the reason by enable_fp8_all_gather): tensorwise_delayed scales from an amax history; blockwise's
-128 x 128 weight blocks and MXFP8's and NVFP4's 1 x 32 / 1 x 16 blocks along both dimensions need
-their row-wise and column-wise copies gathered separately (not built yet).
+Recipes: tensorwise (current scaling), and blockwise (DeepSeek-V3's 128 x 128 weight blocks, each
+scaled by its own amax: no all-reduce) where each rank's rows, out_features / world rounded up, are a
+multiple of 128, so that every block lies on one rank; a blockwise weight sharded otherwise travels in
+float. The other recipes keep FSDP2's float all-gather (listed with the reason by
+enable_fp8_all_gather): tensorwise_delayed scales from an amax history; MXFP8's and NVFP4's 1 x 32 /
+1 x 16 blocks run along the rows in one copy and along the columns in the other, so both copies
+would have to travel (not built yet).
 """
 
 from typing import Dict, List
@@ -35,8 +39,10 @@ from ._gemm import scaled_mm
 from ._quant import QuantizedTensor, _no_tensor_scale, layout, quantize
 from .linear import Float8Linear, _raw, _ops, _widen, linear_recipe
 
-# FP8 all-gather recipes: the weight's column-wise copy is its row-wise copy transposed.
-FP8_ALL_GATHER_RECIPES = ("tensorwise",)
+# FP8 all-gather recipes: the weight's column-wise copy is its row-wise copy transposed (one scale
+# per tensor, or per 128 x 128 block).
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "blockwise")
+_BLOCK = 128  # blockwise's weight blocks: 128 x 128
 
 # Ops whose results stay sharded weights: how FSDP2 chunks, pads, moves and copies a parameter.
 _PRESERVING_OPS = {
@@ -104,24 +110,36 @@ class Float8ShardedWeight(torch.Tensor):
 
     def fsdp_pre_all_gather(self, mesh, outer_size=None, outer_stride=None, module=None, mp_policy=None):
         recipe = linear_recipe(self._recipe).w
-        amax = self._global_amax(mesh)
         rows = self._data.shape[0]
-        # Quantized with the whole weight's amax: the codes of these rows are the whole weight's.
-        probe = self._data if rows else self._data.new_zeros(1, self._cols)
-        q, _, _ = quantize(_widen(probe), recipe, rowwise=True, tensor_amax=amax)
-        codes, scales, _ = q.raw()
         padded = -(-outer_size[0] // mesh.size()) if outer_size is not None else rows
-        if codes.shape[0] != padded:  # FSDP2 gathers equal shards: uneven ones end in zero codes
-            codes = torch.cat([codes[:rows], codes.new_zeros(padded - rows, codes.shape[1])])
-        return (codes,), (scales,)
+        probe = _widen(self._data if rows else self._data.new_zeros(1, self._cols))
+        if self._recipe == "blockwise" and padded % _BLOCK:
+            # A block would straddle two ranks: this weight travels in float (the same on every rank).
+            return (_pad_rows(self._data, padded),), "float"
+        if self._recipe == "blockwise":
+            # Each 128 x 128 block is scaled by its own amax, and FSDP2's shards (padded rows a multiple
+            # of 128, checked by enable_fp8_all_gather) hold whole blocks: the shard's blocks are the
+            # weight's. Its block scales travel too, row-major (a row of blocks per 128 rows).
+            q, _, _ = quantize(probe, recipe, rowwise=True)
+            codes, grid, _ = q.raw()
+            row_blocks = -(-rows // _BLOCK)
+            scales = grid[:, :row_blocks].t()
+            scales = torch.cat([scales, scales.new_zeros(padded // _BLOCK - row_blocks, scales.shape[1])])
+            return (_pad_rows(codes[:rows], padded), scales.contiguous()), None
+        # Quantized with the whole weight's amax: the codes of these rows are the whole weight's.
+        q, _, _ = quantize(probe, recipe, rowwise=True, tensor_amax=self._global_amax(mesh))
+        codes, scales, _ = q.raw()
+        return (_pad_rows(codes[:rows], padded),), scales
 
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
-        (codes,) = outputs
-        (scales,) = metadata
-        if out is not None:  # FSDP2 gathered into the codes of the last call's weight again
+        if isinstance(metadata, str):  # gathered in float: the weight itself
+            return None if out is not None else (outputs[0], tuple(outputs))
+        codes = outputs[0]
+        scales = outputs[1] if self._recipe == "blockwise" else metadata
+        if out is not None:  # FSDP2 gathered into the buffers of the last call's weight again
             out._scales = scales
             return None
-        return Float8GatheredWeight(codes, scales, self._recipe, param_dtype, self._cols), (codes,)
+        return Float8GatheredWeight(codes, scales, self._recipe, param_dtype, self._cols), tuple(outputs)
 
 
 class Float8GatheredWeight(torch.Tensor):
@@ -160,16 +178,34 @@ class Float8GatheredWeight(torch.Tensor):
         return Float8GatheredWeight(inner["_codes"], inner["_scales"], *spec)
 
     def copies(self):
-        """(W's row-wise copy, W^T's row-wise copy): the same codes, transposed, with the same scale."""
+        """(W's row-wise copy, W^T's row-wise copy): the same codes, transposed, with the same scales
+        (a block (i, j) of W is the block (j, i) of W^T)."""
         w = linear_recipe(self._recipe).w
         out_f, in_f = self._codes.shape[0], self._cols
         ts = _no_tensor_scale(self._codes)
-        wq = QuantizedTensor(self._codes.view(torch.float8_e4m3fn), self._scales, ts, w, in_f)
-        (rows_t, ld_t), _, _ = layout(w, in_f, out_f)
+        (rows_t, ld_t), grid_t_shape, _ = layout(w, in_f, out_f)
         codes_t = self._codes.new_zeros(rows_t, ld_t)
         codes_t[:, :out_f] = self._codes[:, :in_f].t()
-        wt = QuantizedTensor(codes_t.view(torch.float8_e4m3fn), self._scales, ts, w, out_f)
+        if self._recipe == "blockwise":  # self._scales: block (i, j) at [i, j]; octet's grids are column-major
+            _, grid_shape, _ = layout(w, out_f, in_f)
+            row_blocks, col_blocks = -(-out_f // _BLOCK), -(-in_f // _BLOCK)
+            blocks = self._scales[:row_blocks, :col_blocks]
+            grid = blocks.new_zeros(grid_shape)
+            grid[:col_blocks, :row_blocks] = blocks.t()
+            grid_t = blocks.new_zeros(grid_t_shape)
+            grid_t[:row_blocks, :col_blocks] = blocks
+        else:
+            grid = grid_t = self._scales
+        wq = QuantizedTensor(self._codes.view(torch.float8_e4m3fn), grid, ts, w, in_f)
+        wt = QuantizedTensor(codes_t.view(torch.float8_e4m3fn), grid_t, ts, w, out_f)
         return wq, wt
+
+
+def _pad_rows(codes: torch.Tensor, rows: int) -> torch.Tensor:
+    """FSDP2 gathers equal shards: an uneven one ends in rows of zero codes."""
+    if codes.shape[0] == rows:
+        return codes
+    return torch.cat([codes, codes.new_zeros(rows - codes.shape[0], codes.shape[1])])
 
 
 def _shard_amax(t: torch.Tensor) -> torch.Tensor:
@@ -215,7 +251,8 @@ def gathered_forward(layer: Float8Linear, x2d: torch.Tensor) -> torch.Tensor:
 
 
 def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
-    """Makes every tensorwise Float8Linear of ``model`` all-gather its weight in FP8 under FSDP2.
+    """Makes every tensorwise and blockwise Float8Linear of ``model`` all-gather its weight in FP8
+    under FSDP2.
     Call it before ``fully_shard``. Returns {layer name: "fp8"} for the layers it changed and
     {layer name: the reason} for the Float8Linear layers it left to FSDP2's float all-gather."""
     from torch.distributed.tensor import DTensor
@@ -232,13 +269,14 @@ def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
         elif isinstance(m.weight, DTensor):
             raise ValueError(f"octet.enable_fp8_all_gather: layer '{name}' is already sharded; call it before "
                              "fully_shard")
-        elif isinstance(m.weight, Float8ShardedWeight):
-            report[name] = "fp8"
         else:
             w = m.weight
-            m.weight = nn.Parameter(Float8ShardedWeight(w.detach(), m.recipe.name, w.shape[1]),
-                                    requires_grad=w.requires_grad)
-            report[name] = "fp8"
+            if not isinstance(w, Float8ShardedWeight):
+                m.weight = nn.Parameter(Float8ShardedWeight(w.detach(), m.recipe.name, w.shape[1]),
+                                        requires_grad=w.requires_grad)
+            report[name] = "fp8" if m.recipe.name == "tensorwise" else (
+                "fp8 where each rank's rows (out_features / world, rounded up) are a multiple of 128, float "
+                "elsewhere (a block would straddle two ranks)")
     return report
 
 
