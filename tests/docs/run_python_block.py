@@ -26,7 +26,7 @@ def main():
     lib_dir = os.environ.get("OCTET_LIBRARY_DIR", "")
     for module, library in needs:
         if importlib.util.find_spec(module) is None:
-            print(f"skipped: {module} is not importable by {sys.executable} (pip install -r python/requirements.txt)")
+            print(f"skipped: {module} is not importable by {sys.executable} (./octet.sh setup installs it into .venv)")
             return 0
         if not os.path.exists(os.path.join(lib_dir, library)):
             print(f"skipped: {library} is not built in {lib_dir or '(OCTET_LIBRARY_DIR unset)'} "
