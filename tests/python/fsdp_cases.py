@@ -113,8 +113,15 @@ def train(rank, world, init_file, out_dir, nan_step):
         _write(out_dir, f"train.{codec}.{master}", model, opt, {"skipped": skipped})
     model, opt = _sharded_model(world, "e4m3_expanded", "fp32", 1)
     model.p[0].grad = torch.zeros(model.p[0].shape)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh2d = init_device_mesh("cpu", (2, world // 2))  # HSDP's shape: not stepped by this build
+    p2d = torch.nn.Parameter(distribute_tensor(torch.ones(8, 256), mesh2d, [Shard(0), Shard(0)]))
+    p2d.grad = distribute_tensor(torch.ones(8, 256), mesh2d, [Shard(0), Shard(0)])
+    opt2d = ot.AdamW([p2d])
     refused = []
-    for call, error in ((opt.step, TypeError), (opt.torch_state_dict, ValueError)):
+    for call, error in ((opt.step, TypeError), (opt.torch_state_dict, ValueError), (opt2d.step, ValueError)):
         try:
             call()
             refused.append("no error")

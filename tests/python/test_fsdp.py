@@ -48,9 +48,10 @@ def test_sharded_steps_match_one_process_bit_for_bit(tmp_path):
                 for k, v in a.items():
                     assert torch.equal(v, b[k].reshape(-1)), f"{codec}/{master}: {k} of parameter {i}, rank {rank}"
     for rank in range(world):
-        step, torch_state = load(tmp_path, f"refused.rank{rank}.pt")
+        step, torch_state, mesh2d = load(tmp_path, f"refused.rank{rank}.pt")
         assert "DTensor gradient" in step, step
         assert "torch.distributed.checkpoint" in torch_state, torch_state
+        assert "2-D device mesh" in mesh2d, mesh2d
 
 
 def test_checkpoint_saved_on_2_resumes_on_4_bit_identically(tmp_path):
