@@ -1,7 +1,8 @@
 // Interpret mode's costs, measured with a steady clock: per launch (empty kernel), per block, per
 // barrier (a context switch per thread), per checked shared access, per warp collective. Not a test:
 // target bench_interpret_speed (bench/CMakeLists.txt), or by hand:
-//   g++ -std=c++17 -O2 -DOCTET_INTERPRET -I include -isystem /usr/local/cuda/include bench/interpret_speed.cpp
+//   g++ -std=c++17 -O2 -DOCTET_INTERPRET -I interpret/include -isystem /usr/local/cuda/include
+//       bench/interpret_speed.cpp   (one command line)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +20,7 @@ void barrier_kernel(int k) {
 
 // Each thread stores to and loads its own float (no race, no sharing): the checked access path.
 void own_access_kernel(int k, float* out) {
-    OCTET_SHARED(float[1024], s);
+    OCTET_INTERPRET_SHARED(float[1024], s);
     const unsigned t = threadIdx.x;
     s[t] = 1.0f;
     float acc = 0.0f;
@@ -32,7 +33,7 @@ void own_access_kernel(int k, float* out) {
 
 // Every thread reads the same floats after a barrier (read-shared bytes: concurrent readers).
 void broadcast_kernel(int k, float* out) {
-    OCTET_SHARED(float[64], s);
+    OCTET_INTERPRET_SHARED(float[64], s);
     const unsigned t = threadIdx.x;
     if (t < 64) s[t] = static_cast<float>(t);
     __syncthreads();

@@ -29,8 +29,9 @@
 /// by default (-static-global-template-stub), and this gives it to every kernel, with any nvcc.
 #define OCTET_KERNEL static __global__
 #elif defined(OCTET_INTERPRET)
-// Interpret mode: CUDA source compiled as host code and its kernels run by the interpreter
-// (octet/interpret/cuda.hpp, included at the end of this header).
+// Interpret mode: CUDA source compiled as host code and its kernels run by the interpreter (interpret/,
+// the octet::interpret target, which force-includes octet/interpret/cuda.hpp; octet reaches the
+// interpreter through octet/cuda/interpret_seam.hpp only).
 #define OCTET_HD inline
 #define OCTET_DEVICE inline
 #define OCTET_KERNEL [[maybe_unused]] static  // a translation unit launches only some of a header's kernels
@@ -89,7 +90,3 @@ inline constexpr int version_minor = OCTET_VERSION_MINOR;
 inline constexpr int version_patch = OCTET_VERSION_PATCH;
 
 }  // namespace octet
-
-#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-#include "octet/interpret/cuda.hpp"
-#endif

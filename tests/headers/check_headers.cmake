@@ -1,10 +1,16 @@
-# Compiles every public header of octet (include/octet/**/*.hpp) alone, then all of them in one
+# Compiles every public header of octet (include/octet/**/*.hpp, and the CUDA interpreter's,
+# interpret/include/octet/interpret/*.hpp, when INTERPRET_INCLUDE names that folder) alone, then all of them in one
 # translation unit in sorted and in reverse order, with -fsyntax-only and warnings as errors:
 # a header must include what it uses, and must not change the meaning of another (a name found
 # in the wrong namespace, a macro). Run by CTest (tests/headers/CMakeLists.txt):
 #
 #   cmake -DCXX=<compiler> -DSTD=<17|20> -DINCLUDE=<repo>/include -DWORK=<folder>
+#         [-DINTERPRET_INCLUDE=<repo>/interpret/include [-DCUDA_INCLUDE=<toolkit include folder>]]
 #         [-DMPI=ON -DMPI_INCLUDES=<dir>|<dir>] -P check_headers.cmake
+#
+# With CUDA_INCLUDE too, each interpreter header is also compiled alone in interpret mode, as the
+# octet::interpret target builds (-DOCTET_INTERPRET, octet/interpret/cuda.hpp force-included), with
+# octet's include folder left off: the interpreter must not need octet's library headers.
 #
 # The headers are globbed when the test runs, so a new header is checked without reconfiguring.
 # A header that includes <mpi.h> is checked only when MPI is ON.
@@ -15,8 +21,16 @@ foreach(var CXX STD INCLUDE WORK)
 endforeach()
 
 file(GLOB_RECURSE headers RELATIVE ${INCLUDE} ${INCLUDE}/octet/*.hpp)
+set(interpret_headers "")
+if(INTERPRET_INCLUDE)
+  file(GLOB_RECURSE interpret_headers RELATIVE ${INTERPRET_INCLUDE} ${INTERPRET_INCLUDE}/octet/interpret/*.hpp)
+  list(APPEND headers ${interpret_headers})
+endif()
 list(SORT headers)
 set(flags -std=c++${STD} -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I${INCLUDE})
+if(INTERPRET_INCLUDE)
+  list(APPEND flags -I${INTERPRET_INCLUDE})
+endif()
 if(MPI_INCLUDES)
   string(REPLACE "|" ";" MPI_INCLUDES "${MPI_INCLUDES}")
   foreach(dir ${MPI_INCLUDES})
@@ -39,7 +53,11 @@ function(compile name text)
 endfunction()
 
 foreach(h ${headers})
-  file(STRINGS ${INCLUDE}/${h} needs_mpi REGEX "^#include <mpi\\.h>")
+  set(root ${INCLUDE})
+  if(NOT EXISTS ${INCLUDE}/${h})
+    set(root ${INTERPRET_INCLUDE})
+  endif()
+  file(STRINGS ${root}/${h} needs_mpi REGEX "^#include <mpi\\.h>")
   if(needs_mpi AND NOT MPI)
     message(STATUS "not checked: ${h} (needs <mpi.h>; MPI was not found when the tests were configured)")
     continue()
@@ -48,6 +66,17 @@ foreach(h ${headers})
   # Twice: the second include must be a no-op (#pragma once).
   compile(${h} "#include <${h}>\n#include <${h}>\n")
 endforeach()
+
+# The interpreter's headers alone in interpret mode, without octet's include folder.
+if(interpret_headers AND CUDA_INCLUDE)
+  set(library_flags ${flags})
+  set(flags -std=c++${STD} -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I${INTERPRET_INCLUDE}
+            -isystem ${CUDA_INCLUDE} -DOCTET_INTERPRET -include octet/interpret/cuda.hpp)
+  foreach(h ${interpret_headers})
+    compile(interpret-mode/${h} "#include <${h}>\n#include <${h}>\n")
+  endforeach()
+  set(flags ${library_flags})
+endif()
 
 set(forward "")
 foreach(h ${checked})

@@ -46,8 +46,8 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/cuda/warp.cuh"
-#include "octet/interpret/cuda_names.hpp"
 
 namespace octet {
 

@@ -28,7 +28,7 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
-#include "octet/interpret/cuda_names.hpp"
+#include "octet/cuda/shared_memory.cuh"
 
 namespace octet {
 namespace detail {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "octet/cuda/check.cuh"
+#include "octet/cuda/interpret_seam.hpp"  // interpret::launch and the runtime, in interpret mode only
 
 namespace octet {
 namespace cuda {
@@ -99,9 +100,10 @@ inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, dim3 clus
 }  // namespace launch_detail
 
 /// Launches kernel<<<grid, block, shared_bytes, stream>>>(args...); in interpret mode
-/// (OCTET_INTERPRET, octet/interpret/cuda.hpp) runs it under the interpreter instead, on the calling
+/// (OCTET_INTERPRET, the octet::interpret target) runs it under the interpreter instead, on the calling
 /// thread (or records it, when `stream` is being captured into a graph), with the dynamic shared memory opt-in
-/// cudaFuncSetAttribute gave the kernel; its reports are thrown as interpret::failure (an octet::error) naming `name`.
+/// cudaFuncSetAttribute gave the kernel; its reports are thrown as interpret::failure (a std::runtime_error,
+/// not an octet::error: they are the checking tool's findings, not the library's) naming `name`.
 /// Check the launch with OCTET_CUDA_CHECK_LAUNCH() as after <<<...>>>.
 template <class... Params, class... Args>
 void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,

@@ -1,8 +1,9 @@
 // octet/cuda/ptx.cuh: the one home of the PTX instructions octet's kernels issue as inline assembly,
 // each a named device function. Compiled for the device (nvcc's device pass) it emits the instruction;
-// compiled as host code in interpret mode (OCTET_INTERPRET, octet/interpret/interpret.hpp) it calls the
-// interpreter's model of the instruction (octet/interpret/ptx_models.hpp), written from the PTX ISA's
-// description and tested on its own (tests/interpret/), so that kernels built on these functions run,
+// compiled as host code in interpret mode (OCTET_INTERPRET, the octet::interpret target) it calls the
+// interpreter's model of the instruction (interpret/include/octet/interpret/ptx_models.hpp, reached
+// through octet/cuda/interpret_seam.hpp), written from the PTX ISA's description and tested on its own
+// (interpret/tests/), so that kernels built on these functions run,
 // and are checked, on the CPU. Elsewhere (nvcc's host pass) the bodies are empty: only kernels call them.
 //
 // Shared-memory operands are 32-bit shared-window addresses, as in PTX (shared_address below); the
@@ -16,9 +17,7 @@
 #include "octet/config.hpp"
 #include "octet/format/float_format.hpp"
 
-#if defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-#include "octet/interpret/ptx_models.hpp"
-#endif
+#include "octet/cuda/interpret_seam.hpp"  // the interpreter's models, in interpret mode only
 #if defined(__CUDACC__) || defined(OCTET_INTERPRET)
 #include <cuda.h>  // CUtensorMap (the toolkit's header only: nothing is linked)
 #endif
@@ -90,7 +89,7 @@ OCTET_DEVICE void mma_m16n8k32(float (&d)[4], const std::uint32_t (&a)[4], const
     __trap();
 #endif
 #elif defined(OCTET_INTERPRET)
-    interpret::model::mma_m16n8k32<FA, FB>(d, a, b, c);
+    interpret::model::mma_m16n8k32<cuda::interpret_element_t<FA>, cuda::interpret_element_t<FB> >(d, a, b, c);
 #else
     (void)d, (void)a, (void)b, (void)c;
 #endif
@@ -115,7 +114,7 @@ OCTET_DEVICE void mma_m16n8k32_acc(float (&d)[4], const std::uint32_t (&a)[4], c
     __trap();
 #endif
 #elif defined(OCTET_INTERPRET)
-    interpret::model::mma_m16n8k32<FA, FB>(d, a, b, d);
+    interpret::model::mma_m16n8k32<cuda::interpret_element_t<FA>, cuda::interpret_element_t<FB> >(d, a, b, d);
 #else
     (void)d, (void)a, (void)b;
 #endif
@@ -778,7 +777,8 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], std::uint64_t desc_a, std::u
     }
 #endif
 #elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-    interpret::model::wgmma_m64nNk32<N, FA, FB>(d, desc_a, desc_b, scale_d, wgmma_name<N, FA, FB, false>(), file, line);
+    interpret::model::wgmma_m64nNk32<N, cuda::interpret_element_t<FA>, cuda::interpret_element_t<FB> >(
+        d, desc_a, desc_b, scale_d, wgmma_name<N, FA, FB, false>(), file, line);
 #else
     (void)d, (void)desc_a, (void)desc_b, (void)scale_d;
 #endif
@@ -806,7 +806,8 @@ OCTET_DEVICE void wgmma_m64nNk32(float (&d)[N / 2], const std::uint32_t (&a)[4],
     }
 #endif
 #elif defined(OCTET_INTERPRET) && !defined(__CUDACC__)
-    interpret::model::wgmma_m64nNk32_rs<N, FA, FB>(d, a, desc_b, scale_d, wgmma_name<N, FA, FB, true>(), file, line);
+    interpret::model::wgmma_m64nNk32_rs<N, cuda::interpret_element_t<FA>, cuda::interpret_element_t<FB> >(
+        d, a, desc_b, scale_d, wgmma_name<N, FA, FB, true>(), file, line);
 #else
     (void)d, (void)a, (void)desc_b, (void)scale_d;
 #endif

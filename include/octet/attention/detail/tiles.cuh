@@ -34,8 +34,8 @@
 
 #include "octet/attention/detail/fragments.hpp"
 #include "octet/cuda/ptx.cuh"
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/format/float_format.hpp"
-#include "octet/interpret/cuda_names.hpp"
 
 namespace octet {
 namespace detail {

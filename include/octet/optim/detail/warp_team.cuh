@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "octet/interpret/cuda_names.hpp"
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/optim/detail/dynamic_map.hpp"
 #include "octet/optim/detail/team.hpp"
 

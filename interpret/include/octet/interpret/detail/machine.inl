@@ -1604,7 +1604,7 @@ struct machine {
         window_bytes = (dev.shared_per_block_optin + 2048 + page - 1) / page * page;
         mapping_pool& pool = mappings();
         window = pool.take(window_bytes * ctas, 0);  // page-aligned, hence 1024-aligned as swizzled tiles need
-        if (!window) throw octet::error("interpret: cannot map the shared window");
+        if (!window) throw interpret::error("interpret: cannot map the shared window");
         regions.push_back(region{"dynamic shared", 0, cfg.dynamic_shared});
         static_begin = static_end = (cfg.dynamic_shared + 15) / 16 * 16;
         touched_end = static_end;
@@ -1615,7 +1615,7 @@ struct machine {
         fibers.reset(new fiber[nthreads]);
         for (unsigned t = 0; t < nthreads; ++t) {
             fibers[t].mapping = pool.take(page + stack_bytes, page);
-            if (!fibers[t].mapping) throw octet::error("interpret: cannot map a fiber stack");
+            if (!fibers[t].mapping) throw interpret::error("interpret: cannot map a fiber stack");
         }
         warp_ops.assign((nthreads + 31) / 32, {});
         warpgroup_ops.assign((nthreads + 127) / 128, {});
@@ -1771,8 +1771,8 @@ inline void fiber_entry() {
 inline machine& running(const char* what) {
     machine* m = tl_machine;
     if (!m || !m->current)
-        throw octet::error(std::string("interpret: ") + what +
-                           " used outside a kernel that octet::interpret::launch is running");
+        throw interpret::error(std::string("interpret: ") + what +
+                               " used outside a kernel that octet::interpret::launch is running");
     return *m;
 }
 
@@ -1823,7 +1823,7 @@ guarded_buffer<T>::guarded_buffer(std::size_t n, std::string name) : size_(n) {
     map_bytes_ = (data_pages + 2) * page;  // guard, data, guard
     void* m = mmap(nullptr, map_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
-        throw octet::error("interpret: cannot map a guarded buffer of " + std::to_string(bytes) + " bytes");
+        throw interpret::error("interpret: cannot map a guarded buffer of " + std::to_string(bytes) + " bytes");
     map_ = static_cast<std::uint8_t*>(m);
     if (data_pages) mprotect(map_ + page, data_pages * page, PROT_READ | PROT_WRITE);
     // the data ends at the back guard, its start rounded down to 16 bytes for vector loads

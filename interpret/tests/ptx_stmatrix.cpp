@@ -14,7 +14,7 @@
 
 #include "octet/attention/detail/tiles.cuh"
 #include "octet/cuda/ptx.cuh"
-#include "octet/interpret/cuda_names.hpp"
+#include "octet/cuda/shared_memory.cuh"
 #include "support/interpret_reports.hpp"
 #include "support/random.hpp"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "octet/cuda/ptx.cuh"
-#include "octet/interpret/cuda_names.hpp"
+#include "octet/cuda/shared_memory.cuh"
 #include "support/interpret_reports.hpp"
 
 namespace ptx_mbarrier_test {

@@ -16,6 +16,7 @@
 
 #include "octet/cuda/launch.cuh"
 #include "octet/cuda/ptx.cuh"
+#include "octet/cuda/shared_memory.cuh"
 
 namespace interpret_cp_async_test {
 namespace oi = octet::interpret;

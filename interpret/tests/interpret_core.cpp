@@ -4,8 +4,9 @@
 // shared-memory checks (a block reduction without its barrier is a race, out-of-bounds and
 // uninitialised accesses, the size limits), deadlock, atomics, and small correct kernels (tiled
 // transpose, block prefix sum) over several grid and block shapes, ragged ones included.
-// The kernels below are CUDA source: octet/interpret/cuda_names.hpp maps threadIdx, __syncthreads,
-// __shfl_xor_sync, atomicAdd... onto the interpreter.
+// The kernels below are CUDA source: octet/interpret/cuda_builtins.hpp maps threadIdx, __syncthreads,
+// __shfl_xor_sync, atomicAdd... onto the interpreter, and they declare shared memory with the
+// interpreter's own OCTET_INTERPRET_SHARED. Nothing of octet's library is included here.
 #define OCTET_INTERPRET 1
 #include <doctest/doctest.h>
 
@@ -17,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "octet/interpret/cuda_names.hpp"
+#include "octet/interpret/cuda.hpp"
 #include "support/interpret_reports.hpp"
 #include "support/random.hpp"
 
@@ -256,7 +257,7 @@ TEST_CASE("match.sync any/all, 32- and 64-bit") {
 /// The sum of x over each block, by a tree in shared memory; with_barrier = false leaves out the
 /// barrier inside the tree (the classic bug).
 __global__ void block_sum_kernel(const float* x, int n, float* sums, bool with_barrier) {
-    OCTET_SHARED(float[256], partial);
+    OCTET_INTERPRET_SHARED(float[256], partial);
     const unsigned t = threadIdx.x;
     const int i = static_cast<int>(blockIdx.x * blockDim.x + t);
     partial[t] = i < n ? x[i] : 0.0f;
@@ -295,11 +296,11 @@ TEST_CASE("a block reduction: right with its barrier, a race without it") {
         CHECK(r.detail.find("interpret_core.cpp:") != std::string::npos);
         CHECK(r.message().find("block (0,0,0)") != std::string::npos);
     }
-    // the default mode throws the first report, as an octet::error
+    // the default mode throws the first report, as an interpret::failure (an interpret::error)
     std::vector<float> sums(4);
     CHECK_THROWS_AS(oi::launch("block_sum_no_barrier", {oi::dim3(4), oi::dim3(256)}, block_sum_kernel, x.data(), n,
                                sums.data(), false),
-                    octet::error);
+                    oi::error);
     try {
         oi::launch("block_sum_no_barrier", {oi::dim3(4), oi::dim3(256)}, block_sum_kernel, x.data(), n, sums.data(),
                    false);
@@ -374,7 +375,7 @@ TEST_CASE("deadlock and bar.sync misuse") {
 /// Warp specialisation through named barriers: warps 0-1 produce into shared memory and bar.arrive,
 /// warps 2-3 bar.sync and consume; skip_wait makes the consumers read without waiting.
 __global__ void producer_consumer_kernel(const int* in, int* out, bool skip_wait) {
-    OCTET_SHARED(int[64], buf);
+    OCTET_INTERPRET_SHARED(int[64], buf);
     const unsigned t = threadIdx.x;
     if (t < 64) {
         buf[t] = in[blockIdx.x * 64 + t] * 3;
@@ -402,7 +403,7 @@ TEST_CASE("bar.arrive / bar.sync order a producer's writes before the consumers'
 }
 
 __global__ void syncwarp_kernel(int* out, bool with_syncwarp) {
-    OCTET_SHARED(int[32], s);
+    OCTET_INTERPRET_SHARED(int[32], s);
     const unsigned lane = threadIdx.x;
     s[lane] = static_cast<int>(lane) * 10;
     if (with_syncwarp) __syncwarp();
@@ -420,14 +421,14 @@ TEST_CASE("__syncwarp orders memory among its lanes; shfl does not") {
 }
 
 __global__ void oob_static_kernel(int n) {
-    OCTET_SHARED(float[64], s);
-    OCTET_SHARED(float[64], neighbour);
+    OCTET_INTERPRET_SHARED(float[64], s);
+    OCTET_INTERPRET_SHARED(float[64], neighbour);
     neighbour[threadIdx.x] = 1.0f;
     if (threadIdx.x == 5) s[n] = 2.0f;  // n = 64: one past the end
 }
 __global__ void oob_dynamic_kernel(int index) {
-    OCTET_DYNAMIC_SHARED(unsigned char, raw);
-    auto words = octet::shared_cast<std::uint32_t>(raw);
+    OCTET_INTERPRET_DYNAMIC_SHARED(unsigned char, raw);
+    auto words = oi::shared_cast<std::uint32_t>(raw);
     if (threadIdx.x == 3) words[index] = 7u;
 }
 
@@ -451,14 +452,14 @@ TEST_CASE("out-of-bounds shared accesses are reported, with the variable and off
 }
 
 __global__ void uninit_kernel(float* out) {
-    OCTET_SHARED(float[128], s);
+    OCTET_INTERPRET_SHARED(float[128], s);
     const unsigned t = threadIdx.x;
     if (t % 2 == 0) s[t] = 1.0f;  // odd entries never written
     __syncthreads();
     out[t] = s[t ^ 1];
 }
 __global__ void stale_kernel(float* out) {
-    OCTET_SHARED(float, v);
+    OCTET_INTERPRET_SHARED(float, v);
     if (blockIdx.x == 0 && threadIdx.x == 0) v = 5.0f;  // later blocks read what block 0 left: not theirs
     __syncthreads();
     out[blockIdx.x * blockDim.x + threadIdx.x] = v;
@@ -479,7 +480,7 @@ TEST_CASE("reads of uninitialised shared memory, also what an earlier block left
 // ---- atomics --------------------------------------------------------------------------------------
 
 __global__ void histogram_kernel(const int* x, int n, unsigned* global_hist, bool read_early) {
-    OCTET_SHARED(unsigned[16], hist);
+    OCTET_INTERPRET_SHARED(unsigned[16], hist);
     const unsigned t = threadIdx.x;
     if (t < 16) hist[t] = 0;
     __syncthreads();
@@ -509,7 +510,7 @@ TEST_CASE("atomics: shared and global, never racing with each other, racing with
 // ---- shared-memory limits --------------------------------------------------------------------------
 
 __global__ void big_static_kernel() {
-    OCTET_SHARED(unsigned char[40 * 1024], a);
+    OCTET_INTERPRET_SHARED(unsigned char[40 * 1024], a);
     a[threadIdx.x] = 1;
 }
 
@@ -538,7 +539,7 @@ constexpr int kTile = 16;
 
 /// out (cols x rows) = in (rows x cols)^T through a padded shared tile; blockDim = (16, rows_per_pass).
 __global__ void transpose_kernel(const float* in, float* out, int rows, int cols) {
-    OCTET_SHARED(float[kTile][kTile + 1], tile);
+    OCTET_INTERPRET_SHARED(float[kTile][kTile + 1], tile);
     const int c0 = static_cast<int>(blockIdx.x) * kTile, r0 = static_cast<int>(blockIdx.y) * kTile;
     for (int dy = static_cast<int>(threadIdx.y); dy < kTile; dy += static_cast<int>(blockDim.y)) {
         const int r = r0 + dy, c = c0 + static_cast<int>(threadIdx.x);
@@ -574,7 +575,7 @@ TEST_CASE("a tiled transpose is right for several grid and block shapes, ragged 
 /// shared memory, one warp scans the totals. Any block size up to 1024, partial last warp included
 /// (its shuffles use the mask of its lanes).
 __global__ void scan_kernel(const int* x, int n, int* y) {
-    OCTET_SHARED(int[32], warp_total);
+    OCTET_INTERPRET_SHARED(int[32], warp_total);
     const unsigned t = threadIdx.x, lane = t % 32, warp = t / 32, warps = (blockDim.x + 31) / 32;
     const unsigned in_warp = warp + 1 < warps ? 32u : blockDim.x - 32 * warp;
     const unsigned mask = in_warp == 32 ? 0xFFFFFFFFu : (1u << in_warp) - 1;
@@ -634,7 +635,7 @@ TEST_CASE("every thread of a 3-D grid of 3-D blocks runs once with its coordinat
     oi::launch("coords", {grid, block}, coords_kernel, out.data());
     for (unsigned b = 0; b < 12; ++b)
         for (unsigned t = 0; t < 30; ++t) CHECK(out[b * 30 + t] == b * 100000 + t * 10 + 1);
-    CHECK_THROWS_AS((void)oi::thread_idx(), octet::error);  // outside a launch
+    CHECK_THROWS_AS((void)oi::thread_idx(), oi::error);  // outside a launch
 }
 
 }  // namespace interpret_core_test
@@ -642,7 +643,7 @@ TEST_CASE("every thread of a 3-D grid of 3-D blocks runs once with its coordinat
 namespace interpret_core_test {
 
 __global__ void throwing_kernel(int bad_thread) {
-    OCTET_SHARED(int[64], s);
+    OCTET_INTERPRET_SHARED(int[64], s);
     s[threadIdx.x] = 1;
     __syncthreads();
     if (static_cast<int>(threadIdx.x) == bad_thread) throw std::runtime_error("rule rejected its input");
@@ -680,7 +681,7 @@ struct temp_storage {  // a CUB-style TempStorage: a struct the caller puts in s
 };
 
 __global__ void struct_kernel(float* out, bool skip_count) {
-    OCTET_SHARED(temp_storage, temp);
+    OCTET_INTERPRET_SHARED(temp_storage, temp);
     auto self = &temp;
     const unsigned t = threadIdx.x, warp = t / 32;
     auto partial = oi::member(self, &temp_storage::partial);  // sptr<float[8]>
@@ -836,7 +837,7 @@ struct row16 {
 struct regs4 {
     std::uint32_t r[4];
 };
-regs4 ldmatrix_x4(octet::shared_ptr_t<const std::uint8_t> row) {
+regs4 ldmatrix_x4(oi::sptr<const std::uint8_t> row) {
     row16 mine;
     for (int i = 0; i < 16; ++i) mine.b[i] = row[i];
     return oi::warp_exchange<row16, regs4>(
@@ -848,7 +849,7 @@ regs4 ldmatrix_x4(octet::shared_ptr_t<const std::uint8_t> row) {
 
 /// Rows stored XOR-permuted (row r at slot r ^ 5) by 32 threads, then ldmatrix by the warp.
 __global__ void ldmatrix_kernel(const std::uint8_t* rows, std::uint32_t* regs, bool with_barrier) {
-    OCTET_SHARED_ALIGNED(std::uint8_t[32 * 16], tile, 128);
+    OCTET_INTERPRET_SHARED_ALIGNED(std::uint8_t[32 * 16], tile, 128);
     const unsigned t = threadIdx.x;
     const unsigned fill = (t + 7) % 32;  // each thread stores another lane's row
     for (int i = 0; i < 16; ++i) tile[((fill ^ 5) * 16) + i] = rows[(blockIdx.x * 32 + fill) * 16 + i];
@@ -899,8 +900,8 @@ namespace interpret_core_test {
 /// Thread 0 publishes a value after the others start spinning on an atomic flag; the spinning
 /// fibers yield (as __nanosleep does), so the publisher gets to run.
 __global__ void spin_kernel(int* out) {
-    OCTET_SHARED(unsigned, flag);
-    OCTET_SHARED(int, value);
+    OCTET_INTERPRET_SHARED(unsigned, flag);
+    OCTET_INTERPRET_SHARED(int, value);
     if (threadIdx.x == 0) {
         flag = 0u;
         value = 0;

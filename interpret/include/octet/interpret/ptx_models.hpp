@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "octet/format/encode.hpp"
+#include "octet/interpret/fp8.hpp"
 #include "octet/interpret/interpret.hpp"
 #include "octet/interpret/tensor_map.hpp"
 
@@ -28,7 +28,8 @@ namespace model {
 
 // ---- mma.sync ---------------------------------------------------------------------------------------
 
-// mma.sync.aligned.m16n8k32.row.col.f32.FA.FB.f32 (FA, FB: e4m3 or e5m2): d = a * b + c over the warp,
+// mma.sync.aligned.m16n8k32.row.col.f32.FA.FB.f32 (FA, FB: ptx::e4m3 or ptx::e5m2, the element types of
+// fp8.hpp, decoded by ptx::decode as the ISA defines them): d = a * b + c over the warp,
 // fragments as in the PTX ISA's "Matrix fragments for mma.m16n8k32" (per lane, g = lane / 4,
 // t = lane % 4, codes packed lowest byte first; element i of a lane's A/B codes is byte i % 4 of
 // register i / 4):
@@ -79,7 +80,8 @@ float dot32(const std::uint8_t* a, const std::uint8_t* b, float c) {
     fixed128 sum = 0;
     bool nan = false, pos_inf = false, neg_inf = false, all_neg_zero = true;
     for (int k = 0; k < 32; ++k) {
-        const double p = static_cast<double>(decode<FA>(a[k])) * static_cast<double>(decode<FB>(b[k]));  // exact
+        const double p =
+            static_cast<double>(ptx::decode<FA>(a[k])) * static_cast<double>(ptx::decode<FB>(b[k]));  // exact
         if (std::isnan(p)) {
             nan = true;
         } else if (std::isinf(p)) {
@@ -106,7 +108,7 @@ float dot32(const std::uint8_t* a, const std::uint8_t* b, float c) {
         lo = (s - (hi - bv)) + (cd - bv);
     }
     const float d = round_to_float(hi, lo);
-    return std::isnan(d) ? ::octet::canonical_nan() : d;
+    return std::isnan(d) ? interpret::canonical_nan() : d;
 }
 }  // namespace mma_detail
 
@@ -115,11 +117,15 @@ void mma_m16n8k32(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_
     mma_detail::mma_in mine{};
     for (int i = 0; i < 4; ++i) mine.a[i] = a[i], mine.c[i] = c[i];  // c read before d is written: d may be c
     for (int i = 0; i < 2; ++i) mine.b[i] = b[i];
-    const char* name = std::is_same<FA, e4m3>::value
-                           ? (std::is_same<FB, e4m3>::value ? "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
-                                                            : "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32")
-                           : (std::is_same<FB, e4m3>::value ? "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32"
-                                                            : "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32");
+    static_assert((std::is_same<FA, ptx::e4m3>::value || std::is_same<FA, ptx::e5m2>::value) &&
+                      (std::is_same<FB, ptx::e4m3>::value || std::is_same<FB, ptx::e5m2>::value),
+                  "mma.sync's FP8 operands are ptx::e4m3 or ptx::e5m2 (octet/interpret/fp8.hpp)");
+    const char* name =
+        std::is_same<FA, ptx::e4m3>::value
+            ? (std::is_same<FB, ptx::e4m3>::value ? "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
+                                                  : "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32")
+            : (std::is_same<FB, ptx::e4m3>::value ? "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32"
+                                                  : "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32");
     const mma_detail::mma_out out = warp_exchange<mma_detail::mma_in, mma_detail::mma_out>(
         name, 0xFFFFFFFFu, mine, [](const mma_detail::mma_in* const* in, mma_detail::mma_out* const* res) {
             std::uint8_t A[16][32], B[8][32];  // B stored by column: B[n][k]
@@ -668,7 +674,7 @@ inline void setmaxnreg(std::uint32_t n, bool inc, const char* file = __builtin_F
 // Accumulator fragment (f32, N / 2 registers per thread): thread t of the warpgroup, warp w = t / 32,
 // lane l = t % 32, register i holds D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2].
 //
-// Numerics: the FP8 operands are decoded with octet::decode, the 32 products (exact in double) summed in
+// Numerics: the FP8 operands are decoded with ptx::decode (fp8.hpp), the 32 products (exact in double) summed in
 // double, the input accumulator added in double and the result rounded once to float. The hardware
 // accumulates with fewer bits and in its own order: results agree to about float precision, not bits.
 //
@@ -739,7 +745,8 @@ inline void wgmma_descriptor_misaligned(std::uint32_t start, std::uint32_t leadi
     const std::string what = "wgmma matrix descriptor: start address " + detail::hex64(start) + ", leading offset " +
                              detail::hex64(leading) + ", stride offset " + detail::hex64(stride) +
                              ": the descriptor holds them in 16-byte units, and these are not 16-byte aligned";
-    if (!interpret::detail::tl_machine || !interpret::detail::tl_machine->current) throw octet::error(what);
+    if (!interpret::detail::tl_machine || !interpret::detail::tl_machine->current)
+        throw interpret::error("interpret: " + what);
     model_report(check::ptx_misuse, "shared " + detail::hex64(start), what, false);
 }
 
@@ -831,16 +838,16 @@ void wgmma_issue(float* d, const std::uint32_t* a_regs, std::uint64_t desc_a, st
                     for (int r = 0; r < 4; ++r)
                         for (int bb = 0; bb < 4; ++bb)
                             a[16 * w + g + 8 * (r & 1)][16 * (r >> 1) + 4 * tt + bb] =
-                                static_cast<double>(decode<FA>(in[u]->a[4 * r + bb]));
+                                static_cast<double>(ptx::decode<FA>(in[u]->a[4 * r + bb]));
                 } else {
                     for (int k = 0; k < 16; ++k)
-                        a[u / 2][16 * (u % 2) + k] = static_cast<double>(decode<FA>(in[u]->a[k]));
+                        a[u / 2][16 * (u % 2) + k] = static_cast<double>(ptx::decode<FA>(in[u]->a[k]));
                 }
                 for (int j = 0; j < wgmma_operands<N>::b_granules; ++j) {
                     const int q = u + 128 * j;
                     if (q < 2 * N)
                         for (int k = 0; k < 16; ++k)
-                            b[q / 2][16 * (q % 2) + k] = static_cast<double>(decode<FB>(in[u]->b[j][k]));
+                            b[q / 2][16 * (q % 2) + k] = static_cast<double>(ptx::decode<FB>(in[u]->b[j][k]));
                 }
             }
             const bool accumulate = in[0]->scale_d != 0;

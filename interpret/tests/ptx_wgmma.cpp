@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "octet/cuda/ptx.cuh"
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/format/encode.hpp"
-#include "octet/interpret/cuda_names.hpp"
 #include "support/interpret_reports.hpp"
 #include "support/random.hpp"
 
@@ -358,7 +358,7 @@ TEST_CASE("wgmma descriptor: ptx::wgmma_descriptor encodes the ISA's bit layout"
     d.base_offset = 5;
     CHECK(d.encode() == (descriptor(0x2A40, 0x180, 0x400, b64) | std::uint64_t{5} << 49));
     d.start = 0x2A48;  // not 16-byte aligned: outside a launch an error
-    CHECK_THROWS_AS((void)d.encode(), octet::error);
+    CHECK_THROWS_AS((void)d.encode(), octet::interpret::error);
 }
 
 TEST_CASE("wgmma: a swizzle mode that does not match the layout gives a wrong product (seen by the oracle)") {

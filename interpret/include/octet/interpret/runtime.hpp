@@ -8,7 +8,7 @@
 // is an out-of-bounds report; allocations start 16-byte aligned, not 256 as cudaMalloc's do); every
 // stream, including the default one, runs its work when it is enqueued (a kernel runs under the
 // interpreter inside octet::cuda::launch), so a copy or a synchronization never waits. Launch failures
-// and the interpreter's reports are thrown (interpret::failure, an octet::error), not left for
+// and the interpreter's reports are thrown (interpret::failure, an interpret::error), not left for
 // cudaGetLastError. cudaPointerGetAttributes says "device" exactly for the allocations made here.
 // cudaGetDriverEntryPoint[ByVersion] finds one driver function, the model's cuTensorMapEncodeTiled
 // (interpret/ptx_models.hpp).

@@ -50,7 +50,7 @@
 //     the fault becomes a report), and fiber stack overflows (the guard page below each stack).
 //   Other global memory is ordinary host memory: its accesses are not checked.
 //
-// Reports are thrown, by default, as `octet::interpret::failure` (an `octet::error` carrying the
+// Reports are thrown, by default, as `octet::interpret::failure` (an `interpret::error` carrying the
 // `report`): the first report ends the launch, the block's other fibers are unwound, and a test's
 // CHECK_THROWS or the caller's handler sees it where it happened (after an out-of-bounds access or a
 // deadlock the kernel's further behaviour means nothing). `options::mode = on_report::collect` instead
@@ -68,20 +68,21 @@
 //   (a spinning fiber must call `yield()`); global-memory races between blocks; bar.sync executed by
 //   part of a warp (counted per thread here, per warp by the hardware).
 //
-// Mapping of CUDA's names (octet/interpret/cuda_names.hpp, active when OCTET_INTERPRET is defined and
+// Mapping of CUDA's names (octet/interpret/cuda_builtins.hpp, active when OCTET_INTERPRET is defined and
 // the compiler is not nvcc): threadIdx, blockIdx, blockDim, gridDim -> thread_idx(), block_idx(),
 // block_dim(), grid_dim() of the running fiber; __syncthreads() -> syncthreads(); __syncwarp,
 // __shfl*_sync, __all/__any/__ballot_sync, __match_any/all_sync, __activemask, atomicAdd... -> the
 // functions below; __global__/__device__/__host__/__forceinline__/__launch_bounds__ -> nothing.
 // `__shared__` is deliberately left undefined, so that a declaration not yet converted fails to compile:
-// kernels declare shared memory with OCTET_SHARED(type, name) and OCTET_DYNAMIC_SHARED(type, name)
-// (1024-byte aligned), which are `__shared__` declarations under nvcc and checked handles (sptr /
-// sref) here, pass shared pointers as octet::shared_ptr_t<T> (T* on the device), and reinterpret them
-// with octet::shared_cast<U>(p). A kernel runs with launch("name", {grid, block, dynamic_bytes},
-// kernel, args...).
+// kernels declare shared memory with OCTET_INTERPRET_SHARED(type, name) and
+// OCTET_INTERPRET_DYNAMIC_SHARED(type, name) (1024-byte aligned), which give checked handles (sptr /
+// sref), and reinterpret them with shared_cast<U>(p); octet's kernels write OCTET_SHARED /
+// OCTET_DYNAMIC_SHARED, octet::shared_ptr_t<T> and octet::shared_cast (octet/cuda/shared_memory.cuh),
+// `__shared__` declarations and T* under nvcc and these here. A kernel runs with launch("name",
+// {grid, block, dynamic_bytes}, kernel, args...).
 //
 // PTX instructions (octet/cuda/ptx.cuh, the one home of octet's inline PTX, and their models in
-// octet/interpret/ptx_models.hpp, each written from the PTX ISA and tested on its own in tests/interpret):
+// octet/interpret/ptx_models.hpp, each written from the PTX ISA and tested on its own in interpret/tests):
 //   mma.sync.m16n8k32 with E4M3/E5M2 operands, ldmatrix (.x1/.x2/.x4, .trans), stmatrix (.x4), cp.async
 //   (+ commit_group, wait_group: a copy lands at the wait, as the issuing thread's writes), mbarrier (init, arrive,
 //   expect_tx, complete_tx, phase parity, try_wait: a waiting thread blocks like a barrier waiter),
@@ -94,6 +95,8 @@
 //   read and written by each thread through sptr (shared_at turns a 32-bit shared address back into
 //   one), so the model's accesses go through the same checks as the kernel's and are attributed to
 //   the right thread. Misuse the ISA leaves undefined is a ptx_misuse or mbarrier_misuse report.
+// The FP8 operands of mma and wgmma are decoded by fp8.hpp, written from the ISA's description of
+// .e4m3 and .e5m2 (not by octet's format rules, which the models check).
 // Not modelled yet: cvt to/from FP8/FP6/FP4 as instructions (kernels reach them through octet's
 // encode/decode, which are host code here), ex2.approx, and finer global-memory checks (kernels take
 // raw pointers: guarded_buffer catches accesses past an end; races and uninitialised reads in global
@@ -111,6 +114,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -118,10 +122,18 @@
 #include <utility>
 #include <vector>
 
-#include "octet/config.hpp"
-
 namespace octet {
 namespace interpret {
+
+/// What the interpreter throws: misuse outside a launch (a thread's coordinates asked for on the
+/// host, a descriptor it cannot encode), resources it cannot get (mappings), and, as `failure` below,
+/// a launch's reports. The message starts with "interpret: ". Its own type, not octet's: the
+/// interpreter is a tool that octet is checked with, and depends on the standard library and the CUDA
+/// toolkit's headers only.
+class error : public std::runtime_error {
+public:
+    explicit error(const std::string& what) : std::runtime_error(what) {}
+};
 
 // =====================================================================================================
 // Public API
@@ -201,10 +213,10 @@ struct report {
     }
 };
 
-/// What a launch in the default mode throws: an octet::error whose what() is the report's message.
-class failure : public octet::error {
+/// What a launch in the default mode throws: an interpret::error whose what() is the report's message.
+class failure : public error {
 public:
-    explicit failure(report r) : octet::error(r.message()), report_(std::move(r)) {}
+    explicit failure(report r) : error(r.message()), report_(std::move(r)) {}
     const report& which() const noexcept { return report_; }
 
 private:
@@ -277,7 +289,7 @@ run_result launch(const char* name, const launch_config& cfg, Kernel&& kernel, A
     return launch(name, cfg, options{}, std::forward<Kernel>(kernel), std::forward<Args>(args)...);
 }
 
-// The running fiber's coordinates (throw octet::error outside an interpreted launch).
+// The running fiber's coordinates (throw interpret::error outside an interpreted launch).
 inline const dim3& thread_idx();
 inline const dim3& block_idx();
 inline const dim3& block_dim();

@@ -2,8 +2,7 @@
 // interpret mode the runtime's cuTensorMapEncodeTiled (tensor_map_encode_tiled below, reached through
 // cudaGetDriverEntryPoint[ByVersion], runtime.hpp) validates its arguments as the driver documents them
 // and stores the description below in the map's 128 bytes, which the TMA model (ptx_models.hpp) reads.
-// Its own header so that the runtime does not depend on the instruction models (which use octet's
-// format rules, whose headers include config.hpp, which includes the runtime in interpret mode).
+// Its own header so that the runtime does not depend on the instruction models.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap, cuTensorMapEncodeTiled's enums (the toolkit's header; nothing is linked)

@@ -15,6 +15,7 @@
 #include "octet/cuda/buffer.cuh"
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/launch.cuh"
+#include "octet/cuda/shared_memory.cuh"
 
 namespace interpret_runtime_test {
 namespace oi = octet::interpret;
