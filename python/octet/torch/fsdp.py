@@ -118,8 +118,8 @@ class Float8ShardedWeight(torch.Tensor):
             return (_pad_rows(self._data, padded),), "float"
         if self._recipe == "blockwise":
             # Each 128 x 128 block is scaled by its own amax, and FSDP2's shards (padded rows a multiple
-            # of 128, checked by enable_fp8_all_gather) hold whole blocks: the shard's blocks are the
-            # weight's. Its block scales travel too, row-major (a row of blocks per 128 rows).
+            # of 128, checked above) hold whole blocks: the shard's blocks are the weight's. Its block
+            # scales travel too, row-major (a row of blocks per 128 rows).
             q, _, _ = quantize(probe, recipe, rowwise=True)
             codes, grid, _ = q.raw()
             row_blocks = -(-rows // _BLOCK)
