@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "octet/config.hpp"  // in interpret mode, the runtime the calls below reach (interpret/runtime.hpp)
+#include "octet/config.hpp"  // interpret mode: the runtime calls reach the interpreter (force-included)
 #include "support/random.hpp"
 
 int main(int argc, char** argv) {

@@ -13,8 +13,8 @@
 //   rows and columns read through the quantized layout (L1-cached), then frag = 0.
 #pragma once
 
+#include "octet/cuda/shared_memory.cuh"  // OCTET_DYNAMIC_SHARED_ALIGNED, octet::shared_ptr_t
 #include "octet/gemm/detail/device_common.cuh"
-#include "octet/interpret/cuda_names.hpp"  // OCTET_DYNAMIC_SHARED_ALIGNED, octet::shared_ptr_t
 
 namespace octet {
 namespace detail {

@@ -50,9 +50,9 @@
 #pragma once
 
 #include "octet/cuda/ptx.cuh"
+#include "octet/cuda/shared_memory.cuh"  // OCTET_DYNAMIC_SHARED, octet::shared_ptr_t, shared_cast
 #include "octet/cuda/tensor_map.cuh"
 #include "octet/gemm/detail/device_common.cuh"
-#include "octet/interpret/cuda_names.hpp"  // OCTET_DYNAMIC_SHARED, octet::shared_ptr_t, shared_cast
 
 namespace octet {
 namespace detail {

@@ -21,7 +21,7 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
-#include "octet/interpret/cuda_names.hpp"  // OCTET_SHARED, octet::shared_ptr_t
+#include "octet/cuda/shared_memory.cuh"  // OCTET_SHARED, octet::shared_ptr_t
 #include "octet/rl/surrogate.hpp"
 
 namespace octet {

@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/format/convert.cuh"
-#include "octet/interpret/cuda_names.hpp"
 #include "octet/quant/quantize.hpp"
 
 namespace octet {

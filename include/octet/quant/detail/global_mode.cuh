@@ -9,9 +9,9 @@
 #include <cstdint>
 
 #include "octet/cuda/launch.cuh"
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/cuda/warp.cuh"
 #include "octet/format/convert.cuh"
-#include "octet/interpret/cuda_names.hpp"
 #include "octet/quant/detail/kernel_common.cuh"
 #include "octet/quant/quantize.hpp"
 

@@ -10,9 +10,9 @@
 #include <cstring>
 #include <type_traits>
 
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/cuda/warp.cuh"
 #include "octet/format/convert.cuh"
-#include "octet/interpret/cuda_names.hpp"
 #include "octet/quant/quantize.hpp"
 
 namespace octet {

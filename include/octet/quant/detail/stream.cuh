@@ -13,7 +13,7 @@
 #include "octet/cuda/check.cuh"
 #include "octet/cuda/executor.cuh"
 #include "octet/cuda/launch.cuh"
-#include "octet/interpret/cuda_names.hpp"
+#include "octet/cuda/shared_memory.cuh"
 #include "octet/quant/detail/dequantize.cuh"
 #include "octet/quant/detail/global_mode.cuh"
 #include "octet/quant/detail/kernel_common.cuh"

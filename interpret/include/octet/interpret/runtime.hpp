@@ -441,7 +441,7 @@ inline cudaError_t cuda_get_device_properties(cudaDeviceProp* p, int device) {
     p->major = kComputeMajor;
     p->minor = kComputeMinor;
     p->multiProcessorCount = kMultiprocessors;
-#pragma push_macro("warpSize")  // the field, not cuda_names.hpp's kernel-side constant
+#pragma push_macro("warpSize")  // the field, not cuda_builtins.hpp's kernel-side constant
 #undef warpSize
     p->warpSize = 32;
 #pragma pop_macro("warpSize")
