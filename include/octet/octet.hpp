@@ -26,6 +26,7 @@
 #include "octet/format/float_format.hpp"
 #include "octet/format/packed.hpp"
 #include "octet/format/rounding.hpp"
+#include "octet/gemm/grouped_gemm.hpp"
 #include "octet/gemm/scaled_gemm.hpp"
 #include "octet/monitor/checks.hpp"
 #include "octet/monitor/memory_ledger.hpp"
