@@ -34,6 +34,7 @@
 #include "octet/monitor/run_report.hpp"
 #include "octet/monitor/signals.hpp"
 #include "octet/nn/linear.hpp"
+#include "octet/nn/moe_routing.hpp"
 #include "octet/nn/saved_activation.hpp"
 #include "octet/optim/adamw.hpp"
 #include "octet/optim/checkpoint.hpp"
