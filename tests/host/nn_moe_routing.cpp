@@ -592,7 +592,8 @@ TEST_CASE("combine and its backward against float64, bf16 output, dropped slots"
         std::vector<float> out(T * d, -7.0f);
         combine(on_host(3), matrix_ref<const float>(y.data(), M, d), w, p, matrix_ref<float>(out.data(), T, d));
         std::vector<bf16> out16(T * d, bf16{0xFFFF});
-        combine(on_host(), matrix_ref<const float>(y.data(), M, d), w, p, matrix_ref<bf16>(out16.data(), T, d));
+        combine(on_host(), matrix_ref<float>(y.data(), M, d), w, p,
+                matrix_ref<bf16>(out16.data(), T, d));  // y not const
         std::size_t fully_dropped = 0;
         for (std::size_t t = 0; t < T; ++t) {
             bool any = false;

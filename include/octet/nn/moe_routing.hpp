@@ -179,7 +179,7 @@ dispatch_result plan_dispatch(matrix_ref<const std::int32_t> indices, const disp
 /// Row r of out = row token_of_row(r) of x (tokens x d, float or bf16 to float or bf16): the float path
 /// (permute, then grouped_quantize per expert).
 template <class T, class U>
-void permute_rows(const host_executor& ex, matrix_ref<const T> x, const dispatch_plan_ref& plan, matrix_ref<U> out);
+void permute_rows(const host_executor& ex, matrix_ref<T> x, const dispatch_plan_ref& plan, matrix_ref<U> out);
 
 /// Bytes a permute moves for `rows` rows of `cols` elements: FP8 codes and their scales, against the
 /// bf16 rows the unquantized path moves.
@@ -202,15 +202,14 @@ permute_bytes permute_quantized(const host_executor& ex, quantized_ref<Recipe, B
 /// out_t = sum_j w_tj y[row_of(t, j)] over t's kept slots (y: rows() x d in expert order, float or
 /// bf16; weights tokens x k; out tokens x d, float or bf16). A token with every slot dropped gets 0.
 template <class Y, class Out>
-void combine(const host_executor& ex, matrix_ref<const Y> y, matrix_ref<const float> weights,
-             const dispatch_plan_ref& plan, matrix_ref<Out> out);
+void combine(const host_executor& ex, matrix_ref<Y> y, matrix_ref<const float> weights, const dispatch_plan_ref& plan,
+             matrix_ref<Out> out);
 
 /// The backward of combine: dy[row_of(t, j)] = w_tj dout_t (rows() x d, float or bf16), and dweights_tj =
 /// <dout_t, y[row_of(t, j)]> (tokens x k; 0 for a dropped slot), what route_backward takes.
 template <class G, class Y, class DY>
-void combine_backward(const host_executor& ex, matrix_ref<const G> dout, matrix_ref<const Y> y,
-                      matrix_ref<const float> weights, const dispatch_plan_ref& plan, matrix_ref<DY> dy,
-                      matrix_ref<float> dweights);
+void combine_backward(const host_executor& ex, matrix_ref<G> dout, matrix_ref<Y> y, matrix_ref<const float> weights,
+                      const dispatch_plan_ref& plan, matrix_ref<DY> dy, matrix_ref<float> dweights);
 
 }  // namespace octet
 

@@ -84,7 +84,7 @@ inline void check_router_shapes(const char* fn, matrix_ref<const float> logits, 
 
 template <class T>
 float load_float(const T& v) {
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<std::remove_cv_t<T>, float>)
         return v;
     else
         return to_float(v);
@@ -365,7 +365,7 @@ inline dispatch_result plan_dispatch(matrix_ref<const std::int32_t> indices, con
 // ---- permute ------------------------------------------------------------------------------------------
 
 template <class T, class U>
-void permute_rows(const host_executor& ex, matrix_ref<const T> x, const dispatch_plan_ref& plan, matrix_ref<U> out) {
+void permute_rows(const host_executor& ex, matrix_ref<T> x, const dispatch_plan_ref& plan, matrix_ref<U> out) {
     static_assert(detail::is_float_or_bf16_v<T> && detail::is_float_or_bf16_v<U>,
                   "octet::permute_rows: x and out hold float or octet::bf16");
     constexpr const char* fn = "octet::permute_rows";
@@ -379,7 +379,7 @@ void permute_rows(const host_executor& ex, matrix_ref<const T> x, const dispatch
         for (std::size_t r = r0; r < r1; ++r) {
             const std::size_t t = plan.token_of_row(r);
             for (std::size_t c = 0; c < x.cols; ++c) {
-                if constexpr (std::is_same_v<T, U>)
+                if constexpr (std::is_same_v<std::remove_cv_t<T>, U>)
                     out(r, c) = x(t, c);
                 else
                     out(r, c) = detail::store_float<U>(detail::load_float(x(t, c)));
@@ -472,8 +472,8 @@ permute_bytes permute_quantized(const host_executor& ex, quantized_ref<Recipe, B
 
 namespace detail {
 template <class Y>
-void check_combine(const char* fn, matrix_ref<const Y> y, matrix_ref<const float> weights,
-                   const dispatch_plan_ref& plan, std::size_t d) {
+void check_combine(const char* fn, matrix_ref<Y> y, matrix_ref<const float> weights, const dispatch_plan_ref& plan,
+                   std::size_t d) {
     check_plan(fn, plan);
     OCTET_REQUIRE(y.rows == plan.rows() && y.cols == d, fn, "y",
                   message("is ", y.rows, " x ", y.cols, "; it must be plan.rows() x d = ", plan.rows(), " x ", d,
@@ -485,8 +485,8 @@ void check_combine(const char* fn, matrix_ref<const Y> y, matrix_ref<const float
 }  // namespace detail
 
 template <class Y, class Out>
-void combine(const host_executor& ex, matrix_ref<const Y> y, matrix_ref<const float> weights,
-             const dispatch_plan_ref& plan, matrix_ref<Out> out) {
+void combine(const host_executor& ex, matrix_ref<Y> y, matrix_ref<const float> weights, const dispatch_plan_ref& plan,
+             matrix_ref<Out> out) {
     static_assert(detail::is_float_or_bf16_v<Y> && detail::is_float_or_bf16_v<Out>,
                   "octet::combine: y and out hold float or octet::bf16");
     constexpr const char* fn = "octet::combine";
@@ -508,9 +508,8 @@ void combine(const host_executor& ex, matrix_ref<const Y> y, matrix_ref<const fl
 }
 
 template <class G, class Y, class DY>
-void combine_backward(const host_executor& ex, matrix_ref<const G> dout, matrix_ref<const Y> y,
-                      matrix_ref<const float> weights, const dispatch_plan_ref& plan, matrix_ref<DY> dy,
-                      matrix_ref<float> dweights) {
+void combine_backward(const host_executor& ex, matrix_ref<G> dout, matrix_ref<Y> y, matrix_ref<const float> weights,
+                      const dispatch_plan_ref& plan, matrix_ref<DY> dy, matrix_ref<float> dweights) {
     static_assert(detail::is_float_or_bf16_v<G> && detail::is_float_or_bf16_v<Y> && detail::is_float_or_bf16_v<DY>,
                   "octet::combine_backward: dout, y and dy hold float or octet::bf16");
     constexpr const char* fn = "octet::combine_backward";
