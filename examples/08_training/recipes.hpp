@@ -31,6 +31,16 @@ inline std::vector<recipe_config> all_recipes() {
         c.linear = mode;
         add(c);
     }
+    // What users compare against: bf16 mixed precision as torch.autocast and Lightning's
+    // "bf16-mixed" run it. Float32 weights, gradients and optimizer state; the linears on bf16
+    // operands keeping their inputs in bf16; every other saved activation in bf16 (the norms' and
+    // GELU's inputs, attention's Q, K, V and output); attention's arithmetic in float32 on bf16
+    // inputs, as FlashAttention's bf16 kernels accumulate in float.
+    recipe_config mixed = fp32;
+    mixed.name = "bf16_mixed";
+    mixed.linear = linear_mode::bf16;
+    mixed.saved_activations = saved_storage::bf16;
+    add(mixed);
     // Attention alone: the delta modes under a per-token V scale (the stale-delta failure case),
     // and matched under the per-head V scale octet recommends.
     recipe_config attn = fp32;
@@ -56,7 +66,7 @@ inline std::vector<recipe_config> all_recipes() {
     // The non-linear layers' saved inputs in FP8, alone.
     recipe_config act = fp32;
     act.name = "act_fp8";
-    act.compress_activations = true;
+    act.saved_activations = saved_storage::fp8;
     add(act);
     // All together, and the same without recovery.
     recipe_config all = fp32;
@@ -67,7 +77,7 @@ inline std::vector<recipe_config> all_recipes() {
     all.master = master_mode::bf16_stochastic;
     all.gradient_codec = true;
     all.residuals = octet::residual_storage::e4m3;
-    all.compress_activations = true;
+    all.saved_activations = saved_storage::fp8;
     add(all);
     all.name = "octet_no_recovery";
     all.recovery = false;
@@ -82,7 +92,7 @@ inline std::vector<recipe_config> all_recipes() {
 inline bool is_low_precision(const recipe_config& r) {
     return r.linear != linear_mode::float32 || r.attention != attention_mode::float32 ||
            r.moments != moment_mode::float32 || r.master != master_mode::float32 || r.gradient_codec ||
-           r.compress_activations;
+           r.saved_activations != saved_storage::float32;
 }
 
 }  // namespace train

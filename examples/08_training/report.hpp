@@ -288,7 +288,8 @@ inline double mean_of(const std::vector<const run_result*>& rs, double (*f)(cons
 }
 
 /// The "## Memory" section: each recipe's measured peak by category (its first run: memory does not
-/// depend on the seed), the ratio of its peak to float32's at the same size, the training state's
+/// depend on the seed), the ratio of its peak to float32's and to bf16 mixed precision's (bf16_mixed)
+/// at the same size (n/a where the sweep has no such run), the training state's
 /// bytes per parameter (weights with masters and compute copies, gradients, optimizer state: the
 /// peaks of those categories over the parameters), and the ledger's largest miss in any category.
 inline std::string memory_section(const sweep_result& s) {
@@ -300,12 +301,13 @@ inline std::string memory_section(const sweep_result& s) {
     };
     std::ostringstream o;
     o << "\n## Memory\n\nPeak bytes by category as the meter counted them (every buffer of the run, octet's "
-         "scratch included), the peak against float32's at the same size, the training state (weights, "
+         "scratch included), the peak against float32's and bf16 mixed precision's at the same size, the "
+         "training state (weights, "
          "gradients, optimizer state) per parameter, and the ledger's largest miss in any category "
          "(|measured - predicted| / predicted).\n\n| recipe | size |";
     for (const auto& c : cats) o << " " << cell(c) << " |";
-    o << " peak | x fp32 | state bytes/param | ledger miss |\n|---|---|";
-    for (std::size_t i = 0; i < cats.size() + 4; ++i) o << "---|";
+    o << " peak | x fp32 | x bf16_mixed | state bytes/param | ledger miss |\n|---|---|";
+    for (std::size_t i = 0; i < cats.size() + 5; ++i) o << "---|";
     o << "\n";
     std::vector<std::string> done;
     for (const auto& g : gs) {
@@ -313,9 +315,16 @@ inline std::string memory_section(const sweep_result& s) {
         if (std::find(done.begin(), done.end(), key) != done.end()) continue;
         done.push_back(key);
         const run_result& r = *g.runs.front();
-        const run_result* f32 = nullptr;
-        for (const auto& q : s.runs)
+        const run_result *f32 = nullptr, *mixed = nullptr;
+        for (const auto& q : s.runs) {
             if (q.recipe == "fp32" && q.size == r.size && !f32) f32 = &q;
+            if (q.recipe == "bf16_mixed" && q.size == r.size && !mixed) mixed = &q;
+        }
+        auto against = [&](const run_result* base) {
+            return base && base->peak_bytes_measured > 0
+                       ? printf_str("%.3f", r.peak_bytes_measured / base->peak_bytes_measured)
+                       : std::string("n/a");
+        };
         double miss = 0;
         for (const auto& c : cats) {
             const double m = at(r.peak_bytes_by_category, c), l = at(r.ledger_bytes, c);
@@ -325,10 +334,8 @@ inline std::string memory_section(const sweep_result& s) {
                              at(r.peak_bytes_by_category, "optimizer_state");
         o << "| " << cell(g.label()) << " | " << cell(r.size) << " |";
         for (const auto& c : cats) o << " " << bytes_str(at(r.peak_bytes_by_category, c)) << " |";
-        o << " " << bytes_str(r.peak_bytes_measured) << " | "
-          << (f32 && f32->peak_bytes_measured > 0 ? printf_str("%.3f", r.peak_bytes_measured / f32->peak_bytes_measured)
-                                                  : std::string("n/a"))
-          << " | " << (r.parameters > 0 ? printf_str("%.2f", state / r.parameters) : std::string("n/a")) << " | "
+        o << " " << bytes_str(r.peak_bytes_measured) << " | " << against(f32) << " | " << against(mixed) << " | "
+          << (r.parameters > 0 ? printf_str("%.2f", state / r.parameters) : std::string("n/a")) << " | "
           << printf_str("%.2f%%", 100 * miss) << " |\n";
     }
     return o.str();

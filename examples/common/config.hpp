@@ -66,6 +66,12 @@ enum class v_scale_mode { per_head, per_token };
 enum class moment_mode { float32, dynamic8 };
 /// Master weights: float32, or bf16 with stochastic rounding.
 enum class master_mode { float32, bf16_stochastic };
+/// How the non-linear layers' saved inputs (RMSNorm's residual-stream inputs, GELU's input) are
+/// kept for the backward: float32; bf16 (round to nearest even; with float32 attention, its Q, K,
+/// V and output too, as autocast's bf16 attention keeps them); or FP8 (octet::saved_activation,
+/// E4M3 with a float scale per 32 elements of a row; with the FP8 attention and matched delta,
+/// attention's output too).
+enum class saved_storage { float32, bf16, fp8 };
 
 class linear_layer;  // model.hpp
 class memory_meter;
@@ -88,9 +94,8 @@ struct recipe_config {
     /// How the codec's error-feedback residuals are stored (both stages): bf16, or E4M3 with a scale
     /// per block (half the bytes)
     octet::residual_storage residuals = octet::residual_storage::bf16;
-    /// The non-linear layers' saved inputs (RMSNorm's residual-stream inputs, GELU's input) kept as
-    /// FP8 copies (octet::saved_activation, E4M3 1x32) instead of float32
-    bool compress_activations = false;
+    /// The non-linear layers' saved inputs: float32, bf16 or FP8 copies (saved_storage)
+    saved_storage saved_activations = saved_storage::float32;
     bool recovery = true;                  ///< checks before each update, and the recovery policy
     linear_factory make_linear = nullptr;  ///< where the linears run (null: make_linear_layer, the host)
 };

@@ -910,6 +910,70 @@ struct step_buffers {
     std::string sized_for;                             // the first model's shape ("" until then)
 };
 
+/// One saved input of a non-linear layer (or of float attention) for the backward, in the recipe's
+/// saved_storage: an FP8 copy (octet::saved_activation, E4M3 with a float scale per 32 elements of
+/// a row) or a bf16 copy (round to nearest even), in storage it owns for up to max_rows x cols.
+/// A float32 recipe keeps none (its floats stay in the layer's buffers).
+class saved_copy {
+public:
+    using fp8_recipe = octet::activation_recipes::e4m3_1x32;
+
+    saved_copy(saved_storage s, std::size_t max_rows, std::size_t cols)
+        : storage_(s),
+          max_rows_(max_rows),
+          cols_(cols),
+          fp8_(s == saved_storage::fp8 ? max_rows : 0, s == saved_storage::fp8 ? cols : 0),
+          bf16_(s == saved_storage::bf16 ? max_rows * cols : 0) {}
+
+    /// Bytes a copy of max_rows x cols takes in storage s (the ledger's side of bytes()).
+    static std::size_t bytes_of(saved_storage s, std::size_t max_rows, std::size_t cols) {
+        if (s == saved_storage::fp8) return octet::saved_activation_bytes<fp8_recipe>(max_rows, cols);
+        return s == saved_storage::bf16 ? max_rows * cols * sizeof(octet::bf16) : 0;
+    }
+    std::size_t bytes() const { return fp8_.bytes() + bf16_.size() * sizeof(octet::bf16); }
+
+    /// Keeps x (rows x cols, rows <= max_rows).
+    void store(octet::host_executor ex, octet::matrix_ref<const float> x) {
+        if (storage_ == saved_storage::fp8) {
+            fp8_.store(ex, x);
+            return;
+        }
+        OCTET_REQUIRE(storage_ == saved_storage::bf16, "common::saved_copy::store", "this",
+                      "keeps nothing for a float32 recipe; keep the floats instead");
+        OCTET_REQUIRE(x.cols == cols_ && x.rows <= max_rows_ && x.ld == x.cols, "common::saved_copy::store", "x",
+                      octet::detail::message("is ", x.rows, " x ", x.cols, " (ld ", x.ld, "); the copy holds up to ",
+                                             max_rows_, " dense rows of ", cols_));
+        rows_ = x.rows;
+        const float* in = x.data;
+        octet::bf16* out = bf16_.data();
+        octet::parallel_for(ex, x.rows * cols_, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) out[i] = octet::to_bf16(in[i]);
+        });
+    }
+    /// Writes the last store's values (decoded) into out (its rows x cols, dense).
+    void load(octet::host_executor ex, octet::matrix_ref<float> out) const {
+        if (storage_ == saved_storage::fp8) {
+            fp8_.load(ex, out);
+            return;
+        }
+        OCTET_REQUIRE(
+            storage_ == saved_storage::bf16 && out.rows == rows_ && out.cols == cols_ && out.ld == cols_,
+            "common::saved_copy::load", "out",
+            octet::detail::message("is ", out.rows, " x ", out.cols, "; the copy holds ", rows_, " x ", cols_));
+        const octet::bf16* in = bf16_.data();
+        float* o = out.data;
+        octet::parallel_for(ex, rows_ * cols_, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) o[i] = octet::to_float(in[i]);
+        });
+    }
+
+private:
+    saved_storage storage_;
+    std::size_t max_rows_, cols_, rows_ = 0;
+    octet::saved_activation<fp8_recipe> fp8_;
+    std::vector<octet::bf16> bf16_;
+};
+
 class transformer {
 public:
     /// `shared`: the step buffers to work in (see step_buffers); null: the model's own.
@@ -977,6 +1041,8 @@ public:
         if (r.linear != linear_mode::float32) floats += N * (2 * d + F);
         if (r.attention != attention_mode::float32) floats += N * W;
         if (compress_o_recipe(r)) floats += N * cfg.heads_q * cfg.head_dim;  // O, kept as FP8 otherwise
+        if (bf16_attention_recipe(r)) floats += N * W;                       // Q, K, V (bf16 otherwise)
+        if (packed_o_recipe(r) && !compress_o_recipe(r)) floats += N * cfg.heads_q * cfg.head_dim;  // O (bf16)
         return 4.0 * cfg.layers * floats;
     }
 
@@ -1155,13 +1221,14 @@ public:
         high_precision_ = on;
         if (on)
             for (auto& L : layers_) allocate_float_saves(L);
-        else if (!float_linear_recipe() || !float_attention_recipe())
+        else if (!float_linear_recipe() || !float_attention_recipe() || bf16_attention_recipe(recipe_))
             for (auto& L : layers_) {
                 // move-assigning an empty vector frees the storage (a copy-assignment would keep it)
                 if (!float_linear_recipe())
                     for (auto* v : {&L.h1, &L.h2, &L.a}) *v = metered_vector<float>(meter_alloc(activations()));
-                if (!float_attention_recipe()) L.qkv = metered_vector<float>(meter_alloc(activations()));
-                if (compress_o()) L.o = metered_vector<float>(meter_alloc(activations()));
+                if (!float_attention_recipe() || bf16_attention_recipe(recipe_))
+                    L.qkv = metered_vector<float>(meter_alloc(activations()));
+                if (packed_o()) L.o = metered_vector<float>(meter_alloc(activations()));
             }
     }
     bool high_precision() const { return high_precision_; }
@@ -1217,7 +1284,7 @@ private:
                              octet::attention_forward_scratch_bytes(ex, shape),
                              octet::attention_backward_scratch_bytes(ex, shape, bo)});
         }
-        if (r.compress_activations)
+        if (r.saved_activations == saved_storage::fp8)
             most = std::max({most, quant::scratch_bytes<saved_recipe, float>(ex, rows(N, d), true, false),
                              quant::scratch_bytes<saved_recipe, float>(ex, rows(N, F), true, false)});
         return most;
@@ -1230,19 +1297,21 @@ private:
         const double layers = c.layers;
         memory_split m;
         // per layer, in floats per token: residual input and middle, two rstd, GELU input, O, L
-        double act = 2 + Hq + (compress_o_recipe(r) ? 0 : A);    // rstd1, rstd2, L, O (float)
-        if (!r.compress_activations) act += 2 * d + F;           // x_in, x_mid, u in float
+        const bool packed = r.saved_activations != saved_storage::float32;
+        double act = 2 + Hq + (packed_o_recipe(r) ? 0 : A);      // rstd1, rstd2, L, O (float)
+        if (!packed) act += 2 * d + F;                           // x_in, x_mid, u in float
         if (r.linear == linear_mode::float32) act += 2 * d + F;  // the linears' float inputs
-        if (r.attention == attention_mode::float32) act += W;    // Q, K, V
-        m.activations = 4 * N * act * layers + 4 * N;            // + the final norm's rstd
-        // + its input: float, or an FP8 copy (its output is recomputed in the backward)
-        m.activations += r.compress_activations ? static_cast<double>(octet::saved_activation_bytes<saved_recipe>(
-                                                      static_cast<std::size_t>(N), static_cast<std::size_t>(d)))
-                                                : 4 * N * d;
-        if (r.compress_activations)  // x_in, x_mid, u (and O: compress_o) as FP8 (E4M3, a float scale per 32)
-            m.activations += layers * packed_saves_bytes(static_cast<std::size_t>(N), static_cast<std::size_t>(d),
-                                                         static_cast<std::size_t>(F),
-                                                         compress_o_recipe(r) ? static_cast<std::size_t>(A) : 0);
+        if (r.attention == attention_mode::float32 && !bf16_attention_recipe(r)) act += W;  // Q, K, V
+        m.activations = 4 * N * act * layers + 4 * N;                                       // + the final norm's rstd
+        // + its input: float, or its copy (its output is recomputed in the backward)
+        const std::size_t Ns = static_cast<std::size_t>(N);
+        m.activations +=
+            packed ? static_cast<double>(saved_copy::bytes_of(r.saved_activations, Ns, static_cast<std::size_t>(d)))
+                   : 4 * N * d;
+        if (packed)  // x_in, x_mid, u (and O, Q K V where the recipe packs them) as copies
+            m.activations +=
+                layers * packed_saves_bytes(r, Ns, static_cast<std::size_t>(d), static_cast<std::size_t>(F),
+                                            static_cast<std::size_t>(A), static_cast<std::size_t>(W));
         if (r.linear == linear_mode::bf16) m.activations += 2 * N * (2 * d + A + F) * layers;  // bf16 inputs
         // float temporaries: logits, h, qkv, gelu output, 3 residual-sized gradients, the widest
         // gradient, dO, W^T, dY^T, partial sums of the norms' gains (64-token chunks)
@@ -1393,24 +1462,27 @@ private:
     /// under compress_o, attention's output as FP8 copies, booked as activations; their float values
     /// live in shared temporaries while the forward uses them, and are decoded into temporaries for
     /// the backward.
-    using saved_recipe = octet::activation_recipes::e4m3_1x32;
+    using saved_recipe = saved_copy::fp8_recipe;
     struct packed_saves {
-        /// o_cols: attention's output width when it is kept as FP8 too (compress_o), else 0.
-        packed_saves(memory_meter& m, std::size_t tokens, std::size_t d, std::size_t F, std::size_t o_cols)
-            : x_in(tokens, d),
-              x_mid(tokens, d),
-              u(tokens, F),
-              o(o_cols ? tokens : 0, o_cols),
+        /// o_cols: attention's output width when it is kept as a copy too (packed_o), else 0;
+        /// qkv_cols: Q, K, V's width when they are (bf16_attention), else 0.
+        packed_saves(memory_meter& m, saved_storage st, std::size_t tokens, std::size_t d, std::size_t F,
+                     std::size_t o_cols, std::size_t qkv_cols)
+            : x_in(st, tokens, d),
+              x_mid(st, tokens, d),
+              u(st, tokens, F),
+              o(st, o_cols ? tokens : 0, o_cols),
+              qkv(st, qkv_cols ? tokens : 0, qkv_cols),
               booking(m, octet::memory_category::activations,
-                      static_cast<double>(x_in.bytes() + x_mid.bytes() + u.bytes() + o.bytes())) {}
-        octet::saved_activation<saved_recipe> x_in, x_mid, u, o;
+                      static_cast<double>(x_in.bytes() + x_mid.bytes() + u.bytes() + o.bytes() + qkv.bytes())) {}
+        saved_copy x_in, x_mid, u, o, qkv;
         meter_booking booking;
     };
-    /// The final norm's input as an FP8 copy (recipe.compress_activations).
+    /// The final norm's input as a copy (recipe.saved_activations).
     struct packed_final {
-        packed_final(memory_meter& m, std::size_t tokens, std::size_t d)
-            : x(tokens, d), booking(m, octet::memory_category::activations, static_cast<double>(x.bytes())) {}
-        octet::saved_activation<saved_recipe> x;
+        packed_final(memory_meter& m, saved_storage st, std::size_t tokens, std::size_t d)
+            : x(st, tokens, d), booking(m, octet::memory_category::activations, static_cast<double>(x.bytes())) {}
+        saved_copy x;
         meter_booking booking;
     };
     struct layer_state {
@@ -1433,31 +1505,57 @@ private:
         metered_vector<float> h1, h2, a;  // float inputs of qkv, up, down (while they compute in float)
         metered_vector<float> qkv;        // Q, K, V in float (while attention computes in float)
         std::unique_ptr<linear_layer> lin_qkv, lin_proj, lin_up, lin_down;
-        std::unique_ptr<packed_saves> packed;  // x_in, x_mid, u (o) as FP8 (recipe.compress_activations)
+        std::unique_ptr<packed_saves> packed;  // x_in, x_mid, u (o, qkv) as copies (recipe.saved_activations)
     };
 
-    /// Bytes of one layer's packed_saves at `tokens` (the ledger's side).
-    static double packed_saves_bytes(std::size_t tokens, std::size_t d, std::size_t F, std::size_t o_cols) {
-        return static_cast<double>(2 * octet::saved_activation_bytes<saved_recipe>(tokens, d) +
-                                   octet::saved_activation_bytes<saved_recipe>(tokens, F) +
-                                   (o_cols ? octet::saved_activation_bytes<saved_recipe>(tokens, o_cols) : 0));
+    /// Bytes of one layer's packed_saves at `tokens` under recipe r (the ledger's side); A and W:
+    /// attention's output and Q, K, V widths.
+    static double packed_saves_bytes(const recipe_config& r, std::size_t tokens, std::size_t d, std::size_t F,
+                                     std::size_t A, std::size_t W) {
+        const saved_storage st = r.saved_activations;
+        return static_cast<double>(2 * saved_copy::bytes_of(st, tokens, d) + saved_copy::bytes_of(st, tokens, F) +
+                                   (packed_o_recipe(r) ? saved_copy::bytes_of(st, tokens, A) : 0) +
+                                   (bf16_attention_recipe(r) ? saved_copy::bytes_of(st, tokens, W) : 0));
+        // (O's copy only where packed_o_recipe; under float32 linears O stays in the layer's floats)
     }
+    /// Whether the non-linear layers' inputs are kept as copies (bf16 or FP8), not as floats.
     bool compress() const {
-        return recipe_.compress_activations;
+        return recipe_.saved_activations != saved_storage::float32;
     }
     /// Whether attention's output is kept only as FP8 (compress_o_recipe): with the FP8 attention
     /// and matched delta its backward's gradients never read O (D = sum_j P_ij dP_ij); only the
-    /// telemetry's gap to rowsum(dO * O) does, which then reads the E4M3 copy.
+    /// telemetry's gap to rowsum(dO * O) does, which then reads the E4M3 copy. Not under float32
+    /// linears: the output projection's float backward reads O itself (packed_o_recipe).
     static bool compress_o_recipe(const recipe_config& r) {
-        return r.compress_activations && r.attention == attention_mode::fp8 && r.delta == octet::delta_mode::matched;
+        return r.saved_activations == saved_storage::fp8 && r.attention == attention_mode::fp8 &&
+               r.delta == octet::delta_mode::matched && r.linear != linear_mode::float32;
     }
     bool compress_o() const {
         return compress_o_recipe(recipe_);
     }
-    /// Where layer l's attention writes O: the layer's float O, or (compress_o, unless a float
-    /// attention trains on it: raised precision) the shared do_, free until the backward.
+    /// Whether the float32 attention keeps its inputs Q, K, V and output O as bf16 copies (bf16
+    /// saved activations, as autocast's bf16 attention does): Q, K, V and O are rounded to bf16 in
+    /// the forward, which computes on the rounded values, and the backward decodes them.
+    static bool bf16_attention_recipe(const recipe_config& r) {
+        return r.saved_activations == saved_storage::bf16 && r.attention == attention_mode::float32;
+    }
+    /// ... while the attention runs in the recipe's precision (not raised, not sampling).
+    bool bf16_attention() const {
+        return bf16_attention_recipe(recipe_) && !high_precision_ && !sampling_;
+    }
+    /// Whether attention's output is kept only as a copy (FP8: compress_o; bf16: bf16_attention),
+    /// not in the layer's float O. Not under float32 linears: the output projection's float path
+    /// keeps a pointer to its input O until its backward (there O stays float, rounded to bf16).
+    static bool packed_o_recipe(const recipe_config& r) {
+        return compress_o_recipe(r) || (bf16_attention_recipe(r) && r.linear != linear_mode::float32);
+    }
+    bool packed_o() const {
+        return packed_o_recipe(recipe_);
+    }
+    /// Where layer l's attention writes O: the layer's float O, or (packed_o, unless a float
+    /// attention trains on floats: raised precision) the shared do_, free until the backward.
     float* o_of(std::size_t l, bool training) {
-        if (!compress_o() || (float_attention() && training)) return layers_[l].o.data();
+        if (!packed_o() || (float_attention() && training && !bf16_attention())) return layers_[l].o.data();
         return do_.data();
     }
     // The float x_in, x_mid and u of layer l: the layer's own, or (compressed) shared temporaries
@@ -1519,7 +1617,8 @@ private:
         for (int l = 0; l < cfg_.layers; ++l) layers_.emplace_back(meter_);
         for (auto& L : layers_) {
             if (compress()) {
-                L.packed = std::make_unique<packed_saves>(meter_, N, d_, F_, compress_o() ? A : 0);
+                L.packed = std::make_unique<packed_saves>(meter_, recipe_.saved_activations, N, d_, F_,
+                                                          packed_o() ? A : 0, bf16_attention_recipe(recipe_) ? W : 0);
             } else {
                 L.x_in = act(N * d_);
                 L.x_mid = act(N * d_);
@@ -1527,21 +1626,21 @@ private:
             }
             L.rstd1 = act(N);
             L.rstd2 = act(N);
-            if (!compress_o()) L.o = act(N * A);
+            if (!packed_o()) L.o = act(N * A);
             L.lse = act(Hq * N);
             if (float_linear_recipe()) {
                 L.h1 = act(N * d_);
                 L.h2 = act(N * d_);
                 L.a = act(N * F_);
             }
-            if (float_attention_recipe()) L.qkv = act(N * W);
+            if (float_attention_recipe() && !bf16_attention_recipe(recipe_)) L.qkv = act(N * W);
             L.lin_qkv = make_linear(cfg_.d_model, static_cast<int>(W));
             L.lin_proj = make_linear(static_cast<int>(A), cfg_.d_model);
             L.lin_up = make_linear(cfg_.d_model, cfg_.d_ff);
             L.lin_down = make_linear(cfg_.d_ff, cfg_.d_model);
         }
         if (compress())
-            x_fin_packed_ = std::make_unique<packed_final>(meter_, N, d_);
+            x_fin_packed_ = std::make_unique<packed_final>(meter_, recipe_.saved_activations, N, d_);
         else
             x_fin_ = act(N * d_);
         rstd_f_ = act(N);
@@ -1637,7 +1736,7 @@ private:
             // A float linear or attention keeps its inputs for the backward in the layer's own
             // buffers; a forward that does not train (or an FP8 one) works in shared temporaries.
             float* h1 = float_linear() && training ? L.h1.data() : t_h_.data();
-            float* qkv = float_attention() && training ? L.qkv.data() : t_qkv_.data();
+            float* qkv = float_attention() && training && !bf16_attention() ? L.qkv.data() : t_qkv_.data();
             {
                 timer tm{t, "norm"};
                 rmsnorm_forward(x_in_of(l), P + B.norm1, h1, L.rstd1.data(), N);
@@ -1650,12 +1749,17 @@ private:
             }
             {
                 timer tm{t, "attention"};
+                if (bf16_attention()) {  // on bf16 Q, K, V (kept for the backward)
+                    round_to_bf16(qkv, N * lay_.qkv_out);
+                    if (training) L.packed->qkv.store(ex_, octet::matrix_ref<const float>(qkv, N, lay_.qkv_out));
+                }
                 if (float_attention())
                     attention_forward_f32(ex_, dims(batch, len), qkv, o_of(l, training), L.lse.data(),
                                           attn_scratch_.data(), workers_);
                 else
                     attention_forward_fp8(l, qkv, o_of(l, training), batch, len, t);
-                if (compress_o() && training && !float_attention())
+                if (bf16_attention()) round_to_bf16(o_of(l, training), N * lay_.attn_width);  // (as kept)
+                if (packed_o() && training && (!float_attention() || bf16_attention()))
                     L.packed->o.store(ex_, octet::matrix_ref<const float>(o_of(l, training), N, lay_.attn_width));
             }
             {
@@ -1748,8 +1852,7 @@ private:
     const float* saved_u(std::size_t l) {
         return decoded(l, &packed_saves::u, t_a_.data(), F_);
     }
-    const float* decoded(std::size_t l, octet::saved_activation<saved_recipe> packed_saves::*which, float* into,
-                         std::size_t cols) {
+    const float* decoded(std::size_t l, saved_copy packed_saves::*which, float* into, std::size_t cols) {
         auto& L = layers_[l];
         if (!compress()) {
             if (which == &packed_saves::x_in) return L.x_in.data();
@@ -1816,10 +1919,20 @@ private:
             }
             {
                 timer tm{t, "attention"};
-                if (float_attention())
-                    attention_backward_f32(ex_, dims(batch, len_), L.qkv.data(), L.o.data(), L.lse.data(), do_.data(),
-                                           dwide, attn_scratch_.data(), workers_);
-                else
+                if (float_attention()) {
+                    const float* qkv = L.qkv.data();
+                    const float* O = L.o.data();
+                    if (bf16_attention()) {  // their bf16 copies, decoded into t_qkv_ and dh_ (free here)
+                        L.packed->qkv.load(ex_, octet::matrix_ref<float>(t_qkv_.data(), N, lay_.qkv_out));
+                        qkv = t_qkv_.data();
+                        if (packed_o()) {
+                            L.packed->o.load(ex_, octet::matrix_ref<float>(dh_.data(), N, lay_.attn_width));
+                            O = dh_.data();
+                        }
+                    }
+                    attention_backward_f32(ex_, dims(batch, len_), qkv, O, L.lse.data(), do_.data(), dwide,
+                                           attn_scratch_.data(), workers_);
+                } else
                     t->attention_residual[l] = attention_backward_fp8(l, do_.data(), dwide, batch, len_, t);
             }
             {
@@ -1855,6 +1968,12 @@ private:
     // ---- elementwise parts -------------------------------------------------------------------
     static constexpr std::size_t kChunk = 64;  // rows per chunk of the norms' gain reductions
     static constexpr float kEps = 1e-5f;
+
+    void round_to_bf16(float* x, std::size_t n) {
+        octet::parallel_for(ex_, n, 1 << 15, [&](std::size_t i0, std::size_t i1) {
+            for (std::size_t i = i0; i < i1; ++i) x[i] = octet::to_float(octet::to_bf16(x[i]));
+        });
+    }
 
     void add(const float* a, const float* b, float* out, std::size_t n) {
         octet::parallel_for(ex_, n, 1 << 15, [&](std::size_t i0, std::size_t i1) {

@@ -234,10 +234,15 @@ TEST_CASE("model: the meter books every buffer at construction, and a step alloc
     auto g = octet_test::rng(4);
     const auto cfg = tiny_config(17, true);
     auto packed = recipe(common::linear_mode::mxfp8, common::attention_mode::fp8);
-    packed.compress_activations = true;  // every octet operation on the model's scratch arena
-    const common::recipe_config recipes[] = {recipe(common::linear_mode::float32), recipe(common::linear_mode::bf16),
+    packed.saved_activations = common::saved_storage::fp8;  // every octet operation on the model's scratch arena
+    auto mixed = recipe(common::linear_mode::bf16);
+    mixed.saved_activations = common::saved_storage::bf16;  // bf16 mixed precision: attention's saves in bf16 too
+    const common::recipe_config recipes[] = {recipe(common::linear_mode::float32),
+                                             recipe(common::linear_mode::bf16),
                                              recipe(common::linear_mode::blockwise, common::attention_mode::fp8),
-                                             recipe(common::linear_mode::tensorwise_delayed), packed};
+                                             recipe(common::linear_mode::tensorwise_delayed),
+                                             packed,
+                                             mixed};
     for (const auto& r : recipes) {
         common::memory_meter meter;
         transformer model(cfg, r, meter, octet::on_host(2), 3, 5);
@@ -356,8 +361,8 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
         AM attention;
         octet::delta_mode delta;
         common::v_scale_mode v;
-        double min_cosine;    // why: the elements' relative rounding error (below), through 2 blocks
-        bool packed = false;  // the non-linear layers' saved inputs in FP8 (compress_activations)
+        double min_cosine;  // why: the elements' relative rounding error (below), through 2 blocks
+        common::saved_storage saved = common::saved_storage::float32;  // the non-linear layers' saved inputs
     };
     const row rows[] = {
         {"bf16", LM::bf16, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head, 0.9999},  // 2^-9
@@ -375,16 +380,20 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
         {"blockwise + fp8 attention", LM::blockwise, AM::fp8, octet::delta_mode::matched,
          common::v_scale_mode::per_head, 0.99},
         {"FP8 saved activations", LM::float32, AM::float32, octet::delta_mode::matched, common::v_scale_mode::per_head,
-         0.99, true},  // E4M3 2^-4 on the norms' and GELU's inputs
+         0.99, common::saved_storage::fp8},  // E4M3 2^-4 on the norms' and GELU's inputs
         {"blockwise + fp8 attention + FP8 saved activations", LM::blockwise, AM::fp8, octet::delta_mode::matched,
-         common::v_scale_mode::per_head, 0.99, true},
+         common::v_scale_mode::per_head, 0.99, common::saved_storage::fp8},
+        {"bf16 saved activations (norms, GELU, attention)", LM::float32, AM::float32, octet::delta_mode::matched,
+         common::v_scale_mode::per_head, 0.9999, common::saved_storage::bf16},  // 2^-9
+        {"bf16 mixed (bf16 linears, bf16 saved activations)", LM::bf16, AM::float32, octet::delta_mode::matched,
+         common::v_scale_mode::per_head, 0.9999, common::saved_storage::bf16},
     };
     for (const auto& rw : rows) {
         CAPTURE(rw.name);
         auto r = recipe(rw.linear, rw.attention);
         r.delta = rw.delta;
         r.v_scale = rw.v;
-        r.compress_activations = rw.packed;
+        r.saved_activations = rw.saved;
         const auto got = gradient_of(cfg, r, params, tokens, batch);
         for (float v : got.grads) REQUIRE(std::isfinite(v));
         const double cos = cosine(got.grads, ref.grads), dloss = std::fabs(got.loss - ref.loss) / ref.loss;
@@ -406,7 +415,8 @@ TEST_CASE("model: each low-precision recipe's gradient is close to float32's at 
         CHECK(dloss < (rw.linear == LM::nvfp4 ? 2e-2 : 5e-3));
         REQUIRE(got.telemetry.attention_residual.size() == static_cast<std::size_t>(cfg.layers));
         if (rw.linear != LM::float32 && rw.linear != LM::bf16) CHECK(got.telemetry.quantized > 0);
-        if (rw.packed && rw.linear == LM::float32 && rw.attention == AM::float32) CHECK(got.grads != ref.grads);
+        if (rw.saved != common::saved_storage::float32 && rw.linear == LM::float32 && rw.attention == AM::float32)
+            CHECK(got.grads != ref.grads);
         if (rw.attention == AM::fp8) {
             CHECK(got.telemetry.quantized > 0);
             for (double res : got.telemetry.attention_residual) CHECK((res > 0 && res < 0.5));
@@ -423,8 +433,10 @@ TEST_CASE("model: models that share step buffers compute their own models' bits,
     std::vector<float> params(transformer::parameter_count(cfg));
     transformer::init_parameters(cfg, g(), octet::as_span(params));
     auto r = recipe(common::linear_mode::blockwise, common::attention_mode::fp8);
-    r.compress_activations = true;
-    for (const auto& rc : {recipe(common::linear_mode::float32), r}) {
+    r.saved_activations = common::saved_storage::fp8;
+    auto mixed = recipe(common::linear_mode::bf16);
+    mixed.saved_activations = common::saved_storage::bf16;
+    for (const auto& rc : {recipe(common::linear_mode::float32), r, mixed}) {
         CAPTURE(static_cast<int>(rc.linear));
         // two ranks' batches, stepped one after another (as the in-process ranks are), twice
         const std::vector<std::int32_t> tokens[2] = {random_tokens(g, batch, cfg.seq_len, cfg.vocab),
@@ -480,6 +492,8 @@ TEST_CASE("model: raising precision makes an FP8 recipe's gradient float32's, bi
     transformer::init_parameters(cfg, g(), octet::as_span(params));
     const auto tokens = random_tokens(g, batch, cfg.seq_len, cfg.vocab);
     const auto ref = gradient_of(cfg, recipe(common::linear_mode::float32), params, tokens, batch);
+    // (the non-linear layers' saved inputs stay in the recipe's storage: raising precision is the
+    // linears' and attention's, so recipes with bf16 or FP8 saved activations are not float32's)
     for (auto mode : {common::linear_mode::blockwise, common::linear_mode::nvfp4, common::linear_mode::bf16}) {
         CAPTURE(static_cast<int>(mode));
         auto r = recipe(mode, common::attention_mode::fp8);
@@ -511,17 +525,24 @@ TEST_CASE("model: FP8 recipes keep less activation memory than float32") {
     const double bf16 = activations(common::linear_mode::bf16, common::attention_mode::float32);
     const double fp8 = activations(common::linear_mode::blockwise, common::attention_mode::fp8);
     auto packed_recipe = recipe(common::linear_mode::blockwise, common::attention_mode::fp8);
-    packed_recipe.compress_activations = true;
+    packed_recipe.saved_activations = common::saved_storage::fp8;
     common::memory_meter meter;
     transformer packed_model(cfg, packed_recipe, meter, octet::on_host(1), 8, 0);
     const double packed = meter.ledger().bytes(octet::memory_category::activations);
+    auto mixed_recipe = recipe(common::linear_mode::bf16);
+    mixed_recipe.saved_activations = common::saved_storage::bf16;
+    common::memory_meter mixed_meter;
+    transformer mixed_model(cfg, mixed_recipe, mixed_meter, octet::on_host(1), 8, 0);
+    const double mixed = mixed_meter.ledger().bytes(octet::memory_category::activations);
     std::printf(
-        "activation bytes for 8 x %d tokens: float32 %.0f, bf16 %.0f, blockwise + fp8 attention %.0f, and with FP8 "
-        "saved activations %.0f\n",
-        cfg.seq_len, f32, bf16, fp8, packed);
+        "activation bytes for 8 x %d tokens: float32 %.0f, bf16 linears %.0f, bf16 mixed %.0f, blockwise + fp8 "
+        "attention %.0f, and with FP8 saved activations %.0f\n",
+        cfg.seq_len, f32, bf16, mixed, fp8, packed);
     CHECK(bf16 < f32);
+    CHECK(mixed < bf16);
     CHECK(fp8 < bf16);
     CHECK(packed < fp8);
+    CHECK(packed < mixed);
 }
 
 TEST_CASE("model: generate extends the prompt with in-vocabulary tokens, reproducibly") {
@@ -581,24 +602,29 @@ TEST_CASE("model: the ledger's prediction of activations and temporaries is what
         for (auto l :
              {LM::float32, LM::bf16, LM::tensorwise_delayed, LM::tensorwise, LM::blockwise, LM::mxfp8, LM::nvfp4})
             for (auto a : {AM::float32, AM::fp8})
-                for (auto v : {common::v_scale_mode::per_head, common::v_scale_mode::per_token}) {
-                    auto r = recipe(l, a);
-                    r.v_scale = v;
-                    r.compress_activations = v == common::v_scale_mode::per_token;  // both ways, every mode
-                    CAPTURE(hd);
-                    CAPTURE(static_cast<int>(l));
-                    CAPTURE(static_cast<int>(a));
-                    common::memory_meter meter;
-                    transformer model(cfg, r, meter, octet::on_host(2), 3, 0);
-                    const auto& L = meter.ledger();
-                    CHECK(L.bytes(octet::memory_category::activations) == transformer::activation_bytes(cfg, r, 3, 2));
-                    CHECK(L.bytes(octet::memory_category::temporaries) == transformer::temporary_bytes(cfg, r, 3, 2));
-                    CHECK(L.total() ==
-                          L.bytes(octet::memory_category::activations) + L.bytes(octet::memory_category::temporaries));
-                    const double before = L.bytes(octet::memory_category::activations);
-                    model.set_high_precision(true);
-                    CHECK(L.bytes(octet::memory_category::activations) - before ==
-                          transformer::raise_precision_bytes(cfg, r, 3));
-                }
+                for (auto v : {common::v_scale_mode::per_head, common::v_scale_mode::per_token})
+                    for (auto st :
+                         {common::saved_storage::float32, common::saved_storage::bf16, common::saved_storage::fp8}) {
+                        auto r = recipe(l, a);
+                        r.v_scale = v;
+                        r.saved_activations = st;
+                        CAPTURE(hd);
+                        CAPTURE(static_cast<int>(l));
+                        CAPTURE(static_cast<int>(a));
+                        CAPTURE(static_cast<int>(st));
+                        common::memory_meter meter;
+                        transformer model(cfg, r, meter, octet::on_host(2), 3, 0);
+                        const auto& L = meter.ledger();
+                        CHECK(L.bytes(octet::memory_category::activations) ==
+                              transformer::activation_bytes(cfg, r, 3, 2));
+                        CHECK(L.bytes(octet::memory_category::temporaries) ==
+                              transformer::temporary_bytes(cfg, r, 3, 2));
+                        CHECK(L.total() == L.bytes(octet::memory_category::activations) +
+                                               L.bytes(octet::memory_category::temporaries));
+                        const double before = L.bytes(octet::memory_category::activations);
+                        model.set_high_precision(true);
+                        CHECK(L.bytes(octet::memory_category::activations) - before ==
+                              transformer::raise_precision_bytes(cfg, r, 3));
+                    }
     }
 }
