@@ -252,13 +252,15 @@ def fp8_model():
     """Layers that FSDP2 all-gathers in FP8 over 2 ranks: two tensorwise ones (the second's 201 rows
     shard unevenly) and a blockwise one (256 rows: 128 per rank, whole 128 x 128 blocks; 201 columns:
     a partial block); and two it gathers in float: a blockwise one whose 100 rows put 50 on a rank
-    (blocks would straddle ranks) and an mxfp8 one."""
+    (blocks would straddle ranks) and an mxfp8 one; last, a tensorwise_delayed one gathered in FP8
+    (its first step on the whole weight's amax, the next ones on its amax history)."""
     torch.manual_seed(4)
     return torch.nn.Sequential(ot.Float8Linear(256, 512, recipe="tensorwise"), torch.nn.GELU(),
                                ot.Float8Linear(512, 201, recipe="tensorwise"), torch.nn.GELU(),
                                ot.Float8Linear(201, 256, recipe="blockwise"), torch.nn.GELU(),
                                ot.Float8Linear(256, 100, recipe="blockwise"), torch.nn.GELU(),
-                               ot.Float8Linear(100, 64, recipe="mxfp8"))
+                               ot.Float8Linear(100, 64, recipe="mxfp8"), torch.nn.GELU(),
+                               ot.Float8Linear(64, 128, recipe="tensorwise_delayed"))
 
 
 def fp8_all_gather(rank, world, init_file, out_dir, steps):

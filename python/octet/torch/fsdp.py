@@ -1,7 +1,7 @@
 """FP8 weight all-gather under FSDP2 for octet's Float8Linear.
 
-``enable_fp8_all_gather(model)`` (before ``fully_shard``) makes each tensorwise and blockwise
-Float8Linear's weight a tensor that FSDP2 all-gathers as E4M3 codes instead of floats, through
+``enable_fp8_all_gather(model)`` (before ``fully_shard``) makes each tensorwise, tensorwise_delayed
+and blockwise Float8Linear's weight a tensor that FSDP2 all-gathers as E4M3 codes instead of floats, through
 FSDP2's ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` extension (tensorwise described; a
 blockwise block is scaled by its own amax, and its scale travels with its codes):
 
@@ -20,15 +20,18 @@ float32's. Dequantizing the gathered codes and letting the layer quantize them a
 bit-identical: the layer's scale fl(amax / 448) computed from the dequantized maximum
 fl(448 fl(amax / 448)) differs from the original scale for about 11% of float32 values.
 
-Recipes: tensorwise (current scaling), and blockwise (DeepSeek-V3's 128 x 128 weight blocks, each
+Recipes: tensorwise (current scaling); tensorwise_delayed (each rank quantizes its rows with the
+scale of the layer's weight amax history, the same on every rank because the amax each step pushes
+is the whole weight's; the first step, whose history is empty, with the whole weight's amax); and
+blockwise (DeepSeek-V3's 128 x 128 weight blocks, each
 scaled by its own amax: no all-reduce) where each rank's rows, out_features / world rounded up, are a
 multiple of 128, so that every block lies on one rank; a blockwise weight sharded otherwise travels in
 float. The other recipes keep FSDP2's float all-gather (listed with the reason by
-enable_fp8_all_gather): tensorwise_delayed scales from an amax history; MXFP8's and NVFP4's 1 x 32 /
-1 x 16 blocks run along the rows in one copy and along the columns in the other, so both copies
-would have to travel (not built yet).
+enable_fp8_all_gather): MXFP8's and NVFP4's 1 x 32 / 1 x 16 blocks run along the rows in one copy and
+along the columns in the other, so both copies would have to travel (not built yet).
 """
 
+import weakref
 from typing import Dict, List
 
 import torch
@@ -37,11 +40,11 @@ from torch import nn
 
 from ._gemm import scaled_mm
 from ._quant import QuantizedTensor, _no_tensor_scale, layout, quantize
-from .linear import Float8Linear, _raw, _ops, _widen, linear_recipe
+from .linear import Float8Linear, _push_amax, _raw, _ops, _widen, linear_recipe
 
 # FP8 all-gather recipes: the weight's column-wise copy is its row-wise copy transposed (one scale
 # per tensor, or per 128 x 128 block).
-FP8_ALL_GATHER_RECIPES = ("tensorwise", "blockwise")
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "tensorwise_delayed", "blockwise")
 _BLOCK = 128  # blockwise's weight blocks: 128 x 128
 
 # Ops whose results stay sharded weights: how FSDP2 chunks, pads, moves and copies a parameter.
@@ -58,15 +61,16 @@ class Float8ShardedWeight(torch.Tensor):
     holds the float values (``_data``); every op but the all-gather sees them as a plain tensor."""
 
     @staticmethod
-    def __new__(cls, data: torch.Tensor, recipe: str, cols: int):
+    def __new__(cls, data: torch.Tensor, recipe: str, cols: int, layer=None):
         return torch.Tensor._make_wrapper_subclass(cls, data.size(), strides=data.stride(),
                                                    storage_offset=data.storage_offset(), dtype=data.dtype,
                                                    device=data.device, requires_grad=data.requires_grad)
 
-    def __init__(self, data: torch.Tensor, recipe: str, cols: int):
+    def __init__(self, data: torch.Tensor, recipe: str, cols: int, layer=None):
         self._data = data
         self._recipe = recipe
         self._cols = cols
+        self._layer = layer  # weakref to the Float8Linear (tensorwise_delayed: its amax history)
         self._amax = None  # (amax, the shard's version when it was computed): precompute_fp8_scales
 
     @classmethod
@@ -82,10 +86,11 @@ class Float8ShardedWeight(torch.Tensor):
         out = func(*args, **kwargs)
         if func not in _PRESERVING_OPS:
             return out
-        return pytree.tree_map_only(torch.Tensor, lambda t: Float8ShardedWeight(t, like._recipe, like._cols), out)
+        return pytree.tree_map_only(torch.Tensor,
+                                    lambda t: Float8ShardedWeight(t, like._recipe, like._cols, like._layer), out)
 
     def __tensor_flatten__(self):
-        return ["_data"], (self._recipe, self._cols)
+        return ["_data"], (self._recipe, self._cols, self._layer)
 
     @staticmethod
     def __tensor_unflatten__(inner, spec, outer_size, outer_stride):
@@ -126,8 +131,25 @@ class Float8ShardedWeight(torch.Tensor):
             scales = grid[:, :row_blocks].t()
             scales = torch.cat([scales, scales.new_zeros(padded // _BLOCK - row_blocks, scales.shape[1])])
             return (_pad_rows(codes[:rows], padded), scales.contiguous()), None
+        amax = self._global_amax(mesh)
+        if self._recipe == "tensorwise_delayed":
+            # The scale of the history's max, as the layer's own forward takes it (the history is the
+            # same on every rank: each step pushes the whole weight's amax, gathered_forward); an
+            # empty history (the first step) scales with this step's amax of the whole weight.
+            layer = self._layer() if self._layer is not None else None
+            if layer is None:
+                raise RuntimeError("octet: a tensorwise_delayed weight FSDP2 gathers in FP8 lost its Float8Linear "
+                                   "(whose amax history scales it); call enable_fp8_all_gather on the model "
+                                   "that owns the layer")
+            hist = layer.amax_history_w
+            if float(hist.max()) > 0:
+                q, _, _ = quantize(probe, recipe, rowwise=True, amax_history=hist)
+            else:
+                q, _, _ = quantize(probe, recipe, rowwise=True, tensor_amax=amax)
+            codes, scales, _ = q.raw()
+            return (_pad_rows(codes[:rows], padded),), (scales, amax)
         # Quantized with the whole weight's amax: the codes of these rows are the whole weight's.
-        q, _, _ = quantize(probe, recipe, rowwise=True, tensor_amax=self._global_amax(mesh))
+        q, _, _ = quantize(probe, recipe, rowwise=True, tensor_amax=amax)
         codes, scales, _ = q.raw()
         return (_pad_rows(codes[:rows], padded),), scales
 
@@ -136,42 +158,46 @@ class Float8ShardedWeight(torch.Tensor):
             return None if out is not None else (outputs[0], tuple(outputs))
         codes = outputs[0]
         scales = outputs[1] if self._recipe == "blockwise" else metadata
+        w_amax = None
+        if self._recipe == "tensorwise_delayed":
+            scales, w_amax = metadata
         if out is not None:  # FSDP2 gathered into the buffers of the last call's weight again
-            out._scales = scales
+            out._scales, out._w_amax = scales, w_amax
             return None
-        return Float8GatheredWeight(codes, scales, self._recipe, param_dtype, self._cols), tuple(outputs)
+        return Float8GatheredWeight(codes, scales, self._recipe, param_dtype, self._cols, w_amax), tuple(outputs)
 
 
 class Float8GatheredWeight(torch.Tensor):
     """The whole weight as FSDP2 gathered it: its row-wise E4M3 codes (``_codes``, out x ld) and
-    scale. Only Float8Linear's forward reads it."""
+    scale (tensorwise_delayed: and ``_w_amax``, this step's amax of the whole weight, which the
+    layer's forward pushes into its history). Only Float8Linear's forward reads it."""
 
     _fp8_gathered = True
 
     @staticmethod
-    def __new__(cls, codes, scales, recipe, dtype, cols):
+    def __new__(cls, codes, scales, recipe, dtype, cols, w_amax=None):
         return torch.Tensor._make_wrapper_subclass(cls, (codes.shape[0], cols), dtype=dtype, device=codes.device,
                                                    requires_grad=False)
 
-    def __init__(self, codes, scales, recipe, dtype, cols):
-        self._codes, self._scales, self._recipe, self._cols = codes, scales, recipe, cols
+    def __init__(self, codes, scales, recipe, dtype, cols, w_amax=None):
+        self._codes, self._scales, self._recipe, self._cols, self._w_amax = codes, scales, recipe, cols, w_amax
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args, kwargs=None):
         kwargs = kwargs or {}
         t = args[0]
         if func == torch.ops.aten.detach.default:
-            return Float8GatheredWeight(t._codes, t._scales, t._recipe, t.dtype, t._cols)
+            return Float8GatheredWeight(t._codes, t._scales, t._recipe, t.dtype, t._cols, t._w_amax)
         if func == torch.ops.aten.as_strided.default:  # FSDP2 drops the padding rows of uneven shards
             size = tuple(args[1])
             offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
             if size[1:] == (t._cols,) and not offset:
-                return Float8GatheredWeight(t._codes[: size[0]], t._scales, t._recipe, t.dtype, t._cols)
+                return Float8GatheredWeight(t._codes[: size[0]], t._scales, t._recipe, t.dtype, t._cols, t._w_amax)
         raise NotImplementedError(f"octet: {func} on an FP8-gathered weight; only Float8Linear's forward reads it "
                                   "(the weight FSDP2 gathered as E4M3 codes, see octet.torch.fsdp)")
 
     def __tensor_flatten__(self):
-        return ["_codes", "_scales"], (self._recipe, self.dtype, self._cols)
+        return ["_codes", "_scales"], (self._recipe, self.dtype, self._cols, self._w_amax)
 
     @staticmethod
     def __tensor_unflatten__(inner, spec, outer_size, outer_stride):
@@ -214,31 +240,37 @@ def _shard_amax(t: torch.Tensor) -> torch.Tensor:
 
 class _GatheredLinearFn(torch.autograd.Function):
     """Float8Linear's _Float8LinearFn with W's copies given (the gathered codes): X is quantized as
-    the layer quantizes it, Y = X W^T by the same scaled GEMM, and the backward is the layer's."""
+    the layer quantizes it (tensorwise_delayed: with x_hist's scale), Y = X W^T by the same scaled
+    GEMM, and the backward is the layer's (pushing dY's amax into g_hist). Returns (Y, X's amax)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seed):
+    def forward(ctx, x, weight, bias, seed, x_hist, g_hist):
         cfg = linear_recipe(weight._recipe)
         wq, wt = weight.copies()
-        xq, x_t, _ = quantize(x, cfg.x, rowwise=True, columnwise=True)
+        xq, x_t, info = quantize(x, cfg.x, rowwise=True, columnwise=True, amax_history=x_hist)
         y = scaled_mm(xq, wq, bias=bias)
         ctx.save_for_backward(*_raw(x_t), *_raw(wt))
         ctx.recipe_name, ctx.seed, ctx.n_x = weight._recipe, seed, len(_raw(x_t))
-        return y
+        ctx.g_hist = g_hist  # written by the backward: a reference, not a saved tensor
+        x_amax = info["amax"]
+        ctx.mark_non_differentiable(x_amax)
+        return y, x_amax
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, _dx_amax):
         saved = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         copies = (list(saved[:ctx.n_x]) if need_dw else []) + (list(saved[ctx.n_x:]) if need_dx else [])
         dy = dy.float().contiguous() if dy.numel() else torch.zeros(dy.shape, dtype=torch.float32, device=dy.device)
-        out = _ops.linear_backward(dy, copies, ctx.recipe_name, None, ctx.seed, None, need_dx, need_dw, need_db,
-                                   False, False)
+        out = _ops.linear_backward(dy, copies, ctx.recipe_name, ctx.g_hist, ctx.seed, None, need_dx, need_dw,
+                                   need_db, False, False)
         at, grads = 0, []
         for need in (need_dx, need_dw, need_db):
             grads.append(out[at] if need else None)
             at += int(need)
-        return grads[0], grads[1], grads[2], None
+        if ctx.g_hist is not None and (need_dx or need_dw):  # dY was quantized with the history's scale
+            _push_amax(ctx.g_hist, out[at])
+        return grads[0], grads[1], grads[2], None, None, None
 
 
 def gathered_forward(layer: Float8Linear, x2d: torch.Tensor) -> torch.Tensor:
@@ -247,12 +279,20 @@ def gathered_forward(layer: Float8Linear, x2d: torch.Tensor) -> torch.Tensor:
         raise ValueError("octet.torch.Float8Linear: keep_operands / collect_stats are not available while FSDP2 "
                          "gathers the weight in FP8 (enable_fp8_all_gather)")
     bias = None if layer.bias is None else _widen(layer.bias)
-    return _GatheredLinearFn.apply(x2d, layer.weight, bias, layer.seed)
+    x_hist = g_hist = None
+    delayed = layer.recipe.delayed
+    if delayed:
+        x_hist, g_hist = layer.amax_history_x, layer.amax_history_g
+    y, x_amax = _GatheredLinearFn.apply(x2d, layer.weight, bias, layer.seed, x_hist, g_hist)
+    if delayed and torch.is_grad_enabled():  # training steps record amaxes, as Float8Linear.forward does
+        _push_amax(x_hist, x_amax)
+        _push_amax(layer.amax_history_w, torch.tensor(layer.weight._w_amax, dtype=torch.float32))
+    return y
 
 
 def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
-    """Makes every tensorwise and blockwise Float8Linear of ``model`` all-gather its weight in FP8
-    under FSDP2.
+    """Makes every tensorwise, tensorwise_delayed and blockwise Float8Linear of ``model`` all-gather
+    its weight in FP8 under FSDP2.
     Call it before ``fully_shard``. Returns {layer name: "fp8"} for the layers it changed and
     {layer name: the reason} for the Float8Linear layers it left to FSDP2's float all-gather."""
     from torch.distributed.tensor import DTensor
@@ -272,9 +312,9 @@ def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
         else:
             w = m.weight
             if not isinstance(w, Float8ShardedWeight):
-                m.weight = nn.Parameter(Float8ShardedWeight(w.detach(), m.recipe.name, w.shape[1]),
+                m.weight = nn.Parameter(Float8ShardedWeight(w.detach(), m.recipe.name, w.shape[1], weakref.ref(m)),
                                         requires_grad=w.requires_grad)
-            report[name] = "fp8" if m.recipe.name == "tensorwise" else (
+            report[name] = "fp8" if m.recipe.name != "blockwise" else (
                 "fp8 where each rank's rows (out_features / world, rounded up) are a multiple of 128, float "
                 "elsewhere (a block would straddle two ranks)")
     return report
