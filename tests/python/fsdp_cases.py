@@ -253,19 +253,23 @@ def fp8_model():
     shard unevenly) and a blockwise one (256 rows: 128 per rank, whole 128 x 128 blocks; 201 columns:
     a partial block); and two it gathers in float: a blockwise one whose 100 rows put 50 on a rank
     (blocks would straddle ranks) and an mxfp8 one; last, a tensorwise_delayed one gathered in FP8
-    (its first step on the whole weight's amax, the next ones on its amax history)."""
+    (its first step on the whole weight's amax, the next ones on its amax history), and an mxfp8 one
+    gathered in FP8 (32 rows per rank, 128 columns)."""
     torch.manual_seed(4)
     return torch.nn.Sequential(ot.Float8Linear(256, 512, recipe="tensorwise"), torch.nn.GELU(),
                                ot.Float8Linear(512, 201, recipe="tensorwise"), torch.nn.GELU(),
                                ot.Float8Linear(201, 256, recipe="blockwise"), torch.nn.GELU(),
                                ot.Float8Linear(256, 100, recipe="blockwise"), torch.nn.GELU(),
                                ot.Float8Linear(100, 64, recipe="mxfp8"), torch.nn.GELU(),
-                               ot.Float8Linear(64, 128, recipe="tensorwise_delayed"))
+                               ot.Float8Linear(64, 128, recipe="tensorwise_delayed"), torch.nn.GELU(),
+                               ot.Float8Linear(128, 64, recipe="mxfp8"))
 
 
 def fp8_all_gather(rank, world, init_file, out_dir, steps):
     """fp8_model under FSDP2 three ways (weights gathered in FP8, in float32, in bfloat16 by FSDP2's
-    mixed precision), with the bytes every all-gather moved; the FP8 run's parameters after every
+    mixed precision; FP8 also with only the root sharded, whose weights FSDP2 does not gather again
+    for the backward: MXFP8's forward all-gather then carries both copies), with the bytes every
+    all-gather moved; the FP8 run's parameters after every
     step, and what enable_fp8_all_gather and bad calls answer."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -281,13 +285,13 @@ def fp8_all_gather(rank, world, init_file, out_dir, steps):
 
     setattr(dist, name, counting_all_gather)
     result = {}
-    for run in ("fp8", "fp8_precomputed", "float32", "bf16"):
+    for run in ("fp8", "fp8_precomputed", "fp8_root", "float32", "bf16"):
         model = fp8_model()
         if run.startswith("fp8"):
             result["report"] = ot.enable_fp8_all_gather(model)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if run == "bf16" else MixedPrecisionPolicy()
         for layer in model:
-            if isinstance(layer, ot.Float8Linear):
+            if isinstance(layer, ot.Float8Linear) and run != "fp8_root":
                 fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
         opt = ot.AdamW(model.parameters(), lr=1e-2, m_codec="e4m3_expanded", master="fp32")

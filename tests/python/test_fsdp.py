@@ -174,29 +174,34 @@ def test_fp8_all_gather_trains_bit_for_bit_as_one_process(tmp_path):
         model(x).square().mean().backward()
         opt.step()
         opt.zero_grad()
-        for run in ("fp8", "fp8_precomputed", "float32"):
+        for run in ("fp8", "fp8_precomputed", "fp8_root", "float32"):
             for rank in range(world):
                 got = runs[rank][run]["params"][step]
                 for i, (a, p) in enumerate(zip(got, model.parameters())):
                     assert torch.equal(a, p.detach()), f"{run}: parameter {i} after step {step} on rank {rank}"
     report = runs[0]["report"]
     assert report["0"] == report["2"] == report["10"] == "fp8" and report["4"].startswith("fp8 where"), report
-    assert "mxfp8" in report["8"], report
+    assert report["8"].startswith("fp8 where out_features") and report["12"] == report["8"], report
     assert "before fully_shard" in runs[0]["late"], runs[0]["late"]
-    # bytes the forward's all-gathers move: FP8 codes (and blockwise's block scales) for the three
-    # FP8-gathered weights; the other two weights and the biases travel as float32 in every run but
-    # bf16's
+    # bytes the forward's all-gathers move: FP8 codes (and blockwise's and MXFP8's block scales) for
+    # the five FP8-gathered weights; the other two weights and the biases travel as float32 in every
+    # run but bf16's
     fp8, f32, bf16 = (runs[0][r]["forward_bytes"][0] for r in ("fp8", "float32", "bf16"))
     print(f"forward all-gather bytes per rank and step: FP8 {fp8}, bfloat16 {bf16}, float32 {f32}")
-    gathered = 256 * 512 + 512 * 202 + 201 * 256 + 64 * 128  # elements (201 rows padded to 202 over 2 ranks)
+    # elements (201 rows padded to 202 over 2 ranks; the mxfp8 layer's row-wise copy only)
+    gathered = 256 * 512 + 512 * 202 + 201 * 256 + 64 * 128 + 128 * 64
     float_rest = f32 - 4 * gathered
     assert fp8 > 0 and fp8 - float_rest <= 1.02 * gathered, (fp8, f32)  # a byte per element, and scales
     assert fp8 - float_rest <= 0.55 * (bf16 - float_rest / 2), (fp8, bf16)
+    # with only the root sharded, FSDP2 keeps the forward's gathered weights for the backward: the
+    # mxfp8 weight's forward all-gather then carries its column-wise copy too (codes and 32 x 1 scales)
+    root = runs[0]["fp8_root"]["forward_bytes"][0]
+    assert root - fp8 == 64 * 128 + (64 // 32) * 128, (root, fp8)
     # the checkpoint of the FP8 run (saved on 2 processes) loads on 3, its weights still FP8-gathered
     spawn(cases.fp8_resume, 3, tmp_path)
     saved = runs[0]["fp8"]["params"][-1]
     for rank in range(3):
         got = load(tmp_path, f"fp8_resume.rank{rank}.pt")
         assert all(torch.equal(a, b) for a, b in zip(got["loaded"], saved)), rank
-        assert got["kinds"] == ["Float8ShardedWeight"] * 4 + ["Tensor", "Float8ShardedWeight"], got["kinds"]
+        assert got["kinds"] == ["Float8ShardedWeight"] * 7, got["kinds"]
         assert not any(torch.equal(a, b) for a, b in zip(got["after"], saved)), "the step after loading moved nothing"

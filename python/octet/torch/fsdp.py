@@ -26,9 +26,14 @@ is the whole weight's; the first step, whose history is empty, with the whole we
 blockwise (DeepSeek-V3's 128 x 128 weight blocks, each
 scaled by its own amax: no all-reduce) where each rank's rows, out_features / world rounded up, are a
 multiple of 128, so that every block lies on one rank; a blockwise weight sharded otherwise travels in
-float. The other recipes keep FSDP2's float all-gather (listed with the reason by
-enable_fp8_all_gather): MXFP8's and NVFP4's 1 x 32 / 1 x 16 blocks run along the rows in one copy and
-along the columns in the other, so both copies would have to travel (not built yet).
+float. mxfp8 blocks its two copies along different dimensions (1 x 32 along a row of W for the forward,
+32 x 1 down a column for the data gradient): the forward's all-gather carries the row-wise copy and
+the backward's, when FSDP2 gathers the weight again for the backward (a layer that is itself a
+fully_shard module resharding after forward), the column-wise copy; otherwise (the root's weights,
+or a layer inside a sharded block) the forward's carries both. Each rank quantizes its rows both
+ways; where out_features is a multiple of 32 x world and in_features of 32, its rows hold whole
+blocks, so its codes and scales are the whole weight's. A weight of other shapes travels in float.
+NVFP4 keeps FSDP2's float all-gather (its packed 4-bit codes do not transpose bytewise; not built).
 """
 
 import weakref
@@ -44,8 +49,9 @@ from .linear import Float8Linear, _push_amax, _raw, _ops, _widen, linear_recipe
 
 # FP8 all-gather recipes: the weight's column-wise copy is its row-wise copy transposed (one scale
 # per tensor, or per 128 x 128 block).
-FP8_ALL_GATHER_RECIPES = ("tensorwise", "tensorwise_delayed", "blockwise")
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "tensorwise_delayed", "blockwise", "mxfp8")
 _BLOCK = 128  # blockwise's weight blocks: 128 x 128
+_MX = 32  # MXFP8's blocks: 1 x 32 in the row-wise copy, 32 x 1 (of W) in the column-wise one
 
 # Ops whose results stay sharded weights: how FSDP2 chunks, pads, moves and copies a parameter.
 _PRESERVING_OPS = {
@@ -121,6 +127,8 @@ class Float8ShardedWeight(torch.Tensor):
         if self._recipe == "blockwise" and padded % _BLOCK:
             # A block would straddle two ranks: this weight travels in float (the same on every rank).
             return (_pad_rows(self._data, padded),), "float"
+        if self._recipe == "mxfp8":
+            return self._mxfp8_inputs(mesh, outer_size, module, rows, padded, recipe, probe)
         if self._recipe == "blockwise":
             # Each 128 x 128 block is scaled by its own amax, and FSDP2's shards (padded rows a multiple
             # of 128, checked above) hold whole blocks: the shard's blocks are the weight's. Its block
@@ -153,9 +161,44 @@ class Float8ShardedWeight(torch.Tensor):
         codes, scales, _ = q.raw()
         return (_pad_rows(codes[:rows], padded),), scales
 
+    def _mxfp8_inputs(self, mesh, outer_size, module, rows, padded, recipe, probe):
+        """MXFP8: the row-wise copy (1 x 32 blocks along a row) in the forward's all-gather and the
+        column-wise copy (32 x 1 blocks down a column of W) in the backward's, each a byte per element
+        and a byte per 32; both in the forward's when FSDP2 will not gather the weight again for the
+        backward. Each rank quantizes its rows; they hold whole 32-row blocks, so its codes and
+        scales are the whole weight's. Shapes where that fails travel in float (out_features a
+        multiple of 32 x world and in_features a multiple of 32 take FP8: then both copies'
+        all-gather inputs have the same sizes, as FSDP2 reuses its buffers across all-gathers)."""
+        out_f = outer_size[0] if outer_size is not None else rows * mesh.size()
+        if out_f % (_MX * mesh.size()) or self._cols % _MX or rows != padded:
+            return (_pad_rows(self._data, padded),), "float"
+        backward = torch._C._current_graph_task_id() != -1  # FSDP2's own test (is_bw)
+        rowwise = not backward
+        columnwise = backward or not _regathered_for_backward(module)
+        q, qt, _ = quantize(probe, recipe, rowwise=rowwise, columnwise=columnwise)
+        inputs = []
+        if rowwise:  # W's codes [rows, in] and per-row block scales [rows, in / 32]
+            codes, grid, _ = q.raw()
+            inputs += [codes[:, :self._cols].contiguous(), grid[:, :rows].t().contiguous()]
+        if columnwise:  # W^T's codes, as W's rows [rows, in], and its block scales [rows / 32, in]
+            codes_t, grid_t, _ = qt.raw()
+            inputs += [codes_t[:self._cols, :rows].t().contiguous(), grid_t[:, :self._cols].contiguous()]
+        return tuple(inputs), ("mxfp8", rowwise, columnwise)
+
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
         if isinstance(metadata, str):  # gathered in float: the weight itself
             return None if out is not None else (outputs[0], tuple(outputs))
+        if isinstance(metadata, tuple) and metadata[0] == "mxfp8":
+            _, rowwise, columnwise = metadata
+            parts = list(outputs)
+            row = (parts.pop(0), parts.pop(0)) if rowwise else None
+            col = (parts.pop(0), parts.pop(0)) if columnwise else None
+            if out is not None:
+                out._mx_row, out._mx_col = row, col
+                return None
+            w = Float8GatheredWeight(outputs[0], None, self._recipe, param_dtype, self._cols)
+            w._mx_row, w._mx_col = row, col
+            return w, tuple(outputs)
         codes = outputs[0]
         scales = outputs[1] if self._recipe == "blockwise" else metadata
         w_amax = None
@@ -181,18 +224,26 @@ class Float8GatheredWeight(torch.Tensor):
 
     def __init__(self, codes, scales, recipe, dtype, cols, w_amax=None):
         self._codes, self._scales, self._recipe, self._cols, self._w_amax = codes, scales, recipe, cols, w_amax
+        # mxfp8: the gathered (codes, scales) of the row-wise copy and of the column-wise copy (as
+        # W's rows), each None where this all-gather did not carry it
+        self._mx_row = self._mx_col = None
+
+    def _like(self, codes):
+        w = Float8GatheredWeight(codes, self._scales, self._recipe, self.dtype, self._cols, self._w_amax)
+        w._mx_row, w._mx_col = self._mx_row, self._mx_col
+        return w
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args, kwargs=None):
         kwargs = kwargs or {}
         t = args[0]
         if func == torch.ops.aten.detach.default:
-            return Float8GatheredWeight(t._codes, t._scales, t._recipe, t.dtype, t._cols, t._w_amax)
+            return t._like(t._codes)
         if func == torch.ops.aten.as_strided.default:  # FSDP2 drops the padding rows of uneven shards
             size = tuple(args[1])
             offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
             if size[1:] == (t._cols,) and not offset:
-                return Float8GatheredWeight(t._codes[: size[0]], t._scales, t._recipe, t.dtype, t._cols, t._w_amax)
+                return t._like(t._codes[: size[0]])
         raise NotImplementedError(f"octet: {func} on an FP8-gathered weight; only Float8Linear's forward reads it "
                                   "(the weight FSDP2 gathered as E4M3 codes, see octet.torch.fsdp)")
 
@@ -205,8 +256,11 @@ class Float8GatheredWeight(torch.Tensor):
 
     def copies(self):
         """(W's row-wise copy, W^T's row-wise copy): the same codes, transposed, with the same scales
-        (a block (i, j) of W is the block (j, i) of W^T)."""
+        (a block (i, j) of W is the block (j, i) of W^T); mxfp8: the copies this all-gather carried
+        (None for one it did not)."""
         w = linear_recipe(self._recipe).w
+        if self._recipe == "mxfp8":
+            return self._mx_copies(w)
         out_f, in_f = self._codes.shape[0], self._cols
         ts = _no_tensor_scale(self._codes)
         (rows_t, ld_t), grid_t_shape, _ = layout(w, in_f, out_f)
@@ -227,6 +281,41 @@ class Float8GatheredWeight(torch.Tensor):
         return wq, wt
 
 
+    def _mx_copies(self, w):
+        out_f, in_f = self.shape
+        ts = _no_tensor_scale(self._codes)
+        wq = wt = None
+        if self._mx_row is not None:
+            codes, scales = self._mx_row  # [out, in], [out, in / 32]
+            (_, ld), grid_shape, _ = layout(w, out_f, in_f)
+            c = codes.new_zeros(out_f, ld)
+            c[:, :in_f] = codes[:out_f]
+            grid = scales.new_zeros(grid_shape)  # column-major: block (i, j) at [j, i]
+            grid[:, :out_f] = scales[:out_f].t()
+            wq = QuantizedTensor(c.view(torch.float8_e4m3fn), grid, ts, w, in_f)
+        if self._mx_col is not None:
+            codes, scales = self._mx_col  # W's rows [out, in], W^T's block scales [out / 32, in]
+            (_, ld_t), grid_t_shape, _ = layout(w, in_f, out_f)
+            c = codes.new_zeros(in_f, ld_t)
+            c[:, :out_f] = codes[:out_f].t()
+            grid = scales.new_zeros(grid_t_shape)  # block (i of in, j of out / 32) at [j, i]
+            grid[:, :in_f] = scales[: grid_t_shape[0]]
+            wt = QuantizedTensor(c.view(torch.float8_e4m3fn), grid, ts, w, out_f)
+        return wq, wt
+
+
+def _regathered_for_backward(module) -> bool:
+    """Whether FSDP2 all-gathers the weights of ``module`` (the layer) again for the backward: the
+    layer is itself a fully_shard module that reshards after forward (not the root, whose weights
+    stay gathered). Where that cannot be told, False: the forward's all-gather then carries both of
+    MXFP8's copies."""
+    try:
+        group = module._get_fsdp_state()._fsdp_param_group
+        return group is not None and group.post_forward_mesh_info is group.mesh_info
+    except (AttributeError, TypeError):
+        return False
+
+
 def _pad_rows(codes: torch.Tensor, rows: int) -> torch.Tensor:
     """FSDP2 gathers equal shards: an uneven one ends in rows of zero codes."""
     if codes.shape[0] == rows:
@@ -244,12 +333,17 @@ class _GatheredLinearFn(torch.autograd.Function):
     GEMM, and the backward is the layer's (pushing dY's amax into g_hist). Returns (Y, X's amax)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seed, x_hist, g_hist):
+    def forward(ctx, x, weight, bias, seed, x_hist, g_hist, layer):
         cfg = linear_recipe(weight._recipe)
         wq, wt = weight.copies()
+        if wq is None:
+            raise RuntimeError("octet: the FP8-gathered weight holds no row-wise copy in the forward (FSDP2 gathered "
+                               "it for a backward)")
         xq, x_t, info = quantize(x, cfg.x, rowwise=True, columnwise=True, amax_history=x_hist)
         y = scaled_mm(xq, wq, bias=bias)
-        ctx.save_for_backward(*_raw(x_t), *_raw(wt))
+        # mxfp8 gathered for a backward all-gather of its own: W^T's copy comes with that one
+        ctx.save_for_backward(*_raw(x_t), *(_raw(wt) if wt is not None else []))
+        ctx.layer = weakref.ref(layer) if wt is None else None
         ctx.recipe_name, ctx.seed, ctx.n_x = weight._recipe, seed, len(_raw(x_t))
         ctx.g_hist = g_hist  # written by the backward: a reference, not a saved tensor
         x_amax = info["amax"]
@@ -260,7 +354,16 @@ class _GatheredLinearFn(torch.autograd.Function):
     def backward(ctx, dy, _dx_amax):
         saved = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        copies = (list(saved[:ctx.n_x]) if need_dw else []) + (list(saved[ctx.n_x:]) if need_dx else [])
+        w_t = list(saved[ctx.n_x:])
+        if need_dx and ctx.layer is not None:  # FSDP2 gathered the column-wise copy for this backward
+            layer = ctx.layer()
+            gathered = getattr(layer, "weight", None) if layer is not None else None
+            _, wt = gathered.copies() if getattr(gathered, "_fp8_gathered", False) else (None, None)
+            if wt is None:
+                raise RuntimeError("octet: MXFP8 FP8 all-gather: the backward found no column-wise copy of the "
+                                   "weight (FSDP2 did not gather it again for the backward)")
+            w_t = list(_raw(wt))
+        copies = (list(saved[:ctx.n_x]) if need_dw else []) + (w_t if need_dx else [])
         dy = dy.float().contiguous() if dy.numel() else torch.zeros(dy.shape, dtype=torch.float32, device=dy.device)
         out = _ops.linear_backward(dy, copies, ctx.recipe_name, ctx.g_hist, ctx.seed, None, need_dx, need_dw,
                                    need_db, False, False)
@@ -270,7 +373,7 @@ class _GatheredLinearFn(torch.autograd.Function):
             at += int(need)
         if ctx.g_hist is not None and (need_dx or need_dw):  # dY was quantized with the history's scale
             _push_amax(ctx.g_hist, out[at])
-        return grads[0], grads[1], grads[2], None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None
 
 
 def gathered_forward(layer: Float8Linear, x2d: torch.Tensor) -> torch.Tensor:
@@ -283,7 +386,7 @@ def gathered_forward(layer: Float8Linear, x2d: torch.Tensor) -> torch.Tensor:
     delayed = layer.recipe.delayed
     if delayed:
         x_hist, g_hist = layer.amax_history_x, layer.amax_history_g
-    y, x_amax = _GatheredLinearFn.apply(x2d, layer.weight, bias, layer.seed, x_hist, g_hist)
+    y, x_amax = _GatheredLinearFn.apply(x2d, layer.weight, bias, layer.seed, x_hist, g_hist, layer)
     if delayed and torch.is_grad_enabled():  # training steps record amaxes, as Float8Linear.forward does
         _push_amax(x_hist, x_amax)
         _push_amax(layer.amax_history_w, torch.tensor(layer.weight._w_amax, dtype=torch.float32))
@@ -314,9 +417,13 @@ def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
             if not isinstance(w, Float8ShardedWeight):
                 m.weight = nn.Parameter(Float8ShardedWeight(w.detach(), m.recipe.name, w.shape[1], weakref.ref(m)),
                                         requires_grad=w.requires_grad)
-            report[name] = "fp8" if m.recipe.name != "blockwise" else (
-                "fp8 where each rank's rows (out_features / world, rounded up) are a multiple of 128, float "
-                "elsewhere (a block would straddle two ranks)")
+            report[name] = {
+                "blockwise": "fp8 where each rank's rows (out_features / world, rounded up) are a multiple of 128, "
+                             "float elsewhere (a block would straddle two ranks)",
+                "mxfp8": "fp8 where out_features is a multiple of 32 x world and in_features of 32 (the row-wise "
+                         "copy in the forward's all-gather, the column-wise one in the backward's), float "
+                         "elsewhere",
+            }.get(m.recipe.name, "fp8")
     return report
 
 
