@@ -183,7 +183,9 @@ def batch(step, size=8):
 
 def reduce_scatter_bounds(rank, world, init_file, out_dir, steps):
     """CompressedReduceScatter called directly: each rank's input is its own random draw; every rank
-    writes its inputs and outputs (the test computes the exact sums)."""
+    writes its inputs and outputs (the test computes the exact sums). With feedback, the state after
+    step 3 is saved and loaded into a fresh reduce-scatter that replays the later steps; a corrupted
+    copy and one from another world size are refused."""
     from octet.torch.distributed import CodecConfig, CompressedReduceScatter
 
     init(rank, world, init_file)
@@ -202,11 +204,58 @@ def reduce_scatter_bounds(rank, world, init_file, out_dir, steps):
             outputs.append(y)
             residual_norms.append([float(ot.distributed.residual_values(comm.residuals[r], shard).norm())
                                    for r in sorted(comm.residuals)] if feedback else [])
+            if step == 2:
+                saved = comm.state_dict()
         final = {r: ot.distributed.residual_values(e, shard).clone() for r, e in (comm.residuals or {}).items()}
         out[feedback] = {"inputs": inputs, "outputs": outputs, "residual_norms": residual_norms,
                          "final_residuals": final, "bytes_sent": comm.bytes_sent}
+        if feedback:
+            out[feedback]["resume"] = _resume_reduce_scatter(feedback, saved, inputs, outputs, shard, world)
     torch.save(out, os.path.join(out_dir, f"rs.rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def _resume_reduce_scatter(feedback, saved, inputs, outputs, shard, world):
+    """Replays steps 3.. from the state saved after step 2 (bit for bit?), and what loading a corrupted
+    state and one saved on another world size answer."""
+    from octet.torch.distributed import CodecConfig, CompressedReduceScatter
+
+    make = lambda: CompressedReduceScatter(CodecConfig(format="e4m3", block=256), feedback=feedback)  # noqa: E731
+    resumed = make()
+    resumed.load_state_dict(torch.load(_roundtrip(saved), weights_only=True))
+    same = True
+    for step in range(3, len(inputs)):
+        y = torch.empty(shard)
+        resumed(y, inputs[step].clone(), dist.group.WORLD, dist.ReduceOp.SUM)
+        same = same and torch.equal(y, outputs[step])
+    result = {"bit_identical": same}
+    bad = {**saved, "residuals": {r: e.clone() for r, e in saved["residuals"].items()}}
+    peer = min(bad["residuals"])
+    bad["residuals"][peer].view(torch.uint8)[5] ^= 1
+    fresh = make()
+    try:
+        fresh.load_state_dict(bad)
+        result["corrupted"] = "no error"
+    except ValueError as e:
+        result["corrupted"] = str(e)
+    result["nothing_loaded"] = fresh.residuals is None and fresh.step == 0
+    other = make()
+    other.load_state_dict({**saved, "world": world + 1})
+    try:
+        other(torch.empty(shard), inputs[3].clone(), dist.group.WORLD, dist.ReduceOp.SUM)
+        result["other_world"] = "no error"
+    except ValueError as e:
+        result["other_world"] = str(e)
+    return result
+
+
+def _roundtrip(state):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return buf
 
 
 def fsdp_training(rank, world, init_file, out_dir, steps):

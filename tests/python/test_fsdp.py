@@ -109,6 +109,12 @@ def test_compressed_reduce_scatter_bounds(tmp_path):
                     before = norms[t - 1][peer] if t else 0.0
                     slack = 1.01 if fb == "f32" else 1.3  # the e4m3 residual is itself quantized
                     assert norms[t][peer] <= slack * (rel * (x + before) + ab), (fb, r, me, t)
+            # a checkpoint of the reduce-scatter resumes bit for bit; bad ones are refused whole
+            resume = mine[fb]["resume"]
+            assert resume["bit_identical"], (fb, me)
+            assert "destination rank" in resume["corrupted"] and "CRC-32" in resume["corrupted"], resume
+            assert resume["nothing_loaded"], resume
+            assert f"saved by rank {me} of {world + 1}" in resume["other_world"], resume
 
 
 

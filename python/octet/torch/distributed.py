@@ -15,7 +15,7 @@ DistributedDataParallel communication hook over it.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -427,6 +427,13 @@ class CompressedReduceScatter(_reduce_scatter_base()):
     Held: ``residuals`` (by destination rank, each of the shard's size, see new_residual; None before
     the first call or without feedback), ``step``,
     ``bytes_sent`` (the last call's message bytes, this rank) and ``bytes_sent_total``.
+
+    Checkpoints: ``state_dict()`` / ``load_state_dict()`` carry the step and the residuals, so that a
+    resumed run continues bit for bit. The residuals are this rank's (what it owes each destination
+    rank), not shards of a parameter: save each rank's own (torch.save per rank; DCP would keep one
+    rank's copy of a plain tensor) and load it on the same rank of the same world size. A state saved
+    on another world size or rank is refused at the first call after loading, one whose residual bytes
+    do not match their CRC-32 at loading; either way nothing is loaded.
     Error without feedback, per call and rank: at most the sum over the world - 1 chunks received of
     error_bound(shard size, config) applied to each sender's chunk (see error_bound)."""
 
@@ -441,6 +448,35 @@ class CompressedReduceScatter(_reduce_scatter_base()):
         self.step = 0
         self.bytes_sent = 0
         self.bytes_sent_total = 0
+        self._where = None  # (world, rank) of the last call
+        self._loaded_where = None  # (world, rank) a loaded state was saved on, until the next call checks it
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The step, the residuals (by destination rank, with their CRC-32) and where they were made."""
+        residuals = {r: e.detach().cpu().clone() for r, e in (self.residuals or {}).items()}
+        world, rank = self._where if self._where is not None else (None, None)
+        return {"format": "octet.CompressedReduceScatter/1", "feedback": self.feedback, "step": self.step,
+                "shard": self._shard, "world": world, "rank": rank, "residuals": residuals,
+                "crc32": {r: _crc32(e) for r, e in residuals.items()}}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Takes a state_dict() of this rank's reduce-scatter after checking all of it (nothing is
+        loaded from a state that fails)."""
+        name = "octet.CompressedReduceScatter.load_state_dict"
+        if not isinstance(state, dict) or state.get("format") != "octet.CompressedReduceScatter/1":
+            raise ValueError(f"{name}: argument 'state' is not a CompressedReduceScatter state_dict()")
+        if state["feedback"] != self.feedback:
+            raise ValueError(f"{name}: the state's residuals are stored as {state['feedback']!r}, this "
+                             f"reduce-scatter's as {self.feedback!r}; build it with feedback={state['feedback']!r}")
+        residuals = state["residuals"]
+        for r, e in residuals.items():
+            if _crc32(e) != state["crc32"].get(r):
+                raise ValueError(f"{name}: the residual for destination rank {r} does not match its CRC-32 (a "
+                                 "corrupted checkpoint); nothing was loaded")
+        self.residuals = {r: e.clone() for r, e in residuals.items()} if residuals else None
+        self._shard = state["shard"]
+        self.step = state["step"]
+        self._loaded_where = (state["world"], state["rank"]) if state["world"] is not None else None
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(size, dtype=dtype, device=device)
@@ -455,6 +491,13 @@ class CompressedReduceScatter(_reduce_scatter_base()):
         if async_op:
             raise ValueError(f"{name}: async_op=True was asked; this reduce-scatter runs synchronously")
         world, rank = _group_info(group)
+        if self._loaded_where is not None and self._loaded_where != (world, rank):
+            saved_world, saved_rank = self._loaded_where
+            raise ValueError(f"{name}: the loaded residuals were saved by rank {saved_rank} of {saved_world}, and this "
+                             f"is rank {rank} of {world}: a residual belongs to its sender and destination ranks; "
+                             "load each rank's own state on the same world size, or start without it")
+        self._loaded_where = None
+        self._where = (world, rank)
         shard = output_tensor.numel()
         if input_tensor.numel() != world * shard:
             raise ValueError(f"{name}: the input has {input_tensor.numel()} elements, not world ({world}) x the "
@@ -464,6 +507,8 @@ class CompressedReduceScatter(_reduce_scatter_base()):
         if self.feedback and (self.residuals is None or self._shard != shard):
             # a new layout (first call, or FSDP2's shards changed): start from zero
             self.residuals = {r: new_residual(shard, self.feedback).to(x.device) for r in peers}
+        elif self.feedback:
+            self.residuals = {r: e.to(x.device) for r, e in self.residuals.items()}
         self._shard = shard
         c = self.config.with_seed(self.config.seed + self.step)
         size = encoded_size(shard, c)
@@ -493,6 +538,12 @@ class CompressedReduceScatter(_reduce_scatter_base()):
         self.bytes_sent = size * len(peers)
         self.bytes_sent_total += self.bytes_sent
         return None
+
+
+def _crc32(t: torch.Tensor) -> int:
+    import zlib
+
+    return zlib.crc32(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
 
 
 def compress_reduce_scatter(model: torch.nn.Module, config: Optional[CodecConfig] = None, *,
