@@ -84,21 +84,23 @@ inline std::size_t sum_of(span<const std::size_t> sizes) {
     return n;
 }
 
-/// Every group of `ref` has the shape `shapes` gives it (and a layout Recipe makes).
+/// Every group of `ref` has the shape sizes[g] x cols (tokens_are_rows: grouped_rows) or cols x
+/// sizes[g] (grouped_cols), and a layout Recipe makes. Checked without building the shapes: a
+/// grouped quantize allocates nothing beyond quantize's scratch.
 template <class Recipe, class Byte>
-void validate_grouped(const grouped_quantized_ref<Recipe, Byte>& ref, const group_shapes& shapes, const char* fn,
-                      const char* arg) {
+void validate_grouped(const grouped_quantized_ref<Recipe, Byte>& ref, span<const std::size_t> sizes, std::size_t cols,
+                      bool tokens_are_rows, const char* fn, const char* arg) {
     OCTET_REQUIRE(ref.layout != nullptr, fn, arg, "is absent; pass a grouped_quantized_tensor's ref()");
-    OCTET_REQUIRE(ref.groups() == shapes.rows.size(), fn, arg,
-                  message("has ", ref.groups(), " groups; the sizes name ", shapes.rows.size()));
+    OCTET_REQUIRE(ref.groups() == sizes.size(), fn, arg,
+                  message("has ", ref.groups(), " groups; the sizes name ", sizes.size()));
     const grouped_layout& l = *ref.layout;
     for (std::size_t g = 0; g < l.size(); ++g) {
         const quant_layout& q = l.groups[g];
-        OCTET_REQUIRE(
-            q.rows == shapes.rows[g] && q.cols == shapes.cols[g], fn, arg,
-            message("group ", g, " is ", q.rows, " x ", q.cols, " but must be ", shapes.rows[g], " x ", shapes.cols[g],
-                    "; lay it out with make_grouped_layout(grouped_rows(...) or "
-                    "grouped_cols(...))"));
+        const std::size_t rows = tokens_are_rows ? sizes[g] : cols, cs = tokens_are_rows ? cols : sizes[g];
+        OCTET_REQUIRE(q.rows == rows && q.cols == cs, fn, arg,
+                      message("group ", g, " is ", q.rows, " x ", q.cols, " but must be ", rows, " x ", cs,
+                              "; lay it out with make_grouped_layout(grouped_rows(...) or "
+                              "grouped_cols(...))"));
     }
     OCTET_REQUIRE(ref.data != nullptr && ref.scales != nullptr, fn, arg,
                   "has a null data or scales pointer; pass a grouped_quantized_tensor's ref()");
@@ -143,8 +145,8 @@ void grouped_quantize(const host_executor& ex, matrix_ref<T> x, span<const std::
                                   "; each group is scaled by its own amax here (current scaling): pass -1"));
     OCTET_REQUIRE(results.empty() || results.size() == sizes.size(), fn, "results",
                   detail::message("has ", results.size(), " entries; pass one per group (", sizes.size(), ") or none"));
-    if (!rowwise.absent()) detail::validate_grouped(rowwise, grouped_rows(sizes, x.cols), fn, "rowwise");
-    if (!columnwise.absent()) detail::validate_grouped(columnwise, grouped_cols(x.cols, sizes), fn, "columnwise");
+    if (!rowwise.absent()) detail::validate_grouped(rowwise, sizes, x.cols, true, fn, "rowwise");
+    if (!columnwise.absent()) detail::validate_grouped(columnwise, sizes, x.cols, false, fn, "columnwise");
     std::size_t begin = 0;
     for (std::size_t g = 0; g < sizes.size(); ++g) {
         const matrix_ref<T> xg = detail::row_range(x, begin, sizes[g]);
