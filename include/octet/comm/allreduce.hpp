@@ -336,6 +336,28 @@ struct codec_region {
     }
 };
 
+/// Step 0's failure flag (the host versions): every rank contributes its local_failure (0 none,
+/// 1 its arguments, 2 its scratch) to one allreduce_max; if any rank failed, EVERY rank throws
+/// octet::error (the failing rank with its own message, the others naming the lowest failing rank).
+template <class Transport>
+void stop_every_rank_on_failure(Transport& comm, int local_failure, const std::string& local_message, const char* fn) {
+    // The lowest failing rank wins (2 (P - rank) + what failed), as every rank sees the same flag.
+    const int P = comm.size(), me = comm.rank();
+    const int flag = comm.allreduce_max(local_failure == 0 ? 0 : 2 * (P - me) + (local_failure - 1));
+    if (flag != 0) {
+        const int who = P - flag / 2;
+        const bool scratch = (flag & 1) != 0;
+        if (local_failure == 1)
+            throw error(message(fn, ": rank ", me, " failed validation (every rank stops): ", local_message));
+        if (local_failure == 2)
+            throw error(message(fn, ": rank ", me, " could not take its scratch (every rank stops): ", local_message));
+        throw error(message(fn, ": rank ", who,
+                            scratch ? " could not take its scratch from its executor's allocator"
+                                    : " failed validation of its own arguments",
+                            "; every rank stops (see rank ", who, "'s error)"));
+    }
+}
+
 /// Checks a received message's header against what this rank expects (after read_wire_header).
 inline void expect_message(const wire_header& h, const codec_config& cfg, const shard_range& s, const char* fn,
                            int from) {
@@ -345,6 +367,77 @@ inline void expect_message(const wire_header& h, const codec_config& cfg, const 
         throw error(message(fn, ": the message from rank ", from, " describes elements [", h.first_index, ", ",
                             h.first_index + h.count, ") of a different configuration; expected [", s.begin, ", ",
                             s.begin + s.count, ")"));
+}
+
+/// Steps 1-3 of the host versions (arguments validated, scratch carved): every rank's shard and
+/// message size (s.shard, s.msg_bytes, s.send_off), this rank's message of each shard of `data`
+/// (encoded with `feedback`, the stage-1 residual, when not empty), the all-to-all of them (the P
+/// messages of this rank's shard land in s.recvbuf at s.recv_off). Adds the seconds and the bytes.
+template <class Transport>
+void encode_and_exchange(Transport& comm, const codec_config& cfg, span<const float> data,
+                         const residual_view& feedback, const std::function<void(int, span<std::uint8_t>)>& tamper,
+                         const host_executor& codec_ex, const allreduce_scratch& s, double& encode_s,
+                         double& exchange_s, std::size_t& bytes_sent, std::size_t& bytes_received) {
+    using clock = std::chrono::steady_clock;
+    const int P = comm.size(), me = comm.rank();
+    const std::size_t n = data.size();
+    std::size_t* const msg_bytes = s.msg_bytes;
+    std::size_t* const send_off = s.send_off;
+    shard_range* const shard = s.shard;
+    send_off[0] = 0;
+    for (int r = 0; r < P; ++r) {
+        shard[r] = allreduce_shard(cfg, n, P, r);
+        msg_bytes[r] = encoded_size(cfg, shard[r].count);
+        send_off[r + 1] = send_off[r] + msg_bytes[r];
+    }
+    const std::size_t msg_me = msg_bytes[me];
+    auto t0 = clock::now();
+    for (int r = 0; r < P; ++r) {
+        encode_options eo;
+        eo.first_index = shard[r].begin;
+        eo.random_stream = 1 + static_cast<std::uint64_t>(me);
+        if (!feedback.empty()) eo.feedback = feedback.subrange(shard[r].begin, shard[r].count);
+        const span<std::uint8_t> out(s.messages + send_off[r], msg_bytes[r]);
+        encode_gradient(codec_ex, cfg, span<const float>(data.data() + shard[r].begin, shard[r].count), out, eo);
+        if (tamper) tamper(r, out);
+    }
+    encode_s = seconds_since(t0);
+
+    // 3. All-to-all: P messages of my shard arrive.
+    t0 = clock::now();
+    for (int r = 0; r < P; ++r) {
+        s.recv_counts[r] = msg_me;
+        s.recv_off[r] = static_cast<std::size_t>(r) * msg_me;
+    }
+    comm.alltoallv(s.messages, msg_bytes, send_off, s.recvbuf, s.recv_counts, s.recv_off);
+    exchange_s = seconds_since(t0);
+    for (int r = 0; r < P; ++r)
+        if (r != me) bytes_sent += msg_bytes[r], bytes_received += msg_me;
+}
+
+/// Step 4's checks of the host versions: each of the P received messages of this rank's shard
+/// (s.recvbuf) is a valid message of `mine` under cfg; their addresses and tensor scales go to
+/// s.mine and s.mine_scales. Throws octet::error naming the sender.
+inline void validate_received(const allreduce_scratch& s, const codec_config& cfg, const shard_range& mine,
+                              const wire_layout& mine_layout, int P, int me, const char* fn) {
+    const std::size_t msg_me = s.msg_bytes[me];
+    for (int r = 0; r < P; ++r) {
+        const span<const std::uint8_t> m(s.recvbuf + s.recv_off[r], msg_me);
+        wire_header h;
+        wire_layout lr;
+        try {
+            h = read_wire_header(m, &lr, fn);
+            OCTET_REQUIRE(lr.coded == mine_layout.coded && lr.scale_block == mine_layout.scale_block &&
+                              lr.block == mine_layout.block,
+                          fn, "message", "has another layout than this rank's shard under the agreed codec");
+        } catch (const error& e) {
+            throw error(
+                message(fn, ": the stage-1 message from rank ", r, " to rank ", me, " is invalid: ", text_of(e)));
+        }
+        expect_message(h, cfg, mine, fn, r);
+        s.mine[r] = m.data();
+        s.mine_scales[r] = h.tensor_scale;
+    }
 }
 
 }  // namespace detail
@@ -432,21 +525,7 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
             local_message = detail::message("the scratch could not be taken: ", e.what());
         }
     }
-    // The lowest failing rank wins (2 (P - rank) + what failed), as every rank sees the same flag.
-    const int flag = comm.allreduce_max(local_failure == 0 ? 0 : 2 * (P - me) + (local_failure - 1));
-    if (flag != 0) {
-        const int who = P - flag / 2;
-        const bool scratch = (flag & 1) != 0;
-        if (local_failure == 1)
-            throw error(detail::message(fn, ": rank ", me, " failed validation (every rank stops): ", local_message));
-        if (local_failure == 2)
-            throw error(
-                detail::message(fn, ": rank ", me, " could not take its scratch (every rank stops): ", local_message));
-        throw error(detail::message(fn, ": rank ", who,
-                                    scratch ? " could not take its scratch from its executor's allocator"
-                                            : " failed validation of its own arguments",
-                                    "; every rank stops (see rank ", who, "'s error)"));
-    }
+    detail::stop_every_rank_on_failure(comm, local_failure, local_message, fn);
     const detail::allreduce_descriptor d = detail::make_descriptor(cfg, n, P, opt);
     comm.allgather(&d, sizeof d, s.descriptors);
     detail::throw_unless_agreed(s.descriptors, P, fn);
@@ -457,40 +536,14 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     host_executor codec_ex = opt.executor;
     codec_ex.allocator = region.allocator();
 
-    // 1-2. Shards and stage-1 messages.
+    // 1-3. Shards, stage-1 messages, all-to-all.
+    detail::encode_and_exchange(comm, cfg, span<const float>(data.data(), n), opt.feedback, opt.tamper, codec_ex, s,
+                                rep.encode_s, rep.exchange_s, rep.bytes_sent, rep.bytes_received);
     std::size_t* const msg_bytes = s.msg_bytes;
     std::size_t* const send_off = s.send_off;
     shard_range* const shard = s.shard;
-    send_off[0] = 0;
-    for (int r = 0; r < P; ++r) {
-        shard[r] = allreduce_shard(cfg, n, P, r);
-        msg_bytes[r] = encoded_size(cfg, shard[r].count);
-        send_off[r + 1] = send_off[r] + msg_bytes[r];
-    }
     const shard_range mine = shard[me];
     const std::size_t msg_me = msg_bytes[me];
-    t0 = clock::now();
-    for (int r = 0; r < P; ++r) {
-        encode_options eo;
-        eo.first_index = shard[r].begin;
-        eo.random_stream = 1 + static_cast<std::uint64_t>(me);
-        if (!opt.feedback.empty()) eo.feedback = opt.feedback.subrange(shard[r].begin, shard[r].count);
-        const span<std::uint8_t> out(s.messages + send_off[r], msg_bytes[r]);
-        encode_gradient(codec_ex, cfg, span<const float>(data.data() + shard[r].begin, shard[r].count), out, eo);
-        if (opt.tamper) opt.tamper(r, out);
-    }
-    rep.encode_s = detail::seconds_since(t0);
-
-    // 3. All-to-all: P messages of my shard arrive.
-    t0 = clock::now();
-    for (int r = 0; r < P; ++r) {
-        s.recv_counts[r] = msg_me;
-        s.recv_off[r] = static_cast<std::size_t>(r) * msg_me;
-    }
-    comm.alltoallv(s.messages, msg_bytes, send_off, s.recvbuf, s.recv_counts, s.recv_off);
-    rep.exchange_s = detail::seconds_since(t0);
-    for (int r = 0; r < P; ++r)
-        if (r != me) rep.bytes_sent += msg_bytes[r], rep.bytes_received += msg_me;
 
     // 4. Validate the P messages of my shard; 5. sum them in rotated coordinates and re-encode the
     // sum, span by span (the sum is never held whole).
@@ -499,23 +552,7 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     const span<std::uint8_t> reduced(s.reduced, msg_me);
     std::string failure;
     try {
-        for (int r = 0; r < P; ++r) {
-            const span<const std::uint8_t> m(s.recvbuf + s.recv_off[r], msg_me);
-            wire_header h;
-            wire_layout lr;
-            try {
-                h = read_wire_header(m, &lr, fn);
-                OCTET_REQUIRE(lr.coded == mine_layout.coded && lr.scale_block == mine_layout.scale_block &&
-                                  lr.block == mine_layout.block,
-                              fn, "message", "has another layout than this rank's shard under the agreed codec");
-            } catch (const error& e) {
-                throw error(detail::message(fn, ": the stage-1 message from rank ", r, " to rank ", me,
-                                            " is invalid: ", detail::text_of(e)));
-            }
-            detail::expect_message(h, cfg, mine, fn, r);
-            s.mine[r] = m.data();
-            s.mine_scales[r] = h.tensor_scale;
-        }
+        detail::validate_received(s, cfg, mine, mine_layout, P, me, fn);
         encode_options eo;
         eo.first_index = mine.begin;
         eo.random_stream = 0;

@@ -1,0 +1,558 @@
+// octet/comm/detail/sharded.hpp: the implementation of octet/comm/sharded.hpp (included at its end;
+// the declarations and the contract are there).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "octet/codec/codec.hpp"
+#include "octet/comm/allreduce.hpp"
+#include "octet/comm/sharded.hpp"
+#include "octet/core/check.hpp"
+#include "octet/core/executor.hpp"
+#include "octet/quant/quantize.hpp"
+#include "octet/quant/tensor.hpp"
+
+namespace octet {
+
+// ---- compressed reduce-scatter -------------------------------------------------------------------
+
+inline double reduce_scatter_error_bound(const codec_config& cfg, std::size_t n, int world, double sum_of_norms,
+                                         double norm_of_sum) {
+    std::size_t largest = 0;
+    for (int r = 0; r < world; ++r) largest = std::max(largest, allreduce_shard(cfg, n, world, r).count);
+    const codec_bound b = error_bound(cfg, largest);
+    const double P = world, u = 0x1p-24;
+    const double stage1 = b.relative * sum_of_norms + b.absolute * P * std::sqrt(P);
+    const double fsum = (P - 1.0) * u * ((1.0 + b.relative) * sum_of_norms + b.absolute * P * std::sqrt(P));
+    // The one inverse transform of the summed coordinates (error_bound's 3 (log2 B + 1) 2^-24 per
+    // transform pair, here of the sum's norm).
+    const wire_layout l = wire_layout_of(cfg, largest);
+    const int k = cfg.transform == transform_kind::hadamard && l.block > 0 ? log2_exact(l.block) : 0;
+    const double inverse = 3.0 * (k + 1) * u * (norm_of_sum + stage1 + fsum);
+    return (stage1 + fsum + inverse) * (1.0 + 0x1p-20);
+}
+
+namespace detail {
+
+/// The most host scratch one codec step inside compressed_reduce_scatter_host takes (one after
+/// another): the encodes of every shard, the sum and inverse transform of mine.
+inline std::size_t reduce_scatter_codec_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n, int P,
+                                              int me, bool feedback) {
+    std::size_t most = 0;
+    for (int r = 0; r < P; ++r) {
+        const wire_layout l = wire_layout_of(cfg, allreduce_shard(cfg, n, P, r).count);
+        scratch_carver e;
+        carve_encode(e, ex, cfg, l, false, feedback);
+        most = std::max(most, e.bytes());
+        if (r == me) {
+            scratch_carver d;
+            carve_decode(d, ex, cfg.transform, l, decoded_space::original);
+            most = std::max(most, d.bytes());
+        }
+    }
+    return most;
+}
+
+/// Describes the scratch of compressed_reduce_scatter_host on rank `me` of P (arguments
+/// validated): the all-reduce's arrays without its reduced message.
+inline allreduce_scratch carve_reduce_scatter(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
+                                              std::size_t n, int P, int me, bool feedback) {
+    const std::size_t world = static_cast<std::size_t>(P);
+    std::size_t total = 0;
+    for (int r = 0; r < P; ++r) total += encoded_size(cfg, allreduce_shard(cfg, n, P, r).count);
+    const std::size_t msg_me = encoded_size(cfg, allreduce_shard(cfg, n, P, me).count);
+    allreduce_scratch s;
+    s.descriptors = c.take<allreduce_descriptor>(world);
+    s.shard = c.take<shard_range>(world);
+    s.msg_bytes = c.take<std::size_t>(world);
+    s.send_off = c.take<std::size_t>(world + 1);
+    s.recv_counts = c.take<std::size_t>(world);
+    s.recv_off = c.take<std::size_t>(world);
+    s.messages = c.take<std::uint8_t>(total);
+    s.recvbuf = c.take<std::uint8_t>(world * msg_me);
+    s.mine = c.take<const std::uint8_t*>(world);
+    s.mine_scales = c.take<float>(world);
+    s.codec_bytes = reduce_scatter_codec_bytes(ex, cfg, n, P, me, feedback);
+    s.codec = c.take<unsigned char>(s.codec_bytes);
+    return s;
+}
+
+/// out <- T^-1 (the sum, in order, of the dequantized coordinates of `count` validated messages of
+/// layout l under cfg, of the elements from first_index on), span by span: the sum is never held
+/// whole. The same coordinates as encode_sum_of_messages sums; the inverse as decode_gradient's.
+/// Host scratch: carve_decode(..., original), from ex's allocator.
+inline void decode_sum_of_messages(const host_executor& ex, const codec_config& cfg, const wire_layout& l,
+                                   std::uint64_t first_index, const std::uint8_t* const* messages,
+                                   const float* tensor_scales, std::size_t count, span<float> out, const char* fn) {
+    scratch_carver size;
+    carve_decode(size, ex, cfg.transform, l, decoded_space::original);
+    const host_scratch scratch(ex, size.bytes(), fn);
+    scratch_carver carver = scratch.carver();
+    const codec_scratch s = carve_decode(carver, ex, cfg.transform, l, decoded_space::original);
+    const std::size_t coded = static_cast<std::size_t>(l.coded), n = static_cast<std::size_t>(l.count);
+    const std::size_t S = codec_span(l), Bs = l.scale_block;
+    float* const dst = out.data();
+    dispatch_wire_format(cfg.format, [&](auto tr) {
+        using Tr = decltype(tr);
+        parallel_for_chunks(ex, codec_spans(l), 1, [&](std::size_t chunk, std::size_t lo, std::size_t hi) {
+            for (std::size_t k = lo; k < hi; ++k) {
+                const std::size_t c0 = k * S, c1 = std::min(coded, c0 + S), k0 = c0 / Bs, k1 = (c1 + Bs - 1) / Bs;
+                // the identity's coordinates are the elements: straight into out
+                float* y = s.y == nullptr ? dst + c0 : s.y + chunk * s.span;
+                for (std::size_t r = 0; r < count; ++r)
+                    dequantize_blocks<Tr>(k0, k1, Bs, coded, messages[r] + l.scales_offset,
+                                          messages[r] + l.payload_offset, tensor_scales[r], y, r > 0, c0);
+                if (s.y != nullptr)
+                    span_inverse(cfg.transform, l, cfg.seed, first_index, y, c0, std::min(c1, n) - c0, dst + c0,
+                                 s.words + chunk * s.words_per_chunk, s.work + chunk * s.work_per_chunk);
+            }
+        });
+    });
+}
+
+/// This rank's descriptor for the reduce-scatter: the all-reduce's, marked as another operation.
+inline allreduce_descriptor make_reduce_scatter_descriptor(const codec_config& cfg, std::size_t n, int world,
+                                                           const reduce_scatter_options& opt) {
+    allreduce_options ao;
+    ao.expected_ranks = opt.expected_ranks;
+    ao.feedback = opt.feedback;
+    allreduce_descriptor d = make_descriptor(cfg, n, world, ao);
+    d.reserved0 = 1;  // the reduce-scatter
+    return d;
+}
+
+}  // namespace detail
+
+inline std::size_t compressed_reduce_scatter_scratch_bytes(const host_executor& ex, const codec_config& cfg,
+                                                           std::size_t n, int world, int rank,
+                                                           const reduce_scatter_options& opt) {
+    constexpr const char* fn = "octet::compressed_reduce_scatter_scratch_bytes";
+    detail::validate_config(cfg, fn);
+    OCTET_REQUIRE(n <= wire_max_elements, fn, "n", detail::message("counts ", n, " elements; at most 2^40"));
+    OCTET_REQUIRE(world >= 1, fn, "world", detail::message("is ", world, "; a communicator has at least one rank"));
+    OCTET_REQUIRE(rank >= 0 && rank < world, fn, "rank", detail::message("is ", rank, "; ranks are 0..", world - 1));
+    detail::scratch_carver c;
+    detail::carve_reduce_scatter(c, ex, cfg, n, world, rank, !opt.feedback.empty());
+    return c.bytes();
+}
+
+template <class Transport>
+reduce_scatter_report compressed_reduce_scatter_host(Transport& comm, const codec_config& cfg, span<const float> grad,
+                                                     span<float> out_shard, const reduce_scatter_options& opt,
+                                                     const char* fn) {
+    using clock = std::chrono::steady_clock;
+    reduce_scatter_report rep;
+    const int P = comm.size(), me = comm.rank();
+    rep.world = P;
+    const std::size_t n = grad.size();
+    auto t0 = clock::now();
+
+    // 0. Validate locally and take the scratch; exchange the failure flag; agree on the call.
+    std::optional<detail::host_scratch> block;
+    detail::allreduce_scratch s;
+    int local_failure = 0;  // 1: the arguments, 2: the scratch
+    std::string local_message;
+    try {
+        allreduce_options ao;
+        ao.expected_ranks = opt.expected_ranks;
+        detail::check_expected_ranks(ao, P, fn);
+        detail::validate_config(cfg, fn);
+        OCTET_REQUIRE(n == 0 || grad.data() != nullptr, fn, "grad", "is null with a non-zero size");
+        OCTET_REQUIRE(n <= wire_max_elements, fn, "grad", "has more than 2^40 elements");
+        const shard_range sh = allreduce_shard(cfg, n, P, me);
+        OCTET_REQUIRE(out_shard.size() == sh.count, fn, "out_shard",
+                      detail::message("has ", out_shard.size(), " elements; this rank's shard has ", sh.count,
+                                      " (allreduce_shard(cfg, grad.size(), ", P, ", ", me, "))"));
+        OCTET_REQUIRE(sh.count == 0 || out_shard.data() != nullptr, fn, "out_shard", "is null with a non-zero size");
+        if (!opt.feedback.empty())
+            OCTET_REQUIRE(opt.feedback.size == n, fn, "options.feedback",
+                          detail::message("has ", opt.feedback.size,
+                                          " elements; the residual covers the whole gradient (", n, ")"));
+        for (int r = 0; r < P; ++r)
+            OCTET_REQUIRE(encoded_size(cfg, allreduce_shard(cfg, n, P, r).count) < (std::size_t{1} << 31), fn, "grad",
+                          "gives a shard message of 2 GiB or more; use more ranks or a smaller gradient per call");
+    } catch (const error& e) {
+        local_failure = 1;
+        local_message = detail::text_of(e);
+    }
+    if (local_failure == 0) {
+        const bool fb = !opt.feedback.empty();
+        try {
+            detail::scratch_carver size;
+            detail::carve_reduce_scatter(size, opt.executor, cfg, n, P, me, fb);
+            block.emplace(opt.executor, size.bytes(), fn);
+            detail::scratch_carver carver = block->carver();
+            s = detail::carve_reduce_scatter(carver, opt.executor, cfg, n, P, me, fb);
+        } catch (const error& e) {
+            local_failure = 2;
+            local_message = detail::text_of(e);
+        } catch (const std::exception& e) {  // an allocator that throws, or ::operator new
+            local_failure = 2;
+            local_message = detail::message("the scratch could not be taken: ", e.what());
+        }
+    }
+    detail::stop_every_rank_on_failure(comm, local_failure, local_message, fn);
+    const detail::allreduce_descriptor d = detail::make_reduce_scatter_descriptor(cfg, n, P, opt);
+    comm.allgather(&d, sizeof d, s.descriptors);
+    detail::throw_unless_agreed(s.descriptors, P, fn);
+    rep.agree_s = detail::seconds_since(t0);
+
+    detail::codec_region region{s.codec, s.codec_bytes};
+    host_executor codec_ex = opt.executor;
+    codec_ex.allocator = region.allocator();
+
+    // 1-3. Shards, messages, all-to-all (the all-reduce's steps).
+    detail::encode_and_exchange(comm, cfg, grad, opt.feedback, opt.tamper, codec_ex, s, rep.encode_s, rep.exchange_s,
+                                rep.bytes_sent, rep.bytes_received);
+    const shard_range mine = s.shard[me];
+    rep.shard = mine;
+    rep.float_bytes = 4 * (n - mine.count);
+
+    // 4. Validate the P messages of my shard, sum them in rotated coordinates and transform back.
+    t0 = clock::now();
+    std::string failure;
+    try {
+        const wire_layout mine_layout = wire_layout_of(cfg, mine.count);
+        detail::validate_received(s, cfg, mine, mine_layout, P, me, fn);
+        detail::decode_sum_of_messages(codec_ex, cfg, mine_layout, mine.begin, s.mine, s.mine_scales,
+                                       static_cast<std::size_t>(P), out_shard, fn);
+    } catch (const error& e) {
+        failure = detail::text_of(e);
+    }
+    const int bad = comm.allreduce_max(failure.empty() ? 0 : me + 1);
+    if (bad) {
+        if (!failure.empty()) throw error(failure);  // the rank that saw it names it
+        throw error(detail::message(fn, ": rank ", bad - 1, " received an invalid message; every rank stops"));
+    }
+    rep.reduce_s = detail::seconds_since(t0);
+    return rep;
+}
+
+// ---- quantized all-gather ---------------------------------------------------------------------
+
+namespace detail {
+
+/// What every rank contributes to the all-gather's agreement (72 bytes). The first 56 bytes must
+/// be identical on every rank; rows, amax and nonfinite are this rank's own.
+struct allgather_descriptor {
+    std::uint32_t magic = 0x4741434Fu;  // "OCAG"
+    std::uint32_t version = 1;
+    std::uint64_t cols = 0;
+    std::uint64_t total_rows = 0;  ///< out.rows()
+    std::uint64_t recipe_format = 0, recipe_policy = 0;
+    std::uint64_t ld = 0;  ///< out's codes per stored row
+    std::int32_t world = 0;
+    std::int32_t expected = 0;
+    // ---- this rank's own (not compared)
+    std::uint64_t rows = 0;
+    float amax = 0.0f;           ///< the finite amax of my_rows (per-tensor and two-level recipes)
+    std::uint8_t nonfinite = 0;  ///< my_rows holds a NaN or an Inf (per-tensor recipes under nan_policy::propagate)
+    std::uint8_t reserved0 = 0, reserved1 = 0, reserved2 = 0;
+};
+static_assert(sizeof(allgather_descriptor) == 72, "allgather_descriptor must be 72 bytes");
+inline constexpr std::size_t allgather_agreed_bytes = 56;
+
+template <class T>
+constexpr std::uint64_t policy_id() {
+    if constexpr (is_amax_ratio<T>::value)
+        return 1 + 4 * static_cast<std::uint64_t>(T::margin);  // 1, 5, .., 129
+    else if constexpr (std::is_same_v<T, scale::pow2_floor> || std::is_same_v<T, scale_storage::ue8m0> ||
+                       std::is_same_v<T, round::stochastic> || std::is_same_v<T, overflow::to_nonfinite> ||
+                       std::is_same_v<T, nan_policy::per_element>)
+        return 2;
+    else if constexpr (std::is_same_v<T, scale::pow2_ceil> || std::is_same_v<T, scale_storage::e4m3>)
+        return 3;
+    else if constexpr (std::is_same_v<T, scale::pow2_nearest>)
+        return 4;
+    else
+        return 0;
+}
+
+/// The recipe as two words (format; granularity and policies), compared across ranks.
+template <class Recipe>
+constexpr std::uint64_t recipe_format_word() {
+    using F = typename Recipe::format;
+    return static_cast<std::uint64_t>(F::exponent_bits) | static_cast<std::uint64_t>(F::mantissa_bits) << 8 |
+           static_cast<std::uint64_t>(static_cast<std::uint32_t>(F::bias) & 0xFFFFu) << 16 |
+           static_cast<std::uint64_t>(static_cast<int>(F::special_codes)) << 32 |
+           static_cast<std::uint64_t>(F::is_signed ? 1 : 0) << 40;
+}
+template <class Recipe>
+constexpr std::uint64_t recipe_policy_word() {
+    using G = typename Recipe::granularity;
+    return (static_cast<std::uint64_t>(G::rows) & 0xFFFFFFu) | (static_cast<std::uint64_t>(G::cols) & 0xFFFFFFu) << 24 |
+           policy_id<typename Recipe::scale_rule>() << 48 | policy_id<typename Recipe::scale_storage_type>() << 56 |
+           (policy_id<typename Recipe::rounding>() != 0 ? 1ull : 0ull) << 60 |
+           (policy_id<typename Recipe::overflow_policy>() != 0 ? 1ull : 0ull) << 61 |
+           (policy_id<typename Recipe::nan_handling>() != 0 ? 1ull : 0ull) << 62;
+}
+
+inline std::string describe_mismatch(const allgather_descriptor& a, const allgather_descriptor& b, int ra, int rb) {
+    auto line = [&](const char* what, auto va, auto vb) {
+        return message(what, " differs: rank ", ra, " has ", +va, ", rank ", rb, " has ", +vb);
+    };
+    if (a.cols != b.cols) return line("my_rows.cols", a.cols, b.cols);
+    if (a.total_rows != b.total_rows) return line("out.rows()", a.total_rows, b.total_rows);
+    if (a.recipe_format != b.recipe_format || a.recipe_policy != b.recipe_policy)
+        return message("the recipe differs between rank ", ra, " and rank ", rb,
+                       " (format, granularity, scale rule, storage, rounding or non-finite policy)");
+    if (a.ld != b.ld) return line("out.layout.ld", a.ld, b.ld);
+    if (a.expected != b.expected) return line("options.expected_ranks", a.expected, b.expected);
+    return "the descriptors differ";
+}
+
+/// The all-gather's host scratch on one rank, carved from one block.
+struct allgather_scratch {
+    allgather_descriptor* descriptors = nullptr;  ///< P
+    std::size_t* code_counts = nullptr;           ///< P: every rank's bytes of codes
+    std::size_t* code_off = nullptr;              ///< P: where they go in out.data
+    std::size_t* scale_counts = nullptr;          ///< P: every rank's bytes of scales
+    std::size_t* scale_off = nullptr;             ///< P: where they go in `gathered`
+    std::uint8_t* codes = nullptr;                ///< my rows' codes (rows x row_bytes)
+    std::uint8_t* scales = nullptr;               ///< my rows' scale grid (column-major, unpadded)
+    std::uint8_t* gathered = nullptr;             ///< every rank's scale grid, one after another
+    unsigned char* quantize = nullptr;            ///< quantize_bytes, lent to quantize
+    std::size_t quantize_bytes = 0;
+};
+
+/// The layout of my rows' copy: out's rows (same ld, so the codes land in out as they are) and an
+/// unpadded scale grid (so the scales are sent as they are).
+template <class Recipe>
+quant_layout local_layout(std::size_t rows, const quant_layout& out) {
+    quant_layout l = quant_layout_of<Recipe>::make(rows, out.cols, false);
+    l.ld = out.ld;
+    l.row_bytes = out.row_bytes;
+    l.data_bytes = rows * out.row_bytes;
+    return l;
+}
+
+/// Describes the all-gather's scratch (arguments validated). The gathered scales are bounded by the
+/// whole grid's rows plus one partial block row per rank.
+template <class Recipe, class In>
+allgather_scratch carve_allgather(scratch_carver& c, const host_executor& ex, const matrix_ref<const In>& x,
+                                  const quant_layout& out, int P) {
+    const std::size_t world = static_cast<std::size_t>(P);
+    const quant_layout l = local_layout<Recipe>(x.rows, out);
+    allgather_scratch s;
+    s.descriptors = c.take<allgather_descriptor>(world);
+    s.code_counts = c.take<std::size_t>(world);
+    s.code_off = c.take<std::size_t>(world);
+    s.scale_counts = c.take<std::size_t>(world);
+    s.scale_off = c.take<std::size_t>(world);
+    s.codes = c.take<std::uint8_t>(l.data_bytes);
+    s.scales = c.take<std::uint8_t>(l.scale_bytes);
+    s.gathered = c.take<std::uint8_t>((out.scale_rows + world) * out.scale_cols * Recipe::scale_bytes);
+    const quantized_ref<Recipe> local(nullptr, nullptr, l, nullptr);
+    s.quantize_bytes = x.empty() ? 0 : quantize_scratch_bytes<Recipe>(ex, x, local);
+    s.quantize = c.take<unsigned char>(s.quantize_bytes);
+    return s;
+}
+
+template <class Recipe>
+constexpr void check_allgather_recipe() {
+    using G = typename Recipe::granularity;
+    static_assert(!(G::rows == full && G::cols != full),
+                  "octet::quantized_allgather_host: blocks that span every row (per_column, block<full, C>) need "
+                  "each column's amax over every rank; use per_tensor, a row-local recipe (per_row, block<1, C>) or "
+                  "block<R, C> with shards on multiples of R rows");
+    static_assert(!std::is_same_v<typename Recipe::rounding, round::stochastic>,
+                  "octet::quantized_allgather_host: stochastic rounding draws from each element's index in the "
+                  "matrix it quantizes, which a shard does not know; use round::nearest_even");
+}
+
+}  // namespace detail
+
+template <class Recipe, class T>
+std::size_t quantized_allgather_scratch_bytes(const host_executor& ex, matrix_ref<T> my_rows, quantized_ref<Recipe> out,
+                                              int world) {
+    detail::check_allgather_recipe<Recipe>();
+    using In = std::remove_const_t<T>;
+    const matrix_ref<const In> x(my_rows.data, my_rows.rows, my_rows.cols, my_rows.ld, my_rows.order);
+    OCTET_REQUIRE(world >= 1, "octet::quantized_allgather_scratch_bytes", "world",
+                  detail::message("is ", world, "; a communicator has at least one rank"));
+    detail::scratch_carver c;
+    detail::carve_allgather<Recipe, In>(c, ex, x, out.layout, world);
+    return c.bytes();
+}
+
+template <class Recipe, class Transport, class T>
+quantized_allgather_report quantized_allgather_host(Transport& comm, const host_executor& ex, matrix_ref<T> my_rows,
+                                                    quantized_ref<Recipe> out, const quantized_allgather_options& opt,
+                                                    const char* fn) {
+    detail::check_allgather_recipe<Recipe>();
+    using In = std::remove_const_t<T>;
+    static_assert(detail::is_quant_input_v<In>, "octet::quantized_allgather_host: my_rows must be float, bf16 or fp16");
+    using G = typename Recipe::granularity;
+    using clock = std::chrono::steady_clock;
+    const matrix_ref<const In> x(my_rows.data, my_rows.rows, my_rows.cols, my_rows.ld, my_rows.order);
+    const int P = comm.size(), me = comm.rank();
+    const std::size_t world = static_cast<std::size_t>(P);
+    constexpr bool tensor_amax = Recipe::is_per_tensor || Recipe::two_level;
+    constexpr bool whole_nan = Recipe::is_per_tensor && Recipe::propagates_nan;
+    quantized_allgather_report rep;
+    rep.world = P;
+    auto t0 = clock::now();
+
+    // 0. Validate locally, measure the amax, take the scratch; exchange the failure flag; agree.
+    std::optional<detail::host_scratch> block;
+    detail::allgather_scratch s;
+    detail::allgather_descriptor d;
+    int local_failure = 0;
+    std::string local_message;
+    try {
+        allreduce_options ao;
+        ao.expected_ranks = opt.expected_ranks;
+        detail::check_expected_ranks(ao, P, fn);
+        detail::validate_input(x, fn, "my_rows");
+        OCTET_REQUIRE(out.layout.cols == x.cols && out.layout.rows >= x.rows, fn, "out",
+                      detail::message("has shape ", out.layout.rows, " x ", out.layout.cols,
+                                      "; it must be the whole matrix: (the sum of every rank's rows) x ", x.cols,
+                                      " (my_rows.cols), built with quant_layout_of<Recipe>::make"));
+        detail::validate_output(out, out.layout.rows, out.layout.cols, fn, "out");
+        d.cols = x.cols;
+        d.total_rows = out.layout.rows;
+        d.recipe_format = detail::recipe_format_word<Recipe>();
+        d.recipe_policy = detail::recipe_policy_word<Recipe>();
+        d.ld = out.layout.ld;
+        d.world = P;
+        d.expected = opt.expected_ranks;
+        d.rows = x.rows;
+        if constexpr (tensor_amax)
+            if (!x.empty()) d.amax = detail::tensor_amax_host(ex, x);
+        if constexpr (whole_nan)
+            for (std::size_t i = 0; i < x.rows && !d.nonfinite; ++i)
+                for (std::size_t j = 0; j < x.cols; ++j)
+                    if (!std::isfinite(detail::as_float(x(i, j)))) {
+                        d.nonfinite = 1;
+                        break;
+                    }
+    } catch (const error& e) {
+        local_failure = 1;
+        local_message = detail::text_of(e);
+    }
+    if (local_failure == 0) {
+        try {
+            detail::scratch_carver size;
+            detail::carve_allgather<Recipe, In>(size, ex, x, out.layout, P);
+            block.emplace(ex, size.bytes(), fn);
+            detail::scratch_carver carver = block->carver();
+            s = detail::carve_allgather<Recipe, In>(carver, ex, x, out.layout, P);
+        } catch (const error& e) {
+            local_failure = 2;
+            local_message = detail::text_of(e);
+        } catch (const std::exception& e) {
+            local_failure = 2;
+            local_message = detail::message("the scratch could not be taken: ", e.what());
+        }
+    }
+    detail::stop_every_rank_on_failure(comm, local_failure, local_message, fn);
+    comm.allgather(&d, sizeof d, s.descriptors);
+    for (int r = 1; r < P; ++r)
+        if (std::memcmp(&s.descriptors[0], &s.descriptors[r], detail::allgather_agreed_bytes) != 0)
+            throw error(detail::message(fn, ": the ranks disagree on the call (mismatched descriptors): ",
+                                        detail::describe_mismatch(s.descriptors[0], s.descriptors[r], 0, r),
+                                        "; every rank must pass the same cols, recipe, out shape and options"));
+    // Every rank decides the rest from the same descriptors: the same decision everywhere.
+    std::size_t total = 0, offset = 0;
+    float amax = 0.0f;
+    int nan_rank = -1, first_nonempty = -1;
+    for (int r = 0; r < P; ++r) {
+        const detail::allgather_descriptor& dr = s.descriptors[r];
+        if (r == me) offset = total;
+        total += static_cast<std::size_t>(dr.rows);
+        amax = std::max(amax, dr.amax);
+        if (dr.nonfinite && nan_rank < 0) nan_rank = r;
+        if (dr.rows > 0 && first_nonempty < 0) first_nonempty = r;
+    }
+    if (total != out.layout.rows)
+        throw error(detail::message(fn, ": out has ", out.layout.rows, " rows but the ranks hold ", total,
+                                    " together; pass out with quant_layout_of<Recipe>::make(", total, ", ", x.cols,
+                                    ") on every rank"));
+    if constexpr (G::rows != full && G::rows > 1) {
+        std::size_t begin = 0;
+        for (int r = 0; r < P; ++r) {
+            const std::size_t m = static_cast<std::size_t>(s.descriptors[r].rows), end = begin + m;
+            if (m > 0 && (begin % G::rows != 0 || (end % G::rows != 0 && end != total)))
+                throw error(detail::message(fn, ": my_rows of rank ", r, " are rows [", begin, ", ", end,
+                                            ") of the matrix, but the recipe's ", G::rows,
+                                            "-row blocks need every rank's rows to start on a multiple of ", G::rows,
+                                            " and end on one (the last rows may end at the matrix's end, row ", total,
+                                            "); give every rank a multiple of ", G::rows,
+                                            " rows (the last one the rest), or use a row-local "
+                                            "recipe (block<1, C>)"));
+            begin = end;
+        }
+    }
+    rep.row_offset = offset;
+    rep.rows = total;
+    rep.amax = amax;
+    rep.agree_s = detail::seconds_since(t0);
+    if (total == 0 || x.cols == 0) return rep;  // quantize writes nothing for an empty matrix
+
+    // 1. Quantize my rows with the whole matrix's amax (its scratch from the block's region).
+    t0 = clock::now();
+    const quant_layout ll = detail::local_layout<Recipe>(x.rows, out.layout);
+    float local_tensor_scale = 1.0f;
+    const quantized_ref<Recipe> local(s.codes, s.scales, ll, &local_tensor_scale);
+    if (!x.empty()) {
+        detail::codec_region region{s.quantize, s.quantize_bytes};
+        host_executor qex = ex;
+        qex.allocator = region.allocator();
+        quantize_options qo;
+        if constexpr (tensor_amax) qo.tensor_amax = amax;
+        quantize<Recipe>(qex, x, local, {}, qo);
+    }
+    rep.quantize_s = detail::seconds_since(t0);
+
+    // 2. All-gather the codes (straight into out) and the scale grids; place the scales.
+    t0 = clock::now();
+    const std::size_t sb = Recipe::scale_bytes, sc = out.layout.scale_cols;
+    std::size_t code_total = 0, scale_total = 0;
+    for (int r = 0; r < P; ++r) {
+        const std::size_t m = static_cast<std::size_t>(s.descriptors[r].rows);
+        s.code_counts[r] = m * out.layout.row_bytes;
+        s.code_off[r] = code_total;
+        s.scale_counts[r] = block_count(G::rows, m) * sc * sb;
+        s.scale_off[r] = scale_total;
+        code_total += s.code_counts[r];
+        scale_total += s.scale_counts[r];
+    }
+    comm.allgatherv(s.codes, s.code_counts[me], out.data, s.code_counts, s.code_off);
+    comm.allgatherv(s.scales, s.scale_counts[me], s.gathered, s.scale_counts, s.scale_off);
+    rep.gather_s = detail::seconds_since(t0);
+    rep.bytes_sent = (world - 1) * (s.code_counts[me] + s.scale_counts[me]);
+    rep.bytes_received = code_total + scale_total - s.code_counts[me] - s.scale_counts[me];
+    rep.float_bytes_sent = (world - 1) * x.rows * x.cols * sizeof(float);
+    rep.bf16_bytes_sent = rep.float_bytes_sent / 2;
+
+    std::fill(out.scales, out.scales + out.layout.scale_bytes, std::uint8_t{0});
+    if constexpr (G::rows == full) {
+        // One grid row, the same on every rank with rows; a NaN on any rank makes the whole copy NaN
+        // (its scale, zero codes), as quantize of the whole matrix does.
+        const int from = nan_rank >= 0 ? nan_rank : first_nonempty;
+        std::memcpy(out.scales, s.gathered + s.scale_off[from], sc * sb);
+        if (nan_rank >= 0) std::fill(out.data, out.data + total * out.layout.row_bytes, std::uint8_t{0});
+    } else {
+        std::size_t begin = 0;
+        for (int r = 0; r < P; ++r) {
+            const std::size_t m = static_cast<std::size_t>(s.descriptors[r].rows);
+            const std::size_t lr = block_count(G::rows, m), b0 = begin / G::rows;
+            const std::uint8_t* src = s.gathered + s.scale_off[r];
+            for (std::size_t bj = 0; bj < sc; ++bj)
+                if (lr) std::memcpy(out.scales + (bj * out.layout.scale_ld + b0) * sb, src + bj * lr * sb, lr * sb);
+            begin += m;
+        }
+    }
+    if constexpr (Recipe::two_level) *out.tensor_scale = make_tensor_scale<Recipe>(amax);
+    return rep;
+}
+
+}  // namespace octet
