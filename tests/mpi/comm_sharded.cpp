@@ -113,7 +113,7 @@ TEST_CASE("MPI compressed reduce-scatter: bit for bit the in-process transport, 
                     so.executor = on_host(1);
                     compressed_reduce_scatter_host(t, cfg, as_cspan(gr), as_span(sim[r]), so);
                 });
-                CHECK(std::memcmp(got.data(), sim[me].data(), got.size() * sizeof(float)) == 0);
+                CHECK((got.empty() || std::memcmp(got.data(), sim[me].data(), got.size() * sizeof(float)) == 0));
                 CHECK(fb.values() == sim_fb[me].values());
             }
         }
