@@ -1,7 +1,7 @@
 // octet-test: timeout=240
 // Every byte through the caller: the host compressed all-reduce (compressed_allreduce_host,
-// octet/comm/allreduce.hpp) over an in-process transport of 2 and 3 ranks (one thread each, the
-// transport of examples/08_training/ranks.hpp with its mailboxes allocated up front):
+// octet/comm/allreduce.hpp) over an in-process transport of 2 and 3 ranks (one thread each:
+// support/in_process_world.hpp, its arrays allocated up front):
 //   (a) with the default executor, the whole multi-rank call makes exactly one global allocation
 //       per rank (its one block of scratch);
 //   (b) with with_allocator(on_host(1), lent) (and on_host(pool) with a lent allocator), one lent
@@ -20,156 +20,43 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <new>
+#include <optional>
 #include <random>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "octet/codec/codec.hpp"
 #include "octet/codec/feedback.hpp"
 #include "octet/comm/allreduce.hpp"
+#include "support/in_process_world.hpp"
 #include "support/random.hpp"
 
 namespace {
 using namespace octet;
 
-/// A barrier that can be used again and again (C++17 has no std::barrier). Allocates nothing.
-class thread_barrier {
-public:
-    explicit thread_barrier(int n) : n_(n) {}
-    void arrive_and_wait() {
-        std::unique_lock<std::mutex> lock(m_);
-        const unsigned long gen = generation_;
-        if (++waiting_ == n_) {
-            waiting_ = 0;
-            ++generation_;
-            cv_.notify_all();
-            return;
-        }
-        cv_.wait(lock, [&] { return gen != generation_; });
-    }
+using octet_test::in_process_transport;
+using octet_test::in_process_world;
 
-private:
-    std::mutex m_;
-    std::condition_variable cv_;
-    int n_, waiting_ = 0;
-    unsigned long generation_ = 0;
-};
-
-/// What the ranks share (allocated in the constructor; the collectives allocate nothing).
-struct in_process_world {
-    explicit in_process_world(int ranks)
-        : size(ranks), barrier(ranks), send(ranks), counts(ranks), offsets(ranks), values(ranks) {}
-    int size;
-    thread_barrier barrier;
-    std::vector<const unsigned char*> send;
-    std::vector<const std::size_t*> counts, offsets;
-    std::vector<int> values;
-};
-
-/// One rank's view of the world: the transport interface of comm/allreduce.hpp.
-class in_process_transport {
-public:
-    in_process_transport(in_process_world& w, int rank) : w_(&w), rank_(rank) {}
-    int rank() const { return rank_; }
-    int size() const { return w_->size; }
-
-    void allgather(const void* send, std::size_t bytes, void* recv) {
-        publish(send);
-        for (int q = 0; q < w_->size; ++q)
-            if (bytes) std::memcpy(static_cast<unsigned char*>(recv) + q * bytes, w_->send[q], bytes);
-        w_->barrier.arrive_and_wait();
-    }
-    void alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_offsets, void* recv,
-                   const std::size_t* recv_counts, const std::size_t* recv_offsets) {
-        w_->counts[rank_] = send_counts;
-        w_->offsets[rank_] = send_offsets;
-        publish(send);
-        for (int q = 0; q < w_->size; ++q)
-            if (recv_counts[q])
-                std::memcpy(static_cast<unsigned char*>(recv) + recv_offsets[q], w_->send[q] + w_->offsets[q][rank_],
-                            recv_counts[q]);
-        w_->barrier.arrive_and_wait();
-    }
-    void allgatherv(const void* send, std::size_t, void* recv, const std::size_t* counts, const std::size_t* offsets) {
-        publish(send);
-        for (int q = 0; q < w_->size; ++q)
-            if (counts[q]) std::memcpy(static_cast<unsigned char*>(recv) + offsets[q], w_->send[q], counts[q]);
-        w_->barrier.arrive_and_wait();
-    }
-    int allreduce_max(int value) {
-        w_->values[rank_] = value;
-        w_->barrier.arrive_and_wait();
-        const int m = *std::max_element(w_->values.begin(), w_->values.end());
-        w_->barrier.arrive_and_wait();
-        return m;
-    }
-
-private:
-    void publish(const void* send) {
-        w_->send[rank_] = static_cast<const unsigned char*>(send);
-        w_->barrier.arrive_and_wait();
-    }
-    in_process_world* w_;
-    int rank_;
-};
-
-/// Runs fn(rank) on one thread per rank. The threads start before and are joined after the
-/// window in which `counted` (when not null) receives the global allocations of every thread; a
-/// rank's exception is kept in errors[rank]. A call that does not finish within a minute (a rank
-/// left waiting in a collective) ends the program with a message instead of hanging.
+/// octet_test::on_every_rank, with the global allocations of every thread counted into `counted`
+/// (when not null) from before the threads start to after they finish (they are created before
+/// and joined after that window).
 template <class Fn>
 void on_every_rank(int ranks, Fn&& fn, std::vector<std::exception_ptr>& errors, long* counted = nullptr) {
-    errors.assign(static_cast<std::size_t>(ranks), nullptr);
-    thread_barrier start(ranks + 1);
-    std::mutex m;
-    std::condition_variable cv;
-    int finished = 0;
-    std::vector<std::thread> threads;
-    threads.reserve(static_cast<std::size_t>(ranks));
-    for (int r = 0; r < ranks; ++r)
-        threads.emplace_back([&, r] {
-            start.arrive_and_wait();
-            try {
-                fn(r);
-            } catch (...) {
-                errors[r] = std::current_exception();
-            }
-            std::lock_guard<std::mutex> lock(m);
-            ++finished;
-            cv.notify_all();
-        });
-    auto wait_all = [&] {
-        std::unique_lock<std::mutex> lock(m);
-        if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return finished == ranks; })) {
-            std::fprintf(stderr,
-                         "comm_allreduce_allocations: %d of %d ranks still inside the call after 60 s "
-                         "(a rank left waiting in a collective)\n",
-                         ranks - finished, ranks);
-            std::fflush(stderr);
-            std::_Exit(3);
-        }
+    std::optional<octet_test::global_allocations> count;
+    const std::function<void()> before = [&] {
+        if (counted) count.emplace();
     };
-    if (counted) {
-        octet_test::global_allocations count;
-        start.arrive_and_wait();
-        wait_all();
-        *counted = count.count();
-    } else {
-        start.arrive_and_wait();
-        wait_all();
-    }
-    for (auto& t : threads) t.join();
+    const std::function<void()> after = [&] {
+        if (counted) *counted = count->count();
+    };
+    octet_test::on_every_rank(ranks, std::forward<Fn>(fn), errors, before, after);
 }
 
 /// An allocator that refuses every request (returns null, or throws std::bad_alloc) and counts.
