@@ -11,6 +11,7 @@
 #include "octet/codec/metrics.hpp"
 #include "octet/codec/wire.hpp"
 #include "octet/comm/allreduce.hpp"
+#include "octet/comm/in_process.hpp"
 #include "octet/comm/sharded.hpp"
 #include "octet/config.hpp"
 #include "octet/core/bits.hpp"
