@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "octet/gemm/grouped_gemm.hpp"
@@ -110,6 +111,58 @@ TEST_CASE("m-grouped contiguous: each expert's rows are scaled_gemm on that expe
     check_m_grouped<tensorwise_e4m3, tensorwise_e4m3>(1);
     check_m_grouped<blockwise_1x128, blockwise_128x128>(2);
     check_m_grouped<mxfp8_e4m3, mxfp8_e4m3>(3);
+}
+
+/// A NaN in one expert's tokens and an Inf in another's: each expert's rows are still the dense
+/// scaled_gemm of its slice alone, bit for bit (non-finite values propagate as the dense GEMM
+/// propagates them), and the experts without any are bit for bit the run without them.
+template <class RA, class RB>
+void check_non_finite(std::uint64_t salt) {
+    INFO("A: " << recipe_description<RA>() << ", B: " << recipe_description<RB>()
+               << " seed=" << octet_test::run_seed());
+    auto g = octet_test::rng(salt);
+    const std::size_t K = 160, N = 48, G = kSizes.size();
+    const auto clean = tokens(g, kSizes, K);
+    const std::size_t M = clean.size() / K;
+    auto dirty = clean;
+    dirty[(5 + 3) * K + 7] = std::numeric_limits<float>::quiet_NaN();          // expert 2 (rows 5..134), row 3
+    dirty[(5 + 130 + 1) * K + 100] = -std::numeric_limits<float>::infinity();  // expert 4 (rows 136..172)
+    std::vector<quantized_tensor<RB>> w;
+    std::vector<quantized_cref<RB>> wref;
+    for (std::size_t e = 0; e < G; ++e) {
+        const auto wf = octet_test::with_edge_cases(g, N * K, 0.05f);
+        w.push_back(quantized<RB>(wf.data(), N, K));
+    }
+    for (auto& t : w) wref.push_back(t.cref());
+    auto run = [&](const std::vector<float>& x) {
+        grouped_quantized_tensor<RA> xq(grouped_rows(as_cspan(kSizes), K));
+        grouped_quantize<RA>(on_host(), matrix_ref<const float>(x.data(), M, K), as_cspan(kSizes), xq.ref());
+        std::vector<float> y(M * N, -7.0f);
+        grouped_scaled_gemm(on_host(), xq.cref(), as_cspan(wref), matrix_ref<float>(y.data(), M, N));
+        return y;
+    };
+    const auto y_clean = run(clean), y = run(dirty);
+    std::size_t begin = 0, non_finite = 0;
+    for (std::size_t e = 0; e < G; ++e) {
+        INFO("group " << e << " of " << kSizes[e] << " rows");
+        const std::size_t rows = kSizes[e], bytes = rows * N * sizeof(float);
+        if (rows) {
+            const auto alone = quantized<RA>(dirty.data() + begin * K, rows, K);
+            std::vector<float> ref(rows * N);
+            scaled_gemm(on_host(), alone.cref(), w[e].cref(), matrix_ref<float>(ref.data(), rows, N));
+            CHECK(std::memcmp(ref.data(), y.data() + begin * N, bytes) == 0);
+            if (e != 2 && e != 4) CHECK(std::memcmp(y_clean.data() + begin * N, y.data() + begin * N, bytes) == 0);
+            for (std::size_t i = 0; i < rows * N; ++i) non_finite += !std::isfinite(y[begin * N + i]);
+        }
+        begin += rows;
+    }
+    CHECK(non_finite > 0);  // the NaN and the Inf reached the outputs of their experts
+}
+
+TEST_CASE("m-grouped contiguous: a NaN or an Inf in one expert's tokens stays in that expert") {
+    check_non_finite<tensorwise_e4m3, tensorwise_e4m3>(11);
+    check_non_finite<blockwise_1x128, blockwise_128x128>(12);
+    check_non_finite<mxfp8_e4m3, mxfp8_e4m3>(13);
 }
 
 TEST_CASE("m-grouped masked: valid rows as contiguous, padding rows (garbage) zero in D") {
