@@ -43,6 +43,8 @@ using namespace octet;
 
 using octet_test::in_process_transport;
 using octet_test::in_process_world;
+using octet_test::is_octet_error;
+using octet_test::text_of;
 
 /// octet_test::on_every_rank, with the global allocations of every thread counted into `counted`
 /// (when not null) from before the threads start to after they finish (they are created before
@@ -171,29 +173,6 @@ std::vector<std::exception_ptr> run_world(in_process_world& w, const codec_confi
         },
         errors, counted);
     return errors;
-}
-
-std::string text_of(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const octet::error& x) {
-        return x.what();
-    } catch (const std::exception& x) {
-        return std::string("not an octet::error: ") + x.what();
-    } catch (...) {
-        return "not an exception";
-    }
-}
-
-bool is_octet_error(const std::exception_ptr& e) {
-    if (!e) return false;
-    try {
-        std::rethrow_exception(e);
-    } catch (const octet::error&) {
-        return true;
-    } catch (...) {
-        return false;
-    }
 }
 
 }  // namespace

@@ -43,29 +43,8 @@ namespace {
 using namespace octet;
 using octet_test::in_process_transport;
 using octet_test::in_process_world;
-
-std::string text_of(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const octet::error& x) {
-        return x.what();
-    } catch (const std::exception& x) {
-        return std::string("not an octet::error: ") + x.what();
-    } catch (...) {
-        return "not an exception";
-    }
-}
-
-bool is_octet_error(const std::exception_ptr& e) {
-    if (!e) return false;
-    try {
-        std::rethrow_exception(e);
-    } catch (const octet::error&) {
-        return true;
-    } catch (...) {
-        return false;
-    }
-}
+using octet_test::is_octet_error;
+using octet_test::text_of;
 
 /// Runs fn(rank, transport) on every rank of a fresh world of P ranks.
 template <class Fn>

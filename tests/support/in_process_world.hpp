@@ -11,16 +11,43 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "octet/comm/in_process.hpp"
+#include "octet/config.hpp"
 
 namespace octet_test {
 
 using octet::in_process_transport;
 using octet::in_process_world;
 using thread_barrier = octet::detail::reusable_barrier;
+
+/// What a rank's exception says: an octet::error's message, or what else it was.
+inline std::string text_of(const std::exception_ptr& e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const octet::error& x) {
+        return x.what();
+    } catch (const std::exception& x) {
+        return std::string("not an octet::error: ") + x.what();
+    } catch (...) {
+        return "not an exception";
+    }
+}
+
+/// Whether a rank ended with an octet::error.
+inline bool is_octet_error(const std::exception_ptr& e) {
+    if (!e) return false;
+    try {
+        std::rethrow_exception(e);
+    } catch (const octet::error&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
 
 /// Runs fn(rank) on one thread per rank; a rank's exception is kept in errors[rank]. The threads
 /// start before `before()` and are joined after `after()` (a window around the whole multi-rank
