@@ -336,6 +336,29 @@ struct codec_region {
     }
 };
 
+/// Step 0's scratch (the host versions), unless this rank already failed: carve(c) lays the
+/// call's buffers out on a scratch_carver; a first pass sizes the block, which is taken from ex
+/// (host_scratch) and carved by the second. A failure (an allocator that refuses or throws) sets
+/// local_failure to 2 with its message, for stop_every_rank_on_failure.
+template <class Scratch, class Carve>
+void take_scratch(const host_executor& ex, const char* fn, Carve&& carve, std::optional<host_scratch>& block,
+                  Scratch& s, int& local_failure, std::string& local_message) {
+    if (local_failure != 0) return;
+    try {
+        scratch_carver size;
+        carve(size);
+        block.emplace(ex, size.bytes(), fn);
+        scratch_carver carver = block->carver();
+        s = carve(carver);
+    } catch (const error& e) {
+        local_failure = 2;
+        local_message = text_of(e);
+    } catch (const std::exception& e) {  // an allocator that throws, or ::operator new
+        local_failure = 2;
+        local_message = message("the scratch could not be taken: ", e.what());
+    }
+}
+
 /// Step 0's failure flag (the host versions): every rank contributes its local_failure (0 none,
 /// 1 its arguments, 2 its scratch) to one allreduce_max; if any rank failed, EVERY rank throws
 /// octet::error (the failing rank with its own message, the others naming the lowest failing rank).
@@ -509,22 +532,11 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
         local_failure = 1;
         local_message = detail::text_of(e);
     }
-    if (local_failure == 0) {
-        const bool fb = !opt.feedback.empty(), rfb = !opt.reduced_feedback.empty();
-        try {
-            detail::scratch_carver size;
-            detail::carve_allreduce(size, opt.executor, cfg, n, P, me, fb, rfb);
-            block.emplace(opt.executor, size.bytes(), fn);
-            detail::scratch_carver carver = block->carver();
-            s = detail::carve_allreduce(carver, opt.executor, cfg, n, P, me, fb, rfb);
-        } catch (const error& e) {
-            local_failure = 2;
-            local_message = detail::text_of(e);
-        } catch (const std::exception& e) {  // an allocator that throws, or ::operator new
-            local_failure = 2;
-            local_message = detail::message("the scratch could not be taken: ", e.what());
-        }
-    }
+    const bool fb = !opt.feedback.empty(), rfb = !opt.reduced_feedback.empty();
+    detail::take_scratch(
+        opt.executor, fn,
+        [&](detail::scratch_carver& c) { return detail::carve_allreduce(c, opt.executor, cfg, n, P, me, fb, rfb); },
+        block, s, local_failure, local_message);
     detail::stop_every_rank_on_failure(comm, local_failure, local_message, fn);
     const detail::allreduce_descriptor d = detail::make_descriptor(cfg, n, P, opt);
     comm.allgather(&d, sizeof d, s.descriptors);

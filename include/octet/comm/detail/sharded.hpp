@@ -183,22 +183,11 @@ reduce_scatter_report compressed_reduce_scatter_host(Transport& comm, const code
         local_failure = 1;
         local_message = detail::text_of(e);
     }
-    if (local_failure == 0) {
-        const bool fb = !opt.feedback.empty();
-        try {
-            detail::scratch_carver size;
-            detail::carve_reduce_scatter(size, opt.executor, cfg, n, P, me, fb);
-            block.emplace(opt.executor, size.bytes(), fn);
-            detail::scratch_carver carver = block->carver();
-            s = detail::carve_reduce_scatter(carver, opt.executor, cfg, n, P, me, fb);
-        } catch (const error& e) {
-            local_failure = 2;
-            local_message = detail::text_of(e);
-        } catch (const std::exception& e) {  // an allocator that throws, or ::operator new
-            local_failure = 2;
-            local_message = detail::message("the scratch could not be taken: ", e.what());
-        }
-    }
+    const bool fb = !opt.feedback.empty();
+    detail::take_scratch(
+        opt.executor, fn,
+        [&](detail::scratch_carver& c) { return detail::carve_reduce_scatter(c, opt.executor, cfg, n, P, me, fb); },
+        block, s, local_failure, local_message);
     detail::stop_every_rank_on_failure(comm, local_failure, local_message, fn);
     const detail::allreduce_descriptor d = detail::make_reduce_scatter_descriptor(cfg, n, P, opt);
     comm.allgather(&d, sizeof d, s.descriptors);
@@ -438,21 +427,9 @@ quantized_allgather_report quantized_allgather_host(Transport& comm, const host_
         local_failure = 1;
         local_message = detail::text_of(e);
     }
-    if (local_failure == 0) {
-        try {
-            detail::scratch_carver size;
-            detail::carve_allgather<Recipe, In>(size, ex, x, out.layout, P);
-            block.emplace(ex, size.bytes(), fn);
-            detail::scratch_carver carver = block->carver();
-            s = detail::carve_allgather<Recipe, In>(carver, ex, x, out.layout, P);
-        } catch (const error& e) {
-            local_failure = 2;
-            local_message = detail::text_of(e);
-        } catch (const std::exception& e) {
-            local_failure = 2;
-            local_message = detail::message("the scratch could not be taken: ", e.what());
-        }
-    }
+    detail::take_scratch(
+        ex, fn, [&](detail::scratch_carver& c) { return detail::carve_allgather<Recipe, In>(c, ex, x, out.layout, P); },
+        block, s, local_failure, local_message);
     detail::stop_every_rank_on_failure(comm, local_failure, local_message, fn);
     comm.allgather(&d, sizeof d, s.descriptors);
     for (int r = 1; r < P; ++r)
