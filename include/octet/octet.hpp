@@ -37,6 +37,7 @@
 #include "octet/monitor/signals.hpp"
 #include "octet/nn/linear.hpp"
 #include "octet/nn/moe.hpp"
+#include "octet/nn/moe_exchange.hpp"
 #include "octet/nn/moe_routing.hpp"
 #include "octet/nn/saved_activation.hpp"
 #include "octet/optim/adamw.hpp"
