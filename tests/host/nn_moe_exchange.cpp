@@ -1,10 +1,11 @@
-// octet-test: timeout=300
+// octet-test: timeout=240
 // The expert-parallel token exchange of octet/nn/moe_exchange.hpp over the in-process transport
 // (support/in_process_world.hpp: one thread per rank), P = 1, 2, 3, 4 ranks, E = 12 experts:
 //   * dispatch: every rank's received copy (outputs poisoned first) is, group by group, bit for bit
 //     the groups permute_quantized gives its experts on one process for every rank's tokens stacked
 //     in rank order (codes, scales, padding), ragged token counts (a rank with 0 tokens), experts no
-//     token selects (a rank that receives nothing); source_of names each row's rank and plan row;
+//     token selects (a rank that receives nothing), for 1x128, MXFP8 and per-row E4M3 rows;
+//     source_of names each row's rank and plan row;
 //   * combine: after each rank's experts run the grouped GEMM on what they received, every rank's
 //     tokens' outputs are bit for bit the one-process layer's (bf16 wire, and the E4M3 1x128 wire
 //     against quantize + dequantize of the outputs), with 1 and 2 threads per rank; with a capacity
@@ -210,6 +211,66 @@ TEST_CASE("moe exchange: dispatch and combine on 1-4 ranks give the one-process 
         // rank 1 has no tokens; rank 2 owns experts 6, 7, 8, which no token selects: it receives nothing
         check_against_one_process(7104, {30, 0, 45, 9}, {6, 7, 8}, wire, 2);
     }
+}
+
+namespace {
+/// Dispatch alone for another row-local recipe: every rank's received groups are the one-process
+/// permute_quantized's groups of its experts, bit for bit.
+template <class Rx>
+void check_dispatch_recipe(std::uint64_t salt, std::size_t d) {
+    INFO(recipe_description<Rx>() << " seed=" << octet_test::run_seed());
+    const moe_exchange_case c(salt, 12, 2, d, 8, {19, 0, 33, 7}, {4});
+    const int P = c.P;
+    const std::size_t L = c.E / static_cast<std::size_t>(P);
+    quantized_tensor<Rx> all(c.T, d);
+    quantize<Rx>(on_host(), matrix_ref<const float>(c.x.data(), c.T, d), all.ref());
+    dispatch_plan plan(c.T, c.k, c.E);
+    plan_dispatch(matrix_ref<const std::int32_t>(c.idx.data(), c.T, c.k), {}, plan.ref());
+    grouped_quantized_tensor<Rx> one(grouped_rows(plan.ref().group_sizes, d));
+    permute_quantized(on_host(), all.cref(), plan.ref(), one.ref());
+    std::vector<quantized_tensor<Rx>> xq(P);
+    std::vector<dispatch_plan> plans(P);
+    std::vector<moe_exchange> xch(P);
+    std::vector<grouped_quantized_tensor<Rx>> got(P);
+    std::vector<moe_exchange_report> rep(P);
+    require_no_error(run_ranks(P, [&](int r, in_process_transport& t) {
+        xq[r] = quantized_tensor<Rx>(c.tokens[r], d);
+        if (c.tokens[r]) quantize<Rx>(on_host(), c.x_of(r), xq[r].ref());
+        plans[r] = dispatch_plan(c.tokens[r], c.k, c.E);
+        xch[r] = moe_exchange(P, r, c.E);
+        moe_dispatch_plan_host(t, c.idx_of(r), {}, plans[r].ref(), xch[r].ref());
+        got[r] = grouped_quantized_tensor<Rx>(grouped_rows(xch[r].ref().expert_rows, d));
+        auto ref = got[r].ref();
+        if (got[r].layout().data_bytes) std::memset(ref.data, 0xAB, got[r].layout().data_bytes);
+        if (got[r].layout().scale_bytes) std::memset(ref.scales, 0xCD, got[r].layout().scale_bytes);
+        rep[r] = moe_dispatch_host(t, xq[r].cref(), plans[r].ref(), xch[r].ref(), got[r].ref());
+    }));
+    for (int r = 0; r < P; ++r)
+        for (std::size_t e = 0; e < L; ++e) {
+            CAPTURE(r);
+            CAPTURE(e);
+            const quantized_cref<Rx> a = got[r].cref().group(e), b = one.cref().group(r * L + e);
+            REQUIRE(a.layout.rows == b.layout.rows);
+            REQUIRE(a.layout.data_bytes == b.layout.data_bytes);
+            REQUIRE(a.layout.scale_bytes == b.layout.scale_bytes);
+            if (a.layout.rows == 0) continue;
+            CHECK(std::memcmp(a.data, b.data, a.layout.data_bytes) == 0);
+            CHECK(std::memcmp(a.scales, b.scales, a.layout.scale_bytes) == 0);
+        }
+    std::size_t sent = 0;
+    for (int r = 0; r < P; ++r) {
+        sent += rep[r].rows_sent;
+        CHECK(rep[r].bytes_sent == rep[r].rows_sent * moe_dispatch_row_bytes<Rx>(d));
+    }
+    CHECK(sent > 0);
+}
+}  // namespace
+
+TEST_CASE("moe exchange: dispatch of MXFP8 and per-row E4M3 rows, bit for bit permute_quantized's groups") {
+    check_dispatch_recipe<recipes::mxfp8_e4m3>(7151, 200);
+    CHECK(moe_dispatch_row_bytes<recipes::mxfp8_e4m3>(7168) == 7168 + 224);
+    check_dispatch_recipe<recipes::rowwise_e4m3>(7152, 72);
+    CHECK(moe_dispatch_row_bytes<recipes::rowwise_e4m3>(72) == 72 + 4);
 }
 
 TEST_CASE("moe exchange: with a capacity, each rank's tokens alone through all experts, bit for bit") {
