@@ -44,12 +44,13 @@
 //
 // Agreement and errors. Each entry first validates its arguments on every rank (shapes, the plan's
 // counts that must sum to its rows, expert indices in range, the record's world, rank and expert
-// count), takes its one block of scratch, and exchanges a failure flag (allreduce_max): a rank that
-// fails stops every rank with octet::error. Then one all-gather of a descriptor (world, experts, d,
-// recipe, combine wire, expected ranks) and of each rank's per-expert counts; a mismatch (another
-// world size or expert count on one rank, or an exchange record that does not match the counts the
-// other ranks send) makes every rank throw octet::error, the same decision everywhere, before any
-// payload moves: none is left waiting.
+// count, under 2 GiB to send and to receive: transports count bytes in int), takes its one block
+// of scratch, and exchanges a failure flag (allreduce_max): a rank that fails stops every rank with
+// octet::error. Then one all-gather of a descriptor (world, experts, d, recipe, combine wire,
+// expected ranks) and one of each rank's per-expert counts; a mismatch (another world size or
+// expert count on one rank, or an exchange record that does not match the counts the other ranks
+// send) makes every rank throw octet::error, the same decision everywhere, before any payload
+// moves: none is left waiting.
 //
 // Scratch: every temporary (the gathered descriptors and counts, the per-rank counts and offsets,
 // the send and receive buffers, and for the FP8 combine the quantized rows, their quantizer's scratch

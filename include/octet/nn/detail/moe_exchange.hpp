@@ -200,6 +200,17 @@ inline void check_moe_exchange(const char* fn, int P, int me, const dispatch_pla
     }
 }
 
+/// The transports count bytes in int (MPI): the rows a rank sends or receives in one call stay below 2 GiB.
+inline void check_exchange_bytes(const char* fn, const char* arg, std::size_t rows_sent, std::size_t rows_received,
+                                 std::size_t row_bytes) {
+    constexpr std::size_t limit = std::size_t{1} << 31;
+    OCTET_REQUIRE(rows_sent < limit / std::max<std::size_t>(row_bytes, 1) &&
+                      rows_received < limit / std::max<std::size_t>(row_bytes, 1),
+                  fn, arg,
+                  message("gives ", rows_sent, " rows to send and ", rows_received, " to receive of ", row_bytes,
+                          " bytes each: 2 GiB or more in one call (MPI counts are int); split the batch"));
+}
+
 /// Step 0's collective half: the failure flag, then the descriptors (every rank throws on a mismatch),
 /// then every rank's counts: plan.group_sizes (what it sends to each expert) and, when `claimed`, the
 /// record's recv_counts (what it expects from each rank); the claims must match what the others send.
@@ -455,6 +466,7 @@ moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byt
         }
         OCTET_REQUIRE(xch.rows() == 0 || d == 0 || (out.data != nullptr && out.scales != nullptr), fn, "out",
                       "has a null data or scales pointer; pass a grouped_quantized_tensor's ref()");
+        detail::check_exchange_bytes(fn, "x", plan.rows(), xch.rows(), moe_dispatch_row_bytes<Recipe>(d));
     } catch (const error& e) {
         local_failure = 1;
         local_message = detail::text_of(e);
@@ -588,6 +600,7 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
         OCTET_REQUIRE(weights.rows == plan.tokens && weights.cols == plan.k, fn, "weights",
                       detail::message("is ", weights.rows, " x ", weights.cols,
                                       "; it must be tokens x k = ", plan.tokens, " x ", plan.k, " (route's weights)"));
+        detail::check_exchange_bytes(fn, "y", xch.rows(), plan.rows(), moe_combine_row_bytes(d, opt.combine_wire));
     } catch (const error& e) {
         local_failure = 1;
         local_message = detail::text_of(e);
