@@ -1,16 +1,18 @@
 // examples/08_training/gradient_exchange.hpp: how the data-parallel ranks' gradients become one.
 // With the recipe's gradient codec: octet::compressed_allreduce (E4M3 on a 1024-point Hadamard
 // rotation, error feedback at both stages: each rank's whole gradient, and the shard it reduces;
-// the residuals stored as recipe.residuals), each rank with an arena of exactly the bytes the call
-// asks for. Without it: the plain sum in rank order; under mpirun from an all-gather (the order the
-// in-process ranks sum in, not MPI_Allreduce's, which MPI does not fix), so that both modes
-// produce the same bits. Every buffer is booked in the run's meter.
+// the residuals stored as recipe.residuals), each rank's scratch exactly the bytes the call asks
+// for, lent by the step buffers (idle between steps: the all-reduce adds no memory of its own where
+// the step's float buffers are larger). Without it: the plain sum in rank order; under mpirun from an all-gather (the
+// order the in-process ranks sum in, not MPI_Allreduce's, which MPI does not fix), so that both modes produce the same
+// bits. Every buffer is booked in the run's meter.
 //
 // restore_point keeps a copy of the codec's residuals before each step: a repeated step restores
 // them (every attempt's encode updates them; without this a corrupted first attempt would live on
 // in the residuals and poison the repeat).
 #pragma once
 
+#include "common/model.hpp"
 #include "ranks.hpp"
 #include "train.hpp"
 
@@ -49,12 +51,9 @@ public:
                 meter.allocate(octet::memory_category::gradients, residual_bytes);
             }
             // compressed_allreduce's buffers (each rank: its stage-1 messages, those it receives,
-            // the reduced shard and the gathered messages, and the codec's scratch): one arena per
-            // rank of exactly its query, lent to the call, booked as it is allocated.
-            for (int l = 0; l < L; ++l) {
-                arenas_.emplace_back(scratch_bytes(first + l));
-                meter.allocate(octet::memory_category::temporaries, static_cast<double>(arenas_.back().capacity()));
-            }
+            // the reduced shard and the gathered messages, and the codec's scratch): exactly its
+            // query, one part of the step buffers' block per rank (lend_parts).
+            for (int l = 0; l < L; ++l) parts_.push_back(scratch_bytes(first + l));
         }
         gathered_ = make_metered<float>(meter, octet::memory_category::gradients, procs && !codec_on_ ? P * n : 0);
     }
@@ -70,6 +69,11 @@ public:
         return octet::compressed_allreduce_scratch_bytes(octet::on_host(1), codec_, n_, P_, r, probe);
     }
 
+    /// The scratch of each of this process's ranks' all-reduce (none without the codec), which
+    /// reduce() borrows from the step buffers: construct them with lend_capacity =
+    /// step_buffers::lend_bytes(lend_parts()).
+    const std::vector<std::size_t>& lend_parts() const { return parts_; }
+
     /// The codec's error-feedback residuals of this process's ranks (none without the codec).
     std::vector<octet::residual_view> residual_views() {
         std::vector<octet::residual_view> v;
@@ -79,17 +83,20 @@ public:
     }
 
     /// Reduces this process's ranks' gradients `grads` (one per local rank) with every other
-    /// rank's into grads[0], their mean over the P ranks; returns its L2 norm.
-    double reduce(std::vector<metered_vector<float>>& grads) {
+    /// rank's into grads[0], their mean over the P ranks; returns its L2 norm. Between steps: the
+    /// codec's scratch is lent by `buffers` (whose regions it overwrites).
+    double reduce(std::vector<metered_vector<float>>& grads, step_buffers& buffers) {
         const std::size_t n = n_;
         const int P = P_;
         if (codec_on_) {
+            std::vector<octet::host_arena> arenas;
+            for (const auto& part : buffers.lend(parts_)) arenas.emplace_back(part);
             auto options = [&](int l) {
                 octet::allreduce_options ao;
                 ao.expected_ranks = P;
                 ao.feedback = feedback_[l].view();
                 ao.reduced_feedback = reduced_feedback_[l].view();
-                ao.executor = octet::with_allocator(octet::on_host(1), arenas_[l].allocator());
+                ao.executor = octet::with_allocator(octet::on_host(1), arenas[static_cast<std::size_t>(l)].allocator());
                 return ao;
             };
             if (procs_) {
@@ -125,7 +132,7 @@ private:
     process_ranks* procs_;
     octet::codec_config codec_;
     std::vector<octet::error_feedback> feedback_, reduced_feedback_;
-    std::vector<octet::host_arena> arenas_;
+    std::vector<std::size_t> parts_;  // each local rank's all-reduce scratch (bytes)
     in_process_world world_;
     metered_vector<float> gathered_;  // under mpirun without the codec: every rank's gradient
 };

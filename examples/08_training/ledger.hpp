@@ -12,6 +12,7 @@
 #include <octet/octet.hpp>
 
 #include <cstddef>
+#include <vector>
 
 namespace train {
 
@@ -38,9 +39,8 @@ inline octet::memory_ledger predicted_ledger(const ledger_shape& s, gradient_exc
     const std::size_t n = s.parameters;
     const int P = s.ranks, L = s.local_ranks, first = s.first, per_rank = s.per_rank;
     const double tokens_bytes = 4.0 * (static_cast<double>(L) * per_rank + s.eval_sequences) * (mc.seq_len + 1);
-    double codec_bytes = 0, residual_bytes = 0;
+    double residual_bytes = 0;
     if (rc.gradient_codec) {
-        for (int r = first; r < first + L; ++r) codec_bytes += static_cast<double>(exchange.scratch_bytes(r));
         for (int r = first; r < first + L; ++r)
             residual_bytes += static_cast<double>(
                 octet::residual_bytes(rc.residuals, n) +
@@ -54,11 +54,16 @@ inline octet::memory_ledger predicted_ledger(const ledger_shape& s, gradient_exc
     // Every rank's model, and the float copies of a repeated step raised to float32.
     lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, s.threads) +
                           (raised ? transformer::raise_precision_bytes(mc, rc, per_rank) : 0.0);
-    // Temporaries: the models' own and their one set of step buffers, the token batches, the codec's
-    // messages, and the copy of the residuals a repeated step restores (the checkpoint's is in its file).
-    lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, s.threads) -
-                         (L - 1) * transformer::step_buffer_bytes(mc, rc, per_rank, s.threads) + tokens_bytes +
-                         codec_bytes + residual_bytes;
+    // Temporaries: the models' own and their one set of step buffers (their block large enough to
+    // lend the codec its messages and scratch between steps), the token batches, and the copy of the
+    // residuals a repeated step restores (the checkpoint's is in its file).
+    std::vector<std::size_t> parts;
+    if (rc.gradient_codec)
+        for (int r = first; r < first + L; ++r) parts.push_back(exchange.scratch_bytes(r));
+    const std::size_t lend = step_buffers::lend_bytes(parts);
+    lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, s.threads, lend) -
+                         (L - 1) * transformer::step_buffer_bytes(mc, rc, per_rank, s.threads, lend) + tokens_bytes +
+                         residual_bytes;
     octet::memory_ledger predicted = octet::optimizer_memory_ledger(lc);
     predicted.set(octet::memory_category::weights,
                   predicted.bytes(octet::memory_category::weights) + 4.0 * n);  // the float copy

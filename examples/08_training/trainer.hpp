@@ -100,20 +100,28 @@ inline std::map<std::string, double> sum_over_ranks(const std::map<std::string, 
 /// This process's ranks: all P in-process, or one under mpirun; a model replica, a gradient buffer
 /// and a token batch each. The in-process ranks step one after another: one set of step buffers
 /// serves them all.
+/// The step buffers lend the gradient exchange its scratch between steps (lend_parts: each
+/// local rank's).
 struct local_ranks {
     int count = 1, first = 0;  ///< L ranks, global ranks first .. first + L - 1
+    std::shared_ptr<step_buffers> buffers;
     std::vector<std::unique_ptr<transformer>> models;
     std::vector<metered_vector<float>> grads;
     std::vector<metered_vector<std::int32_t>> tokens;
 
-    local_ranks(memory_meter& meter, const run_options& o, std::size_t n, int per_rank)
-        : count(o.procs ? 1 : o.ranks), first(o.procs ? o.procs->rank() : 0) {
+    /// This process's ranks under o: L and the first.
+    static int count_of(const run_options& o) { return o.procs ? 1 : o.ranks; }
+    static int first_of(const run_options& o) { return o.procs ? o.procs->rank() : 0; }
+
+    local_ranks(memory_meter& meter, const run_options& o, std::size_t n, int per_rank,
+                const std::vector<std::size_t>& lend_parts)
+        : count(count_of(o)),
+          first(first_of(o)),
+          buffers(std::make_shared<step_buffers>(meter, step_buffers::lend_bytes(lend_parts))) {
         const model_config& mc = o.size;
-        const auto step_buffers = std::make_shared<train::step_buffers>(meter);
         for (int l = 0; l < count; ++l) {
-            models.push_back(std::make_unique<transformer>(mc, o.recipe, meter, o.ex, per_rank,
-                                                           static_cast<std::uint64_t>(o.seed) * 131u + first + l,
-                                                           step_buffers));
+            models.push_back(std::make_unique<transformer>(
+                mc, o.recipe, meter, o.ex, per_rank, static_cast<std::uint64_t>(o.seed) * 131u + first + l, buffers));
             grads.push_back(make_metered<float>(meter, octet::memory_category::gradients, n));
             tokens.push_back(make_metered<std::int32_t>(meter, octet::memory_category::temporaries,
                                                         static_cast<std::size_t>(per_rank) * (mc.seq_len + 1)));
@@ -133,8 +141,8 @@ public:
           n_(transformer::parameter_count(o.size)),
           opt_(make_optimizer_booked()),
           params_(make_metered<float>(meter_, octet::memory_category::weights, n_)),
-          ranks_(meter_, o, n_, per_rank_),
-          exchange_(meter_, o.recipe, n_, P_, ranks_.count, ranks_.first, o.procs),
+          exchange_(meter_, o.recipe, n_, P_, local_ranks::count_of(o), local_ranks::first_of(o), o.procs),
+          ranks_(meter_, o, n_, per_rank_, exchange_.lend_parts()),
           evaluate_(meter_, data, o.size, o.eval_sequences, per_rank_),
           restore_(meter_, exchange_),
           checkpoints_(o.scratch, o.procs, o.steps, *opt_, exchange_),
@@ -283,7 +291,7 @@ private:
         for (int l = 0; l < L; ++l)
             faults_.gradients_computed(step, first + l, octet::span<float>(ranks_.grads[l].data(), n_));
         const auto t0 = clock_type::now();
-        s.norm = exchange_.reduce(ranks_.grads);
+        s.norm = exchange_.reduce(ranks_.grads, *ranks_.buffers);
         op_seconds_["allreduce"] += seconds_since(t0);
         return s;
     }
@@ -418,8 +426,8 @@ private:
     memory_meter meter_;
     std::unique_ptr<optimizer> opt_;  // owns the master weights
     metered_vector<float> params_;    // their float copy, which compute reads
+    gradient_exchange exchange_;      // (before ranks_: their step buffers lend it its scratch)
     local_ranks ranks_;
-    gradient_exchange exchange_;
     evaluator evaluate_;
     restore_point restore_;  // the codec residuals a repeated step starts from
     step_checks checks_;

@@ -40,6 +40,7 @@ class linear_workspace;  // octet/nn/linear.hpp, when this build has it
 }
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -867,39 +868,104 @@ std::unique_ptr<fp8_attention> make_fp8_attention(memory_meter& m, v_scale_mode 
 // The model
 // =================================================================================================
 
+/// One of step_buffers' float buffers: size() floats of its block.
+struct float_region {
+    float* start = nullptr;
+    std::size_t count = 0;
+    float* data() const { return start; }
+    std::size_t size() const { return count; }
+    bool empty() const { return count == 0; }
+};
+
 /// What a training step works in and drops (booked as temporaries): the logits, the float
 /// temporaries, the host FP8 linears' workspace and octet's scratch arena. One set serves every
 /// model of a process whose steps run one after another (the in-process ranks share one, as each
 /// rank of a multi-process run has its own): transformer's constructor takes it. The first model
 /// sizes it; every other model must have the same configuration, recipe, batch and threads.
+///
+/// The float buffers are regions of one block, each from a 64-byte boundary. Nothing of a step
+/// lives on in them after it, so between steps the block serves other operations: lend() hands
+/// out parts of it (the trainer's gradient all-reduce takes its scratch there). The block is as
+/// large as the regions or as what it must lend (lend_capacity), whichever is more.
 struct step_buffers {
-    explicit step_buffers(memory_meter& m)
-        : cu(metered_allocator<std::int32_t>(m, octet::memory_category::temporaries)),
-          logits(tmp(m)),
-          t_h(tmp(m)),
-          t_qkv(tmp(m)),
-          t_a(tmp(m)),
-          dx(tmp(m)),
-          dx2(tmp(m)),
-          dh(tmp(m)),
-          dwide(tmp(m)),
-          do_(tmp(m)),
-          wt(tmp(m)),
-          yt(tmp(m)),
-          xr(tmp(m)),
-          wr(tmp(m)),
-          attn_scratch(tmp(m)),
-          chunk_partials(tmp(m)),
+    /// The float regions, in the block's order.
+    enum region : std::size_t {
+        logits,
+        t_h,
+        t_qkv,
+        t_a,
+        dx,
+        dx2,
+        dh,
+        dwide,
+        do_,
+        wt,
+        yt,
+        xr,
+        wr,
+        attn_scratch,
+        chunk_partials,
+        region_count
+    };
+    using region_sizes = std::array<std::size_t, region_count>;
+    static constexpr std::size_t kAlignFloats = 16;  // 64 bytes
+
+    /// lend_capacity: the bytes lend() must be able to hand out (lend_bytes of the parts).
+    explicit step_buffers(memory_meter& m, std::size_t lend_capacity = 0)
+        : lend_capacity(lend_capacity),
+          cu(metered_allocator<std::int32_t>(m, octet::memory_category::temporaries)),
+          block(metered_allocator<float>(m, octet::memory_category::temporaries)),
           loss_partials(metered_allocator<double>(m, octet::memory_category::temporaries)) {}
     step_buffers(const step_buffers&) = delete;
     step_buffers& operator=(const step_buffers&) = delete;
-    static metered_allocator<float> tmp(memory_meter& m) {
-        return metered_allocator<float>(m, octet::memory_category::temporaries);
+
+    static std::size_t aligned(std::size_t floats) { return (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+    /// Bytes that lend(parts) takes: each part from a 64-byte boundary.
+    static std::size_t lend_bytes(const std::vector<std::size_t>& parts) {
+        std::size_t total = 0;
+        for (std::size_t b : parts) total += aligned((b + 3) / 4) * 4;
+        return total;
+    }
+    /// Floats of the block: the regions of these sizes, or lend_capacity bytes if more, and 64
+    /// bytes to align its start (the ledger's side of carve()).
+    static std::size_t block_floats(const region_sizes& floats, std::size_t lend_capacity) {
+        std::size_t total = 0;
+        for (std::size_t f : floats) total += aligned(f);
+        return std::max(total, aligned((lend_capacity + 3) / 4)) + kAlignFloats;
+    }
+    /// Allocates the block and lays the regions out in it (the first model, once).
+    void carve(const region_sizes& floats) {
+        block.assign(block_floats(floats, lend_capacity), 0.0f);
+        float* at = aligned_start();
+        for (std::size_t r = 0; r < region_count; ++r) {
+            regions[r] = float_region{floats[r] == 0 ? nullptr : at, floats[r]};
+            at += aligned(floats[r]);
+        }
+    }
+    /// Between steps, while no model runs: disjoint blocks of parts[i] bytes, each from a 64-byte
+    /// boundary, out of the step's float memory (every region's contents are lost; a model's
+    /// score() must be taken again). At most lend_capacity bytes (lend_bytes(parts)).
+    std::vector<octet::span<unsigned char>> lend(const std::vector<std::size_t>& parts) {
+        OCTET_REQUIRE(!block.empty() && lend_bytes(parts) <= (block.size() - kAlignFloats) * sizeof(float),
+                      "common::step_buffers::lend", "parts",
+                      octet::detail::message("take ", lend_bytes(parts), " bytes but the block holds ",
+                                             block.empty() ? 0 : (block.size() - kAlignFloats) * sizeof(float),
+                                             "; construct step_buffers with lend_capacity = lend_bytes(parts)"));
+        ++lent;
+        std::vector<octet::span<unsigned char>> out;
+        auto* at = reinterpret_cast<unsigned char*>(aligned_start());
+        for (std::size_t b : parts) {
+            out.emplace_back(at, b);
+            at += aligned((b + 3) / 4) * 4;
+        }
+        return out;
     }
 
+    std::size_t lend_capacity = 0;
+    std::uint64_t lent = 0;  // lend() calls so far
     metered_vector<std::int32_t> cu;
-    metered_vector<float> logits, t_h, t_qkv, t_a, dx, dx2, dh, dwide, do_, wt, yt, xr, wr, attn_scratch,
-        chunk_partials;
+    metered_vector<float> block;  // the regions' floats (carve)
+    std::array<float_region, region_count> regions{};
     metered_vector<double> loss_partials;
 #if TRAIN_HAS_FP8_LINEAR
     octet::linear_workspace linear_workspace;  // the host FP8 linears' transient copies
@@ -908,6 +974,12 @@ struct step_buffers {
     octet::host_arena arena;                           // octet's host scratch (scratch_arena_bytes)
     std::unique_ptr<meter_booking> arena_booking;      // its bytes
     std::string sized_for;                             // the first model's shape ("" until then)
+
+private:
+    float* aligned_start() {
+        const auto misalign = reinterpret_cast<std::uintptr_t>(block.data()) % (kAlignFloats * sizeof(float));
+        return block.data() + (misalign == 0 ? 0 : (kAlignFloats * sizeof(float) - misalign) / sizeof(float));
+    }
 };
 
 /// One saved input of a non-linear layer (or of float attention) for the backward, in the recipe's
@@ -1019,18 +1091,22 @@ public:
     /// The ledger's prediction of what a model built with (cfg, recipe, max_batch) on `threads`
     /// threads (0: all hardware threads, as octet::on_host()) books in its meter: bytes the
     /// backward keeps (activations) and the rest (temporaries). Written from the buffer list, per
-    /// token, apart from the allocation code; the FP8 copies are sized by octet's own layout rules
-    /// (quant_layout_of, linear_context::memory). Raising precision adds raise_precision_bytes.
+    /// token, apart from the allocation code (the step buffers' block from step_regions, the list
+    /// both read); the FP8 copies are sized by octet's own layout rules (quant_layout_of,
+    /// linear_context::memory). Raising precision adds raise_precision_bytes. lend_bytes: the
+    /// step buffers' lend_capacity (their block is the larger of the regions and it).
     static double activation_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0) {
         return memory_plan(cfg, r, max_batch, threads).activations;
     }
-    static double temporary_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0) {
-        return memory_plan(cfg, r, max_batch, threads).temporaries;
+    static double temporary_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0,
+                                  std::size_t lend_bytes = 0) {
+        return memory_plan(cfg, r, max_batch, threads, lend_bytes).temporaries;
     }
     /// The part of temporary_bytes in step_buffers: a model built on another's shared buffers
     /// books temporary_bytes - step_buffer_bytes.
-    static double step_buffer_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0) {
-        return memory_plan(cfg, r, max_batch, threads).step_buffers;
+    static double step_buffer_bytes(const model_config& cfg, const recipe_config& r, int max_batch, int threads = 0,
+                                    std::size_t lend_bytes = 0) {
+        return memory_plan(cfg, r, max_batch, threads, lend_bytes).step_buffers;
     }
     /// Activation bytes set_high_precision(true) adds while on (float copies of what a float
     /// computation keeps; 0 for a float32 recipe).
@@ -1132,6 +1208,7 @@ public:
         }
         t.loss = sum / static_cast<double>(n);
         scored_batch_ = batch;
+        scored_lent_ = buf_->lent;
         return t;
     }
 
@@ -1145,6 +1222,9 @@ public:
         OCTET_REQUIRE(scored_batch_ == batch, fn, "batch",
                       octet::detail::message("is ", batch, " but the last score() was over ", scored_batch_,
                                              " sequences (0: none since the last backward); call score first"));
+        OCTET_REQUIRE(scored_lent_ == buf_->lent, fn, "this",
+                      "has step buffers that were lent (step_buffers::lend) since the last score(), which lost its "
+                      "logits; call score again");
         check_call(fn, params, tokens, batch);
         const std::size_t n = static_cast<std::size_t>(batch) * T_;
         OCTET_REQUIRE(dloss_dlogp.size() == n, fn, "dloss_dlogp",
@@ -1242,6 +1322,37 @@ private:
         double activations = 0, temporaries = 0;
         double step_buffers = 0;  // the part of temporaries in step_buffers (shareable)
     };
+    /// The floats of each of step_buffers' regions for this model at max_batch on `workers`
+    /// threads (one list for the allocation and the ledger): the logits, h, qkv, the GELU output, 3
+    /// residual-sized gradients, the widest gradient, dO, W^T, dY^T, the bf16 linears' rounded
+    /// operands, the float attention's per-worker scratch, partial sums of the norms' gains.
+    static step_buffers::region_sizes step_regions(const model_config& c, const recipe_config& r, int max_batch,
+                                                   std::size_t workers) {
+        const std::size_t N = static_cast<std::size_t>(max_batch) * static_cast<std::size_t>(c.seq_len);
+        const std::size_t d = static_cast<std::size_t>(c.d_model), F = static_cast<std::size_t>(c.d_ff),
+                          V = static_cast<std::size_t>(c.vocab);
+        const std::size_t A = static_cast<std::size_t>(c.heads_q * c.head_dim),
+                          W = A + 2 * static_cast<std::size_t>(c.heads_kv * c.head_dim);
+        const std::size_t wide = std::max({W, F, A}), max_in_out = std::max({W * d, A * d, F * d, V * d});
+        const bool bf16 = r.linear == linear_mode::bf16;
+        using S = step_buffers;
+        S::region_sizes f{};
+        f[S::logits] = N * V;
+        f[S::t_h] = N * d;
+        f[S::t_qkv] = N * W;
+        f[S::t_a] = N * F;
+        f[S::dx] = f[S::dx2] = f[S::dh] = N * d;
+        f[S::dwide] = N * wide;
+        f[S::do_] = N * A;
+        f[S::wt] = max_in_out;
+        f[S::yt] = std::max({W, A, F, V, d}) * N;
+        f[S::xr] = bf16 ? N * std::max(wide, d) : 0;
+        f[S::wr] = bf16 ? max_in_out : 0;
+        f[S::attn_scratch] = workers * attention_scratch_floats(static_cast<std::size_t>(c.seq_len),
+                                                                static_cast<std::size_t>(c.head_dim));
+        f[S::chunk_partials] = ((N + kChunk - 1) / kChunk) * d;
+        return f;
+    }
     /// Bytes of the model's scratch arena: the largest ..._scratch_bytes query of the octet host
     /// operations a step of this recipe calls (the FP8 linears', the FP8 attention's quantizes,
     /// forward and backward, the saved activations' quantizes), on `threads` threads at max_batch.
@@ -1290,9 +1401,10 @@ private:
         return most;
     }
 
-    static memory_split memory_plan(const model_config& c, const recipe_config& r, int max_batch, int threads) {
+    static memory_split memory_plan(const model_config& c, const recipe_config& r, int max_batch, int threads,
+                                    std::size_t lend_bytes = 0) {
         checked(c, max_batch);
-        const double N = static_cast<double>(max_batch) * c.seq_len, d = c.d_model, F = c.d_ff, V = c.vocab;
+        const double N = static_cast<double>(max_batch) * c.seq_len, d = c.d_model, F = c.d_ff;
         const double Hq = c.heads_q, hd = c.head_dim, A = Hq * hd, KW = c.heads_kv * hd, W = A + 2 * KW;
         const double layers = c.layers;
         memory_split m;
@@ -1313,16 +1425,12 @@ private:
                 layers * packed_saves_bytes(r, Ns, static_cast<std::size_t>(d), static_cast<std::size_t>(F),
                                             static_cast<std::size_t>(A), static_cast<std::size_t>(W));
         if (r.linear == linear_mode::bf16) m.activations += 2 * N * (2 * d + A + F) * layers;  // bf16 inputs
-        // float temporaries: logits, h, qkv, gelu output, 3 residual-sized gradients, the widest
-        // gradient, dO, W^T, dY^T, partial sums of the norms' gains (64-token chunks)
-        const double chunks = std::ceil(N / kChunk), wide = std::max({W, F, A});
-        const double max_in_out = std::max({W * d, A * d, F * d, V * d});
-        double tmp = N * V + N * d + N * W + N * F + 3 * N * d + N * wide + N * A + max_in_out +
-                     std::max({W, A, F, V, d}) * N + chunks * d;
-        if (r.linear == linear_mode::bf16) tmp += N * std::max(wide, d) + max_in_out;
         const int workers = threads > 0 ? threads : octet::on_host().thread_count();
-        tmp += static_cast<double>(workers) * attention_scratch_floats(c.seq_len, c.head_dim);
-        m.step_buffers = 4 * tmp + 8 * chunks + 4 * (max_batch + 1.0);  // + loss partials (double), offsets
+        const double chunks = std::ceil(N / kChunk);
+        m.step_buffers =
+            4.0 * static_cast<double>(step_buffers::block_floats(
+                      step_regions(c, r, max_batch, static_cast<std::size_t>(std::max(1, workers))), lend_bytes)) +
+            8 * chunks + 4 * (max_batch + 1.0);  // + loss partials (double), offsets
         // FP8 linears: octet's context says what it keeps for the backward and what it works in
         const std::size_t Nt = static_cast<std::size_t>(N);
         const std::size_t shapes[4][2] = {{static_cast<std::size_t>(d), static_cast<std::size_t>(W)},
@@ -1610,7 +1718,6 @@ private:
                       "holds step buffers sized for another model (" + buf_->sized_for + " against " + shape +
                           "); share them only between models of one configuration, recipe, batch and thread count");
         auto act = [&](std::size_t n) { return make_metered<float>(meter_, activations(), n); };
-        auto tmp = [&](std::size_t n) { return make_metered<float>(meter_, temporaries(), n); };
         const std::size_t N = Nmax_, W = lay_.qkv_out, A = lay_.attn_width;
         const std::size_t Hq = static_cast<std::size_t>(cfg_.heads_q);
         layers_.reserve(static_cast<std::size_t>(cfg_.layers));
@@ -1657,27 +1764,9 @@ private:
             buf_->workspace_booking =
                 std::make_unique<meter_booking>(meter_, temporaries(), static_cast<double>(linear_workspace_.bytes()));
 #endif
-        logits_ = tmp(N * V_);
-        t_h_ = tmp(N * d_);
-        t_qkv_ = tmp(N * W);
-        t_a_ = tmp(N * F_);
-        dx_ = tmp(N * d_);
-        dx2_ = tmp(N * d_);
-        dh_ = tmp(N * d_);
-        const std::size_t wide = std::max({W, F_, A});
-        dwide_ = tmp(N * wide);
-        do_ = tmp(N * A);
-        const std::size_t max_in_out = std::max({W * d_, A * d_, F_ * d_, V_ * d_});
-        wt_ = tmp(max_in_out);
-        yt_ = tmp(std::max({W, A, F_, V_, d_}) * N);
-        if (recipe_.linear == linear_mode::bf16) {
-            xr_ = tmp(N * std::max(wide, d_));
-            wr_ = tmp(max_in_out);
-        }
+        buf_->carve(step_regions(cfg_, recipe_, max_batch_, workers_));
         cu_ = metered_vector<std::int32_t>(static_cast<std::size_t>(max_batch_) + 1, 0,
                                            metered_allocator<std::int32_t>(meter_, temporaries()));
-        attn_scratch_ = tmp(workers_ * attention_scratch_floats(T_, static_cast<std::size_t>(cfg_.head_dim)));
-        chunk_partials_ = tmp(((N + kChunk - 1) / kChunk) * d_);
         loss_partials_ =
             metered_vector<double>((N + kChunk - 1) / kChunk, 0.0, metered_allocator<double>(meter_, temporaries()));
     }
@@ -2076,28 +2165,29 @@ private:
     std::uint64_t linear_count_ = 0;
     std::size_t n_ = 0, len_ = 0;  // the last forward's token count and sequence length
     int batch_ = 0;
-    int scored_batch_ = 0;  // batch of the score() whose logits policy_backward may use (0: none)
+    int scored_batch_ = 0;           // batch of the score() whose logits policy_backward may use (0: none)
+    std::uint64_t scored_lent_ = 0;  // the step buffers' lend() count at that score()
 
     // The step buffers (step_buffers: this model's own, or shared), by their names here.
 #if TRAIN_HAS_FP8_LINEAR
     octet::linear_workspace& linear_workspace_ = buf_->linear_workspace;
 #endif
     metered_vector<std::int32_t>& cu_ = buf_->cu;
-    metered_vector<float>& logits_ = buf_->logits;
-    metered_vector<float>& t_h_ = buf_->t_h;
-    metered_vector<float>& t_qkv_ = buf_->t_qkv;
-    metered_vector<float>& t_a_ = buf_->t_a;
-    metered_vector<float>& dx_ = buf_->dx;
-    metered_vector<float>& dx2_ = buf_->dx2;
-    metered_vector<float>& dh_ = buf_->dh;
-    metered_vector<float>& dwide_ = buf_->dwide;
-    metered_vector<float>& do_ = buf_->do_;
-    metered_vector<float>& wt_ = buf_->wt;
-    metered_vector<float>& yt_ = buf_->yt;
-    metered_vector<float>& xr_ = buf_->xr;
-    metered_vector<float>& wr_ = buf_->wr;
-    metered_vector<float>& attn_scratch_ = buf_->attn_scratch;
-    metered_vector<float>& chunk_partials_ = buf_->chunk_partials;
+    float_region& logits_ = buf_->regions[step_buffers::logits];
+    float_region& t_h_ = buf_->regions[step_buffers::t_h];
+    float_region& t_qkv_ = buf_->regions[step_buffers::t_qkv];
+    float_region& t_a_ = buf_->regions[step_buffers::t_a];
+    float_region& dx_ = buf_->regions[step_buffers::dx];
+    float_region& dx2_ = buf_->regions[step_buffers::dx2];
+    float_region& dh_ = buf_->regions[step_buffers::dh];
+    float_region& dwide_ = buf_->regions[step_buffers::dwide];
+    float_region& do_ = buf_->regions[step_buffers::do_];
+    float_region& wt_ = buf_->regions[step_buffers::wt];
+    float_region& yt_ = buf_->regions[step_buffers::yt];
+    float_region& xr_ = buf_->regions[step_buffers::xr];
+    float_region& wr_ = buf_->regions[step_buffers::wr];
+    float_region& attn_scratch_ = buf_->regions[step_buffers::attn_scratch];
+    float_region& chunk_partials_ = buf_->regions[step_buffers::chunk_partials];
     metered_vector<double>& loss_partials_ = buf_->loss_partials;
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -454,23 +455,49 @@ TEST_CASE("model: models that share step buffers compute their own models' bits,
                 }
         }
         common::memory_meter meter;
-        auto buffers = std::make_shared<common::step_buffers>(meter);
+        // buffers that lend, between steps, two parts that together exceed the regions (the block
+        // grows to the lend capacity; the ledger knows it)
+        const double regions = transformer::step_buffer_bytes(cfg, rc, batch, 2);
+        const std::vector<std::size_t> parts = {static_cast<std::size_t>(regions / 2) + 3,
+                                                static_cast<std::size_t>(regions / 2)};
+        const std::size_t lend = common::step_buffers::lend_bytes(parts);
+        auto buffers = std::make_shared<common::step_buffers>(meter, lend);
         transformer a(cfg, rc, meter, octet::on_host(2), batch, 5, buffers);
         transformer b(cfg, rc, meter, octet::on_host(2), batch, 6, buffers);
         transformer* models[2] = {&a, &b};
-        const double temporaries =
-            2 * transformer::temporary_bytes(cfg, rc, batch, 2) - transformer::step_buffer_bytes(cfg, rc, batch, 2);
+        const double temporaries = 2 * transformer::temporary_bytes(cfg, rc, batch, 2, lend) -
+                                   transformer::step_buffer_bytes(cfg, rc, batch, 2, lend);
         CHECK(transformer::step_buffer_bytes(cfg, rc, batch, 2) > 0);
+        CHECK(transformer::step_buffer_bytes(cfg, rc, batch, 2, lend) > regions);
         CHECK(meter.ledger().bytes(octet::memory_category::temporaries) == temporaries);
         CHECK(meter.ledger().bytes(octet::memory_category::activations) ==
               2 * transformer::activation_bytes(cfg, rc, batch, 2));
-        for (int step = 0; step < 2; ++step)
+        for (int step = 0; step < 2; ++step) {
             for (int k = 0; k < 2; ++k) {
                 shared[step][k].assign(params.size(), NAN);
                 models[k]->forward_backward(octet::as_cspan(params), tokens[k].data(), batch,
                                             octet::as_span(shared[step][k]));
                 CHECK(std::memcmp(shared[step][k].data(), own[step][k].data(), params.size() * sizeof(float)) == 0);
             }
+            // between steps the block is lent (disjoint, 64-byte aligned parts) and scribbled on:
+            // nothing of a step lives on in it, so the next step's gradients do not change
+            const auto lent = buffers->lend(parts);
+            REQUIRE(lent.size() == 2);
+            CHECK(reinterpret_cast<std::uintptr_t>(lent[0].data()) % 64 == 0);
+            CHECK(reinterpret_cast<std::uintptr_t>(lent[1].data()) % 64 == 0);
+            CHECK(lent[0].data() + lent[0].size() <= lent[1].data());
+            for (const auto& part : lent) std::memset(part.data(), 0xff, part.size());  // NaN floats
+        }
+        CHECK_THROWS_AS(buffers->lend({lend + 64}), octet::error);
+        // a lend takes the logits of the last score(): policy_backward asks for another score
+        const std::size_t positions = static_cast<std::size_t>(batch) * static_cast<std::size_t>(cfg.seq_len);
+        std::vector<float> logp(positions), entropy(positions), dlogp(positions, 0.0f), g(params.size());
+        a.score(octet::as_cspan(params), tokens[0].data(), batch, octet::as_span(logp), octet::as_span(entropy));
+        buffers->lend({64});
+        common::step_telemetry st;
+        CHECK_THROWS_WITH_AS(a.policy_backward(octet::as_cspan(params), tokens[0].data(), batch, octet::as_cspan(dlogp),
+                                               octet::as_span(g), st),
+                             doctest::Contains("lent"), octet::error);
         CHECK(meter.ledger().peak_total() == meter.ledger().total());  // a step allocates nothing
         // buffers sized for one model are refused by another shape
         auto other = cfg;

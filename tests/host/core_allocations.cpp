@@ -7,6 +7,7 @@
 // random shapes (ragged, one row, column-major inputs) and edge values, on one thread and a pool.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -348,6 +349,32 @@ TEST_CASE("one host_arena sized by the largest query serves a training step of s
                                    matrix_ref<float>(acts[2].data(), tokens, widths[2])),
                     octet::error);
     CHECK(small.used() == 0);
+
+    // The same layer over a borrowed block (idle memory of the caller's): the same bits, no
+    // allocation, the block left to its owner; a block that does not start on 64 bytes is refused.
+    std::vector<unsigned char> idle(largest + 64);
+    const auto misalign = reinterpret_cast<std::uintptr_t>(idle.data()) % 64;
+    unsigned char* start = idle.data() + (misalign == 0 ? 0 : 64 - misalign);
+    std::vector<float> out_own(tokens * widths[2]), out_borrowed(tokens * widths[2]);
+    linear_forward(ex, layers[1], matrix_ref<const float>(acts[1].data(), tokens, widths[1]),
+                   matrix_ref<const float>(weights[1].data(), widths[2], widths[1]), {},
+                   matrix_ref<float>(out_own.data(), tokens, widths[2]));
+    {
+        host_arena borrowed(span<unsigned char>(start, largest));
+        CHECK(borrowed.capacity() == largest);
+        const global_allocations counter;
+        linear_forward(with_allocator(on_host(pool), borrowed.allocator()), layers[1],
+                       matrix_ref<const float>(acts[1].data(), tokens, widths[1]),
+                       matrix_ref<const float>(weights[1].data(), widths[2], widths[1]), {},
+                       matrix_ref<float>(out_borrowed.data(), tokens, widths[2]));
+        CHECK(counter.count() == 0);
+        CHECK(borrowed.used() == 0);
+        CHECK(borrowed.peak() > 0);
+        host_arena moved(std::move(borrowed));  // moved, still the caller's block
+        CHECK(moved.capacity() == largest);
+    }  // (AddressSanitizer: freeing the caller's block here would be a bad free)
+    CHECK(std::memcmp(out_own.data(), out_borrowed.data(), out_own.size() * sizeof(float)) == 0);
+    CHECK_THROWS_WITH_AS(host_arena(span<unsigned char>(start + 1, 64)), doctest::Contains("borrowed"), octet::error);
 }
 
 }  // namespace core_allocations_test

@@ -10,15 +10,21 @@
 // step: the step's peak of temporaries is that operation's need, not the sum over its calls. The
 // arena counts its high-water mark (peak()), which a memory ledger can compare with its prediction.
 // A request beyond the block returns null: the operation throws octet::error naming the bytes.
+// The block is the arena's own (host_arena(bytes)) or the caller's (host_arena(borrowed)): memory
+// that is idle while the operations run, such as a training step's buffers between steps, serves
+// them without a byte more.
 // Not thread-safe (octet calls an allocator only from the calling thread): one arena per thread
 // that calls octet operations concurrently.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <utility>
 
+#include "octet/core/check.hpp"
 #include "octet/core/executor.hpp"
+#include "octet/core/span.hpp"
 
 namespace octet {
 
@@ -28,7 +34,15 @@ public:
     /// A block of `bytes` (64-byte aligned), allocated here and only here.
     explicit host_arena(std::size_t bytes)
         : block_(bytes == 0 ? nullptr : static_cast<unsigned char*>(::operator new (bytes, std::align_val_t{64}))),
-          capacity_(bytes) {}
+          capacity_(bytes),
+          owned_(true) {}
+    /// An arena over the caller's block, which must start on a 64-byte boundary and outlive the
+    /// arena; the arena never frees it.
+    explicit host_arena(span<unsigned char> borrowed) : block_(borrowed.data()), capacity_(borrowed.size()) {
+        OCTET_REQUIRE(reinterpret_cast<std::uintptr_t>(borrowed.data()) % 64 == 0, "octet::host_arena", "borrowed",
+                      "does not start on a 64-byte boundary; align the block's start (its requests are handed out "
+                      "64-byte aligned)");
+    }
     host_arena(host_arena&& o) noexcept { swap(o); }
     host_arena& operator=(host_arena&& o) noexcept {
         host_arena(std::move(o)).swap(*this);
@@ -37,7 +51,7 @@ public:
     host_arena(const host_arena&) = delete;
     host_arena& operator=(const host_arena&) = delete;
     ~host_arena() {
-        if (block_) ::operator delete (block_, std::align_val_t{64});
+        if (block_ && owned_) ::operator delete (block_, std::align_val_t{64});
     }
 
     /// The allocator to lend with octet::with_allocator. Valid while the arena lives (and is not
@@ -64,6 +78,7 @@ private:
         std::swap(top_, o.top_);
         std::swap(peak_, o.peak_);
         std::swap(live_, o.live_);
+        std::swap(owned_, o.owned_);
     }
     void* take(std::size_t bytes) {
         const std::size_t at = (top_ + 63) & ~std::size_t{63};
@@ -86,6 +101,7 @@ private:
 
     unsigned char* block_ = nullptr;
     std::size_t capacity_ = 0, top_ = 0, peak_ = 0, live_ = 0;
+    bool owned_ = false;  // the block is freed here (host_arena(bytes)), not the caller's
 };
 
 }  // namespace octet
