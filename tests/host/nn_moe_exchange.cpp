@@ -7,18 +7,22 @@
 //     token selects (a rank that receives nothing), for 1x128, MXFP8 and per-row E4M3 rows;
 //     source_of names each row's rank and plan row;
 //   * combine: after each rank's experts run the grouped GEMM on what they received, every rank's
-//     tokens' outputs are bit for bit the one-process layer's (bf16 wire, and the E4M3 1x128 wire
-//     against quantize + dequantize of the outputs), with 1 and 2 threads per rank; with a capacity
-//     (dropped assignments, applied per source rank) bit for bit each rank's tokens alone through
-//     all E experts;
+//     tokens' outputs are bit for bit the one-process layer's (bf16 wire, the E4M3 1x128 wire against
+//     quantize + dequantize of the outputs, the f32 wire), with 1 and 2 threads per rank; with a
+//     capacity (dropped assignments, applied per source rank) bit for bit each rank's tokens alone
+//     through all E experts;
+//   * backward: combine_backward on the rows the combine kept (options.returned), dY's rows to the
+//     owners (moe_dispatch_rows_host), the experts' data-gradient GEMM, dX back with weights of 1:
+//     dweights, each owner's dY copy and dX bit for bit the same functions on one process;
 //   * the reports: rows and bytes to and from other ranks, against the plan's counts and the row
 //     formulas; the bytes on the wire of a DeepSeek-V3-sized row (d = 7168) FP8 against bf16;
 //   * bad input on one rank (an expert index out of range, a record for another world, another
 //     expert count, plan counts that do not sum, a record the senders do not match, another wire,
-//     another expected rank count, weights of the wrong shape) makes EVERY rank throw octet::error
-//     (a watchdog fails the test instead of hanging);
+//     another expected rank count, weights or options.returned of the wrong shape) makes EVERY rank
+//     throw octet::error (a watchdog fails the test instead of hanging);
 //   * with a lent counting allocator: zero global allocations around the whole multi-rank plan,
-//     dispatch and both combines, one lent block per call, the peak exactly the largest query.
+//     dispatch and four combines (bf16, E4M3, E4M3 into options.returned, f32), one lent block per
+//     call, the peak exactly the largest query.
 #include "support/counting_allocator.hpp"
 
 #include <doctest/doctest.h>
@@ -32,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "octet/comm/in_process.hpp"
@@ -204,7 +209,7 @@ void check_against_one_process(std::uint64_t salt, const std::vector<std::size_t
 }  // namespace
 
 TEST_CASE("moe exchange: dispatch and combine on 1-4 ranks give the one-process layer bit for bit") {
-    for (const moe_combine_wire wire : {moe_combine_wire::bf16, moe_combine_wire::e4m3_1x128}) {
+    for (const moe_combine_wire wire : {moe_combine_wire::bf16, moe_combine_wire::e4m3_1x128, moe_combine_wire::f32}) {
         check_against_one_process(7101, {41}, {}, wire, 1);
         check_against_one_process(7102, {41, 0}, {6, 7, 8}, wire, 2);
         check_against_one_process(7103, {23, 37, 1}, {6, 7}, wire, 1);
@@ -413,6 +418,97 @@ TEST_CASE("moe exchange: bytes on the wire, FP8 dispatch against bf16 (DeepSeek-
     CHECK(static_cast<double>(fp8) / static_cast<double>(bf16_bytes) == doctest::Approx(7392.0 / 14336.0));
 }
 
+// ---- backward ------------------------------------------------------------------------------------------
+
+TEST_CASE("moe exchange: the backward through the exchanges gives the one-process backward bit for bit") {
+    const std::size_t E = 12, k = 3, d = 160, N = 96;
+    const moe_exchange_case c(7601, E, k, d, N, {26, 0, 41, 12}, {7});
+    const int P = c.P;
+    const std::size_t L = E / static_cast<std::size_t>(P);
+    auto g = octet_test::rng(7602);
+    // the experts' data-gradient weights (d x N each) and dout
+    std::vector<quantized_tensor<octet_test::moe_w_recipe>> bt;
+    std::vector<quantized_cref<octet_test::moe_w_recipe>> bref;
+    for (std::size_t e = 0; e < E; ++e) {
+        const auto bf = octet_test::with_edge_cases(g, d * N, 0.05f);
+        bt.emplace_back(d, N);
+        quantize<octet_test::moe_w_recipe>(on_host(), matrix_ref<const float>(bf.data(), d, N), bt.back().ref());
+    }
+    for (auto& q : bt) bref.push_back(q.cref());
+    const std::vector<float> dout = octet_test::with_edge_cases(g, c.T * N);
+    for (const auto& wires : {std::pair{moe_combine_wire::bf16, moe_combine_wire::f32},
+                              std::pair{moe_combine_wire::e4m3_1x128, moe_combine_wire::bf16}}) {
+        INFO("forward wire " << static_cast<int>(wires.first) << ", dX wire " << static_cast<int>(wires.second)
+                             << " seed=" << octet_test::run_seed());
+        moe_exchange_options fwd;
+        fwd.combine_wire = wires.first;
+        auto runs = run_world(c, fwd);
+        std::vector<std::vector<float>> dw(P), dx(P);
+        std::vector<grouped_quantized_tensor<XR>> dye(P);
+        require_no_error(run_ranks(P, [&](int r, in_process_transport& t) {
+            moe_rank_run& run = runs[r];
+            dispatch_plan_ref plan = run.plan.ref();
+            moe_exchange_ref xch = run.xch.ref();
+            const std::size_t Tr = c.tokens[r], rows = plan.rows(), M = xch.rows();
+            std::vector<float> dy(rows * N, -1.0f);
+            dw[r].assign(Tr * k, -2.0f);
+            combine_backward(on_host(), matrix_ref<const float>(dout.data() + c.begin[r] * N, Tr, N),
+                             matrix_ref<const float>(run.returned.data(), rows, N), c.w_of(r), plan,
+                             matrix_ref<float>(dy.data(), rows, N), matrix_ref<float>(dw[r].data(), Tr, k));
+            quantized_tensor<XR> dyq(rows, N);
+            if (rows) quantize<XR>(on_host(), matrix_ref<const float>(dy.data(), rows, N), dyq.ref());
+            dye[r] = octet_test::poisoned_groups(xch.expert_rows, N);
+            moe_dispatch_rows_host(t, dyq.cref(), plan, xch, dye[r].ref());
+            std::vector<float> dxe(M * d, -3.0f);
+            if (M)
+                grouped_scaled_gemm(on_host(), dye[r].cref(),
+                                    span<const quantized_cref<octet_test::moe_w_recipe>>(bref.data() + r * L, L),
+                                    matrix_ref<float>(dxe.data(), M, d));
+            const std::vector<float> ones(Tr * k, 1.0f);
+            dx[r].assign(Tr * d, -4.0f);
+            moe_exchange_options back;
+            back.combine_wire = wires.second;
+            moe_combine_host(t, matrix_ref<const float>(dxe.data(), M, d), matrix_ref<const float>(ones.data(), Tr, k),
+                             plan, xch, matrix_ref<float>(dx[r].data(), Tr, d), back);
+        }));
+        // one process: the same functions over every rank's tokens
+        moe_one_process one(c, matrix_ref<const float>(c.x.data(), c.T, d),
+                            matrix_ref<const std::int32_t>(c.idx.data(), c.T, k),
+                            matrix_ref<const float>(c.w.data(), c.T, k), wires.first);
+        dispatch_plan_ref plan = one.plan.ref();
+        const std::size_t M = plan.rows();
+        const std::vector<float> returned = octet_test::through_wire(one.y, M, N, wires.first);
+        std::vector<float> dy(M * N), dwg(c.T * k), dxr(M * d), dxg(c.T * d);
+        combine_backward(on_host(), matrix_ref<const float>(dout.data(), c.T, N),
+                         matrix_ref<const float>(returned.data(), M, N), matrix_ref<const float>(c.w.data(), c.T, k),
+                         plan, matrix_ref<float>(dy.data(), M, N), matrix_ref<float>(dwg.data(), c.T, k));
+        grouped_quantized_tensor<XR> dyg(grouped_rows(plan.group_sizes, N));
+        grouped_quantize<XR>(on_host(), matrix_ref<const float>(dy.data(), M, N), plan.group_sizes, dyg.ref());
+        grouped_scaled_gemm(on_host(), dyg.cref(), as_cspan(bref), matrix_ref<float>(dxr.data(), M, d));
+        const std::vector<float> dxw = octet_test::through_wire(dxr, M, d, wires.second), ones(c.T * k, 1.0f);
+        combine(on_host(), matrix_ref<const float>(dxw.data(), M, d), matrix_ref<const float>(ones.data(), c.T, k),
+                plan, matrix_ref<float>(dxg.data(), c.T, d));
+        for (int r = 0; r < P; ++r) {
+            CAPTURE(r);
+            // the rows that came back, in the rank's plan order, are the one-process rows of its tokens
+            dispatch_plan_ref lp = runs[r].plan.ref();
+            bool same = true;
+            for (std::size_t e = 0; e < E; ++e) {
+                std::size_t before = 0;  // the rows of expert e from lower ranks
+                for (int q = 0; q < r; ++q) before += runs[q].plan.ref().group_sizes[e];
+                for (std::size_t i = 0; i < lp.group_sizes[e]; ++i)
+                    same = same && std::memcmp(runs[r].returned.data() + (lp.group_offsets[e] + i) * N,
+                                               returned.data() + (plan.group_offsets[e] + before + i) * N,
+                                               N * sizeof(float)) == 0;
+            }
+            CHECK(same);
+            CHECK(same_floats(dw[r], dwg.data() + c.begin[r] * k, c.tokens[r] * k));
+            for (std::size_t e = 0; e < L; ++e) CHECK(same_group(dye[r].cref().group(e), dyg.cref().group(r * L + e)));
+            CHECK(same_floats(dx[r], dxg.data() + c.begin[r] * d, c.tokens[r] * d));
+        }
+    }
+}
+
 // ---- bad input -----------------------------------------------------------------------------------------
 
 namespace {
@@ -517,6 +613,14 @@ TEST_CASE("moe exchange: bad input on one rank stops every rank with octet::erro
         });
         require_every_rank_throws(errors, -1, "", "options.combine_wire differs");
     }
+    SUBCASE("options.returned of the wrong shape on rank 0") {
+        float one = 0.0f;
+        auto errors = run_tampered(c, [&](int r, int stage, moe_rank_run&, moe_exchange_options& o, dispatch_plan_ref&,
+                                          moe_exchange_ref&, std::vector<float>&) {
+            if (r == 0 && stage == 2) o.returned = matrix_ref<float>(&one, 1, 1);
+        });
+        require_every_rank_throws(errors, 0, "options.returned", "rank 0 failed validation");
+    }
     SUBCASE("another expected rank count on rank 3") {
         auto errors = run_tampered(c, [&](int r, int stage, moe_rank_run&, moe_exchange_options& o, dispatch_plan_ref&,
                                           moe_exchange_ref&, std::vector<float>&) {
@@ -557,6 +661,13 @@ TEST_CASE("moe exchange: every temporary from the lent allocator, one block of e
                            moe_dispatch_scratch_bytes(runs[r].xq.cref(), runs[r].plan.ref(), runs[r].xch.ref()));
         most[r] = std::max(most[r], moe_combine_scratch_bytes(y, runs[r].plan.ref(), runs[r].xch.ref(), o));
         o.combine_wire = moe_combine_wire::e4m3_1x128;
+        const std::size_t fp8 = moe_combine_scratch_bytes(y, runs[r].plan.ref(), runs[r].xch.ref(), o);
+        most[r] = std::max(most[r], fp8);
+        // the E4M3 rows dequantized into options.returned: no float rows of scratch
+        const std::size_t rows = runs[r].plan.ref().rows();
+        o.returned = matrix_ref<float>(runs[r].returned.data(), rows, c.N);
+        if (rows) CHECK(moe_combine_scratch_bytes(y, runs[r].plan.ref(), runs[r].xch.ref(), o) <= fp8 - rows * c.N * 4);
+        o.combine_wire = moe_combine_wire::f32;
         most[r] = std::max(most[r], moe_combine_scratch_bytes(y, runs[r].plan.ref(), runs[r].xch.ref(), o));
     }
     long counted = -1;
@@ -574,12 +685,18 @@ TEST_CASE("moe exchange: every temporary from the lent allocator, one block of e
             o.combine_wire = moe_combine_wire::e4m3_1x128;
             moe_combine_host(t, matrix_ref<const float>(run.y.data(), M, c.N), c.w_of(r), run.plan.ref(), run.xch.ref(),
                              matrix_ref<float>(run.out.data(), Tr, c.N), o);
+            o.returned = matrix_ref<float>(run.returned.data(), run.plan.ref().rows(), c.N);
+            moe_combine_host(t, matrix_ref<const float>(run.y.data(), M, c.N), c.w_of(r), run.plan.ref(), run.xch.ref(),
+                             matrix_ref<float>(run.out.data(), Tr, c.N), o);
+            o.combine_wire = moe_combine_wire::f32;
+            moe_combine_host(t, matrix_ref<const float>(run.y.data(), M, c.N), c.w_of(r), run.plan.ref(), run.xch.ref(),
+                             matrix_ref<float>(run.out.data(), Tr, c.N), o);
         },
         &counted));
     CHECK(counted == 0);
     for (int r = 0; r < P; ++r) {
         CAPTURE(r);
-        CHECK(lent[r].allocations == 4);
+        CHECK(lent[r].allocations == 6);
         CHECK(lent[r].balanced());
         CHECK(lent[r].peak == most[r]);
     }

@@ -1,12 +1,12 @@
 // The expert-parallel MoE exchange (octet/nn/moe_exchange.hpp) over MPI, under mpiexec (4 ranks):
 // every rank's plan, dispatch (the received FP8 rows, codes and scales) and combine (its tokens'
-// outputs, bf16 and E4M3 wires, with and without a capacity) over mpi_communicator are bit for bit
-// the same calls on the in-process transport (support/in_process_world.hpp: one thread per rank
-// inside this process), and without a capacity bit for bit the one-process layer over every rank's
-// tokens; each rank prints a hash of what it received and of its outputs (the same line from the
-// in-process run). An expert index out of range on one rank and another expert count on another make
-// every rank throw octet::error, and leave the communicator usable. Every rank generates every
-// rank's inputs from the shared seed.
+// outputs and the rows that came back; bf16, E4M3 and f32 wires; with and without a capacity) over
+// mpi_communicator are bit for bit the same calls on the in-process transport
+// (support/in_process_world.hpp: one thread per rank inside this process), and without a capacity
+// bit for bit the one-process layer over every rank's tokens; each rank prints a hash of what it
+// received and of its outputs (the same line from the in-process run). An expert index out of range
+// on one rank and another expert count on another make every rank throw octet::error, and leave the
+// communicator usable. Every rank generates every rank's inputs from the shared seed.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -81,6 +81,9 @@ void check_against_in_process(mpi_communicator& comm, moe_combine_wire wire, con
     CHECK(std::memcmp(got.xe.cref().scales, sim[me].xe.cref().scales, l.scale_bytes) == 0);
     CHECK(got.out.size() == sim[me].out.size());
     CHECK((got.out.empty() || std::memcmp(got.out.data(), sim[me].out.data(), got.out.size() * sizeof(float)) == 0));
+    CHECK(got.returned.size() == sim[me].returned.size());
+    CHECK((got.returned.empty() ||
+           std::memcmp(got.returned.data(), sim[me].returned.data(), got.returned.size() * sizeof(float)) == 0));
     CHECK(got.dispatch_report.bytes_sent == sim[me].dispatch_report.bytes_sent);
     CHECK(got.combine_report.bytes_received == sim[me].combine_report.bytes_received);
     std::printf(
@@ -105,7 +108,7 @@ TEST_CASE("MPI moe exchange: bit for bit the in-process transport and the one-pr
     mpi_communicator comm;
     dispatch_options capped;
     capped.capacity = 4;
-    for (const moe_combine_wire wire : {moe_combine_wire::bf16, moe_combine_wire::e4m3_1x128}) {
+    for (const moe_combine_wire wire : {moe_combine_wire::bf16, moe_combine_wire::e4m3_1x128, moe_combine_wire::f32}) {
         CAPTURE(static_cast<int>(wire));
         check_against_in_process(comm, wire, {}, 9501);
         check_against_in_process(comm, wire, capped, 9502);

@@ -81,6 +81,7 @@ struct moe_rank_run {
     octet::moe_exchange xch;
     octet::grouped_quantized_tensor<moe_x_recipe> xe;  ///< the rows this rank's experts received
     std::vector<float> y, out;                         ///< its experts' outputs; its tokens' combine
+    std::vector<float> returned;                       ///< the rows as they came back (options.returned)
     octet::moe_exchange_report plan_report, dispatch_report, combine_report;
 };
 
@@ -95,7 +96,7 @@ inline octet::grouped_quantized_tensor<moe_x_recipe> poisoned_groups(octet::span
 }
 
 /// Rank comm.rank()'s run: quantize its rows once, plan and exchange the counts, dispatch, its
-/// experts' grouped GEMM, combine (outputs poisoned first).
+/// experts' grouped GEMM, combine, keeping the rows that came back (outputs poisoned first).
 template <class Transport>
 void run_moe_rank(Transport& comm, const moe_exchange_case& c, moe_rank_run& run,
                   const octet::moe_exchange_options& opt, const octet::dispatch_options& dopt = {}) {
@@ -114,16 +115,21 @@ void run_moe_rank(Transport& comm, const moe_exchange_case& c, moe_rank_run& run
     if (M)
         grouped_scaled_gemm(opt.executor, run.xe.cref(), c.experts(r * L, L), matrix_ref<float>(run.y.data(), M, c.N));
     run.out.assign(Tr * c.N, -9.0f);
+    const std::size_t rows = run.plan.ref().rows();
+    run.returned.assign(rows * c.N, -11.0f);
+    moe_exchange_options keep = opt;
+    keep.returned = matrix_ref<float>(run.returned.data(), rows, c.N);
     run.combine_report =
         moe_combine_host(comm, matrix_ref<const float>(run.y.data(), M, c.N), c.w_of(r), run.plan.ref(), run.xch.ref(),
-                         matrix_ref<float>(run.out.data(), Tr, c.N), opt);
+                         matrix_ref<float>(run.out.data(), Tr, c.N), keep);
 }
 
-/// y's rows as the combine's wire leaves them, in float: rounded to bf16, or quantized to 1x128 E4M3
-/// and dequantized.
+/// y's rows as the combine's wire leaves them, in float: rounded to bf16, quantized to 1x128 E4M3
+/// and dequantized, or as they are (f32).
 inline std::vector<float> through_wire(const std::vector<float>& y, std::size_t rows, std::size_t cols,
                                        octet::moe_combine_wire wire) {
     using namespace octet;
+    if (wire == moe_combine_wire::f32) return y;
     std::vector<float> v(y.size());
     if (wire == moe_combine_wire::bf16) {
         for (std::size_t i = 0; i < y.size(); ++i) v[i] = to_float(to_bf16(y[i]));

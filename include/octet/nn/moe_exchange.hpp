@@ -36,11 +36,12 @@
 // moe_combine_host: the reverse. The owner's expert outputs y (expert_rows' rows in the received
 // order, float or bf16) go back to each row's source rank, rounded to bf16 (round to nearest even,
 // the default) or quantized to E4M3 with a float scale per 1 x 128 block (recipes::blockwise_1x128,
-// moe_combine_wire::e4m3_1x128: about half the bytes, one more rounding of relative size 2^-4); each
-// rank then forms out_t = sum_j w_tj y[row of (t, j)] with octet::combine, in slot order in float.
-// So out is bit for bit combine(ex, Y', weights, plan, out) on this rank alone, Y' the expert outputs
-// of its rows in plan order rounded to bf16 (or quantized to 1x128 E4M3 and dequantized to float),
-// however the ranks are run: the same bits in-process and over MPI.
+// moe_combine_wire::e4m3_1x128: about half the bytes, one more rounding of relative size 2^-4), or
+// sent as float (moe_combine_wire::f32, twice bf16's bytes); each rank then forms out_t = sum_j w_tj
+// y[row of (t, j)] with octet::combine, in slot order in float. So out is bit for bit combine(ex, Y',
+// weights, plan, out) on this rank alone, Y' the expert outputs of its rows in plan order rounded to
+// bf16 (or quantized to 1x128 E4M3 and dequantized to float, or as they were), however the ranks are
+// run: the same bits in-process and over MPI.
 //
 // Agreement and errors. Each entry first validates its arguments on every rank (shapes, the plan's
 // counts that must sum to its rows, expert indices in range, the record's world, rank and expert
@@ -60,8 +61,17 @@
 // transport's own buffers are the transport's. Each call reports the rows and bytes it sent to and
 // received from other ranks (a rank's rows for its own experts are copied, not counted).
 //
-// Not here (yet): the backward's exchanges (they are this dispatch and combine run the other way
-// round, on dY and on dX), NCCL on a stream, torch.distributed.
+// Backward: the same exchanges the other way round. With options.returned set in the forward's
+// combine (the rows as they came back, float), each rank forms dY and dweights locally, sends dY's
+// quantized rows to the experts' owners, and gets dX's rows back summed per token:
+//
+//   octet::combine_backward(ex, dout, returned, weights, plan.ref(), dy, dweights);  // dweights -> route_backward
+//   octet::quantize<GR>(ex, dy, dyq.ref());                     // plan.rows() x d, a row-local gradient recipe
+//   octet::moe_dispatch_rows_host(comm, dyq.cref(), plan.ref(), xch.ref(), dye.ref());   // dY_e at the owner
+//   // ... the experts' backward: dX_e rows in the received order ...
+//   octet::moe_combine_host(comm, dx_e, ones, plan.ref(), xch.ref(), dx);   // weights of 1: dX_t = sum of t's rows
+//
+// Not here (yet): NCCL on a stream, torch.distributed.
 //
 // This header holds the types, the options and the entries; their implementation is in
 // octet/nn/detail/moe_exchange.hpp, which it includes at its end.
@@ -84,6 +94,7 @@ namespace octet {
 enum class moe_combine_wire {
     bf16,        ///< bf16 rows, round to nearest even (DeepSeek-V3's combine): 2 d bytes a row
     e4m3_1x128,  ///< E4M3 codes with a float scale per 1 x 128 block (recipes::blockwise_1x128)
+    f32,         ///< float rows, not rounded: 4 d bytes a row (a backward's dX that must stay exact)
 };
 
 struct moe_exchange_options {
@@ -93,6 +104,10 @@ struct moe_exchange_options {
     host_executor executor = on_host();
     /// moe_combine_host's wire format (every rank must pass the same).
     moe_combine_wire combine_wire = moe_combine_wire::bf16;
+    /// moe_combine_host: where to keep the rows as they came back (plan.rows() x d, float, in plan
+    /// order: the bf16 values, or the E4M3 rows dequantized), which the backward's combine_backward
+    /// reads for dweights; {} keeps none.
+    matrix_ref<float> returned{};
 };
 
 /// Where a row an owner received came from: the index-th row of `expert`'s group in rank `rank`'s
@@ -184,12 +199,22 @@ moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byt
                                       const moe_exchange_ref& xch, grouped_quantized_ref<Recipe> out,
                                       const moe_exchange_options& opt = {});
 
+/// The backward's dispatch: rows (plan.rows() x d, one quantized row per row of the plan, in plan
+/// order: dY = combine_backward's dy quantized with the layer's gradient recipe) go to their experts'
+/// owners as moe_dispatch_host sends X's rows (the same layout, order and checks);
+/// moe_dispatch_scratch_bytes(rows, plan, xch) gives its scratch. Collective.
+template <class Recipe, class Transport, class Byte>
+moe_exchange_report moe_dispatch_rows_host(Transport& comm, quantized_ref<Recipe, Byte> rows,
+                                           const dispatch_plan_ref& plan, const moe_exchange_ref& xch,
+                                           grouped_quantized_ref<Recipe> out, const moe_exchange_options& opt = {});
+
 // ---- combine ---------------------------------------------------------------------------------------
 
 /// Bytes of host scratch moe_combine_host(comm, y, weights, plan, xch, out, opt) takes (one block) on
 /// opt.executor under opt.combine_wire: the gathered descriptors and counts, the per-rank arrays, the
 /// rows sent (xch.rows()) and received (plan.rows()); for e4m3_1x128 also y's quantized copy and the
-/// quantizer's scratch, and the received rows' copy and their dequantized floats.
+/// quantizer's scratch, and the received rows' copy and their dequantized floats (those go to
+/// options.returned instead when it is given).
 template <class Y>
 std::size_t moe_combine_scratch_bytes(matrix_ref<Y> y, const dispatch_plan_ref& plan, const moe_exchange_ref& xch,
                                       const moe_exchange_options& opt = {});

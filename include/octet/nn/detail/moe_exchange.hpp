@@ -48,12 +48,14 @@ std::size_t moe_dispatch_row_bytes(std::size_t d) {
 }
 
 inline std::size_t moe_combine_row_bytes(std::size_t d, moe_combine_wire wire) {
-    return wire == moe_combine_wire::bf16 ? d * sizeof(bf16) : moe_dispatch_row_bytes<recipes::blockwise_1x128>(d);
+    return wire == moe_combine_wire::bf16  ? d * sizeof(bf16)
+           : wire == moe_combine_wire::f32 ? d * sizeof(float)
+                                           : moe_dispatch_row_bytes<recipes::blockwise_1x128>(d);
 }
 
 namespace detail {
 
-enum class moe_exchange_op : std::uint32_t { plan = 1, dispatch = 2, combine = 3 };
+enum class moe_exchange_op : std::uint32_t { plan = 1, dispatch = 2, combine = 3, dispatch_rows = 4 };
 
 /// What every rank contributes to an exchange's agreement (64 bytes, compared byte for byte).
 struct moe_exchange_descriptor {
@@ -71,7 +73,11 @@ struct moe_exchange_descriptor {
 static_assert(sizeof(moe_exchange_descriptor) == 64, "moe_exchange_descriptor must be 64 bytes");
 
 inline const char* moe_op_name(std::uint32_t op) {
-    return op == 1 ? "moe_dispatch_plan_host" : op == 2 ? "moe_dispatch_host" : op == 3 ? "moe_combine_host" : "?";
+    return op == 1   ? "moe_dispatch_plan_host"
+           : op == 2 ? "moe_dispatch_host"
+           : op == 3 ? "moe_combine_host"
+           : op == 4 ? "moe_dispatch_rows_host"
+                     : "?";
 }
 
 inline std::string describe_mismatch(const moe_exchange_descriptor& a, const moe_exchange_descriptor& b, int ra,
@@ -116,6 +122,7 @@ struct moe_exchange_sizes {
     std::size_t world = 0, experts = 0, local = 0, count_words = 0;  ///< count_words: per rank, E or 2 E
     std::size_t send_bytes = 0, recv_bytes = 0;
     std::size_t y_rows = 0, r_rows = 0, cols = 0;  ///< the FP8 combine's copies (0 rows: none)
+    std::size_t float_rows = 0;                    ///< the FP8 combine's dequantized rows (0: into options.returned)
 };
 
 /// Describes an exchange's scratch (arguments validated); quantize_bytes is the quantizer's (FP8 combine).
@@ -133,14 +140,14 @@ inline moe_exchange_scratch carve_moe_exchange(scratch_carver& c, const moe_exch
     s.block_row = c.take<std::size_t>(z.world * z.local);
     s.send = c.take<std::uint8_t>(z.send_bytes);
     s.recv = c.take<std::uint8_t>(z.recv_bytes);
-    if (z.y_rows + z.r_rows > 0 && z.cols > 0) {
+    if (z.y_rows + z.r_rows + z.float_rows > 0 && z.cols > 0) {
         using Q = quant_layout_of<recipes::blockwise_1x128>;
         const quant_layout ly = Q::make(z.y_rows, z.cols, false), lr = Q::make(z.r_rows, z.cols, false);
         s.y_codes = c.take<std::uint8_t>(ly.data_bytes);
         s.y_scales = c.take<std::uint8_t>(ly.scale_bytes);
         s.r_codes = c.take<std::uint8_t>(lr.data_bytes);
         s.r_scales = c.take<std::uint8_t>(lr.scale_bytes);
-        s.r_float = c.take<float>(z.r_rows * z.cols);
+        s.r_float = c.take<float>(z.float_rows * z.cols);
     }
     s.quantize_bytes = quantize_bytes;
     s.quantize = c.take<unsigned char>(quantize_bytes);
@@ -300,7 +307,7 @@ moe_exchange_sizes moe_dispatch_sizes(const quantized_ref<Recipe, Byte>& x, cons
 
 template <class Y>
 moe_exchange_sizes moe_combine_sizes(const matrix_ref<Y>& y, const dispatch_plan_ref& plan, const moe_exchange_ref& xch,
-                                     moe_combine_wire wire) {
+                                     moe_combine_wire wire, bool into_returned) {
     moe_exchange_sizes z;
     z.world = static_cast<std::size_t>(xch.world);
     z.experts = xch.experts;
@@ -312,6 +319,7 @@ moe_exchange_sizes moe_combine_sizes(const matrix_ref<Y>& y, const dispatch_plan
     if (wire == moe_combine_wire::e4m3_1x128) {
         z.y_rows = xch.rows();
         z.r_rows = plan.rows();
+        z.float_rows = into_returned ? 0 : plan.rows();
         z.cols = y.cols;
     }
     return z;
@@ -419,12 +427,15 @@ std::size_t moe_dispatch_scratch_bytes(quantized_ref<Recipe, Byte> x, const disp
     return c.bytes();
 }
 
+namespace detail {
+
+/// moe_dispatch_host (by_token: row r of the plan sends x's row token_of_row(r)) and
+/// moe_dispatch_rows_host (x's row r itself).
 template <class Recipe, class Transport, class Byte>
-moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byte> x, const dispatch_plan_ref& plan,
+moe_exchange_report moe_dispatch_impl(Transport& comm, quantized_ref<Recipe, Byte> x, const dispatch_plan_ref& plan,
                                       const moe_exchange_ref& xch, grouped_quantized_ref<Recipe> out,
-                                      const moe_exchange_options& opt) {
+                                      const moe_exchange_options& opt, bool by_token, const char* fn) {
     detail::check_moe_exchange_recipe<Recipe>();
-    constexpr const char* fn = "octet::moe_dispatch_host";
     using clock = std::chrono::steady_clock;
     using Q = quant_layout_of<Recipe>;
     constexpr std::size_t SB = Recipe::scale_bytes;
@@ -445,8 +456,13 @@ moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byt
         ao.expected_ranks = opt.expected_ranks;
         detail::check_expected_ranks(ao, P, fn);
         detail::check_moe_exchange(fn, P, me, plan, xch, true);
-        OCTET_REQUIRE(x.rows() == plan.tokens, fn, "x",
-                      detail::message("has ", x.rows(), " rows; the plan routes ", plan.tokens, " tokens"));
+        if (by_token)
+            OCTET_REQUIRE(x.rows() == plan.tokens, fn, "x",
+                          detail::message("has ", x.rows(), " rows; the plan routes ", plan.tokens, " tokens"));
+        else
+            OCTET_REQUIRE(x.rows() == plan.rows(), fn, "rows",
+                          detail::message("has ", x.rows(), " rows; it must have one per row of the plan (",
+                                          plan.rows(), "), in plan order"));
         OCTET_REQUIRE(plan.rows() == 0 || d == 0 || (!x.absent() && x.data != nullptr && x.scales != nullptr), fn, "x",
                       "is absent or has a null data or scales pointer; pass X's quantized copy (quantize<Recipe>)");
         OCTET_REQUIRE(x.layout.scale_cols == block_count(Recipe::granularity::cols, d) &&
@@ -478,7 +494,8 @@ moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byt
         },
         block, s, local_failure, local_message);
     detail::moe_exchange_descriptor desc;
-    desc.op = static_cast<std::uint32_t>(detail::moe_exchange_op::dispatch);
+    desc.op = static_cast<std::uint32_t>(by_token ? detail::moe_exchange_op::dispatch
+                                                  : detail::moe_exchange_op::dispatch_rows);
     desc.world = P;
     desc.expected = opt.expected_ranks;
     desc.experts = xch.experts;
@@ -508,7 +525,7 @@ moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byt
     if (d > 0)
         parallel_for(opt.executor, plan.rows(), 64, [&](std::size_t r0, std::size_t r1) {
             for (std::size_t r = r0; r < r1; ++r) {
-                const std::size_t t = plan.token_of_row(r);
+                const std::size_t t = by_token ? plan.token_of_row(r) : r;
                 std::uint8_t* dst = s.send + r * row;
                 std::memcpy(dst, x.data + t * x.layout.row_bytes, code_bytes);
                 for (std::size_t bj = 0; bj < scale_cols; ++bj)
@@ -551,13 +568,29 @@ moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byt
     return rep;
 }
 
+}  // namespace detail
+
+template <class Recipe, class Transport, class Byte>
+moe_exchange_report moe_dispatch_host(Transport& comm, quantized_ref<Recipe, Byte> x, const dispatch_plan_ref& plan,
+                                      const moe_exchange_ref& xch, grouped_quantized_ref<Recipe> out,
+                                      const moe_exchange_options& opt) {
+    return detail::moe_dispatch_impl(comm, x, plan, xch, out, opt, true, "octet::moe_dispatch_host");
+}
+
+template <class Recipe, class Transport, class Byte>
+moe_exchange_report moe_dispatch_rows_host(Transport& comm, quantized_ref<Recipe, Byte> rows,
+                                           const dispatch_plan_ref& plan, const moe_exchange_ref& xch,
+                                           grouped_quantized_ref<Recipe> out, const moe_exchange_options& opt) {
+    return detail::moe_dispatch_impl(comm, rows, plan, xch, out, opt, false, "octet::moe_dispatch_rows_host");
+}
+
 // ---- combine ---------------------------------------------------------------------------------------
 
 template <class Y>
 std::size_t moe_combine_scratch_bytes(matrix_ref<Y> y, const dispatch_plan_ref& plan, const moe_exchange_ref& xch,
                                       const moe_exchange_options& opt) {
     detail::scratch_carver c;
-    detail::carve_moe_exchange(c, detail::moe_combine_sizes(y, plan, xch, opt.combine_wire),
+    detail::carve_moe_exchange(c, detail::moe_combine_sizes(y, plan, xch, opt.combine_wire, !opt.returned.empty()),
                                detail::moe_combine_quantize_bytes(opt.executor, y, opt.combine_wire));
     return c.bytes();
 }
@@ -575,6 +608,7 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
     const int P = comm.size(), me = comm.rank();
     const std::size_t world = static_cast<std::size_t>(P);
     const bool fp8 = opt.combine_wire == moe_combine_wire::e4m3_1x128;
+    const bool f32 = opt.combine_wire == moe_combine_wire::f32;
     moe_exchange_report rep;
     rep.world = P;
     auto t0 = clock::now();
@@ -588,8 +622,9 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
         allreduce_options ao;
         ao.expected_ranks = opt.expected_ranks;
         detail::check_expected_ranks(ao, P, fn);
-        OCTET_REQUIRE(opt.combine_wire == moe_combine_wire::bf16 || opt.combine_wire == moe_combine_wire::e4m3_1x128,
-                      fn, "options.combine_wire", "is not a moe_combine_wire; pass bf16 or e4m3_1x128");
+        OCTET_REQUIRE(opt.combine_wire == moe_combine_wire::bf16 || opt.combine_wire == moe_combine_wire::e4m3_1x128 ||
+                          opt.combine_wire == moe_combine_wire::f32,
+                      fn, "options.combine_wire", "is not a moe_combine_wire; pass bf16, e4m3_1x128 or f32");
         detail::check_moe_exchange(fn, P, me, plan, xch, true);
         OCTET_REQUIRE(y.rows == xch.rows() && y.cols == d, fn, "y",
                       detail::message("is ", y.rows, " x ", y.cols, "; it must be xch.rows() x d = ", xch.rows(), " x ",
@@ -601,6 +636,11 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
                       detail::message("is ", weights.rows, " x ", weights.cols,
                                       "; it must be tokens x k = ", plan.tokens, " x ", plan.k, " (route's weights)"));
         detail::check_exchange_bytes(fn, "y", xch.rows(), plan.rows(), moe_combine_row_bytes(d, opt.combine_wire));
+        OCTET_REQUIRE(opt.returned.empty() ||
+                          (opt.returned.rows == plan.rows() && opt.returned.cols == d && opt.returned.data != nullptr),
+                      fn, "options.returned",
+                      detail::message("is ", opt.returned.rows, " x ", opt.returned.cols,
+                                      "; it must be plan.rows() x d = ", plan.rows(), " x ", d, ", or {}"));
     } catch (const error& e) {
         local_failure = 1;
         local_message = detail::text_of(e);
@@ -608,8 +648,9 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
     detail::take_scratch(
         opt.executor, fn,
         [&](detail::scratch_carver& c) {
-            return detail::carve_moe_exchange(c, detail::moe_combine_sizes(y, plan, xch, opt.combine_wire),
-                                              detail::moe_combine_quantize_bytes(opt.executor, y, opt.combine_wire));
+            return detail::carve_moe_exchange(
+                c, detail::moe_combine_sizes(y, plan, xch, opt.combine_wire, !opt.returned.empty()),
+                detail::moe_combine_quantize_bytes(opt.executor, y, opt.combine_wire));
         },
         block, s, local_failure, local_message);
     detail::moe_exchange_descriptor desc;
@@ -654,6 +695,11 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
                     for (std::size_t bj = 0; bj < scale_cols; ++bj)
                         std::memcpy(dst + d + bj * R::scale_bytes, s.y_scales + (bj * ly.scale_ld + i) * R::scale_bytes,
                                     R::scale_bytes);
+                } else if (f32) {
+                    for (std::size_t c = 0; c < d; ++c) {
+                        const float v = detail::load_float(y(i, c));
+                        std::memcpy(dst + c * sizeof(float), &v, sizeof v);
+                    }
                 } else {
                     for (std::size_t c = 0; c < d; ++c) {
                         const bf16 v = detail::store_float<bf16>(detail::load_float(y(i, c)));
@@ -670,8 +716,8 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
     rep.exchange_s = detail::seconds_since(t0);
     detail::moe_report_rows(rep, s, P, me, row, d);
 
-    // 3. The weighted sum: octet::combine over the returned rows (plan order), bf16 as they came, or the
-    // E4M3 rows dequantized to float.
+    // 3. The weighted sum: octet::combine over the returned rows (plan order), bf16 or float as they
+    // came, or the E4M3 rows dequantized to float.
     t0 = clock::now();
     const std::size_t rows = plan.rows();
     if (fp8 && rows > 0 && d > 0) {
@@ -685,12 +731,25 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
                                 R::scale_bytes);
             }
         });
-        dequantize(opt.executor, quantized_cref<R>(s.r_codes, s.r_scales, lr, nullptr),
-                   matrix_ref<float>(s.r_float, rows, d));
-        combine(opt.executor, matrix_ref<const float>(s.r_float, rows, d), weights, plan, out);
+        const matrix_ref<float> yf = opt.returned.empty() ? matrix_ref<float>(s.r_float, rows, d) : opt.returned;
+        dequantize(opt.executor, quantized_cref<R>(s.r_codes, s.r_scales, lr, nullptr), yf);
+        combine(opt.executor, matrix_ref<const float>(yf), weights, plan, out);
+    } else if (f32) {
+        const matrix_ref<const float> yr(reinterpret_cast<const float*>(s.recv), rows, d);
+        combine(opt.executor, yr, weights, plan, out);
+        if (!opt.returned.empty())
+            parallel_for(opt.executor, rows, 64, [&](std::size_t r0, std::size_t r1) {
+                for (std::size_t r = r0; r < r1; ++r)
+                    for (std::size_t c = 0; c < d; ++c) opt.returned(r, c) = yr(r, c);
+            });
     } else {
-        combine(opt.executor, matrix_ref<const bf16>(reinterpret_cast<const bf16*>(s.recv), rows, d), weights, plan,
-                out);
+        const matrix_ref<const bf16> yb(reinterpret_cast<const bf16*>(s.recv), rows, d);
+        combine(opt.executor, yb, weights, plan, out);
+        if (!opt.returned.empty())
+            parallel_for(opt.executor, rows, 64, [&](std::size_t r0, std::size_t r1) {
+                for (std::size_t r = r0; r < r1; ++r)
+                    for (std::size_t c = 0; c < d; ++c) opt.returned(r, c) = to_float(yb(r, c));
+            });
     }
     rep.unpack_s = detail::seconds_since(t0);
     return rep;
