@@ -17,8 +17,8 @@
 // contiguous, so the rows a rank sends to owner q are the plan's rows [group_offsets[q L],
 // group_offsets[(q + 1) L]), in plan order, and the rows that come back from q land in the same place.
 //
-// moe_dispatch_plan_host: plan_dispatch on this rank's indices, then one all-gather of each rank's
-// descriptor and per-expert row counts, from which each rank fills its exchange record
+// moe_dispatch_plan_host: plan_dispatch on this rank's indices, then an all-gather of each rank's
+// descriptor and one of its per-expert row counts, from which each rank fills its exchange record
 // (moe_exchange_ref): recv_counts[q L + e] rows of its local expert e come from rank q, and
 // expert_rows[e] = their sum (grouped_rows' sizes for the received copy).
 //
@@ -105,8 +105,8 @@ struct moe_exchange_options {
     /// moe_combine_host's wire format (every rank must pass the same).
     moe_combine_wire combine_wire = moe_combine_wire::bf16;
     /// moe_combine_host: where to keep the rows as they came back (plan.rows() x d, float, in plan
-    /// order: the bf16 values, or the E4M3 rows dequantized), which the backward's combine_backward
-    /// reads for dweights; {} keeps none.
+    /// order: the bf16 values, the E4M3 rows dequantized, or the float rows), which combine_backward
+    /// reads for the backward's dweights; {} keeps none.
     matrix_ref<float> returned{};
 };
 
@@ -119,7 +119,7 @@ struct moe_row_source {
 };
 
 /// One rank's exchange record, in caller buffers (moe_exchange owns them): filled by
-/// moe_dispatch_plan_host, read by moe_dispatch_host and moe_combine_host.
+/// moe_dispatch_plan_host, read by moe_dispatch_host, moe_dispatch_rows_host and moe_combine_host.
 struct moe_exchange_ref {
     int world = 0;                  ///< P
     int rank = 0;                   ///< this rank
@@ -159,9 +159,9 @@ private:
 struct moe_exchange_report {
     int world = 0;
     std::size_t rows_sent = 0, rows_received = 0;
-    std::size_t bytes_sent = 0, bytes_received = 0;  ///< the payload (codes and scales, or bf16 rows)
+    std::size_t bytes_sent = 0, bytes_received = 0;  ///< the payload (codes and scales, or bf16 or float rows)
     std::size_t bf16_bytes_sent = 0;                 ///< what sending the same rows as bf16 would send (2 d a row)
-    std::size_t agreement_bytes = 0;  ///< this rank's part of the agreement all-gather (descriptor and counts)
+    std::size_t agreement_bytes = 0;  ///< this rank's part of the agreement's all-gathers (descriptor, counts)
     dispatch_result dispatch{};       ///< moe_dispatch_plan_host: this rank's kept and dropped assignments
     double agree_s = 0, pack_s = 0, exchange_s = 0, unpack_s = 0;
     double total_s() const { return agree_s + pack_s + exchange_s + unpack_s; }
