@@ -1,4 +1,4 @@
-// The expert-parallel MoE exchange (octet/nn/moe_exchange.hpp) over MPI, under mpiexec (4 ranks):
+// The expert-parallel MoE exchange (octet/nn/moe_exchange.hpp) over MPI, under mpiexec (4 ranks; 3 too):
 // every rank's plan, dispatch (the received FP8 rows, codes and scales) and combine (its tokens'
 // outputs and the rows that came back; bf16, E4M3 and f32 wires; with and without a capacity) over
 // mpi_communicator are bit for bit the same calls on the in-process transport
