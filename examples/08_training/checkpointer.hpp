@@ -59,11 +59,10 @@ public:
         step_ = step;
     }
 
-    /// Reads the last checkpoint back: the optimizer, the compute copy of its weights (`params`) and
+    /// Reads the last checkpoint back: the optimizer (its master weights, which compute reads) and
     /// the residuals. Returns the step it was written after.
-    std::int64_t load(octet::span<float> params) {
+    std::int64_t load() {
         opt_.load(path_);
-        opt_.weights(params);
         if (exchange_.uses_codec()) {
             std::FILE* f = std::fopen(feedback_path_.c_str(), "rb");
             OCTET_REQUIRE(f != nullptr, "example_08_training", "checkpoint", "has no residual file " + feedback_path_);

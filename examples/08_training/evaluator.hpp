@@ -28,7 +28,7 @@ public:
     }
 
     /// The mean loss per character (nats) of `model` with `params` over the windows.
-    double operator()(transformer& model, octet::span<const float> params) const {
+    double operator()(transformer& model, const weights_ref& params) const {
         double sum = 0;
         int seen = 0;
         for (int b = 0; b < sequences_; b += batch_) {

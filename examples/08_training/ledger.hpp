@@ -64,10 +64,7 @@ inline octet::memory_ledger predicted_ledger(const ledger_shape& s, gradient_exc
     lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, s.threads, lend) -
                          (L - 1) * transformer::step_buffer_bytes(mc, rc, per_rank, s.threads, lend) + tokens_bytes +
                          residual_bytes;
-    octet::memory_ledger predicted = octet::optimizer_memory_ledger(lc);
-    predicted.set(octet::memory_category::weights,
-                  predicted.bytes(octet::memory_category::weights) + 4.0 * n);  // the float copy
-    return predicted;
+    return octet::optimizer_memory_ledger(lc);  // weights: the masters alone (compute reads them in place)
 }
 
 }  // namespace train

@@ -18,7 +18,8 @@ class optimizer {
 public:
     virtual ~optimizer() = default;
     virtual octet::adamw_report step(octet::host_executor ex, octet::span<const float> g, float lr) = 0;
-    virtual void weights(octet::span<float> out) const = 0;  // master weights as float, for compute
+    virtual void weights(octet::span<float> out) const = 0;  // master weights as float (a copy)
+    virtual weights_ref view() const = 0;                    // the master weights compute reads in place
     virtual void save(const std::string& path) = 0;
     virtual void load(const std::string& path) = 0;
     virtual double weight_bytes() const = 0;  // master weights (and compensation)
@@ -37,6 +38,12 @@ public:
     void weights(octet::span<float> out) const override {
         const auto& s = opt_.state;
         for (std::size_t i = 0; i < out.size(); ++i) out[i] = Master::load(s.params[i], comp(i));
+    }
+    weights_ref view() const override {
+        const auto& p = opt_.state.params;
+        static_assert(std::is_same_v<typename Master::comp_type, octet::no_compensation>,
+                      "compute reads the master weights in place: a master with compensation needs a copy");
+        return octet::span<const typename Master::weight_type>(p.data(), p.size());
     }
     void save(const std::string& path) override { opt_.save(path); }
     void load(const std::string& path) override { opt_.load(path); }

@@ -289,9 +289,10 @@ inline double mean_of(const std::vector<const run_result*>& rs, double (*f)(cons
 
 /// The "## Memory" section: each recipe's measured peak by category (its first run: memory does not
 /// depend on the seed), the ratio of its peak to float32's and to bf16 mixed precision's (bf16_mixed)
-/// at the same size (n/a where the sweep has no such run), the training state's
-/// bytes per parameter (weights with masters and compute copies, gradients, optimizer state: the
-/// peaks of those categories over the parameters), and the ledger's largest miss in any category.
+/// at the same size (n/a where the sweep has no such run), the training state one rank holds per
+/// parameter (weights, optimizer state and one rank's gradients with its residuals: the in-process
+/// ranks share the weights and optimizer, each has its own gradient, as each process of an mpirun
+/// holds all three), and the ledger's largest miss in any category.
 inline std::string memory_section(const sweep_result& s) {
     const auto gs = groups_of(s);
     const auto cats = categories_of(s);
@@ -302,11 +303,11 @@ inline std::string memory_section(const sweep_result& s) {
     std::ostringstream o;
     o << "\n## Memory\n\nPeak bytes by category as the meter counted them (every buffer of the run, octet's "
          "scratch included), the peak against float32's and bf16 mixed precision's at the same size, the "
-         "training state (weights, "
-         "gradients, optimizer state) per parameter, and the ledger's largest miss in any category "
-         "(|measured - predicted| / predicted).\n\n| recipe | size |";
+         "training state one rank holds per parameter (weights, optimizer state, and its gradients with "
+         "their residuals: the in-process ranks share weights and optimizer), and the ledger's largest "
+         "miss in any category (|measured - predicted| / predicted).\n\n| recipe | size |";
     for (const auto& c : cats) o << " " << cell(c) << " |";
-    o << " peak | x fp32 | x bf16_mixed | state bytes/param | ledger miss |\n|---|---|";
+    o << " peak | x fp32 | x bf16_mixed | state bytes/param/rank | ledger miss |\n|---|---|";
     for (std::size_t i = 0; i < cats.size() + 5; ++i) o << "---|";
     o << "\n";
     std::vector<std::string> done;
@@ -330,7 +331,8 @@ inline std::string memory_section(const sweep_result& s) {
             const double m = at(r.peak_bytes_by_category, c), l = at(r.ledger_bytes, c);
             if (l > 0) miss = std::max(miss, std::fabs(m - l) / l);
         }
-        const double state = at(r.peak_bytes_by_category, "weights") + at(r.peak_bytes_by_category, "gradients") +
+        const double state = at(r.peak_bytes_by_category, "weights") +
+                             at(r.peak_bytes_by_category, "gradients") / std::max(1, r.local_ranks) +
                              at(r.peak_bytes_by_category, "optimizer_state");
         o << "| " << cell(g.label()) << " | " << cell(r.size) << " |";
         for (const auto& c : cats) o << " " << bytes_str(at(r.peak_bytes_by_category, c)) << " |";

@@ -32,6 +32,7 @@ struct recovery_event {
 struct run_result {
     std::string recipe, size;
     int seed = 0, steps = 0, ranks = 1;
+    int local_ranks = 1;  ///< of them in this process (each with its own gradient; one set of weights)
     double parameters = 0;
     bool recovery = true;
     std::vector<double> train_loss;               ///< per step, nats per character

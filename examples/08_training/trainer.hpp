@@ -1,6 +1,6 @@
 // examples/08_training/trainer.hpp: one training run (a recipe, a seed, a size, a length), in named
 // parts:
-//   setup        the optimizer (owns the master weights; compute reads a float copy), this process's
+//   setup        the optimizer (owns the master weights, which compute reads in place), this process's
 //                ranks (a model replica, a gradient and a token batch each), the gradient exchange,
 //                the evaluator, the monitors, the checkpointer and the recovery policy, every buffer
 //                booked in the run's memory meter;
@@ -140,16 +140,14 @@ public:
           per_rank_(o.batch / o.ranks),
           n_(transformer::parameter_count(o.size)),
           opt_(make_optimizer_booked()),
-          params_(make_metered<float>(meter_, octet::memory_category::weights, n_)),
           exchange_(meter_, o.recipe, n_, P_, local_ranks::count_of(o), local_ranks::first_of(o), o.procs),
           ranks_(meter_, o, n_, per_rank_, exchange_.lend_parts()),
           evaluate_(meter_, data, o.size, o.eval_sequences, per_rank_),
           restore_(meter_, exchange_),
           checkpoints_(o.scratch, o.procs, o.steps, *opt_, exchange_),
           policy_(recovery_ladder(), recovery_wiring()) {
-        opt_->weights(params());
         res_.recipe = o.recipe.name, res_.size = o.size.name, res_.seed = o.seed, res_.steps = o.steps;
-        res_.ranks = P_, res_.recovery = o.recipe.recovery;
+        res_.ranks = P_, res_.local_ranks = ranks_.count, res_.recovery = o.recipe.recovery;
         res_.parameters = static_cast<double>(n_);
     }
     trainer(const trainer&) = delete;  // the recovery callbacks hold `this`
@@ -225,8 +223,8 @@ public:
     }
 
 private:
-    bool lead() const { return ranks_.first == 0; }  // global rank 0 evaluates, samples and writes the model
-    octet::span<float> params() { return octet::span<float>(params_.data(), n_); }
+    bool lead() const { return ranks_.first == 0; }      // global rank 0 evaluates, samples and writes the model
+    weights_ref params() const { return opt_->view(); }  // the master weights, read in place
     octet::span<float> grad() { return octet::span<float>(ranks_.grads[0].data(), n_); }
 
     /// The optimizer over freshly initialized parameters, its weights and state booked; the
@@ -296,7 +294,7 @@ private:
         return s;
     }
 
-    /// The update: the reduced gradient clipped to norm o.clip, the optimizer's step, the float copy.
+    /// The update: the reduced gradient clipped to norm o.clip, the optimizer's step.
     void update(std::int64_t step) {
         const auto t0 = clock_type::now();
         double scale = 1.0;
@@ -308,7 +306,6 @@ private:
         if (scale != 1.0)
             for (std::size_t i = 0; i < n_; ++i) g[i] *= static_cast<float>(scale);
         opt_->step(o_.ex, octet::span<const float>(g.data(), n_), learning_rate(o_, step));
-        opt_->weights(params());
         op_seconds_["optimizer"] += seconds_since(t0);
         checks_.applied(current_.norm);
     }
@@ -342,7 +339,7 @@ private:
             return 0.0;
         };
         cb.reload_checkpoint = [this] {
-            const std::int64_t c = checkpoints_.load(params());
+            const std::int64_t c = checkpoints_.load();
             return octet::reload_result{c, static_cast<double>(n_) * 4.0};
         };
         return cb;
@@ -351,7 +348,7 @@ private:
     /// and the codec's residuals; the models' own state goes on as it stands, so a replayed step is
     /// not bit-identical to its first run). Returns the step to go on from.
     std::int64_t restart(std::int64_t step, const std::string& what, clock_type::time_point t0) {
-        const std::int64_t c = checkpoints_.load(params());
+        const std::int64_t c = checkpoints_.load();
         ++res_.restarts;
         replay_until_ = step - 1;
         crash_seconds_ += seconds_since(t0);
@@ -387,13 +384,16 @@ private:
         }
         res_.final_heldout_loss = res_.heldout.empty() ? not_measured : res_.heldout.back().second;
         res_.heldout_bpc = res_.final_heldout_loss / std::log(2.0);
-        if (lead() && !o_.save_model.empty())
-            write_model_file(o_.save_model, o_.size, std::vector<float>(params_.begin(), params_.begin() + n_));
+        if (lead() && !o_.save_model.empty()) {
+            std::vector<float> weights(n_);  // the file holds float32 (after the run: not booked)
+            opt_->weights(octet::span<float>(weights.data(), n_));
+            write_model_file(o_.save_model, o_.size, weights);
+        }
         if (lead()) {
             std::vector<std::int32_t> prompt;
             for (char c : std::string("And God said, ")) prompt.push_back(data_.id(c));
-            res_.sample = data_.text(ranks_.models[0]->generate(octet::span<const float>(params_.data(), n_), prompt,
-                                                                160, static_cast<std::uint64_t>(o_.seed), 0.8f));
+            res_.sample = data_.text(
+                ranks_.models[0]->generate(params(), prompt, 160, static_cast<std::uint64_t>(o_.seed), 0.8f));
         }
 
         // Memory: the meter's peaks, and the ledger's prediction for the same configuration.
@@ -424,8 +424,7 @@ private:
     const int P_, per_rank_;  // ranks in all; sequences per rank and step
     const std::size_t n_;     // parameters
     memory_meter meter_;
-    std::unique_ptr<optimizer> opt_;  // owns the master weights
-    metered_vector<float> params_;    // their float copy, which compute reads
+    std::unique_ptr<optimizer> opt_;  // owns the master weights (compute reads them in place)
     gradient_exchange exchange_;      // (before ranks_: their step buffers lend it its scratch)
     local_ranks ranks_;
     evaluator evaluate_;

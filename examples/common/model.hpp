@@ -905,6 +905,7 @@ struct step_buffers {
         wr,
         attn_scratch,
         chunk_partials,
+        wdec,
         region_count
     };
     using region_sizes = std::array<std::size_t, region_count>;
@@ -1046,6 +1047,20 @@ private:
     std::vector<octet::bf16> bf16_;
 };
 
+/// The parameters a model computes with, as the optimizer keeps them: float32 (read in place) or
+/// bf16 (bf16 master weights, decoded tensor by tensor into the step buffers as an operation reads
+/// them: no float copy of the whole model). A span of either converts to it.
+struct weights_ref {
+    const float* f32 = nullptr;
+    const octet::bf16* b16 = nullptr;
+    std::size_t count = 0;
+
+    weights_ref(octet::span<const float> w) : f32(w.data()), count(w.size()) {}
+    weights_ref(octet::span<float> w) : f32(w.data()), count(w.size()) {}
+    weights_ref(octet::span<const octet::bf16> w) : b16(w.data()), count(w.size()) {}
+    std::size_t size() const { return count; }
+};
+
 class transformer {
 public:
     /// `shared`: the step buffers to work in (see step_buffers); null: the model's own.
@@ -1162,7 +1177,7 @@ public:
     /// One forward and backward over `batch` sequences of seq_len + 1 tokens each (row-major:
     /// inputs [0, seq_len), targets [1, seq_len]). grads receives the gradient of the mean
     /// cross-entropy (overwritten).
-    step_telemetry forward_backward(octet::span<const float> params, const std::int32_t* tokens, int batch,
+    step_telemetry forward_backward(const weights_ref& params, const std::int32_t* tokens, int batch,
                                     octet::span<float> grads) {
         constexpr const char* fn = "common::transformer::forward_backward";
         check_call(fn, params, tokens, batch);
@@ -1172,9 +1187,9 @@ public:
         step_telemetry t;
         t.attention_residual.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
         if (!float_attention()) t.attention_residual_q.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
-        forward(params.data(), tokens, batch, T_, T_ + 1, true, &t);
+        forward(params, tokens, batch, T_, T_ + 1, true, &t);
         t.loss = loss(tokens, true, &t);
-        backward(params.data(), tokens, batch, grads.data(), &t);
+        backward(params, tokens, batch, grads.data(), &t);
         return t;
     }
 
@@ -1183,8 +1198,8 @@ public:
     /// logp[n] = log p(tokens[target n]) and entropy[n] = -sum_v p_v log p_v of the predicted
     /// distribution (both from the float logits, log-softmax in double). Keeps what
     /// policy_backward needs. Returns the forward's telemetry (loss: mean -logp).
-    step_telemetry score(octet::span<const float> params, const std::int32_t* tokens, int batch,
-                         octet::span<float> logp, octet::span<float> entropy) {
+    step_telemetry score(const weights_ref& params, const std::int32_t* tokens, int batch, octet::span<float> logp,
+                         octet::span<float> entropy) {
         constexpr const char* fn = "common::transformer::score";
         check_call(fn, params, tokens, batch);
         const std::size_t n = static_cast<std::size_t>(batch) * T_;
@@ -1195,7 +1210,7 @@ public:
         step_telemetry t;
         t.attention_residual.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
         if (!float_attention()) t.attention_residual_q.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
-        forward(params.data(), tokens, batch, T_, T_ + 1, true, &t);
+        forward(params, tokens, batch, T_, T_ + 1, true, &t);
         timer tm{&t, "loss"};
         double sum = 0;
         for (std::size_t r = 0; r < n; ++r) {
@@ -1216,7 +1231,7 @@ public:
     /// (0 for a position outside the loss): d loss / d logits = dloss_dlogp[n] (onehot - softmax)
     /// per position (d logp / d z_v = [v == target] - p_v), then the backward. `tokens` and `batch` must be score()'s.
     /// grads is overwritten; the backward's timings and telemetry are added to `t`.
-    void policy_backward(octet::span<const float> params, const std::int32_t* tokens, int batch,
+    void policy_backward(const weights_ref& params, const std::int32_t* tokens, int batch,
                          octet::span<const float> dloss_dlogp, octet::span<float> grads, step_telemetry& t) {
         constexpr const char* fn = "common::transformer::policy_backward";
         OCTET_REQUIRE(scored_batch_ == batch, fn, "batch",
@@ -1244,13 +1259,13 @@ public:
             }
         }
         scored_batch_ = 0;
-        backward(params.data(), tokens, batch, grads.data(), &t);
+        backward(params, tokens, batch, grads.data(), &t);
     }
 
     /// Mean cross-entropy over the batch, forward only.
-    double evaluate(octet::span<const float> params, const std::int32_t* tokens, int batch) {
+    double evaluate(const weights_ref& params, const std::int32_t* tokens, int batch) {
         check_call("common::transformer::evaluate", params, tokens, batch);
-        forward(params.data(), tokens, batch, T_, T_ + 1, false, nullptr);
+        forward(params, tokens, batch, T_, T_ + 1, false, nullptr);
         return loss(tokens, false, nullptr);
     }
 
@@ -1258,11 +1273,10 @@ public:
     /// `temperature` (<= 0: greedy). Runs the forward in float32 whatever the recipe (a sample
     /// is for reading, not for measuring the recipe), in the buffers it already has: a forward
     /// that does not train keeps nothing per layer, so sampling allocates nothing.
-    std::vector<std::int32_t> generate(octet::span<const float> params, std::vector<std::int32_t> prompt, int n,
+    std::vector<std::int32_t> generate(const weights_ref& params, std::vector<std::int32_t> prompt, int n,
                                        std::uint64_t seed, float temperature) {
         constexpr const char* fn = "common::transformer::generate";
-        OCTET_REQUIRE(params.size() == lay_.total, fn, "params",
-                      octet::detail::message("has ", params.size(), " floats but the model has ", lay_.total));
+        check_weights(fn, params);
         OCTET_REQUIRE(!prompt.empty(), fn, "prompt", "is empty; pass at least one token");
         for (auto tok : prompt)
             OCTET_REQUIRE(tok >= 0 && tok < cfg_.vocab, fn, "prompt",
@@ -1275,7 +1289,7 @@ public:
         for (int step = 0; step < n; ++step) {
             const std::size_t len = std::min(prompt.size(), T_);
             window.assign(prompt.end() - static_cast<std::ptrdiff_t>(len), prompt.end());
-            forward(params.data(), window.data(), 1, len, len, false, nullptr);
+            forward(params, window.data(), 1, len, len, false, nullptr);
             const float* z = logits_.data() + (len - 1) * V_;
             std::size_t pick = static_cast<std::size_t>(std::max_element(z, z + V_) - z);
             if (temperature > 0) {
@@ -1325,7 +1339,8 @@ private:
     /// The floats of each of step_buffers' regions for this model at max_batch on `workers`
     /// threads (one list for the allocation and the ledger): the logits, h, qkv, the GELU output, 3
     /// residual-sized gradients, the widest gradient, dO, W^T, dY^T, the bf16 linears' rounded
-    /// operands, the float attention's per-worker scratch, partial sums of the norms' gains.
+    /// operands, the float attention's per-worker scratch, partial sums of the norms' gains, and
+    /// under bf16 master weights the region their tensors are decoded into (weights_at).
     static step_buffers::region_sizes step_regions(const model_config& c, const recipe_config& r, int max_batch,
                                                    std::size_t workers) {
         const std::size_t N = static_cast<std::size_t>(max_batch) * static_cast<std::size_t>(c.seq_len);
@@ -1351,7 +1366,18 @@ private:
         f[S::attn_scratch] = workers * attention_scratch_floats(static_cast<std::size_t>(c.seq_len),
                                                                 static_cast<std::size_t>(c.head_dim));
         f[S::chunk_partials] = ((N + kChunk - 1) / kChunk) * d;
+        f[S::wdec] = r.master == master_mode::bf16_stochastic
+                         ? decode_slot_floats(c) + static_cast<std::size_t>(c.seq_len) * d
+                         : 0;
         return f;
+    }
+    /// Floats of slot 0 of the bf16 weights' decode region: the largest parameter tensor (slot 1,
+    /// after it, holds the position embedding, read beside the token embedding).
+    static std::size_t decode_slot_floats(const model_config& c) {
+        const std::size_t d = static_cast<std::size_t>(c.d_model);
+        const std::size_t W = static_cast<std::size_t>((c.heads_q + 2 * c.heads_kv) * c.head_dim);
+        return d * std::max({W, static_cast<std::size_t>(c.d_ff), static_cast<std::size_t>(c.vocab),
+                             static_cast<std::size_t>(c.seq_len)});
     }
     /// Bytes of the model's scratch arena: the largest ..._scratch_bytes query of the octet host
     /// operations a step of this recipe calls (the FP8 linears', the FP8 attention's quantizes,
@@ -1537,10 +1563,16 @@ private:
         return c;
     }
 
-    void check_call(const char* fn, octet::span<const float> params, const std::int32_t* tokens, int batch) const {
+    void check_weights(const char* fn, const weights_ref& params) const {
         OCTET_REQUIRE(params.size() == lay_.total, fn, "params",
-                      octet::detail::message("has ", params.size(), " floats but the model has ", lay_.total,
+                      octet::detail::message("has ", params.size(), " values but the model has ", lay_.total,
                                              "; size it with parameter_count(config)"));
+        OCTET_REQUIRE(params.f32 != nullptr || !wdec_.empty(), fn, "params",
+                      "are bf16, but this recipe's model decodes none (its recipe.master is float32); pass float32 "
+                      "parameters, or build the model for a recipe with bf16 master weights");
+    }
+    void check_call(const char* fn, const weights_ref& params, const std::int32_t* tokens, int batch) const {
+        check_weights(fn, params);
         OCTET_REQUIRE(batch >= 1 && batch <= max_batch_, fn, "batch",
                       octet::detail::message("is ", batch, "; pass 1 to max_batch = ", max_batch_,
                                              " (the buffers are sized in the constructor)"));
@@ -1776,6 +1808,20 @@ private:
                 static_cast<std::size_t>(cfg_.heads_kv), static_cast<std::size_t>(cfg_.head_dim)};
     }
 
+    /// Parameters [off, off + count) as floats: in place when they are float32; decoded from bf16
+    /// into the step buffers' decode region otherwise (slot 0: any tensor; slot 1: the position
+    /// embedding, beside the token embedding), valid until that slot's next read. Decoding is
+    /// exact (bf16 widens to float), so both forms compute the same bits.
+    const float* weights_at(const weights_ref& P, std::size_t off, std::size_t count, int slot = 0) {
+        if (P.f32) return P.f32 + off;
+        float* out = wdec_.data() + (slot == 0 ? 0 : decode_slot_floats(cfg_));
+        const octet::bf16* in = P.b16 + off;
+        octet::parallel_for(ex_, count, 1 << 14, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) out[i] = octet::to_float(in[i]);
+        });
+        return out;
+    }
+
     linear_layer::scratch lin_scratch() {
         return {wt_.data(), yt_.data(), xr_.empty() ? nullptr : xr_.data(), wr_.empty() ? nullptr : wr_.data()};
     }
@@ -1793,7 +1839,7 @@ private:
 
     /// Forward over `batch` sequences of `len` input tokens, sequence b starting at tokens[b * stride].
     /// Leaves the logits in logits_.
-    void forward(const float* P, const std::int32_t* tokens, int batch, std::size_t len, std::size_t stride,
+    void forward(const weights_ref& P, const std::int32_t* tokens, int batch, std::size_t len, std::size_t stride,
                  bool training, step_telemetry* t) {
         const std::size_t N = static_cast<std::size_t>(batch) * len;
         scored_batch_ = 0;  // logits_ is about to change
@@ -1808,8 +1854,8 @@ private:
         float* x = layers_.empty() ? x_fin_of() : x_in_of(0);
         {
             timer tm{t, "embedding_head"};
-            const float* E = P + lay_.tok_emb;
-            const float* PE = P + lay_.pos_emb;
+            const float* E = weights_at(P, lay_.tok_emb, V_ * d_);
+            const float* PE = weights_at(P, lay_.pos_emb, T_ * d_, 1);
             octet::parallel_for(ex_, N, 256, [&](std::size_t b, std::size_t e) {
                 for (std::size_t n = b; n < e; ++n) {
                     const std::size_t seq = n / len, pos = n % len;
@@ -1828,13 +1874,14 @@ private:
             float* qkv = float_attention() && training && !bf16_attention() ? L.qkv.data() : t_qkv_.data();
             {
                 timer tm{t, "norm"};
-                rmsnorm_forward(x_in_of(l), P + B.norm1, h1, L.rstd1.data(), N);
+                rmsnorm_forward(x_in_of(l), weights_at(P, B.norm1, d_), h1, L.rstd1.data(), N);
                 if (compress() && training)
                     L.packed->x_in.store(ex_, octet::matrix_ref<const float>(x_in_of(l), N, d_));
             }
             {
                 timer tm{t, "linear"};
-                L.lin_qkv->forward(ex_, h1, N, P + B.qkv, qkv, float_linear(), training, s, t);
+                L.lin_qkv->forward(ex_, h1, N, weights_at(P, B.qkv, lay_.qkv_out * d_), qkv, float_linear(), training,
+                                   s, t);
             }
             {
                 timer tm{t, "attention"};
@@ -1853,19 +1900,20 @@ private:
             }
             {
                 timer tm{t, "linear"};
-                L.lin_proj->forward(ex_, o_of(l, training), N, P + B.proj, dx_.data(), float_linear(), training, s, t);
+                L.lin_proj->forward(ex_, o_of(l, training), N, weights_at(P, B.proj, d_ * lay_.attn_width), dx_.data(),
+                                    float_linear(), training, s, t);
             }
             float* h2 = float_linear() && training ? L.h2.data() : t_h_.data();
             {
                 timer tm{t, "norm"};
                 add(x_in_of(l), dx_.data(), x_mid_of(l), N * d_);
-                rmsnorm_forward(x_mid_of(l), P + B.norm2, h2, L.rstd2.data(), N);
+                rmsnorm_forward(x_mid_of(l), weights_at(P, B.norm2, d_), h2, L.rstd2.data(), N);
                 if (compress() && training)
                     L.packed->x_mid.store(ex_, octet::matrix_ref<const float>(x_mid_of(l), N, d_));
             }
             {
                 timer tm{t, "linear"};
-                L.lin_up->forward(ex_, h2, N, P + B.up, u_of(l), float_linear(), training, s, t);
+                L.lin_up->forward(ex_, h2, N, weights_at(P, B.up, F_ * d_), u_of(l), float_linear(), training, s, t);
             }
             float* a = float_linear() && training ? L.a.data() : t_a_.data();  // compressed: u_of(l) is t_a_ (in place)
             {
@@ -1875,7 +1923,8 @@ private:
             }
             {
                 timer tm{t, "linear"};
-                L.lin_down->forward(ex_, a, N, P + B.down, dx_.data(), float_linear(), training, s, t);
+                L.lin_down->forward(ex_, a, N, weights_at(P, B.down, d_ * F_), dx_.data(), float_linear(), training, s,
+                                    t);
             }
             {
                 timer tm{t, "norm"};
@@ -1886,12 +1935,12 @@ private:
         {
             timer tm{t, "norm"};
             // the norm's output H in t_h_ (the backward recomputes it: the same bits)
-            rmsnorm_forward(x_fin_of(), P + lay_.norm_f, t_h_.data(), rstd_f_.data(), N);
+            rmsnorm_forward(x_fin_of(), weights_at(P, lay_.norm_f, d_), t_h_.data(), rstd_f_.data(), N);
             if (compress() && training) x_fin_packed_->x.store(ex_, octet::matrix_ref<const float>(x_fin_of(), N, d_));
         }
         {
             timer tm{t, "embedding_head"};
-            transpose(ex_, P + lay_.head, V_, d_, wt_.data());
+            transpose(ex_, weights_at(P, lay_.head, V_ * d_), V_, d_, wt_.data());
             gemm(ex_, t_h_.data(), d_, wt_.data(), V_, logits_.data(), V_, N, V_, d_);
         }
     }
@@ -1952,7 +2001,7 @@ private:
         return into;
     }
 
-    void backward(const float* P, const std::int32_t* tokens, int batch, float* G, step_telemetry* t) {
+    void backward(const weights_ref& P, const std::int32_t* tokens, int batch, float* G, step_telemetry* t) {
         const std::size_t N = n_;
         const auto s = lin_scratch();
         // The final norm's input (decoded into dx2_ when compressed: free until the layers) and its
@@ -1964,20 +2013,20 @@ private:
                 x_fin_packed_->x.load(ex_, octet::matrix_ref<float>(dx2_.data(), N, d_));
                 x_fin = dx2_.data();
             }
-            rmsnorm_forward(x_fin, P + lay_.norm_f, t_h_.data(), rstd_f_.data(), N);
+            rmsnorm_forward(x_fin, weights_at(P, lay_.norm_f, d_), t_h_.data(), rstd_f_.data(), N);
         }
         // head: dH = dZ W_head, dW_head = dZ^T H
         {
             timer tm{t, "embedding_head"};
-            gemm(ex_, logits_.data(), V_, P + lay_.head, d_, dh_.data(), d_, N, d_, V_);
+            gemm(ex_, logits_.data(), V_, weights_at(P, lay_.head, V_ * d_), d_, dh_.data(), d_, N, d_, V_);
             transpose(ex_, logits_.data(), N, V_, yt_.data());
             gemm(ex_, yt_.data(), N, t_h_.data(), d_, G + lay_.head, d_, V_, d_,
                  N);  // tied: the embedding adds below
         }
         {
             timer tm{t, "norm"};
-            rmsnorm_backward(x_fin, P + lay_.norm_f, rstd_f_.data(), dh_.data(), nullptr, dx_.data(), G + lay_.norm_f,
-                             N);
+            rmsnorm_backward(x_fin, weights_at(P, lay_.norm_f, d_), rstd_f_.data(), dh_.data(), nullptr, dx_.data(),
+                             G + lay_.norm_f, N);
         }
         float* dx = dx_.data();  // d loss / d residual stream
         float* dx_alt = dx2_.data();
@@ -1987,7 +2036,7 @@ private:
             float* dwide = dwide_.data();
             {
                 timer tm{t, "linear"};
-                L.lin_down->backward(ex_, dx, N, P + B.down, dwide, G + B.down, s, t);
+                L.lin_down->backward(ex_, dx, N, weights_at(P, B.down, d_ * F_), dwide, G + B.down, s, t);
             }
             {
                 timer tm{t, "mlp_activation"};
@@ -1995,16 +2044,18 @@ private:
             }
             {
                 timer tm{t, "linear"};
-                L.lin_up->backward(ex_, dwide, N, P + B.up, dh_.data(), G + B.up, s, t);
+                L.lin_up->backward(ex_, dwide, N, weights_at(P, B.up, F_ * d_), dh_.data(), G + B.up, s, t);
             }
             {
                 timer tm{t, "norm"};  // dx_mid = dx + norm2'(dh)
-                rmsnorm_backward(saved_x_mid(l), P + B.norm2, L.rstd2.data(), dh_.data(), dx, dx_alt, G + B.norm2, N);
+                rmsnorm_backward(saved_x_mid(l), weights_at(P, B.norm2, d_), L.rstd2.data(), dh_.data(), dx, dx_alt,
+                                 G + B.norm2, N);
             }
             std::swap(dx, dx_alt);
             {
                 timer tm{t, "linear"};
-                L.lin_proj->backward(ex_, dx, N, P + B.proj, do_.data(), G + B.proj, s, t);
+                L.lin_proj->backward(ex_, dx, N, weights_at(P, B.proj, d_ * lay_.attn_width), do_.data(), G + B.proj, s,
+                                     t);
             }
             {
                 timer tm{t, "attention"};
@@ -2026,11 +2077,13 @@ private:
             }
             {
                 timer tm{t, "linear"};
-                L.lin_qkv->backward(ex_, dwide, N, P + B.qkv, dh_.data(), G + B.qkv, s, t);
+                L.lin_qkv->backward(ex_, dwide, N, weights_at(P, B.qkv, lay_.qkv_out * d_), dh_.data(), G + B.qkv, s,
+                                    t);
             }
             {
                 timer tm{t, "norm"};
-                rmsnorm_backward(saved_x_in(l), P + B.norm1, L.rstd1.data(), dh_.data(), dx, dx_alt, G + B.norm1, N);
+                rmsnorm_backward(saved_x_in(l), weights_at(P, B.norm1, d_), L.rstd1.data(), dh_.data(), dx, dx_alt,
+                                 G + B.norm1, N);
             }
             std::swap(dx, dx_alt);
         }
@@ -2188,6 +2241,7 @@ private:
     float_region& wr_ = buf_->regions[step_buffers::wr];
     float_region& attn_scratch_ = buf_->regions[step_buffers::attn_scratch];
     float_region& chunk_partials_ = buf_->regions[step_buffers::chunk_partials];
+    float_region& wdec_ = buf_->regions[step_buffers::wdec];
     metered_vector<double>& loss_partials_ = buf_->loss_partials;
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;

@@ -263,6 +263,42 @@ TEST_CASE("model: the meter books every buffer at construction, and a step alloc
     }
 }
 
+TEST_CASE("model: bf16 master weights read in place compute the bits of their float copy") {
+    auto g = octet_test::rng(21);
+    for (const bool tied : {false, true}) {
+        const auto cfg = tiny_config(19, tied);
+        auto r = recipe(common::linear_mode::blockwise, common::attention_mode::fp8);
+        r.master = common::master_mode::bf16_stochastic;
+        r.saved_activations = common::saved_storage::fp8;
+        std::vector<float> init(transformer::parameter_count(cfg));
+        transformer::init_parameters(cfg, g(), octet::as_span(init));
+        std::vector<octet::bf16> masters(init.size());
+        std::vector<float> widened(init.size());
+        for (std::size_t i = 0; i < init.size(); ++i) {
+            masters[i] = octet::to_bf16(init[i]);
+            widened[i] = octet::to_float(masters[i]);
+        }
+        const auto tokens = random_tokens(g, 3, cfg.seq_len, cfg.vocab);
+        std::vector<float> from_float(init.size(), NAN), from_bf16(init.size(), NAN);
+        common::memory_meter m0, m1;
+        transformer a(cfg, r, m0, octet::on_host(2), 3, 7), b(cfg, r, m1, octet::on_host(2), 3, 7);
+        const auto ta = a.forward_backward(octet::as_cspan(widened), tokens.data(), 3, octet::as_span(from_float));
+        const octet::span<const octet::bf16> view(masters.data(), masters.size());
+        const auto tb = b.forward_backward(view, tokens.data(), 3, octet::as_span(from_bf16));
+        CHECK(ta.loss == tb.loss);
+        CHECK(std::memcmp(from_float.data(), from_bf16.data(), init.size() * sizeof(float)) == 0);
+        CHECK(a.evaluate(octet::as_cspan(widened), tokens.data(), 3) == b.evaluate(view, tokens.data(), 3));
+        // the decode region is booked at construction: the meters agree with each other and the ledger
+        CHECK(m1.ledger().peak_total() == m1.ledger().total());
+        CHECK(m1.ledger().bytes(octet::memory_category::temporaries) == transformer::temporary_bytes(cfg, r, 3, 2));
+        // a model of a float32-master recipe has no decode region: bf16 weights are refused
+        common::memory_meter m2;
+        transformer c(cfg, recipe(common::linear_mode::blockwise), m2, octet::on_host(2), 3, 7);
+        CHECK_THROWS_WITH_AS(c.forward_backward(view, tokens.data(), 3, octet::as_span(from_bf16)),
+                             doctest::Contains("params"), octet::error);
+    }
+}
+
 TEST_CASE("model: bad arguments throw octet::error naming them") {
     auto g = octet_test::rng(5);
     const auto cfg = tiny_config(11, false);
