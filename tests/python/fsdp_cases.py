@@ -138,36 +138,168 @@ RESHARD_CASES = (("e4m3_expanded", "bf16_stochastic"), ("dynamic8", "bf16_kahan"
 
 def save(rank, world, init_file, out_dir):
     """For each of RESHARD_CASES, STEPS steps, then a torch.distributed.checkpoint of the model and
-    the optimizer."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    the optimizer (octet's save_checkpoint: with the CRC-32s of its rows); for the first case also
+    each rank's own optimizer state_dict() (torch.save), which another world size must refuse."""
+    from octet.torch.fsdp import save_checkpoint
 
     init(rank, world, init_file)
     for codec, master in RESHARD_CASES:
         model, opt = _sharded_model(world, codec, master, 1)
         _steps(model, opt, range(STEPS), None, 1)
-        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
-                 checkpoint_id=os.path.join(out_dir, f"checkpoint.{codec}.{master}"))
+        save_checkpoint(model, opt, os.path.join(out_dir, f"checkpoint.{codec}.{master}"))
+        if (codec, master) == RESHARD_CASES[0]:
+            torch.save(opt.state_dict(), os.path.join(out_dir, f"optim.rank{rank}.pt"))
     dist.destroy_process_group()
 
 
-def resume(rank, world, init_file, out_dir, name):
-    """Loads each checkpoint on this world size and steps STEPS more."""
+def resume(rank, world, init_file, out_dir, name, staged):
+    """Loads each checkpoint on this world size and steps STEPS more: torch's own dcp.load into the
+    live state dicts, or (staged) octet's load_checkpoint. Then what loading the per-rank state_dict()
+    saved on 2 ranks answers."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
+    from octet.torch.fsdp import load_checkpoint
+
     init(rank, world, init_file)
     for codec, master in RESHARD_CASES:
         model, opt = _sharded_model(world, codec, master, 2)  # other weights: the checkpoint must replace them
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-        dcp.load(state, checkpoint_id=os.path.join(out_dir, f"checkpoint.{codec}.{master}"))
-        set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, opt, state["optim"])
+        checkpoint = os.path.join(out_dir, f"checkpoint.{codec}.{master}")
+        if staged:
+            load_checkpoint(model, opt, checkpoint)
+        else:
+            state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+            dcp.load(state, checkpoint_id=checkpoint)
+            set_model_state_dict(model, state["model"])
+            set_optimizer_state_dict(model, opt, state["optim"])
         loaded = {"loaded_params": [p.full_tensor().clone() for p in model.p],
                   "loaded_state": _gather_state(opt, model)}
         _steps(model, opt, range(STEPS, 2 * STEPS), None, 1)
+        if (codec, master) == RESHARD_CASES[0]:
+            before = _gather_state(opt, model)
+            try:
+                opt.load_state_dict(torch.load(os.path.join(out_dir, f"optim.rank{rank % 2}.pt"), weights_only=False))
+                loaded["per_rank_state"] = "no error"
+            except ValueError as e:
+                loaded["per_rank_state"] = str(e)
+            loaded["per_rank_unchanged"] = _same_states(before, _gather_state(opt, model))
         _write(out_dir, f"{name}.{codec}.{master}", model, opt, loaded)
+    dist.destroy_process_group()
+
+
+def _same_states(a, b):
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+                                    for x, y in zip(a, b))
+
+
+def _flip_byte(checkpoint, key, rows_from, out, header=False):
+    """A copy of a checkpoint directory (out) in which one byte of the stored values of tensor `key`,
+    in the chunk whose rows start at rows_from, is flipped (header: the first byte of the chunk's
+    record, where torch.load reads its format); returns that chunk's file."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    shutil.copytree(checkpoint, out)
+    metadata = dcp.FileSystemReader(checkpoint).read_metadata()
+    index, info = next((i, v) for i, v in metadata.storage_data.items()
+                       if i.fqn == key and i.offset[0] == rows_from)
+    path = os.path.join(out, info.relative_path)
+    raw = bytearray(open(path, "rb").read())
+    item = bytes(raw[info.offset:info.offset + info.length])
+    import io
+
+    values = torch.load(io.BytesIO(item), weights_only=True)  # the tensor this item holds, to find its bytes
+    data = values.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    at = item.find(data)
+    assert at >= 0, key
+    raw[info.offset if header else info.offset + at + len(data) // 2] ^= 0x40
+    open(path, "wb").write(raw)
+    return info.relative_path
+
+
+def bad_checkpoints(rank, world, init_file, out_dir):
+    """What bad input answers, on 2 ranks: checkpoints (octet's save_checkpoint) with one byte flipped
+    in the stored optimizer state (an 8-bit moment: in its values, or in its record's header) or in a
+    weight, with a shard file cut short, read
+    by load_checkpoint into a model and optimizer that have trained (each must be left as it was);
+    the corrupted moment read by torch's own dcp.load and set_optimizer_state_dict; another rank's
+    state_dict(); and an FP8 all-gather of a weight that FSDP2 shards along dim 1."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    from octet.torch.fsdp import load_checkpoint, save_checkpoint
+
+    init(rank, world, init_file)
+    codec, master = "dynamic8", "bf16_kahan"
+    model, opt = _sharded_model(world, codec, master, 1)
+    _steps(model, opt, range(STEPS), None, 1)
+    good = os.path.join(out_dir, "bad.good")
+    save_checkpoint(model, opt, good)
+    torch.save(opt.state_dict(), os.path.join(out_dir, f"bad.optim.rank{rank}.pt"))
+    files = {}
+    if rank == 0:
+        # rank 1's rows of the second parameter's v codes (64 rows of 512: rows 32..63), and a weight
+        files["moment"] = _flip_byte(good, "optim.state.p.1.v_codes", 32, os.path.join(out_dir, "bad.moment"))
+        files["weight"] = _flip_byte(good, "model.p.0", 0, os.path.join(out_dir, "bad.weight"))
+        _flip_byte(good, "optim.state.p.1.v_codes", 32, os.path.join(out_dir, "bad.header"), header=True)
+        import shutil
+
+        shutil.copytree(good, os.path.join(out_dir, "bad.cut"))
+        cut = os.path.join(out_dir, "bad.cut", "__1_0.distcp")
+        raw = open(cut, "rb").read()
+        open(cut, "wb").write(raw[:len(raw) // 2])
+    dist.barrier()
+    target, target_opt = _sharded_model(world, codec, master, 2)
+    _steps(target, target_opt, range(1), None, 2)
+    before = ([p.full_tensor().clone() for p in target.p], _gather_state(target_opt, target))
+    result = {"files": files}
+    for name in ("moment", "weight", "header", "cut"):
+        try:
+            load_checkpoint(target, target_opt, os.path.join(out_dir, f"bad.{name}"))
+            result[name] = "no error"
+        except ValueError as e:
+            result[name] = str(e)
+        params, state = [p.full_tensor().clone() for p in target.p], _gather_state(target_opt, target)
+        result[f"{name}_unchanged"] = (all(torch.equal(a, b) for a, b in zip(params, before[0]))
+                                       and _same_states(state, before[1]))
+    load_checkpoint(target, target_opt, good)  # the sound checkpoint loads
+    result["good_loaded"] = _same_states(_gather_state(target_opt, target), _gather_state(opt, model)) and all(
+        torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(target.p, model.p))
+    # torch's own path: dcp.load writes into the live tensors, then octet's load_state_dict checks
+    plain, plain_opt = _sharded_model(world, codec, master, 2)
+    _steps(plain, plain_opt, range(1), None, 2)
+    state = {"model": get_model_state_dict(plain), "optim": get_optimizer_state_dict(plain, plain_opt)}
+    dcp.load(state, checkpoint_id=os.path.join(out_dir, "bad.moment"))
+    try:
+        set_optimizer_state_dict(plain, plain_opt, state["optim"])
+        result["plain_dcp"] = "no error"
+    except ValueError as e:
+        result["plain_dcp"] = str(e)
+    # another rank's state_dict() (the same world size: rows of the same count, at other places)
+    before = _gather_state(target_opt, target)
+    try:
+        target_opt.load_state_dict(torch.load(os.path.join(out_dir, f"bad.optim.rank{1 - rank}.pt"),
+                                              weights_only=False))
+        result["other_rank"] = "no error"
+    except ValueError as e:
+        result["other_rank"] = str(e)
+    result["other_rank_unchanged"] = _same_states(before, _gather_state(target_opt, target))
+    # FP8 all-gather of a weight sharded along dim 1 (fully_shard's shard_placement_fn)
+    torch.manual_seed(5)
+    fp8 = torch.nn.Sequential(ot.Float8Linear(64, 64, recipe="tensorwise"))
+    ot.enable_fp8_all_gather(fp8)
+    fully_shard(fp8, shard_placement_fn=lambda p: Shard(1) if p.dim() == 2 else Shard(0))
+    try:
+        fp8(torch.randn(4, 64))
+        result["dim1"] = "no error"
+    except ValueError as e:
+        result["dim1"] = str(e)
+    torch.save(result, os.path.join(out_dir, f"bad.rank{rank}.pt"))
     dist.destroy_process_group()
 
 
@@ -357,12 +489,10 @@ def fp8_all_gather(rank, world, init_file, out_dir, steps):
                 ot.precompute_fp8_scales(model)
             params.append([p.full_tensor().clone() for p in model.parameters()])
         result[run] = {"params": params, "forward_bytes": per_step}
-        if run == "fp8":
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        if run == "fp8":  # with the CRC-32s and the layers' amax histories (linear_state)
+            from octet.torch.fsdp import save_checkpoint
 
-            dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
-                     checkpoint_id=os.path.join(out_dir, "fp8_checkpoint"))
+            save_checkpoint(model, opt, os.path.join(out_dir, "fp8_checkpoint"))
     setattr(dist, name, real_all_gather)
     model = fp8_model()
     ot.enable_fp8_all_gather(model)
@@ -376,9 +506,11 @@ def fp8_all_gather(rank, world, init_file, out_dir, steps):
     dist.destroy_process_group()
 
 
-def fp8_resume(rank, world, init_file, out_dir):
+def fp8_resume(rank, world, init_file, out_dir, staged=False):
     """Loads fp8_all_gather's checkpoint (saved on 2 processes) on this world size, model and
-    optimizer, and steps once more with the weights still gathered in FP8."""
+    optimizer (staged: with octet.torch.fsdp.load_checkpoint, which also restores the layers' amax
+    histories; torch's dcp.load does not), and steps once more with the weights
+    still gathered in FP8 (on one process FSDP2 gathers nothing: the layers quantize the weights)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
@@ -392,15 +524,20 @@ def fp8_resume(rank, world, init_file, out_dir):
             fully_shard(layer)
     fully_shard(model)
     opt = ot.AdamW(model.parameters(), lr=1e-2, m_codec="e4m3_expanded", master="fp32")
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-    dcp.load(state, checkpoint_id=os.path.join(out_dir, "fp8_checkpoint"))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, opt, state["optim"])
+    if staged:
+        from octet.torch.fsdp import load_checkpoint
+
+        load_checkpoint(model, opt, os.path.join(out_dir, "fp8_checkpoint"))
+    else:
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=os.path.join(out_dir, "fp8_checkpoint"))
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
     loaded = [p.full_tensor().clone() for p in model.parameters()]
     x, _ = batch(10, 16)
     model(x).square().mean().backward()
     opt.step()
     kinds = [type(layer.weight.to_local()).__name__ for layer in model if isinstance(layer, ot.Float8Linear)]
     torch.save({"loaded": loaded, "kinds": kinds, "after": [p.full_tensor().clone() for p in model.parameters()]},
-               os.path.join(out_dir, f"fp8_resume.rank{rank}.pt"))
+               os.path.join(out_dir, f"fp8_resume.{world}.rank{rank}.pt"))
     dist.destroy_process_group()

@@ -4,7 +4,9 @@ Oracles: one process stepping the whole parameters with the same gradients (bit 
 state is the slice of the whole parameter's state, whatever the number of ranks), the same run
 resumed from a torch.distributed.checkpoint on another world size (bit for bit), and one process
 training on the whole batch (within float32 rounding: FSDP2 sums the ranks' gradients in another
-order). The worker functions are in fsdp_cases.py.
+order). Bad input (corrupted or cut-short checkpoints, another rank's or world size's optimizer
+state, an FP8 all-gather along dim 1) must raise an error naming it on every rank and change nothing.
+The worker functions are in fsdp_cases.py.
 """
 
 import os
@@ -54,17 +56,28 @@ def test_sharded_steps_match_one_process_bit_for_bit(tmp_path):
         assert "2-D device mesh" in mesh2d, mesh2d
 
 
-def test_checkpoint_saved_on_2_resumes_on_4_bit_identically(tmp_path):
+def test_checkpoint_saved_on_2_resumes_on_4_and_1_bit_identically(tmp_path):
     spawn(cases.save, 2, tmp_path)
-    spawn(cases.resume, 2, tmp_path, "on2")
-    spawn(cases.resume, 4, tmp_path, "on4")
+    spawn(cases.resume, 2, tmp_path, "on2", False)  # torch's dcp.load into the live state dicts
+    spawn(cases.resume, 4, tmp_path, "on4", True)  # octet.torch.fsdp.load_checkpoint (staged, checked)
+    spawn(cases.resume, 1, tmp_path, "on1", True)
     for codec, master in cases.RESHARD_CASES:
         saved_params, saved_opt = cases.single_process(codec, master, range(cases.STEPS))
         params, _ = cases.single_process(codec, master, range(2 * cases.STEPS))
         on2 = load(tmp_path, f"on2.{codec}.{master}.rank0.pt")
-        for world, name in ((2, "on2"), (4, "on4")):
+        for world, name in ((2, "on2"), (4, "on4"), (1, "on1")):
             for rank in range(world):
                 got = load(tmp_path, f"{name}.{codec}.{master}.rank{rank}.pt")
+                if (codec, master) == cases.RESHARD_CASES[0]:
+                    # a rank's own state_dict() (torch.save) is its rows: it loads on the same world
+                    # size and is refused, naming both sizes, on another, with nothing loaded
+                    refusal = got["per_rank_state"]
+                    if world == 2:
+                        assert refusal == "no error", refusal
+                    else:
+                        assert "parameter 0 (10, 256)'s m_codes" in refusal, refusal
+                        assert f"saved sharded over 2 ranks" in refusal and f"sharded over {world} (rank" in refusal
+                        assert got["per_rank_unchanged"], (world, rank)
                 for i, (a, b) in enumerate(zip(got["loaded_params"], saved_params)):
                     assert torch.equal(a, b), f"{codec}/{master}: loaded parameter {i} on {world} ranks"
                 for a, b in zip(got["loaded_state"], on2["loaded_state"]):
@@ -117,6 +130,39 @@ def test_compressed_reduce_scatter_bounds(tmp_path):
             assert f"saved by rank {me} of {world + 1}" in resume["other_world"], resume
 
 
+
+
+def test_bad_checkpoints_are_refused_naming_them_with_nothing_loaded(tmp_path):
+    world = 2
+    spawn(cases.bad_checkpoints, world, tmp_path)
+    runs = [load(tmp_path, f"bad.rank{r}.pt") for r in range(world)]
+    files = runs[0]["files"]
+    for rank, got in enumerate(runs):
+        # one flipped byte in rank 1's rows of an 8-bit moment (the middle byte of rows 32..63 of 512
+        # one-byte codes: row 48), in a weight (the middle of rank 0's 5 rows: row 2), and a shard file
+        # cut short: every rank raises, naming the tensor, its rows and its file; nothing changed
+        moment = got["moment"]
+        assert "is corrupted: rank 1: optim.state.p.1.v_codes rows 48..48 of 64" in moment, moment
+        assert f"(in {files['moment']})" in moment and "unchanged" in moment, moment
+        weight = got["weight"]
+        assert "is corrupted: rank 0: model.p.0 rows 2..2 of 10" in weight, weight
+        assert f"(in {files['weight']})" in weight, weight
+        cut = got["cut"]
+        assert "bad.cut': the shard file __1_0.distcp holds" in cut and "unchanged" in cut, cut
+        header = got["header"]  # torch.load fails on rank 1's record: every rank raises
+        assert "reading checkpoint" in header and "bad.header' failed (" in header and "rank 1: " in header, header
+        for name in ("moment", "weight", "header", "cut"):
+            assert got[f"{name}_unchanged"], (name, rank)
+        assert got["good_loaded"], rank
+        # another rank's state_dict(): its rows' CRC-32s start at their global index
+        assert "does not match its CRC-32" in got["other_rank"] and "another rank's rows" in got["other_rank"]
+        assert got["other_rank_unchanged"], rank
+        # an FP8 all-gather along dim 1 is refused on every rank, naming the layer
+        assert "layer '0' (recipe tensorwise, weight (64, 64)) is sharded along dim 1" in got["dim1"], got["dim1"]
+    # torch's own dcp.load then set_optimizer_state_dict: octet's load_state_dict finds the moment's
+    # CRC-32 on rank 1 (dcp.load has already written into the live state: load_checkpoint stages)
+    plain = runs[1]["plain_dcp"]
+    assert "parameter 'p.1' (64, 512)'s v_codes rows 48..48 (of 64) does not match its CRC-32" in plain, plain
 
 
 @pytest.fixture(scope="module")
@@ -203,11 +249,19 @@ def test_fp8_all_gather_trains_bit_for_bit_as_one_process(tmp_path):
     # mxfp8 weight's forward all-gather then carries its column-wise copy too (codes and 32 x 1 scales)
     root = runs[0]["fp8_root"]["forward_bytes"][0]
     assert root - fp8 == 64 * 128 + (64 // 32) * 128, (root, fp8)
-    # the checkpoint of the FP8 run (saved on 2 processes) loads on 3, its weights still FP8-gathered
+    # the checkpoint of the FP8 run (saved on 2 processes) loads on 3, its weights still FP8-gathered,
+    # and on 1 (octet's load_checkpoint), where the next step is one process's, bit for bit
     spawn(cases.fp8_resume, 3, tmp_path)
+    spawn(cases.fp8_resume, 1, tmp_path, True)
     saved = runs[0]["fp8"]["params"][-1]
-    for rank in range(3):
-        got = load(tmp_path, f"fp8_resume.rank{rank}.pt")
-        assert all(torch.equal(a, b) for a, b in zip(got["loaded"], saved)), rank
-        assert got["kinds"] == ["Float8ShardedWeight"] * 7, got["kinds"]
-        assert not any(torch.equal(a, b) for a, b in zip(got["after"], saved)), "the step after loading moved nothing"
+    x, _ = cases.batch(10, 16)
+    model(x).square().mean().backward()
+    opt.step()
+    for world in (3, 1):
+        for rank in range(world):
+            got = load(tmp_path, f"fp8_resume.{world}.rank{rank}.pt")
+            assert all(torch.equal(a, b) for a, b in zip(got["loaded"], saved)), (world, rank)
+            assert got["kinds"] == ["Float8ShardedWeight"] * 7, got["kinds"]
+            assert not any(torch.equal(a, b) for a, b in zip(got["after"], saved)), "the step after loading moved"
+    for i, (a, p) in enumerate(zip(load(tmp_path, "fp8_resume.1.rank0.pt")["after"], model.parameters())):
+        assert torch.equal(a, p.detach()), f"parameter {i} after the step resumed on 1 process"

@@ -34,8 +34,17 @@ or a layer inside a sharded block) the forward's carries both. Each rank quantiz
 ways; where out_features is a multiple of 32 x world and in_features of 32, its rows hold whole
 blocks, so its codes and scales are the whole weight's. A weight of other shapes travels in float.
 NVFP4 keeps FSDP2's float all-gather (its packed 4-bit codes do not transpose bytewise; not built).
+On one process FSDP2 gathers nothing (and copies only a first all-gather input): the weight is
+passed as it is and the layer quantizes it, as one process does. A weight that fully_shard's
+shard_placement_fn shards along dim 1 is refused at its first all-gather, on every rank, naming the
+layer (ValueError).
+
+save_checkpoint / load_checkpoint: torch.distributed.checkpoint of the model, the optimizer and the
+layers' linear_state with a CRC-32 per row of every tensor; the load is staged and checked on every
+rank before anything is assigned (see their docstrings).
 """
 
+import os
 import weakref
 from typing import Dict, List
 
@@ -52,6 +61,9 @@ from .linear import Float8Linear, _push_amax, _raw, _ops, _widen, linear_recipe
 FP8_ALL_GATHER_RECIPES = ("tensorwise", "tensorwise_delayed", "blockwise", "mxfp8")
 _BLOCK = 128  # blockwise's weight blocks: 128 x 128
 _MX = 32  # MXFP8's blocks: 1 x 32 in the row-wise copy, 32 x 1 (of W) in the column-wise one
+
+# The name enable_fp8_all_gather found each layer under (for errors)
+_LAYER_NAMES: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
 
 # Ops whose results stay sharded weights: how FSDP2 chunks, pads, moves and copies a parameter.
 _PRESERVING_OPS = {
@@ -120,6 +132,20 @@ class Float8ShardedWeight(torch.Tensor):
         return float(a)
 
     def fsdp_pre_all_gather(self, mesh, outer_size=None, outer_stride=None, module=None, mp_policy=None):
+        if self._data.dim() != 2 or self._data.shape[1] != self._cols:
+            # FSDP2 sharded another dimension (fully_shard's shard_placement_fn): a rank's codes would not
+            # be rows of the whole weight's. Every rank raises here, before the all-gather.
+            layer = self._layer() if self._layer is not None else None
+            name = _LAYER_NAMES.get(layer, "?") if layer is not None else "?"
+            raise ValueError(f"octet.enable_fp8_all_gather: layer '{name}' (recipe {self._recipe}, weight "
+                             f"{tuple(outer_size) if outer_size is not None else '?'}) is sharded along dim 1 (this "
+                             f"rank's shard is {tuple(self._data.shape)}); its FP8 all-gather gathers rows of the "
+                             "weight, dim 0 (FSDP2's default Shard(0)): shard it along dim 0, or leave the layer "
+                             "out of enable_fp8_all_gather")
+        if mesh.size() == 1:
+            # Nothing to gather, and FSDP2 copies only the first all-gather input on one rank: the
+            # weight itself, which the layer quantizes as one process does.
+            return (self._data,), "float"
         recipe = linear_recipe(self._recipe).w
         rows = self._data.shape[0]
         padded = -(-outer_size[0] // mesh.size()) if outer_size is not None else rows
@@ -414,6 +440,7 @@ def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
                              "fully_shard")
         else:
             w = m.weight
+            _LAYER_NAMES[m] = name
             if not isinstance(w, Float8ShardedWeight):
                 m.weight = nn.Parameter(Float8ShardedWeight(w.detach(), m.recipe.name, w.shape[1], weakref.ref(m)),
                                         requires_grad=w.requires_grad)
@@ -452,5 +479,234 @@ def precompute_fp8_scales(model: nn.Module) -> int:
     return len(shards)
 
 
+# ---- checked, staged checkpoints (torch.distributed.checkpoint) ----
+#
+# save_checkpoint writes beside the model's and the optimizer's state a "crc32" entry: for every
+# tensor a CRC-32 per row (dim 0) of a DTensor sharded Shard(0) on a 1-D mesh, as an int64 DTensor
+# sharded the same way (so that it reshards with the rows it checks), and one CRC-32 of the whole
+# tensor otherwise. load_checkpoint reads everything into fresh tensors, checks every CRC-32 on every
+# rank, and only when every rank found its bytes sound assigns them (set_optimizer_state_dict, then
+# set_model_state_dict and load_linear_state); a failure on any rank raises the same ValueError on
+# every rank, naming the tensor, its rows and the file holding them, and leaves the model and the
+# optimizer as they were.
+
+
+def _tree_leaves(x, prefix=""):
+    """(key, leaf) of a nested dict / list state, keys joined with "." as torch.distributed.checkpoint
+    flattens them."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _tree_leaves(v, f"{prefix}{k}.")
+    elif isinstance(x, list):
+        for k, v in enumerate(x):
+            yield from _tree_leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], x
+
+
+def _by_rows(t) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return (isinstance(t, DTensor) and t.device_mesh.ndim == 1 and t.dim() >= 1
+            and isinstance(t.placements[0], Shard) and t.placements[0].dim == 0)
+
+
+def _first_row(t) -> int:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1][0]
+
+
+def _checksum(t: torch.Tensor, template: bool = False) -> torch.Tensor:
+    """The "crc32" of one tensor (see above); template: the same shape, not computed."""
+    from torch.distributed.tensor import DTensor
+
+    from .optim import crc32_rows
+
+    if _by_rows(t):
+        local = t.to_local()
+        rows = local.shape[0]
+        values = [0] * rows if template else crc32_rows(local, rows, _first_row(t))
+        crc = torch.tensor(values, dtype=torch.int64, device=local.device)
+        return DTensor.from_local(crc, t.device_mesh, t.placements, run_check=False, shape=torch.Size(t.shape[:1]),
+                                  stride=(1,))
+    whole = t.full_tensor() if isinstance(t, DTensor) and not template else t
+    return torch.tensor([0 if template else crc32_rows(whole, 1)[0]], dtype=torch.int64, device=t.device)
+
+
+def _checksums(state, template: bool = False) -> Dict[str, torch.Tensor]:
+    return {k: _checksum(v, template) for k, v in _tree_leaves(state) if isinstance(v, torch.Tensor)}
+
+
+def _staged(x):
+    """A copy of a state's structure whose tensors are fresh zeros, placed and sharded like the
+    originals (what torch.distributed.checkpoint reads into)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(x, DTensor):
+        local = x.to_local()
+        fresh = torch.zeros(local.shape, dtype=local.dtype, device=local.device)
+        return DTensor.from_local(fresh, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                                  stride=x.stride())
+    if isinstance(x, torch.Tensor):
+        return torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    if isinstance(x, dict):
+        return {k: _staged(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_staged(v) for v in x]
+    return x
+
+
+def _states(model: nn.Module, optimizer):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from .linear import linear_state
+
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
+            "linear": linear_state(model)}
+
+
+def save_checkpoint(model: nn.Module, optimizer, checkpoint_id, process_group=None) -> None:
+    """torch.distributed.checkpoint.save of the model's and the optimizer's state (FSDP2, any
+    optimizer) and of octet.torch.linear_state(model) (the Float8Linear amax histories that the
+    model's state_dict() leaves out: the same on every rank), with a CRC-32 of every tensor's rows,
+    which load_checkpoint checks."""
+    import torch.distributed.checkpoint as dcp
+
+    state = _states(model, optimizer)
+    state["crc32"] = _checksums(state)
+    dcp.save(state, checkpoint_id=checkpoint_id, process_group=process_group)
+
+
+def _crc_keys(checkpoint_id):
+    """The "crc32" entries a checkpoint holds (an empty set: none, or metadata unreadable here), and
+    the metadata."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        metadata = dcp.FileSystemReader(checkpoint_id).read_metadata()
+    except Exception:  # not a directory of files: checked by what dcp.load reads
+        return None, None
+    keys = {k[len("crc32."):] for k in metadata.state_dict_metadata if k.startswith("crc32.")}
+    return keys, metadata
+
+
+def _check_files(checkpoint_id, metadata) -> None:
+    """Every file the checkpoint's metadata names exists and holds the bytes its items need (the
+    same answer on every rank: they read the same files)."""
+    need = {}
+    for info in metadata.storage_data.values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        path = os.path.join(os.fspath(checkpoint_id), name)
+        have = os.path.getsize(path) if os.path.exists(path) else None
+        if have is None or have < size:
+            what = "is missing" if have is None else f"holds {have} bytes"
+            raise ValueError(f"octet.torch.fsdp.load_checkpoint: checkpoint '{checkpoint_id}': the shard file {name} "
+                             f"{what}, and its items need {size} (a copy cut short?); the model and the optimizer "
+                             "are unchanged")
+
+
+def _files_of(metadata, key, first, last) -> str:
+    """The files that hold rows first..last of a checkpoint's tensor `key`."""
+    if metadata is None or key not in metadata.state_dict_metadata:
+        return ""
+    files = set()
+    for index, info in metadata.storage_data.items():
+        if index.fqn != key:
+            continue
+        chunk = next((c for c in metadata.state_dict_metadata[key].chunks if tuple(c.offsets) == tuple(index.offset)),
+                     None)
+        start = chunk.offsets[0] if chunk is not None and len(chunk.offsets) else 0
+        size = chunk.sizes[0] if chunk is not None and len(chunk.sizes) else 1
+        if start <= last and first < start + size:
+            files.add(info.relative_path)
+    return f" (in {', '.join(sorted(files))})" if files else ""
+
+
+def _check_staged(staged, crc_keys, metadata) -> List[str]:
+    """What this rank finds wrong in what it read: each tensor whose rows fail their CRC-32."""
+    found = []
+    tensors = dict(_tree_leaves({k: v for k, v in staged.items() if k != "crc32"}))
+    for key in sorted(crc_keys):
+        t, saved = tensors.get(key), staged["crc32"].get(key)
+        if not isinstance(t, torch.Tensor) or saved is None:
+            continue
+        got = _checksum(t)
+        if _by_rows(t):
+            got_local, saved_local = got.to_local(), saved.to_local()
+            bad = (got_local != saved_local.to(got_local.device)).nonzero().reshape(-1)
+            if bad.numel():
+                first = _first_row(t)
+                a, b = first + int(bad[0]), first + int(bad[-1])
+                found.append(f"{key} rows {a}..{b} of {t.shape[0]}{_files_of(metadata, key, a, b)}")
+        elif not torch.equal(got, saved.to(got.device)):
+            found.append(f"{key}{_files_of(metadata, key, 0, max(t.shape[0] - 1, 0) if t.dim() else 0)}")
+    return found
+
+
+def _first_line(failure) -> str:
+    x = failure[0] if isinstance(failure, tuple) else failure  # CheckpointException: (exception, traceback)
+    text = str(x).strip()
+    text = text.splitlines()[0].split(". ")[0] if text else ""  # torch's first sentence, not its advice
+    return f"{type(x).__name__}: {text}"
+
+
+def load_checkpoint(model: nn.Module, optimizer, checkpoint_id, process_group=None) -> None:
+    """Loads what save_checkpoint wrote, on any number of processes (torch.distributed.checkpoint
+    reshards), into the model (and its linear_state) and the optimizer; or raises ValueError on every
+    rank and leaves both as they were: a shard file missing, cut short or unreadable, or tensor rows
+    whose bytes fail their CRC-32 (named with their file). It holds a second copy of the state while
+    loading. A checkpoint without CRC-32s (a plain dcp.save) loads staged but unchecked. A fresh
+    optimizer (no state yet) is stepped once with lr 0 by torch's get_optimizer_state_dict to make
+    its state; a failed load empties it again."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    from .linear import load_linear_state
+
+    fn = "octet.torch.fsdp.load_checkpoint"
+    fresh = not optimizer.state  # get_optimizer_state_dict steps it once with lr 0 to make its state
+    try:
+        live = _states(model, optimizer)
+        crc_keys, metadata = _crc_keys(checkpoint_id)
+        if metadata is not None:
+            _check_files(checkpoint_id, metadata)
+            if not any(k.startswith("linear.") for k in metadata.state_dict_metadata):
+                live["linear"] = {}  # a plain dcp.save of the model and the optimizer
+        staged = {k: _staged(v) for k, v in live.items()}
+        tensors = dict(_tree_leaves(staged))
+        crc_keys = {k for k in (crc_keys or ()) if isinstance(tensors.get(k), torch.Tensor)}
+        staged["crc32"] = {k: _checksum(tensors[k], template=True) for k in sorted(crc_keys)}
+        try:
+            dcp.load(staged, checkpoint_id=checkpoint_id, process_group=process_group)
+        except (CheckpointException, Exception) as e:  # CheckpointException (a BaseException) has every rank's
+            failures = getattr(e, "failures", None) or {None: e}
+            causes = "; ".join(f"{'' if r is None else f'rank {r}: '}{_first_line(x)}"
+                               for r, x in sorted(failures.items(), key=lambda rx: rx[0] or 0))
+            raise ValueError(f"{fn}: reading checkpoint '{checkpoint_id}' failed ({causes}): a shard file is damaged "
+                             "or not this checkpoint's; the model and the optimizer are unchanged") from e
+        found = _check_staged(staged, crc_keys, metadata)
+        if dist.is_initialized():
+            everyone = [None] * dist.get_world_size(process_group)
+            dist.all_gather_object(everyone, found, group=process_group)
+        else:
+            everyone = [found]
+        bad = [f"rank {r}: {x}" for r, xs in enumerate(everyone) for x in xs]
+        if bad:
+            raise ValueError(f"{fn}: checkpoint '{checkpoint_id}' is corrupted: {'; '.join(bad)} do not match their "
+                             "CRC-32; the model and the optimizer are unchanged")
+        set_optimizer_state_dict(model, optimizer, staged["optim"])
+        set_model_state_dict(model, staged["model"])
+        if staged["linear"]:
+            load_linear_state(model, staged["linear"])
+    except BaseException:
+        if fresh:
+            optimizer.state.clear()
+        raise
+
+
 __all__ = ["Float8ShardedWeight", "Float8GatheredWeight", "FP8_ALL_GATHER_RECIPES", "enable_fp8_all_gather",
-           "precompute_fp8_scales", "gathered_forward"]
+           "precompute_fp8_scales", "gathered_forward", "save_checkpoint", "load_checkpoint"]

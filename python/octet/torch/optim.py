@@ -42,10 +42,24 @@ distinct bits per parameter. state_dict() holds the codes and meta tensors, the 
 offset of every parameter, and the seed and codecs of every group; load_state_dict() restores them
 bit for bit (no dtype casts), so a resumed run continues bit-identically. Like torch's optimizers,
 state_dict() returns the live state tensors: save it (torch.save) or deep-copy it before stepping on.
+
+Checked loading. state_dict() adds to each parameter's state a "crc32" of its state tensors: for a
+parameter stepped by rows, an int64 DTensor [rows, 5] sharded like it (the CRC-32 of each row of
+m_codes, m_meta, v_codes, v_meta, compensation, started at the row's global index, so that
+torch.distributed.checkpoint reshards it with the rows it checks); otherwise an int64 tensor [5] of
+the whole tensors' CRC-32. load_state_dict() checks every parameter's state before it assigns
+anything and raises ValueError naming the parameter, the state tensor and the rows: a missing key,
+a dtype or size that the codecs do not store, a plain tensor where the parameter is sharded by rows
+(or the reverse), a state saved by one rank on another number of ranks (a rank's state_dict() holds
+its rows only: reshard through torch.distributed.checkpoint), or bytes that fail their CRC-32
+(corrupted, or another rank's rows). A state without "crc32" (saved before it existed) loads
+unchecked. torch.distributed.checkpoint's own load writes into the tensors it is given, the live
+ones when they come from get_optimizer_state_dict: octet.torch.fsdp.load_checkpoint stages it.
 """
 
 import math
-from typing import Any, Dict, Iterable, Optional
+import zlib
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
@@ -62,6 +76,9 @@ REPORT_FIELDS = ("nonfinite_gradients", "blocks_zeroed", "skipped")
 
 _CODE_DTYPES = {4: torch.float32, 2: torch.bfloat16, 1: torch.uint8}
 _BLOCK = 256  # octet::optim_block: offsets of shards and parameters are multiples of it
+# A parameter's state tensors, in the order of the columns of its "crc32"
+STATE_TENSORS = ("m_codes", "m_meta", "v_codes", "v_meta", "compensation")
+_STATE_SCALARS = ("step", "element_offset", "m_codec", "v_codec", "master")
 
 
 # ---- fake (meta) kernels ----
@@ -187,6 +204,34 @@ def _all_reduce_sums(values, mesh):
     t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(t, group=mesh.get_group())
     return t.tolist()
+
+
+def crc32_rows(t: torch.Tensor, rows: int, first_row: int = 0) -> List[int]:
+    """The CRC-32 of each of the ``rows`` equal parts of a plain tensor's bytes, row r's started at
+    first_row + r (its global index: a row checked at another place fails). rows 0: []."""
+    if rows == 0:
+        return []
+    data = t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
+    per = data.size // rows
+    return [zlib.crc32(data[r * per:(r + 1) * per], first_row + r) & 0xFFFFFFFF for r in range(rows)]
+
+
+def _local_rows(t: torch.Tensor, sharding: "_Sharding") -> torch.Tensor:
+    """A by-rows state tensor's local part as [local rows, width] (an empty plain tensor: width 0)."""
+    local = t.to_local() if isinstance(t, _dtensor_class()) else t
+    return local.reshape(sharding.local_rows, -1) if local.numel() else local.new_empty(sharding.local_rows, 0)
+
+
+def _state_crc(state: Dict[str, Any], sharding: Optional["_Sharding"]) -> torch.Tensor:
+    """A parameter's "crc32" (see the module docstring) from its state tensors."""
+    device = state["m_codes"].device
+    if sharding is not None and sharding.by_rows:
+        cols = [crc32_rows(_local_rows(state[k], sharding), sharding.local_rows, sharding.first_row)
+                for k in STATE_TENSORS]
+        local = torch.tensor(list(zip(*cols)) if sharding.local_rows else [], dtype=torch.int64,
+                             device=device).reshape(-1)
+        return sharding.wrap(local, len(STATE_TENSORS))
+    return torch.tensor([crc32_rows(state[k], 1)[0] for k in STATE_TENSORS], dtype=torch.int64, device=device)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -363,21 +408,118 @@ class AdamW(torch.optim.Optimizer):
             p.to_local().copy_(param[sharding.local_slices])
         return r
 
+    def state_dict(self) -> Dict[str, Any]:
+        """torch's state_dict(), each parameter's state with its "crc32" (module docstring)."""
+        sd = super().state_dict()
+        dtensor = _dtensor_class()
+        index = 0
+        for g in self.param_groups:
+            for p in g["params"]:
+                s = self.state.get(p)
+                if s and index in sd["state"]:
+                    sharding = _Sharding(p) if dtensor is not None and isinstance(p, dtensor) else None
+                    sd["state"][index] = {**sd["state"][index], "crc32": _state_crc(s, sharding)}
+                index += 1
+        return sd
+
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """As torch's, but the state tensors are copied as they are: torch would cast them to the
         parameter's dtype (uint8 codes to bfloat16 values, float32 moments of a bf16 parameter).
-        A state dict of torch.optim.AdamW (its state holds exp_avg and exp_avg_sq) is imported: its
-        hyperparameters replace the groups', and each moment is encoded with the group's codec
-        (exactly, for fp32); amsgrad and maximize are refused by name."""
+        Every parameter's state is checked first (check_state_dict); nothing is assigned unless all
+        pass. A state dict of torch.optim.AdamW (its state holds exp_avg and exp_avg_sq) is
+        imported: its hyperparameters replace the groups', and each moment is encoded with the
+        group's codec (exactly, for fp32); amsgrad and maximize are refused by name."""
         if _is_torch_adamw_state(state_dict):
             state_dict = self._from_torch_adamw(state_dict)
+        else:
+            self.check_state_dict(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]
         for i, p in zip(saved_ids, params):
             if i in state_dict["state"]:
                 self.state[p] = {k: (v.detach().clone().to(p.device) if isinstance(v, torch.Tensor) else v)
-                                 for k, v in state_dict["state"][i].items()}
+                                 for k, v in state_dict["state"][i].items() if k != "crc32"}
+
+    def check_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Raises ValueError naming the first parameter whose saved state this optimizer cannot
+        take (module docstring: checked loading); changes nothing. Group sizes that differ are left
+        to torch's load_state_dict, which names them."""
+        groups = state_dict.get("param_groups", [])
+        if len(groups) != len(self.param_groups) or any(len(a["params"]) != len(b["params"])
+                                                        for a, b in zip(groups, self.param_groups)):
+            return
+        for saved, g in zip(groups, self.param_groups):
+            for i, p in zip(saved["params"], g["params"]):
+                s = state_dict.get("state", {}).get(i)
+                if s:
+                    self._check_param_state(i, p, s)
+
+    @staticmethod
+    def _check_param_state(i, p, s) -> None:
+        fn = "octet.torch.AdamW.load_state_dict"
+        name = f"parameter {i!r} {tuple(p.shape)}"
+        missing = [k for k in STATE_TENSORS + _STATE_SCALARS if k not in s]
+        if missing:
+            raise ValueError(f"{fn}: the state of {name} lacks {', '.join(missing)}; pass a state_dict() of "
+                             "octet.torch.AdamW")
+        for k, choices in (("m_codec", CODECS), ("v_codec", CODECS), ("master", MASTERS)):
+            if s[k] not in choices:
+                raise ValueError(f"{fn}: the state of {name} has {k} {s[k]!r}; octet.torch.AdamW knows "
+                                 f"{', '.join(choices)}")
+        dtensor = _dtensor_class()
+        sharding = _Sharding(p) if dtensor is not None and isinstance(p, dtensor) else None
+        by_rows = sharding is not None and sharding.by_rows
+        sizes = state_sizes(s["m_codec"], s["v_codec"], s["master"], p.numel())
+        want = {"m_codes": (p.numel(), sizes["m_code_dtype"]), "m_meta": (sizes["m_meta_bytes"], torch.uint8),
+                "v_codes": (p.numel(), sizes["v_code_dtype"]), "v_meta": (sizes["v_meta_bytes"], torch.uint8),
+                "compensation": (sizes["compensation"], torch.bfloat16)}
+        codecs = f"m_codec {s['m_codec']!r}, v_codec {s['v_codec']!r}, master {s['master']!r}"
+        for k, (n, dtype) in want.items():
+            v = s[k]
+            if not isinstance(v, torch.Tensor) or v.dtype != dtype or v.numel() != n:
+                what = f"{v.numel()} elements of {v.dtype}" if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError(f"{fn}: {name}'s {k} holds {what}; its state ({codecs}) is {n} elements of {dtype}")
+            if not (by_rows and n):
+                if dtensor is not None and isinstance(v, dtensor):
+                    raise ValueError(f"{fn}: {name}'s {k} is a DTensor sharded over {v.device_mesh.size()} ranks, "
+                                     "and this parameter's state is a whole tensor (it is not sharded by rows here); "
+                                     "reshard sharded state through torch.distributed.checkpoint")
+                continue
+            ranks = sharding.mesh.size()
+            if not isinstance(v, dtensor):
+                raise ValueError(f"{fn}: {name}'s {k} is a plain tensor, and this parameter is sharded by rows over "
+                                 f"{ranks} ranks (its state is a DTensor sharded like it); load sharded state "
+                                 "through torch.distributed.checkpoint")
+            saved_ranks, local = v.device_mesh.size(), v.to_local()
+            if saved_ranks != ranks or local.numel() != sharding.local_rows * (n // sharding.rows):
+                raise ValueError(f"{fn}: {name}'s {k} was saved sharded over {saved_ranks} ranks ({local.numel()} "
+                                 f"elements on this rank), and this parameter is sharded over {ranks} (rank "
+                                 f"{sharding.rank} holds {sharding.local_rows} of its {sharding.rows} rows): a rank's "
+                                 "state_dict() holds its own rows only; save and load sharded state with "
+                                 "torch.distributed.checkpoint (octet.torch.fsdp.save_checkpoint / "
+                                 "load_checkpoint), which reshards it")
+        crc = s.get("crc32")
+        if crc is None:
+            return
+        got = _state_crc(s, sharding)
+        if by_rows:
+            if not isinstance(crc, dtensor) or tuple(crc.shape) != tuple(got.shape):
+                raise ValueError(f"{fn}: {name}'s crc32 is not an int64 DTensor {tuple(got.shape)} sharded like its "
+                                 "rows; pass the state_dict() this optimizer made")
+            crc, got = crc.to_local(), got.to_local()
+        if crc.shape != got.shape:
+            raise ValueError(f"{fn}: {name}'s crc32 has shape {tuple(crc.shape)}, not {tuple(got.shape)}")
+        bad = (crc.to(got.device, torch.int64) != got).reshape(-1, len(STATE_TENSORS))
+        if bool(bad.any()):
+            col = int(bad.any(0).nonzero()[0])
+            rows = bad[:, col].nonzero().reshape(-1)
+            where = ""
+            if by_rows:
+                first = sharding.first_row
+                where = f" rows {first + int(rows[0])}..{first + int(rows[-1])} (of {sharding.rows})"
+            raise ValueError(f"{fn}: {name}'s {STATE_TENSORS[col]}{where} does not match its CRC-32: the bytes are "
+                             "corrupted, or are another rank's rows; nothing was loaded")
 
     # ---- torch.optim.AdamW's state ---------------------------------------------------------------
 
