@@ -7,9 +7,10 @@
 // order the in-process ranks sum in, not MPI_Allreduce's, which MPI does not fix), so that both modes produce the same
 // bits. Every buffer is booked in the run's meter.
 //
-// restore_point keeps a copy of the codec's residuals before each step: a repeated step restores
-// them (every attempt's encode updates them; without this a corrupted first attempt would live on
-// in the residuals and poison the repeat).
+// restore_point keeps a copy of the codec's residuals before each all-reduce (the only call that
+// updates them), in the step buffers lent beside the all-reduce's scratch: a repeated step restores
+// them before its forward (every attempt's encode updates them; without this a corrupted first
+// attempt would live on in the residuals and poison the repeat).
 #pragma once
 
 #include "common/model.hpp"
@@ -83,14 +84,16 @@ public:
     }
 
     /// Reduces this process's ranks' gradients `grads` (one per local rank) with every other
-    /// rank's into grads[0], their mean over the P ranks; returns its L2 norm. Between steps: the
-    /// codec's scratch is lent by `buffers` (whose regions it overwrites).
-    double reduce(std::vector<metered_vector<float>>& grads, step_buffers& buffers) {
+    /// rank's into grads[0], their mean over the P ranks; returns its L2 norm. `scratch`: one
+    /// part per local rank of lend_parts()'s sizes (the step buffers, lent between steps).
+    double reduce(std::vector<metered_vector<float>>& grads, const std::vector<octet::span<unsigned char>>& scratch) {
         const std::size_t n = n_;
         const int P = P_;
         if (codec_on_) {
+            OCTET_REQUIRE(scratch.size() == parts_.size(), "train::gradient_exchange::reduce", "scratch",
+                          "needs one part per local rank, of lend_parts()'s sizes");
             std::vector<octet::host_arena> arenas;
-            for (const auto& part : buffers.lend(parts_)) arenas.emplace_back(part);
+            for (const auto& part : scratch) arenas.emplace_back(part);
             auto options = [&](int l) {
                 octet::allreduce_options ao;
                 ao.expected_ranks = P;
@@ -137,26 +140,36 @@ private:
     metered_vector<float> gathered_;  // under mpirun without the codec: every rank's gradient
 };
 
-/// The codec's residuals as they were before a step, for a repeat of the step to start from.
+/// The codec's residuals as they were before a step's all-reduce, for a repeat of the step to
+/// start from. The copies live in parts the caller lends (the step buffers, idle from the
+/// all-reduce until the repeat's forward, which starts with restore()).
 class restore_point {
 public:
-    restore_point(memory_meter& meter, gradient_exchange& exchange) : exchange_(exchange) {
-        for (const auto& v : exchange.residual_views())
-            copies_.push_back(make_metered<std::uint8_t>(meter, octet::memory_category::temporaries, v.bytes()));
+    explicit restore_point(gradient_exchange& exchange) : exchange_(exchange) {
+        for (const auto& v : exchange.residual_views()) parts_.push_back(v.bytes());
     }
-    void keep() {
+    /// The bytes of each copy: lend these beside the all-reduce's scratch.
+    const std::vector<std::size_t>& lend_parts() const { return parts_; }
+    /// Copies the residuals into `copies` (lend_parts()'s sizes), which must stay untouched until
+    /// restore() or the next keep().
+    void keep(const std::vector<octet::span<unsigned char>>& copies) {
+        OCTET_REQUIRE(copies.size() == parts_.size(), "train::restore_point::keep", "copies",
+                      "needs one part per residual, of lend_parts()'s sizes");
+        copies_ = copies;
         const auto views = exchange_.residual_views();
         for (std::size_t i = 0; i < views.size(); ++i)
             std::copy(views[i].data, views[i].data + views[i].bytes(), copies_[i].data());
     }
     void restore() {
         const auto views = exchange_.residual_views();
-        for (std::size_t i = 0; i < views.size(); ++i) std::copy(copies_[i].begin(), copies_[i].end(), views[i].data);
+        for (std::size_t i = 0; i < views.size() && i < copies_.size(); ++i)
+            std::copy(copies_[i].data(), copies_[i].data() + copies_[i].size(), views[i].data);
     }
 
 private:
     gradient_exchange& exchange_;
-    std::vector<metered_vector<std::uint8_t>> copies_;
+    std::vector<std::size_t> parts_;
+    std::vector<octet::span<unsigned char>> copies_;
 };
 
 }  // namespace train

@@ -55,15 +55,21 @@ inline octet::memory_ledger predicted_ledger(const ledger_shape& s, gradient_exc
     lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, s.threads) +
                           (raised ? transformer::raise_precision_bytes(mc, rc, per_rank) : 0.0);
     // Temporaries: the models' own and their one set of step buffers (their block large enough to
-    // lend the codec its messages and scratch between steps), the token batches, and the copy of the
-    // residuals a repeated step restores (the checkpoint's is in its file).
+    // lend, between steps, the codec its messages and scratch and the copy of the residuals a
+    // repeated step restores; the checkpoint's copy is in its file), the token batches, and a raised
+    // step's float buffers.
     std::vector<std::size_t> parts;
     if (rc.gradient_codec)
-        for (int r = first; r < first + L; ++r) parts.push_back(exchange.scratch_bytes(r));
+        for (int r = first; r < first + L; ++r) {
+            parts.push_back(exchange.scratch_bytes(r));
+            parts.push_back(octet::residual_bytes(rc.residuals, n));
+            parts.push_back(
+                octet::residual_bytes(rc.residuals, octet::allreduce_shard(exchange.codec(), n, P, r).count));
+        }
     const std::size_t lend = step_buffers::lend_bytes(parts);
     lc.temporary_bytes = L * transformer::temporary_bytes(mc, rc, per_rank, s.threads, lend) -
                          (L - 1) * transformer::step_buffer_bytes(mc, rc, per_rank, s.threads, lend) + tokens_bytes +
-                         residual_bytes;
+                         (raised ? static_cast<double>(transformer::raise_temporary_bytes(mc, rc, per_rank)) : 0.0);
     return octet::optimizer_memory_ledger(lc);  // weights: the masters alone (compute reads them in place)
 }
 

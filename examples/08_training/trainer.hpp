@@ -141,9 +141,10 @@ public:
           n_(transformer::parameter_count(o.size)),
           opt_(make_optimizer_booked()),
           exchange_(meter_, o.recipe, n_, P_, local_ranks::count_of(o), local_ranks::first_of(o), o.procs),
-          ranks_(meter_, o, n_, per_rank_, exchange_.lend_parts()),
+          restore_(exchange_),
+          lend_parts_(between_steps(exchange_, restore_)),
+          ranks_(meter_, o, n_, per_rank_, lend_parts_),
           evaluate_(meter_, data, o.size, o.eval_sequences, per_rank_),
-          restore_(meter_, exchange_),
           checkpoints_(o.scratch, o.procs, o.steps, *opt_, exchange_),
           policy_(recovery_ladder(), recovery_wiring()) {
         res_.recipe = o.recipe.name, res_.size = o.size.name, res_.seed = o.seed, res_.steps = o.steps;
@@ -163,7 +164,6 @@ public:
     /// One step (started at t0, for its time). The checks see the reduced gradient before the
     /// update; with recovery on, the policy decides whether it is applied.
     step_result step(std::int64_t step, clock_type::time_point t0) {
-        restore_.keep();
         current_ = gradients(step, false);
         checks_.measure(step, current_, grad());
         step_result r;
@@ -227,6 +227,14 @@ private:
     weights_ref params() const { return opt_->view(); }  // the master weights, read in place
     octet::span<float> grad() { return octet::span<float>(ranks_.grads[0].data(), n_); }
 
+    /// What the step buffers lend between steps: the all-reduce's scratch of each local rank, then
+    /// the copies of the residuals (none without the codec).
+    static std::vector<std::size_t> between_steps(const gradient_exchange& exchange, const restore_point& restore) {
+        std::vector<std::size_t> parts = exchange.lend_parts();
+        parts.insert(parts.end(), restore.lend_parts().begin(), restore.lend_parts().end());
+        return parts;
+    }
+
     /// The optimizer over freshly initialized parameters, its weights and state booked; the
     /// initial copy is booked while it lives.
     std::unique_ptr<optimizer> make_optimizer_booked() {
@@ -288,8 +296,13 @@ private:
         }
         for (int l = 0; l < L; ++l)
             faults_.gradients_computed(step, first + l, octet::span<float>(ranks_.grads[l].data(), n_));
+        // The step buffers are idle until the next forward: they hold the all-reduce's scratch
+        // and the copy of the residuals it is about to update.
+        const auto lent = ranks_.buffers->lend(lend_parts_);
+        const auto split = lent.begin() + static_cast<std::ptrdiff_t>(exchange_.lend_parts().size());
+        restore_.keep(std::vector<octet::span<unsigned char>>(split, lent.end()));
         const auto t0 = clock_type::now();
-        s.norm = exchange_.reduce(ranks_.grads, *ranks_.buffers);
+        s.norm = exchange_.reduce(ranks_.grads, std::vector<octet::span<unsigned char>>(lent.begin(), split));
         op_seconds_["allreduce"] += seconds_since(t0);
         return s;
     }
@@ -424,11 +437,12 @@ private:
     const int P_, per_rank_;  // ranks in all; sequences per rank and step
     const std::size_t n_;     // parameters
     memory_meter meter_;
-    std::unique_ptr<optimizer> opt_;  // owns the master weights (compute reads them in place)
-    gradient_exchange exchange_;      // (before ranks_: their step buffers lend it its scratch)
+    std::unique_ptr<optimizer> opt_;       // owns the master weights (compute reads them in place)
+    gradient_exchange exchange_;           // (before ranks_: their step buffers lend it its scratch)
+    restore_point restore_;                // the codec residuals a repeated step starts from
+    std::vector<std::size_t> lend_parts_;  // lent between steps: exchange_'s scratch, then restore_'s copies
     local_ranks ranks_;
     evaluator evaluate_;
-    restore_point restore_;  // the codec residuals a repeated step starts from
     step_checks checks_;
     checkpointer checkpoints_;
     octet::recovery_policy policy_;

@@ -1136,6 +1136,16 @@ public:
         if (packed_o_recipe(r) && !compress_o_recipe(r)) floats += N * cfg.heads_q * cfg.head_dim;  // O (bf16)
         return 4.0 * cfg.layers * floats;
     }
+    /// The temporaries raising precision adds while it is on: the float linears' dY^T where the
+    /// step buffers hold the head's alone (0 where the recipe's linears are float or bf16).
+    static std::size_t raise_temporary_bytes(const model_config& cfg, const recipe_config& r, int max_batch) {
+        if (dense_linears(r)) return 0;
+        const std::size_t N = static_cast<std::size_t>(max_batch) * static_cast<std::size_t>(cfg.seq_len);
+        const std::size_t A = static_cast<std::size_t>(cfg.heads_q * cfg.head_dim),
+                          W = A + 2 * static_cast<std::size_t>(cfg.heads_kv * cfg.head_dim);
+        return sizeof(float) * N *
+               std::max({W, A, static_cast<std::size_t>(cfg.d_ff), static_cast<std::size_t>(cfg.d_model)});
+    }
 
     /// GPT-2's initialization: weights and embeddings N(0, 0.02), the two projections that write
     /// into the residual stream (proj, down) N(0, 0.02 / sqrt(2 layers)), norm gains 1. Draws
@@ -1313,9 +1323,15 @@ public:
     void set_high_precision(bool on) {
         if (on == high_precision_) return;
         high_precision_ = on;
-        if (on)
+        if (on) {
             for (auto& L : layers_) allocate_float_saves(L);
-        else if (!float_linear_recipe() || !float_attention_recipe() || bf16_attention_recipe(recipe_))
+            // the float path's dY^T, where the step buffers hold the head's alone
+            const std::size_t wide = raise_temporary_bytes(cfg_, recipe_, max_batch_) / sizeof(float);
+            if (wide > 0) yt_raised_ = make_metered<float>(meter_, temporaries(), wide);
+        } else {
+            yt_raised_ = metered_vector<float>(meter_alloc(temporaries()));
+        }
+        if (!on && (!float_linear_recipe() || !float_attention_recipe() || bf16_attention_recipe(recipe_)))
             for (auto& L : layers_) {
                 // move-assigning an empty vector frees the storage (a copy-assignment would keep it)
                 if (!float_linear_recipe())
@@ -1360,7 +1376,9 @@ private:
         f[S::dwide] = N * wide;
         f[S::do_] = N * A;
         f[S::wt] = max_in_out;
-        f[S::yt] = std::max({W, A, F, V, d}) * N;
+        // dY^T: of every linear where they run in float or bf16, else of the head alone (a raised
+        // step's float linears take their own, raise_temporary_bytes)
+        f[S::yt] = N * (dense_linears(r) ? std::max({W, A, F, V, d}) : V);
         f[S::xr] = bf16 ? N * std::max(wide, d) : 0;
         f[S::wr] = bf16 ? max_in_out : 0;
         f[S::attn_scratch] = workers * attention_scratch_floats(static_cast<std::size_t>(c.seq_len),
@@ -1370,6 +1388,11 @@ private:
                          ? decode_slot_floats(c) + static_cast<std::size_t>(c.seq_len) * d
                          : 0;
         return f;
+    }
+    /// Whether the recipe's linears run in float or bf16 on the host, transposing dY into the step
+    /// buffers (an FP8 linear keeps its own copies; a raised step's float path takes them too).
+    static bool dense_linears(const recipe_config& r) {
+        return r.linear == linear_mode::float32 || r.linear == linear_mode::bf16;
     }
     /// Floats of slot 0 of the bf16 weights' decode region: the largest parameter tensor (slot 1,
     /// after it, holds the position embedding, read beside the token embedding).
@@ -1823,7 +1846,8 @@ private:
     }
 
     linear_layer::scratch lin_scratch() {
-        return {wt_.data(), yt_.data(), xr_.empty() ? nullptr : xr_.data(), wr_.empty() ? nullptr : wr_.data()};
+        return {wt_.data(), yt_raised_.empty() ? yt_.data() : yt_raised_.data(), xr_.empty() ? nullptr : xr_.data(),
+                wr_.empty() ? nullptr : wr_.data()};
     }
 
     // ---- forward -----------------------------------------------------------------------------
@@ -2242,6 +2266,7 @@ private:
     float_region& attn_scratch_ = buf_->regions[step_buffers::attn_scratch];
     float_region& chunk_partials_ = buf_->regions[step_buffers::chunk_partials];
     float_region& wdec_ = buf_->regions[step_buffers::wdec];
+    metered_vector<float> yt_raised_{metered_allocator<float>(meter_, temporaries())};  // (raised, FP8 linears)
     metered_vector<double>& loss_partials_ = buf_->loss_partials;
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;

@@ -684,10 +684,15 @@ TEST_CASE("model: the ledger's prediction of activations and temporaries is what
                               transformer::temporary_bytes(cfg, r, 3, 2));
                         CHECK(L.total() == L.bytes(octet::memory_category::activations) +
                                                L.bytes(octet::memory_category::temporaries));
-                        const double before = L.bytes(octet::memory_category::activations);
+                        const double before = L.bytes(octet::memory_category::activations),
+                                     before_tmp = L.bytes(octet::memory_category::temporaries);
                         model.set_high_precision(true);
                         CHECK(L.bytes(octet::memory_category::activations) - before ==
                               transformer::raise_precision_bytes(cfg, r, 3));
+                        CHECK(L.bytes(octet::memory_category::temporaries) - before_tmp ==
+                              static_cast<double>(transformer::raise_temporary_bytes(cfg, r, 3)));
+                        model.set_high_precision(false);
+                        CHECK(L.bytes(octet::memory_category::temporaries) == before_tmp);
                     }
     }
 }
