@@ -76,7 +76,7 @@ def test_checkpoint_saved_on_2_resumes_on_4_and_1_bit_identically(tmp_path):
                         assert refusal == "no error", refusal
                     else:
                         assert "parameter 0 (10, 256)'s m_codes" in refusal, refusal
-                        assert f"saved sharded over 2 ranks" in refusal and f"sharded over {world} (rank" in refusal
+                        assert "saved sharded over 2 ranks" in refusal and f"sharded over {world} (rank" in refusal
                         assert got["per_rank_unchanged"], (world, rank)
                 for i, (a, b) in enumerate(zip(got["loaded_params"], saved_params)):
                     assert torch.equal(a, b), f"{codec}/{master}: loaded parameter {i} on {world} ranks"
