@@ -61,4 +61,21 @@ metered_vector<T> make_metered(memory_meter& m, octet::memory_category c, std::s
     return metered_vector<T>(n, value, metered_allocator<T>(m, c));
 }
 
+/// Books bytes allocated outside the meter's vectors (octet's own buffers: a linear_context's, a
+/// host_arena's) in the meter for as long as it lives.
+class meter_booking {
+public:
+    meter_booking(memory_meter& m, octet::memory_category c, double bytes) : m_(&m), c_(c), bytes_(bytes) {
+        m_->allocate(c_, bytes_);
+    }
+    ~meter_booking() { m_->release(c_, bytes_); }
+    meter_booking(const meter_booking&) = delete;
+    meter_booking& operator=(const meter_booking&) = delete;
+
+private:
+    memory_meter* m_;
+    octet::memory_category c_;
+    double bytes_;
+};
+
 }  // namespace common
