@@ -919,3 +919,104 @@ TEST_CASE("layers on one shared linear_workspace compute the bits of layers with
 }
 
 }  // namespace nn_linear_workspace_test
+
+namespace nn_linear_recompute_test {
+using namespace octet;
+
+/// Two steps of a layer that keeps X's copy against one that takes X again in the backward
+/// (config.recompute_input), on a workspace and on storage of its own: given the forward's X, the
+/// same bits (delayed scaling included: the forward's X scale); given another X, dX and db the
+/// same and dW that of the other X's copy; the activation memory W's copy alone.
+template <class LR>
+void check_recompute(std::uint64_t salt) {
+    INFO("seed=" << octet_test::run_seed());
+    auto g = octet_test::rng(salt);
+    const std::size_t tokens = 1 + g() % 150, in = 32 * (1 + g() % 5), out = 32 * (1 + g() % 5);
+    linear_config c;
+    c.max_tokens = tokens + 3;
+    c.in_features = in;
+    c.out_features = out;
+    c.seed = salt;
+    linear_config r = c;
+    r.recompute_input = true;
+    linear_workspace ws;
+    linear_context<LR> kept(c), again(r), again_ws(r, ws), again_other(r);
+    CHECK(again.memory().saved_for_backward == detail::quant_buffer_bytes<typename LR::w_recipe>(in, out));
+    CHECK(again.memory().saved_for_backward + detail::quant_buffer_bytes<typename LR::x_recipe>(in, c.max_tokens) ==
+          kept.memory().saved_for_backward);
+    CHECK(again_ws.memory().saved_for_backward == again.memory().saved_for_backward);
+    CHECK(ws.bytes() == linear_context<LR>::workspace_bytes(r));
+    CHECK(linear_context<LR>::workspace_bytes(r) >= linear_context<LR>::workspace_bytes(c));
+    thread_pool pool(2);
+    for (int step = 0; step < 2; ++step) {
+        const auto x = octet_test::with_edge_cases(g, tokens * in, 1.0f);
+        const auto w = octet_test::with_edge_cases(g, out * in, 0.1f);
+        const auto dy = octet_test::with_edge_cases(g, tokens * out, 0.01f);
+        auto x2 = x;  // "a recomputation": another X
+        for (std::size_t i = 0; i < x2.size(); i += 3) x2[i] *= 1.5f;
+        const matrix_ref<const float> X(x.data(), tokens, in), X2(x2.data(), tokens, in), W(w.data(), out, in),
+            DY(dy.data(), tokens, out);
+        struct result {
+            std::vector<float> y, dx, dw, db;
+        };
+        auto run = [&](linear_context<LR>& ctx, const matrix_ref<const float>* x_again) {
+            result res{std::vector<float>(tokens * out), std::vector<float>(tokens * in), std::vector<float>(out * in),
+                       std::vector<float>(out)};
+            linear_forward(on_host(pool), ctx, X, W, {}, matrix_ref<float>(res.y.data(), tokens, out));
+            const matrix_ref<float> dx(res.dx.data(), tokens, in), dw(res.dw.data(), out, in);
+            if (x_again)
+                linear_backward(on_host(pool), ctx, *x_again, DY, dx, dw, as_span(res.db));
+            else
+                linear_backward(on_host(pool), ctx, DY, dx, dw, as_span(res.db));
+            return res;
+        };
+        const result a = run(kept, nullptr), b = run(again, &X), bw = run(again_ws, &X);
+        for (const result* q : {&b, &bw}) {
+            CHECK(std::memcmp(a.y.data(), q->y.data(), a.y.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(a.dx.data(), q->dx.data(), a.dx.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(a.dw.data(), q->dw.data(), a.dw.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(a.db.data(), q->db.data(), a.db.size() * sizeof(float)) == 0);
+        }
+        CHECK(again.stats().x.columnwise.elements == kept.stats().x.columnwise.elements);
+        CHECK(again.stats().x.columnwise.noise_energy == kept.stats().x.columnwise.noise_energy);
+        // another X (a context in lockstep: the same delayed-scaling histories): dX and db as
+        // before, dW another
+        const result d = run(again_other, &X2);
+        CHECK(std::memcmp(a.dx.data(), d.dx.data(), a.dx.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(a.db.data(), d.db.data(), a.db.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(a.dw.data(), d.dw.data(), a.dw.size() * sizeof(float)) != 0);
+    }
+    // bad input, named: no X where a weight gradient needs it, an X the context does not take, a
+    // wrong shape, a recipe whose X copy is rotated
+    std::vector<float> x(tokens * in, 1.0f), w(out * in, 0.5f), y(tokens * out), dy(tokens * out, 1.0f),
+        dx(tokens * in), dw(out * in);
+    const matrix_ref<const float> X(x.data(), tokens, in), W(w.data(), out, in), DY(dy.data(), tokens, out);
+    linear_forward(on_host(), again, X, W, {}, matrix_ref<float>(y.data(), tokens, out));
+    CHECK_THROWS_WITH_AS(linear_backward(on_host(), again, DY, matrix_ref<float>(dx.data(), tokens, in),
+                                         matrix_ref<float>(dw.data(), out, in), {}),
+                         doctest::Contains("x"), octet::error);
+    CHECK_THROWS_WITH_AS(
+        linear_backward(on_host(), again, matrix_ref<const float>(x.data(), tokens, in - 1), DY,
+                        matrix_ref<float>(dx.data(), tokens, in), matrix_ref<float>(dw.data(), out, in), {}),
+        doctest::Contains("x"), octet::error);
+    // dX alone needs no X
+    linear_backward(on_host(), again, DY, matrix_ref<float>(dx.data(), tokens, in), {}, {});
+    linear_forward(on_host(), kept, X, W, {}, matrix_ref<float>(y.data(), tokens, out));
+    CHECK_THROWS_WITH_AS(linear_backward(on_host(), kept, X, DY, matrix_ref<float>(dx.data(), tokens, in),
+                                         matrix_ref<float>(dw.data(), out, in), {}),
+                         doctest::Contains("recompute_input"), octet::error);
+}
+
+TEST_CASE("linear: recompute_input takes X again in the backward: the saved forward's bits, W's copy alone kept") {
+    check_recompute<linear_recipes::blockwise>(21);
+    check_recompute<linear_recipes::mxfp8>(22);
+    check_recompute<linear_recipes::tensorwise>(23);
+    check_recompute<linear_recipes::tensorwise_delayed>(24);
+    linear_config c;
+    c.max_tokens = 16;
+    c.in_features = c.out_features = 32;
+    c.recompute_input = true;
+    CHECK_THROWS_WITH_AS(linear_context<linear_recipes::nvfp4>{c}, doctest::Contains("recompute_input"), octet::error);
+}
+
+}  // namespace nn_linear_recompute_test

@@ -240,7 +240,7 @@ public:
 
     /// Allocates the buffers from ex's allocator and enqueues the state's initialization on ex.stream.
     linear_context(stream_executor ex, const linear_config& c)
-        : config_(detail::checked_linear_config(c, "octet::cuda::linear_context")),
+        : config_(detail::checked_linear_config<LR>(c, "octet::cuda::linear_context", /*on_stream=*/true)),
           copies_(c, ex),
           rotated_(ex, rotated_floats() * sizeof(float)),
           history_(ex, history_floats() * sizeof(float)),

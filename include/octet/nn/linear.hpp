@@ -177,6 +177,13 @@ struct linear_config {
     /// Gather quant_stats (saturation, underflow, SQNR) in every quantize (set_collect_stats
     /// changes it between steps); the amaxes are kept either way.
     bool collect_stats = true;
+    /// Host contexts: a training forward keeps W's column-wise copy only, and the backward takes X
+    /// again (linear_context::backward(ex, x, dy, ...): the forward's X, or the caller's
+    /// recomputation of it, e.g. a norm's output from its saved input) and makes X's column-wise
+    /// copy then, in the transient storage. Given the forward's X, every result is the saved
+    /// forward's bit for bit (a delayed-scaling X copy uses the forward's scale); another X changes
+    /// dW only. Activation memory keeps W's copy alone; not with HadamardWgrad (nvfp4) or on a stream.
+    bool recompute_input = false;
 };
 
 /// The quantize results of the last forward (x, w, x_hadamard) and backward (dy, dy_hadamard).
@@ -614,16 +621,24 @@ linear_memory linear_context_memory(const linear_config& c) {
     using GR = typename LR::g_quantize_recipe;
     const std::size_t in = c.in_features, out = c.out_features, wgrad = linear_wgrad_tokens<LR>(c.max_tokens);
     linear_memory m;
-    m.saved_for_backward = quant_buffer_bytes<XR>(in, wgrad) + quant_buffer_bytes<WR>(in, out);
+    m.saved_for_backward =
+        (c.recompute_input ? 0 : quant_buffer_bytes<XR>(in, wgrad)) + quant_buffer_bytes<WR>(in, out);
     m.workspace = quant_buffer_bytes<XR>(c.max_tokens, in) + quant_buffer_bytes<WR>(out, in) +
                   quant_buffer_bytes<GR>(c.max_tokens, out) + quant_buffer_bytes<GR>(out, wgrad);
+    if (c.recompute_input) m.workspace += quant_buffer_bytes<XR>(in, wgrad);  // X's copy, made in the backward
     m.workspace += linear_rotated_floats<LR>(c) * sizeof(float);
     if (LR::scaling == linear_scaling::delayed)
         m.state = 3 * static_cast<std::size_t>(c.delayed.history_length) * sizeof(float);
     return m;
 }
 
-inline const linear_config& checked_linear_config(const linear_config& c, const char* fn) {
+template <class LR>
+const linear_config& checked_linear_config(const linear_config& c, const char* fn, bool on_stream = false) {
+    OCTET_REQUIRE(!c.recompute_input || !on_stream, fn, "config.recompute_input",
+                  "is set, but a stream context keeps X's copy (recompute_input is for host contexts)");
+    OCTET_REQUIRE(!c.recompute_input || !LR::hadamard_wgrad, fn, "config.recompute_input",
+                  "is set for a recipe with HadamardWgrad (nvfp4), whose X copy is of the rotated X; keep the "
+                  "forward's copy (recompute_input = false)");
     OCTET_REQUIRE(c.in_features > 0, fn, "config.in_features", "is 0; pass the columns of X and W (>= 1)");
     OCTET_REQUIRE(c.out_features > 0, fn, "config.out_features", "is 0; pass the rows of W (>= 1)");
     (void)delayed_scaling(c.delayed);  // checks the history length and margin
@@ -680,7 +695,8 @@ struct linear_copies {
     linear_copies(const linear_config& c, borrowed_storage b)
         : x_row(b, c.max_tokens, c.in_features),
           w_row(b, c.out_features, c.in_features),
-          x_col(c.in_features, linear_wgrad_tokens<LR>(c.max_tokens)),
+          x_col(c.recompute_input ? Buffer<XR>(b, c.in_features, linear_wgrad_tokens<LR>(c.max_tokens))
+                                  : Buffer<XR>(c.in_features, linear_wgrad_tokens<LR>(c.max_tokens))),
           w_col(c.in_features, c.out_features),
           dy_row(b, c.max_tokens, c.out_features),
           dy_col(b, c.out_features, linear_wgrad_tokens<LR>(c.max_tokens)) {}
@@ -691,7 +707,7 @@ struct linear_copies {
         buf.x = x_row.ref(tokens, c.in_features);
         buf.w = w_row.ref(c.out_features, c.in_features);
         if (training) {
-            buf.x_t = x_col.ref(c.in_features, linear_wgrad_tokens<LR>(tokens));
+            if (!c.recompute_input) buf.x_t = x_col.ref(c.in_features, linear_wgrad_tokens<LR>(tokens));
             buf.w_t = w_col.ref(c.in_features, c.out_features);
             buf.rotated = rotated;
         }
@@ -778,7 +794,7 @@ public:
     using GR = typename LR::g_quantize_recipe;
 
     explicit linear_context(const linear_config& c)
-        : config_(detail::checked_linear_config(c, "octet::linear_context")),
+        : config_(detail::checked_linear_config<LR>(c, "octet::linear_context")),
           copies_(c),
           rotated_(detail::linear_rotated_floats<LR>(c)),
           delayed_x_(c.delayed),
@@ -788,7 +804,7 @@ public:
     /// A context whose transient copies live in `workspace` (see linear_workspace), which grows
     /// here to workspace_bytes(c) if smaller. Same results, bit for bit, as a context of its own.
     linear_context(const linear_config& c, linear_workspace& workspace)
-        : config_(detail::checked_linear_config(c, "octet::linear_context")),
+        : config_(detail::checked_linear_config<LR>(c, "octet::linear_context")),
           copies_(c, detail::borrowed_storage{}),
           workspace_(&workspace),
           delayed_x_(c.delayed),
@@ -808,6 +824,10 @@ public:
         detail::scratch_carver forward, backward;
         (void)bind_transients(forward, c, x, w);
         (void)bind_transients(backward, c, dy, dy_t);
+        if (c.recompute_input) {  // X's column-wise copy, made in the backward
+            detail::quant_buffer<XR> x_t(b, c.in_features, linear_wgrad_tokens<LR>(c.max_tokens));
+            x_t.bind(backward);
+        }
         return std::max(forward.bytes(), backward.bytes());
     }
 
@@ -853,7 +873,8 @@ public:
                  matrix_ref<float> y, linear_pass pass = linear_pass::training) {
         detail::require_context_forward(config_, x, w);
         const bool training = pass == linear_pass::training;
-        if (training) saved_ = false;  // until the new copies are complete
+        if (training) saved_ = false;                          // until the new copies are complete
+        if (training) x_scale_amax_ = options().x_scale_amax;  // the backward's X copy uses it too
         span<float> rotated = as_span(rotated_);
         if (workspace_) {
             detail::scratch_carver c(workspace_->data());
@@ -873,15 +894,49 @@ public:
     }
 
     /// dX, dW and db (each skipped when passed empty) from the copies of the training forward
-    /// before it. One backward per training forward.
+    /// before it. One backward per training forward. Under config.recompute_input a weight
+    /// gradient needs X: pass it to the overload below.
     void backward(host_executor ex, matrix_ref<const float> dy, matrix_ref<float> dx, matrix_ref<float> dw,
                   span<float> db) {
         detail::require_context_backward(config_, saved_, tokens_, dy, dx, dw);
+        OCTET_REQUIRE(!config_.recompute_input || detail::matrix_absent(dw), "octet::linear_backward", "x",
+                      "is missing: the context keeps no copy of X (config.recompute_input), so a weight gradient "
+                      "takes X again; call backward(ex, x, dy, dx, dw, db)");
+        run_backward(ex, nullptr, dy, dx, dw, db);
+    }
+    /// The same under config.recompute_input: x (the forward's tokens x in_features) is the
+    /// forward's X or the caller's recomputation of it; X's column-wise copy is made from it here.
+    void backward(host_executor ex, matrix_ref<const float> x, matrix_ref<const float> dy, matrix_ref<float> dx,
+                  matrix_ref<float> dw, span<float> db) {
+        constexpr const char* fn = "octet::linear_backward";
+        detail::require_context_backward(config_, saved_, tokens_, dy, dx, dw);
+        OCTET_REQUIRE(config_.recompute_input, fn, "x",
+                      "is given, but the context keeps the forward's copy of X (config.recompute_input is false); "
+                      "call backward(ex, dy, dx, dw, db)");
+        detail::validate_input(x, fn, "x");
+        detail::require_linear_matrix(x, tokens_, config_.in_features, fn, "x",
+                                      "the forward's tokens x in_features (its X, or a recomputation of it)");
+        run_backward(ex, &x, dy, dx, dw, db);
+    }
+
+private:
+    void run_backward(host_executor ex, const matrix_ref<const float>* x, matrix_ref<const float> dy,
+                      matrix_ref<float> dx, matrix_ref<float> dw, span<float> db) {
         const bool want_dx = !detail::matrix_absent(dx), want_dw = !detail::matrix_absent(dw);
         span<float> rotated = as_span(rotated_);
         if (workspace_) {
             detail::scratch_carver c(workspace_->data());
             rotated = bind_transients(c, config_, copies_.dy_row, copies_.dy_col);
+            if (config_.recompute_input) copies_.x_col.bind(c);
+        }
+        if (want_dw && x) {  // recompute_input: X's column-wise copy, with the forward's X scale
+            quantize_options q;
+            q.collect_stats = config_.collect_stats;
+            q.tensor_amax = x_scale_amax_;
+            stats_.x.columnwise =
+                quantize<XR>(ex, *x, quantized_ref<XR>{},
+                             copies_.x_col.ref(config_.in_features, linear_wgrad_tokens<LR>(tokens_)), q)
+                    .columnwise;
         }
         linear_backward(ex, dy, dx, dw, db, copies_.backward(config_, tokens_, want_dx, want_dw, rotated), options(),
                         stats_);
@@ -895,7 +950,6 @@ public:
         saved_ = false;
     }
 
-private:
     /// Binds a call's two transient copies and the Hadamard buffer to the carver's storage, in one
     /// order for the call and for workspace_bytes; returns the buffer.
     template <class A, class B>
@@ -927,6 +981,7 @@ private:
     linear_stats stats_;
     std::uint64_t step_ = 0;
     std::size_t tokens_ = 0;
+    float x_scale_amax_ = -1.0f;  // the training forward's X scale amax (recompute_input's X copy)
     bool saved_ = false;
 };
 
@@ -945,6 +1000,13 @@ template <class LR>
 void linear_backward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> dy, matrix_ref<float> dx,
                      matrix_ref<float> dw, span<float> db) {
     ctx.backward(ex, dy, dx, dw, db);
+}
+/// The same for a context built with config.recompute_input: x is the forward's X (tokens x
+/// in_features) or the caller's recomputation of it, from which X's column-wise copy is made.
+template <class LR>
+void linear_backward(host_executor ex, linear_context<LR>& ctx, matrix_ref<const float> x, matrix_ref<const float> dy,
+                     matrix_ref<float> dx, matrix_ref<float> dw, span<float> db) {
+    ctx.backward(ex, x, dy, dx, dw, db);
 }
 
 }  // namespace octet
