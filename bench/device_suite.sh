@@ -22,6 +22,10 @@
 #                   built there against that machine's torch (its C++ ABI is the one that loads them),
 #                   with OCTET_TORCH_CUDA=ON, into .device/pybuild; then the test module runs with
 #                   OCTET_REQUIRE_CUDA=1 (a library without CUDA kernels fails instead of skipping)
+#   comm_nccl_sharded  the NCCL reduce-scatter and quantized all-gather (comm/nccl_sharded.cuh)
+#                   against the host versions, bit for bit, one rank per GPU (up to 4), beside
+#                   codec_nccl (the NCCL all-reduce); UNVERIFIED until a GPU (two for NCCL) has run
+#                   it (OCTET_SUITE_FILTER=nccl runs both)
 #   training_cuda   examples/08_training with its FP8 linears on the GPU (--linears cuda) against the
 #                   same 30-step runs on the host (cuda_matches_host.py: every loss within 0.02 nats)
 # Peers in Python (bench/gpu/*.py, each a line per result), among them linear_peers.py: Float8Linear
