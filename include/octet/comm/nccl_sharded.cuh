@@ -35,7 +35,8 @@
 // matrix. Synchronizes the stream twice (the descriptors, the timings at the end).
 //
 // Device scratch: both take every temporary from ex's allocator (with_allocator), else
-// cudaMallocAsync, stream-ordered: the descriptors (one small request, before the agreement), one
+// cudaMallocAsync, stream-ordered: the descriptors (one small request, before the agreement; a rank
+// that cannot take it leaves the others waiting, as comm/nccl.cuh's all-reduce does), one
 // block for the rest (taken inside the local checks: a rank that cannot take it stops every rank),
 // and quantized_allgather's quantize call its own (quantize_scratch_bytes). The *_scratch_bytes
 // queries below give the sum of those requests, each rounded up to 256 bytes. NCCL needs one GPU
