@@ -38,7 +38,7 @@
 // Host scratch: one block from ex's allocator (quantized_allgather_scratch_bytes), the quantizer's
 // own scratch among it.
 //
-// Remaining (issue 42): the same two operations on NCCL (comm/nccl.cuh) over device buffers.
+// On NCCL over device buffers: comm/nccl_sharded.cuh (the same contracts; unverified on hardware).
 #pragma once
 
 #include <cstddef>
