@@ -73,7 +73,7 @@ protected:
     }
 
     void recipe_backward(octet::host_executor, const float* dy, std::size_t n, const float*, float* dx, float* dw,
-                         const scratch&, step_telemetry* t) override {
+                         const scratch&, step_telemetry* t, const float*) override {
         const std::size_t I = static_cast<std::size_t>(in), O = static_cast<std::size_t>(out);
         upload(x_.get(), dy, n * O);  // X's device buffer is free again: its copies are made
         octet::linear_backward(ex(), ctx_, octet::matrix_ref<const float>(x_.get(), n, O),

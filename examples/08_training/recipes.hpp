@@ -78,6 +78,7 @@ inline std::vector<recipe_config> all_recipes() {
     all.gradient_codec = true;
     all.residuals = octet::residual_storage::e4m3;
     all.saved_activations = saved_storage::fp8;
+    all.recompute_linear_inputs = true;
     add(all);
     all.name = "octet_no_recovery";
     all.recovery = false;

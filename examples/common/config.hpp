@@ -96,6 +96,12 @@ struct recipe_config {
     octet::residual_storage residuals = octet::residual_storage::bf16;
     /// The non-linear layers' saved inputs: float32, bf16 or FP8 copies (saved_storage)
     saved_storage saved_activations = saved_storage::float32;
+    /// FP8 linears on the host (not nvfp4) keep no copy of their input X: the backward recomputes
+    /// X from what the non-linear layers saved (a norm's output from its input and rstd, GELU's
+    /// output from its input, attention's output from its copy) and quantizes it then
+    /// (octet::linear_config::recompute_input). Bit for bit the kept copies where those saves are
+    /// float32; from their bf16 or FP8 copies, the weight gradients read the decoded inputs.
+    bool recompute_linear_inputs = false;
     bool recovery = true;                  ///< checks before each update, and the recovery policy
     linear_factory make_linear = nullptr;  ///< where the linears run (null: make_linear_layer, the host)
 };

@@ -542,13 +542,14 @@ private:
         // layers (recipe.make_linear) keep their own.
         double shared_workspace = 0;
         for (const auto& sh : shapes) {
-            const auto lm = fp8_linear_memory(r.linear, Nt, sh[0], sh[1]);
+            const auto lm = fp8_linear_memory(r.linear, Nt, sh[0], sh[1], recompute_linears_recipe(r));
             m.activations += layers * static_cast<double>(lm.saved_for_backward);
             // each model's own: the delayed-scaling histories, a CUDA layer's workspace
             m.temporaries += layers * static_cast<double>(lm.state + (r.make_linear ? lm.workspace : 0));
             if (!r.make_linear)
-                shared_workspace = std::max(
-                    shared_workspace, static_cast<double>(fp8_linear_workspace_bytes(r.linear, Nt, sh[0], sh[1])));
+                shared_workspace =
+                    std::max(shared_workspace, static_cast<double>(fp8_linear_workspace_bytes(
+                                                   r.linear, Nt, sh[0], sh[1], recompute_linears_recipe(r))));
         }
         m.step_buffers += shared_workspace;
         m.step_buffers += static_cast<double>(scratch_arena_bytes(c, r, max_batch, threads));
@@ -580,28 +581,29 @@ private:
                    : bytes(octet::recipe<octet::e4m3, octet::block<1, 64>, octet::scale::amax_ratio<0>>{});
     }
     /// Bytes of octet::linear_workspace a layer of this mode binds (none for float32 / bf16).
-    static std::size_t fp8_linear_workspace_bytes(linear_mode mode, std::size_t tokens, std::size_t in,
-                                                  std::size_t out) {
+    static std::size_t fp8_linear_workspace_bytes(linear_mode mode, std::size_t tokens, std::size_t in, std::size_t out,
+                                                  bool recompute_input) {
         std::size_t bytes = 0;
 #if TRAIN_HAS_FP8_LINEAR
         with_fp8_linear_recipe(mode, [&](auto tag) {
             using LR = typename decltype(tag)::type;
             bytes = octet::linear_context<LR>::workspace_bytes(
-                fp8_linear_config(tokens, static_cast<int>(in), static_cast<int>(out), 0));
+                fp8_linear_config(tokens, static_cast<int>(in), static_cast<int>(out), 0, recompute_input));
         });
 #else
-        (void)mode, (void)tokens, (void)in, (void)out;
+        (void)mode, (void)tokens, (void)in, (void)out, (void)recompute_input;
 #endif
         return bytes;
     }
     /// What octet's linear_context of this mode reports for its buffers (none for float32 / bf16).
-    static octet::linear_memory fp8_linear_memory(linear_mode mode, std::size_t tokens, std::size_t in,
-                                                  std::size_t out) {
+    static octet::linear_memory fp8_linear_memory(linear_mode mode, std::size_t tokens, std::size_t in, std::size_t out,
+                                                  bool recompute_input = false) {
 #if TRAIN_HAS_FP8_LINEAR
         octet::linear_config lc;
         lc.max_tokens = tokens;
         lc.in_features = in;
         lc.out_features = out;
+        lc.recompute_input = recompute_input;
         namespace lr = octet::linear_recipes;
         switch (mode) {
             case linear_mode::tensorwise_delayed:
@@ -618,7 +620,7 @@ private:
                 break;
         }
 #endif
-        (void)mode, (void)tokens, (void)in, (void)out;
+        (void)mode, (void)tokens, (void)in, (void)out, (void)recompute_input;
         return {};
     }
 
@@ -741,6 +743,15 @@ private:
     /// and matched delta its backward's gradients never read O (D = sum_j P_ij dP_ij); only the
     /// telemetry's gap to rowsum(dO * O) does, which then reads the E4M3 copy. Not under float32
     /// linears: the output projection's float backward reads O itself (packed_o_recipe).
+    /// Whether the host FP8 linears keep no copy of their inputs (recipe.recompute_linear_inputs;
+    /// not nvfp4, whose copy is of a rotated X, nor the CUDA layers of recipe.make_linear).
+    static bool recompute_linears_recipe(const recipe_config& r) {
+        return r.recompute_linear_inputs && r.linear != linear_mode::float32 && r.linear != linear_mode::bf16 &&
+               r.linear != linear_mode::nvfp4 && !r.make_linear;
+    }
+    bool recompute_linears() const {
+        return recompute_linears_recipe(recipe_);
+    }
     static bool compress_o_recipe(const recipe_config& r) {
         return r.saved_activations == saved_storage::fp8 && r.attention == attention_mode::fp8 &&
                r.delta == octet::delta_mode::matched && r.linear != linear_mode::float32;
@@ -812,7 +823,8 @@ private:
     std::unique_ptr<linear_layer> make_linear(int in, int out) {
         const std::uint64_t seed = seed_ * 1000003u + linear_count_++;  // one stream per layer
         if (recipe_.make_linear) return recipe_.make_linear(meter_, recipe_.linear, Nmax_, in, out, seed);
-        return make_linear_layer(meter_, recipe_.linear, Nmax_, in, out, seed, shared_linear_workspace());
+        return make_linear_layer(meter_, recipe_.linear, Nmax_, in, out, seed, shared_linear_workspace(),
+                                 recompute_linears());
     }
 
     /// The layers' buffers, and with `first` the step buffers (else: checks they fit this model).
@@ -1077,6 +1089,14 @@ private:
         return into;
     }
 
+    /// Attention's output O of layer l for the backward: the layer's float O, or its copy decoded into `into`.
+    const float* saved_o(std::size_t l, float* into) {
+        auto& L = layers_[l];
+        if (!packed_o() || !L.o.empty()) return L.o.data();
+        L.packed->o.load(ex_, octet::matrix_ref<float>(into, n_, lay_.attn_width));
+        return into;
+    }
+
     void backward(const weights_ref& P, const std::int32_t* tokens, int batch, float* G, step_telemetry* t) {
         const std::size_t N = n_;
         const auto s = lin_scratch();
@@ -1112,7 +1132,13 @@ private:
             float* dwide = dwide_.data();
             {
                 timer tm{t, "linear"};
-                L.lin_down->backward(ex_, dx, N, weights_at(P, B.down, d_ * F_), dwide, G + B.down, s, t);
+                // recomputed input: GELU's output, from its input (decoded into t_a_ and activated there)
+                const float* a = nullptr;
+                if (L.lin_down->recomputes_input()) {
+                    gelu_forward(saved_u(l), t_a_.data(), N * F_);
+                    a = t_a_.data();
+                }
+                L.lin_down->backward(ex_, dx, N, weights_at(P, B.down, d_ * F_), dwide, G + B.down, s, t, a);
             }
             {
                 timer tm{t, "mlp_activation"};
@@ -1120,7 +1146,11 @@ private:
             }
             {
                 timer tm{t, "linear"};
-                L.lin_up->backward(ex_, dwide, N, weights_at(P, B.up, F_ * d_), dh_.data(), G + B.up, s, t);
+                // recomputed input: the second norm's output, from its input and rstd, into t_qkv_ (free here)
+                const float* h2 = nullptr;
+                if (L.lin_up->recomputes_input())
+                    h2 = rmsnorm_apply(saved_x_mid(l), weights_at(P, B.norm2, d_), L.rstd2.data(), t_qkv_.data(), N);
+                L.lin_up->backward(ex_, dwide, N, weights_at(P, B.up, F_ * d_), dh_.data(), G + B.up, s, t, h2);
             }
             {
                 timer tm{t, "norm"};  // dx_mid = dx + norm2'(dh)
@@ -1130,8 +1160,10 @@ private:
             std::swap(dx, dx_alt);
             {
                 timer tm{t, "linear"};
+                // recomputed input: attention's output, from its copy (decoded into t_qkv_)
+                const float* o = L.lin_proj->recomputes_input() ? saved_o(l, t_qkv_.data()) : nullptr;
                 L.lin_proj->backward(ex_, dx, N, weights_at(P, B.proj, d_ * lay_.attn_width), do_.data(), G + B.proj, s,
-                                     t);
+                                     t, o);
             }
             {
                 timer tm{t, "attention"};
@@ -1153,8 +1185,13 @@ private:
             }
             {
                 timer tm{t, "linear"};
-                L.lin_qkv->backward(ex_, dwide, N, weights_at(P, B.qkv, lay_.qkv_out * d_), dh_.data(), G + B.qkv, s,
-                                    t);
+                // recomputed input: the first norm's output, from its input and rstd, into t_qkv_ (free
+                // once attention's backward has run)
+                const float* h1 = nullptr;
+                if (L.lin_qkv->recomputes_input())
+                    h1 = rmsnorm_apply(saved_x_in(l), weights_at(P, B.norm1, d_), L.rstd1.data(), t_qkv_.data(), N);
+                L.lin_qkv->backward(ex_, dwide, N, weights_at(P, B.qkv, lay_.qkv_out * d_), dh_.data(), G + B.qkv, s, t,
+                                    h1);
             }
             {
                 timer tm{t, "norm"};
@@ -1210,6 +1247,18 @@ private:
                 for (std::size_t c = 0; c < d_; ++c) y[n * d_ + c] = xr[c] * r * g[c];
             }
         });
+    }
+
+    /// y = x rstd g with the forward's rstd: the forward's output again, bit for bit from its x.
+    const float* rmsnorm_apply(const float* x, const float* g, const float* rstd, float* y, std::size_t N) {
+        octet::parallel_for(ex_, N, 64, [&](std::size_t b, std::size_t e) {
+            for (std::size_t n = b; n < e; ++n) {
+                const float* xr = x + n * d_;
+                const float r = rstd[n];
+                for (std::size_t c = 0; c < d_; ++c) y[n * d_ + c] = xr[c] * r * g[c];
+            }
+        });
+        return y;
     }
 
     /// dx_out = residual + d(rmsnorm)/dx . dy (residual may be null), dg = sum_n dy * x * rstd.

@@ -547,6 +547,49 @@ TEST_CASE("model: models that share step buffers compute their own models' bits,
     }
 }
 
+TEST_CASE("model: FP8 linears that recompute their inputs give the kept copies' bits from float saves") {
+    auto g = octet_test::rng(31);
+    const auto cfg = fp8_config(23);
+    std::vector<float> params(transformer::parameter_count(cfg));
+    transformer::init_parameters(cfg, g(), octet::as_span(params));
+    const int batch = 3;
+    for (const auto mode :
+         {common::linear_mode::blockwise, common::linear_mode::mxfp8, common::linear_mode::tensorwise_delayed}) {
+        for (const auto saves : {common::saved_storage::float32, common::saved_storage::fp8}) {
+            CAPTURE(static_cast<int>(mode));
+            CAPTURE(static_cast<int>(saves));
+            auto kept = recipe(mode, common::attention_mode::fp8);
+            kept.saved_activations = saves;
+            auto again = kept;
+            again.recompute_linear_inputs = true;
+            common::memory_meter m0, m1;
+            transformer a(cfg, kept, m0, octet::on_host(2), batch, 9), b(cfg, again, m1, octet::on_host(2), batch, 9);
+            // the copies of X the linears no longer keep, and the ledger's prediction of both
+            CHECK(m1.ledger().bytes(octet::memory_category::activations) <
+                  m0.ledger().bytes(octet::memory_category::activations));
+            CHECK(m1.ledger().bytes(octet::memory_category::activations) ==
+                  transformer::activation_bytes(cfg, again, batch, 2));
+            CHECK(m1.ledger().bytes(octet::memory_category::temporaries) ==
+                  transformer::temporary_bytes(cfg, again, batch, 2));
+            const double peak = m1.ledger().peak_total();
+            for (int step = 0; step < 2; ++step) {
+                const auto tokens = random_tokens(g, batch, cfg.seq_len, cfg.vocab);
+                std::vector<float> ga(params.size(), NAN), gb(params.size(), NAN);
+                const auto ta = a.forward_backward(octet::as_cspan(params), tokens.data(), batch, octet::as_span(ga));
+                const auto tb = b.forward_backward(octet::as_cspan(params), tokens.data(), batch, octet::as_span(gb));
+                CHECK(ta.loss == tb.loss);
+                if (saves == common::saved_storage::float32) {
+                    CHECK(std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)) == 0);
+                } else {  // the weight gradients read X recomputed from the FP8 saves: close, not equal
+                    CHECK(std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)) != 0);
+                    CHECK(cosine(ga, gb) > 0.999);
+                }
+            }
+            CHECK(m1.ledger().peak_total() == peak);  // a step allocates nothing
+        }
+    }
+}
+
 TEST_CASE("model: raising precision makes an FP8 recipe's gradient float32's, bit for bit") {
     auto g = octet_test::rng(7);
     const auto cfg = fp8_config(29);

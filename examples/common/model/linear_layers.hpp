@@ -39,21 +39,24 @@ public:
             recipe_forward(ex, x, n, w, y, training, s, t);
         }
     }
-    /// dx (n x in) = dy W, dw (out x in) = dy^T x (overwritten), from the last forward.
+    /// dx (n x in) = dy W, dw (out x in) = dy^T x (overwritten), from the last forward. x_again:
+    /// the forward's input again (n x in), for a layer that keeps no copy of it (recomputes_input()).
     void backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
-                  const scratch& s, step_telemetry* t) {
+                  const scratch& s, step_telemetry* t, const float* x_again = nullptr) {
         if (float_path_)
             float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
         else
-            recipe_backward(ex, dy, n, w, dx, dw, s, t);
+            recipe_backward(ex, dy, n, w, dx, dw, s, t, x_again);
     }
+    /// Whether the recipe path's backward takes the input again (x_again) instead of a copy.
+    virtual bool recomputes_input() const { return false; }
 
 protected:
     /// The layer's own forward and backward (the float path is handled above).
     virtual void recipe_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y,
                                 bool training, const scratch& s, step_telemetry* t) = 0;
     virtual void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx,
-                                 float* dw, const scratch& s, step_telemetry* t) = 0;
+                                 float* dw, const scratch& s, step_telemetry* t, const float* x_again) = 0;
     void float_forward(octet::host_executor ex, const float* x, std::size_t n, const float* w, float* y,
                        const scratch& s) {
         transpose(ex, w, out, in, s.wt);
@@ -79,7 +82,7 @@ protected:
         float_forward(ex, x, n, w, y, s);
     }
     void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
-                         const scratch& s, step_telemetry*) override {
+                         const scratch& s, step_telemetry*, const float*) override {
         float_backward(ex, saved_x_, dy, n, w, dx, dw, s);
     }
 };
@@ -108,7 +111,7 @@ protected:
         (void)t;  // bf16 rounding is not counted as narrow-format quantization
     }
     void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float* w, float* dx, float* dw,
-                         const scratch& s, step_telemetry*) override {
+                         const scratch& s, step_telemetry*, const float*) override {
         const std::size_t ny = n * out, nx = n * in, nw = static_cast<std::size_t>(in) * out;
         // s.xr <- bf16(dY) (n x out), s.wr <- bf16(W) (out x in)
         octet::parallel_for(ex, ny, 1 << 14, [&](std::size_t b, std::size_t e) {
@@ -166,8 +169,10 @@ inline void add_quant_stats(step_telemetry* t, const octet::quantize_result& r) 
 
 #if TRAIN_HAS_FP8_LINEAR
 /// The configuration of an FP8 layer's context, wherever it runs: statistics on every step.
-inline octet::linear_config fp8_linear_config(std::size_t max_tokens, int in, int out, std::uint64_t seed) {
+inline octet::linear_config fp8_linear_config(std::size_t max_tokens, int in, int out, std::uint64_t seed,
+                                              bool recompute_input = false) {
     octet::linear_config c;
+    c.recompute_input = recompute_input;
     c.max_tokens = max_tokens;
     c.in_features = static_cast<std::size_t>(in);
     c.out_features = static_cast<std::size_t>(out);
@@ -184,9 +189,10 @@ template <class LR>
 class fp8_linear final : public linear_layer {
 public:
     fp8_linear(memory_meter& m, std::size_t max_tokens, int in_, int out_, std::uint64_t seed,
-               octet::linear_workspace* shared = nullptr)
-        : ctx_(shared ? octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed), *shared)
-                      : octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed))),
+               octet::linear_workspace* shared = nullptr, bool recompute_input = false)
+        : ctx_(shared
+                   ? octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed, recompute_input), *shared)
+                   : octet::linear_context<LR>(fp8_linear_config(max_tokens, in_, out_, seed, recompute_input))),
           booking_(m, ctx_.memory()) {
         in = in_;
         out = out_;
@@ -203,11 +209,17 @@ protected:
         add_quant_stats(t, ctx_.stats().w);
         add_quant_stats(t, ctx_.stats().x_hadamard);
     }
+    bool recomputes_input() const override { return ctx_.config().recompute_input; }
     void recipe_backward(octet::host_executor ex, const float* dy, std::size_t n, const float*, float* dx, float* dw,
-                         const scratch&, step_telemetry* t) override {
+                         const scratch&, step_telemetry* t, const float* x_again) override {
         const std::size_t I = static_cast<std::size_t>(in), O = static_cast<std::size_t>(out);
-        octet::linear_backward(ex, ctx_, octet::matrix_ref<const float>(dy, n, O), octet::matrix_ref<float>(dx, n, I),
-                               octet::matrix_ref<float>(dw, O, I), {});
+        if (recomputes_input())
+            octet::linear_backward(ex, ctx_, octet::matrix_ref<const float>(x_again, n, I),
+                                   octet::matrix_ref<const float>(dy, n, O), octet::matrix_ref<float>(dx, n, I),
+                                   octet::matrix_ref<float>(dw, O, I), {});
+        else
+            octet::linear_backward(ex, ctx_, octet::matrix_ref<const float>(dy, n, O),
+                                   octet::matrix_ref<float>(dx, n, I), octet::matrix_ref<float>(dw, O, I), {});
         add_quant_stats(t, ctx_.stats().dy);
         add_quant_stats(t, ctx_.stats().dy_hadamard);
     }
@@ -257,7 +269,8 @@ bool with_fp8_linear_recipe(linear_mode mode, F&& f) {
 /// workspace; null: its own). Throws octet::error for an FP8 mode this build lacks.
 inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_mode mode, std::size_t max_tokens,
                                                        int in, int out, std::uint64_t seed,
-                                                       octet::linear_workspace* shared = nullptr) {
+                                                       octet::linear_workspace* shared = nullptr,
+                                                       bool recompute_input = false) {
     if (mode == linear_mode::float32) {
         auto l = std::make_unique<float32_linear>();
         l->in = in;
@@ -268,12 +281,14 @@ inline std::unique_ptr<linear_layer> make_linear_layer(memory_meter& m, linear_m
 #if TRAIN_HAS_FP8_LINEAR
     std::unique_ptr<linear_layer> layer;
     const bool fp8 = with_fp8_linear_recipe(mode, [&](auto tag) {
-        layer = std::make_unique<fp8_linear<typename decltype(tag)::type>>(m, max_tokens, in, out, seed, shared);
+        layer = std::make_unique<fp8_linear<typename decltype(tag)::type>>(m, max_tokens, in, out, seed, shared,
+                                                                           recompute_input);
     });
     if (fp8) return layer;
 #endif
     (void)seed;
     (void)shared;
+    (void)recompute_input;
     OCTET_REQUIRE(false, "common::make_linear_layer", "mode", "names no linear mode this build has");
     return nullptr;
 }
