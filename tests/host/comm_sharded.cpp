@@ -36,6 +36,7 @@
 #include "octet/codec/feedback.hpp"
 #include "octet/comm/sharded.hpp"
 #include "octet/quant/quantize.hpp"
+#include "support/counted_ranks.hpp"
 #include "support/in_process_world.hpp"
 #include "support/random.hpp"
 
@@ -46,26 +47,7 @@ using octet_test::in_process_world;
 using octet_test::is_octet_error;
 using octet_test::text_of;
 
-/// Runs fn(rank, transport) on every rank of a fresh world of P ranks.
-template <class Fn>
-std::vector<std::exception_ptr> run_ranks(int P, Fn&& fn, long* counted = nullptr) {
-    in_process_world w(P);
-    std::vector<in_process_transport> ts;
-    for (int r = 0; r < P; ++r) ts.emplace_back(w, r);
-    std::vector<std::exception_ptr> errors;
-    std::optional<octet_test::global_allocations> guard;
-    std::function<void()> before, after;
-    if (counted) {
-        before = [&] { guard.emplace(); };
-        after = [&] {
-            *counted = guard->count();
-            guard.reset();
-        };
-    }
-    octet_test::on_every_rank(
-        P, [&](int r) { fn(r, ts[r]); }, errors, before, after);
-    return errors;
-}
+using octet_test::run_ranks;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);

@@ -375,6 +375,7 @@ TEST_CASE("one host_arena sized by the largest query serves a training step of s
     }  // (AddressSanitizer: freeing the caller's block here would be a bad free)
     CHECK(std::memcmp(out_own.data(), out_borrowed.data(), out_own.size() * sizeof(float)) == 0);
     CHECK_THROWS_WITH_AS(host_arena(span<unsigned char>(start + 1, 64)), doctest::Contains("borrowed"), octet::error);
+    CHECK_THROWS_WITH_AS(host_arena(span<unsigned char>(nullptr, 64)), doctest::Contains("borrowed"), octet::error);
 }
 
 }  // namespace core_allocations_test

@@ -41,6 +41,7 @@
 
 #include "octet/comm/in_process.hpp"
 #include "octet/nn/moe_exchange.hpp"
+#include "support/counted_ranks.hpp"
 #include "support/in_process_world.hpp"
 #include "support/moe_exchange_case.hpp"
 #include "support/random.hpp"
@@ -56,27 +57,7 @@ using octet_test::moe_rank_run;
 using octet_test::text_of;
 using XR = octet_test::moe_x_recipe;
 
-/// Runs fn(rank, transport) on every rank of a fresh world of P ranks; counted (if given) receives
-/// the global allocations made while the ranks ran.
-template <class Fn>
-std::vector<std::exception_ptr> run_ranks(int P, Fn&& fn, long* counted = nullptr) {
-    in_process_world w(P);
-    std::vector<in_process_transport> ts;
-    for (int r = 0; r < P; ++r) ts.emplace_back(w, r);
-    std::vector<std::exception_ptr> errors;
-    std::optional<octet_test::global_allocations> guard;
-    std::function<void()> before, after;
-    if (counted) {
-        before = [&] { guard.emplace(); };
-        after = [&] {
-            *counted = guard->count();
-            guard.reset();
-        };
-    }
-    octet_test::on_every_rank(
-        P, [&](int r) { fn(r, ts[r]); }, errors, before, after);
-    return errors;
-}
+using octet_test::run_ranks;
 
 void require_no_error(const std::vector<std::exception_ptr>& errors) {
     for (std::size_t r = 0; r < errors.size(); ++r) REQUIRE_MESSAGE(!errors[r], "rank ", r, ": ", text_of(errors[r]));

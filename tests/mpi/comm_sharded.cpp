@@ -30,14 +30,7 @@ std::vector<float> input_of(int r, std::size_t n, std::uint64_t salt) {
 
 template <class Fn>
 void in_process(int P, Fn&& fn) {
-    octet_test::in_process_world w(P);
-    std::vector<octet_test::in_process_transport> ts;
-    for (int r = 0; r < P; ++r) ts.emplace_back(w, r);
-    std::vector<std::exception_ptr> errors;
-    octet_test::on_every_rank(
-        P, [&](int r) { fn(r, ts[r]); }, errors);
-    for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
+    octet_test::on_world_or_throw(P, std::forward<Fn>(fn));
 }
 
 template <class Recipe>

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "octet/comm/in_process.hpp"
@@ -90,6 +91,27 @@ void on_every_rank(int ranks, Fn&& fn, std::vector<std::exception_ptr>& errors,
     }
     if (after) after();
     for (auto& t : threads) t.join();
+}
+
+/// Runs fn(rank, transport) on every rank of a fresh world of P ranks (on_every_rank: one thread
+/// each, the watchdog, before/after around the call); returns each rank's exception.
+template <class Fn>
+std::vector<std::exception_ptr> on_world(int P, Fn&& fn, const std::function<void()>& before = {},
+                                         const std::function<void()>& after = {}) {
+    in_process_world w(P);
+    std::vector<in_process_transport> ts;
+    for (int r = 0; r < P; ++r) ts.emplace_back(w, r);
+    std::vector<std::exception_ptr> errors;
+    on_every_rank(
+        P, [&](int r) { fn(r, ts[r]); }, errors, before, after);
+    return errors;
+}
+
+/// The same, rethrowing the first rank's exception.
+template <class Fn>
+void on_world_or_throw(int P, Fn&& fn) {
+    for (auto& e : on_world(P, std::forward<Fn>(fn)))
+        if (e) std::rethrow_exception(e);
 }
 
 }  // namespace octet_test

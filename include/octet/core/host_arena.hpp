@@ -39,6 +39,8 @@ public:
     /// An arena over the caller's block, which must start on a 64-byte boundary and outlive the
     /// arena; the arena never frees it.
     explicit host_arena(span<unsigned char> borrowed) : block_(borrowed.data()), capacity_(borrowed.size()) {
+        OCTET_REQUIRE(borrowed.data() != nullptr || borrowed.empty(), "octet::host_arena", "borrowed",
+                      "is null with a non-zero size; pass the block's address");
         OCTET_REQUIRE(reinterpret_cast<std::uintptr_t>(borrowed.data()) % 64 == 0, "octet::host_arena", "borrowed",
                       "does not start on a 64-byte boundary; align the block's start (its requests are handed out "
                       "64-byte aligned)");
