@@ -9,6 +9,8 @@ import torch
 import octet.torch as ot
 from octet.torch import distributed as od
 
+import worker_exit
+
 ops = torch.ops.octet
 FORMATS = ("e4m3", "e5m2", "mxfp8", "nvfp4")
 
@@ -375,6 +377,7 @@ def _ddp_worker(rank, world, store, seed, out_dir):
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    worker_exit.leave()  # reached only when the worker succeeded
 
 
 def test_ddp_two_processes_gloo(tmp_path, gen):
