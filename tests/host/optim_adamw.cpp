@@ -128,6 +128,36 @@ TEST_CASE("bf16 gradients: the step reads them exactly") {
     CHECK(same_bits(a, b));
 }
 
+TEST_CASE("grad_scale: the step reads g * scale, as from gradients scaled beforehand, bf16 without a second rounding") {
+    auto g = octet_test::rng(17);
+    const std::size_t n = 1000;
+    const auto w0 = normal_vec(g, n);
+    adamw_state<state_codec::dynamic8, state_codec::dynamic8, master::bf16_stochastic> a(n), b(n), c(n), d(n);
+    for (auto* s : {&a, &b, &c, &d}) s->set_params(as_cspan(w0));
+    adamw_hyper plain, scaled;
+    plain.seed = scaled.seed = 5;
+    for (std::uint64_t t = 1; t <= 6; ++t) {
+        const float scale = t == 1 ? 1.0f : 1.0f / static_cast<float>(t * t + 0.37);  // a clipping coefficient
+        scaled.grad_scale = scale;
+        auto gf = normal_vec(g, n);
+        gf[t] = 0.0f, gf[t + 1] = 1e-30f;  // zero and (scaled) subnormal gradients
+        std::vector<float> pre(n), pre_b(n);
+        std::vector<bf16> gb(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            pre[i] = gf[i] * scale;
+            gb[i] = to_bf16(gf[i]);
+            pre_b[i] = to_float(gb[i]) * scale;
+        }
+        adamw_step(on_host(), a.ref(), as_cspan(gf), scaled, t, 1e-3f);
+        adamw_step(on_host(), b.ref(), as_cspan(pre), plain, t, 1e-3f);
+        adamw_step(on_host(), c.ref(), as_cspan(gb), scaled, t, 1e-3f);
+        adamw_step(on_host(), d.ref(), as_cspan(pre_b), plain, t, 1e-3f);
+    }
+    CHECK(same_bits(a, b));
+    CHECK(same_bits(c, d));
+    CHECK_FALSE(same_bits(a, c));  // bf16 gradients did change something
+}
+
 TEST_CASE_TEMPLATE("the fused step is decode -> AdamW -> encode (float64 in the middle)", Codec, state_codec::bf16,
                    state_codec::bf16_stochastic, state_codec::e4m3_scaled, state_codec::e4m3_expanded,
                    state_codec::dynamic8) {
@@ -622,6 +652,12 @@ TEST_CASE("the step rejects bad arguments") {
     h.beta2 = 1.0f;
     CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, 1e-3f),
                          doctest::Contains("argument 'hyper.beta2'"), octet::error);
+    for (float bad : {0.0f, -0.5f, 1.5f, NAN}) {
+        h = {};
+        h.grad_scale = bad;
+        CHECK_THROWS_WITH_AS(adamw_step(on_host(), st.ref(), as_cspan(gr), h, 1, 1e-3f),
+                             doctest::Contains("argument 'hyper.grad_scale'"), octet::error);
+    }
     h = {};
     auto r = st.ref();
     r.m_meta = r.m_meta.subspan(0, 3);

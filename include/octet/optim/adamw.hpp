@@ -79,6 +79,12 @@ struct adamw_hyper {
     float weight_decay = 0.01f;
     grad_nonfinite_policy on_nonfinite = grad_nonfinite_policy::skip_step;
     std::uint64_t seed = 0;  ///< Philox seed for stochastic rounding (bf16 master weights, bf16_stochastic moments)
+    /// Multiplies every gradient as the step reads it (float, rounded once): the clipping
+    /// coefficient, a loss scale's inverse or 1 / micro-batches, without a pass over the gradients
+    /// and without rounding bf16 gradients a second time. In (0, 1], so that a finite gradient stays
+    /// finite (the non-finite checks read the gradients as given). It may change from step to step;
+    /// checkpoints do not keep it. 1 (the default) reads the gradients as they are, bit for bit.
+    float grad_scale = 1.0f;
 };
 
 /// What a step did. The device overload writes it to device memory.
@@ -95,6 +101,7 @@ struct adamw_coeffs {
     float neg_step_size;  ///< -lr / (1 - beta1^t)
     float inv_sqrt_bc2;   ///< 1 / sqrt(1 - beta2^t)
     float decay;          ///< 1 - lr * weight_decay
+    float grad_scale;     ///< hyper.grad_scale
     philox_stream rng;    ///< {seed, t}
 };
 
@@ -282,6 +289,7 @@ OCTET_OPTIM_HD block_result adamw_block(const Team& team, const adamw_block_args
     for (int i = 0; i < P; ++i) {
         g[i] = to_f(graw[i]);  // 0 beyond valid (team.load)
         bad += offending(g[i]) ? 1 : 0;
+        g[i] = mul_rn(g[i], a.c.grad_scale);  // exact when 1
     }
     if (a.policy == grad_nonfinite_policy::zero_block) {
         if (team.sum(bad) != 0) {
@@ -367,6 +375,10 @@ inline void check_hyper(const char* fn, const adamw_hyper& h, std::uint64_t step
     OCTET_REQUIRE(
         h.on_nonfinite == grad_nonfinite_policy::skip_step || h.on_nonfinite == grad_nonfinite_policy::zero_block, fn,
         "hyper.on_nonfinite", "is not a grad_nonfinite_policy");
+    OCTET_REQUIRE(h.grad_scale > 0.0f && h.grad_scale <= 1.0f, fn, "hyper.grad_scale",
+                  detail::message("is ", h.grad_scale,
+                                  "; pass a scale in (0, 1] (1: the gradients as given; divide by the loss scale or "
+                                  "clip with a factor below 1)"));
     OCTET_REQUIRE(step >= 1, fn, "step", "is 0; steps count from 1 (bias correction divides by 1 - beta^step)");
     OCTET_REQUIRE(lr >= 0.0f && std::isfinite(lr), fn, "lr",
                   detail::message("is ", lr, "; pass a finite learning rate >= 0"));
@@ -398,6 +410,7 @@ inline adamw_coeffs make_adamw_coeffs(const adamw_hyper& h, std::uint64_t step, 
     c.neg_step_size = static_cast<float>(-static_cast<double>(lr) / bc1);
     c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     c.decay = static_cast<float>(1.0 - static_cast<double>(lr) * h.weight_decay);
+    c.grad_scale = h.grad_scale;
     c.rng = philox_stream{h.seed, step};
     return c;
 }
