@@ -549,3 +549,95 @@ def fp8_resume(rank, world, init_file, out_dir, staged=False):
     torch.save({"loaded": loaded, "kinds": kinds, "after": [p.full_tensor().clone() for p in model.parameters()]},
                os.path.join(out_dir, f"fp8_resume.{world}.rank{rank}.pt"))
     finish()
+
+
+# ---- NVFP4 all-gather ----
+
+NV_TOKENS = 13  # not a multiple of 16: the Hadamard rotation of X and dY pads the tokens
+
+
+def nv_model():
+    """nvfp4 layers: A's 128 rows shard evenly on 2 and 4 ranks (64, 32 a rank); B's 63 rows
+    unevenly (32 + 31 on 2, 16 + 16 + 16 + 15 on 4), with 128 columns; C's 96 rows evenly on 2 (48 a
+    rank) with 63 columns (a partial block, an odd byte), and on 4 ranks 24 a rank, not a multiple of
+    16: gathered in float."""
+    torch.manual_seed(6)
+    return torch.nn.Sequential(ot.Float8Linear(64, 128, recipe="nvfp4", seed=11), torch.nn.GELU(),
+                               ot.Float8Linear(128, 63, recipe="nvfp4", seed=12), torch.nn.GELU(),
+                               ot.Float8Linear(63, 96, recipe="nvfp4", seed=13))
+
+
+def nv_batch(step):
+    g = torch.Generator().manual_seed(300 + step)
+    return torch.randn(NV_TOKENS, 64, generator=g)
+
+
+def _raw_copy(q):
+    return None if q is None else [t.clone() for t in q.raw()]
+
+
+def nvfp4_all_gather(rank, world, init_file, out_dir, steps):
+    """nv_model under FSDP2, every rank on the whole batch: weights gathered as NVFP4 with every layer
+    sharded (row-wise copy in the forward's all-gather, column-wise in the backward's), with only the
+    root sharded (both in the forward's), and in float32 and bfloat16; per step Y, dX, the whole
+    weights before the step, the copies the layers multiplied, the bytes all-gathered in the forward
+    and the backward, and the parameters after the step."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from octet.torch import fsdp
+
+    init(rank, world, init_file)
+    moved = []
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    real_all_gather = getattr(dist, name)
+
+    def counting_all_gather(output, input, *args, **kwargs):
+        moved.append(output.numel() * output.element_size())
+        return real_all_gather(output, input, *args, **kwargs)
+
+    setattr(dist, name, counting_all_gather)
+    captured = []
+    real_copies = fsdp.Float8GatheredWeight.copies
+
+    def recording_copies(self):
+        wq, wt = real_copies(self)
+        captured.append((tuple(self.shape), _raw_copy(wq), _raw_copy(wt)))
+        return wq, wt
+
+    fsdp.Float8GatheredWeight.copies = recording_copies
+    result = {}
+    for run in ("nvfp4", "nvfp4_root", "float32", "bf16"):
+        model = nv_model()
+        if run.startswith("nvfp4"):
+            result["report"] = ot.enable_fp8_all_gather(model)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if run == "bf16" else MixedPrecisionPolicy()
+        for layer in model:
+            if isinstance(layer, ot.Float8Linear) and run != "nvfp4_root":
+                fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        opt = ot.AdamW(model.parameters(), lr=1e-2, m_codec="e4m3_expanded", master="fp32")
+        per_step = []
+        for step in range(steps):
+            weights = [layer.weight.full_tensor().clone() for layer in model if isinstance(layer, ot.Float8Linear)]
+            x = nv_batch(step).requires_grad_()
+            moved.clear()
+            captured.clear()
+            y = model(x)
+            forward_bytes = sum(moved)
+            moved.clear()
+            y.square().mean().backward()
+            backward_bytes = sum(moved)
+            opt.step()
+            opt.zero_grad()
+            if run == "nvfp4" and step == 1:
+                ot.precompute_fp8_scales(model)  # step 2's amaxes from the one all-reduce
+            per_step.append({"y": y.detach().clone(), "dx": x.grad.clone(), "weights": weights,
+                             "copies": list(captured), "forward_bytes": forward_bytes,
+                             "backward_bytes": backward_bytes,
+                             "params": [p.full_tensor().clone() for p in model.parameters()],
+                             "philox": [layer.philox.clone() for layer in model if isinstance(layer, ot.Float8Linear)]})
+        result[run] = per_step
+    setattr(dist, name, real_all_gather)
+    fsdp.Float8GatheredWeight.copies = real_copies
+    torch.save(result, os.path.join(out_dir, f"nvfp4.{world}.rank{rank}.pt"))
+    finish()

@@ -265,3 +265,100 @@ def test_fp8_all_gather_trains_bit_for_bit_as_one_process(tmp_path):
             assert not any(torch.equal(a, b) for a, b in zip(got["after"], saved)), "the step after loading moved"
     for i, (a, p) in enumerate(zip(load(tmp_path, "fp8_resume.1.rank0.pt")["after"], model.parameters())):
         assert torch.equal(a, p.detach()), f"parameter {i} after the step resumed on 1 process"
+
+
+def _nv_reference(steps):
+    """One process: nv_model on the same batches and optimizer, keeping each step's Y, dX and the
+    weight copies its layers multiplied (keep_operands)."""
+    model = cases.nv_model()
+    layers = [m for m in model if isinstance(m, ot.Float8Linear)]
+    for m in layers:
+        m.keep_operands = True
+    opt = ot.AdamW(model.parameters(), lr=1e-2, m_codec="e4m3_expanded", master="fp32")
+    out = []
+    for step in range(steps):
+        x = cases.nv_batch(step).requires_grad_()
+        y = model(x)
+        y.square().mean().backward()
+        copies = {tuple(m.weight.shape): (m.last_operands["w"], m.last_operands["w_t"]) for m in layers}
+        opt.step()
+        opt.zero_grad()
+        out.append({"y": y.detach().clone(), "dx": x.grad.clone(), "copies": copies,
+                    "params": [p.detach().clone() for p in model.parameters()]})
+    return out
+
+
+def _same_copy(got, q):
+    return got is not None and all(torch.equal(a, b) for a, b in zip(got, q.raw()))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_nvfp4_all_gather_copies_are_one_process_copies_bit_for_bit(tmp_path, world):
+    from octet.torch._quant import quantize
+
+    steps = 3
+    spawn(cases.nvfp4_all_gather, world, tmp_path, steps)
+    runs = [load(tmp_path, f"nvfp4.{world}.rank{r}.pt") for r in range(world)]
+    ref = _nv_reference(steps)
+    report = runs[0]["report"]
+    assert all(v.startswith("nvfp4 where") for v in report.values()) and len(report) == 3, report
+    nv_shapes = {(128, 64), (63, 128)} | ({(96, 63)} if world == 2 else set())  # C: 24 rows a rank on 4
+    for rank in range(world):
+        for run in ("nvfp4", "nvfp4_root"):
+            for step in range(steps):
+                got = runs[rank][run][step]
+                # every copy a layer multiplied is quantize() of the whole weight at that step (the
+                # single process's copy: checked against its layer's own below), row-wise in the
+                # forward, column-wise in the forward (root) or the backward (every layer sharded)
+                seen = {}
+                for shape, wq, wt in got["copies"]:
+                    w = next(w for w in got["weights"] if tuple(w.shape) == shape)
+                    q, qt, _ = quantize(w, "nvfp4", rowwise=True, columnwise=True)
+                    if wq is not None:
+                        assert _same_copy(wq, q), (run, world, rank, step, shape, "row-wise")
+                        seen.setdefault(shape, set()).add("w")
+                    if wt is not None:
+                        assert _same_copy(wt, qt), (run, world, rank, step, shape, "column-wise")
+                        seen.setdefault(shape, set()).add("w_t")
+                assert set(seen) == nv_shapes and all(v == {"w", "w_t"} for v in seen.values()), (run, step, seen)
+                if world == 2 or step == 0:
+                    # Y and dX from the gathered copies are the single process's; on 2 ranks the
+                    # gradient average of two equal halves is exact, so the training stays bit for bit
+                    # (on 4, a sum of 4 equal gradients may round: only the first step compares)
+                    assert torch.equal(got["y"], ref[step]["y"]), (run, world, rank, step)
+                    assert torch.equal(got["dx"], ref[step]["dx"]), (run, world, rank, step)
+                if world == 2:
+                    for i, (a, b) in enumerate(zip(got["params"], ref[step]["params"])):
+                        assert torch.equal(a, b), f"{run}: parameter {i} after step {step} on rank {rank}"
+                    for shape, (w, w_t) in ref[step]["copies"].items():
+                        q, qt, _ = quantize(got["weights"][[(128, 64), (63, 128), (96, 63)].index(shape)], "nvfp4",
+                                            rowwise=True, columnwise=True)
+                        assert all(torch.equal(a, b) for a, b in zip(q.raw(), w.raw())), (step, shape)
+                        assert all(torch.equal(a, b) for a, b in zip(qt.raw(), w_t.raw())), (step, shape)
+    # bytes the weights' all-gathers move per step (the whole gathered output), printed: NVFP4 (codes,
+    # E4M3 block scales; even shards 0.5625 bytes an element per copy, FSDP2's padded shard shape 1
+    # byte a copy on uneven ones) against bfloat16 and float32; the biases travel in float in all runs
+    # but bf16's
+    steps0 = {r: runs[0][r][0] for r in ("nvfp4", "nvfp4_root", "float32", "bf16")}
+    fwd = {r: s["forward_bytes"] for r, s in steps0.items()}
+    bwd = {r: s["backward_bytes"] for r, s in steps0.items()}
+    print(f"\n{world} ranks, all-gather bytes per step (forward + backward): nvfp4 {fwd['nvfp4']} + {bwd['nvfp4']}, "
+          f"nvfp4 root-only {fwd['nvfp4_root']} + {bwd['nvfp4_root']}, bf16 {fwd['bf16']} + {bwd['bf16']}, "
+          f"float32 {fwd['float32']} + {bwd['float32']}")
+    padded = lambda n: -(-n // world) * world  # noqa: E731
+    bias_bytes = 4 * (padded(128) + padded(63) + padded(96))  # float32, padded to a multiple of world
+    if world == 2:
+        # A: 64 rows a rank x (32 + 4) bytes, both copies the same size; B uneven: (32, 128) uint8 a
+        # rank, int16 with both copies; C: 48 rows a rank x 36 bytes (the row-wise copy, the larger)
+        one = 2 * 64 * 36 + 2 * 32 * 128 + 2 * 48 * 36
+        both = 2 * 64 * 72 + 2 * 2 * 32 * 128 + 2 * 48 * (36 + 36)
+        assert fwd["nvfp4"] - bias_bytes == one and bwd["nvfp4"] - bias_bytes == one, (fwd, bwd)
+        assert fwd["nvfp4_root"] - bias_bytes == both and bwd["nvfp4_root"] == 0, (fwd, bwd)
+        elements = 128 * 64 + 64 * 128 + 96 * 63  # B padded to 64 rows, as FSDP2 gathers it
+        assert fwd["bf16"] - bias_bytes // 2 == 2 * elements, fwd
+        print(f"weights only, a copy: nvfp4 {one} bytes = {one / (2 * elements):.3f}x bfloat16's "
+              f"{2 * elements} (even shards: 0.5625 bytes an element; the uneven B: 1)")
+    else:
+        # A: 32 rows a rank x 36 bytes; B uneven: (16, 128) uint8 a rank; C in float32 (24 x 63 a rank)
+        one = 4 * 32 * 36 + 4 * 16 * 128 + 4 * 4 * 24 * 63
+        assert fwd["nvfp4"] - bias_bytes == one and bwd["nvfp4"] - bias_bytes == one, (fwd, bwd)

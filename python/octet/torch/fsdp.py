@@ -1,7 +1,8 @@
 """FP8 weight all-gather under FSDP2 for octet's Float8Linear.
 
-``enable_fp8_all_gather(model)`` (before ``fully_shard``) makes each tensorwise, tensorwise_delayed
-and blockwise Float8Linear's weight a tensor that FSDP2 all-gathers as E4M3 codes instead of floats, through
+``enable_fp8_all_gather(model)`` (before ``fully_shard``) makes each tensorwise, tensorwise_delayed,
+blockwise, mxfp8 and nvfp4 Float8Linear's weight a tensor that FSDP2 all-gathers as E4M3 codes (nvfp4:
+packed E2M1 codes) instead of floats, through
 FSDP2's ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` extension (tensorwise described; a
 blockwise block is scaled by its own amax, and its scale travels with its codes):
 
@@ -33,7 +34,17 @@ fully_shard module resharding after forward), the column-wise copy; otherwise (t
 or a layer inside a sharded block) the forward's carries both. Each rank quantizes its rows both
 ways; where out_features is a multiple of 32 x world and in_features of 32, its rows hold whole
 blocks, so its codes and scales are the whole weight's. A weight of other shapes travels in float.
-NVFP4 keeps FSDP2's float all-gather (its packed 4-bit codes do not transpose bytewise; not built).
+nvfp4 (E2M1 codes packed two to a byte, an E4M3 scale per 16 elements, and a float tensor scale
+from the whole weight's amax: all-reduced as tensorwise's, or by precompute_fp8_scales) gathers like
+mxfp8: the row-wise copy (1 x 16 blocks along a row) in the forward's all-gather, the column-wise copy
+(W^T's 1 x 16 blocks, 16 x 1 down a column of W; W is not rotated: the layer's Hadamard rotation is
+of X and dY along the tokens) in the backward's, or both in the forward's. Each rank quantizes its
+rows; where its rows (out_features / world rounded up, FSDP2's padded shard) are a multiple of 16 they
+hold whole column blocks, and a byte of W^T's codes holds two of one rank's rows, so the gathered
+copies are the whole weight's, even and uneven shards alike. A copy travels as 0.5625 bytes an element
+(codes and block scales) where the shards are even; FSDP2 wants an uneven shard's all-gather inputs in
+the padded shard's shape, so there one copy travels as 1 byte an element and both as 2. Weights of
+other shapes travel in float.
 On one process FSDP2 gathers nothing (and copies only a first all-gather input): the weight is
 passed as it is and the layer quantizes it, as one process does. A weight that fully_shard's
 shard_placement_fn shards along dim 1 is refused at its first all-gather, on every rank, naming the
@@ -54,13 +65,14 @@ from torch import nn
 
 from ._gemm import scaled_mm
 from ._quant import QuantizedTensor, _no_tensor_scale, layout, quantize
-from .linear import Float8Linear, _push_amax, _raw, _ops, _widen, linear_recipe
+from .linear import _PHILOX_STRIDE, Float8Linear, _push_amax, _raw, _ops, _widen, linear_recipe
 
-# FP8 all-gather recipes: the weight's column-wise copy is its row-wise copy transposed (one scale
-# per tensor, or per 128 x 128 block).
-FP8_ALL_GATHER_RECIPES = ("tensorwise", "tensorwise_delayed", "blockwise", "mxfp8")
+# Recipes gathered quantized: tensorwise's and blockwise's column-wise copy is the row-wise copy
+# transposed (one scale per tensor, or per 128 x 128 block); mxfp8's and nvfp4's travel as their own.
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "tensorwise_delayed", "blockwise", "mxfp8", "nvfp4")
 _BLOCK = 128  # blockwise's weight blocks: 128 x 128
 _MX = 32  # MXFP8's blocks: 1 x 32 in the row-wise copy, 32 x 1 (of W) in the column-wise one
+_NV = 16  # NVFP4's blocks: 1 x 16 in the row-wise copy, 16 x 1 (of W) in the column-wise one
 
 # The name enable_fp8_all_gather found each layer under (for errors)
 _LAYER_NAMES: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
@@ -155,6 +167,8 @@ class Float8ShardedWeight(torch.Tensor):
             return (_pad_rows(self._data, padded),), "float"
         if self._recipe == "mxfp8":
             return self._mxfp8_inputs(mesh, outer_size, module, rows, padded, recipe, probe)
+        if self._recipe == "nvfp4":
+            return self._nvfp4_inputs(mesh, outer_size, module, rows, padded, probe)
         if self._recipe == "blockwise":
             # Each 128 x 128 block is scaled by its own amax, and FSDP2's shards (padded rows a multiple
             # of 128, checked above) hold whole blocks: the shard's blocks are the weight's. Its block
@@ -211,9 +225,63 @@ class Float8ShardedWeight(torch.Tensor):
             inputs += [codes_t[:self._cols, :rows].t().contiguous(), grid_t[:, :self._cols].contiguous()]
         return tuple(inputs), ("mxfp8", rowwise, columnwise)
 
+    def _nvfp4_inputs(self, mesh, outer_size, module, rows, padded, probe):
+        """NVFP4: the row-wise copy (1 x 16 blocks along a row of W) in the forward's all-gather and
+        the column-wise copy (1 x 16 blocks of W^T: 16 x 1 down a column of W) in the backward's, both
+        in the forward's when FSDP2 will not gather the weight again for the backward (as MXFP8).
+        Each rank quantizes its rows with the tensor scale of the whole weight's amax (all-reduced
+        here, or by precompute_fp8_scales); its rows, padded to a multiple of 16, hold whole column
+        blocks, so its codes and block scales are the whole weight's. Weights whose padded shard is
+        not a multiple of 16 rows, or with one column, travel in float.
+        The copies travel as one uint8 input: the packed E2M1 codes (half a byte an element) and the
+        E4M3 block scales (a byte per 16), 0.5625 bytes an element per copy. FSDP2 wants an unevenly
+        sharded weight's all-gather inputs in the padded shard's shape: there they travel as a
+        (padded rows, in) tensor of uint8 (one copy: 1 byte an element) or int16 (both copies)."""
+        world, in_f = mesh.size(), self._cols
+        out_f = outer_size[0] if outer_size is not None else rows * world
+        if padded % _NV or in_f < 2:
+            return (_pad_rows(self._data, padded),), "float"
+        backward = torch._C._current_graph_task_id() != -1  # FSDP2's own test (is_bw)
+        rowwise = not backward
+        columnwise = backward or not _regathered_for_backward(module)
+        amax = self._global_amax(mesh)
+        q, qt, _ = quantize(probe, "nvfp4", rowwise=rowwise, columnwise=columnwise, tensor_amax=amax)
+        row_b, col_b = _nv_bytes(padded, in_f)
+        parts = []
+        if rowwise:  # W's packed codes [padded, in / 2] and per-row block scales [padded, in / 16]
+            codes, grid, ts = q.raw()
+            cb, sb = -(-in_f // 2), -(-in_f // _NV)
+            parts += [_pad_rows(codes[:rows, :cb], padded), _pad_rows(grid[:sb, :rows].t().contiguous(), padded)]
+        if columnwise:  # W^T's codes as W's rows [padded / 2, in] (bytes hold pairs of W's rows: a
+            # rank's rows start on a multiple of 16), and its block scales [padded / 16, in]
+            codes_t, grid_t, ts = qt.raw()
+            take = min(-(-rows // 2), codes_t.shape[1])
+            parts += [_pad_rows(codes_t[:in_f, :take].t().contiguous(), padded // 2),
+                      _pad_rows(grid_t[:-(-rows // _NV), :in_f].contiguous(), padded // _NV)]
+        flat = torch.cat([p.reshape(-1) for p in parts])
+        uneven = padded * world != out_f
+        if uneven:  # FSDP2: inputs in the padded shard's shape
+            dtype = torch.int16 if rowwise and columnwise else torch.uint8
+            shape = (padded, in_f)
+        else:  # tight; a layer gathered again for the backward keeps one size for both copies
+            dtype = torch.uint8
+            need = row_b + col_b if rowwise and columnwise else max(row_b, col_b)
+            shape = (padded, -(-need // padded))
+        buf = flat.new_zeros(shape, dtype=dtype)
+        buf.view(torch.uint8).reshape(-1)[:flat.numel()] = flat
+        return (buf,), ("nvfp4", rowwise, columnwise, ts.clone(), padded, out_f)
+
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
         if isinstance(metadata, str):  # gathered in float: the weight itself
             return None if out is not None else (outputs[0], tuple(outputs))
+        if isinstance(metadata, tuple) and metadata[0] == "nvfp4":
+            wq, wt = _nvfp4_copies(outputs[0], self._cols, *metadata[1:])
+            if out is not None:
+                out._nv = (wq, wt)
+                return None
+            w = Float8GatheredWeight(outputs[0], None, self._recipe, param_dtype, self._cols)
+            w._nv = (wq, wt)
+            return w, tuple(outputs)
         if isinstance(metadata, tuple) and metadata[0] == "mxfp8":
             _, rowwise, columnwise = metadata
             parts = list(outputs)
@@ -253,10 +321,13 @@ class Float8GatheredWeight(torch.Tensor):
         # mxfp8: the gathered (codes, scales) of the row-wise copy and of the column-wise copy (as
         # W's rows), each None where this all-gather did not carry it
         self._mx_row = self._mx_col = None
+        # nvfp4: (W's row-wise copy, W^T's row-wise copy) as QuantizedTensors, each None where this
+        # all-gather did not carry it
+        self._nv = None
 
     def _like(self, codes):
         w = Float8GatheredWeight(codes, self._scales, self._recipe, self.dtype, self._cols, self._w_amax)
-        w._mx_row, w._mx_col = self._mx_row, self._mx_col
+        w._mx_row, w._mx_col, w._nv = self._mx_row, self._mx_col, self._nv
         return w
 
     @classmethod
@@ -287,6 +358,8 @@ class Float8GatheredWeight(torch.Tensor):
         w = linear_recipe(self._recipe).w
         if self._recipe == "mxfp8":
             return self._mx_copies(w)
+        if self._recipe == "nvfp4":
+            return self._nv
         out_f, in_f = self._codes.shape[0], self._cols
         ts = _no_tensor_scale(self._codes)
         (rows_t, ld_t), grid_t_shape, _ = layout(w, in_f, out_f)
@@ -349,6 +422,47 @@ def _pad_rows(codes: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([codes, codes.new_zeros(rows - codes.shape[0], codes.shape[1])])
 
 
+def _nv_bytes(padded: int, in_f: int):
+    """Bytes of a rank's NVFP4 row-wise copy (codes [padded, in / 2], scales [padded, in / 16]) and
+    column-wise copy (codes [padded / 2, in], scales [padded / 16, in])."""
+    return padded * (-(-in_f // 2) + -(-in_f // _NV)), (padded // 2 + padded // _NV) * in_f
+
+
+def _nvfp4_copies(gathered, in_f, rowwise, columnwise, ts, padded, out_f):
+    """The whole weight's NVFP4 copies from the all-gather's output (each rank's payload of
+    _nvfp4_inputs, one after another), in octet's layout: what quantize(W, "nvfp4", rowwise=True,
+    columnwise=True) of the whole weight gives, bit for bit; None for a copy not carried."""
+    world = gathered.shape[0] // padded
+    chunks = gathered.reshape(world, -1).view(torch.uint8)
+    cb, sb = -(-in_f // 2), -(-in_f // _NV)
+    at, wq, wt = 0, None, None
+
+    def take(rows, cols):
+        nonlocal at
+        part = chunks[:, at:at + rows * cols].reshape(world * rows, cols)
+        at += rows * cols
+        return part
+
+    if rowwise:
+        codes, scales = take(padded, cb)[:out_f], take(padded, sb)[:out_f]
+        (code_shape, grid_shape, _) = layout("nvfp4", out_f, in_f)
+        c = codes.new_zeros(code_shape)
+        c[:, :cb] = codes
+        grid = codes.new_zeros(grid_shape)  # column-major: block (i, j) at [j, i]
+        grid[:sb, :out_f] = scales.t()
+        wq = QuantizedTensor(c, grid.view(torch.float8_e4m3fn), ts, "nvfp4", in_f)
+    if columnwise:
+        ob, os_ = -(-out_f // 2), -(-out_f // _NV)
+        codes, scales = take(padded // 2, in_f)[:ob], take(padded // _NV, in_f)[:os_]
+        (code_shape, grid_shape, _) = layout("nvfp4", in_f, out_f)
+        c = codes.new_zeros(code_shape)
+        c[:, :ob] = codes.t()
+        grid = codes.new_zeros(grid_shape)  # W^T's block (i of in, j of out / 16) at [j, i]
+        grid[:os_, :in_f] = scales
+        wt = QuantizedTensor(c, grid.view(torch.float8_e4m3fn), ts, "nvfp4", out_f)
+    return wq, wt
+
+
 def _shard_amax(t: torch.Tensor) -> torch.Tensor:
     return t.detach().abs().amax().float() if t.numel() else torch.zeros((), device=t.device)
 
@@ -365,13 +479,25 @@ class _GatheredLinearFn(torch.autograd.Function):
         if wq is None:
             raise RuntimeError("octet: the FP8-gathered weight holds no row-wise copy in the forward (FSDP2 gathered "
                                "it for a backward)")
-        xq, x_t, info = quantize(x, cfg.x, rowwise=True, columnwise=True, amax_history=x_hist)
+        if cfg.hadamard_wgrad:
+            # nvfp4: X's copies as the layer's forward makes them (X^T's of the Hadamard-rotated X,
+            # padded to 16 tokens): the layer op itself, on a one-row stand-in weight it also
+            # quantizes (X's copies do not depend on W), keeping X's row-wise copy for Y = X W^T.
+            in_f, tokens = x.shape[1], x.shape[0]
+            out = _ops.linear_forward(x, x.new_zeros(1, in_f), None, weight._recipe, None, None, seed, True, False,
+                                      True, False)
+            x_t = QuantizedTensor(out[3], out[4], out[5], cfg.x, cfg.wgrad_tokens(tokens))
+            xq = QuantizedTensor(out[6], out[7], out[8], cfg.x, in_f)
+            info = {"amax": out[1]}
+        else:
+            xq, x_t, info = quantize(x, cfg.x, rowwise=True, columnwise=True, amax_history=x_hist)
         y = scaled_mm(xq, wq, bias=bias)
         # mxfp8 gathered for a backward all-gather of its own: W^T's copy comes with that one
         ctx.save_for_backward(*_raw(x_t), *(_raw(wt) if wt is not None else []))
         ctx.layer = weakref.ref(layer) if wt is None else None
         ctx.recipe_name, ctx.seed, ctx.n_x = weight._recipe, seed, len(_raw(x_t))
         ctx.g_hist = g_hist  # written by the backward: a reference, not a saved tensor
+        ctx.philox = layer.philox if cfg.stochastic_gradients else None  # advanced by the backward
         x_amax = info["amax"]
         ctx.mark_non_differentiable(x_amax)
         return y, x_amax
@@ -386,12 +512,17 @@ class _GatheredLinearFn(torch.autograd.Function):
             gathered = getattr(layer, "weight", None) if layer is not None else None
             _, wt = gathered.copies() if getattr(gathered, "_fp8_gathered", False) else (None, None)
             if wt is None:
-                raise RuntimeError("octet: MXFP8 FP8 all-gather: the backward found no column-wise copy of the "
-                                   "weight (FSDP2 did not gather it again for the backward)")
+                raise RuntimeError(f"octet: {ctx.recipe_name} all-gather: the backward found no column-wise copy of "
+                                   "the weight (FSDP2 did not gather it again for the backward)")
             w_t = list(_raw(wt))
         copies = (list(saved[:ctx.n_x]) if need_dw else []) + (w_t if need_dx else [])
         dy = dy.float().contiguous() if dy.numel() else torch.zeros(dy.shape, dtype=torch.float32, device=dy.device)
-        out = _ops.linear_backward(dy, copies, ctx.recipe_name, ctx.g_hist, ctx.seed, None, need_dx, need_dw,
+        philox = None
+        if ctx.philox is not None:  # nvfp4: draws from (seed, offset), then moves the layer's pair on
+            philox = ctx.philox.clone()
+            with torch.no_grad():
+                ctx.philox.add_(torch.tensor([0, _PHILOX_STRIDE], device=philox.device))
+        out = _ops.linear_backward(dy, copies, ctx.recipe_name, ctx.g_hist, ctx.seed, philox, need_dx, need_dw,
                                    need_db, False, False)
         at, grads = 0, []
         for need in (need_dx, need_dw, need_db):
@@ -420,8 +551,8 @@ def gathered_forward(layer: Float8Linear, x2d: torch.Tensor) -> torch.Tensor:
 
 
 def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
-    """Makes every tensorwise, tensorwise_delayed and blockwise Float8Linear of ``model`` all-gather
-    its weight in FP8 under FSDP2.
+    """Makes every tensorwise, tensorwise_delayed, blockwise, mxfp8 and nvfp4 Float8Linear of ``model``
+    all-gather its weight quantized (FP8; NVFP4's packed E2M1 codes) under FSDP2.
     Call it before ``fully_shard``. Returns {layer name: "fp8"} for the layers it changed and
     {layer name: the reason} for the Float8Linear layers it left to FSDP2's float all-gather."""
     from torch.distributed.tensor import DTensor
@@ -450,6 +581,9 @@ def enable_fp8_all_gather(model: nn.Module) -> Dict[str, str]:
                 "mxfp8": "fp8 where out_features is a multiple of 32 x world and in_features of 32 (the row-wise "
                          "copy in the forward's all-gather, the column-wise one in the backward's), float "
                          "elsewhere",
+                "nvfp4": "nvfp4 where each rank's rows (out_features / world, rounded up) are a multiple of 16 "
+                         "(the row-wise copy in the forward's all-gather, the column-wise one in the backward's), "
+                         "float elsewhere",
             }.get(m.recipe.name, "fp8")
     return report
 
