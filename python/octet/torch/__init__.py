@@ -78,3 +78,13 @@ if _wanted("monitor"):
 
 if _wanted("codec"):
     comm_hook = codec_hook  # the name issue 11 uses
+if _wanted("grouped"):
+    from .moe import (  # noqa: F401
+        GROUPED_RECIPES,
+        GroupedLinear,
+        MoE,
+        expert_parallel_combine,
+        expert_parallel_dispatch,
+        expert_parallel_experts,
+        scaled_grouped_mm,
+    )
