@@ -416,7 +416,7 @@ def expert_parallel_dispatch(x: torch.Tensor, indices: torch.Tensor, experts: in
               "bytes_sent": _peers_bytes(send_splits, row_bytes, rank),
               "bytes_received": _peers_bytes(recv_splits, row_bytes, rank),
               "bf16_bytes_sent": _peers_bytes(send_splits, 2 * d, rank),
-              "counts_bytes": 2 * experts * 8}
+              "counts_bytes_sent": (world - 1) * local * 8}  # the per-expert row counts, int64
     return Dispatch(received, rc.sum(0), order, row_of, tokens, k, send_splits, recv_splits, regroup, report)
 
 

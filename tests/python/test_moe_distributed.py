@@ -1,0 +1,97 @@
+"""The expert-parallel FP8 token exchange from Python (octet.torch.expert_parallel_dispatch /
+_experts / _combine over torch.distributed.all_to_all_single) on 2 gloo processes, against octet's
+C++ exchange over 2 in-process ranks (moe_dispatch_plan_host, moe_dispatch_host, grouped_scaled_gemm,
+moe_combine_host with the bf16 wire; the op moe_exchange_in_process): each rank's received codes and
+scales (octet's grouped layout, padding included), its experts' outputs and its tokens' combined
+output are the same bits, and so are the bytes each sends to the other rank. Cases: ragged token
+counts, a rank without tokens, an expert no token selects, blockwise 1x128 and MXFP8 rows."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available in this torch build")
+
+import octet.torch as ot  # noqa: E402
+from octet.torch import moe  # noqa: E402
+
+WORLD, EXPERTS, K, D, N = 2, 4, 2, 512, 192
+# (tokens per rank, experts the router may pick, x recipe, w recipe)
+CASES = [((37, 53), (0, 1, 2, 3), "blockwise_1x128", "blockwise_128x128"),
+         ((0, 29), (0, 1, 3), "blockwise_1x128", "blockwise_128x128"),  # rank 0 sends nothing; expert 2 idle
+         ((41, 18), (0, 1, 2, 3), "mxfp8_e4m3", "mxfp8_e4m3")]
+
+
+def _inputs(seed, case):
+    """Every rank's tokens, top-k indices and softmax gates, and every expert's weight (the same on
+    every process: drawn from the seed)."""
+    tokens, allowed, _, _ = case
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor(allowed)
+    xs, idx, gates = [], [], []
+    for t in tokens:
+        mag = torch.pow(10.0, (torch.rand(t, 1, generator=gen) - 0.5) * 3)
+        xs.append(torch.randn(t, D, generator=gen) * mag)
+        logits = torch.randn(t, EXPERTS, generator=gen)
+        mask = torch.full((EXPERTS,), float("-inf"))
+        mask[allowed] = 0.0
+        p, i = torch.topk(torch.softmax(logits + mask, -1), K, dim=-1)
+        idx.append(i)
+        gates.append(p / p.sum(-1, keepdim=True))
+    w = torch.randn(EXPERTS, N, D, generator=gen) / D**0.5
+    return xs, idx, gates, w
+
+
+def _worker(rank, world, init_file, out_dir, seed):
+    import datetime
+
+    import worker_exit
+
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))  # a hang fails the test instead
+    local = EXPERTS // world
+    results = []
+    for case in CASES:
+        xs, idx, gates, w = _inputs(seed, case)
+        d = ot.expert_parallel_dispatch(xs[rank], idx[rank], EXPERTS, recipe=case[2])
+        data, scales = moe.grouped_blocks(d.received, d.expert_rows)
+        y = ot.expert_parallel_experts(d, w[rank * local:(rank + 1) * local], w_recipe=case[3])
+        out = ot.expert_parallel_combine(y, gates[rank], d)
+        results.append({"data": data, "scales": scales, "expert_rows": d.expert_rows, "y": y, "out": out,
+                        "report": dict(d.report)})
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+    worker_exit.leave()
+
+
+def test_exchange_on_2_gloo_processes_is_the_cpp_exchange_bit_for_bit(tmp_path):
+    import torch.multiprocessing as mp
+
+    seed = int(os.environ.get("OCTET_SEED", torch.randint(0, 2**31, (1,)).item()))
+    mp.spawn(_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), seed), nprocs=WORLD, join=True)
+    runs = [torch.load(os.path.join(tmp_path, f"rank{r}.pt")) for r in range(WORLD)]
+    for c, case in enumerate(CASES):
+        xs, idx, gates, w = _inputs(seed, case)
+        ref = torch.ops.octet.moe_exchange_in_process(xs, idx, gates, w, EXPERTS, case[2], case[3])
+        for r in range(WORLD):
+            got = runs[r][c]
+            data, scales, expert_rows, y, out, nbytes = ref[6 * r : 6 * r + 6]
+            assert torch.equal(got["expert_rows"], expert_rows), (case, r)
+            assert torch.equal(got["data"], data) and torch.equal(got["scales"], scales), (case, r)
+            assert torch.equal(got["y"], y), (case, r)
+            assert torch.equal(got["out"], out), (case, r)
+            rep = got["report"]
+            assert [rep["bytes_sent"], rep["bytes_received"], rep["bf16_bytes_sent"], rep["combine_bytes_sent"]] == \
+                nbytes.tolist(), (case, r, rep, nbytes)
+            print(f"\n{case[2]} tokens {case[0]} rank {r}: dispatch sent {rep['rows_sent']} rows, "
+                  f"{rep['bytes_sent']} bytes FP8 against {rep['bf16_bytes_sent']} as bf16 "
+                  f"({rep['bytes_sent'] / max(rep['bf16_bytes_sent'], 1):.3f}x); combine sent "
+                  f"{rep['combine_bytes_sent']} bytes (bf16); row counts {rep['counts_bytes_sent']} bytes")
+    # A rank's rows cost d code bytes plus its scales: 1x128 E4M3 d + 4 d / 128, MXFP8 d + d / 32.
+    rep = runs[0][0]["report"]
+    assert rep["bytes_sent"] == rep["rows_sent"] * (D + 4 * D // 128)
+    rep = runs[0][2]["report"]
+    assert rep["bytes_sent"] == rep["rows_sent"] * (D + D // 32)
