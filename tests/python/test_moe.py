@@ -98,6 +98,9 @@ def test_against_float64_and_torch_bf16_grouped_mm(gen, recipe):
     # norm-wise error of the product stays under u_x + u_w for these well-conditioned products.
     assert err <= u_x + u_w
     assert err_bf16 <= 2 * 2**-8
+    # The bound tells experts apart: each group multiplied by the next expert's weight misses by far more.
+    wrong = ot.scaled_grouped_mm(x, w.roll(1, 0), sizes, recipe=recipe)
+    assert _rel(wrong, ref) > 4 * (u_x + u_w)
 
 
 def test_empty_and_degenerate_shapes(gen):
@@ -166,6 +169,13 @@ def test_bad_arguments_name_the_argument_and_the_fix(gen):
     _raises(ValueError, "a pair this op does not serve.*row-local",
             lambda: _ops.scaled_grouped_mm_quantized(codes, scales, "tensorwise_e4m3", 64, sizes, w,
                                                      "tensorwise_e4m3"))
+    xs, idx, g = [x, x], [torch.zeros(10, 1, dtype=torch.int64)] * 2, [torch.ones(10, 1)] * 2
+    _raises(ValueError, "argument 'experts' is 3; pass a positive multiple of the rank count 2",
+            lambda: _ops.moe_exchange_in_process(xs, idx, g, w, 3))
+    _raises(ValueError, r"argument 'indices'.*\[1\] holds expert 7",
+            lambda: _ops.moe_exchange_in_process(xs, [idx[0], idx[1] + 7], g, w[:2].repeat(2, 1, 1), 4))
+    _raises(ValueError, "argument 'x_recipe/w_recipe'.*blockwise_1x128 x blockwise_128x128",
+            lambda: _ops.moe_exchange_in_process(xs, idx, g, w[:2], 2, "tensorwise_e4m3", "tensorwise_e4m3"))
     layer = ot.GroupedLinear(3, 64, 8)
     _raises(ValueError, "GroupedLinear: x has shape", lambda: layer(x[:, :32], sizes))
     _raises(ValueError, "activation 'relu'", lambda: ot.MoE(64, 32, 4, activation="relu"))
@@ -184,6 +194,10 @@ def test_opcheck(gen):
     q, _, _ = ot.quantize(x, "mxfp8_e4m3")
     codes, scales, _ = q.raw()
     torch.library.opcheck(_ops.scaled_grouped_mm_quantized, (codes, scales, "mxfp8_e4m3", 48, sizes, w, "mxfp8_e4m3"))
+    xs = [_data(gen, 5, 128), _data(gen, 7, 128)]
+    idx = [torch.randint(0, 4, (5, 2), generator=gen), torch.randint(0, 4, (7, 2), generator=gen)]
+    gates = [torch.rand(5, 2, generator=gen), torch.rand(7, 2, generator=gen)]
+    torch.library.opcheck(_ops.moe_exchange_in_process, (xs, idx, gates, _data(gen, 4 * 16, 128).view(4, 16, 128), 4))
 
 
 def test_compiles_fullgraph_and_equals_eager(gen):

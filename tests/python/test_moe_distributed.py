@@ -62,6 +62,17 @@ def _worker(rank, world, init_file, out_dir, seed):
         out = ot.expert_parallel_combine(y, gates[rank], d)
         results.append({"data": data, "scales": scales, "expert_rows": d.expert_rows, "y": y, "out": out,
                         "report": dict(d.report)})
+    # Bad input raises on the rank that passed it, before any collective (so nothing is left waiting).
+    x, i = torch.randn(6, D), torch.zeros(6, K, dtype=torch.int64)
+    refused = []
+    for call in (lambda: ot.expert_parallel_dispatch(x, i, 3), lambda: ot.expert_parallel_dispatch(x, i + 4, 4),
+                 lambda: ot.expert_parallel_dispatch(x, i, 4, recipe="tensorwise_e4m3")):
+        try:
+            call()
+            refused.append("no error")
+        except ValueError as e:
+            refused.append(str(e))
+    results.append(refused)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
     worker_exit.leave()
@@ -90,6 +101,11 @@ def test_exchange_on_2_gloo_processes_is_the_cpp_exchange_bit_for_bit(tmp_path):
                   f"{rep['bytes_sent']} bytes FP8 against {rep['bf16_bytes_sent']} as bf16 "
                   f"({rep['bytes_sent'] / max(rep['bf16_bytes_sent'], 1):.3f}x); combine sent "
                   f"{rep['combine_bytes_sent']} bytes (bf16); row counts {rep['counts_bytes_sent']} bytes")
+    for r in range(WORLD):
+        refused = runs[r][-1]
+        assert "experts is 3; pass a multiple of the world size 2" in refused[0], refused
+        assert "indices hold experts outside [0, 4)" in refused[1], refused
+        assert "pass a row-local recipe" in refused[2], refused
     # A rank's rows cost d code bytes plus its scales: 1x128 E4M3 d + 4 d / 128, MXFP8 d + d / 32.
     rep = runs[0][0]["report"]
     assert rep["bytes_sent"] == rep["rows_sent"] * (D + 4 * D // 128)
