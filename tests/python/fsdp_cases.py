@@ -278,16 +278,27 @@ def bad_checkpoints(rank, world, init_file, out_dir):
     load_checkpoint(target, target_opt, good)  # the sound checkpoint loads
     result["good_loaded"] = _same_states(_gather_state(target_opt, target), _gather_state(opt, model)) and all(
         torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(target.p, model.p))
-    # torch's own path: dcp.load writes into the live tensors, then octet's load_state_dict checks
+    # torch's own path: dcp.load writes into the tensors it is given (the model's live parameters;
+    # copies of the optimizer's state), then octet's load_state_dict checks before it assigns
     plain, plain_opt = _sharded_model(world, codec, master, 2)
     _steps(plain, plain_opt, range(1), None, 2)
+    plain_before = ([p.full_tensor().clone() for p in plain.p], _gather_state(plain_opt, plain))
     state = {"model": get_model_state_dict(plain), "optim": get_optimizer_state_dict(plain, plain_opt)}
     dcp.load(state, checkpoint_id=os.path.join(out_dir, "bad.moment"))
+    after_load = ([p.full_tensor().clone() for p in plain.p], _gather_state(plain_opt, plain))
     try:
         set_optimizer_state_dict(plain, plain_opt, state["optim"])
         result["plain_dcp"] = "no error"
     except ValueError as e:
         result["plain_dcp"] = str(e)
+    params, plain_state = [p.full_tensor().clone() for p in plain.p], _gather_state(plain_opt, plain)
+    same = lambda xs, ys: all(torch.equal(a, b) for a, b in zip(xs, ys))  # noqa: E731
+    # what the plain path leaves: the optimizer as it was (after dcp.load and after the refusal); the
+    # model's parameters those of the checkpoint (the trained `model`'s), written by dcp.load
+    result["plain_optimizer_unchanged"] = (_same_states(after_load[1], plain_before[1])
+                                           and _same_states(plain_state, plain_before[1]))
+    result["plain_model_was_changed"] = not same(after_load[0], plain_before[0])
+    result["plain_model_is_checkpoints"] = same(params, [p.full_tensor() for p in model.p])
     # another rank's state_dict() (the same world size: rows of the same count, at other places)
     before = _gather_state(target_opt, target)
     try:

@@ -160,9 +160,19 @@ def test_bad_checkpoints_are_refused_naming_them_with_nothing_loaded(tmp_path):
         # an FP8 all-gather along dim 1 is refused on every rank, naming the layer
         assert "layer '0' (recipe tensorwise, weight (64, 64)) is sharded along dim 1" in got["dim1"], got["dim1"]
     # torch's own dcp.load then set_optimizer_state_dict: octet's load_state_dict finds the moment's
-    # CRC-32 on rank 1 (dcp.load has already written into the live state: load_checkpoint stages)
+    # CRC-32 on rank 1 and raises before it assigns anything. dcp.load wrote into the copies
+    # AdamW.state_dict() returns, so the optimizer is as it was on every rank; it also wrote the
+    # checkpoint's weights into the model's live parameters (torch's get_model_state_dict returns
+    # them; no hook runs before), which the error names: load_checkpoint stages both
     plain = runs[1]["plain_dcp"]
     assert "parameter 'p.1' (64, 512)'s v_codes rows 48..48 (of 64) does not match its CRC-32" in plain, plain
+    assert "nothing was loaded into the optimizer" in plain and "model's parameters already hold" in plain, plain
+    assert "octet.torch.fsdp.load_checkpoint" in plain, plain
+    assert "rank 1 of 2 refused its state (ValueError: octet.torch.AdamW.load_state_dict: parameter 'p.1'" in \
+        runs[0]["plain_dcp"] and "nothing was loaded into the optimizer on any rank" in runs[0]["plain_dcp"], runs[0]
+    for rank, got in enumerate(runs):
+        assert got["plain_optimizer_unchanged"], rank
+        assert got["plain_model_was_changed"] and got["plain_model_is_checkpoints"], rank
 
 
 @pytest.fixture(scope="module")

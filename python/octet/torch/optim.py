@@ -40,8 +40,11 @@ Reproducibility: every parameter owns an element offset (its start in one flat b
 optimizer's parameters in param_groups order, each rounded up to 256), so stochastic rounding draws
 distinct bits per parameter. state_dict() holds the codes and meta tensors, the step count and
 offset of every parameter, and the seed and codecs of every group; load_state_dict() restores them
-bit for bit (no dtype casts), so a resumed run continues bit-identically. Like torch's optimizers,
-state_dict() returns the live state tensors: save it (torch.save) or deep-copy it before stepping on.
+bit for bit (no dtype casts), so a resumed run continues bit-identically. Unlike torch's optimizers,
+state_dict() returns copies of the state tensors (a transient second copy of the state: about 2
+bytes a parameter with 8-bit moments): a load that writes into them in place, as
+torch.distributed.checkpoint.load does into get_optimizer_state_dict's tensors, cannot reach the live
+state before load_state_dict has checked it.
 
 Checked loading. state_dict() adds to each parameter's state a "crc32" of its state tensors: for a
 parameter stepped by rows, an int64 DTensor [rows, 5] sharded like it (the CRC-32 of each row of
@@ -54,8 +57,15 @@ the rows: a missing key, a dtype or size that the codecs do not store, a plain t
 parameter is sharded by rows (or the reverse), a state saved by one rank on another number of ranks
 (a rank's state_dict() holds its rows only: reshard through torch.distributed.checkpoint), or bytes
 that fail their CRC-32 (corrupted, or another rank's rows). A state without "crc32" (saved before
-it existed) loads unchecked. torch.distributed.checkpoint's own load writes into the tensors it is given, the live
-ones when they come from get_optimizer_state_dict: octet.torch.fsdp.load_checkpoint stages it.
+it existed) loads unchecked. The check is agreed over the DTensor parameters' mesh (one
+all_gather_object): a rank that refuses its state makes every rank raise before any assigns.
+torch's own path (dcp.load into get_model_state_dict and get_optimizer_state_dict, then
+set_model_state_dict / set_optimizer_state_dict) thus leaves the optimizer as it was on every rank
+when a CRC-32 fails on any, but not the model: get_model_state_dict returns the live parameters, and
+dcp.load has written the checkpoint's values into them before any octet code runs (torch offers no
+hook there; tests/python/test_fsdp.py shows the state left). The error says so.
+octet.torch.fsdp.load_checkpoint stages and checks everything (model, optimizer, every rank) before
+it assigns anything: use it.
 """
 
 import math
@@ -419,7 +429,10 @@ class AdamW(torch.optim.Optimizer):
                 s = self.state.get(p)
                 if s and index in sd["state"]:
                     sharding = _Sharding(p) if dtensor is not None and isinstance(p, dtensor) else None
-                    sd["state"][index] = {**sd["state"][index], "crc32": _state_crc(s, sharding)}
+                    # copies: an in-place load into them (dcp.load) must not reach the live state
+                    copied = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
+                              for k, v in sd["state"][index].items()}
+                    sd["state"][index] = {**copied, "crc32": _state_crc(s, sharding)}
                 index += 1
         return sd
 
@@ -433,7 +446,7 @@ class AdamW(torch.optim.Optimizer):
         if _is_torch_adamw_state(state_dict):
             state_dict = self._from_torch_adamw(state_dict)
         else:
-            self.check_state_dict(state_dict)
+            self._check_on_every_rank(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]
@@ -441,6 +454,36 @@ class AdamW(torch.optim.Optimizer):
             if i in state_dict["state"]:
                 self.state[p] = {k: (v.detach().clone().to(p.device) if isinstance(v, torch.Tensor) else v)
                                  for k, v in state_dict["state"][i].items() if k != "crc32"}
+
+    def _check_on_every_rank(self, state_dict: Dict[str, Any]) -> None:
+        """check_state_dict, agreed over the device mesh of the DTensor parameters (one
+        all_gather_object): a rank that refuses its state makes every rank raise before any assigns
+        (a rank's CRC-32s check only its rows; torch's set_optimizer_state_dict runs on every rank).
+        Without DTensor parameters, check_state_dict alone."""
+        dtensor = _dtensor_class()
+        mesh = next((p.device_mesh for g in self.param_groups for p in g["params"]
+                     if dtensor is not None and isinstance(p, dtensor)), None)
+        failure = None
+        try:
+            self.check_state_dict(state_dict)
+        except Exception as e:  # every rank must reach the agreement below
+            failure = e
+        if mesh is None or mesh.ndim != 1:
+            if failure is not None:
+                raise failure
+            return
+        import torch.distributed as dist
+
+        found = [None] * mesh.size()
+        dist.all_gather_object(found, None if failure is None else f"{type(failure).__name__}: {failure}",
+                               group=mesh.get_group())
+        if failure is not None:
+            raise failure
+        refused = [(r, m) for r, m in enumerate(found) if m is not None]
+        if refused:
+            r, m = refused[0]
+            raise ValueError(f"octet.torch.AdamW.load_state_dict: rank {r} of {mesh.size()} refused its state ({m}); "
+                             "nothing was loaded into the optimizer on any rank")
 
     def check_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Raises ValueError naming the first parameter whose saved state this optimizer cannot
@@ -520,7 +563,11 @@ class AdamW(torch.optim.Optimizer):
                 first = sharding.first_row
                 where = f" rows {first + int(rows[0])}..{first + int(rows[-1])} (of {sharding.rows})"
             raise ValueError(f"{fn}: {name}'s {STATE_TENSORS[col]}{where} does not match its CRC-32: the bytes are "
-                             "corrupted, or are another rank's rows; nothing was loaded")
+                             "corrupted, or are another rank's rows; nothing was loaded into the optimizer. If this "
+                             "state came from torch.distributed.checkpoint.load, the model's parameters already hold "
+                             "the checkpoint's values (dcp.load writes into get_model_state_dict's live tensors): "
+                             "load with octet.torch.fsdp.load_checkpoint, which checks everything before it assigns "
+                             "anything")
 
     # ---- torch.optim.AdamW's state ---------------------------------------------------------------
 
