@@ -86,5 +86,6 @@ if _wanted("grouped"):
         expert_parallel_combine,
         expert_parallel_dispatch,
         expert_parallel_experts,
+        register_hf_experts,
         scaled_grouped_mm,
     )

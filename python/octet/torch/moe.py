@@ -4,6 +4,7 @@ FP8 token exchange over torch.distributed.
     y = ot.scaled_grouped_mm(x, w, group_sizes, recipe="blockwise")   # x sorted by expert
     layer = ot.GroupedLinear(experts, in_features, out_features, recipe="blockwise")
     moe = ot.MoE(d_model, d_ff, experts, k=2, activation="swiglu", recipe="blockwise")
+    model.set_experts_implementation(ot.register_hf_experts("blockwise"))  # transformers 5 MoE models
 
 The ops (library ``_grouped``, octet/gemm/grouped_gemm.hpp's host path, CPU):
   scaled_grouped_mm(a, b, group_sizes, a_recipe, b_recipe, out_dtype)
@@ -470,3 +471,62 @@ def grouped_blocks(q: QuantizedTensor, expert_rows: torch.Tensor) -> Tuple[torch
         begin += n
     cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)  # noqa: E731
     return cat(data), cat(scales)
+
+
+# ---- Hugging Face transformers: an experts implementation ----
+
+
+def _hf_experts_forward(recipe_name: str):
+    """transformers' experts forward (hidden_states, top_k_index, top_k_weights) -> hidden_states,
+    over the module's stacked expert weights (gate_up_proj / up_proj and down_proj, 3-D; biases and
+    transposed layouts as transformers' grouped_mm implementation reads them), on GroupedLinear's
+    FP8 grouped GEMMs. The tokens are sorted by expert stably; the gated sum is in float32."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        if getattr(self, "_is_expert_parallel", False):
+            raise NotImplementedError("octet's transformers experts implementation does not run transformers' "
+                                      "expert parallelism; use octet.torch.expert_parallel_dispatch instead")
+        tokens, k = top_k_index.shape
+        experts = self.num_experts
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        sizes = torch.zeros(experts, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
+        xs = hidden_states[order // k]
+        transposed = getattr(self, "is_transposed", False)
+
+        def linear(x, weight, bias):
+            w = weight.transpose(1, 2) if transposed else weight  # E x N x K (a view: read in place)
+            y = _GroupedLinearFn.apply(x, w, sizes, recipe_name)
+            return y + bias[flat[order]].to(y.dtype) if bias is not None else y
+
+        has_gate, has_bias = getattr(self, "has_gate", True), getattr(self, "has_bias", False)
+        if has_gate:
+            h = self._apply_gate(linear(xs, self.gate_up_proj, self.gate_up_proj_bias if has_bias else None))
+        else:
+            h = self.act_fn(linear(xs, self.up_proj, self.up_proj_bias if has_bias else None))
+        y = linear(h, self.down_proj, self.down_proj_bias if has_bias else None)
+        if getattr(self, "has_post_expert_norm", False):
+            y = self.post_expert_norm(y)
+        row_of = torch.empty_like(order)
+        row_of[order] = torch.arange(order.numel(), device=order.device)
+        return combine(y.float(), top_k_weights.float(), row_of).to(hidden_states.dtype)
+
+    return forward
+
+
+def register_hf_experts(recipe: str = "blockwise", name: Optional[str] = None) -> str:
+    """Registers octet's FP8 experts (GroupedLinear's grouped GEMMs: forward, dX and dW) with
+    transformers' ExpertsInterface under ``name`` (default ``octet_<recipe>``); then
+    ``AutoModelForCausalLM.from_config(config, experts_implementation=name)`` (or
+    ``model.set_experts_implementation(name)``) runs the experts of every MoE block whose experts
+    module transformers decorates with ``use_experts_implementation`` (Mixtral, Qwen-MoE,
+    DeepSeek-V3, OLMoE, ... in transformers 5) through octet. The router, the gates and the weights
+    (and so the checkpoint) stay the model's own. Returns the name. Needs transformers 5."""
+    r = grouped_recipe(recipe)
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError as e:
+        raise ImportError("octet.torch.register_hf_experts needs transformers 5 (its ExpertsInterface)") from e
+    name = name or f"octet_{r.name}"
+    ExpertsInterface.register(name, _hf_experts_forward(r.name))
+    return name
