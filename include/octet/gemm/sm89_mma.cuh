@@ -36,17 +36,18 @@ struct sm89_params {
     device_epilogue<CT, DT> epi;
 };
 
-template <class RA, class RB, class CT, class DT>
-OCTET_KERNEL void __launch_bounds__(kSm89Threads)
-    sm89_gemm_kernel(const __grid_constant__ sm89_params<RA, RB, CT, DT> p) {
+/// One CTA's 128 x 128 tile, rows m0.. of p's A and columns n0.. (rows of p's B), into p's epilogue
+/// (the dense kernel's body; the grouped kernel's, detail/grouped_sm89.cuh, with Grouped: rows at or
+/// past p.M are not stored, and row r of the tile's A goes to row d_row0 + r of the epilogue's D).
+template <bool Grouped, class RA, class RB, class CT, class DT>
+OCTET_DEVICE void sm89_gemm_tile(const sm89_params<RA, RB, CT, DT>& p, shared_ptr_t<std::uint8_t> gemm89_smem,
+                                 std::uint32_t m0, std::uint32_t n0, std::uint32_t d_row0) {
 #if OCTET_ARCH_AT_LEAST(890)
-    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, gemm89_smem, 16);
     using FA = typename RA::format;
     using FB = typename RB::format;
     const std::uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const std::uint32_t wm = warp / 4, wn = warp % 4;  // 2 x 4 warps, 64 x 32 each
     const std::uint32_t g = lane / 4, t = lane % 4;
-    const std::uint32_t m0 = blockIdx.y * kSm89BM, n0 = blockIdx.x * kSm89BN;
     const std::uint32_t M = p.M, N = p.N, K = p.K;
 
     // (STAGES, BM, PITCH) then (STAGES, BN, PITCH)
@@ -159,8 +160,23 @@ OCTET_KERNEL void __launch_bounds__(kSm89Threads)
     for (int h = 0; h < 2; ++h) {
         const std::uint32_t r = m0 + wm * 64 + i * 16 + g + h * 8;
         const std::uint32_t n = n0 + wn * 32 + j * 8 + t * 2;
-        p.epi.store2(r, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        if constexpr (Grouped) {
+            if (r < M) p.epi.store2(d_row0 + r, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        } else {
+            p.epi.store2(r, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        }
     }
+#else
+    (void)p, (void)gemm89_smem, (void)m0, (void)n0, (void)d_row0;
+#endif
+}
+
+template <class RA, class RB, class CT, class DT>
+OCTET_KERNEL void __launch_bounds__(kSm89Threads)
+    sm89_gemm_kernel(const __grid_constant__ sm89_params<RA, RB, CT, DT> p) {
+#if OCTET_ARCH_AT_LEAST(890)
+    OCTET_DYNAMIC_SHARED_ALIGNED(std::uint8_t, gemm89_smem, 16);
+    sm89_gemm_tile<false>(p, gemm89_smem, blockIdx.y * kSm89BM, blockIdx.x * kSm89BN, 0u);
 #endif
 }
 

@@ -246,6 +246,99 @@ OCTET_DEVICE void sm90_store_tile_tma(const CUtensorMap& tma_d, const device_epi
 #endif
 }
 
+/// One K block of a consumer warpgroup (the mainloop step the dense and the grouped kernels share,
+/// detail/grouped_sm90.cuh): waits for stage `stage` (its full mbarrier at parity `phase`), reads the
+/// stage's scales of this thread's rows and columns, issues 4 wgmma m64nBNk32 (K = 128) into the
+/// tensor-core accumulator `frag` (the first with scale-d = 0, which restarts it), waits for them,
+/// releases the stage (one arrival per warp, on the empty mbarriers of all `cl` CTAs of the cluster),
+/// then promotes: acc += frag * (sA[row] * sB[col]) (two_blocks: 8-column groups from `split_group` on
+/// take B's second block). The carving of shared memory is the kernel's (sA, sB, sSA, sSB, full, empty).
+template <class Cfg, sm90_b_scales kB, class FA, class FB>
+OCTET_DEVICE void sm90_consume_stage(float (&acc)[Cfg::BN / 2], float (&frag)[Cfg::BN / 2],
+                                     shared_ptr_t<std::uint8_t> sA, shared_ptr_t<std::uint8_t> sB,
+                                     shared_ptr_t<float> sSA, shared_ptr_t<float> sSB, shared_ptr_t<std::uint64_t> full,
+                                     shared_ptr_t<std::uint64_t> empty, std::uint32_t stage, std::uint32_t phase,
+                                     std::uint32_t wg, std::uint32_t row_in_wg, std::uint32_t col_in_8,
+                                     std::uint32_t lane, std::uint32_t split_group, std::uint32_t cl) {
+#if OCTET_ARCH_SM90A
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK;
+    mbar_wait(ptx::shared_address(full + stage), phase);
+    const float sa0 = sSA[stage * BM + wg * 64 + row_in_wg];
+    const float sa1 = sSA[stage * BM + wg * 64 + row_in_wg + 8];
+    float sb[kB == sm90_b_scales::per_tile ? 1 : kB == sm90_b_scales::two_blocks ? 2 : BN / 4];
+    if constexpr (kB == sm90_b_scales::per_tile) {
+        sb[0] = sSB[stage * BN];
+    } else if constexpr (kB == sm90_b_scales::two_blocks) {
+        const float2 v = *shared_cast<const float2>(sSB + stage * BN);
+        sb[0] = v.x;
+        sb[1] = v.y;
+    } else {
+        OCTET_UNROLL
+        for (int j = 0; j < BN / 8; ++j) {
+            const float2 v = *shared_cast<const float2>(sSB + stage * BN + j * 8 + col_in_8);
+            sb[2 * j] = v.x;
+            sb[2 * j + 1] = v.y;
+        }
+    }
+    const std::uint64_t da = sm90_smem_desc(ptx::shared_address(sA + stage * Cfg::a_stage_bytes + wg * 64 * BK));
+    const std::uint64_t db = sm90_smem_desc(ptx::shared_address(sB + stage * Cfg::b_stage_bytes));
+    OCTET_UNROLL
+    for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
+    ptx::wgmma_fence();
+    OCTET_UNROLL
+    for (int k = 0; k < BK / 32; ++k)  // 32 K-bytes per wgmma: +2 in the descriptor's address field
+        ptx::wgmma_m64nNk32<BN, FA, FB>(frag, da + 2u * k, db + 2u * k, k > 0 ? 1u : 0u);
+    ptx::wgmma_commit_group();
+    OCTET_UNROLL
+    for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
+    ptx::wgmma_wait_group<0>();
+    OCTET_UNROLL
+    for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
+    __syncwarp();
+    if (lane == 0) {  // this warp is done with the stage, in every CTA of the cluster
+        const std::uint32_t e = ptx::shared_address(empty + stage);
+        if (cl > 1) {
+            for (std::uint32_t r = 0; r < cl; ++r) ptx::mbarrier_arrive_cluster(ptx::mapa_shared(e, r));
+        } else {
+            mbar_arrive(e);
+        }
+    }
+    // promotion: acc += frag * (sA * sB)
+    if constexpr (kB == sm90_b_scales::per_tile) {
+        const float s0 = sa0 * sb[0], s1 = sa1 * sb[0];
+        OCTET_UNROLL
+        for (int j = 0; j < BN / 8; ++j) {
+            acc[4 * j + 0] += frag[4 * j + 0] * s0;
+            acc[4 * j + 1] += frag[4 * j + 1] * s0;
+            acc[4 * j + 2] += frag[4 * j + 2] * s1;
+            acc[4 * j + 3] += frag[4 * j + 3] * s1;
+        }
+    } else if constexpr (kB == sm90_b_scales::two_blocks) {
+        const float s00 = sa0 * sb[0], s10 = sa1 * sb[0], s01 = sa0 * sb[1], s11 = sa1 * sb[1];
+        OCTET_UNROLL
+        for (int j = 0; j < BN / 8; ++j) {
+            const bool first = static_cast<std::uint32_t>(j) < split_group;
+            const float s0 = first ? s00 : s01, s1 = first ? s10 : s11;
+            acc[4 * j + 0] += frag[4 * j + 0] * s0;
+            acc[4 * j + 1] += frag[4 * j + 1] * s0;
+            acc[4 * j + 2] += frag[4 * j + 2] * s1;
+            acc[4 * j + 3] += frag[4 * j + 3] * s1;
+        }
+    } else {
+        OCTET_UNROLL
+        for (int j = 0; j < BN / 8; ++j) {
+            acc[4 * j + 0] += frag[4 * j + 0] * (sa0 * sb[2 * j]);
+            acc[4 * j + 1] += frag[4 * j + 1] * (sa0 * sb[2 * j + 1]);
+            acc[4 * j + 2] += frag[4 * j + 2] * (sa1 * sb[2 * j]);
+            acc[4 * j + 3] += frag[4 * j + 3] * (sa1 * sb[2 * j + 1]);
+        }
+    }
+#else
+    (void)acc, (void)frag, (void)sA, (void)sB, (void)sSA, (void)sSB, (void)full, (void)empty, (void)stage, (void)phase,
+        (void)wg, (void)row_in_wg, (void)col_in_8, (void)lane, (void)split_group, (void)cl;
+#endif
+}
+
 /// With p.tma_store the epilogue stages each warpgroup's tile through shared memory, 128-byte column
 /// chunks at a time, and stores them with TMA (tma_d: D as a byte matrix, boxes of 64 rows x 128
 /// bytes, 128-byte swizzle; sm90_store_tile_tma); otherwise each thread stores its elements from
@@ -423,78 +516,8 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             OCTET_UNROLL
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
             for (std::uint32_t kb = range.first; kb < range.end; ++kb) {
-                mbar_wait(ptx::shared_address(full + stage), phase);
-                const float sa0 = sSA[stage * BM + wg * 64 + row_in_wg];
-                const float sa1 = sSA[stage * BM + wg * 64 + row_in_wg + 8];
-                float sb[kB == sm90_b_scales::per_tile ? 1 : kB == sm90_b_scales::two_blocks ? 2 : BN / 4];
-                if constexpr (kB == sm90_b_scales::per_tile) {
-                    sb[0] = sSB[stage * BN];
-                } else if constexpr (kB == sm90_b_scales::two_blocks) {
-                    const float2 v = *shared_cast<const float2>(sSB + stage * BN);
-                    sb[0] = v.x;
-                    sb[1] = v.y;
-                } else {
-                    OCTET_UNROLL
-                    for (int j = 0; j < BN / 8; ++j) {
-                        const float2 v = *shared_cast<const float2>(sSB + stage * BN + j * 8 + col_in_8);
-                        sb[2 * j] = v.x;
-                        sb[2 * j + 1] = v.y;
-                    }
-                }
-                const std::uint64_t da =
-                    sm90_smem_desc(ptx::shared_address(sA + stage * Cfg::a_stage_bytes + wg * 64 * BK));
-                const std::uint64_t db = sm90_smem_desc(ptx::shared_address(sB + stage * Cfg::b_stage_bytes));
-                OCTET_UNROLL
-                for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
-                ptx::wgmma_fence();
-                OCTET_UNROLL
-                for (int k = 0; k < BK / 32; ++k)  // 32 K-bytes per wgmma: +2 in the descriptor's address field
-                    ptx::wgmma_m64nNk32<BN, FA, FB>(frag, da + 2u * k, db + 2u * k, k > 0 ? 1u : 0u);
-                ptx::wgmma_commit_group();
-                OCTET_UNROLL
-                for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
-                ptx::wgmma_wait_group<0>();
-                OCTET_UNROLL
-                for (int i = 0; i < BN / 2; ++i) ptx::fence_operand(frag[i]);
-                __syncwarp();
-                if (lane == 0) {  // this warp is done with the stage, in every CTA of the cluster
-                    const std::uint32_t e = ptx::shared_address(empty + stage);
-                    if (cl > 1) {
-                        for (std::uint32_t r = 0; r < cl; ++r) ptx::mbarrier_arrive_cluster(ptx::mapa_shared(e, r));
-                    } else {
-                        mbar_arrive(e);
-                    }
-                }
-                // promotion: acc += frag * (sA * sB)
-                if constexpr (kB == sm90_b_scales::per_tile) {
-                    const float s0 = sa0 * sb[0], s1 = sa1 * sb[0];
-                    OCTET_UNROLL
-                    for (int j = 0; j < BN / 8; ++j) {
-                        acc[4 * j + 0] += frag[4 * j + 0] * s0;
-                        acc[4 * j + 1] += frag[4 * j + 1] * s0;
-                        acc[4 * j + 2] += frag[4 * j + 2] * s1;
-                        acc[4 * j + 3] += frag[4 * j + 3] * s1;
-                    }
-                } else if constexpr (kB == sm90_b_scales::two_blocks) {
-                    const float s00 = sa0 * sb[0], s10 = sa1 * sb[0], s01 = sa0 * sb[1], s11 = sa1 * sb[1];
-                    OCTET_UNROLL
-                    for (int j = 0; j < BN / 8; ++j) {
-                        const bool first = static_cast<std::uint32_t>(j) < split_group;
-                        const float s0 = first ? s00 : s01, s1 = first ? s10 : s11;
-                        acc[4 * j + 0] += frag[4 * j + 0] * s0;
-                        acc[4 * j + 1] += frag[4 * j + 1] * s0;
-                        acc[4 * j + 2] += frag[4 * j + 2] * s1;
-                        acc[4 * j + 3] += frag[4 * j + 3] * s1;
-                    }
-                } else {
-                    OCTET_UNROLL
-                    for (int j = 0; j < BN / 8; ++j) {
-                        acc[4 * j + 0] += frag[4 * j + 0] * (sa0 * sb[2 * j]);
-                        acc[4 * j + 1] += frag[4 * j + 1] * (sa0 * sb[2 * j + 1]);
-                        acc[4 * j + 2] += frag[4 * j + 2] * (sa1 * sb[2 * j]);
-                        acc[4 * j + 3] += frag[4 * j + 3] * (sa1 * sb[2 * j + 1]);
-                    }
-                }
+                sm90_consume_stage<Cfg, kB, FA, FB>(acc, frag, sA, sB, sSA, sSB, full, empty, stage, phase, wg,
+                                                    row_in_wg, col_in_8, lane, split_group, cl);
                 if (++stage == static_cast<std::uint32_t>(S)) {
                     stage = 0;
                     phase ^= 1u;

@@ -1,0 +1,167 @@
+// octet/gemm/detail/grouped_stream.cuh: the implementation of octet/gemm/grouped_gemm.cuh (which
+// includes it at its end): the grouped backends' support rules and choice, the device checks of the
+// operands, and the launches of detail/grouped_sm90.cuh and detail/grouped_sm89.cuh.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "octet/cuda/executor.cuh"
+#include "octet/gemm/detail/device_common.cuh"
+#include "octet/gemm/detail/grouped_common.cuh"
+#include "octet/gemm/detail/grouped_sm89.cuh"
+#include "octet/gemm/detail/grouped_sm90.cuh"
+#include "octet/gemm/grouped_gemm.cuh"
+#include "octet/gemm/grouped_gemm.hpp"
+#include "octet/gemm/scaled_gemm.cuh"
+
+namespace octet {
+namespace detail {
+
+/// Why the grouped GEMM cannot run on `backend` (empty when it can): the dense backend's device rules
+/// (gemm_device_support), less what the grouped kernels do not have.
+template <class RA, class RB>
+std::string grouped_device_support(const stream_executor& ex, gemm_backend backend, std::size_t K,
+                                   const gemm_options& opt) {
+    if (backend == gemm_backend::host) return "the host backend runs with octet::on_host(), not on a stream";
+    if (backend == gemm_backend::cublaslt)
+        return "there is no grouped cuBLASLt path (use automatic, sm90_wgmma or sm89_mma)";
+    if (backend == gemm_backend::sm90_wgmma) {
+        if (!gemm_kernel_pair<RA, RB>::sm90) return gemm_backend_support<RA, RB>(backend, K, opt);
+        if (opt.tile != gemm_tile::automatic && opt.tile != gemm_tile::m128n128)
+            return message("the grouped kernel's tiles are 128 x 128 (options.tile is ", tile_name(opt.tile), ")");
+        if (opt.split_k > 1) return "the grouped kernel does not split K (options.split_k must be 0 or 1)";
+        if (opt.cluster > 1) return "the grouped kernel runs single CTAs (options.cluster must be 0 or 1)";
+    }
+    if (backend == gemm_backend::sm89_mma && !gemm_kernel_pair<RA, RB>::sm89)
+        return gemm_backend_support<RA, RB>(backend, K, opt);
+    return gemm_device_support<RA, RB>(ex, backend, K, opt);
+}
+
+template <class RA, class RB>
+gemm_backend choose_grouped_backend(const stream_executor& ex, std::size_t K, const gemm_options& opt) {
+    constexpr const char* fn = "octet::grouped_scaled_gemm";
+    if (opt.backend != gemm_backend::automatic) {
+        const std::string why = grouped_device_support<RA, RB>(ex, opt.backend, K, opt);
+        OCTET_REQUIRE(why.empty(), fn, "options.backend",
+                      message("is ", backend_name(opt.backend), ", which cannot run ", recipe_description<RA>(), " x ",
+                              recipe_description<RB>(), ": ", why));
+        return opt.backend;
+    }
+    std::string whys;
+    for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma}) {
+        const std::string why = grouped_device_support<RA, RB>(ex, b, K, opt);
+        if (why.empty()) return b;
+        whys += message("; ", backend_name(b), ": ", why);
+    }
+    OCTET_REQUIRE(
+        false, fn, "A/B",
+        message("(", recipe_description<RA>(), " x ", recipe_description<RB>(), ") has no grouped CUDA backend here",
+                whys, "; the host overload (octet::on_host()) serves it"));
+    return gemm_backend::host;
+}
+
+/// The stream entry after the element types: the checks, the backend, then one launch per
+/// grouped_launch_groups groups (their descriptions on the stack: no allocation).
+template <class RA, class RB, class BB, class DT>
+gemm_result grouped_scaled_gemm_device(const stream_executor& ex, const grouped_quantized_cref<RA>& A,
+                                       span<const quantized_ref<RB, BB>> B, const matrix_ref<DT>& D,
+                                       const gemm_options& opt) {
+    constexpr const char* fn = "octet::grouped_scaled_gemm";
+    const std::size_t K = detail::common_cols(A, fn), G = A.groups();
+    OCTET_REQUIRE(B.size() == G, fn, "B",
+                  message("holds ", B.size(), " experts' copies, A ", G, " groups; pass one per group"));
+    const std::size_t N = detail::common_rows(B, K, fn);
+    const grouped_layout& L = *A.layout;
+    std::size_t M = 0;
+    for (std::size_t g = 0; g < G; ++g) M += L.groups[g].rows;
+    OCTET_REQUIRE(D.rows == M && (D.cols == N || M == 0), fn, "D",
+                  message("is ", D.rows, " x ", D.cols, "; it must be ", M, " x ", N,
+                          " (A's rows over all groups x the experts' N)"));
+    require_matrix(D, fn, "D");
+    OCTET_REQUIRE(opt.beta == 0.0f, fn, "opt.beta", "must be 0: a grouped GEMM takes no C");
+    OCTET_REQUIRE(opt.bias.empty() || opt.bias.size() == N, fn, "options.bias",
+                  message("has ", opt.bias.size(), " entries; pass N = ", N, " (one per column of D) or none"));
+    const gemm_backend backend = choose_grouped_backend<RA, RB>(ex, K, opt);
+    gemm_result result;
+    result.backend = backend;
+    if (M == 0 || N == 0) return result;
+
+    // Device memory and alignment, and the one-matrix view of A's block that the sm90 kernel's TMA map
+    // takes: every group's rows of the same bytes, starting at a whole row of the block.
+    require_device_matrix(D, fn, "D");
+    if (!opt.bias.empty()) cuda::require_device_accessible(opt.bias.data(), fn, "options.bias");
+    std::size_t row_bytes = 0, a_cols = 0, b_cols = 0;
+    for (std::size_t g = 0; g < G; ++g) {
+        if (L.groups[g].rows == 0 || K == 0) continue;
+        const quantized_cref<RA> a = A.group(g);
+        const quantized_cref<RB> b = B[g];
+        require_device_operand(a, fn, "A", backend_name(backend));
+        require_device_operand(b, fn, "B", backend_name(backend));
+        if (row_bytes == 0) row_bytes = a.layout.row_bytes, a_cols = a.layout.block_cols, b_cols = b.layout.block_cols;
+        OCTET_REQUIRE(a.layout.row_bytes == row_bytes && L.data_offset[g] % row_bytes == 0, fn, "A",
+                      message("group ", g, " has rows of ", a.layout.row_bytes, " bytes at offset ", L.data_offset[g],
+                              "; every group's rows must be ", row_bytes,
+                              " bytes and start at a whole row of the block (make_grouped_layout's layout)"));
+    }
+
+    const device_epilogue<float, DT> epi = make_device_epilogue<float, DT>(nullptr, D, opt);
+    const bool sm90 = backend == gemm_backend::sm90_wgmma && K > 0;  // else sm89 (and sm90's K = 0: D = bias)
+    const std::size_t seg =
+        gemm_segment(static_cast<std::size_t>(opt.promotion_interval), a_cols ? a_cols : K, b_cols ? b_cols : K, K);
+    grouped_device_group<RA, RB> chunk[grouped_launch_groups];
+    std::size_t d_row = 0;
+    for (std::size_t first = 0; first < G; first += grouped_launch_groups) {
+        const std::size_t count = std::min<std::size_t>(G - first, grouped_launch_groups);
+        for (std::size_t i = 0; i < count; ++i) {
+            grouped_device_group<RA, RB>& gr = chunk[i];
+            gr.a = A.group(first + i);
+            gr.b = B[first + i];
+            gr.d_row = d_row;
+            gr.a_row = row_bytes ? L.data_offset[first + i] / row_bytes : 0;
+            d_row += gr.a.rows();
+        }
+        if constexpr (gemm_kernel_pair<RA, RB>::sm90) {
+            if (sm90) {
+                launch_grouped_sm90<RA, RB, float, DT>(ex.stream, A.data, L.data_bytes / row_bytes, row_bytes, chunk,
+                                                       count, N, K, epi);
+                continue;
+            }
+        }
+        if constexpr (gemm_kernel_pair<RA, RB>::sm89)
+            launch_grouped_sm89<RA, RB, float, DT>(ex.stream, chunk, count, N, K, epi, seg);
+    }
+    return result;
+}
+
+}  // namespace detail
+
+// ---- declared and documented in octet/gemm/grouped_gemm.cuh ---------------------------------------
+
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result grouped_scaled_gemm(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
+                                span<const quantized_ref<RB, BB>> B, matrix_ref<DT> D, const gemm_options& opt) {
+    using D0 = detail::storage_of_t<std::remove_const_t<DT>>;
+    static_assert(
+        detail::is_gemm_output_v<D0>,
+        "octet::grouped_scaled_gemm: D must be float, octet::bf16 or octet::fp16 (or __nv_bfloat16 / __half)");
+    const matrix_ref<D0> d(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order);
+    return detail::grouped_scaled_gemm_device<RA, RB, BB, D0>(ex, grouped_quantized_cref<RA>(A), B, d, opt);
+}
+
+template <class RA, class RB>
+std::string grouped_scaled_gemm_support(const stream_executor& ex, gemm_backend backend, std::size_t K,
+                                        const gemm_options& opt) {
+    if (backend != gemm_backend::automatic) return detail::grouped_device_support<RA, RB>(ex, backend, K, opt);
+    std::string whys;
+    for (gemm_backend b : {gemm_backend::sm90_wgmma, gemm_backend::sm89_mma}) {
+        const std::string why = detail::grouped_device_support<RA, RB>(ex, b, K, opt);
+        if (why.empty()) return "";
+        whys += detail::message(whys.empty() ? "" : "; ", backend_name(b), ": ", why);
+    }
+    return whys;
+}
+
+}  // namespace octet

@@ -1,0 +1,54 @@
+// octet/gemm/grouped_gemm.cuh: the m-grouped scaled GEMM (octet/gemm/grouped_gemm.hpp) on a CUDA stream:
+// one kernel over the tiles of all experts instead of one launch per expert.
+//
+//   // A: a grouped_quantized_ref whose data and scales are device memory (its layout, a host object,
+//   // describes them: make_grouped_layout); B: one device quantized_cref per expert; D device memory
+//   octet::grouped_scaled_gemm(octet::on_stream(s), A, B, D, opt);    // rows of group g = A_g B[g]^T
+//
+// Same contract as the host overload (grouped_gemm.hpp): each group's rows of D are what
+// scaled_gemm(on_stream(s), A.group(g), B[g], rows of D, opt) computes with the same backend (the
+// grouped kernels run the dense kernels' mainloops, so each group's result is the dense device GEMM's
+// and is within its bound of the host's: scaled_gemm.hpp; equal bit for bit on exact inputs). Rows of
+// a group are never written by another group's tiles, and a tile row past its group is not stored.
+//
+// Backends: sm90_wgmma (sm_90 GPU, sm_90a code: one persistent kernel, 128 x 128 tiles, single CTAs,
+// no split-K; detail/grouped_sm90.cuh) for the pairs the dense sm90_wgmma serves (E4M3/E5M2 with float
+// scales whose K blocks are multiples of 128: per-tensor, per-row, 1x128, 128x128), and sm89_mma (sm_89+:
+// one launch of the dense mma.sync tile over all groups; detail/grouped_sm89.cuh), which also serves MX
+// 1x32 UE8M0 scales and runs the K = 0 case. `automatic` takes sm90_wgmma, then sm89_mma. There is no
+// grouped cuBLASLt path: options.backend cublaslt (or host) is refused, as are options.tile other than
+// automatic / m128n128, options.split_k above 1 and options.cluster 2 (the grouped kernel's tiles are fixed).
+//
+// Enqueued on ex.stream: one kernel per 32 groups (their per-group facts and B's TMA maps travel in the
+// kernel's parameters, by value: a CUDA graph may capture the call), no scratch (nothing is requested
+// from ex's allocator), no host synchronization. A's block must hold each group's rows at
+// data_offset[g] = (its first row) * row_bytes, as make_grouped_layout lays them out; every pointer
+// must be device memory with 16-byte aligned rows (the padded layouts). opt.beta must be 0 (no C);
+// opt.bias (device memory, N floats) is added to every group's rows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "octet/cuda/executor.cuh"
+#include "octet/gemm/grouped_gemm.hpp"
+#include "octet/gemm/scaled_gemm.cuh"
+
+namespace octet {
+
+/// m-grouped contiguous on a stream: for each group g, rows [o_g, o_g + rows of A's group g) of D =
+/// alpha * A_g B[g]^T + bias. Returns the backend that ran (gemm_result::backend).
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result grouped_scaled_gemm(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
+                                span<const quantized_ref<RB, BB>> B, matrix_ref<DT> D, const gemm_options& opt = {});
+
+/// Why `backend` cannot run grouped_scaled_gemm of (RA x RB) with inner dimension K on this GPU (empty
+/// when it can; `automatic`: whether either grouped kernel can).
+template <class RA, class RB>
+std::string grouped_scaled_gemm_support(const stream_executor& ex, gemm_backend backend, std::size_t K,
+                                        const gemm_options& opt = {});
+
+}  // namespace octet
+
+#include "octet/gemm/detail/grouped_stream.cuh"  // IWYU pragma: export

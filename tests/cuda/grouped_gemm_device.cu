@@ -1,0 +1,400 @@
+// octet-test: timeout=600
+//
+// The grouped scaled GEMM on a stream (octet/gemm/grouped_gemm.cuh: sm90_wgmma's persistent grouped
+// kernel, sm89_mma's grouped launch) against the host grouped GEMM (grouped_gemm.hpp, which is the dense
+// host GEMM per group bit for bit: tests/host/grouped_gemm_host.cpp), group by group. Outputs are
+// poisoned (all bits set: NaN in float, bf16 and fp16) before each run, so an element a kernel fails
+// to write fails, and so does a row of another group written by a tile that reaches past its group.
+//   * exact inputs (values in {-1, 0, 1}, a 7 at the start of every scale block: every partial sum is
+//     exact in any accumulator): the device must equal the host bit for bit.
+//   * random inputs: |device - host| <= bound(device backend) + bound(host backend) per element (the
+//     dense device GEMM's contract, scaled_gemm.hpp; as tests/cuda/gemm_device.cu checks it), and the
+//     grouped result equals the dense device GEMM's on each group with the same backend bit for bit
+//     (the grouped kernels run the dense kernels' mainloops and epilogues).
+// Group sizes are ragged: a group of zero rows, groups smaller than one tile, sizes that are not
+// multiples of 128, a group spanning several tiles; and more groups than one launch takes (32).
+// Suite "cuda" (no GPU needed): argument errors and refused backends. Suite "gpu": the rest; under the
+// interpreter (label interpret) on small shapes.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "octet/cuda/buffer.cuh"
+#include "octet/gemm/grouped_gemm.cuh"
+#include "octet/gemm/scaled_gemm.cuh"
+#include "support/random.hpp"
+
+namespace grouped_gemm_device_test {
+using namespace octet;
+
+#if defined(OCTET_INTERPRET)
+constexpr bool kInterpreted = true;
+#else
+constexpr bool kInterpreted = false;
+#endif
+
+template <class T>
+T pick(T device, T interpreted) {
+    return kInterpreted ? interpreted : device;
+}
+
+template <class T>
+float to_f(T v) {
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else
+        return to_float(v);
+}
+
+/// Values in {-1, 0, 1} with a 7 at the start of every `block`-wide run along K and in the first row
+/// (so that 128x128 blocks have amax 7 too): scales are powers of two and every sum is exact.
+std::vector<float> exact_values(std::mt19937_64& g, std::size_t rows, std::size_t K, std::size_t block) {
+    std::uniform_int_distribution<int> d(-1, 1);
+    std::vector<float> x(rows * K);
+    for (auto& v : x) v = static_cast<float>(d(g));
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t k = 0; k < K; k += block) x[i * K + k] = 7.0f;
+    return x;
+}
+
+/// The inputs of one grouped problem on the host: A's groups quantized by grouped_quantize, one B per
+/// group (each quantized as its own N x K matrix).
+template <class RA, class RB>
+struct host_problem {
+    std::vector<std::size_t> sizes;
+    std::size_t N, K;
+    grouped_quantized_tensor<RA> a;
+    std::vector<quantized_tensor<RB>> b;
+
+    host_problem(std::vector<std::size_t> s, std::size_t n, std::size_t k, bool exact, std::uint64_t salt)
+        : sizes(std::move(s)), N(n), K(k), a(grouped_rows(as_cspan(sizes), k)) {
+        auto g = octet_test::rng(salt);
+        std::size_t M = 0;
+        for (std::size_t v : sizes) M += v;
+        const std::vector<float> x = exact ? exact_values(g, M, K, 128) : octet_test::with_edge_cases(g, M * K, 2.0f);
+        if (K > 0) grouped_quantize<RA>(on_host(), matrix_ref<const float>(x.data(), M, K), as_cspan(sizes), a.ref());
+        for (std::size_t e = 0; e < sizes.size(); ++e) {
+            const std::vector<float> w =
+                exact ? exact_values(g, N, K, 128) : octet_test::with_edge_cases(g, N * K, 0.5f);
+            b.emplace_back(N, K);
+            if (K > 0) quantize<RB>(on_host(), matrix_ref<const float>(w.data(), N, K), b.back().ref());
+        }
+    }
+    std::size_t rows() const {
+        std::size_t M = 0;
+        for (std::size_t v : sizes) M += v;
+        return M;
+    }
+    std::vector<quantized_cref<RB>> b_crefs() const {
+        std::vector<quantized_cref<RB>> r;
+        for (const auto& q : b) r.push_back(q.cref());
+        return r;
+    }
+};
+
+/// The same operands in device memory (A's blocks uploaded whole; its layout stays the host's).
+template <class RA, class RB>
+struct device_problem {
+    cuda::device_buffer<std::uint8_t> a_data, a_scales;
+    cuda::device_buffer<float> a_ts;
+    std::vector<cuda::device_buffer<std::uint8_t>> b_data, b_scales;
+    std::vector<cuda::device_buffer<float>> b_ts;
+    const host_problem<RA, RB>* h;
+
+    explicit device_problem(const host_problem<RA, RB>& hp)
+        : a_data(std::max<std::size_t>(hp.a.layout().data_bytes, 1)),
+          a_scales(std::max<std::size_t>(hp.a.layout().scale_bytes, 1)),
+          a_ts(std::max<std::size_t>(hp.sizes.size(), 1)),
+          h(&hp) {
+        const grouped_quantized_cref<RA> c = hp.a.cref();
+        const grouped_layout& L = hp.a.layout();
+        if (L.data_bytes) a_data.upload(std::vector<std::uint8_t>(c.data, c.data + L.data_bytes));
+        if (L.scale_bytes) a_scales.upload(std::vector<std::uint8_t>(c.scales, c.scales + L.scale_bytes));
+        a_ts.upload(std::vector<float>(c.tensor_scales, c.tensor_scales + std::max<std::size_t>(L.size(), 1)));
+        for (const auto& q : hp.b) {
+            auto& qq = const_cast<quantized_tensor<RB>&>(q);
+            b_data.emplace_back(std::max<std::size_t>(q.layout().data_bytes, 1));
+            b_scales.emplace_back(std::max<std::size_t>(q.layout().scale_bytes, 1));
+            b_ts.emplace_back(1);
+            if (q.layout().data_bytes) b_data.back().upload(qq.data());
+            if (q.layout().scale_bytes) b_scales.back().upload(qq.scales());
+            b_ts.back().upload(std::vector<float>{q.tensor_scale()});
+        }
+    }
+    grouped_quantized_cref<RA> a() const {
+        return grouped_quantized_cref<RA>(a_data.data(), a_scales.data(), a_ts.data(), h->a.layout());
+    }
+    quantized_cref<RA> a_group(std::size_t g) const { return a().group(g); }
+    std::vector<quantized_cref<RB>> b() const {
+        std::vector<quantized_cref<RB>> r;
+        for (std::size_t e = 0; e < b_data.size(); ++e)
+            r.emplace_back(b_data[e].data(), b_scales[e].data(), h->b[e].layout(), b_ts[e].data());
+        return r;
+    }
+};
+
+struct tally {
+    double worst = 0.0;
+    void message(const std::string& what) const { MESSAGE(what << ": largest |device - host| / allowed = " << worst); }
+};
+
+/// Runs the grouped GEMM on `backend` and compares it with the host grouped GEMM (exact: bit for bit;
+/// else within both bounds) and, for random inputs, with the dense device GEMM on each group (bit for bit).
+template <class RA, class RB, class DT = float>
+void compare(gemm_backend backend, const std::vector<std::size_t>& sizes, std::size_t N, std::size_t K, bool exact,
+             tally& t, gemm_options opt = {}, bool with_bias = false, storage_order order = storage_order::row_major) {
+    std::string ss;
+    for (std::size_t v : sizes) ss += std::to_string(v) + " ";
+    INFO(backend_name(backend) << ": A " << recipe_description<RA>() << ", B " << recipe_description<RB>() << ", sizes "
+                               << ss << "N=" << N << " K=" << K << (exact ? " (exact inputs)" : "") << ", seed "
+                               << octet_test::run_seed());
+    const host_problem<RA, RB> hp(sizes, N, K, exact, N * 7919 + K * 31 + sizes.size());
+    const std::size_t M = hp.rows();
+    auto g = octet_test::rng(M + N + K);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::vector<float> bias(N);
+    for (auto& v : bias) v = exact ? std::round(nd(g)) : nd(g);
+    const bool row = order == storage_order::row_major;
+    const std::size_t ld = row ? N : M;
+
+    // host
+    std::vector<DT> hd(M * N);
+    gemm_options host_opt = opt;
+    host_opt.backend = gemm_backend::host;
+    if (with_bias) host_opt.bias = as_cspan(bias);
+    const std::vector<quantized_cref<RB>> hb = hp.b_crefs();
+    grouped_scaled_gemm(on_host(), hp.a.cref(), span<const quantized_cref<RB>>(hb.data(), hb.size()),
+                        matrix_ref<DT>(hd.data(), M, N, ld, order), host_opt);
+
+    // device, grouped
+    const device_problem<RA, RB> dp(hp);
+    const std::vector<quantized_cref<RB>> db = dp.b();
+    cuda::device_buffer<DT> dd(std::max<std::size_t>(M * N, 1));
+    cuda::device_buffer<float> dbias(bias);
+    dd.fill_bytes(0xFF);
+    gemm_options dev_opt = opt;
+    dev_opt.backend = backend;
+    if (with_bias) dev_opt.bias = dbias.cview();
+    const gemm_result r = grouped_scaled_gemm(on_stream(), dp.a(), span<const quantized_cref<RB>>(db.data(), db.size()),
+                                              matrix_ref<DT>(dd.data(), M, N, ld, order), dev_opt);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(r.backend == backend);
+    const std::vector<DT> got = dd.download();
+
+    // device, dense, group by group (random inputs): the same backend on the same tile
+    std::vector<DT> dense;
+    if (!exact) {
+        cuda::device_buffer<DT> de(std::max<std::size_t>(M * N, 1));
+        de.fill_bytes(0xFF);
+        gemm_options o = dev_opt;
+        o.tile = gemm_tile::m128n128;
+        o.cluster = 1;
+        o.split_k = 1;
+        std::size_t begin = 0;
+        for (std::size_t e = 0; e < sizes.size(); ++e) {
+            if (sizes[e]) {
+                DT* at = row ? de.data() + begin * N : de.data() + begin;
+                scaled_gemm(on_stream(), dp.a_group(e), db[e], matrix_ref<DT>(at, sizes[e], N, ld, order), o);
+            }
+            begin += sizes[e];
+        }
+        OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+        dense = de.download();
+    }
+
+    const gemm_numerics ng = gemm_numerics_of<RA, RB, DT>(backend, K, opt);
+    const gemm_numerics nh = gemm_numerics_of<RA, RB, DT>(gemm_backend::host, K, opt);
+    int bad = 0;
+    std::size_t begin = 0;
+    for (std::size_t e = 0; e < sizes.size(); ++e) {
+        // T = sum_k |a_ik| |b_jk| of this group, by the host GEMM on the codes' magnitudes
+        std::vector<float> T;
+        if (!exact && sizes[e]) {
+            quantized_tensor<RA> aa(sizes[e], K);
+            const quantized_cref<RA> ag = hp.a.cref().group(e);
+            std::memcpy(aa.data().data(), ag.data, ag.layout.data_bytes);
+            std::memcpy(aa.scales().data(), ag.scales, ag.layout.scale_bytes);
+            quantized_tensor<RB> bb = hp.b[e];
+            for (auto& c : aa.data()) c &= 0x7F;
+            for (auto& c : bb.data()) c &= 0x7F;
+            T.resize(sizes[e] * N);
+            scaled_gemm(on_host(), aa.cref(), bb.cref(), matrix_ref<float>(T.data(), sizes[e], N));
+        }
+        for (std::size_t i = begin; i < begin + sizes[e]; ++i)
+            for (std::size_t j = 0; j < N; ++j) {
+                const std::size_t o = row ? i * N + j : j * M + i;
+                const float gv = to_f(got[o]), hv = to_f(hd[o]);
+                if (exact) {
+                    if (std::memcmp(&got[o], &hd[o], sizeof(DT)) != 0 && bad++ < 5)
+                        FAIL_CHECK("group " << e << " D(" << i << "," << j << "): device " << gv << " host " << hv
+                                            << " (must be equal: exact inputs)");
+                    continue;
+                }
+                if (std::memcmp(&got[o], &dense[o], sizeof(DT)) != 0 && bad++ < 5)
+                    FAIL_CHECK("group " << e << " D(" << i << "," << j << "): grouped " << gv << " dense "
+                                        << to_f(dense[o]) << " (must be equal: the same kernel's mainloop)");
+                const double bb = with_bias ? std::fabs(static_cast<double>(bias[j])) : 0.0;
+                const double Tij = T[(i - begin) * N + j];
+                const double allowed = gemm_error_bound(ng, opt.alpha, Tij, 0.0, bb, std::fabs(hv)) +
+                                       gemm_error_bound(nh, opt.alpha, Tij, 0.0, bb, std::fabs(hv));
+                const double diff = std::fabs(static_cast<double>(gv) - hv);
+                if (!(diff <= allowed) && bad++ < 5)
+                    FAIL_CHECK("group " << e << " D(" << i << "," << j << "): device " << gv << " host " << hv
+                                        << " |diff| " << diff << " > allowed " << allowed);
+                if (allowed > 0) t.worst = std::max(t.worst, diff / allowed);
+            }
+        begin += sizes[e];
+    }
+    CHECK(bad == 0);
+}
+
+template <class RA, class RB>
+void backend_pair(gemm_backend backend, const char* name, const std::vector<std::vector<std::size_t>>& sizes,
+                  std::size_t N, std::size_t K, gemm_options opt = {}) {
+    tally t;
+    for (const auto& s : sizes) {
+        compare<RA, RB>(backend, s, N, K, true, t, opt);
+        compare<RA, RB>(backend, s, N, K, false, t, opt);
+    }
+    t.message(std::string(backend_name(backend)) + " " + name);
+}
+
+bool sm90() {
+    return cuda::compute_capability() == 90 && detail::sm90a_available();
+}
+bool sm89() {
+    return cuda::compute_capability() >= 89 && detail::sm89_available();
+}
+
+// Ragged groups: zero rows, fewer rows than one tile, not multiples of 128, several tiles.
+const std::vector<std::vector<std::size_t>> kSizes = pick<std::vector<std::vector<std::size_t>>>(
+    {{0, 1, 130, 64, 300}, {513, 0, 37, 256}, {7, 3}}, {{0, 1, 130, 64}, {37, 0, 5}});
+
+TEST_SUITE("gpu") {
+    TEST_CASE("sm90_wgmma grouped against the host and the dense kernel: every pair it serves, ragged groups") {
+        if (!sm90()) {
+            MESSAGE("skipped: needs an sm_90 GPU and sm_90a code");
+            return;
+        }
+        const std::size_t N = pick<std::size_t>(520, 136), K = pick<std::size_t>(1024, 256);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, "1x128 x 128x128",
+                                                                           kSizes, N, K);
+        backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(gemm_backend::sm90_wgmma, "tensor x tensor",
+                                                                         {{70, 0, 129}}, 200, 384);
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_1x128>(gemm_backend::sm90_wgmma, "1x128 x 1x128",
+                                                                         {{3, 140}}, 136, 256);
+        backend_pair<recipes::rowwise_e4m3, recipes::rowwise_e4m3>(gemm_backend::sm90_wgmma, "row x row", {{50, 9}},
+                                                                   129, 300);
+        using e5m2_1x128 = recipe<e5m2, block<1, 128>, scale::amax_ratio<0>>;
+        backend_pair<e5m2_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, "E5M2 1x128 x E4M3 128x128",
+                                                             {{77, 0, 20}}, 190, 640);
+    }
+
+    TEST_CASE("sm90_wgmma grouped epilogue: alpha, bias, bf16 (TMA store) and col-major fp16 D, K = 0") {
+        if (!sm90()) {
+            MESSAGE("skipped: needs an sm_90 GPU and sm_90a code");
+            return;
+        }
+        using RA = recipes::blockwise_1x128;
+        using RB = recipes::blockwise_128x128;
+        tally t;
+        gemm_options opt;
+        opt.alpha = -0.5f;
+        const std::vector<std::size_t> s = {130, 0, 64, 3};
+        compare<RA, RB, bf16>(gemm_backend::sm90_wgmma, s, 136, 256, true, t, opt, true);
+        compare<RA, RB, bf16>(gemm_backend::sm90_wgmma, s, 136, 256, false, t, opt, true);
+        compare<RA, RB, fp16>(gemm_backend::sm90_wgmma, s, 136, 256, true, t, opt, true, storage_order::col_major);
+        compare<RA, RB, float>(gemm_backend::sm90_wgmma, s, 100, 256, false, t, opt, true);  // ragged N: no TMA store
+        t.message("sm90_wgmma grouped epilogue");
+    }
+
+    TEST_CASE("grouped GEMM with more groups than one launch takes (33 groups: two launches)") {
+        if (!sm89()) {
+            MESSAGE("skipped: needs an sm_89+ GPU");
+            return;
+        }
+        std::vector<std::size_t> s(33);
+        for (std::size_t e = 0; e < s.size(); ++e) s[e] = e % 5 == 0 ? 0 : (e * 7) % 11 + 1;
+        tally t;
+        if (sm90())
+            compare<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm90_wgmma, s, 64, 128, true,
+                                                                          t);
+        compare<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm89_mma, s, 64, 128, true, t);
+    }
+
+    TEST_CASE("sm89_mma grouped against the host and the dense kernel: 1x128 x 128x128, MXFP8, tensor") {
+        if (!sm89()) {
+            MESSAGE("skipped: needs an sm_89+ GPU");
+            return;
+        }
+        backend_pair<recipes::blockwise_1x128, recipes::blockwise_128x128>(gemm_backend::sm89_mma, "1x128 x 128x128",
+                                                                           kSizes, pick<std::size_t>(300, 136),
+                                                                           pick<std::size_t>(640, 256));
+        backend_pair<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm89_mma, "MXFP8 x MXFP8", {{9, 0, 130}},
+                                                               96, 160);
+        backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(gemm_backend::sm89_mma, "tensor x tensor",
+                                                                         {{20, 3}}, 70, 200);
+    }
+
+    TEST_CASE("automatic picks sm90_wgmma on sm_90, sm89_mma for MX; K = 0 gives the bias") {
+        if (!sm89()) {
+            MESSAGE("skipped: needs an sm_89+ GPU");
+            return;
+        }
+        tally t;
+        const std::vector<std::size_t> s = {5, 0, 130};
+        const gemm_backend want = sm90() ? gemm_backend::sm90_wgmma : gemm_backend::sm89_mma;
+        const host_problem<recipes::blockwise_1x128, recipes::blockwise_128x128> hp(s, 64, 128, true, 5);
+        const device_problem<recipes::blockwise_1x128, recipes::blockwise_128x128> dp(hp);
+        const auto db = dp.b();
+        cuda::device_buffer<float> d(hp.rows() * 64);
+        const gemm_result r = grouped_scaled_gemm(
+            on_stream(), dp.a(), span<const quantized_cref<recipes::blockwise_128x128>>(db.data(), db.size()),
+            matrix_ref<float>(d.data(), hp.rows(), 64));
+        CHECK(r.backend == want);
+        // K = 0: D = bias on every row of every group
+        compare<recipes::blockwise_1x128, recipes::blockwise_128x128>(want, s, 64, 0, true, t, {}, true);
+    }
+}
+
+TEST_SUITE("cuda") {
+    TEST_CASE("grouped_scaled_gemm on a stream: argument errors and refused backends, before any device work") {
+        using RA = recipes::blockwise_1x128;
+        using RB = recipes::blockwise_128x128;
+        const std::vector<std::size_t> sizes = {3, 0, 5};
+        const grouped_layout L = make_grouped_layout<RA>(grouped_rows(as_cspan(sizes), 256));
+        const grouped_quantized_cref<RA> A(nullptr, nullptr, nullptr, L);
+        const quant_layout lb = quant_layout_of<RB>::make(64, 256);
+        std::vector<quantized_cref<RB>> B(3, quantized_cref<RB>(nullptr, nullptr, lb));
+        const span<const quantized_cref<RB>> two(B.data(), 2), three(B.data(), 3);
+        std::vector<float> d(9 * 64);  // host memory: each call below fails before the device checks
+        CHECK_THROWS_WITH_AS(grouped_scaled_gemm(on_stream(), A, two, matrix_ref<float>(d.data(), 8, 64)),
+                             doctest::Contains("pass one per group"), octet::error);
+        CHECK_THROWS_WITH_AS(grouped_scaled_gemm(on_stream(), A, three, matrix_ref<float>(d.data(), 9, 64)),
+                             doctest::Contains("it must be 8 x 64"), octet::error);
+        gemm_options o;
+        o.backend = gemm_backend::cublaslt;
+        CHECK_THROWS_WITH_AS(grouped_scaled_gemm(on_stream(), A, three, matrix_ref<float>(d.data(), 8, 64), o),
+                             doctest::Contains("no grouped cuBLASLt path"), octet::error);
+        o.backend = gemm_backend::sm90_wgmma;
+        o.split_k = 2;
+        CHECK(grouped_scaled_gemm_support<RA, RB>(on_stream(), gemm_backend::sm90_wgmma, 256, o).find("split") !=
+              std::string::npos);
+        o.split_k = 0;
+        o.beta = 1.0f;
+        CHECK_THROWS_WITH_AS(grouped_scaled_gemm(on_stream(), A, three, matrix_ref<float>(d.data(), 8, 64), o),
+                             doctest::Contains("must be 0"), octet::error);
+        // NVFP4 has no grouped CUDA backend
+        CHECK(!grouped_scaled_gemm_support<recipes::nvfp4, recipes::nvfp4>(on_stream(), gemm_backend::automatic, 256)
+                   .empty());
+    }
+}
+
+}  // namespace grouped_gemm_device_test
