@@ -279,9 +279,11 @@ inline void check_feedback(const residual_view& fb, std::size_t n, const char* f
 ///   d     a span (encode with feedback): T residual; then y - dequantized
 ///   amax  one float (encode)
 ///   words, work: one transform block's sign words and, for the inverse, its floats
+///   staged a span (bf16 gradients): their float values, read or written a span at a time
 struct codec_scratch {
     std::size_t span = 0, words_per_chunk = 0, work_per_chunk = 0;
     float* y = nullptr;
+    float* staged = nullptr;
     float* x = nullptr;
     float* d = nullptr;
     float* amax = nullptr;
@@ -303,9 +305,11 @@ inline void carve_span_transform(scratch_carver& c, codec_scratch& s, const wire
 
 /// Describes the scratch of encoding n = l.count elements (`transformed`: the L coordinates) on a
 /// carver: one description for the query (encode_gradient_scratch_bytes) and the operation.
-/// `summed`: the coordinates are summed into the span's y (encode_sum_of_messages).
+/// `summed`: the coordinates are summed into the span's y (encode_sum_of_messages). `bf16`: the n
+/// elements are bf16, staged a span at a time as floats.
 inline codec_scratch carve_encode(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
-                                  const wire_layout& l, bool transformed, bool feedback, bool summed = false) {
+                                  const wire_layout& l, bool transformed, bool feedback, bool summed = false,
+                                  bool bf16 = false) {
     codec_scratch s;
     const std::size_t chunks = parallel_chunks(ex, codec_spans(l), 1);
     if (chunks == 0) return s;
@@ -318,12 +322,14 @@ inline codec_scratch carve_encode(scratch_carver& c, const host_executor& ex, co
     }
     s.amax = c.take<float>(chunks);
     if (feedback || !transformed) carve_span_transform(c, s, l, chunks, feedback);
+    if (bf16 && !transformed) s.staged = c.take<float>(chunks * s.span);
     return s;
 }
 
 /// Encodes on the host, span by span (steps 1-5 of the header comment). source(c0, c1, buf) gives
 /// the input from index c0 on: the n elements, or with `transformed` the L coordinates (a pointer
-/// into the caller's array, or `buf`, the span's y, after writing coordinates [c0, c1) there).
+/// into the caller's array, or `buf`, the span's y, after writing coordinates [c0, c1) there; for
+/// the n elements `buf` is the span's staged floats, or null when there are none).
 /// NVFP4's tensor scale needs the message's amax before any block is scaled: its coordinates are
 /// computed twice (a first pass for the amax).
 template <class Source>
@@ -354,7 +360,7 @@ encode_result encode_spans(const host_executor& ex, const codec_config& cfg, con
             for (std::size_t j = 0; j < c1 - c0; ++j) y[j] = in[j] + d[j];  // (in may be y: the same index)
             return y;
         }
-        const float* in = source(c0, c1, nullptr);
+        const float* in = source(c0, c1, s.staged ? s.staged + chunk * S : nullptr);
         if (!feedback) {
             if (y == nullptr) return in;  // the identity's coordinates are the elements
             span_forward(cfg.transform, l, cfg.seed, opt.first_index, in, c0, ne, y, words);
@@ -432,8 +438,9 @@ inline wire_layout checked_layout(const codec_config& cfg, std::size_t n, const 
 
 /// The checks every executor's encoder shares (the message, the options, the input `in`: n elements,
 /// or with `transformed` the L coordinates of n elements). Returns the message's layout.
-inline wire_layout check_encode_args(const codec_config& cfg, span<const float> in, std::size_t n, bool transformed,
-                                     span<std::uint8_t> out, const encode_options& opt, const char* fn) {
+template <class T>
+wire_layout check_encode_args(const codec_config& cfg, span<const T> in, std::size_t n, bool transformed,
+                              span<std::uint8_t> out, const encode_options& opt, const char* fn) {
     const wire_layout l = checked_layout(cfg, n, "x", opt.first_index, fn);
     OCTET_REQUIRE(out.size() == l.total_bytes, fn, "out",
                   message("has ", out.size(), " bytes; the message for ", n, " elements is ", l.total_bytes,
@@ -453,7 +460,8 @@ enum class decoded_space { original, transformed, transformed_add };
 
 /// The checks every executor's decoder shares on where the decoded values go: `out` holds the
 /// message's n elements, `y` its L coordinates.
-inline void check_decode_destination(span<float> dst, const wire_layout& l, decoded_space space, const char* fn) {
+template <class T>
+void check_decode_destination(span<T> dst, const wire_layout& l, decoded_space space, const char* fn) {
     const bool original = space == decoded_space::original;
     const char* arg = original ? "out" : "y";
     if (original)
@@ -474,34 +482,54 @@ template <class Executor>
 struct codec_backend;
 
 /// Describes the scratch of decoding a message of layout l (decode_gradient_scratch_bytes and the
-/// operation share it): only a Hadamard message decoded to its elements takes any.
+/// operation share it): a Hadamard message decoded to its elements takes a span and a transform
+/// block's scratch per chunk; decoded to bf16 elements (`bf16`), a span of staged floats more.
 inline codec_scratch carve_decode(scratch_carver& c, const host_executor& ex, transform_kind transform,
-                                  const wire_layout& l, decoded_space space) {
+                                  const wire_layout& l, decoded_space space, bool bf16 = false) {
     codec_scratch s;
-    if (space != decoded_space::original || transform != transform_kind::hadamard || l.count == 0) return s;
+    const bool hadamard = space == decoded_space::original && transform == transform_kind::hadamard;
+    if ((!hadamard && !bf16) || l.count == 0) return s;
     const std::size_t chunks = parallel_chunks(ex, codec_spans(l), 1);
     s.span = codec_span(l);
-    s.y = c.take<float>(chunks * s.span);
-    carve_span_transform(c, s, l, chunks, true);
+    if (hadamard) {
+        s.y = c.take<float>(chunks * s.span);
+        carve_span_transform(c, s, l, chunks, true);
+    }
+    if (bf16) s.staged = c.take<float>(chunks * s.span);
     return s;
 }
 
 template <>
 struct codec_backend<host_executor> {
     /// Steps 1-5 of encoding x (the L coordinates y with `transformed`) into `out`, span by span.
-    /// Every temporary comes from one block of host scratch (encode_gradient_scratch_bytes).
-    static encode_result encode(host_executor ex, const codec_config& cfg, const wire_layout& l, span<const float> in,
+    /// Every temporary comes from one block of host scratch (encode_gradient_scratch_bytes). bf16
+    /// elements are read a span at a time into the span's staged floats.
+    template <class T>
+    static encode_result encode(host_executor ex, const codec_config& cfg, const wire_layout& l, span<const T> in,
                                 bool transformed, span<std::uint8_t> out, const encode_options& opt) {
+        constexpr bool narrow = std::is_same_v<T, bf16>;
         const bool feedback = !opt.feedback.empty();
         scratch_carver size;
-        carve_encode(size, ex, cfg, l, transformed, feedback);
+        carve_encode(size, ex, cfg, l, transformed, feedback, false, narrow);
         const host_scratch scratch(ex, size.bytes(),
                                    transformed ? "octet::encode_gradient_transformed" : "octet::encode_gradient");
         scratch_carver carver = scratch.carver();
-        const codec_scratch s = carve_encode(carver, ex, cfg, l, transformed, feedback);
-        const float* x = in.data();
-        return encode_spans(
-            ex, cfg, l, [x](std::size_t c0, std::size_t, float*) { return x + c0; }, transformed, opt, out, s);
+        const codec_scratch s = carve_encode(carver, ex, cfg, l, transformed, feedback, false, narrow);
+        const T* x = in.data();
+        if constexpr (narrow) {
+            const std::size_t count = static_cast<std::size_t>(l.count);
+            return encode_spans(
+                ex, cfg, l,
+                [x, count](std::size_t c0, std::size_t c1, float* buf) -> const float* {
+                    const std::size_t ne = std::min(c1, count) - c0;
+                    for (std::size_t i = 0; i < ne; ++i) buf[i] = to_float(x[c0 + i]);
+                    return buf;
+                },
+                false, opt, out, s);
+        } else {
+            return encode_spans(
+                ex, cfg, l, [x](std::size_t c0, std::size_t, float*) { return x + c0; }, transformed, opt, out, s);
+        }
     }
 
     /// Validates the whole message (wire.hpp) and reads its header and layout.
@@ -509,34 +537,41 @@ struct codec_backend<host_executor> {
         return read_wire_header(message, &l, fn);
     }
 
-    /// Span by span; host scratch only for a Hadamard message decoded to its n elements
-    /// (decode_gradient_scratch_bytes).
+    /// Span by span; host scratch only for a Hadamard message decoded to its n elements, or for
+    /// bf16 elements (decode_gradient_scratch_bytes), each rounded once to nearest even.
+    template <class T>
     static void decode(host_executor ex, const wire_header& h, const wire_layout& l, span<const std::uint8_t> message,
-                       span<float> dst, decoded_space space, const char* fn) {
+                       span<T> dst, decoded_space space, const char* fn) {
+        constexpr bool narrow = std::is_same_v<T, bf16>;
         scratch_carver size;
-        carve_decode(size, ex, h.transform, l, space);
+        carve_decode(size, ex, h.transform, l, space, narrow);
         const host_scratch scratch(ex, size.bytes(), fn);
         scratch_carver carver = scratch.carver();
-        const codec_scratch s = carve_decode(carver, ex, h.transform, l, space);
+        const codec_scratch s = carve_decode(carver, ex, h.transform, l, space, narrow);
         const std::uint8_t* scales = message.data() + l.scales_offset;
         const std::uint8_t* payload = message.data() + l.payload_offset;
         const std::size_t coded = static_cast<std::size_t>(l.coded), count = static_cast<std::size_t>(l.count);
         const std::size_t S = codec_span(l), Bs = l.scale_block;
         const bool add = space == decoded_space::transformed_add;
-        float* const out = dst.data();
+        T* const out = dst.data();
         dispatch_wire_format(h.format, [&](auto tr) {
             using Tr = decltype(tr);
             parallel_for_chunks(ex, codec_spans(l), 1, [&](std::size_t chunk, std::size_t lo, std::size_t hi) {
                 for (std::size_t k = lo; k < hi; ++k) {
                     const std::size_t c0 = k * S, c1 = std::min(coded, c0 + S), k0 = c0 / Bs, k1 = (c1 + Bs - 1) / Bs;
-                    if (s.y == nullptr) {  // coordinates wanted, or the identity's (the elements): straight into dst
-                        dequantize_blocks<Tr>(k0, k1, Bs, coded, scales, payload, h.tensor_scale, out + c0, add, c0);
-                        continue;
+                    const std::size_t ne = std::min(c1, count) - c0;
+                    // the span's elements as floats: straight into dst, or staged for bf16
+                    float* const x = narrow ? s.staged + chunk * s.span : reinterpret_cast<float*>(out + c0);
+                    if (s.y == nullptr)  // coordinates wanted, or the identity's (the elements)
+                        dequantize_blocks<Tr>(k0, k1, Bs, coded, scales, payload, h.tensor_scale, x, add, c0);
+                    else {
+                        float* y = s.y + chunk * s.span;
+                        dequantize_blocks<Tr>(k0, k1, Bs, coded, scales, payload, h.tensor_scale, y, false, c0);
+                        span_inverse(h.transform, l, h.seed, h.first_index, y, c0, ne, x,
+                                     s.words + chunk * s.words_per_chunk, s.work + chunk * s.work_per_chunk);
                     }
-                    float* y = s.y + chunk * s.span;
-                    dequantize_blocks<Tr>(k0, k1, Bs, coded, scales, payload, h.tensor_scale, y, false, c0);
-                    span_inverse(h.transform, l, h.seed, h.first_index, y, c0, std::min(c1, count) - c0, out + c0,
-                                 s.words + chunk * s.words_per_chunk, s.work + chunk * s.work_per_chunk);
+                    if constexpr (narrow)
+                        for (std::size_t i = 0; i < ne; ++i) out[c0 + i] = to_bf16(x[i]);
                 }
             });
         });
@@ -585,8 +620,8 @@ encode_result encode_entry(const Executor& ex, const codec_config& cfg, span<con
 /// The entry of the decoders that read the message's header (the host's, and the stream's
 /// _synchronizing ones): the executor reads and validates the header, the destination is checked
 /// against it here, then the executor's backend decodes. Returns the header.
-template <class Executor>
-wire_header decode_reading_header(const Executor& ex, span<const std::uint8_t> message, span<float> dst,
+template <class Executor, class T>
+wire_header decode_reading_header(const Executor& ex, span<const std::uint8_t> message, span<T> dst,
                                   decoded_space space, const char* fn) {
     using backend = codec_backend<Executor>;
     wire_layout l;
@@ -606,6 +641,15 @@ template <class Executor>
 encode_result encode_gradient(const Executor& ex, const codec_config& cfg, span<const float> x, span<std::uint8_t> out,
                               const encode_options& opt = {}) {
     return detail::encode_entry(ex, cfg, x, x.size(), false, out, opt, "octet::encode_gradient");
+}
+
+/// bf16 gradients on the host, read in place: the message (and residual) that encode_gradient
+/// gives for their float values, bit for bit. Scratch: encode_gradient_scratch_bytes<bf16>.
+inline encode_result encode_gradient(host_executor ex, const codec_config& cfg, span<const bf16> x,
+                                     span<std::uint8_t> out, const encode_options& opt = {}) {
+    const char* fn = "octet::encode_gradient";
+    const wire_layout l = detail::check_encode_args(cfg, x, x.size(), false, out, opt, fn);
+    return detail::codec_backend<host_executor>::encode(ex, cfg, l, x, false, out, opt);
 }
 
 /// Encodes the L = transform_length(cfg.transform, n, cfg.block) coordinates y, already in cfg's
@@ -636,6 +680,11 @@ inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> me
     return detail::decode_reading_header(ex, message, out, detail::decoded_space::original, "octet::decode_gradient");
 }
 
+/// The same into bf16 elements: each the float decode_gradient gives, rounded once to nearest even.
+inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> message, span<bf16> out) {
+    return detail::decode_reading_header(ex, message, out, detail::decoded_space::original, "octet::decode_gradient");
+}
+
 /// Bytes of host scratch that encode_gradient(ex, cfg, x, out, opt) takes for n = x.size() elements
 /// on the host executor `ex` (from ex.allocator when one is lent, see octet::with_allocator; else
 /// ::operator new), in one block per call. The host encode streams the message span by span (16 K
@@ -643,12 +692,15 @@ inline wire_header decode_gradient(host_executor ex, span<const std::uint8_t> me
 /// (at most ex.thread_count()): a span of transformed coordinates (none for the identity without
 /// feedback), with opt.feedback two spans more, and a transform block's sign words and floats.
 /// It does not grow with n beyond one span per thread. Only whether opt.feedback is empty matters.
-/// A stream's encoders take no scratch.
-inline std::size_t encode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n,
-                                                 const encode_options& opt = {}) {
+/// T: the gradients' element type (bf16: a span of staged floats per thread more). A stream's
+/// encoders take no scratch.
+template <class T = float>
+std::size_t encode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n,
+                                          const encode_options& opt = {}) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "gradients are float or octet::bf16");
     const wire_layout l = detail::checked_layout(cfg, n, "n", opt.first_index, "octet::encode_gradient_scratch_bytes");
     detail::scratch_carver c;
-    detail::carve_encode(c, ex, cfg, l, false, !opt.feedback.empty());
+    detail::carve_encode(c, ex, cfg, l, false, !opt.feedback.empty(), false, std::is_same_v<T, bf16>);
     return c.bytes();
 }
 
@@ -666,13 +718,15 @@ inline std::size_t encode_gradient_transformed_scratch_bytes(const host_executor
 
 /// Bytes of host scratch that decode_gradient(ex, message, out) takes for a message of n elements
 /// encoded under cfg (config_of(header) gives it from a received header): for a Hadamard message a
-/// span of floats per thread at work and a transform block's scratch; 0 for the identity.
-/// decode_gradient_transformed
+/// span of floats per thread at work and a transform block's scratch; 0 for the identity. T: the
+/// elements' type (bf16: a span of staged floats per thread more). decode_gradient_transformed
 /// takes no scratch (it writes the caller's y directly).
-inline std::size_t decode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n) {
+template <class T = float>
+std::size_t decode_gradient_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "gradients are float or octet::bf16");
     const wire_layout l = detail::checked_layout(cfg, n, "n", 0, "octet::decode_gradient_scratch_bytes");
     detail::scratch_carver c;
-    detail::carve_decode(c, ex, cfg.transform, l, detail::decoded_space::original);
+    detail::carve_decode(c, ex, cfg.transform, l, detail::decoded_space::original, std::is_same_v<T, bf16>);
     return c.bytes();
 }
 

@@ -267,15 +267,16 @@ struct allreduce_scratch {
 
 /// The most host scratch one codec call inside compressed_allreduce_host takes (they run one after
 /// another): the stage-1 encodes of every shard, the re-encode of mine, the decodes of every shard.
+/// `bf16`: the gradient's elements are bf16 (the stage-1 encodes and the decodes stage a span).
 inline std::size_t allreduce_codec_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n, int P, int me,
-                                         bool feedback, bool reduced_feedback) {
+                                         bool feedback, bool reduced_feedback, bool bf16) {
     std::size_t most = 0;
     auto keep = [&](scratch_carver& c) { most = std::max(most, c.bytes()); };
     for (int r = 0; r < P; ++r) {
         const wire_layout l = wire_layout_of(cfg, allreduce_shard(cfg, n, P, r).count);
         scratch_carver e, d;
-        carve_encode(e, ex, cfg, l, false, feedback);
-        carve_decode(d, ex, cfg.transform, l, decoded_space::original);
+        carve_encode(e, ex, cfg, l, false, feedback, false, bf16);
+        carve_decode(d, ex, cfg.transform, l, decoded_space::original, bf16);
         keep(e), keep(d);
         if (r == me) {
             scratch_carver t;
@@ -290,7 +291,8 @@ inline std::size_t allreduce_codec_bytes(const host_executor& ex, const codec_co
 /// one description for compressed_allreduce_scratch_bytes and the operation. The sizes come from
 /// the shards, not from the arrays (which a counting carver does not hand out).
 inline allreduce_scratch carve_allreduce(scratch_carver& c, const host_executor& ex, const codec_config& cfg,
-                                         std::size_t n, int P, int me, bool feedback, bool reduced_feedback) {
+                                         std::size_t n, int P, int me, bool feedback, bool reduced_feedback,
+                                         bool bf16) {
     const std::size_t world = static_cast<std::size_t>(P);
     std::size_t total = 0;
     for (int r = 0; r < P; ++r) total += encoded_size(cfg, allreduce_shard(cfg, n, P, r).count);
@@ -310,7 +312,7 @@ inline allreduce_scratch carve_allreduce(scratch_carver& c, const host_executor&
     s.mine = c.take<const std::uint8_t*>(world);
     s.mine_scales = c.take<float>(world);
     s.reduced = c.take<std::uint8_t>(msg_me);
-    s.codec_bytes = allreduce_codec_bytes(ex, cfg, n, P, me, feedback, reduced_feedback);
+    s.codec_bytes = allreduce_codec_bytes(ex, cfg, n, P, me, feedback, reduced_feedback, bf16);
     s.codec = c.take<unsigned char>(s.codec_bytes);
     return s;
 }
@@ -396,11 +398,11 @@ inline void expect_message(const wire_header& h, const codec_config& cfg, const 
 /// message size (s.shard, s.msg_bytes, s.send_off), this rank's message of each shard of `data`
 /// (encoded with `feedback`, the stage-1 residual, when not empty), the all-to-all of them (the P
 /// messages of this rank's shard land in s.recvbuf at s.recv_off). Adds the seconds and the bytes.
-template <class Transport>
-void encode_and_exchange(Transport& comm, const codec_config& cfg, span<const float> data,
-                         const residual_view& feedback, const std::function<void(int, span<std::uint8_t>)>& tamper,
-                         const host_executor& codec_ex, const allreduce_scratch& s, double& encode_s,
-                         double& exchange_s, std::size_t& bytes_sent, std::size_t& bytes_received) {
+template <class Transport, class T>
+void encode_and_exchange(Transport& comm, const codec_config& cfg, span<const T> data, const residual_view& feedback,
+                         const std::function<void(int, span<std::uint8_t>)>& tamper, const host_executor& codec_ex,
+                         const allreduce_scratch& s, double& encode_s, double& exchange_s, std::size_t& bytes_sent,
+                         std::size_t& bytes_received) {
     using clock = std::chrono::steady_clock;
     const int P = comm.size(), me = comm.rank();
     const std::size_t n = data.size();
@@ -421,7 +423,7 @@ void encode_and_exchange(Transport& comm, const codec_config& cfg, span<const fl
         eo.random_stream = 1 + static_cast<std::uint64_t>(me);
         if (!feedback.empty()) eo.feedback = feedback.subrange(shard[r].begin, shard[r].count);
         const span<std::uint8_t> out(s.messages + send_off[r], msg_bytes[r]);
-        encode_gradient(codec_ex, cfg, span<const float>(data.data() + shard[r].begin, shard[r].count), out, eo);
+        encode_gradient(codec_ex, cfg, span<const T>(data.data() + shard[r].begin, shard[r].count), out, eo);
         if (tamper) tamper(r, out);
     }
     encode_s = seconds_since(t0);
@@ -477,27 +479,35 @@ inline void validate_received(const allreduce_scratch& s, const codec_config& cf
 /// (encode_gradient_scratch_bytes of a shard, encode_gradient_transformed_scratch_bytes of this
 /// rank's shard, decode_gradient_scratch_bytes of a shard), which those calls take, one after
 /// another, from a region of that block. Shards differ in size, so the bytes depend on the rank;
-/// the largest over the ranks bounds them all.
-inline std::size_t compressed_allreduce_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n,
-                                                      int world, int rank, const allreduce_options& opt = {}) {
+/// the largest over the ranks bounds them all. T: the gradient's element type (float, or bf16: a
+/// span of staged floats per thread more in the codec calls' region).
+template <class T = float>
+std::size_t compressed_allreduce_scratch_bytes(const host_executor& ex, const codec_config& cfg, std::size_t n,
+                                               int world, int rank, const allreduce_options& opt = {}) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "gradients are float or octet::bf16");
     constexpr const char* fn = "octet::compressed_allreduce_scratch_bytes";
     detail::validate_config(cfg, fn);
     OCTET_REQUIRE(n <= wire_max_elements, fn, "n", detail::message("counts ", n, " elements; at most 2^40"));
     OCTET_REQUIRE(world >= 1, fn, "world", detail::message("is ", world, "; a communicator has at least one rank"));
     OCTET_REQUIRE(rank >= 0 && rank < world, fn, "rank", detail::message("is ", rank, "; ranks are 0..", world - 1));
     detail::scratch_carver c;
-    detail::carve_allreduce(c, ex, cfg, n, world, rank, !opt.feedback.empty(), !opt.reduced_feedback.empty());
+    detail::carve_allreduce(c, ex, cfg, n, world, rank, !opt.feedback.empty(), !opt.reduced_feedback.empty(),
+                            std::is_same_v<T, bf16>);
     return c.bytes();
 }
 
 /// The compressed all-reduce over any transport (see the header comment). data <- sum over ranks.
 /// Every temporary comes from one block of host scratch (compressed_allreduce_scratch_bytes), from
 /// opt.executor's allocator when one is lent; a rank that cannot take it stops every rank with
-/// octet::error before any data moves.
-template <class Transport>
-allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& cfg, span<float> data,
+/// octet::error before any data moves. T: float, or bf16 gradients, read in place (the messages
+/// and residuals of their float values, bit for bit) and written back rounded once to nearest
+/// even from the float result: a bf16 gradient buffer needs no float copy beside it.
+template <class Transport, class T>
+allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& cfg, span<T> data,
                                            const allreduce_options& opt = {},
                                            const char* fn = "octet::compressed_allreduce") {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "octet::compressed_allreduce: gradients are float or octet::bf16");
     using clock = std::chrono::steady_clock;
     allreduce_report rep;
     const int P = comm.size(), me = comm.rank();
@@ -535,7 +545,9 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     const bool fb = !opt.feedback.empty(), rfb = !opt.reduced_feedback.empty();
     detail::take_scratch(
         opt.executor, fn,
-        [&](detail::scratch_carver& c) { return detail::carve_allreduce(c, opt.executor, cfg, n, P, me, fb, rfb); },
+        [&](detail::scratch_carver& c) {
+            return detail::carve_allreduce(c, opt.executor, cfg, n, P, me, fb, rfb, std::is_same_v<T, bf16>);
+        },
         block, s, local_failure, local_message);
     detail::stop_every_rank_on_failure(comm, local_failure, local_message, fn);
     const detail::allreduce_descriptor d = detail::make_descriptor(cfg, n, P, opt);
@@ -549,7 +561,7 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
     codec_ex.allocator = region.allocator();
 
     // 1-3. Shards, stage-1 messages, all-to-all.
-    detail::encode_and_exchange(comm, cfg, span<const float>(data.data(), n), opt.feedback, opt.tamper, codec_ex, s,
+    detail::encode_and_exchange(comm, cfg, span<const T>(data.data(), n), opt.feedback, opt.tamper, codec_ex, s,
                                 rep.encode_s, rep.exchange_s, rep.bytes_sent, rep.bytes_received);
     std::size_t* const msg_bytes = s.msg_bytes;
     std::size_t* const send_off = s.send_off;
@@ -597,7 +609,7 @@ allreduce_report compressed_allreduce_host(Transport& comm, const codec_config& 
             const span<const std::uint8_t> m(gathered + send_off[r], msg_bytes[r]);
             wire_header h;
             try {
-                h = decode_gradient(codec_ex, m, span<float>(data.data() + shard[r].begin, shard[r].count));
+                h = decode_gradient(codec_ex, m, span<T>(data.data() + shard[r].begin, shard[r].count));
             } catch (const error& e) {
                 throw error(detail::message(fn, ": the reduced message of rank ", r, " is invalid on rank ", me, ": ",
                                             detail::text_of(e)));

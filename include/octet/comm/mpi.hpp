@@ -124,4 +124,10 @@ inline allreduce_report compressed_allreduce(mpi_communicator& comm, const codec
     return compressed_allreduce_host(comm, cfg, data, opt, "octet::compressed_allreduce");
 }
 
+/// The same over bf16 gradients, read and written in place (compressed_allreduce_host).
+inline allreduce_report compressed_allreduce(mpi_communicator& comm, const codec_config& cfg, span<bf16> data,
+                                             const allreduce_options& opt = {}) {
+    return compressed_allreduce_host(comm, cfg, data, opt, "octet::compressed_allreduce");
+}
+
 }  // namespace octet

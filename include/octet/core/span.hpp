@@ -20,7 +20,11 @@ public:
 
     constexpr span() = default;
     OCTET_HD constexpr span(T* data, std::size_t size) : data_(data), size_(size) {}
-    template <class Container, class = decltype(std::declval<Container&>().data())>
+    /// From a contiguous container of T (or of non-const T for a span of const T), as std::span:
+    /// only where the elements convert without a cast, so that overloads on the element type
+    /// (span<const float> beside span<const bf16>) stay unambiguous.
+    template <class Container, class Elem = std::remove_pointer_t<decltype(std::declval<Container&>().data())>,
+              class = std::enable_if_t<std::is_convertible_v<Elem (*)[], T (*)[]>>>
     constexpr span(Container& c) : data_(c.data()), size_(c.size()) {}
     template <class U, class = std::enable_if_t<std::is_same_v<const U, T>>>
     OCTET_HD constexpr span(span<U> other) : data_(other.data()), size_(other.size()) {}
