@@ -36,6 +36,7 @@ public:
     /// `first_rank`, `local_ranks`: the global ranks this process runs.
     virtual void step_starts(std::int64_t step, int first_rank, int local_ranks) = 0;
     virtual void gradients_computed(std::int64_t step, int rank, octet::span<float> gradient) = 0;
+    virtual void gradients_computed(std::int64_t step, int rank, octet::span<octet::bf16> gradient) = 0;
 };
 
 /// A run without faults.
@@ -43,6 +44,7 @@ class no_faults final : public fault_hook {
 public:
     void step_starts(std::int64_t, int, int) override {}
     void gradients_computed(std::int64_t, int, octet::span<float>) override {}
+    void gradients_computed(std::int64_t, int, octet::span<octet::bf16>) override {}
 };
 
 /// The program's scripted faults (the header's list), each once per run.
@@ -66,13 +68,22 @@ public:
                                      " asked for, at step 1");
     }
     void gradients_computed(std::int64_t step, int rank, octet::span<float> gradient) override {
-        if (rank != 0 || step != corrupt_step_ || corrupted_) return;
-        corrupted_ = true;
-        const std::size_t n = gradient.size();
-        for (std::size_t i = 0; i < 256 && i < n; ++i) gradient[(i * 7919) % n] *= 1048576.0f;
+        corrupt(step, rank, gradient, [](float x) { return x * 1048576.0f; });
+    }
+    void gradients_computed(std::int64_t step, int rank, octet::span<octet::bf16> gradient) override {
+        // the same exponent bump (exact in bf16, which has float's exponent range)
+        corrupt(step, rank, gradient, [](octet::bf16 x) { return octet::to_bf16(octet::to_float(x) * 1048576.0f); });
     }
 
 private:
+    template <class G, class Bump>
+    void corrupt(std::int64_t step, int rank, octet::span<G> gradient, Bump bump) {
+        if (rank != 0 || step != corrupt_step_ || corrupted_) return;
+        corrupted_ = true;
+        const std::size_t n = gradient.size();
+        for (std::size_t i = 0; i < 256 && i < n; ++i) gradient[(i * 7919) % n] = bump(gradient[(i * 7919) % n]);
+    }
+
     std::int64_t corrupt_step_, crash_step_;
     int fail_rank_;
     bool corrupted_ = false, crashed_ = false;

@@ -37,12 +37,12 @@ inline const char* usage =
     "  --preset quick  (default) recipes fp32,octet,octet_no_recovery; seeds 0,1,2; 150 steps; size tiny\n"
     "  --preset full   every recipe; seeds 0,1,2; 150 and 300 steps; sizes tiny and small (about 2 h 10 min on 2 "
     "cores)\n"
-    "  --preset memory recipes fp32,bf16_mixed,fp8_blockwise,attn_fp8,act_fp8,optim_8bit,grad_codec,octet;\n"
-    "                  seeds 0,1,2; 150 steps; size medium; batch 32; no injected faults (each memory mechanism\n"
-    "                  alone, then all)\n"
+    "  --preset memory recipes fp32,bf16_mixed,fp8_blockwise,attn_fp8,act_fp8,optim_8bit,grad_bf16,grad_codec,\n"
+    "                  octet; seeds 0,1,2; 150 steps; size medium; batch 32; no injected faults (each memory\n"
+    "                  mechanism alone, then all)\n"
     "  --recipes       any of: fp32 bf16_mixed bf16 fp8_delayed fp8_tensorwise fp8_blockwise mxfp8 nvfp4 attn_fp8\n"
-    "                  attn_matched_per_token_v attn_from_output_per_token_v optim_8bit grad_codec act_fp8 octet\n"
-    "                  octet_no_recovery fp32_no_recovery\n"
+    "                  attn_matched_per_token_v attn_from_output_per_token_v optim_8bit grad_bf16 grad_codec act_fp8\n"
+    "                  octet octet_no_recovery fp32_no_recovery\n"
     "  --ranks         data-parallel ranks (the batch is split over them; default 2): threads of this\n"
     "                  process, or under mpirun (when built with MPI) its processes, one rank each;\n"
     "                  there --ranks may be left out, or must equal the number of processes\n"
@@ -132,7 +132,8 @@ inline flags parse_flags(int argc, char** argv, int processes = 0) {
         // Proportions nearer real training: the largest size at twice the default batch, so that
         // weights and optimizer state weigh beside the activations; each memory mechanism alone,
         // then all of octet; the quick default's length, so each has its loss cost beside it.
-        f.recipes = {"fp32", "bf16_mixed", "fp8_blockwise", "attn_fp8", "act_fp8", "optim_8bit", "grad_codec", "octet"};
+        f.recipes = {"fp32",       "bf16_mixed", "fp8_blockwise", "attn_fp8", "act_fp8",
+                     "optim_8bit", "grad_bf16",  "grad_codec",    "octet"};
         f.sizes = {"medium"};
         f.seeds = {0, 1, 2};
         f.steps = {150};

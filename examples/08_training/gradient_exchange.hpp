@@ -7,6 +7,11 @@
 // order the in-process ranks sum in, not MPI_Allreduce's, which MPI does not fix), so that both modes produce the same
 // bits. Every buffer is booked in the run's meter.
 //
+// bf16 gradients (recipe.gradients): the all-reduce reads and writes them in place (the codec's
+// messages of their float values; the plain sum in float, rounded once), and the reduced buffer
+// holds the SUM: the mean's 1 / P is the optimizer's to apply (mean_scale), so that the result is
+// rounded to bf16 once, not twice.
+//
 // restore_point keeps a copy of the codec's residuals before each all-reduce (the only call that
 // updates them), in the step buffers lent beside the all-reduce's scratch: a repeated step restores
 // them before its forward (every attempt's encode updates them; without this a corrupted first
@@ -14,6 +19,7 @@
 #pragma once
 
 #include "common/model.hpp"
+#include "gradients.hpp"
 #include "ranks.hpp"
 #include "train.hpp"
 
@@ -36,9 +42,10 @@ public:
         : n_(n),
           P_(P),
           codec_on_(rc.gradient_codec),
+          bf16_(rc.gradients == gradient_storage::bf16),
           procs_(procs),
           world_(L),
-          gathered_(make_metered<float>(meter, octet::memory_category::gradients, 0)) {
+          gathered_(make_metered<unsigned char>(meter, octet::memory_category::gradients, 0)) {
         codec_.format = octet::wire_format::e4m3;
         codec_.transform = octet::transform_kind::hadamard;
         codec_.block = 1024;
@@ -56,10 +63,16 @@ public:
             // query, one part of the step buffers' block per rank (lend_parts).
             for (int l = 0; l < L; ++l) parts_.push_back(scratch_bytes(first + l));
         }
-        gathered_ = make_metered<float>(meter, octet::memory_category::gradients, procs && !codec_on_ ? P * n : 0);
+        gathered_ = make_metered<unsigned char>(meter, octet::memory_category::gradients,
+                                                procs && !codec_on_ ? P * n * element_bytes() : 0);
     }
 
     bool uses_codec() const { return codec_on_; }
+    /// The bytes of one gradient element (float or bf16).
+    std::size_t element_bytes() const { return bf16_ ? sizeof(octet::bf16) : sizeof(float); }
+    /// What the optimizer multiplies the reduced gradient by: 1 where reduce() leaves the mean,
+    /// 1 / P where it leaves the sum (bf16 gradients).
+    float mean_scale() const { return bf16_ ? 1.0f / static_cast<float>(P_) : 1.0f; }
     const octet::codec_config& codec() const { return codec_; }
 
     /// The bytes compressed_allreduce takes on rank r (with both residuals; one thread each).
@@ -67,6 +80,8 @@ public:
         octet::allreduce_options probe;
         probe.feedback = feedback_.front().view();
         probe.reduced_feedback = reduced_feedback_.front().view();
+        if (bf16_)
+            return octet::compressed_allreduce_scratch_bytes<octet::bf16>(octet::on_host(1), codec_, n_, P_, r, probe);
         return octet::compressed_allreduce_scratch_bytes(octet::on_host(1), codec_, n_, P_, r, probe);
     }
 
@@ -84,11 +99,30 @@ public:
     }
 
     /// Reduces this process's ranks' gradients `grads` (one per local rank) with every other
-    /// rank's into grads[0], their mean over the P ranks; returns its L2 norm. `scratch`: one
-    /// part per local rank of lend_parts()'s sizes (the step buffers, lent between steps).
-    double reduce(std::vector<metered_vector<float>>& grads, const std::vector<octet::span<unsigned char>>& scratch) {
+    /// rank's into grads[0]: their mean over the P ranks (float), or their sum (bf16: see
+    /// mean_scale); returns the L2 norm of the mean. `scratch`: one part per local rank of
+    /// lend_parts()'s sizes (the step buffers, lent between steps).
+    double reduce(std::vector<gradient_buffer>& grads, const std::vector<octet::span<unsigned char>>& scratch) {
+        if (bf16_) return reduce_as<octet::bf16>(grads, scratch);
+        return reduce_as<float>(grads, scratch);
+    }
+
+private:
+    template <class G>
+    static octet::span<G> values(gradient_buffer& g) {
+        octet::span<G> out;
+        g.visit([&](auto s) {
+            if constexpr (std::is_same_v<typename decltype(s)::value_type, G>) out = s;
+        });
+        return out;
+    }
+
+    template <class G>
+    double reduce_as(std::vector<gradient_buffer>& grads, const std::vector<octet::span<unsigned char>>& scratch) {
+        constexpr bool bf16 = std::is_same_v<G, octet::bf16>;
         const std::size_t n = n_;
         const int P = P_;
+        G* const out = values<G>(grads[0]).data();
         if (codec_on_) {
             OCTET_REQUIRE(scratch.size() == parts_.size(), "train::gradient_exchange::reduce", "scratch",
                           "needs one part per local rank, of lend_parts()'s sizes");
@@ -103,41 +137,64 @@ public:
                 return ao;
             };
             if (procs_) {
-                procs_->compressed_allreduce(codec_, octet::span<float>(grads[0].data(), n), options(0));
+                procs_->compressed_allreduce(codec_, octet::span<G>(out, n), options(0));
             } else {
                 on_every_rank(P, [&](int r) {
                     in_process_transport t(world_, r);
-                    octet::compressed_allreduce_host(t, codec_, octet::span<float>(grads[r].data(), n), options(r));
+                    octet::compressed_allreduce_host(t, codec_, values<G>(grads[static_cast<std::size_t>(r)]),
+                                                     options(r));
                 });
             }
-        } else if (procs_) {
-            procs_->allgather(grads[0].data(), n * sizeof(float), gathered_.data());
-            std::copy_n(gathered_.begin(), n, grads[0].begin());
-            for (int r = 1; r < P; ++r)
-                for (std::size_t i = 0; i < n; ++i) grads[0][i] += gathered_[static_cast<std::size_t>(r) * n + i];
         } else {
-            for (int r = 1; r < P; ++r)
-                for (std::size_t i = 0; i < n; ++i) grads[0][i] += grads[r][i];
+            // The plain sum in rank order, in float (bf16: rounded once at the end).
+            std::vector<const G*> from;
+            if (procs_) {
+                procs_->allgather(out, n * sizeof(G), gathered_.data());
+                for (int r = 0; r < P; ++r)
+                    from.push_back(reinterpret_cast<const G*>(gathered_.data()) + static_cast<std::size_t>(r) * n);
+            } else {
+                for (int r = 0; r < P; ++r) from.push_back(values<G>(grads[static_cast<std::size_t>(r)]).data());
+            }
+            auto wide = [](G x) -> float {
+                if constexpr (bf16)
+                    return octet::to_float(x);
+                else
+                    return x;
+            };
+            for (std::size_t i = 0; i < n; ++i) {
+                float s = wide(from[0][i]);
+                for (int r = 1; r < P; ++r) s += wide(from[static_cast<std::size_t>(r)][i]);
+                if constexpr (bf16)
+                    out[i] = octet::to_bf16(s);
+                else
+                    out[i] = s;
+            }
         }
         double sq = 0;
         const float inv = 1.0f / static_cast<float>(P);
         for (std::size_t i = 0; i < n; ++i) {
-            grads[0][i] *= inv;
-            sq += static_cast<double>(grads[0][i]) * grads[0][i];
+            float mean;
+            if constexpr (bf16) {
+                mean = octet::to_float(out[i]) * inv;  // as the optimizer reads it (mean_scale)
+            } else {
+                out[i] *= inv;
+                mean = out[i];
+            }
+            sq += static_cast<double>(mean) * mean;
         }
         return std::sqrt(sq);
     }
 
-private:
     std::size_t n_;
     int P_;
     bool codec_on_;
+    bool bf16_;  // bf16 gradients (recipe.gradients)
     process_ranks* procs_;
     octet::codec_config codec_;
     std::vector<octet::error_feedback> feedback_, reduced_feedback_;
     std::vector<std::size_t> parts_;  // each local rank's all-reduce scratch (bytes)
     in_process_world world_;
-    metered_vector<float> gathered_;  // under mpirun without the codec: every rank's gradient
+    metered_vector<unsigned char> gathered_;  // under mpirun without the codec: every rank's gradient
 };
 
 /// The codec's residuals as they were before a step's all-reduce, for a repeat of the step to

@@ -6,6 +6,7 @@
 
 #include "common/model.hpp"
 #include "gradient_exchange.hpp"
+#include "gradients.hpp"
 #include "optimizer.hpp"
 #include "train.hpp"
 
@@ -47,10 +48,11 @@ inline octet::memory_ledger predicted_ledger(const ledger_shape& s, gradient_exc
                 octet::residual_bytes(rc.residuals, octet::allreduce_shard(exchange.codec(), n, P, r).count));
     }
     octet::optimizer_memory_config lc = optimizer_ledger_config(rc, static_cast<double>(n));
-    // A float gradient per rank here, the residuals, and under mpirun without the codec the
-    // all-gathered gradients of every rank.
+    // A gradient per rank here (float or bf16), the residuals, and under mpirun without the codec
+    // the all-gathered gradients of every rank.
+    const double g = gradient_buffer::element_bytes(rc.gradients);
     lc.gradient_bytes =
-        4.0 * L + residual_bytes / static_cast<double>(n) + (s.other_processes && !rc.gradient_codec ? 4.0 * P : 0.0);
+        g * L + residual_bytes / static_cast<double>(n) + (s.other_processes && !rc.gradient_codec ? g * P : 0.0);
     // Every rank's model, and the float copies of a repeated step raised to float32.
     lc.activation_bytes = L * transformer::activation_bytes(mc, rc, per_rank, s.threads) +
                           (raised ? transformer::raise_precision_bytes(mc, rc, per_rank) : 0.0);

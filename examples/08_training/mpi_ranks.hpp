@@ -56,6 +56,10 @@ public:
                               const octet::allreduce_options& opt) override {
         octet::compressed_allreduce(comm_, codec, data, opt);
     }
+    void compressed_allreduce(const octet::codec_config& codec, octet::span<octet::bf16> data,
+                              const octet::allreduce_options& opt) override {
+        octet::compressed_allreduce(comm_, codec, data, opt);
+    }
 
 private:
     octet::mpi_communicator comm_;

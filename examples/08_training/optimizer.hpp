@@ -17,7 +17,12 @@ namespace train {
 class optimizer {
 public:
     virtual ~optimizer() = default;
-    virtual octet::adamw_report step(octet::host_executor ex, octet::span<const float> g, float lr) = 0;
+    /// One step on gradients g (float or bf16), each multiplied by grad_scale in (0, 1] as the
+    /// fused step reads it (adamw_hyper::grad_scale: the clipping coefficient and the mean's 1 / P).
+    virtual octet::adamw_report step(octet::host_executor ex, octet::span<const float> g, float lr,
+                                     float grad_scale) = 0;
+    virtual octet::adamw_report step(octet::host_executor ex, octet::span<const octet::bf16> g, float lr,
+                                     float grad_scale) = 0;
     virtual void weights(octet::span<float> out) const = 0;  // master weights as float (a copy)
     virtual weights_ref view() const = 0;                    // the master weights compute reads in place
     virtual void save(const std::string& path) = 0;
@@ -32,7 +37,13 @@ public:
     adamw_with(octet::span<const float> init, const octet::adamw_hyper& h) : opt_(init.size(), h) {
         opt_.state.set_params(init);
     }
-    octet::adamw_report step(octet::host_executor ex, octet::span<const float> g, float lr) override {
+    octet::adamw_report step(octet::host_executor ex, octet::span<const float> g, float lr, float grad_scale) override {
+        opt_.hyper.grad_scale = grad_scale;
+        return opt_.step(ex, g, lr);
+    }
+    octet::adamw_report step(octet::host_executor ex, octet::span<const octet::bf16> g, float lr,
+                             float grad_scale) override {
+        opt_.hyper.grad_scale = grad_scale;
         return opt_.step(ex, g, lr);
     }
     void weights(octet::span<float> out) const override {

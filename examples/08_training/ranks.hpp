@@ -56,6 +56,8 @@ public:
     /// data <- the sum of every rank's data, through octet's compressed all-reduce.
     virtual void compressed_allreduce(const octet::codec_config& codec, octet::span<float> data,
                                       const octet::allreduce_options& opt) = 0;
+    virtual void compressed_allreduce(const octet::codec_config& codec, octet::span<octet::bf16> data,
+                                      const octet::allreduce_options& opt) = 0;
 };
 
 }  // namespace train

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace train {
@@ -47,11 +48,17 @@ public:
           residual_(checks_.add("attention.row_sum_residual", octet::check_kind::custom,
                                 octet::threshold::above(1e-3, std::numeric_limits<double>::infinity()), "attention")) {}
 
-    /// Measures every check on step `step`'s numbers and its reduced gradient.
-    void measure(std::int64_t step, const step_numbers& s, octet::span<const float> gradient) {
+    /// Measures every check on step `step`'s numbers and its reduced gradient (float or bf16).
+    template <class G>
+    void measure(std::int64_t step, const step_numbers& s, octet::span<G> gradient) {
         checks_.measure(non_finite_, step, [&] {
             std::size_t bad = 0;
-            for (std::size_t i = 0; i < gradient.size(); ++i) bad += !std::isfinite(gradient[i]);
+            for (std::size_t i = 0; i < gradient.size(); ++i) {
+                if constexpr (std::is_same_v<std::remove_const_t<G>, float>)
+                    bad += !std::isfinite(gradient[i]);
+                else
+                    bad += !std::isfinite(octet::to_float(gradient[i]));
+            }
             return static_cast<double>(bad);
         });
         checks_.measure(spike_, step, [&] {

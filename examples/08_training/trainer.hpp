@@ -25,6 +25,7 @@
 #include "evaluator.hpp"
 #include "faults.hpp"
 #include "gradient_exchange.hpp"
+#include "gradients.hpp"
 #include "ledger.hpp"
 #include "optimizer.hpp"
 #include "ranks.hpp"
@@ -42,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace train {
@@ -98,15 +100,14 @@ inline std::map<std::string, double> sum_over_ranks(const std::map<std::string, 
 }
 
 /// This process's ranks: all P in-process, or one under mpirun; a model replica, a gradient buffer
-/// and a token batch each. The in-process ranks step one after another: one set of step buffers
-/// serves them all.
-/// The step buffers lend the gradient exchange its scratch between steps (lend_parts: each
-/// local rank's).
+/// (recipe.gradients: float32 or bf16) and a token batch each. The in-process ranks step one after another: one set of
+/// step buffers serves them all. The step buffers lend the gradient exchange its scratch between steps (lend_parts:
+/// each local rank's).
 struct local_ranks {
     int count = 1, first = 0;  ///< L ranks, global ranks first .. first + L - 1
     std::shared_ptr<step_buffers> buffers;
     std::vector<std::unique_ptr<transformer>> models;
-    std::vector<metered_vector<float>> grads;
+    std::vector<gradient_buffer> grads;
     std::vector<metered_vector<std::int32_t>> tokens;
 
     /// This process's ranks under o: L and the first.
@@ -122,7 +123,7 @@ struct local_ranks {
         for (int l = 0; l < count; ++l) {
             models.push_back(std::make_unique<transformer>(
                 mc, o.recipe, meter, o.ex, per_rank, static_cast<std::uint64_t>(o.seed) * 131u + first + l, buffers));
-            grads.push_back(make_metered<float>(meter, octet::memory_category::gradients, n));
+            grads.emplace_back(meter, o.recipe.gradients, n);
             tokens.push_back(make_metered<std::int32_t>(meter, octet::memory_category::temporaries,
                                                         static_cast<std::size_t>(per_rank) * (mc.seq_len + 1)));
         }
@@ -165,7 +166,7 @@ public:
     /// update; with recovery on, the policy decides whether it is applied.
     step_result step(std::int64_t step, clock_type::time_point t0) {
         current_ = gradients(step, false);
-        checks_.measure(step, current_, grad());
+        measure_checks(step);
         step_result r;
         r.next = step + 1;
         if (o_.recipe.recovery) {
@@ -225,7 +226,10 @@ public:
 private:
     bool lead() const { return ranks_.first == 0; }      // global rank 0 evaluates, samples and writes the model
     weights_ref params() const { return opt_->view(); }  // the master weights, read in place
-    octet::span<float> grad() { return octet::span<float>(ranks_.grads[0].data(), n_); }
+    gradient_buffer& grad() { return ranks_.grads[0]; }  // the reduced gradient (after gradients())
+    void measure_checks(std::int64_t step) {
+        grad().visit([&](auto g) { checks_.measure(step, current_, g); });
+    }
 
     /// What the step buffers lend between steps: the all-reduce's scratch of each local rank, then
     /// the copies of the residuals (none without the codec).
@@ -267,8 +271,8 @@ private:
             sample_batch(data_.train, mc.seq_len, per_rank_, static_cast<std::uint64_t>(o_.seed), step, first + l,
                          ranks_.tokens[l].data());
             if (raised) model.set_high_precision(true);  // one rank at a time holds the float copies
-            const step_telemetry t = model.forward_backward(params(), ranks_.tokens[l].data(), per_rank_,
-                                                            octet::span<float>(ranks_.grads[l].data(), n_));
+            const step_telemetry t = ranks_.grads[l].visit(
+                [&](auto g) { return model.forward_backward(params(), ranks_.tokens[l].data(), per_rank_, g); });
             if (raised) model.set_high_precision(false);
             double* d = shares.data() + static_cast<std::size_t>(first + l) * nd;
             d[0] = t.loss / P;
@@ -295,7 +299,7 @@ private:
             s.quantized += c[0], s.saturated += c[1], s.underflow += c[2];
         }
         for (int l = 0; l < L; ++l)
-            faults_.gradients_computed(step, first + l, octet::span<float>(ranks_.grads[l].data(), n_));
+            ranks_.grads[l].visit([&](auto g) { faults_.gradients_computed(step, first + l, g); });
         // The step buffers are idle until the next forward: they hold the all-reduce's scratch
         // and the copy of the residuals it is about to update.
         const auto lent = ranks_.buffers->lend(lend_parts_);
@@ -307,7 +311,8 @@ private:
         return s;
     }
 
-    /// The update: the reduced gradient clipped to norm o.clip, the optimizer's step.
+    /// The update: the reduced gradient clipped to norm o.clip, the optimizer's step (which applies
+    /// the clipping coefficient, and for bf16 gradients the mean's 1 / P, as it reads each gradient).
     void update(std::int64_t step) {
         const auto t0 = clock_type::now();
         double scale = 1.0;
@@ -315,10 +320,10 @@ private:
             ++res_.clip_crossings;
             scale = o_.clip / current_.norm;
         }
-        auto g = grad();
-        if (scale != 1.0)
-            for (std::size_t i = 0; i < n_; ++i) g[i] *= static_cast<float>(scale);
-        opt_->step(o_.ex, octet::span<const float>(g.data(), n_), learning_rate(o_, step));
+        float grad_scale = static_cast<float>(scale);
+        if (exchange_.mean_scale() != 1.0f) grad_scale = static_cast<float>(scale * exchange_.mean_scale());
+        const float lr = learning_rate(o_, step);
+        std::as_const(grad()).visit([&](auto g) { opt_->step(o_.ex, g, lr, grad_scale); });
         op_seconds_["optimizer"] += seconds_since(t0);
         checks_.applied(current_.norm);
     }
@@ -348,7 +353,7 @@ private:
             ++raised_steps_;
             restore_.restore();
             current_ = gradients(step, true);
-            checks_.measure(step, current_, grad());
+            measure_checks(step);
             return 0.0;
         };
         cb.reload_checkpoint = [this] {

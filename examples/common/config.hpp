@@ -72,6 +72,10 @@ enum class master_mode { float32, bf16_stochastic };
 /// E4M3 with a float scale per 32 elements of a row; with the FP8 attention and matched delta,
 /// attention's output too).
 enum class saved_storage { float32, bf16, fp8 };
+/// How each rank keeps its gradient: float32, or bf16 (each tensor's gradient computed in float in
+/// the step buffers and rounded once to nearest even as it completes; the all-reduce, the checks
+/// and the optimizer read the bf16 buffer in place).
+enum class gradient_storage { float32, bf16 };
 
 class linear_layer;  // model.hpp
 class memory_meter;
@@ -102,7 +106,8 @@ struct recipe_config {
     /// (octet::linear_config::recompute_input). Bit for bit the kept copies where those saves are
     /// float32; from their bf16 or FP8 copies, the weight gradients read the decoded inputs.
     bool recompute_linear_inputs = false;
-    bool recovery = true;                  ///< checks before each update, and the recovery policy
+    gradient_storage gradients = gradient_storage::float32;  ///< each rank's gradient buffer
+    bool recovery = true;                                    ///< checks before each update, and the recovery policy
     linear_factory make_linear = nullptr;  ///< where the linears run (null: make_linear_layer, the host)
 };
 

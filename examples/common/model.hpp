@@ -113,6 +113,21 @@ struct weights_ref {
     std::size_t size() const { return count; }
 };
 
+/// Where the backward writes the gradient: float32, or bf16 (recipe.gradients): each tensor's
+/// gradient is computed in float in the step buffers and rounded once to nearest even into the
+/// bf16 buffer as it completes; the embeddings' (written from both ends of the backward when the
+/// head is tied) stay in float until the end. No float copy of the whole gradient. A span of
+/// either converts to it.
+struct gradients_ref {
+    float* f32 = nullptr;
+    octet::bf16* b16 = nullptr;
+    std::size_t count = 0;
+
+    gradients_ref(octet::span<float> g) : f32(g.data()), count(g.size()) {}
+    gradients_ref(octet::span<octet::bf16> g) : b16(g.data()), count(g.size()) {}
+    std::size_t size() const { return count; }
+};
+
 class transformer {
 public:
     /// `shared`: the step buffers to work in (see step_buffers); null: the model's own.
@@ -240,18 +255,16 @@ public:
     /// inputs [0, seq_len), targets [1, seq_len]). grads receives the gradient of the mean
     /// cross-entropy (overwritten).
     step_telemetry forward_backward(const weights_ref& params, const std::int32_t* tokens, int batch,
-                                    octet::span<float> grads) {
+                                    const gradients_ref& grads) {
         constexpr const char* fn = "common::transformer::forward_backward";
         check_call(fn, params, tokens, batch);
-        OCTET_REQUIRE(grads.size() == lay_.total, fn, "grads",
-                      octet::detail::message("has ", grads.size(), " floats but the model has ", lay_.total,
-                                             "; size it with parameter_count(config)"));
+        check_gradients(fn, grads);
         step_telemetry t;
         t.attention_residual.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
         if (!float_attention()) t.attention_residual_q.assign(static_cast<std::size_t>(cfg_.layers), 0.0);
         forward(params, tokens, batch, T_, T_ + 1, true, &t);
         t.loss = loss(tokens, true, &t);
-        backward(params, tokens, batch, grads.data(), &t);
+        backward(params, tokens, batch, grads, &t);
         return t;
     }
 
@@ -294,7 +307,7 @@ public:
     /// per position (d logp / d z_v = [v == target] - p_v), then the backward. `tokens` and `batch` must be score()'s.
     /// grads is overwritten; the backward's timings and telemetry are added to `t`.
     void policy_backward(const weights_ref& params, const std::int32_t* tokens, int batch,
-                         octet::span<const float> dloss_dlogp, octet::span<float> grads, step_telemetry& t) {
+                         octet::span<const float> dloss_dlogp, const gradients_ref& grads, step_telemetry& t) {
         constexpr const char* fn = "common::transformer::policy_backward";
         OCTET_REQUIRE(scored_batch_ == batch, fn, "batch",
                       octet::detail::message("is ", batch, " but the last score() was over ", scored_batch_,
@@ -306,8 +319,7 @@ public:
         const std::size_t n = static_cast<std::size_t>(batch) * T_;
         OCTET_REQUIRE(dloss_dlogp.size() == n, fn, "dloss_dlogp",
                       octet::detail::message("has ", dloss_dlogp.size(), " floats; pass batch * seq_len = ", n));
-        OCTET_REQUIRE(grads.size() == lay_.total, fn, "grads",
-                      octet::detail::message("has ", grads.size(), " floats but the model has ", lay_.total));
+        check_gradients(fn, grads);
         {
             timer tm{&t, "loss"};
             for (std::size_t r = 0; r < n; ++r) {
@@ -321,7 +333,7 @@ public:
             }
         }
         scored_batch_ = 0;
-        backward(params, tokens, batch, grads.data(), &t);
+        backward(params, tokens, batch, grads, &t);
     }
 
     /// Mean cross-entropy over the batch, forward only.
@@ -439,6 +451,11 @@ private:
         f[S::wdec] = r.master == master_mode::bf16_stochastic
                          ? decode_slot_floats(c) + static_cast<std::size_t>(c.seq_len) * d
                          : 0;
+        // bf16 gradients: one tensor's float gradient at a time (the largest matrix but the
+        // embeddings', or the head's when untied), and the embeddings' for the whole backward
+        const bool bf16_grads = r.gradients == gradient_storage::bf16;
+        f[S::gstage] = bf16_grads ? std::max({W * d, A * d, F * d, c.tied_head ? d : V * d}) : 0;
+        f[S::gemb] = bf16_grads ? (V + static_cast<std::size_t>(c.seq_len)) * d : 0;
         return f;
     }
     /// Whether the recipe's linears run in float or bf16 on the host, transposing dY into the step
@@ -647,6 +664,14 @@ private:
         OCTET_REQUIRE(params.f32 != nullptr || !wdec_.empty(), fn, "params",
                       "are bf16, but this recipe's model decodes none (its recipe.master is float32); pass float32 "
                       "parameters, or build the model for a recipe with bf16 master weights");
+    }
+    void check_gradients(const char* fn, const gradients_ref& grads) const {
+        OCTET_REQUIRE(grads.size() == lay_.total, fn, "grads",
+                      octet::detail::message("has ", grads.size(), " values but the model has ", lay_.total,
+                                             "; size it with parameter_count(config)"));
+        OCTET_REQUIRE(grads.f32 != nullptr || !gstage_.empty() || lay_.total == 0, fn, "grads",
+                      "are bf16, but this model was built for float32 gradients (recipe.gradients); pass float32 "
+                      "gradients, or build the model with recipe.gradients = gradient_storage::bf16");
     }
     void check_call(const char* fn, const weights_ref& params, const std::int32_t* tokens, int batch) const {
         check_weights(fn, params);
@@ -1097,9 +1122,34 @@ private:
         return into;
     }
 
-    void backward(const weights_ref& P, const std::int32_t* tokens, int batch, float* G, step_telemetry* t) {
+    /// Where the backward writes tensor [off, off + n) of the gradient in float: in place, or for bf16
+    /// gradients the staging region (one tensor at a time; grad_done rounds it into place).
+    float* grad_out(const gradients_ref& G, std::size_t off, std::size_t n) {
+        if (G.f32) return G.f32 + off;
+        OCTET_REQUIRE(n <= gstage_.size(), "common::transformer::backward", "grads",
+                      "has a tensor larger than the staging region (step_regions is out of date)");
+        return gstage_.data();
+    }
+    /// Tensor [off, off + n), written at `from` (grad_out's), is complete: bf16 gradients round it
+    /// once to nearest even into place.
+    void grad_done(const gradients_ref& G, std::size_t off, std::size_t n, const float* from) {
+        if (G.f32) return;
+        octet::bf16* out = G.b16 + off;
+        octet::parallel_for(ex_, n, 1 << 15, [&](std::size_t i0, std::size_t i1) {
+            for (std::size_t i = i0; i < i1; ++i) out[i] = octet::to_bf16(from[i]);
+        });
+    }
+    /// The float gradient of the embeddings (the first (vocab + seq_len) d parameters, tok_emb then
+    /// pos_emb; the tied head's too) for the whole backward: in place, or gemb_ for bf16 gradients.
+    float* embedding_grads(const gradients_ref& G) {
+        return G.f32 ? G.f32 : gemb_.data();
+    }
+
+    void backward(const weights_ref& P, const std::int32_t* tokens, int batch, const gradients_ref& G,
+                  step_telemetry* t) {
         const std::size_t N = n_;
         const auto s = lin_scratch();
+        float* const emb = embedding_grads(G);
         // The final norm's input (decoded into dx2_ when compressed: free until the layers) and its
         // output H, recomputed into t_h_.
         const float* x_fin = x_fin_.data();
@@ -1116,13 +1166,16 @@ private:
             timer tm{t, "embedding_head"};
             gemm(ex_, logits_.data(), V_, weights_at(P, lay_.head, V_ * d_), d_, dh_.data(), d_, N, d_, V_);
             transpose(ex_, logits_.data(), N, V_, yt_.data());
-            gemm(ex_, yt_.data(), N, t_h_.data(), d_, G + lay_.head, d_, V_, d_,
-                 N);  // tied: the embedding adds below
+            float* dw = cfg_.tied_head ? emb + lay_.head : grad_out(G, lay_.head, V_ * d_);
+            gemm(ex_, yt_.data(), N, t_h_.data(), d_, dw, d_, V_, d_, N);  // tied: the embedding adds below
+            if (!cfg_.tied_head) grad_done(G, lay_.head, V_ * d_, dw);
         }
         {
             timer tm{t, "norm"};
-            rmsnorm_backward(x_fin, weights_at(P, lay_.norm_f, d_), rstd_f_.data(), dh_.data(), nullptr, dx_.data(),
-                             G + lay_.norm_f, N);
+            float* dg = grad_out(G, lay_.norm_f, d_);
+            rmsnorm_backward(x_fin, weights_at(P, lay_.norm_f, d_), rstd_f_.data(), dh_.data(), nullptr, dx_.data(), dg,
+                             N);
+            grad_done(G, lay_.norm_f, d_, dg);
         }
         float* dx = dx_.data();  // d loss / d residual stream
         float* dx_alt = dx2_.data();
@@ -1138,7 +1191,9 @@ private:
                     gelu_forward(saved_u(l), t_a_.data(), N * F_);
                     a = t_a_.data();
                 }
-                L.lin_down->backward(ex_, dx, N, weights_at(P, B.down, d_ * F_), dwide, G + B.down, s, t, a);
+                float* dw = grad_out(G, B.down, d_ * F_);
+                L.lin_down->backward(ex_, dx, N, weights_at(P, B.down, d_ * F_), dwide, dw, s, t, a);
+                grad_done(G, B.down, d_ * F_, dw);
             }
             {
                 timer tm{t, "mlp_activation"};
@@ -1150,20 +1205,25 @@ private:
                 const float* h2 = nullptr;
                 if (L.lin_up->recomputes_input())
                     h2 = rmsnorm_apply(saved_x_mid(l), weights_at(P, B.norm2, d_), L.rstd2.data(), t_qkv_.data(), N);
-                L.lin_up->backward(ex_, dwide, N, weights_at(P, B.up, F_ * d_), dh_.data(), G + B.up, s, t, h2);
+                float* dw = grad_out(G, B.up, F_ * d_);
+                L.lin_up->backward(ex_, dwide, N, weights_at(P, B.up, F_ * d_), dh_.data(), dw, s, t, h2);
+                grad_done(G, B.up, F_ * d_, dw);
             }
             {
                 timer tm{t, "norm"};  // dx_mid = dx + norm2'(dh)
-                rmsnorm_backward(saved_x_mid(l), weights_at(P, B.norm2, d_), L.rstd2.data(), dh_.data(), dx, dx_alt,
-                                 G + B.norm2, N);
+                float* dg = grad_out(G, B.norm2, d_);
+                rmsnorm_backward(saved_x_mid(l), weights_at(P, B.norm2, d_), L.rstd2.data(), dh_.data(), dx, dx_alt, dg,
+                                 N);
+                grad_done(G, B.norm2, d_, dg);
             }
             std::swap(dx, dx_alt);
             {
                 timer tm{t, "linear"};
                 // recomputed input: attention's output, from its copy (decoded into t_qkv_)
                 const float* o = L.lin_proj->recomputes_input() ? saved_o(l, t_qkv_.data()) : nullptr;
-                L.lin_proj->backward(ex_, dx, N, weights_at(P, B.proj, d_ * lay_.attn_width), do_.data(), G + B.proj, s,
-                                     t, o);
+                float* dw = grad_out(G, B.proj, d_ * lay_.attn_width);
+                L.lin_proj->backward(ex_, dx, N, weights_at(P, B.proj, d_ * lay_.attn_width), do_.data(), dw, s, t, o);
+                grad_done(G, B.proj, d_ * lay_.attn_width, dw);
             }
             {
                 timer tm{t, "attention"};
@@ -1190,20 +1250,23 @@ private:
                 const float* h1 = nullptr;
                 if (L.lin_qkv->recomputes_input())
                     h1 = rmsnorm_apply(saved_x_in(l), weights_at(P, B.norm1, d_), L.rstd1.data(), t_qkv_.data(), N);
-                L.lin_qkv->backward(ex_, dwide, N, weights_at(P, B.qkv, lay_.qkv_out * d_), dh_.data(), G + B.qkv, s, t,
-                                    h1);
+                float* dw = grad_out(G, B.qkv, lay_.qkv_out * d_);
+                L.lin_qkv->backward(ex_, dwide, N, weights_at(P, B.qkv, lay_.qkv_out * d_), dh_.data(), dw, s, t, h1);
+                grad_done(G, B.qkv, lay_.qkv_out * d_, dw);
             }
             {
                 timer tm{t, "norm"};
-                rmsnorm_backward(saved_x_in(l), weights_at(P, B.norm1, d_), L.rstd1.data(), dh_.data(), dx, dx_alt,
-                                 G + B.norm1, N);
+                float* dg = grad_out(G, B.norm1, d_);
+                rmsnorm_backward(saved_x_in(l), weights_at(P, B.norm1, d_), L.rstd1.data(), dh_.data(), dx, dx_alt, dg,
+                                 N);
+                grad_done(G, B.norm1, d_, dg);
             }
             std::swap(dx, dx_alt);
         }
         {
             timer tm{t, "embedding_head"};
-            float* dE = G + lay_.tok_emb;
-            float* dPE = G + lay_.pos_emb;
+            float* dE = emb + lay_.tok_emb;
+            float* dPE = emb + lay_.pos_emb;
             if (!cfg_.tied_head) std::fill(dE, dE + V_ * d_, 0.0f);
             std::fill(dPE, dPE + T_ * d_, 0.0f);
             // Sequential scatter-add (a token's rows collide): deterministic, and cheap beside the GEMMs.
@@ -1217,6 +1280,7 @@ private:
                     dp[c] += g[c];
                 }
             }
+            grad_done(G, 0, lay_.pos_emb + T_ * d_, emb);  // tok_emb and pos_emb (and the tied head)
         }
     }
 
@@ -1367,6 +1431,8 @@ private:
     float_region& attn_scratch_ = buf_->regions[step_buffers::attn_scratch];
     float_region& chunk_partials_ = buf_->regions[step_buffers::chunk_partials];
     float_region& wdec_ = buf_->regions[step_buffers::wdec];
+    float_region& gstage_ = buf_->regions[step_buffers::gstage];
+    float_region& gemb_ = buf_->regions[step_buffers::gemb];
     metered_vector<float> yt_raised_{metered_allocator<float>(meter_, temporaries())};  // (raised, FP8 linears)
     metered_vector<double>& loss_partials_ = buf_->loss_partials;
     std::vector<layer_state> layers_;

@@ -299,6 +299,45 @@ TEST_CASE("model: bf16 master weights read in place compute the bits of their fl
     }
 }
 
+TEST_CASE("model: bf16 gradients are each tensor's float gradient rounded once to nearest even") {
+    auto g = octet_test::rng(23);
+    for (const bool tied : {false, true}) {
+        const auto cfg = tiny_config(19, tied);
+        for (auto r : {recipe(common::linear_mode::float32),
+                       recipe(common::linear_mode::blockwise, common::attention_mode::fp8)}) {
+            CAPTURE(tied);
+            r.saved_activations = common::saved_storage::fp8;
+            auto rb = r;
+            rb.gradients = common::gradient_storage::bf16;
+            std::vector<float> params(transformer::parameter_count(cfg));
+            transformer::init_parameters(cfg, g(), octet::as_span(params));
+            const auto tokens = random_tokens(g, 3, cfg.seq_len, cfg.vocab);
+            std::vector<float> gf(params.size(), NAN);
+            std::vector<octet::bf16> gb(params.size(), octet::to_bf16(NAN));
+            common::memory_meter m0, m1;
+            transformer a(cfg, r, m0, octet::on_host(2), 3, 7), b(cfg, rb, m1, octet::on_host(2), 3, 7);
+            const auto ta = a.forward_backward(octet::as_cspan(params), tokens.data(), 3, octet::as_span(gf));
+            const auto tb = b.forward_backward(octet::as_cspan(params), tokens.data(), 3,
+                                               octet::span<octet::bf16>(gb.data(), gb.size()));
+            CHECK(ta.loss == tb.loss);
+            std::size_t differ = 0;
+            for (std::size_t i = 0; i < gf.size(); ++i) {
+                const octet::bf16 want = octet::to_bf16(gf[i]);
+                differ += std::memcmp(&want, &gb[i], sizeof want) != 0;
+            }
+            CHECK(differ == 0);
+            // the staging regions are booked with the model, as the ledger says
+            CHECK(m1.ledger().bytes(octet::memory_category::temporaries) ==
+                  transformer::temporary_bytes(cfg, rb, 3, 2));
+            CHECK(transformer::temporary_bytes(cfg, rb, 3, 2) > transformer::temporary_bytes(cfg, r, 3, 2));
+            // a model built for float gradients refuses bf16 ones, naming the argument
+            CHECK_THROWS_WITH_AS(a.forward_backward(octet::as_cspan(params), tokens.data(), 3,
+                                                    octet::span<octet::bf16>(gb.data(), gb.size())),
+                                 doctest::Contains("argument 'grads'"), octet::error);
+        }
+    }
+}
+
 TEST_CASE("model: bad arguments throw octet::error naming them") {
     auto g = octet_test::rng(5);
     const auto cfg = tiny_config(11, false);

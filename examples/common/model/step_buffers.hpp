@@ -44,6 +44,8 @@ struct step_buffers {
         attn_scratch,
         chunk_partials,
         wdec,
+        gstage,
+        gemb,
         region_count
     };
     using region_sizes = std::array<std::size_t, region_count>;
