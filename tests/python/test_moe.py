@@ -120,6 +120,19 @@ def test_empty_and_degenerate_shapes(gen):
     assert _rel(y_tiny, ref) <= 2**-3 and _rel(y * 1e-6, ref) <= 2**-3
 
 
+def test_views_and_size_dtypes_are_read_in_place(gen):
+    w = _data(gen, 3 * 16, 64).view(3, 16, 64)
+    x = _data(gen, 64, 50).t()  # 50 x 64 with contiguous columns, and rows of stride 2 below
+    y = ot.scaled_grouped_mm(x.contiguous(), w, torch.tensor([20, 0, 30]))
+    assert torch.equal(ot.scaled_grouped_mm(x, w, torch.tensor([20, 0, 30], dtype=torch.int32)), y)
+    strided = torch.zeros(100, 64)
+    strided[::2] = x
+    assert torch.equal(ot.scaled_grouped_mm(strided[::2], w, torch.tensor([20, 0, 30])), y)
+    # torch._grouped_mm's G x K x N weight is w.transpose(1, 2); octet reads its transpose in place.
+    wk = w.transpose(1, 2).contiguous()
+    assert torch.equal(ot.scaled_grouped_mm(x, wk.transpose(1, 2), torch.tensor([20, 0, 30])), y)
+
+
 def _raises(exc, match, fn):
     with pytest.raises(exc, match=match):
         fn()
