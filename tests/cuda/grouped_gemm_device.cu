@@ -266,6 +266,80 @@ void backend_pair(gemm_backend backend, const char* name, const std::vector<std:
     t.message(std::string(backend_name(backend)) + " " + name);
 }
 
+/// The masked GEMM on `backend` against the host's: every group holds `capacity` rows, valid[g] of them
+/// tokens; D (poisoned) must equal the host's bit for bit on exact inputs, padding rows (zeros) included,
+/// and be within both bounds on random inputs.
+template <class RA, class RB, class DT = float>
+void compare_masked(gemm_backend backend, std::size_t capacity, const std::vector<std::size_t>& valid, std::size_t N,
+                    std::size_t K, bool exact, tally& t, storage_order order = storage_order::row_major) {
+    std::string vs;
+    for (std::size_t v : valid) vs += std::to_string(v) + " ";
+    INFO("masked " << backend_name(backend) << ": A " << recipe_description<RA>() << ", capacity " << capacity
+                   << ", valid " << vs << "N=" << N << " K=" << K << (exact ? " (exact inputs)" : "") << ", seed "
+                   << octet_test::run_seed());
+    const host_problem<RA, RB> hp(std::vector<std::size_t>(valid.size(), capacity), N, K, exact, capacity + N + K);
+    const std::size_t M = hp.rows();
+    const bool row = order == storage_order::row_major;
+    const std::size_t ld = row ? N : M;
+    std::vector<DT> hd(M * N);
+    gemm_options host_opt;
+    host_opt.backend = gemm_backend::host;
+    const std::vector<quantized_cref<RB>> hb = hp.b_crefs();
+    grouped_scaled_gemm_masked(on_host(), hp.a.cref(), span<const quantized_cref<RB>>(hb.data(), hb.size()),
+                               as_cspan(valid), matrix_ref<DT>(hd.data(), M, N, ld, order), host_opt);
+    const device_problem<RA, RB> dp(hp);
+    const std::vector<quantized_cref<RB>> db = dp.b();
+    cuda::device_buffer<DT> dd(M * N);
+    dd.fill_bytes(0xFF);
+    gemm_options o;
+    o.backend = backend;
+    const gemm_result r =
+        grouped_scaled_gemm_masked(on_stream(), dp.a(), span<const quantized_cref<RB>>(db.data(), db.size()),
+                                   as_cspan(valid), matrix_ref<DT>(dd.data(), M, N, ld, order), o);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(r.backend == backend);
+    const std::vector<DT> got = dd.download();
+    const gemm_numerics ng = gemm_numerics_of<RA, RB, DT>(backend, K),
+                        nh = gemm_numerics_of<RA, RB, DT>(gemm_backend::host, K);
+    int bad = 0;
+    for (std::size_t e = 0; e < valid.size(); ++e) {
+        std::vector<float> T;
+        if (!exact && valid[e]) {  // sum_k |a_ik| |b_jk| of the group's tokens
+            quantized_tensor<RA> aa(valid[e], K);
+            const quantized_cref<RA> ag = hp.a.cref().group(e);
+            for (std::size_t i = 0; i < aa.data().size(); ++i) aa.data()[i] = ag.data[i] & 0x7F;
+            for (std::size_t k = 0; k < aa.layout().scale_cols; ++k)  // scale columns: ld capacity-padded in ag
+                std::memcpy(aa.scales().data() + k * aa.layout().scale_ld * RA::scale_bytes,
+                            ag.scales + k * ag.layout.scale_ld * RA::scale_bytes, valid[e] * RA::scale_bytes);
+            quantized_tensor<RB> bb = hp.b[e];
+            for (auto& c : bb.data()) c &= 0x7F;
+            T.resize(valid[e] * N);
+            scaled_gemm(on_host(), aa.cref(), bb.cref(), matrix_ref<float>(T.data(), valid[e], N));
+        }
+        for (std::size_t i = e * capacity; i < (e + 1) * capacity; ++i)
+            for (std::size_t j = 0; j < N; ++j) {
+                const std::size_t o2 = row ? i * N + j : j * M + i;
+                const float gv = to_f(got[o2]), hv = to_f(hd[o2]);
+                const bool token = i - e * capacity < valid[e];
+                if (exact || !token) {
+                    if (std::memcmp(&got[o2], &hd[o2], sizeof(DT)) != 0 && bad++ < 5)
+                        FAIL_CHECK("group " << e << " D(" << i << "," << j << "): device " << gv << " host " << hv
+                                            << (token ? " (must be equal: exact inputs)" : " (a padding row: 0)"));
+                    continue;
+                }
+                const double Tij = T[(i - e * capacity) * N + j];
+                const double allowed = gemm_error_bound(ng, 1.0, Tij, 0.0, 0.0, std::fabs(hv)) +
+                                       gemm_error_bound(nh, 1.0, Tij, 0.0, 0.0, std::fabs(hv));
+                const double diff = std::fabs(static_cast<double>(gv) - hv);
+                if (!(diff <= allowed) && bad++ < 5)
+                    FAIL_CHECK("group " << e << " D(" << i << "," << j << "): device " << gv << " host " << hv
+                                        << " |diff| " << diff << " > allowed " << allowed);
+                if (allowed > 0) t.worst = std::max(t.worst, diff / allowed);
+            }
+    }
+    CHECK(bad == 0);
+}
+
 bool sm90() {
     return cuda::compute_capability() == 90 && detail::sm90a_available();
 }
@@ -341,6 +415,28 @@ TEST_SUITE("gpu") {
                                                                96, 160);
         backend_pair<recipes::tensorwise_e4m3, recipes::tensorwise_e4m3>(gemm_backend::sm89_mma, "tensor x tensor",
                                                                          {{20, 3}}, 70, 200);
+    }
+
+    TEST_CASE("grouped_scaled_gemm_masked against the host: padding rows zeroed, empty and full groups") {
+        if (!sm89()) {
+            MESSAGE("skipped: needs an sm_89+ GPU");
+            return;
+        }
+        using RA = recipes::blockwise_1x128;
+        using RB = recipes::blockwise_128x128;
+        tally t;
+        std::vector<gemm_backend> backends = {gemm_backend::sm89_mma};
+        if (sm90()) backends.push_back(gemm_backend::sm90_wgmma);
+        const std::size_t capacity = pick<std::size_t>(384, 130);
+        const std::vector<std::size_t> valid = pick<std::vector<std::size_t>>({0, 1, 384, 200, 129}, {0, 1, 130, 64});
+        for (gemm_backend b : backends) {
+            compare_masked<RA, RB>(b, capacity, valid, 136, 256, true, t);
+            compare_masked<RA, RB>(b, capacity, valid, 136, 256, false, t);
+            compare_masked<RA, RB, bf16>(b, capacity, valid, 72, 256, true, t, storage_order::col_major);
+        }
+        compare_masked<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm89_mma, capacity, valid, 64, 160,
+                                                                 false, t);
+        t.message("masked");
     }
 
     TEST_CASE("automatic picks sm90_wgmma on sm_90, sm89_mma for MX; K = 0 gives the bias") {

@@ -4,8 +4,9 @@
 //   // A: a grouped_quantized_ref whose data and scales are device memory (its layout, a host object,
 //   // describes them: make_grouped_layout); B: one device quantized_cref per expert; D device memory
 //   octet::grouped_scaled_gemm(octet::on_stream(s), A, B, D, opt);    // rows of group g = A_g B[g]^T
+//   octet::grouped_scaled_gemm_masked(octet::on_stream(s), A, B, valid, D, opt);  // capacity rows per group
 //
-// Same contract as the host overload (grouped_gemm.hpp): each group's rows of D are what
+// Same contract as the host overloads (grouped_gemm.hpp): each group's rows of D are what
 // scaled_gemm(on_stream(s), A.group(g), B[g], rows of D, opt) computes with the same backend (the
 // grouped kernels run the dense kernels' mainloops, so each group's result is the dense device GEMM's
 // and is within its bound of the host's: scaled_gemm.hpp; equal bit for bit on exact inputs). Rows of
@@ -20,7 +21,8 @@
 // automatic / m128n128, options.split_k above 1 and options.cluster 2 (the grouped kernel's tiles are fixed).
 //
 // Enqueued on ex.stream: one kernel per 32 groups (their per-group facts and B's TMA maps travel in the
-// kernel's parameters, by value: a CUDA graph may capture the call), no scratch (nothing is requested
+// kernel's parameters, by value: about 6 KB for sm90_wgmma, which needs CUDA 12.1+'s large kernel
+// parameters; a CUDA graph may capture the call), no scratch (nothing is requested
 // from ex's allocator), no host synchronization. A's block must hold each group's rows at
 // data_offset[g] = (its first row) * row_bytes, as make_grouped_layout lays them out; every pointer
 // must be device memory with 16-byte aligned rows (the padded layouts). opt.beta must be 0 (no C);
@@ -42,6 +44,16 @@ namespace octet {
 template <class RA, class BA, class RB, class BB, class DT>
 gemm_result grouped_scaled_gemm(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
                                 span<const quantized_ref<RB, BB>> B, matrix_ref<DT> D, const gemm_options& opt = {});
+
+/// m-grouped masked on a stream: every A group holds the same `capacity` rows, of which the first
+/// valid[g] (host counts, one per group) are tokens; rows [g capacity, g capacity + valid[g]) of D =
+/// alpha * A_g B[g]^T + bias over those rows (the kernels above, on the groups' first valid[g] rows),
+/// and the group's other rows of D are set to 0 (one more small kernel per 32 groups). The counts
+/// travel in the kernels' parameters: a CUDA graph replays the counts of its capture.
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result grouped_scaled_gemm_masked(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
+                                       span<const quantized_ref<RB, BB>> B, span<const std::size_t> valid,
+                                       matrix_ref<DT> D, const gemm_options& opt = {});
 
 /// Why `backend` cannot run grouped_scaled_gemm of (RA x RB) with inner dimension K on this GPU (empty
 /// when it can; `automatic`: whether either grouped kernel can).

@@ -41,6 +41,30 @@ OCTET_HD std::uint32_t grouped_group_of(const Array& tile_m0, std::uint32_t mt) 
     return g;
 }
 
+/// The masked GEMM's padding rows: rows [g capacity + valid[g], (g + 1) capacity) of D set to 0, for the
+/// groups of one launch (blockIdx.y = group).
+template <class DT>
+struct grouped_zero_params {
+    DT* d = nullptr;
+    std::size_t ld = 0;
+    bool col_major = false;
+    std::uint32_t N = 0, capacity = 0, first_group = 0;
+    std::uint32_t valid[grouped_launch_groups];
+};
+
+template <class DT>
+OCTET_KERNEL void grouped_zero_rows_kernel(const __grid_constant__ grouped_zero_params<DT> p) {
+    const std::uint32_t g = blockIdx.y, v = p.valid[g], rows = p.capacity - v;
+    const std::size_t count = static_cast<std::size_t>(rows) * p.N;
+    const std::size_t row0 = static_cast<std::size_t>(p.first_group + g) * p.capacity + v;
+    for (std::size_t e = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+         e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        // along D's storage: consecutive threads write consecutive addresses in either order
+        const std::size_t r = row0 + (p.col_major ? e % rows : e / p.N), c = p.col_major ? e / rows : e % p.N;
+        p.d[p.col_major ? c * p.ld + r : r * p.ld + c] = store_from_float<DT>(0.0f);
+    }
+}
+
 /// rows / tile, rounded up.
 constexpr std::uint32_t grouped_tiles(std::size_t rows, std::size_t tile) {
     return static_cast<std::uint32_t>((rows + tile - 1) / tile);

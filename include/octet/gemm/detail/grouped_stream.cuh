@@ -63,23 +63,45 @@ gemm_backend choose_grouped_backend(const stream_executor& ex, std::size_t K, co
     return gemm_backend::host;
 }
 
-/// The stream entry after the element types: the checks, the backend, then one launch per
-/// grouped_launch_groups groups (their descriptions on the stack: no allocation).
-template <class RA, class RB, class BB, class DT>
+/// Group g's copy as the kernels multiply it: the whole group, or (masked) its first valid[g] rows.
+template <bool Masked, class RA>
+quantized_cref<RA> grouped_operand(const grouped_quantized_cref<RA>& A, std::size_t g, const std::size_t* valid) {
+    if constexpr (Masked)
+        return row_prefix(A.group(g), valid[g]);
+    else
+        return A.group(g);
+}
+
+/// The stream entries after the element types: the checks, the backend, then one launch per
+/// grouped_launch_groups groups (their descriptions on the stack: no allocation). Masked: `valid`
+/// (host, one per group) rows of each group's `capacity` are multiplied into rows g capacity.. of D,
+/// and the group's other rows of D are set to 0 (grouped_zero_rows_kernel).
+template <bool Masked, class RA, class RB, class BB, class DT>
 gemm_result grouped_scaled_gemm_device(const stream_executor& ex, const grouped_quantized_cref<RA>& A,
-                                       span<const quantized_ref<RB, BB>> B, const matrix_ref<DT>& D,
-                                       const gemm_options& opt) {
-    constexpr const char* fn = "octet::grouped_scaled_gemm";
+                                       span<const quantized_ref<RB, BB>> B, const std::size_t* valid,
+                                       const matrix_ref<DT>& D, const gemm_options& opt) {
+    constexpr const char* fn = Masked ? "octet::grouped_scaled_gemm_masked" : "octet::grouped_scaled_gemm";
     const std::size_t K = detail::common_cols(A, fn), G = A.groups();
     OCTET_REQUIRE(B.size() == G, fn, "B",
                   message("holds ", B.size(), " experts' copies, A ", G, " groups; pass one per group"));
     const std::size_t N = detail::common_rows(B, K, fn);
     const grouped_layout& L = *A.layout;
+    const std::size_t capacity = G ? L.groups[0].rows : 0;
     std::size_t M = 0;
-    for (std::size_t g = 0; g < G; ++g) M += L.groups[g].rows;
-    OCTET_REQUIRE(D.rows == M && (D.cols == N || M == 0), fn, "D",
-                  message("is ", D.rows, " x ", D.cols, "; it must be ", M, " x ", N,
-                          " (A's rows over all groups x the experts' N)"));
+    for (std::size_t g = 0; g < G; ++g) {
+        M += L.groups[g].rows;
+        if constexpr (Masked) {
+            OCTET_REQUIRE(L.groups[g].rows == capacity, fn, "A",
+                          message("group ", g, " has ", L.groups[g].rows, " rows, group 0 ", capacity,
+                                  "; every group of a masked GEMM holds the same capacity"));
+            OCTET_REQUIRE(valid[g] <= capacity, fn, "valid",
+                          message("[", g, "] is ", valid[g], ", more than the capacity ", capacity));
+        }
+    }
+    OCTET_REQUIRE(
+        D.rows == M && (D.cols == N || M == 0), fn, "D",
+        message("is ", D.rows, " x ", D.cols, "; it must be ", M, " x ", N,
+                Masked ? " (groups x capacity, x the experts' N)" : " (A's rows over all groups x the experts' N)"));
     require_matrix(D, fn, "D");
     OCTET_REQUIRE(opt.beta == 0.0f, fn, "opt.beta", "must be 0: a grouped GEMM takes no C");
     OCTET_REQUIRE(opt.bias.empty() || opt.bias.size() == N, fn, "options.bias",
@@ -117,21 +139,44 @@ gemm_result grouped_scaled_gemm_device(const stream_executor& ex, const grouped_
         const std::size_t count = std::min<std::size_t>(G - first, grouped_launch_groups);
         for (std::size_t i = 0; i < count; ++i) {
             grouped_device_group<RA, RB>& gr = chunk[i];
-            gr.a = A.group(first + i);
+            gr.a = grouped_operand<Masked>(A, first + i, valid);
             gr.b = B[first + i];
             gr.d_row = d_row;
             gr.a_row = row_bytes ? L.data_offset[first + i] / row_bytes : 0;
-            d_row += gr.a.rows();
+            d_row += L.groups[first + i].rows;
         }
+        bool launched = false;
         if constexpr (gemm_kernel_pair<RA, RB>::sm90) {
             if (sm90) {
                 launch_grouped_sm90<RA, RB, float, DT>(ex.stream, A.data, L.data_bytes / row_bytes, row_bytes, chunk,
                                                        count, N, K, epi);
-                continue;
+                launched = true;
             }
         }
-        if constexpr (gemm_kernel_pair<RA, RB>::sm89)
-            launch_grouped_sm89<RA, RB, float, DT>(ex.stream, chunk, count, N, K, epi, seg);
+        if constexpr (gemm_kernel_pair<RA, RB>::sm89) {
+            if (!launched) launch_grouped_sm89<RA, RB, float, DT>(ex.stream, chunk, count, N, K, epi, seg);
+        }
+        if constexpr (Masked) {
+            grouped_zero_params<DT> z{};
+            z.d = D.data;
+            z.ld = D.ld;
+            z.col_major = D.order == storage_order::col_major;
+            z.N = static_cast<std::uint32_t>(N);
+            z.capacity = static_cast<std::uint32_t>(capacity);
+            z.first_group = static_cast<std::uint32_t>(first);
+            std::size_t most = 0;
+            for (std::size_t i = 0; i < count; ++i) {
+                z.valid[i] = static_cast<std::uint32_t>(valid[first + i]);
+                most = std::max(most, capacity - valid[first + i]);
+            }
+            if (most == 0) continue;
+            constexpr unsigned threads = 256;
+            const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(
+                (most * N + threads - 1) / threads, static_cast<std::size_t>(cuda::multiprocessor_count()) * 4));
+            cuda::launch("grouped_zero_rows_kernel", grouped_zero_rows_kernel<DT>,
+                         dim3(blocks, static_cast<unsigned>(count)), dim3(threads), 0, ex.stream, z);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
     }
     return result;
 }
@@ -148,7 +193,26 @@ gemm_result grouped_scaled_gemm(const stream_executor& ex, grouped_quantized_ref
         detail::is_gemm_output_v<D0>,
         "octet::grouped_scaled_gemm: D must be float, octet::bf16 or octet::fp16 (or __nv_bfloat16 / __half)");
     const matrix_ref<D0> d(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order);
-    return detail::grouped_scaled_gemm_device<RA, RB, BB, D0>(ex, grouped_quantized_cref<RA>(A), B, d, opt);
+    return detail::grouped_scaled_gemm_device<false, RA, RB, BB, D0>(ex, grouped_quantized_cref<RA>(A), B, nullptr, d,
+                                                                     opt);
+}
+
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result grouped_scaled_gemm_masked(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
+                                       span<const quantized_ref<RB, BB>> B, span<const std::size_t> valid,
+                                       matrix_ref<DT> D, const gemm_options& opt) {
+    static_assert(RA::granularity::rows == 1,
+                  "octet::grouped_scaled_gemm_masked: A's recipe must scale rows independently (per row or 1 x C "
+                  "blocks), so that the padding rows of a group do not change its tokens' codes");
+    using D0 = detail::storage_of_t<std::remove_const_t<DT>>;
+    static_assert(detail::is_gemm_output_v<D0>,
+                  "octet::grouped_scaled_gemm_masked: D must be float, octet::bf16 or "
+                  "octet::fp16 (or __nv_bfloat16 / __half)");
+    OCTET_REQUIRE(valid.size() == A.groups(), "octet::grouped_scaled_gemm_masked", "valid",
+                  detail::message("holds ", valid.size(), " counts, A ", A.groups(), " groups; pass one per group"));
+    const matrix_ref<D0> d(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order);
+    return detail::grouped_scaled_gemm_device<true, RA, RB, BB, D0>(ex, grouped_quantized_cref<RA>(A), B, valid.data(),
+                                                                    d, opt);
 }
 
 template <class RA, class RB>
