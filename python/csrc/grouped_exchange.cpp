@@ -2,7 +2,8 @@
 // (octet/comm/in_process.hpp: one thread per rank), as the reference that octet.torch's
 // torch.distributed exchange (python/octet/torch/moe.py) must match bit for bit:
 //
-//   octet::moe_exchange_in_process(x[], indices[], weights[], w, experts, x_recipe, w_recipe) -> Tensor[]
+//   octet::moe_exchange_in_process(x[], indices[], weights[], w, experts, x_recipe, w_recipe, combine_wire)
+//       -> Tensor[]
 //
 // x[r]: rank r's tokens (T_r x d, float32), indices[r] / weights[r]: its router's top-k choice
 // (T_r x k, int64 or int32 in [0, experts)) and gates (T_r x k, float32); w: every expert's weight
@@ -10,8 +11,8 @@
 // quantizes its X once (x_recipe, row-local: blockwise_1x128 or mxfp8_e4m3), plans and exchanges the
 // counts (moe_dispatch_plan_host), sends its FP8 rows to the owners (moe_dispatch_host), runs its
 // experts' grouped GEMM on what it received (grouped_scaled_gemm, its experts' weights quantized with
-// w_recipe, float results) and sends the results back as bf16 for the weighted sum
-// (moe_combine_host, moe_combine_wire::bf16). Returns, per rank r, six tensors:
+// w_recipe, float results) and sends the results back for the weighted sum (moe_combine_host;
+// combine_wire "bf16", "e4m3_1x128" or "f32": moe_combine_wire's). Returns, per rank r, six tensors:
 //   [r*6 + 0] the received grouped copy's data block (uint8, make_grouped_layout of
 //             grouped_rows(expert_rows, d), padding included), [r*6 + 1] its scale block (uint8),
 //   [r*6 + 2] expert_rows (int64 [L]), [r*6 + 3] the experts' outputs y (rows x N float32, received
@@ -44,7 +45,7 @@ struct rank_outputs {
 
 template <class XR, class WR>
 void run_rank(octet::in_process_world& world, int r, const rank_inputs& in, const at::Tensor& w, std::size_t E,
-              rank_outputs& res) {
+              octet::moe_combine_wire wire, rank_outputs& res) {
     using namespace octet;
     octet::in_process_transport comm(world, r);
     const int P = world.size;
@@ -54,6 +55,7 @@ void run_rank(octet::in_process_world& world, int r, const rank_inputs& in, cons
     moe_exchange_options opt;
     opt.executor = on_host(1);
     opt.expected_ranks = P;
+    opt.combine_wire = wire;
     quantized_tensor<XR> xq(T, d);
     if (T && d) quantize<XR>(opt.executor, matrix_ref<const float>(in.x.data_ptr<float>(), T, d), xq.ref());
     dispatch_plan plan(T, k, E);
@@ -99,7 +101,7 @@ void run_rank(octet::in_process_world& world, int r, const rank_inputs& in, cons
 
 std::vector<at::Tensor> moe_exchange_in_process(at::TensorList x, at::TensorList indices, at::TensorList weights,
                                                 const at::Tensor& w, int64_t experts, c10::string_view x_recipe,
-                                                c10::string_view w_recipe) {
+                                                c10::string_view w_recipe, c10::string_view combine_wire) {
     const std::size_t P = x.size();
     TORCH_CHECK_VALUE(P >= 1 && indices.size() == P && weights.size() == P, where(op, "x/indices/weights"), "hold ",
                       x.size(), ", ", indices.size(), " and ", weights.size(),
@@ -109,6 +111,14 @@ std::vector<at::Tensor> moe_exchange_in_process(at::TensorList x, at::TensorList
     check_tensor(w, op, "w", {at::kFloat});
     TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == experts && w.is_contiguous(), where(op, "w"), "has shape ",
                       w.sizes(), "; pass every expert's weight as one contiguous experts x N x d float32 tensor");
+    octet::moe_combine_wire wire = octet::moe_combine_wire::bf16;
+    if (combine_wire == "e4m3_1x128")
+        wire = octet::moe_combine_wire::e4m3_1x128;
+    else if (combine_wire == "f32")
+        wire = octet::moe_combine_wire::f32;
+    else
+        TORCH_CHECK_VALUE(combine_wire == "bf16", where(op, "combine_wire"), "is '", std::string(combine_wire),
+                          "'; pass bf16, e4m3_1x128 or f32");
     std::vector<rank_inputs> in(P);
     for (std::size_t r = 0; r < P; ++r) {
         check_tensor(x[r], op, "x", {at::kFloat});
@@ -140,7 +150,8 @@ std::vector<at::Tensor> moe_exchange_in_process(at::TensorList x, at::TensorList
         for (std::size_t r = 0; r < P; ++r)
             threads.emplace_back([&, r] {
                 try {
-                    run_rank<XR, WR>(world, static_cast<int>(r), in[r], w, static_cast<std::size_t>(experts), res[r]);
+                    run_rank<XR, WR>(world, static_cast<int>(r), in[r], w, static_cast<std::size_t>(experts), wire,
+                                     res[r]);
                 } catch (...) {
                     errors[r] = std::current_exception();
                 }
@@ -170,7 +181,7 @@ std::vector<at::Tensor> moe_exchange_in_process(at::TensorList x, at::TensorList
 TORCH_LIBRARY_FRAGMENT(octet, m) {
     m.def(
         "moe_exchange_in_process(Tensor[] x, Tensor[] indices, Tensor[] weights, Tensor w, int experts, str "
-        "x_recipe=\"blockwise_1x128\", str w_recipe=\"blockwise_128x128\") -> Tensor[]");
+        "x_recipe=\"blockwise_1x128\", str w_recipe=\"blockwise_128x128\", str combine_wire=\"bf16\") -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {

@@ -1,9 +1,10 @@
 """The expert-parallel FP8 token exchange from Python (octet.torch.expert_parallel_dispatch /
 _experts / _combine over torch.distributed.all_to_all_single) on 2 gloo processes, against octet's
 C++ exchange over 2 in-process ranks (moe_dispatch_plan_host, moe_dispatch_host, grouped_scaled_gemm,
-moe_combine_host with the bf16 wire; the op moe_exchange_in_process): each rank's received codes and
-scales (octet's grouped layout, padding included), its experts' outputs and its tokens' combined
-output are the same bits, and so are the bytes each sends to the other rank. Cases: ragged token
+moe_combine_host; the op moe_exchange_in_process): each rank's received codes and scales (octet's
+grouped layout, padding included), its experts' outputs and its tokens' combined output (for each
+combine wire: bf16, E4M3 1x128, float32) are the same bits, and so are the bytes each sends to the
+other rank. Cases: ragged token
 counts, a rank without tokens, an expert no token selects, blockwise 1x128 and MXFP8 rows."""
 
 import os
@@ -19,6 +20,7 @@ import octet.torch as ot  # noqa: E402
 from octet.torch import moe  # noqa: E402
 
 WORLD, EXPERTS, K, D, N = 2, 4, 2, 512, 192
+WIRES = {"bf16": torch.bfloat16, "e4m3_1x128": "e4m3_1x128", "f32": torch.float32}  # the combine's
 # (tokens per rank, experts the router may pick, x recipe, w recipe)
 CASES = [((37, 53), (0, 1, 2, 3), "blockwise_1x128", "blockwise_128x128"),
          ((0, 29), (0, 1, 3), "blockwise_1x128", "blockwise_128x128"),  # rank 0 sends nothing; expert 2 idle
@@ -62,6 +64,9 @@ def _worker(rank, world, init_file, out_dir, seed):
         out = ot.expert_parallel_combine(y, gates[rank], d)
         results.append({"data": data, "scales": scales, "expert_rows": d.expert_rows, "y": y, "out": out,
                         "report": dict(d.report)})
+        for wire in list(WIRES)[1:]:
+            results[-1][wire] = ot.expert_parallel_combine(y, gates[rank], d, wire=WIRES[wire])
+            results[-1]["report"][wire] = d.report["combine_bytes_sent"]
     # Bad input raises on the rank that passed it, before any collective (so nothing is left waiting).
     x, i = torch.randn(6, D), torch.zeros(6, K, dtype=torch.int64)
     refused = []
@@ -97,10 +102,15 @@ def test_exchange_on_2_gloo_processes_is_the_cpp_exchange_bit_for_bit(tmp_path):
             rep = got["report"]
             assert [rep["bytes_sent"], rep["bytes_received"], rep["bf16_bytes_sent"], rep["combine_bytes_sent"]] == \
                 nbytes.tolist(), (case, r, rep, nbytes)
+            for wire in list(WIRES)[1:]:  # the combine's other wires, each against the C++ exchange's
+                ref_w = torch.ops.octet.moe_exchange_in_process(xs, idx, gates, w, EXPERTS, case[2], case[3], wire)
+                assert torch.equal(got[wire], ref_w[6 * r + 4]), (case, r, wire)
+                assert rep[wire] == ref_w[6 * r + 5][3].item(), (case, r, wire)
             print(f"\n{case[2]} tokens {case[0]} rank {r}: dispatch sent {rep['rows_sent']} rows, "
                   f"{rep['bytes_sent']} bytes FP8 against {rep['bf16_bytes_sent']} as bf16 "
                   f"({rep['bytes_sent'] / max(rep['bf16_bytes_sent'], 1):.3f}x); combine sent "
-                  f"{rep['combine_bytes_sent']} bytes (bf16); row counts {rep['counts_bytes_sent']} bytes")
+                  f"{rep['combine_bytes_sent']} bytes as bf16, {rep['e4m3_1x128']} as E4M3 1x128, "
+                  f"{rep['f32']} as float32; row counts {rep['counts_bytes_sent']} bytes")
     for r in range(WORLD):
         refused = runs[r][-1]
         assert "experts is 3; pass a multiple of the world size 2" in refused[0], refused

@@ -23,7 +23,8 @@ The ops (library ``_grouped``, octet/gemm/grouped_gemm.hpp's host path, CPU):
       blockwise_1x128 or mxfp8_e4m3), e.g. the rows an expert-parallel dispatch delivered.
   moe_exchange_in_process(x[], indices[], weights[], w, experts, x_recipe, w_recipe)
       octet/nn/moe_exchange.hpp's dispatch, grouped GEMM and bf16 combine over P in-process ranks:
-      the reference the torch.distributed exchange below matches bit for bit.
+      the reference the torch.distributed exchange below matches bit for bit (combine_wire: bf16,
+      e4m3_1x128 or f32, octet::moe_combine_wire's).
 
 The linear recipes (``recipe=``) name the operands' recipes as Float8Linear's do:
     forward  Y  = X W_e^T     (x, w)     data gradient  dX = dY W_e  (g, w: W_e^T quantized)
@@ -91,7 +92,7 @@ def _scaled_grouped_mm_k_fake(a, b, group_sizes, a_recipe, b_recipe):
 
 @torch.library.register_fake("octet::moe_exchange_in_process")
 def _moe_exchange_in_process_fake(x, indices, weights, w, experts, x_recipe="blockwise_1x128",
-                                  w_recipe="blockwise_128x128"):
+                                  w_recipe="blockwise_128x128", combine_wire="bf16"):
     ctx = torch.library.get_ctx()
     out = []
     local = experts // len(x)
@@ -422,22 +423,33 @@ def expert_parallel_dispatch(x: torch.Tensor, indices: torch.Tensor, experts: in
 
 
 def expert_parallel_combine(y: torch.Tensor, gates: torch.Tensor, dispatch: Dispatch, *, group=None,
-                            wire: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                            wire: Union[torch.dtype, str] = torch.bfloat16) -> torch.Tensor:
     """Sends the experts' outputs y (the received rows' results, in `received`'s order, float32) back
-    to their tokens' ranks as ``wire`` (bf16 by default, rounded to nearest even; float32 for exact
-    rows), then out_t = sum_j gates_tj y[row of (t, j)] in float32 in slot order: bit for bit
-    octet::moe_combine_host with moe_combine_wire::bf16 (or f32)."""
+    to their tokens' ranks, then out_t = sum_j gates_tj y[row of (t, j)] in float32 in slot order:
+    bit for bit octet::moe_combine_host under the same wire. ``wire``: torch.bfloat16 (the default:
+    rows rounded to nearest even, 2 N bytes), "e4m3_1x128" (rows quantized with blockwise_1x128:
+    N code bytes and a float scale per 128, dequantized on arrival; one more rounding, 2^-4
+    relative) or torch.float32 (exact rows, 4 N bytes)."""
     import torch.distributed as dist
 
-    if wire not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"octet.torch.expert_parallel_combine: wire is {wire}; pass torch.bfloat16 or torch.float32")
+    if wire not in (torch.bfloat16, torch.float32, "e4m3_1x128"):
+        raise ValueError(f"octet.torch.expert_parallel_combine: wire is {wire!r}; pass torch.bfloat16, "
+                         "'e4m3_1x128' or torch.float32")
     rank = dist.get_rank(group)
     n = y.shape[1]
-    back = torch.empty(y.shape, dtype=wire)
-    back[dispatch.regroup] = y.to(wire)  # back in the order the rows arrived
-    rows = torch.empty(sum(dispatch.send_splits), n, dtype=wire)
+    if wire == "e4m3_1x128":
+        q, _, _ = quantize(y, "blockwise_1x128")
+        payload = torch.cat([q.codes.view(torch.uint8)[:, :n], _row_scales(q, y.shape[0])], dim=1)
+    else:
+        payload = y.to(wire)
+    back = torch.empty(payload.shape, dtype=payload.dtype)
+    back[dispatch.regroup] = payload  # back in the order the rows arrived
+    rows = torch.empty(sum(dispatch.send_splits), payload.shape[1], dtype=payload.dtype)
     dist.all_to_all_single(rows, back, dispatch.send_splits, dispatch.recv_splits, group=group)
-    dispatch.report["combine_bytes_sent"] = _peers_bytes(dispatch.recv_splits, n * rows.element_size(), rank)
+    dispatch.report["combine_bytes_sent"] = _peers_bytes(dispatch.recv_splits,
+                                                         payload.shape[1] * payload.element_size(), rank)
+    if wire == "e4m3_1x128":
+        rows = _row_copy(rows[:, :n], rows[:, n:], "blockwise_1x128", n).dequantize()
     return combine(rows.float(), gates.float(), dispatch.row_of)
 
 
