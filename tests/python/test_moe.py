@@ -125,6 +125,7 @@ def test_views_and_size_dtypes_are_read_in_place(gen):
     x = _data(gen, 64, 50).t()  # 50 x 64 with contiguous columns, and rows of stride 2 below
     y = ot.scaled_grouped_mm(x.contiguous(), w, torch.tensor([20, 0, 30]))
     assert torch.equal(ot.scaled_grouped_mm(x, w, torch.tensor([20, 0, 30], dtype=torch.int32)), y)
+    assert torch.equal(ot.scaled_grouped_mm(x, w, [20, 0, 30]), y)  # a list of sizes
     strided = torch.zeros(100, 64)
     strided[::2] = x
     assert torch.equal(ot.scaled_grouped_mm(strided[::2], w, torch.tensor([20, 0, 30])), y)

@@ -121,6 +121,11 @@ def _check_sizes_eagerly(sizes: torch.Tensor, rows: int, arg: str, how: str):
         raise ValueError(f"octet.torch.scaled_grouped_mm: {arg} gives {total} rows in all but x has {rows}; {how}")
 
 
+def _sizes_tensor(group_sizes) -> torch.Tensor:
+    """Group sizes as a tensor (a list or tuple of ints is taken too)."""
+    return group_sizes if isinstance(group_sizes, torch.Tensor) else torch.as_tensor(group_sizes, dtype=torch.int64)
+
+
 def group_sizes_from_offsets(offs: torch.Tensor) -> torch.Tensor:
     """torch._grouped_mm's offs (the end row of each group, cumulative) as group sizes (int64)."""
     offs = offs.to(torch.int64)
@@ -154,7 +159,7 @@ def scaled_grouped_mm(x: torch.Tensor, w: torch.Tensor, group_sizes: Optional[to
         _check_sizes_eagerly(sizes, x.shape[0], "offs",
                              "pass the end row of each group, non-decreasing, the last equal to x's rows")
     else:
-        sizes = group_sizes
+        sizes = _sizes_tensor(group_sizes)
         _check_sizes_eagerly(sizes, x.shape[0], "group_sizes",
                              "pass each group's row count (>= 0), in the order x holds the groups, summing to x's rows")
     if w.dtype != x.dtype and x.dtype in (torch.float32, torch.bfloat16) and w.dtype in (torch.float32,
@@ -215,7 +220,7 @@ class GroupedLinear(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"octet.torch.GroupedLinear: x has shape {tuple(x.shape)}; pass tokens x "
                              f"in_features = {self.in_features}, sorted by expert")
-        return _GroupedLinearFn.apply(x, self.weight, group_sizes, self.recipe.name)
+        return _GroupedLinearFn.apply(x, self.weight, _sizes_tensor(group_sizes), self.recipe.name)
 
     def extra_repr(self):
         return (f"experts={self.experts}, in_features={self.in_features}, out_features={self.out_features}, "
