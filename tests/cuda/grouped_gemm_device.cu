@@ -340,6 +340,130 @@ void compare_masked(gemm_backend backend, std::size_t capacity, const std::vecto
     CHECK(bad == 0);
 }
 
+/// A grouped copy's group g as an owning quantized tensor (the same layout: quant_layout_of::make), with
+/// its codes' sign bits cleared when `magnitudes` (for sums of |a| |b|).
+template <class R>
+quantized_tensor<R> group_copy(const grouped_quantized_cref<R>& q, std::size_t g, bool magnitudes) {
+    const quantized_cref<R> c = q.group(g);
+    quantized_tensor<R> t(c.layout.rows, c.layout.cols);
+    REQUIRE(t.layout().data_bytes == c.layout.data_bytes);
+    REQUIRE(t.layout().scale_bytes == c.layout.scale_bytes);
+    for (std::size_t i = 0; i < c.layout.data_bytes; ++i) t.data()[i] = magnitudes ? c.data[i] & 0x7F : c.data[i];
+    if (c.layout.scale_bytes) std::memcpy(t.scales().data(), c.scales, c.layout.scale_bytes);
+    return t;
+}
+
+/// The k-grouped GEMM (weight gradient) on `backend` against the host's: tokens of `sizes` (zero sizes,
+/// sizes that are not multiples of 128 included), dY (tokens x N) and X (tokens x K) quantized column-wise
+/// per group by grouped_quantize; dW (G N x K, poisoned) must equal the host's bit for bit on exact inputs
+/// (groups without tokens: 0), be within both bounds on random inputs, and equal the dense device GEMM of
+/// each group bit for bit.
+template <class R, class DT = float>
+void compare_k(gemm_backend backend, const std::vector<std::size_t>& sizes, std::size_t N, std::size_t K, bool exact,
+               tally& t, gemm_options opt = {}) {
+    std::string ss;
+    for (std::size_t v : sizes) ss += std::to_string(v) + " ";
+    INFO("k-grouped " << backend_name(backend) << ": " << recipe_description<R>() << ", sizes " << ss << "N=" << N
+                      << " K=" << K << (exact ? " (exact inputs)" : "") << ", seed " << octet_test::run_seed());
+    std::size_t M = 0;
+    for (std::size_t v : sizes) M += v;
+    const std::size_t G = sizes.size();
+    auto g = octet_test::rng(M * 31 + N + K);
+    // exact: {-1, 0, 1} with a 7 at the first token of every 128-token block of every group
+    auto tokens = [&](std::size_t cols, float scale) {
+        if (!exact) return octet_test::with_edge_cases(g, M * cols, scale);
+        std::vector<float> x = exact_values(g, M, cols, cols + 1);
+        std::size_t begin = 0;
+        for (std::size_t s : sizes) {
+            for (std::size_t i = 0; i < s; ++i)
+                for (std::size_t j = 0; j < cols; ++j)
+                    x[(begin + i) * cols + j] = i % 128 == 0 ? 7.0f : x[(begin + i) * cols + j];
+            begin += s;
+        }
+        return x;
+    };
+    const std::vector<float> dy = tokens(N, 2.0f), x = tokens(K, 0.5f);
+    grouped_quantized_tensor<R> dyt(grouped_cols(N, as_cspan(sizes))), xt(grouped_cols(K, as_cspan(sizes)));
+    if (M) {
+        grouped_quantize<R>(on_host(), matrix_ref<const float>(dy.data(), M, N), as_cspan(sizes), {}, dyt.ref());
+        grouped_quantize<R>(on_host(), matrix_ref<const float>(x.data(), M, K), as_cspan(sizes), {}, xt.ref());
+    }
+    std::vector<DT> hd(G * N * K);
+    gemm_options host_opt = opt;
+    host_opt.backend = gemm_backend::host;
+    grouped_scaled_gemm_k(on_host(), dyt.cref(), xt.cref(), matrix_ref<DT>(hd.data(), G * N, K), host_opt);
+
+    auto upload = [](const grouped_quantized_tensor<R>& h, cuda::device_buffer<std::uint8_t>& d,
+                     cuda::device_buffer<std::uint8_t>& s) {
+        const grouped_quantized_cref<R> c = h.cref();
+        if (h.layout().data_bytes) d.upload(std::vector<std::uint8_t>(c.data, c.data + h.layout().data_bytes));
+        if (h.layout().scale_bytes) s.upload(std::vector<std::uint8_t>(c.scales, c.scales + h.layout().scale_bytes));
+    };
+    cuda::device_buffer<std::uint8_t> a_data(std::max<std::size_t>(dyt.layout().data_bytes, 1)),
+        a_scales(std::max<std::size_t>(dyt.layout().scale_bytes, 1)),
+        b_data(std::max<std::size_t>(xt.layout().data_bytes, 1)),
+        b_scales(std::max<std::size_t>(xt.layout().scale_bytes, 1));
+    upload(dyt, a_data, a_scales);
+    upload(xt, b_data, b_scales);
+    const grouped_quantized_cref<R> da(a_data.data(), a_scales.data(), nullptr, dyt.layout()),
+        db(b_data.data(), b_scales.data(), nullptr, xt.layout());
+    cuda::device_buffer<DT> dd(std::max<std::size_t>(G * N * K, 1));
+    dd.fill_bytes(0xFF);
+    gemm_options o = opt;
+    o.backend = backend;
+    const gemm_result r = grouped_scaled_gemm_k(on_stream(), da, db, matrix_ref<DT>(dd.data(), G * N, K), o);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(r.backend == backend);
+    const std::vector<DT> got = dd.download();
+    std::vector<DT> dense;
+    if (!exact) {  // the dense device GEMM on each group with tokens, same backend and tile
+        cuda::device_buffer<DT> de(std::max<std::size_t>(G * N * K, 1));
+        de.fill_bytes(0);
+        gemm_options od = o;
+        od.tile = gemm_tile::m128n128;
+        od.cluster = 1;
+        od.split_k = 1;
+        for (std::size_t e = 0; e < G; ++e)
+            if (sizes[e])
+                scaled_gemm(on_stream(), da.group(e), db.group(e), matrix_ref<DT>(de.data() + e * N * K, N, K), od);
+        OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+        dense = de.download();
+    }
+    int bad = 0;
+    for (std::size_t e = 0; e < G; ++e) {
+        const gemm_numerics ng = gemm_numerics_of<R, R, DT>(backend, sizes[e], opt),
+                            nh = gemm_numerics_of<R, R, DT>(gemm_backend::host, sizes[e], opt);
+        std::vector<float> T;
+        if (!exact && sizes[e]) {
+            const quantized_tensor<R> aa = group_copy(dyt.cref(), e, true), bb = group_copy(xt.cref(), e, true);
+            T.resize(N * K);
+            scaled_gemm(on_host(), aa.cref(), bb.cref(), matrix_ref<float>(T.data(), N, K));
+        }
+        for (std::size_t i = 0; i < N; ++i)
+            for (std::size_t j = 0; j < K; ++j) {
+                const std::size_t at = (e * N + i) * K + j;
+                const float gv = to_f(got[at]), hv = to_f(hd[at]);
+                if (exact || sizes[e] == 0) {
+                    if (std::memcmp(&got[at], &hd[at], sizeof(DT)) != 0 && bad++ < 5)
+                        FAIL_CHECK("group " << e << " dW(" << i << "," << j << "): device " << gv << " host " << hv
+                                            << " (must be equal)");
+                    continue;
+                }
+                if (std::memcmp(&got[at], &dense[at], sizeof(DT)) != 0 && bad++ < 5)
+                    FAIL_CHECK("group " << e << " dW(" << i << "," << j << "): grouped " << gv << " dense "
+                                        << to_f(dense[at]) << " (must be equal)");
+                const double allowed = gemm_error_bound(ng, opt.alpha, T[i * K + j], 0.0, 0.0, std::fabs(hv)) +
+                                       gemm_error_bound(nh, opt.alpha, T[i * K + j], 0.0, 0.0, std::fabs(hv));
+                const double diff = std::fabs(static_cast<double>(gv) - hv);
+                if (!(diff <= allowed) && bad++ < 5)
+                    FAIL_CHECK("group " << e << " dW(" << i << "," << j << "): device " << gv << " host " << hv
+                                        << " |diff| " << diff << " > allowed " << allowed);
+                if (allowed > 0) t.worst = std::max(t.worst, diff / allowed);
+            }
+    }
+    CHECK(bad == 0);
+}
+
 bool sm90() {
     return cuda::compute_capability() == 90 && detail::sm90a_available();
 }
@@ -437,6 +561,29 @@ TEST_SUITE("gpu") {
         compare_masked<recipes::mxfp8_e4m3, recipes::mxfp8_e4m3>(gemm_backend::sm89_mma, capacity, valid, 64, 160,
                                                                  false, t);
         t.message("masked");
+    }
+
+    TEST_CASE("grouped_scaled_gemm_k (weight gradient) against the host: ragged and empty token groups") {
+        if (!sm89()) {
+            MESSAGE("skipped: needs an sm_89+ GPU");
+            return;
+        }
+        using R = recipes::blockwise_1x128;
+        tally t;
+        std::vector<gemm_backend> backends = {gemm_backend::sm89_mma};
+        if (sm90()) backends.push_back(gemm_backend::sm90_wgmma);
+        const std::vector<std::size_t> sizes =
+            pick<std::vector<std::size_t>>({0, 1, 300, 128, 1000, 37}, {0, 1, 300, 37});
+        const std::size_t N = pick<std::size_t>(257, 136), K = pick<std::size_t>(384, 130);
+        for (gemm_backend b : backends) {
+            compare_k<R>(b, sizes, N, K, true, t);
+            compare_k<R>(b, sizes, N, K, false, t);
+            gemm_options o;
+            o.alpha = -0.5f;
+            compare_k<R, bf16>(b, {200, 0, 5}, 72, 64, true, t, o);
+        }
+        compare_k<recipes::tensorwise_e4m3>(backends.back(), {130, 0, 40}, 64, 72, false, t);
+        t.message("k-grouped");
     }
 
     TEST_CASE("automatic picks sm90_wgmma on sm_90, sm89_mma for MX; K = 0 gives the bias") {

@@ -1,10 +1,12 @@
-// octet/gemm/grouped_gemm.cuh: the m-grouped scaled GEMM (octet/gemm/grouped_gemm.hpp) on a CUDA stream:
-// one kernel over the tiles of all experts instead of one launch per expert.
+// octet/gemm/grouped_gemm.cuh: the grouped scaled GEMMs (octet/gemm/grouped_gemm.hpp: m-grouped contiguous,
+// m-grouped masked, k-grouped) on a CUDA stream: one kernel over the tiles of all experts instead of one
+// launch per expert.
 //
 //   // A: a grouped_quantized_ref whose data and scales are device memory (its layout, a host object,
 //   // describes them: make_grouped_layout); B: one device quantized_cref per expert; D device memory
 //   octet::grouped_scaled_gemm(octet::on_stream(s), A, B, D, opt);    // rows of group g = A_g B[g]^T
 //   octet::grouped_scaled_gemm_masked(octet::on_stream(s), A, B, valid, D, opt);  // capacity rows per group
+//   octet::grouped_scaled_gemm_k(octet::on_stream(s), dYt, Xt, dW, opt);  // dW_e = dY_e^T X_e, stacked
 //
 // Same contract as the host overloads (grouped_gemm.hpp): each group's rows of D are what
 // scaled_gemm(on_stream(s), A.group(g), B[g], rows of D, opt) computes with the same backend (the
@@ -54,6 +56,15 @@ template <class RA, class BA, class RB, class BB, class DT>
 gemm_result grouped_scaled_gemm_masked(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
                                        span<const quantized_ref<RB, BB>> B, span<const std::size_t> valid,
                                        matrix_ref<DT> D, const gemm_options& opt = {});
+
+/// k-grouped on a stream (the weight gradient): rows [g N, (g + 1) N) of D = alpha * A_g B_g^T, A_g N x
+/// k_g and B_g K x k_g (the column-wise copies of dY's and X's groups, grouped_quantize's); a group with
+/// k_g = 0 gives 0 (its rows are set by one more small kernel per 32 groups). D is (G N) x K. opt.beta
+/// must be 0 and opt.bias empty. On sm90_wgmma each group's A gets its own TMA map (its rows are k_g
+/// codes long), in the kernel's parameters beside B's (about 10 KB).
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result grouped_scaled_gemm_k(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
+                                  grouped_quantized_ref<RB, BB> B, matrix_ref<DT> D, const gemm_options& opt = {});
 
 /// Why `backend` cannot run grouped_scaled_gemm of (RA x RB) with inner dimension K on this GPU (empty
 /// when it can; `automatic`: whether either grouped kernel can).

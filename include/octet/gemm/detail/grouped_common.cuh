@@ -1,6 +1,7 @@
 // octet/gemm/detail/grouped_common.cuh: what the grouped GEMM kernels (grouped_sm90.cuh, grouped_sm89.cuh)
-// share: the host's description of one group of a launch, the number of groups one launch takes, and
-// the device lookup of the group that owns a tile row.
+// share: the host's description of one group of a launch, the number of groups one launch takes, the
+// device lookup of the group that owns a tile row, and the kernel that zeroes the rows of D no group
+// computes (a masked group's padding, a k-grouped expert without tokens).
 //
 // The tile scheduler of both kernels walks the m tiles of all groups of a launch as one sequence: group g
 // owns the m tiles [tile_m0[g], tile_m0[g + 1]) (tile_m0 is the prefix sum of ceil(rows_g / BM); a group

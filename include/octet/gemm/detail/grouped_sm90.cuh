@@ -1,4 +1,4 @@
-// octet/gemm/detail/grouped_sm90.cuh: the m-grouped scaled GEMM on Hopper (sm_90a): one persistent
+// octet/gemm/detail/grouped_sm90.cuh: the grouped scaled GEMMs on Hopper (sm_90a): one persistent
 // kernel over the output tiles of all groups of a launch, on the dense kernel's mainloop
 // (sm90_wgmma.cuh: its shared-memory ring, mbarriers, and its consumer step sm90_consume_stage: wait,
 // 4 wgmma, release, promotion every 128 K elements, so that each group's result is the dense kernel's
@@ -10,10 +10,14 @@
 // large groups leave ragged, and concurrently running tiles share B[g] in L2 as the dense raster does.
 //
 // Where each group's operands are (the choice of this kernel, no device-side tensor-map updates):
-//   * A: one TMA map over A's whole block of codes, as one matrix of A's row_bytes rows (the grouped
-//     layout stacks the groups' rows: group g starts at row data_offset[g] / row_bytes). A tile that
-//     reaches past its group's rows reads the next group's rows (or TMA's zero fill past the block); those
-//     rows of the tile are never stored, and each output row depends only on its own A row.
+//   * A (m-grouped, contiguous and masked): one TMA map over A's whole block of codes, as one matrix of
+//     A's row_bytes rows (the grouped layout stacks the groups' rows: group g starts at row
+//     data_offset[g] / row_bytes). A tile that reaches past its group's rows reads the next group's rows
+//     (or a masked group's padding, or TMA's zero fill past the block); those rows of the tile are never
+//     stored, and each output row depends only on its own A row.
+//   * A (k-grouped, PerGroupA): one TMA map per group (each group's rows are its own k_g codes long), in
+//     the parameters beside B's; each group has its own number of K blocks (num_kb), and TMA zero-fills
+//     its ragged last block.
 //   * B: one TMA map per group (B[g] may lie anywhere), in the kernel's parameters
 //     (sm90_grouped_maps, grouped_launch_groups of them; larger calls launch once per 32 groups).
 //   * scales: read by the producer's threads from each group's own scale grid (pointer, ld and block
@@ -40,26 +44,30 @@ namespace detail {
 /// The per-group facts of one launch (G <= grouped_launch_groups groups).
 template <class CT, class DT>
 struct sm90_grouped_params {
-    std::uint32_t groups = 0, N = 0, K = 0, num_kb = 0;
+    std::uint32_t groups = 0, N = 0;                   ///< N: D's columns (rows of every B[g])
     std::uint32_t tiles_m = 0, tiles_n = 0;            ///< m tiles over all groups; n tiles
     std::uint32_t tile_m0[grouped_launch_groups + 1];  ///< group g owns m tiles [tile_m0[g], tile_m0[g + 1])
     std::uint32_t rows[grouped_launch_groups];         ///< group g's rows
     std::uint32_t a_row[grouped_launch_groups];        ///< its first row in tma_a's matrix
     std::uint32_t d_row[grouped_launch_groups];        ///< its first row of D
+    std::uint32_t num_kb[grouped_launch_groups];       ///< its 128-wide K blocks (>= 1 for a group with tiles)
     /// Group g's scales: value(row, kb) = sa[g][(kb * 128 / sa_bc) * sa_ld[g] + row / sa_br[g]] (rows of
     /// the group), and the same for B[g] with its rows (= columns of D).
     const float* sa[grouped_launch_groups];
     const float* sb[grouped_launch_groups];
     std::uint32_t sa_ld[grouped_launch_groups], sa_br[grouped_launch_groups];
     std::uint32_t sb_ld[grouped_launch_groups], sb_br[grouped_launch_groups];
-    std::uint32_t sa_bc = 1, sb_bc = 1;
+    std::uint32_t sa_bc[grouped_launch_groups], sb_bc[grouped_launch_groups];
     device_epilogue<CT, DT> epi;  ///< over all of D
     bool tma_store = false;       ///< the TMA-store epilogue for warpgroup tiles inside their group (tma_d)
 };
 
-/// One TMA map of B per group (128 x 128-byte boxes, 128-byte swizzle).
+/// One TMA map of B per group (128 x 128-byte boxes, 128-byte swizzle), and with PerGroupA one of A per
+/// group (the k-grouped GEMM, whose groups' rows have different lengths) instead of the kernel's tma_a.
+template <bool PerGroupA>
 struct sm90_grouped_maps {
     CUtensorMap b[grouped_launch_groups];
+    CUtensorMap a[PerGroupA ? grouped_launch_groups : 1];
 };
 
 /// Where unit u's tile lies: its group, its first row within the group, its first column.
@@ -78,9 +86,10 @@ OCTET_DEVICE sm90_grouped_tile sm90_grouped_tile_of(const P& p, std::uint32_t u)
     return t;
 }
 
-template <class FA, class FB, class Cfg, sm90_b_scales kB, class CT, class DT>
+template <class FA, class FB, class Cfg, sm90_b_scales kB, bool PerGroupA, class CT, class DT>
 OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
-    sm90_grouped_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ sm90_grouped_maps maps,
+    sm90_grouped_gemm_kernel(const __grid_constant__ CUtensorMap tma_a,
+                             const __grid_constant__ sm90_grouped_maps<PerGroupA> maps,
                              const __grid_constant__ CUtensorMap tma_d,
                              const __grid_constant__ sm90_grouped_params<CT, DT> p) {
 #if OCTET_ARCH_SM90A
@@ -108,9 +117,12 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         mbar_fence_init();
     }
     if (tid == Cfg::consumers * 128) {
-        tma_prefetch_map(&tma_a);
+        if (!PerGroupA) tma_prefetch_map(&tma_a);
         for (std::uint32_t g = 0; g < p.groups; ++g)
-            if (p.tile_m0[g + 1] > p.tile_m0[g]) tma_prefetch_map(&maps.b[g]);
+            if (p.tile_m0[g + 1] > p.tile_m0[g]) {
+                tma_prefetch_map(&maps.b[g]);
+                if (PerGroupA) tma_prefetch_map(&maps.a[g]);
+            }
         if (p.tma_store) tma_prefetch_map(&tma_d);
     }
     __syncthreads();
@@ -127,8 +139,8 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
         // 0; or the tile's two blocks, threads 0 and 1) of K block kb of tile t, from its group's grids.
         auto fetch = [&](const sm90_grouped_tile& t, std::uint32_t kb) {
             const std::uint32_t g = t.g, row = t.m0 + ptid, n = t.n0 + ptid;
-            const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc) * p.sa_ld[g];
-            const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc) * p.sb_ld[g];
+            const std::size_t a_col = static_cast<std::size_t>(kb * BK / p.sa_bc[g]) * p.sa_ld[g];
+            const std::size_t b_col = static_cast<std::size_t>(kb * BK / p.sb_bc[g]) * p.sb_ld[g];
             stage_scales s;
             if (ptid < static_cast<std::uint32_t>(BM) && row < p.rows[g])
                 s.a = __ldg(p.sa[g] + a_col + row / p.sa_br[g]);
@@ -152,8 +164,13 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
             mbar_wait(ptx::shared_address(empty + stage), phase ^ 1u);
             const std::uint32_t bar = ptx::shared_address(full + stage);
             if (ptid == 0) {
-                tma_load_2d(ptx::shared_address(sA + stage * Cfg::a_stage_bytes), &tma_a,
-                            static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(p.a_row[t.g] + t.m0), bar);
+                if constexpr (PerGroupA)
+                    tma_load_2d(ptx::shared_address(sA + stage * Cfg::a_stage_bytes), &maps.a[t.g],
+                                static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(t.m0), bar);
+                else
+                    tma_load_2d(ptx::shared_address(sA + stage * Cfg::a_stage_bytes), &tma_a,
+                                static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(p.a_row[t.g] + t.m0),
+                                bar);
                 tma_load_2d(ptx::shared_address(sB + stage * Cfg::b_stage_bytes), &maps.b[t.g],
                             static_cast<std::int32_t>(kb * BK), static_cast<std::int32_t>(t.n0), bar);
             }
@@ -169,7 +186,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 mbar_arrive_expect_tx(bar, stage_tx);
             else
                 mbar_arrive(bar);
-            if (++kb >= p.num_kb) {
+            if (++kb >= p.num_kb[t.g]) {
                 kb = 0;
                 u += gridDim.x;
                 if (u < units) t = sm90_grouped_tile_of<BM, BN>(p, u);
@@ -196,7 +213,7 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
                 kB == sm90_b_scales::two_blocks ? sm90_b_split(t.n0, p.sb_br[t.g]) / 8u : 0u;
             OCTET_UNROLL
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-            for (std::uint32_t kb = 0; kb < p.num_kb; ++kb) {
+            for (std::uint32_t kb = 0, kbs = p.num_kb[t.g]; kb < kbs; ++kb) {
                 sm90_consume_stage<Cfg, kB, FA, FB>(acc, frag, sA, sB, sSA, sSB, full, empty, stage, phase, wg,
                                                     row_in_wg, col_in_8, lane, split_group, 1u);
                 if (++stage == static_cast<std::uint32_t>(S)) {
@@ -227,72 +244,79 @@ OCTET_KERNEL void __launch_bounds__(Cfg::threads, 1)
 
 // ---- host side ----------------------------------------------------------------------------------------
 
-/// Launches the grouped kernel over groups (each group's a and b checked by the entry: device memory,
-/// 16-byte aligned rows; the a of every group with rows lies in A's block `a_block` of `a_block_rows`
-/// rows of `a_row_bytes` at row a_row). K > 0. One launch per grouped_launch_groups groups.
-template <class RA, class RB, class CT, class DT>
-void launch_grouped_sm90(cudaStream_t stream, const std::uint8_t* a_block, std::size_t a_block_rows,
-                         std::size_t a_row_bytes, const grouped_device_group<RA, RB>* groups, std::size_t count,
-                         std::size_t N, std::size_t K, const device_epilogue<CT, DT>& epi) {
+/// A's block seen as one matrix (the m-grouped GEMMs: every group's rows of row_bytes bytes, K codes,
+/// group g from row a_row of grouped_device_group on).
+struct sm90_flat_a {
+    const std::uint8_t* data = nullptr;
+    std::size_t rows = 0, row_bytes = 0, K = 0;
+};
+
+/// Launches the grouped kernel over `count` <= grouped_launch_groups groups (each group's a and b checked
+/// by the entry: device memory, 16-byte aligned rows), D's columns N (every b's rows). !PerGroupA: every
+/// group's a lies in `flat` at its a_row; PerGroupA (k-grouped): each group's a and b have their own K (>
+/// 0 for a group with rows) and A gets a TMA map per group.
+template <bool PerGroupA, class RA, class RB, class CT, class DT>
+void launch_grouped_sm90(cudaStream_t stream, const sm90_flat_a& flat, const grouped_device_group<RA, RB>* groups,
+                         std::size_t count, std::size_t N, const device_epilogue<CT, DT>& epi) {
     using Cfg = sm90_large;
     using FA = typename RA::format;
     using FB = typename RB::format;
     constexpr sm90_b_scales b_scales = sm90_b_scales_of<RB::granularity::rows, Cfg::BN>();
-    constexpr const char* fn = "octet::grouped_scaled_gemm";
-    OCTET_REQUIRE(N < (1u << 31) && K < (1u << 31) && a_block_rows < (1u << 31) && epi.M < (1u << 31), fn, "A/B",
-                  "has a dimension of 2^31 or more");
-    const CUtensorMap ma =
-        cuda::byte_matrix_map(a_block, a_block_rows, K, a_row_bytes, 128u, Cfg::BM, CU_TENSOR_MAP_SWIZZLE_128B, fn);
+    constexpr const char* fn = PerGroupA ? "octet::grouped_scaled_gemm_k" : "octet::grouped_scaled_gemm";
+    OCTET_REQUIRE(count <= grouped_launch_groups && N < (1u << 31) && flat.rows < (1u << 31) && epi.M < (1u << 31), fn,
+                  "A/B", "has a dimension of 2^31 or more");
+    const CUtensorMap ma = PerGroupA ? CUtensorMap{}
+                                     : cuda::byte_matrix_map(flat.data, flat.rows, flat.K, flat.row_bytes, 128u,
+                                                             Cfg::BM, CU_TENSOR_MAP_SWIZZLE_128B, fn);
     const bool tma_store = !epi.d_col_major && (epi.d_ld * sizeof(DT)) % 16 == 0 && is_aligned(epi.d, 16);
     const CUtensorMap md =
         tma_store ? cuda::byte_matrix_map(reinterpret_cast<const std::uint8_t*>(epi.d), epi.M, N * sizeof(DT),
                                           epi.d_ld * sizeof(DT), 128u, 64u, CU_TENSOR_MAP_SWIZZLE_128B, fn)
                   : CUtensorMap{};
-    auto kernel = sm90_grouped_gemm_kernel<FA, FB, Cfg, b_scales, CT, DT>;
+    auto kernel = sm90_grouped_gemm_kernel<FA, FB, Cfg, b_scales, PerGroupA, CT, DT>;
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
     if constexpr (Cfg::reconfigure_registers)
         cuda::require_register_split(kernel, Cfg::threads,
                                      Cfg::producer_regs * 128 + Cfg::consumer_regs * 128 * Cfg::consumers, fn,
                                      "options.backend", "use gemm_backend::sm89_mma");
-    for (std::size_t first = 0; first < count; first += grouped_launch_groups) {
-        const std::size_t G = std::min<std::size_t>(count - first, grouped_launch_groups);
-        sm90_grouped_params<CT, DT> p{};
-        sm90_grouped_maps maps{};
-        p.groups = static_cast<std::uint32_t>(G);
-        p.N = static_cast<std::uint32_t>(N);
-        p.K = static_cast<std::uint32_t>(K);
-        p.num_kb = static_cast<std::uint32_t>((K + Cfg::BK - 1) / Cfg::BK);
-        p.tiles_n = grouped_tiles(N, Cfg::BN);
-        p.epi = epi;
-        p.tma_store = tma_store;
-        p.tile_m0[0] = 0;
-        for (std::size_t i = 0; i < G; ++i) {
-            const grouped_device_group<RA, RB>& gr = groups[first + i];
-            const std::size_t rows = gr.a.rows();
-            p.tile_m0[i + 1] = p.tile_m0[i] + grouped_tiles(rows, Cfg::BM);
-            p.rows[i] = static_cast<std::uint32_t>(rows);
-            p.a_row[i] = static_cast<std::uint32_t>(gr.a_row);
-            p.d_row[i] = static_cast<std::uint32_t>(gr.d_row);
-            p.sa[i] = reinterpret_cast<const float*>(gr.a.scales);
-            p.sa_ld[i] = static_cast<std::uint32_t>(gr.a.layout.scale_ld);
-            p.sa_br[i] = static_cast<std::uint32_t>(std::max<std::size_t>(gr.a.layout.block_rows, 1));
-            p.sb[i] = reinterpret_cast<const float*>(gr.b.scales);
-            p.sb_ld[i] = static_cast<std::uint32_t>(gr.b.layout.scale_ld);
-            p.sb_br[i] = static_cast<std::uint32_t>(std::max<std::size_t>(gr.b.layout.block_rows, 1));
-            if (rows == 0) continue;
-            p.sa_bc = static_cast<std::uint32_t>(gr.a.layout.block_cols);
-            p.sb_bc = static_cast<std::uint32_t>(gr.b.layout.block_cols);
-            maps.b[i] = sm90_operand_map(gr.b.data, N, K, gr.b.layout.row_bytes, Cfg::BN);
-        }
-        p.tiles_m = p.tile_m0[G];
-        const std::size_t units = static_cast<std::size_t>(p.tiles_m) * p.tiles_n;
-        if (units == 0) continue;
-        const unsigned grid =
-            static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
-        cuda::launch("sm90_grouped_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma,
-                     maps, md, p);
-        OCTET_CUDA_CHECK_LAUNCH();
+    sm90_grouped_params<CT, DT> p{};
+    sm90_grouped_maps<PerGroupA> maps{};
+    p.groups = static_cast<std::uint32_t>(count);
+    p.N = static_cast<std::uint32_t>(N);
+    p.tiles_n = grouped_tiles(N, Cfg::BN);
+    p.epi = epi;
+    p.tma_store = tma_store;
+    p.tile_m0[0] = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+        const grouped_device_group<RA, RB>& gr = groups[i];
+        const std::size_t rows = gr.a.rows(), K = gr.a.cols();
+        OCTET_REQUIRE(rows == 0 || (K > 0 && K < (1u << 31) && rows < (1u << 31)), fn, "A",
+                      message("group ", i, " is ", rows, " x ", K, "; the sm90 kernel takes 0 < K < 2^31"));
+        p.tile_m0[i + 1] = p.tile_m0[i] + grouped_tiles(rows, Cfg::BM);
+        p.rows[i] = static_cast<std::uint32_t>(rows);
+        p.a_row[i] = static_cast<std::uint32_t>(gr.a_row);
+        p.d_row[i] = static_cast<std::uint32_t>(gr.d_row);
+        p.num_kb[i] = grouped_tiles(K, Cfg::BK);
+        p.sa[i] = reinterpret_cast<const float*>(gr.a.scales);
+        p.sa_ld[i] = static_cast<std::uint32_t>(gr.a.layout.scale_ld);
+        p.sa_br[i] = static_cast<std::uint32_t>(std::max<std::size_t>(gr.a.layout.block_rows, 1));
+        p.sa_bc[i] = static_cast<std::uint32_t>(std::max<std::size_t>(gr.a.layout.block_cols, 1));
+        p.sb[i] = reinterpret_cast<const float*>(gr.b.scales);
+        p.sb_ld[i] = static_cast<std::uint32_t>(gr.b.layout.scale_ld);
+        p.sb_br[i] = static_cast<std::uint32_t>(std::max<std::size_t>(gr.b.layout.block_rows, 1));
+        p.sb_bc[i] = static_cast<std::uint32_t>(std::max<std::size_t>(gr.b.layout.block_cols, 1));
+        if (rows == 0) continue;
+        maps.b[i] = sm90_operand_map(gr.b.data, N, K, gr.b.layout.row_bytes, Cfg::BN);
+        if constexpr (PerGroupA) maps.a[i] = sm90_operand_map(gr.a.data, rows, K, gr.a.layout.row_bytes, Cfg::BM);
     }
+    p.tiles_m = p.tile_m0[count];
+    const std::size_t units = static_cast<std::size_t>(p.tiles_m) * p.tiles_n;
+    if (units == 0) return;
+    const unsigned grid =
+        static_cast<unsigned>(std::min<std::size_t>(units, static_cast<std::size_t>(cuda::multiprocessor_count())));
+    cuda::launch("sm90_grouped_gemm_kernel", kernel, dim3(grid), dim3(Cfg::threads), Cfg::smem_bytes, stream, ma, maps,
+                 md, p);
+    OCTET_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace detail

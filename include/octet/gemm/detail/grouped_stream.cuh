@@ -63,6 +63,32 @@ gemm_backend choose_grouped_backend(const stream_executor& ex, std::size_t K, co
     return gemm_backend::host;
 }
 
+/// Sets rows [(first + i) capacity + valid[i], (first + i + 1) capacity) of D to 0 for i < count (<=
+/// grouped_launch_groups): one launch of grouped_zero_rows_kernel, none when there is nothing to set.
+template <class DT>
+void launch_grouped_zero_rows(cudaStream_t stream, const matrix_ref<DT>& D, std::size_t capacity, std::size_t first,
+                              const std::uint32_t* valid, std::size_t count) {
+    grouped_zero_params<DT> z{};
+    z.d = D.data;
+    z.ld = D.ld;
+    z.col_major = D.order == storage_order::col_major;
+    z.N = static_cast<std::uint32_t>(D.cols);
+    z.capacity = static_cast<std::uint32_t>(capacity);
+    z.first_group = static_cast<std::uint32_t>(first);
+    std::size_t most = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+        z.valid[i] = valid[i];
+        most = std::max<std::size_t>(most, capacity - valid[i]);
+    }
+    if (most == 0 || D.cols == 0) return;
+    constexpr unsigned threads = 256;
+    const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(
+        (most * D.cols + threads - 1) / threads, static_cast<std::size_t>(cuda::multiprocessor_count()) * 4));
+    cuda::launch("grouped_zero_rows_kernel", grouped_zero_rows_kernel<DT>, dim3(blocks, static_cast<unsigned>(count)),
+                 dim3(threads), 0, stream, z);
+    OCTET_CUDA_CHECK_LAUNCH();
+}
+
 /// Group g's copy as the kernels multiply it: the whole group, or (masked) its first valid[g] rows.
 template <bool Masked, class RA>
 quantized_cref<RA> grouped_operand(const grouped_quantized_cref<RA>& A, std::size_t g, const std::size_t* valid) {
@@ -115,14 +141,14 @@ gemm_result grouped_scaled_gemm_device(const stream_executor& ex, const grouped_
     // takes: every group's rows of the same bytes, starting at a whole row of the block.
     require_device_matrix(D, fn, "D");
     if (!opt.bias.empty()) cuda::require_device_accessible(opt.bias.data(), fn, "options.bias");
-    std::size_t row_bytes = 0, a_cols = 0, b_cols = 0;
+    std::size_t row_bytes = 0;
     for (std::size_t g = 0; g < G; ++g) {
         if (L.groups[g].rows == 0 || K == 0) continue;
         const quantized_cref<RA> a = A.group(g);
         const quantized_cref<RB> b = B[g];
         require_device_operand(a, fn, "A", backend_name(backend));
         require_device_operand(b, fn, "B", backend_name(backend));
-        if (row_bytes == 0) row_bytes = a.layout.row_bytes, a_cols = a.layout.block_cols, b_cols = b.layout.block_cols;
+        if (row_bytes == 0) row_bytes = a.layout.row_bytes;
         OCTET_REQUIRE(a.layout.row_bytes == row_bytes && L.data_offset[g] % row_bytes == 0, fn, "A",
                       message("group ", g, " has rows of ", a.layout.row_bytes, " bytes at offset ", L.data_offset[g],
                               "; every group's rows must be ", row_bytes,
@@ -131,8 +157,11 @@ gemm_result grouped_scaled_gemm_device(const stream_executor& ex, const grouped_
 
     const device_epilogue<float, DT> epi = make_device_epilogue<float, DT>(nullptr, D, opt);
     const bool sm90 = backend == gemm_backend::sm90_wgmma && K > 0;  // else sm89 (and sm90's K = 0: D = bias)
-    const std::size_t seg =
-        gemm_segment(static_cast<std::size_t>(opt.promotion_interval), a_cols ? a_cols : K, b_cols ? b_cols : K, K);
+    sm90_flat_a flat;
+    flat.data = A.data;
+    flat.rows = row_bytes ? L.data_bytes / row_bytes : 0;
+    flat.row_bytes = row_bytes;
+    flat.K = K;
     grouped_device_group<RA, RB> chunk[grouped_launch_groups];
     std::size_t d_row = 0;
     for (std::size_t first = 0; first < G; first += grouped_launch_groups) {
@@ -148,35 +177,89 @@ gemm_result grouped_scaled_gemm_device(const stream_executor& ex, const grouped_
         bool launched = false;
         if constexpr (gemm_kernel_pair<RA, RB>::sm90) {
             if (sm90) {
-                launch_grouped_sm90<RA, RB, float, DT>(ex.stream, A.data, L.data_bytes / row_bytes, row_bytes, chunk,
-                                                       count, N, K, epi);
+                launch_grouped_sm90<false, RA, RB, float, DT>(ex.stream, flat, chunk, count, N, epi);
                 launched = true;
             }
         }
         if constexpr (gemm_kernel_pair<RA, RB>::sm89) {
-            if (!launched) launch_grouped_sm89<RA, RB, float, DT>(ex.stream, chunk, count, N, K, epi, seg);
+            if (!launched)
+                launch_grouped_sm89<RA, RB, float, DT>(ex.stream, chunk, count, N, epi,
+                                                       static_cast<std::size_t>(opt.promotion_interval));
         }
         if constexpr (Masked) {
-            grouped_zero_params<DT> z{};
-            z.d = D.data;
-            z.ld = D.ld;
-            z.col_major = D.order == storage_order::col_major;
-            z.N = static_cast<std::uint32_t>(N);
-            z.capacity = static_cast<std::uint32_t>(capacity);
-            z.first_group = static_cast<std::uint32_t>(first);
-            std::size_t most = 0;
-            for (std::size_t i = 0; i < count; ++i) {
-                z.valid[i] = static_cast<std::uint32_t>(valid[first + i]);
-                most = std::max(most, capacity - valid[first + i]);
-            }
-            if (most == 0) continue;
-            constexpr unsigned threads = 256;
-            const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(
-                (most * N + threads - 1) / threads, static_cast<std::size_t>(cuda::multiprocessor_count()) * 4));
-            cuda::launch("grouped_zero_rows_kernel", grouped_zero_rows_kernel<DT>,
-                         dim3(blocks, static_cast<unsigned>(count)), dim3(threads), 0, ex.stream, z);
-            OCTET_CUDA_CHECK_LAUNCH();
+            std::uint32_t v[grouped_launch_groups];
+            for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<std::uint32_t>(valid[first + i]);
+            launch_grouped_zero_rows(ex.stream, D, capacity, first, v, count);
         }
+    }
+    return result;
+}
+
+/// The k-grouped stream entry after the element types: group g is the dense GEMM of A_g (N x k_g) and
+/// B_g (K x k_g) into rows [g N, (g + 1) N) of D (its own K: per-group TMA maps of A on sm90); groups
+/// with k_g = 0 get no tiles, and their rows are set to 0.
+template <class RA, class RB, class DT>
+gemm_result grouped_scaled_gemm_k_device(const stream_executor& ex, const grouped_quantized_cref<RA>& A,
+                                         const grouped_quantized_cref<RB>& B, const matrix_ref<DT>& D,
+                                         const gemm_options& opt) {
+    constexpr const char* fn = "octet::grouped_scaled_gemm_k";
+    OCTET_REQUIRE(A.layout != nullptr && B.layout != nullptr, fn, "A/B",
+                  "is absent; pass grouped_quantized_tensor crefs (the column-wise copies of dY and X)");
+    OCTET_REQUIRE(A.groups() == B.groups(), fn, "B",
+                  message("has ", B.groups(), " groups, A ", A.groups(), "; pass the same experts"));
+    const std::size_t G = A.groups();
+    const std::size_t N = G ? A.layout->groups[0].rows : 0, K = G ? B.layout->groups[0].rows : 0;
+    std::size_t most_k = 0;
+    for (std::size_t g = 0; g < G; ++g) {
+        const quant_layout &a = A.layout->groups[g], &b = B.layout->groups[g];
+        OCTET_REQUIRE(a.rows == N && b.rows == K && a.cols == b.cols, fn, "A/B",
+                      message("group ", g, ": A is ", a.rows, " x ", a.cols, " and B ", b.rows, " x ", b.cols,
+                              "; A's groups must be N x k_g and B's K x k_g (N = ", N, ", K = ", K,
+                              "): the column-wise copies of dY's and X's groups"));
+        most_k = std::max(most_k, a.cols);
+    }
+    OCTET_REQUIRE(D.rows == G * N && (D.cols == K || D.rows == 0), fn, "D",
+                  message("is ", D.rows, " x ", D.cols, "; it must be ", G * N, " x ", K,
+                          " (the experts' N x K results stacked)"));
+    require_matrix(D, fn, "D");
+    OCTET_REQUIRE(opt.beta == 0.0f && opt.bias.empty(), fn, "opt",
+                  "has beta or a bias; a weight gradient takes neither");
+    const gemm_backend backend = choose_grouped_backend<RA, RB>(ex, most_k, opt);
+    gemm_result result;
+    result.backend = backend;
+    if (G * N == 0 || K == 0) return result;
+    require_device_matrix(D, fn, "D");
+    for (std::size_t g = 0; g < G; ++g) {
+        if (A.layout->groups[g].cols == 0) continue;
+        require_device_operand(A.group(g), fn, "A", backend_name(backend));
+        require_device_operand(B.group(g), fn, "B", backend_name(backend));
+    }
+    const device_epilogue<float, DT> epi = make_device_epilogue<float, DT>(nullptr, D, opt);
+    grouped_device_group<RA, RB> chunk[grouped_launch_groups];
+    for (std::size_t first = 0; first < G; first += grouped_launch_groups) {
+        const std::size_t count = std::min<std::size_t>(G - first, grouped_launch_groups);
+        std::uint32_t v[grouped_launch_groups];  // rows of each group's N computed: N, or 0 (k_g = 0: zeroed)
+        for (std::size_t i = 0; i < count; ++i) {
+            grouped_device_group<RA, RB>& gr = chunk[i];
+            gr.a = A.group(first + i);
+            gr.b = B.group(first + i);
+            if (gr.a.cols() == 0) gr.a.layout.rows = 0;  // no tiles: its rows of D are zeroed below
+            gr.d_row = (first + i) * N;
+            v[i] = static_cast<std::uint32_t>(gr.a.rows());
+        }
+        bool launched = false;
+        if constexpr (gemm_kernel_pair<RA, RB>::sm90) {
+            if (backend == gemm_backend::sm90_wgmma) {
+                launch_grouped_sm90<true, RA, RB, float, DT>(ex.stream, sm90_flat_a{}, chunk, count, K, epi);
+                launched = true;
+            }
+        }
+        if constexpr (gemm_kernel_pair<RA, RB>::sm89) {
+            if (!launched)
+                launch_grouped_sm89<RA, RB, float, DT>(ex.stream, chunk, count, K, epi,
+                                                       static_cast<std::size_t>(opt.promotion_interval));
+        }
+        launch_grouped_zero_rows(ex.stream, D, N, first, v, count);
     }
     return result;
 }
@@ -213,6 +296,18 @@ gemm_result grouped_scaled_gemm_masked(const stream_executor& ex, grouped_quanti
     const matrix_ref<D0> d(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order);
     return detail::grouped_scaled_gemm_device<true, RA, RB, BB, D0>(ex, grouped_quantized_cref<RA>(A), B, valid.data(),
                                                                     d, opt);
+}
+
+template <class RA, class BA, class RB, class BB, class DT>
+gemm_result grouped_scaled_gemm_k(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
+                                  grouped_quantized_ref<RB, BB> B, matrix_ref<DT> D, const gemm_options& opt) {
+    using D0 = detail::storage_of_t<std::remove_const_t<DT>>;
+    static_assert(detail::is_gemm_output_v<D0>,
+                  "octet::grouped_scaled_gemm_k: D must be float, octet::bf16 or "
+                  "octet::fp16 (or __nv_bfloat16 / __half)");
+    const matrix_ref<D0> d(reinterpret_cast<D0*>(D.data), D.rows, D.cols, D.ld, D.order);
+    return detail::grouped_scaled_gemm_k_device<RA, RB, D0>(ex, grouped_quantized_cref<RA>(A),
+                                                            grouped_quantized_cref<RB>(B), d, opt);
 }
 
 template <class RA, class RB>
