@@ -14,6 +14,13 @@
 //     messages (an oracle of the bytes moved); error feedback telescopes over steps (the outputs
 //     plus the senders' residuals give the exact sum within float rounding); mismatched
 //     descriptors and a corrupted message make every rank throw;
+//   * quantized_allgather_host with out_t: the row-wise copy and the column-wise copy (W^T), or W^T's
+//     alone, from one gather, each bit for bit quantize()'s (with its columnwise output) of the whole
+//     matrix, for tensorwise E4M3 (float, bf16, a NaN), tensorwise FP4 and FP6 (packed groups of the
+//     matrix's rows), 1x128, MXFP8, MXFP6, NVFP4 (float, bf16) and 128x128, on ragged shards whose
+//     boundaries fall on multiples of C; bytes sent; misaligned shards (NVFP4's 16, FP4's packing
+//     pair), ranks asking for different copies, out_t of the wrong shape, both copies absent: EVERY
+//     rank throws;
 //   * both: with a lent counting allocator, zero global allocations around the whole multi-rank
 //     call and one lent block of exactly the scratch query per rank; with the default executor one
 //     global allocation per rank.
@@ -157,6 +164,103 @@ void allgather_cases(std::uint64_t salt, bool with_bf16 = false) {
     check_allgather<Recipe, float>(g, 3, 64, {0, 0, 5});
 }
 
+// ---- the column-wise copy (out_t) ----
+
+/// Gathers out and out_t (or out_t alone) and checks both against quantize() of the whole matrix
+/// with its columnwise output, bytes sent included (codes and scales of both copies, counted here
+/// from the layouts' rules).
+template <class Recipe, class In>
+void check_allgather_t(std::mt19937_64& g, int P, std::size_t cols, const std::vector<std::size_t>& rows,
+                       bool with_rowwise, int nan_rank = -1) {
+    using G = typename Recipe::granularity;
+    using LO = quant_layout_of<Recipe>;
+    std::size_t total = 0;
+    std::vector<std::size_t> begin;
+    for (std::size_t m : rows) begin.push_back(total), total += m;
+    CAPTURE(P);
+    CAPTURE(cols);
+    CAPTURE(total);
+    CAPTURE(nan_rank);
+    CAPTURE(with_rowwise);
+    std::vector<float> xf = octet_test::with_edge_cases(g, total * cols);
+    if (nan_rank >= 0 && rows[nan_rank] > 0) xf[(begin[nan_rank] + g() % rows[nan_rank]) * cols + g() % cols] = NAN;
+    std::vector<In> x(xf.size());
+    for (std::size_t i = 0; i < xf.size(); ++i) {
+        if constexpr (std::is_same_v<In, float>)
+            x[i] = xf[i];
+        else
+            x[i] = to_bf16(xf[i]);
+    }
+    quantized_tensor<Recipe> want(total, cols), want_t(cols, total);
+    quantize<Recipe>(on_host(), matrix_ref<const In>(x.data(), total, cols), want.ref(), want_t.ref());
+
+    std::vector<std::unique_ptr<quantized_tensor<Recipe>>> got, got_t;
+    std::vector<quantized_allgather_report> reps(static_cast<std::size_t>(P));
+    for (int r = 0; r < P; ++r) {
+        got.push_back(std::make_unique<quantized_tensor<Recipe>>(total, cols));
+        got_t.push_back(std::make_unique<quantized_tensor<Recipe>>(cols, total));
+        for (auto* q : {got[r].get(), got_t[r].get()}) {
+            std::fill(q->data().begin(), q->data().end(), std::uint8_t{0xA5});
+            std::fill(q->scales().begin(), q->scales().end(), std::uint8_t{0x5A});
+        }
+    }
+    auto errors = run_ranks(P, [&](int r, in_process_transport& t) {
+        const matrix_ref<const In> mine(x.data() + begin[r] * cols, rows[r], cols);
+        reps[r] = quantized_allgather_host(t, on_host(1), mine, with_rowwise ? got[r]->ref() : quantized_ref<Recipe>{},
+                                           got_t[r]->ref());
+    });
+    require_no_error(errors);
+    for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        if (with_rowwise) {
+            CHECK(got[r]->data() == want.data());
+            CHECK(got[r]->scales() == want.scales());
+            if (Recipe::two_level && total > 0) CHECK(got[r]->tensor_scale() == want.tensor_scale());
+        }
+        CHECK(got_t[r]->data() == want_t.data());
+        CHECK(got_t[r]->scales() == want_t.scales());
+        if (Recipe::two_level && total > 0) CHECK(got_t[r]->tensor_scale() == want_t.tensor_scale());
+        const quantized_allgather_report& rep = reps[r];
+        CHECK(rep.rows == total);
+        CHECK(rep.row_offset == begin[r]);
+        const std::size_t m = rows[r];
+        std::size_t mine = 0;
+        if (with_rowwise)
+            mine +=
+                m * want.layout().row_bytes + block_count(G::rows, m) * want.layout().scale_cols * Recipe::scale_bytes;
+        if (m > 0)  // x^T's rows of m codes (whole packing groups) and the blocks over them
+            mine += cols * LO::bytes_for_codes((m + LO::group_codes - 1) / LO::group_codes * LO::group_codes) +
+                    block_count(G::cols, m) * block_count(G::rows, cols) * Recipe::scale_bytes;
+        CHECK(rep.bytes_sent == (total == 0 ? 0 : static_cast<std::size_t>(P - 1) * mine));
+        if (P > 1 && m >= 64 && !with_rowwise) CHECK(rep.bytes_sent < rep.bf16_bytes_sent);  // x^T's blocks run along m
+    }
+}
+
+/// Ragged row counts whose boundaries fall on multiples of C (but for the last rank's end).
+template <class Recipe>
+void allgather_t_cases(std::uint64_t salt, bool with_bf16 = false, bool with_nan = false) {
+    auto g = octet_test::rng(salt);
+    using G = typename Recipe::granularity;
+    const std::size_t C = G::cols != full ? G::cols : quant_layout_of<Recipe>::group_codes;
+    const std::size_t R = G::rows != full && G::rows > C ? G::rows : C;
+    for (int P = 1; P <= 4; ++P)
+        for (int trial = 0; trial < 3; ++trial) {
+            const std::size_t cols = trial == 0 ? 256 : 1 + g() % 300;
+            const auto rows = row_counts(g, P, R);
+            check_allgather_t<Recipe, float>(g, P, cols, rows, true);
+            check_allgather_t<Recipe, float>(g, P, cols, rows, false);
+            if (with_bf16) check_allgather_t<Recipe, bf16>(g, P, cols, rows, true);
+            if (with_nan) check_allgather_t<Recipe, float>(g, P, cols, rows, trial % 2 == 0, static_cast<int>(g() % P));
+        }
+    check_allgather_t<Recipe, float>(g, 3, 64, {0, 0, 0}, true);
+    check_allgather_t<Recipe, float>(g, 3, 64, {0, 0, 5}, true);
+    check_allgather_t<Recipe, float>(g, 3, 64, {0, 0, 5}, false);
+}
+
+// Per-tensor sub-byte recipes: x^T's codes pack 2 (FP4) or 4 (FP6) of the matrix's rows to a group.
+using tensorwise_fp4 = recipe<e2m1, per_tensor, scale::amax_ratio<0>>;
+using tensorwise_fp6 = recipe<e2m3, per_tensor, scale::amax_ratio<0>>;
+
 }  // namespace
 
 TEST_CASE("quantized all-gather: bit for bit quantize() of the whole matrix, every recipe family") {
@@ -216,6 +320,124 @@ TEST_CASE("quantized all-gather: misaligned 128x128 shards and mismatched descri
         quantized_allgather_host(t, on_host(1), matrix_ref<const float>(x.data() + 10 * r * 64, 10, 64), q.ref());
     });
     require_every_rank_throws(errors, "rows");
+}
+
+TEST_CASE("quantized all-gather with out_t: both copies (or W^T's alone) bit for bit quantize()'s, one gather") {
+    allgather_t_cases<recipes::tensorwise_e4m3>(8121, true, true);
+    allgather_t_cases<tensorwise_fp4>(8122);
+    allgather_t_cases<tensorwise_fp6>(8123);
+    allgather_t_cases<recipes::blockwise_1x128>(8124);
+    allgather_t_cases<recipes::mxfp8_e4m3>(8125);
+    allgather_t_cases<recipes::mxfp6_e2m3>(8126);
+    allgather_t_cases<recipes::nvfp4>(8127, true);
+    allgather_t_cases<recipes::blockwise_128x128>(8128);
+}
+
+TEST_CASE("quantized all-gather with out_t: misaligned shards, mismatched copies and shapes stop every rank") {
+    auto g = octet_test::rng(8131);
+    using R = recipes::nvfp4;
+    const std::size_t cols = 48;
+    std::vector<float> x = octet_test::with_edge_cases(g, 64 * cols);
+    auto mine = [&](std::size_t begin, std::size_t rows) {
+        return matrix_ref<const float>(x.data() + begin * cols, rows, cols);
+    };
+    // Rank 1 starts at row 10: x^T's 1x16 blocks would straddle ranks 0 and 1. The row-wise copy
+    // alone gathers these shards (row-local blocks).
+    {
+        const std::size_t rows[] = {10, 16, 5}, begin[] = {0, 10, 26};
+        require_every_rank_throws(run_ranks(3,
+                                            [&](int r, in_process_transport& t) {
+                                                quantized_tensor<R> q(31, cols), qt(cols, 31);
+                                                quantized_allgather_host(t, on_host(1), mine(begin[r], rows[r]),
+                                                                         q.ref(), qt.ref());
+                                            }),
+                                  "multiple of 16");
+        require_no_error(run_ranks(3, [&](int r, in_process_transport& t) {
+            quantized_tensor<R> q(31, cols);
+            quantized_allgather_host(t, on_host(1), mine(begin[r], rows[r]), q.ref());
+        }));
+    }
+    // FP4 per tensor: rank 1 starts at an odd row (a byte of x^T's codes would hold two ranks' rows).
+    require_every_rank_throws(run_ranks(2,
+                                        [&](int r, in_process_transport& t) {
+                                            quantized_tensor<tensorwise_fp4> q(8, cols), qt(cols, 8);
+                                            quantized_allgather_host(t, on_host(1), mine(r ? 3 : 0, r ? 5 : 3), q.ref(),
+                                                                     qt.ref());
+                                        }),
+                              "multiple of 2");
+    // Rank 2 asks for the row-wise copy only; rank 0's out_t has the wrong shape; out and out_t both
+    // absent on rank 1; out_t's columns are not out's rows on rank 2.
+    for (int variant = 0; variant < 4; ++variant) {
+        CAPTURE(variant);
+        auto errors = run_ranks(3, [&](int r, in_process_transport& t) {
+            quantized_tensor<R> q(48, cols), qt(cols, 48), wrong(cols + 1, 48), other(cols, 32);
+            quantized_ref<R> out = q.ref(), out_t = qt.ref();
+            if (variant == 0 && r == 2) out_t = {};
+            if (variant == 1 && r == 0) out_t = wrong.ref();
+            if (variant == 2 && r == 1) out = out_t = {};
+            if (variant == 3 && r == 2) out_t = other.ref();
+            quantized_allgather_host(t, on_host(1), mine(16 * r, 16), out, out_t);
+        });
+        if (variant == 0) {  // the descriptors disagree: every rank names it
+            require_every_rank_throws(errors, "copies differ");
+            continue;
+        }
+        // a rank's own bad argument: it names the argument, the others name the rank
+        require_every_rank_throws(errors, nullptr);
+        const int bad = variant - 1;
+        const std::string own = text_of(errors[bad]);
+        CAPTURE(own);
+        CHECK(own.find(variant == 2 ? "'out and out_t' are both absent" : "out_t") != std::string::npos);
+        for (int r = 0; r < 3; ++r)
+            if (r != bad)
+                CHECK(text_of(errors[r]).find("rank " + std::to_string(bad) + " failed validation") !=
+                      std::string::npos);
+    }
+}
+
+TEST_CASE("quantized all-gather with out_t: every temporary from the lent allocator, one block of the query") {
+    auto g = octet_test::rng(8141);
+    using R = recipes::nvfp4;
+    for (const int P : {1, 2, 3}) {
+        CAPTURE(P);
+        const std::size_t cols = 96 + g() % 200;
+        const auto rows = row_counts(g, P, 16);
+        std::size_t total = 0;
+        std::vector<std::size_t> begin;
+        for (std::size_t m : rows) begin.push_back(total), total += m;
+        std::vector<float> x = octet_test::with_edge_cases(g, total * cols);
+        quantized_tensor<R> want(total, cols), want_t(cols, total);
+        quantize<R>(on_host(), matrix_ref<const float>(x.data(), total, cols), want.ref(), want_t.ref());
+        std::vector<std::unique_ptr<quantized_tensor<R>>> got, got_t;
+        std::vector<octet_test::lent_allocator> lent(static_cast<std::size_t>(P));
+        std::vector<std::size_t> need(P);
+        for (int r = 0; r < P; ++r) {
+            got.push_back(std::make_unique<quantized_tensor<R>>(total, cols));
+            got_t.push_back(std::make_unique<quantized_tensor<R>>(cols, total));
+            need[r] = quantized_allgather_scratch_bytes(
+                with_allocator(on_host(1), lent[r].ref()),
+                matrix_ref<const float>(x.data() + begin[r] * cols, rows[r], cols), got[r]->ref(), got_t[r]->ref(), P);
+        }
+        long global = -1;
+        require_no_error(run_ranks(
+            P,
+            [&](int r, in_process_transport& t) {
+                quantized_allgather_host(t, with_allocator(on_host(1), lent[r].ref()),
+                                         matrix_ref<const float>(x.data() + begin[r] * cols, rows[r], cols),
+                                         got[r]->ref(), got_t[r]->ref());
+            },
+            &global));
+        CHECK(global == 0);
+        for (int r = 0; r < P; ++r) {
+            CAPTURE(r);
+            CHECK(lent[r].balanced());
+            CHECK(lent[r].allocations == 1);
+            CHECK(lent[r].peak == need[r]);
+            CHECK(got[r]->data() == want.data());
+            CHECK(got_t[r]->data() == want_t.data());
+            CHECK(got_t[r]->scales() == want_t.scales());
+        }
+    }
 }
 
 // ---- the compressed reduce-scatter ------------------------------------------------------------

@@ -8,6 +8,8 @@
 //   * quantized_allgather<R>: codes, scales and the tensor scale bit for bit
 //     quantized_allgather_host's (itself quantize<R> of the whole matrix); per tensor (a NaN on one
 //     rank, under both non-finite policies), 1x128, 128x128, MXFP8, NVFP4; uneven and empty shards;
+//   * quantized_allgather<R> with out_t (beside out, or alone): W^T's copy bit for bit the host
+//     version's (itself quantize<R>'s columnwise output); per tensor, 1x128, 128x128, MXFP8, NVFP4;
 //   * bad input (a corrupted message, mismatched cols) raises octet::error on every rank.
 // On a machine with one GPU the world is one rank: the kernels, the self send/receive, the
 // validation and the broadcasts still run. UNVERIFIED until a GPU (two for NCCL) has run it.
@@ -175,6 +177,73 @@ void allgather_case(world& w, std::size_t rows, std::size_t cols, std::uint64_t 
     }
 }
 
+/// The NCCL all-gather with out_t (and out, or out_t alone) against the host version, bit for bit:
+/// x^T's copy from the same gather; the rows split on multiples of x^T's block C.
+template <class R>
+void allgather_t_case(world& w, std::size_t rows, std::size_t cols, std::uint64_t salt, bool empty_rank,
+                      bool with_rowwise) {
+    const int P = w.P;
+    using G = typename R::granularity;
+    const std::size_t multiple = G::cols != full ? G::cols : quant_layout_of<R>::group_codes;
+    const std::vector<std::size_t> m = row_split(rows, P, multiple, empty_rank);
+    std::vector<std::vector<float>> x(static_cast<std::size_t>(P));
+    for (int r = 0; r < P; ++r) {
+        x[r] = gradient_of(r, m[r] * cols, salt);
+        for (std::size_t i = 0; i < x[r].size(); i += 97) x[r][i] *= 4096.0f;  // outliers
+    }
+    std::vector<quantized_tensor<R>> expect, expect_t;
+    for (int r = 0; r < P; ++r) expect.emplace_back(rows, cols), expect_t.emplace_back(cols, rows);
+    host_ranks(P, [&](int r, in_process_transport& t) {
+        quantized_allgather_host(t, on_host(1), matrix_ref<const float>(x[r].data(), m[r], cols), expect[r].ref(),
+                                 expect_t[r].ref());
+    });
+    std::vector<std::vector<std::uint8_t>> codes(static_cast<std::size_t>(P)), scales(static_cast<std::size_t>(P));
+    std::vector<std::vector<std::uint8_t>> codes_t(static_cast<std::size_t>(P)), scales_t(static_cast<std::size_t>(P));
+    std::vector<float> ts_t(static_cast<std::size_t>(P), -1.0f);
+    const quant_layout layout = expect[0].layout(), layout_t = expect_t[0].layout();
+    const auto errors = w.run([&](int r) {
+        nccl_communicator comm(w.comms[r], w.streams[r]);
+        const stream_executor ex = on_stream(w.streams[r]);
+        cuda::device_buffer<float> xr(x[r]);
+        cuda::device_buffer<std::uint8_t> data(std::vector<std::uint8_t>(layout.data_bytes, 0xA5)),
+            sc(std::vector<std::uint8_t>(layout.scale_bytes, 0xA5)),
+            data_t(std::vector<std::uint8_t>(layout_t.data_bytes, 0xA5)),
+            sc_t(std::vector<std::uint8_t>(layout_t.scale_bytes, 0xA5));
+        cuda::device_buffer<float> ts(std::vector<float>{-2.0f}), ts_t_dev(std::vector<float>{-2.0f});
+        const quantized_ref<R> out =
+            with_rowwise ? quantized_ref<R>(data.data(), sc.data(), layout, ts.data()) : quantized_ref<R>{};
+        const quantized_ref<R> out_t(data_t.data(), sc_t.data(), layout_t, ts_t_dev.data());
+        const auto rep = quantized_allgather<R>(comm, ex, matrix_ref<const float>(xr.data(), m[r], cols), out, out_t);
+        CHECK(rep.rows == rows);
+        codes[r] = data.download();
+        scales[r] = sc.download();
+        codes_t[r] = data_t.download();
+        scales_t[r] = sc_t.download();
+        ts_t[r] = ts_t_dev.download()[0];
+    });
+    auto same_rows = [](const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b, const quant_layout& l) {
+        const std::size_t used = (l.cols * R::format::bits + 7) / 8;  // a row's padding: written by neither
+        for (std::size_t i = 0; i < l.rows; ++i)
+            if (std::memcmp(a.data() + i * l.row_bytes, b.data() + i * l.row_bytes, used) != 0) return false;
+        return true;
+    };
+    for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        CAPTURE(with_rowwise);
+        CHECK(errors[r] == "");
+        CHECK(same_rows(codes_t[r], expect_t[r].data(), layout_t));
+        CHECK(scales_t[r] == expect_t[r].scales());
+        if (R::two_level) {
+            const float want = expect_t[r].tensor_scale();
+            CHECK(std::memcmp(&ts_t[r], &want, 4) == 0);
+        }
+        if (with_rowwise) {
+            CHECK(same_rows(codes[r], expect[r].data(), layout));
+            CHECK(scales[r] == expect[r].scales());
+        }
+    }
+}
+
 }  // namespace nccl_sharded_test
 
 TEST_SUITE("cuda") {
@@ -200,6 +269,12 @@ TEST_SUITE("cuda") {
         CHECK(q >= out.layout.scale_bytes);
         CHECK_THROWS_WITH_AS(quantized_allgather_scratch_bytes(ex, matrix_ref<const float>(nullptr, 250, 256), out, 0),
                              doctest::Contains("argument 'world'"), octet::error);
+        // with out_t: the column-wise codes and scales of every rank on top
+        const quantized_ref<R> out_t(nullptr, nullptr, quant_layout_of<R>::make(256, 1000), nullptr);
+        const std::size_t qt =
+            quantized_allgather_scratch_bytes(ex, matrix_ref<const float>(nullptr, 250, 256), out, out_t, 4);
+        CHECK(qt % 256 == 0);
+        CHECK(qt >= q + 256 * 1000);  // every rank's codes of x^T, a byte each
     }
 }
 
@@ -281,6 +356,20 @@ TEST_SUITE("gpu") {
         allgather_case<recipes::blockwise_128x128>(w, 700, 384, 4, false);
         allgather_case<recipes::mxfp8_e4m3>(w, 129, 96, 5, true);
         allgather_case<recipes::nvfp4>(w, 333, 160, 6, false);
+    }
+
+    TEST_CASE("nccl quantized all-gather with out_t equals quantized_allgather_host bit for bit") {
+        using namespace nccl_sharded_test;
+        const int P = device_count();
+        REQUIRE(P >= 1);
+        world w(P);
+        for (const bool with_rowwise : {true, false}) {
+            allgather_t_case<recipes::tensorwise_e4m3>(w, 301, 200, 11, true, with_rowwise);
+            allgather_t_case<recipes::blockwise_1x128>(w, 515, 300, 12, true, with_rowwise);
+            allgather_t_case<recipes::blockwise_128x128>(w, 700, 384, 13, false, with_rowwise);
+            allgather_t_case<recipes::mxfp8_e4m3>(w, 129, 96, 14, true, with_rowwise);
+            allgather_t_case<recipes::nvfp4>(w, 333, 161, 15, false, with_rowwise);
+        }
     }
 
     TEST_CASE("nccl sharded: bad input raises octet::error on every rank") {

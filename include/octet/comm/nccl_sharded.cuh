@@ -32,7 +32,8 @@
 // scale grids go to every rank with grouped ncclBroadcast (one per rank that holds rows), and the
 // scales are placed in out.scales with one cudaMemcpy2DAsync per rank. The same recipes, shard
 // rules and errors as quantized_allgather_host; the result is bit for bit quantize<R> of the whole
-// matrix. Synchronizes the stream twice (the descriptors, the timings at the end).
+// matrix. Synchronizes the stream twice (the descriptors, the timings at the end). With out_t the
+// same gather also gives the column-wise copy (W^T), bit for bit quantized_allgather_host's.
 //
 // Device scratch: both take every temporary from ex's allocator (with_allocator), else
 // cudaMallocAsync, stream-ordered: the descriptors (one small request, before the agreement; a rank
@@ -76,12 +77,18 @@ reduce_scatter_report compressed_reduce_scatter(Comm& comm, const stream_executo
                                                 const reduce_scatter_options& opt = {});
 
 /// Bytes of device scratch quantized_allgather<Recipe>(comm, ex, my_rows, out) requests from ex's
-/// allocator on a communicator of `world` ranks: the descriptors (88 (P + 1)), one block (this
-/// rank's scale grid, every rank's, the local tensor scale and the global amax), and the quantize
+/// allocator on a communicator of `world` ranks: the descriptors (104 (P + 1)), one block (this
+/// rank's scale grid, every rank's, the local tensor scales and the global amax), and the quantize
 /// call's own request (quantize_scratch_bytes with the amax given on the device).
 template <class Recipe, class T>
 std::size_t quantized_allgather_scratch_bytes(const stream_executor& ex, matrix_ref<T> my_rows,
                                               quantized_ref<Recipe> out, int world);
+
+/// The same for the call with out_t (either copy may be absent, {}): the block also holds every
+/// rank's column-wise codes and scale grid.
+template <class Recipe, class T>
+std::size_t quantized_allgather_scratch_bytes(const stream_executor& ex, matrix_ref<T> my_rows,
+                                              quantized_ref<Recipe> out, quantized_ref<Recipe> out_t, int world);
 
 /// The quantized all-gather over NCCL (see the header comment): out (device memory) <- the
 /// quantized copy of the whole matrix (every rank's my_rows, device memory, in rank order), bit for
@@ -89,6 +96,16 @@ std::size_t quantized_allgather_scratch_bytes(const stream_executor& ex, matrix_
 template <class Recipe, class Comm, class T, std::enable_if_t<std::is_same_v<Comm, nccl_communicator>, int> = 0>
 quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor& ex, matrix_ref<T> my_rows,
                                                quantized_ref<Recipe> out, const quantized_allgather_options& opt = {});
+
+/// The same with the column-wise copy (comm/sharded.hpp's quantized_allgather_host with out_t):
+/// out_t (device memory, cols x the whole matrix's rows) <- quantize<Recipe>'s columnwise copy of
+/// the whole matrix, from the same gather; either copy may be absent ({}). Each rank quantizes its
+/// rows both ways in one quantize call (its x^T codes and scales into its place in the block), the
+/// pieces travel in the same group of broadcasts, and two cudaMemcpy2DAsync per rank place them.
+template <class Recipe, class Comm, class T, std::enable_if_t<std::is_same_v<Comm, nccl_communicator>, int> = 0>
+quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor& ex, matrix_ref<T> my_rows,
+                                               quantized_ref<Recipe> out, quantized_ref<Recipe> out_t,
+                                               const quantized_allgather_options& opt = {});
 
 }  // namespace octet
 

@@ -10,6 +10,9 @@
 //   // bit for bit the copy quantize<R> makes of the whole matrix on one process.
 //   octet::quantized_tensor<octet::recipes::mxfp8_e4m3> w(total_rows, cols);
 //   octet::quantized_allgather_host(comm, octet::on_host(), my_rows, w.ref());
+//   // ... and W^T's copy (the backward's) from the same gather:
+//   octet::quantized_tensor<octet::recipes::mxfp8_e4m3> wt(cols, total_rows);
+//   octet::quantized_allgather_host(comm, octet::on_host(), my_rows, w.ref(), wt.ref());
 //
 // compressed_reduce_scatter_host(comm, cfg, grad, out_shard, options): steps 0-4 of the compressed
 // all-reduce (comm/allreduce.hpp: agree on a descriptor, every rank throws together on bad input;
@@ -33,8 +36,11 @@
 // every rank, as one process would), row-local blocks (per_row, block<1, C>: 1x128, MXFP8, NVFP4),
 // and blocks of R > 1 rows (128x128) when every rank's rows start on a multiple of R and end on one
 // (the last rank with rows may end at the matrix's end); else octet::error. Blocks spanning all rows
-// with C != full (per_column) and stochastic rounding fail to compile (static_assert). Only the
-// row-wise copy: a rank that needs the column-wise copy (W^T) quantizes it after a float gather.
+// with C != full (per_column) and stochastic rounding fail to compile (static_assert). With out_t
+// the same gather also gives the column-wise copy (W^T, what the data gradient multiplies), bit for
+// bit quantize()'s: each rank quantizes its rows' transpose, its codes land in out_t's rows at the
+// rank's column offset; every rank's rows must then start on a multiple of the recipe's C (x^T's
+// blocks run along the matrix's rows); per_row recipes are refused at compile time.
 // Host scratch: one block from ex's allocator (quantized_allgather_scratch_bytes), the quantizer's
 // own scratch among it.
 //
@@ -131,12 +137,32 @@ template <class Recipe, class T>
 std::size_t quantized_allgather_scratch_bytes(const host_executor& ex, matrix_ref<T> my_rows, quantized_ref<Recipe> out,
                                               int world);
 
+/// The same for the call with out_t (either copy may be absent, {}): also this rank's column-wise
+/// codes and scales and every rank's.
+template <class Recipe, class T>
+std::size_t quantized_allgather_scratch_bytes(const host_executor& ex, matrix_ref<T> my_rows, quantized_ref<Recipe> out,
+                                              quantized_ref<Recipe> out_t, int world);
+
 /// The quantized all-gather over any transport (see the header comment): out <- the quantized
 /// copy of the whole matrix (every rank's my_rows, in rank order), bit for bit quantize<Recipe> of
 /// the whole matrix on one process. my_rows: float, bf16 or fp16, either layout.
 template <class Recipe, class Transport, class T>
 quantized_allgather_report quantized_allgather_host(Transport& comm, const host_executor& ex, matrix_ref<T> my_rows,
                                                     quantized_ref<Recipe> out,
+                                                    const quantized_allgather_options& opt = {},
+                                                    const char* fn = "octet::quantized_allgather");
+
+/// The same with the column-wise copy: out_t <- the quantized copy of the whole matrix's transpose
+/// (cols x the sum of every rank's rows), bit for bit what quantize<Recipe>(ex, whole, out, out_t)
+/// writes into its columnwise output on one process, from the same gather (one agreement, one
+/// amax; each rank quantizes its rows both ways). Either copy may be absent ({}): a backward that
+/// needs W^T alone gathers out_t alone. x^T's blocks run C along the matrix's rows, so with out_t
+/// every rank's rows must start on a multiple of C (block<R, C>; the packing group, 2 codes for FP4
+/// and 4 for FP6, for per-tensor recipes) and end on one, but for the last rows; else every rank
+/// throws octet::error. per_row recipes (x^T's blocks would span every rank) fail to compile.
+template <class Recipe, class Transport, class T>
+quantized_allgather_report quantized_allgather_host(Transport& comm, const host_executor& ex, matrix_ref<T> my_rows,
+                                                    quantized_ref<Recipe> out, quantized_ref<Recipe> out_t,
                                                     const quantized_allgather_options& opt = {},
                                                     const char* fn = "octet::quantized_allgather");
 

@@ -286,57 +286,79 @@ reduce_scatter_report compressed_reduce_scatter(Comm& comm, const stream_executo
 namespace detail {
 
 /// The all-gather's device block (every part 256-byte aligned): this rank's scale grid, every
-/// rank's, the local tensor scale and the global amax.
+/// rank's, the local tensor scale and the global amax; with out_t, every rank's column-wise codes
+/// and scale grids (this rank quantizes its own in place there) and their local tensor scale.
 struct nccl_ag_plan {
-    std::size_t scales = 0, gathered = 0, tensor_scale = 0, amax = 0, total = 0;
+    std::size_t scales = 0, gathered = 0, tensor_scale = 0, amax = 0;
+    std::size_t codes_t = 0, gathered_t = 0, tensor_scale_t = 0, total = 0;
 };
 
 template <class Recipe>
-nccl_ag_plan plan_nccl_allgather(std::size_t rows, const quant_layout& out, int P) {
-    const quant_layout l = local_layout<Recipe>(rows, out);
+nccl_ag_plan plan_nccl_allgather(std::size_t rows, const quant_layout& out, const quant_layout& out_t, bool want_row,
+                                 bool want_col, int P) {
+    using LO = quant_layout_of<Recipe>;
+    const std::size_t world = static_cast<std::size_t>(P);
     nccl_ag_plan p;
-    p.scales = 0;
-    p.gathered = align256(p.scales + l.scale_bytes);
-    p.tensor_scale =
-        align256(p.gathered + (out.scale_rows + static_cast<std::size_t>(P)) * out.scale_cols * Recipe::scale_bytes);
-    p.amax = p.tensor_scale + 4;
+    std::size_t at = 0;
+    if (want_row) {
+        const quant_layout l = local_layout<Recipe>(rows, out);
+        p.scales = at;
+        p.gathered = align256(p.scales + l.scale_bytes);
+        at = align256(p.gathered + (out.scale_rows + world) * out.scale_cols * Recipe::scale_bytes);
+    }
+    if (want_col) {
+        p.codes_t = at;
+        p.gathered_t = align256(p.codes_t + out_t.rows * (out_t.cols / LO::group_codes + world + 1) * LO::group_bytes);
+        at = align256(p.gathered_t + (out_t.scale_cols + world) * out_t.scale_rows * Recipe::scale_bytes);
+    }
+    p.tensor_scale = at;
+    p.tensor_scale_t = at + 4;
+    p.amax = at + 8;
     p.total = align256(p.amax + 4);
     return p;
 }
 
-}  // namespace detail
-
-template <class Recipe, class T>
-std::size_t quantized_allgather_scratch_bytes(const stream_executor&, matrix_ref<T> my_rows, quantized_ref<Recipe> out,
-                                              int world) {
-    detail::check_allgather_recipe<Recipe>();
-    using In = std::remove_const_t<T>;
-    OCTET_REQUIRE(world >= 1, "octet::quantized_allgather_scratch_bytes", "world",
-                  detail::message("is ", world, "; a communicator has at least one rank"));
-    const std::size_t desc =
-        sizeof(detail::nccl_agreement<detail::allgather_descriptor>) * (static_cast<std::size_t>(world) + 1);
-    std::size_t q = 0;
-    if (!my_rows.empty()) {
-        const quant_layout ll = detail::local_layout<Recipe>(my_rows.rows, out.layout);
-        const quantized_ref<Recipe> local(out.data, out.data, ll, nullptr);
-        const matrix_ref<const In> x(my_rows.data, my_rows.rows, my_rows.cols, my_rows.ld, my_rows.order);
-        device_quantize_options qo;
-        float dummy = 0.0f;
-        if (Recipe::is_per_tensor || Recipe::two_level) qo.device_tensor_amax = &dummy;
-        q = quantize_scratch_bytes<Recipe>(x, local, {}, qo);
-    }
-    return detail::scratch_round(desc) +
-           detail::scratch_round(detail::plan_nccl_allgather<Recipe>(my_rows.rows, out.layout, world).total) +
-           detail::scratch_round(q);
+/// quantize_scratch_bytes of a rank's quantize call (row-wise and/or column-wise local copies).
+template <class Recipe, class In>
+std::size_t nccl_ag_quantize_bytes(const matrix_ref<const In>& x, const quant_layout& out, bool want_row,
+                                   bool want_col) {
+    if (x.empty()) return 0;
+    static std::uint8_t stand_in = 0;  // a non-null pointer: the query reads the layouts only
+    quantized_ref<Recipe> local, local_t;
+    if (want_row) local = quantized_ref<Recipe>(&stand_in, &stand_in, local_layout<Recipe>(x.rows, out), nullptr);
+    if (want_col)
+        local_t = quantized_ref<Recipe>(&stand_in, &stand_in, local_layout_t<Recipe>(x.rows, x.cols), nullptr);
+    device_quantize_options qo;
+    float dummy = 0.0f;
+    if (Recipe::is_per_tensor || Recipe::two_level) qo.device_tensor_amax = &dummy;
+    return quantize_scratch_bytes<Recipe>(x, local, local_t, qo);
 }
 
-template <class Recipe, class Comm, class T, std::enable_if_t<std::is_same_v<Comm, nccl_communicator>, int>>
-quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor& ex, matrix_ref<T> my_rows,
-                                               quantized_ref<Recipe> out, const quantized_allgather_options& opt) {
+template <class Recipe, class T>
+std::size_t nccl_ag_scratch_bytes(matrix_ref<T> my_rows, quantized_ref<Recipe> out, quantized_ref<Recipe> out_t,
+                                  int world) {
+    check_allgather_recipe<Recipe>();
+    using In = std::remove_const_t<T>;
+    OCTET_REQUIRE(world >= 1, "octet::quantized_allgather_scratch_bytes", "world",
+                  message("is ", world, "; a communicator has at least one rank"));
+    const bool want_row = !out.absent(), want_col = !out_t.absent();
+    const std::size_t desc = sizeof(nccl_agreement<allgather_descriptor>) * (static_cast<std::size_t>(world) + 1);
+    const matrix_ref<const In> x(my_rows.data, my_rows.rows, my_rows.cols, my_rows.ld, my_rows.order);
+    const std::size_t q = nccl_ag_quantize_bytes<Recipe, In>(x, out.layout, want_row, want_col);
+    return scratch_round(desc) +
+           scratch_round(
+               plan_nccl_allgather<Recipe>(my_rows.rows, out.layout, out_t.layout, want_row, want_col, world).total) +
+           scratch_round(q);
+}
+
+template <class Recipe, class Comm, class T>
+quantized_allgather_report nccl_quantized_allgather(Comm& comm, const stream_executor& ex, matrix_ref<T> my_rows,
+                                                    quantized_ref<Recipe> out, quantized_ref<Recipe> out_t,
+                                                    const quantized_allgather_options& opt) {
     constexpr const char* fn = "octet::quantized_allgather";
-    detail::check_allgather_recipe<Recipe>();
-    using In = detail::storage_of_t<std::remove_const_t<T>>;  // __nv_bfloat16 / __half as octet's types
-    static_assert(detail::is_quant_input_v<In>, "octet::quantized_allgather: my_rows must be float, bf16 or fp16");
+    check_allgather_recipe<Recipe>();
+    using In = storage_of_t<std::remove_const_t<T>>;  // __nv_bfloat16 / __half as octet's types
+    static_assert(is_quant_input_v<In>, "octet::quantized_allgather: my_rows must be float, bf16 or fp16");
     using G = typename Recipe::granularity;
     const matrix_ref<const In> x(reinterpret_cast<const In*>(my_rows.data), my_rows.rows, my_rows.cols, my_rows.ld,
                                  my_rows.order);
@@ -345,55 +367,80 @@ quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor
     const std::size_t world = static_cast<std::size_t>(P);
     constexpr bool tensor_amax = Recipe::is_per_tensor || Recipe::two_level;
     constexpr bool whole_nan = Recipe::is_per_tensor && Recipe::propagates_nan;
+    const bool want_row = !out.absent(), want_col = !out_t.absent();
     quantized_allgather_report rep;
     rep.world = P;
     const auto t_start = std::chrono::steady_clock::now();
 
     // 0. Local checks and the block, this rank's amax on the device, the agreement.
-    std::optional<detail::stream_scratch> block;
-    detail::nccl_ag_plan plan;
-    detail::allgather_descriptor d0;
-    const auto all = detail::nccl_agree(
+    std::optional<stream_scratch> block;
+    nccl_ag_plan plan;
+    allgather_descriptor d0;
+    const quant_layout no_layout{};
+    const auto all = nccl_agree(
         comm, ex, d0,
-        [&](detail::allgather_descriptor& d) {
+        [&](allgather_descriptor& d) {
             allreduce_options ao;
             ao.expected_ranks = opt.expected_ranks;
-            detail::check_expected_ranks(ao, P, fn);
-            detail::validate_input(x, fn, "my_rows");
-            OCTET_REQUIRE(out.layout.cols == x.cols && out.layout.rows >= x.rows, fn, "out",
-                          detail::message("has shape ", out.layout.rows, " x ", out.layout.cols,
-                                          "; it must be the whole matrix: (the sum of every rank's rows) x ", x.cols,
-                                          " (my_rows.cols), built with quant_layout_of<Recipe>::make"));
-            detail::validate_output(out, out.layout.rows, out.layout.cols, fn, "out");
+            check_expected_ranks(ao, P, fn);
+            validate_input(x, fn, "my_rows");
+            OCTET_REQUIRE(want_row || want_col, fn, "out and out_t",
+                          "are both absent ({}); pass the row-wise copy (out), the column-wise copy (out_t) or both");
+            if (want_row) {
+                OCTET_REQUIRE(out.layout.cols == x.cols && out.layout.rows >= x.rows, fn, "out",
+                              message("has shape ", out.layout.rows, " x ", out.layout.cols,
+                                      "; it must be the whole matrix: (the sum of every rank's rows) x ", x.cols,
+                                      " (my_rows.cols), built with quant_layout_of<Recipe>::make"));
+                validate_output(out, out.layout.rows, out.layout.cols, fn, "out");
+                cuda::require_device_accessible(out.data, fn, "out.data");
+                cuda::require_device_accessible(out.scales, fn, "out.scales");
+                if constexpr (Recipe::two_level)
+                    cuda::require_device_accessible(out.tensor_scale, fn, "out.tensor_scale");
+            }
+            if (want_col) {
+                OCTET_REQUIRE(out_t.layout.rows == x.cols && out_t.layout.cols >= x.rows, fn, "out_t",
+                              message("has shape ", out_t.layout.rows, " x ", out_t.layout.cols,
+                                      "; it must be the whole matrix's transpose: ", x.cols,
+                                      " (my_rows.cols) x (the sum of every rank's rows), built with "
+                                      "quant_layout_of<Recipe>::make"));
+                OCTET_REQUIRE(!want_row || out_t.layout.cols == out.layout.rows, fn, "out_t",
+                              message("has ", out_t.layout.cols, " columns and out ", out.layout.rows,
+                                      " rows; out_t is the transpose of out's matrix"));
+                validate_output(out_t, out_t.layout.rows, out_t.layout.cols, fn, "out_t");
+                cuda::require_device_accessible(out_t.data, fn, "out_t.data");
+                cuda::require_device_accessible(out_t.scales, fn, "out_t.scales");
+                if constexpr (Recipe::two_level)
+                    cuda::require_device_accessible(out_t.tensor_scale, fn, "out_t.tensor_scale");
+            }
             if (!x.empty()) cuda::require_device_accessible(x.data, fn, "my_rows");
-            cuda::require_device_accessible(out.data, fn, "out.data");
-            cuda::require_device_accessible(out.scales, fn, "out.scales");
-            if constexpr (Recipe::two_level) cuda::require_device_accessible(out.tensor_scale, fn, "out.tensor_scale");
             d.cols = x.cols;
-            d.total_rows = out.layout.rows;
-            d.recipe_format = detail::recipe_format_word<Recipe>();
-            d.recipe_policy = detail::recipe_policy_word<Recipe>();
-            d.ld = out.layout.ld;
+            d.total_rows = want_row ? out.layout.rows : out_t.layout.cols;
+            d.recipe_format = recipe_format_word<Recipe>();
+            d.recipe_policy = recipe_policy_word<Recipe>();
+            d.ld = want_row ? out.layout.ld : 0;
+            d.ld_t = want_col ? out_t.layout.ld : 0;
+            d.copies = (want_row ? 1u : 0u) | (want_col ? 2u : 0u);
             d.world = P;
             d.expected = opt.expected_ranks;
             d.rows = x.rows;
-            plan = detail::plan_nccl_allgather<Recipe>(x.rows, out.layout, P);
+            plan = plan_nccl_allgather<Recipe>(x.rows, want_row ? out.layout : no_layout,
+                                               want_col ? out_t.layout : no_layout, want_row, want_col, P);
             block.emplace(ex, plan.total);
         },
-        [&](detail::nccl_agreement<detail::allgather_descriptor>* slot) {
+        [&](nccl_agreement<allgather_descriptor>* slot) {
             if (!(tensor_amax || whole_nan) || x.empty()) return;
             const std::uint64_t total = static_cast<std::uint64_t>(x.rows) * x.cols;
             const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>((total + 255) / 256, 1024));
-            cuda::launch("rows_amax_kernel", detail::rows_amax_kernel<In>, blocks, 256, 0, s, x, &slot->amax_bits,
+            cuda::launch("rows_amax_kernel", rows_amax_kernel<In>, blocks, 256, 0, s, x, &slot->amax_bits,
                          &slot->nonfinite);
             OCTET_CUDA_CHECK_LAUNCH();
         },
         fn);
     for (int r = 1; r < P; ++r)
-        if (std::memcmp(&all[0].d, &all[r].d, detail::allgather_agreed_bytes) != 0)
-            throw error(detail::message(fn, ": the ranks disagree on the call (mismatched descriptors): ",
-                                        detail::describe_mismatch(all[0].d, all[r].d, 0, r),
-                                        "; every rank must pass the same cols, recipe, out shape and options"));
+        if (std::memcmp(&all[0].d, &all[r].d, allgather_agreed_bytes) != 0)
+            throw error(message(fn, ": the ranks disagree on the call (mismatched descriptors): ",
+                                describe_mismatch(all[0].d, all[r].d, 0, r),
+                                "; every rank must pass the same cols, recipe, out / out_t shapes and options"));
     // Every rank decides the rest from the same descriptors: the same decision everywhere.
     std::size_t total = 0, offset = 0;
     float amax = 0.0f;
@@ -406,29 +453,34 @@ quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor
         if (whole_nan && ar.nonfinite && nan_rank < 0) nan_rank = r;
         if (ar.d.rows > 0 && first_nonempty < 0) first_nonempty = r;
     }
-    if (total != out.layout.rows)
-        throw error(detail::message(fn, ": out has ", out.layout.rows, " rows but the ranks hold ", total,
-                                    " together; pass out with quant_layout_of<Recipe>::make(", total, ", ", x.cols,
-                                    ") on every rank"));
-    if constexpr (G::rows != full && G::rows > 1) {
+    if (total != d0.total_rows)
+        throw error(message(fn, ": ", want_row ? "out has " : "out_t has ", d0.total_rows,
+                            want_row ? " rows" : " columns", " but the ranks hold ", total,
+                            " rows together; pass out with quant_layout_of<Recipe>::make(", total, ", ", x.cols,
+                            ") (out_t: make(", x.cols, ", ", total, ")) on every rank"));
+    const std::size_t granule = row_granule<Recipe>(want_row, want_col);
+    if (granule > 1) {
         std::size_t begin = 0;
         for (int r = 0; r < P; ++r) {
             const std::size_t m = static_cast<std::size_t>(all[r].d.rows), end = begin + m;
-            if (m > 0 && (begin % G::rows != 0 || (end % G::rows != 0 && end != total)))
-                throw error(detail::message(fn, ": my_rows of rank ", r, " are rows [", begin, ", ", end,
-                                            ") of the matrix, but the recipe's ", G::rows,
-                                            "-row blocks need every rank's rows to start on a multiple of ", G::rows,
-                                            " and end on one (the last rows may end at the matrix's end, row ", total,
-                                            "); give every rank a multiple of ", G::rows,
-                                            " rows (the last one the rest), or use a row-local "
-                                            "recipe (block<1, C>)"));
+            if (m > 0 && (begin % granule != 0 || (end % granule != 0 && end != total)))
+                throw error(message(
+                    fn, ": my_rows of rank ", r, " are rows [", begin, ", ", end, ") of the matrix, but the ",
+                    want_col ? "copies' blocks (the column-wise copy's run along the rows) need"
+                             : "recipe's blocks need",
+                    " every rank's rows to start on a multiple of ", granule,
+                    " and end on one (the last rows may end at the matrix's end, row ", total,
+                    "); give every rank a "
+                    "multiple of ",
+                    granule, " rows (the last one the rest)",
+                    want_col ? ", or gather the row-wise copy only" : ", or use a row-local recipe (block<1, C>)"));
             begin = end;
         }
     }
     rep.row_offset = offset;
     rep.rows = total;
     rep.amax = amax;
-    rep.agree_s = detail::seconds_since(t_start);
+    rep.agree_s = seconds_since(t_start);
     if (total == 0 || x.cols == 0) return rep;  // quantize writes nothing for an empty matrix
 
     cudaEvent_t ev[3];
@@ -440,81 +492,151 @@ quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor
         }
     } guard{ev};
 
-    // 1. Quantize my rows with the whole matrix's amax, the codes straight into my rows of out.data.
+    // Where every rank's pieces go: row-wise codes into out.data, scale grids and column-wise codes
+    // into the block (the same offsets on every rank).
+    const std::size_t sb = Recipe::scale_bytes;
+    std::vector<std::size_t> code_count(world), code_off(world), scale_count(world), scale_off(world);
+    std::vector<std::size_t> code_count_t(world), code_off_t(world), scale_count_t(world), scale_off_t(world);
+    std::size_t every = 0;
+    {
+        std::size_t c = 0, sc = 0, ct = 0, st = 0;
+        for (int r = 0; r < P; ++r) {
+            const std::size_t m = static_cast<std::size_t>(all[r].d.rows);
+            if (want_row) {
+                code_count[r] = m * out.layout.row_bytes;
+                scale_count[r] = block_count(G::rows, m) * out.layout.scale_cols * sb;
+            }
+            if (want_col && m > 0) {
+                const quant_layout lr = local_layout_t<Recipe>(m, x.cols);
+                code_count_t[r] = lr.data_bytes;
+                scale_count_t[r] = lr.scale_cols * out_t.layout.scale_rows * sb;
+            }
+            code_off[r] = c, scale_off[r] = sc, code_off_t[r] = ct, scale_off_t[r] = st;
+            c += code_count[r], sc += scale_count[r], ct += code_count_t[r], st += scale_count_t[r];
+        }
+        every = c + sc + ct + st;
+    }
+
+    // 1. Quantize my rows (and their transpose) with the whole matrix's amax: the row-wise codes
+    // straight into my rows of out.data, the column-wise codes and scales into my place in the block.
     OCTET_CUDA_CHECK(cudaEventRecord(ev[0], s));
     auto* ws = block->as<std::uint8_t>();
-    const quant_layout ll = detail::local_layout<Recipe>(x.rows, out.layout);
-    std::uint8_t* my_codes = out.data + offset * out.layout.row_bytes;
     std::uint8_t* my_scales = ws + plan.scales;
+    std::uint8_t* gathered = ws + plan.gathered;
+    std::uint8_t* codes_t = ws + plan.codes_t;
+    std::uint8_t* gathered_t = ws + plan.gathered_t;
     auto* local_tensor_scale = reinterpret_cast<float*>(ws + plan.tensor_scale);
+    auto* local_tensor_scale_t = reinterpret_cast<float*>(ws + plan.tensor_scale_t);
     auto* global_amax = reinterpret_cast<float*>(ws + plan.amax);
     if (!x.empty()) {
-        const quantized_ref<Recipe> local(my_codes, my_scales, ll, local_tensor_scale);
+        quantized_ref<Recipe> local, local_t;
+        if (want_row)
+            local = quantized_ref<Recipe>(out.data + offset * out.layout.row_bytes, my_scales,
+                                          local_layout<Recipe>(x.rows, out.layout), local_tensor_scale);
+        if (want_col)
+            local_t = quantized_ref<Recipe>(codes_t + code_off_t[me], gathered_t + scale_off_t[me],
+                                            local_layout_t<Recipe>(x.rows, x.cols), local_tensor_scale_t);
         device_quantize_options qo;
         if constexpr (tensor_amax) {
-            cuda::launch("nccl_store_float_kernel", detail::nccl_store_float_kernel, 1, 32, 0, s, amax, global_amax);
+            cuda::launch("nccl_store_float_kernel", nccl_store_float_kernel, 1, 32, 0, s, amax, global_amax);
             OCTET_CUDA_CHECK_LAUNCH();
             qo.device_tensor_amax = global_amax;
         }
-        quantize<Recipe>(ex, x, local, {}, qo);
+        quantize<Recipe>(ex, x, local, local_t, qo);
     }
     OCTET_CUDA_CHECK(cudaEventRecord(ev[1], s));
 
-    // 2. Every rank's codes (in place in out.data) and scale grid (into the block) to every rank,
-    // one ncclBroadcast per rank with rows; then the scales into out's grid.
-    const std::size_t sb = Recipe::scale_bytes, sc = out.layout.scale_cols;
-    std::vector<std::size_t> code_count(world), code_off(world), scale_count(world), scale_off(world);
-    std::size_t code_total = 0, scale_total = 0;
+    // 2. Every rank's pieces to every rank, one group of ncclBroadcast (roots: the ranks with rows).
+    nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < P; ++r) {
-        const std::size_t m = static_cast<std::size_t>(all[r].d.rows);
-        code_count[r] = m * out.layout.row_bytes;
-        code_off[r] = code_total;
-        scale_count[r] = block_count(G::rows, m) * sc * sb;
-        scale_off[r] = scale_total;
-        code_total += code_count[r];
-        scale_total += scale_count[r];
+        if (all[r].d.rows == 0) continue;  // the same decision on every rank
+        if (want_row) {
+            std::uint8_t* codes_r = out.data + code_off[r];
+            nccl_check(ncclBroadcast(codes_r, codes_r, code_count[r], ncclUint8, r, comm.get(), s), "ncclBroadcast");
+            nccl_check(ncclBroadcast(r == me ? my_scales : gathered + scale_off[r], gathered + scale_off[r],
+                                     scale_count[r], ncclUint8, r, comm.get(), s),
+                       "ncclBroadcast");
+        }
+        if (want_col) {
+            nccl_check(ncclBroadcast(codes_t + code_off_t[r], codes_t + code_off_t[r], code_count_t[r], ncclUint8, r,
+                                     comm.get(), s),
+                       "ncclBroadcast");
+            nccl_check(ncclBroadcast(gathered_t + scale_off_t[r], gathered_t + scale_off_t[r], scale_count_t[r],
+                                     ncclUint8, r, comm.get(), s),
+                       "ncclBroadcast");
+        }
     }
-    std::uint8_t* gathered = ws + plan.gathered;
-    detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int r = 0; r < P; ++r) {
-        if (code_count[r] == 0) continue;  // the same decision on every rank
-        std::uint8_t* codes_r = out.data + code_off[r];
-        detail::nccl_check(ncclBroadcast(codes_r, codes_r, code_count[r], ncclUint8, r, comm.get(), s),
-                           "ncclBroadcast");
-        detail::nccl_check(ncclBroadcast(r == me ? my_scales : gathered + scale_off[r], gathered + scale_off[r],
-                                         scale_count[r], ncclUint8, r, comm.get(), s),
-                           "ncclBroadcast");
-    }
-    detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-    rep.bytes_sent = (world - 1) * (code_count[me] + scale_count[me]);
-    rep.bytes_received = code_total + scale_total - code_count[me] - scale_count[me];
+    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    const std::size_t mine = code_count[me] + scale_count[me] + code_count_t[me] + scale_count_t[me];
+    rep.bytes_sent = (world - 1) * mine;
+    rep.bytes_received = every - mine;
     rep.float_bytes_sent = (world - 1) * x.rows * x.cols * sizeof(float);
     rep.bf16_bytes_sent = rep.float_bytes_sent / 2;
 
-    OCTET_CUDA_CHECK(cudaMemsetAsync(out.scales, 0, out.layout.scale_bytes, s));
-    if constexpr (G::rows == full) {
-        // One grid row, the same on every rank with rows; a NaN on any rank makes the whole copy NaN
-        // (its scale, zero codes), as quantize of the whole matrix does.
-        const int from = nan_rank >= 0 ? nan_rank : first_nonempty;
-        OCTET_CUDA_CHECK(cudaMemcpyAsync(out.scales, gathered + scale_off[from], sc * sb, cudaMemcpyDeviceToDevice, s));
-        if (nan_rank >= 0) OCTET_CUDA_CHECK(cudaMemsetAsync(out.data, 0, total * out.layout.row_bytes, s));
-    } else {
+    if (want_row) {
+        const std::size_t sc = out.layout.scale_cols;
+        OCTET_CUDA_CHECK(cudaMemsetAsync(out.scales, 0, out.layout.scale_bytes, s));
+        if constexpr (G::rows == full) {
+            // One grid row, the same on every rank with rows; a NaN on any rank makes the whole copy
+            // NaN (its scale, zero codes), as quantize of the whole matrix does.
+            const int from = nan_rank >= 0 ? nan_rank : first_nonempty;
+            OCTET_CUDA_CHECK(
+                cudaMemcpyAsync(out.scales, gathered + scale_off[from], sc * sb, cudaMemcpyDeviceToDevice, s));
+            if (nan_rank >= 0) OCTET_CUDA_CHECK(cudaMemsetAsync(out.data, 0, total * out.layout.row_bytes, s));
+        } else {
+            std::size_t begin = 0;
+            for (int r = 0; r < P; ++r) {
+                const std::size_t m = static_cast<std::size_t>(all[r].d.rows);
+                const std::size_t lr = block_count(G::rows, m), b0 = begin / G::rows;
+                // rank r's grid is column-major (lr x sc, unpadded); out's has scale_ld rows per column
+                if (lr)
+                    OCTET_CUDA_CHECK(cudaMemcpy2DAsync(out.scales + b0 * sb, out.layout.scale_ld * sb,
+                                                       gathered + scale_off[r], lr * sb, lr * sb, sc,
+                                                       cudaMemcpyDeviceToDevice, s));
+                begin += m;
+            }
+        }
+        if constexpr (Recipe::two_level) {
+            cuda::launch("nccl_store_float_kernel", nccl_store_float_kernel, 1, 32, 0, s,
+                         make_tensor_scale<Recipe>(amax), out.tensor_scale);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
+    }
+    if (want_col) {
+        // x^T's rows hold every rank's columns side by side (padding codes zero); its block columns
+        // are the ranks' (x's rows start on multiples of C): two strided copies per rank.
+        using LO = quant_layout_of<Recipe>;
+        const std::size_t srt = out_t.layout.scale_rows, ld_t = out_t.layout.scale_ld;
+        OCTET_CUDA_CHECK(cudaMemsetAsync(out_t.data, 0, out_t.layout.data_bytes, s));
+        OCTET_CUDA_CHECK(cudaMemsetAsync(out_t.scales, 0, out_t.layout.scale_bytes, s));
+        if constexpr (G::cols == full) {  // per tensor
+            const int from = nan_rank >= 0 ? nan_rank : first_nonempty;
+            OCTET_CUDA_CHECK(
+                cudaMemcpyAsync(out_t.scales, gathered_t + scale_off_t[from], sb, cudaMemcpyDeviceToDevice, s));
+        }
         std::size_t begin = 0;
         for (int r = 0; r < P; ++r) {
             const std::size_t m = static_cast<std::size_t>(all[r].d.rows);
-            const std::size_t lr = block_count(G::rows, m), b0 = begin / G::rows;
-            // rank r's grid is column-major (lr x sc, unpadded); out's has scale_ld rows per column
-            if (lr)
-                OCTET_CUDA_CHECK(cudaMemcpy2DAsync(out.scales + b0 * sb, out.layout.scale_ld * sb,
-                                                   gathered + scale_off[r], lr * sb, lr * sb, sc,
+            if (m > 0 && !(G::cols == full && nan_rank >= 0)) {
+                const std::size_t local_bytes = local_layout_t<Recipe>(m, x.cols).row_bytes;
+                OCTET_CUDA_CHECK(cudaMemcpy2DAsync(out_t.data + LO::bytes_for_codes(begin), out_t.layout.row_bytes,
+                                                   codes_t + code_off_t[r], local_bytes, local_bytes, x.cols,
                                                    cudaMemcpyDeviceToDevice, s));
+            }
+            if constexpr (G::cols != full) {
+                const std::size_t lc = block_count(G::cols, m), b0 = begin / G::cols;
+                if (lc)
+                    OCTET_CUDA_CHECK(cudaMemcpy2DAsync(out_t.scales + b0 * ld_t * sb, ld_t * sb,
+                                                       gathered_t + scale_off_t[r], srt * sb, srt * sb, lc,
+                                                       cudaMemcpyDeviceToDevice, s));
+            }
             begin += m;
         }
-    }
-    if constexpr (Recipe::two_level) {
-        cuda::launch("nccl_store_float_kernel", detail::nccl_store_float_kernel, 1, 32, 0, s,
-                     make_tensor_scale<Recipe>(amax), out.tensor_scale);
-        OCTET_CUDA_CHECK_LAUNCH();
+        if constexpr (Recipe::two_level) {
+            cuda::launch("nccl_store_float_kernel", nccl_store_float_kernel, 1, 32, 0, s,
+                         make_tensor_scale<Recipe>(amax), out_t.tensor_scale);
+            OCTET_CUDA_CHECK_LAUNCH();
+        }
     }
     OCTET_CUDA_CHECK(cudaEventRecord(ev[2], s));
     OCTET_CUDA_CHECK(cudaEventSynchronize(ev[2]));
@@ -523,6 +645,35 @@ quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor
     rep.quantize_s = ms[0] * 1e-3;
     rep.gather_s = ms[1] * 1e-3;
     return rep;
+}
+
+}  // namespace detail
+
+template <class Recipe, class T>
+std::size_t quantized_allgather_scratch_bytes(const stream_executor&, matrix_ref<T> my_rows, quantized_ref<Recipe> out,
+                                              int world) {
+    return detail::nccl_ag_scratch_bytes<Recipe>(my_rows, out, quantized_ref<Recipe>{}, world);
+}
+
+template <class Recipe, class T>
+std::size_t quantized_allgather_scratch_bytes(const stream_executor&, matrix_ref<T> my_rows, quantized_ref<Recipe> out,
+                                              quantized_ref<Recipe> out_t, int world) {
+    detail::check_allgather_columnwise_recipe<Recipe>();
+    return detail::nccl_ag_scratch_bytes<Recipe>(my_rows, out, out_t, world);
+}
+
+template <class Recipe, class Comm, class T, std::enable_if_t<std::is_same_v<Comm, nccl_communicator>, int>>
+quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor& ex, matrix_ref<T> my_rows,
+                                               quantized_ref<Recipe> out, const quantized_allgather_options& opt) {
+    return detail::nccl_quantized_allgather<Recipe>(comm, ex, my_rows, out, quantized_ref<Recipe>{}, opt);
+}
+
+template <class Recipe, class Comm, class T, std::enable_if_t<std::is_same_v<Comm, nccl_communicator>, int>>
+quantized_allgather_report quantized_allgather(Comm& comm, const stream_executor& ex, matrix_ref<T> my_rows,
+                                               quantized_ref<Recipe> out, quantized_ref<Recipe> out_t,
+                                               const quantized_allgather_options& opt) {
+    detail::check_allgather_columnwise_recipe<Recipe>();
+    return detail::nccl_quantized_allgather<Recipe>(comm, ex, my_rows, out, out_t, opt);
 }
 
 }  // namespace octet
