@@ -464,6 +464,49 @@ void compare_k(gemm_backend backend, const std::vector<std::size_t>& sizes, std:
     CHECK(bad == 0);
 }
 
+/// grouped_quantize on a stream against the host's: every group's codes and scales (row-wise and
+/// column-wise copies) bit for bit, the gaps between groups aside (the device blocks are poisoned first).
+template <class R>
+void compare_grouped_quantize(const std::vector<std::size_t>& sizes, std::size_t cols) {
+    INFO("grouped_quantize " << recipe_description<R>() << ", cols " << cols << ", seed " << octet_test::run_seed());
+    std::size_t M = 0;
+    for (std::size_t v : sizes) M += v;
+    auto g = octet_test::rng(M * 13 + cols);
+    const std::vector<float> x = octet_test::with_edge_cases(g, M * cols, 3.0f);
+    grouped_quantized_tensor<R> hr(grouped_rows(as_cspan(sizes), cols)), hc(grouped_cols(cols, as_cspan(sizes)));
+    grouped_quantize<R>(on_host(), matrix_ref<const float>(x.data(), M, cols), as_cspan(sizes), hr.ref(), hc.ref());
+    const cuda::device_buffer<float> dx(x);
+    auto device_block = [](const grouped_layout& l) {
+        std::pair<cuda::device_buffer<std::uint8_t>, cuda::device_buffer<std::uint8_t>> b{
+            cuda::device_buffer<std::uint8_t>(std::max<std::size_t>(l.data_bytes, 1)),
+            cuda::device_buffer<std::uint8_t>(std::max<std::size_t>(l.scale_bytes, 1))};
+        b.first.fill_bytes(0xCD);
+        b.second.fill_bytes(0xCD);
+        return b;
+    };
+    auto dr = device_block(hr.layout()), dc = device_block(hc.layout());
+    cuda::device_buffer<float> ts(2 * std::max<std::size_t>(sizes.size(), 1));
+    const grouped_quantized_ref<R> rr(dr.first.data(), dr.second.data(), ts.data(), hr.layout()),
+        rc(dc.first.data(), dc.second.data(), ts.data() + sizes.size(), hc.layout());
+    const matrix_ref<const float> X(dx.data(), M, cols);
+    CHECK(grouped_quantize_scratch_bytes<R>(X, as_cspan(sizes), rr, rc) % 256 == 0);
+    grouped_quantize<R>(on_stream(), X, as_cspan(sizes), rr, rc);
+    OCTET_CUDA_CHECK(cudaDeviceSynchronize());
+    auto same = [&](const grouped_quantized_tensor<R>& h, const decltype(dr)& d, const char* which) {
+        const std::vector<std::uint8_t> data = d.first.download(), scales = d.second.download();
+        const grouped_quantized_cref<R> c = h.cref();
+        const grouped_layout& l = h.layout();
+        for (std::size_t e = 0; e < l.size(); ++e) {
+            INFO(which << " group " << e);
+            CHECK(std::memcmp(data.data() + l.data_offset[e], c.data + l.data_offset[e], l.groups[e].data_bytes) == 0);
+            CHECK(std::memcmp(scales.data() + l.scale_offset[e], c.scales + l.scale_offset[e],
+                              l.groups[e].scale_bytes) == 0);
+        }
+    };
+    same(hr, dr, "row-wise");
+    same(hc, dc, "column-wise");
+}
+
 bool sm90() {
     return cuda::compute_capability() == 90 && detail::sm90a_available();
 }
@@ -584,6 +627,18 @@ TEST_SUITE("gpu") {
         }
         compare_k<recipes::tensorwise_e4m3>(backends.back(), {130, 0, 40}, 64, 72, false, t);
         t.message("k-grouped");
+    }
+
+    TEST_CASE("grouped_quantize on a stream equals the host's, bit for bit: ragged and empty groups") {
+        if (cuda::compute_capability() == 0) {
+            MESSAGE("skipped: needs a GPU");
+            return;
+        }
+        const std::vector<std::size_t> sizes = pick<std::vector<std::size_t>>({0, 1, 130, 64, 300, 0}, {0, 1, 130, 37});
+        compare_grouped_quantize<recipes::blockwise_1x128>(sizes, 200);
+        compare_grouped_quantize<recipes::tensorwise_e4m3>(sizes, 72);
+        compare_grouped_quantize<recipes::mxfp8_e4m3>(sizes, 96);
+        compare_grouped_quantize<recipes::blockwise_128x128>(sizes, 136);
     }
 
     TEST_CASE("automatic picks sm90_wgmma on sm_90, sm89_mma for MX; K = 0 gives the bias") {

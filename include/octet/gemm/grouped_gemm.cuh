@@ -4,6 +4,7 @@
 //
 //   // A: a grouped_quantized_ref whose data and scales are device memory (its layout, a host object,
 //   // describes them: make_grouped_layout); B: one device quantized_cref per expert; D device memory
+//   octet::grouped_quantize<R>(octet::on_stream(s), x, sizes, A, {});  // x's rows by group, on the device
 //   octet::grouped_scaled_gemm(octet::on_stream(s), A, B, D, opt);    // rows of group g = A_g B[g]^T
 //   octet::grouped_scaled_gemm_masked(octet::on_stream(s), A, B, valid, D, opt);  // capacity rows per group
 //   octet::grouped_scaled_gemm_k(octet::on_stream(s), dYt, Xt, dW, opt);  // dW_e = dY_e^T X_e, stacked
@@ -38,8 +39,30 @@
 #include "octet/cuda/executor.cuh"
 #include "octet/gemm/grouped_gemm.hpp"
 #include "octet/gemm/scaled_gemm.cuh"
+#include "octet/quant/quantize.cuh"
 
 namespace octet {
+
+/// grouped_quantize (grouped_gemm.hpp) on a stream: rows [o_g, o_g + sizes[g]) of x (device memory) are
+/// quantized as a matrix of their own into group g of `rowwise` and/or `columnwise` (device blocks laid
+/// out by make_grouped_layout) by the device quantize (octet/quant/quantize.cuh), group after group on
+/// ex.stream: the same bits as the host's. Per-tensor scales are each group's own amax (measured on the
+/// device: opt.device_tensor_amax must be null); opt.device_stats must be null (one pair per call would
+/// not say which group); opt.device_record receives the amax of all of x; stochastic rounding draws as
+/// quantize does with opt.rng.offset + 2 g. Scratch: each group's quantize requests its own from ex's
+/// allocator, freed (stream-ordered) before the next group's; grouped_quantize_scratch_bytes is their sum.
+template <class Recipe, class T>
+void grouped_quantize(const stream_executor& ex, matrix_ref<T> x, span<const std::size_t> sizes,
+                      grouped_quantized_ref<Recipe> rowwise, grouped_quantized_ref<Recipe> columnwise = {},
+                      const device_quantize_options& opt = {});
+
+/// Bytes of device scratch the stream grouped_quantize requests (the sum of its groups' quantize requests,
+/// each rounded up to 256; 0 for the one-pass recipes such as 1x128, 128x128 and MX). Same arguments.
+template <class Recipe, class T>
+std::size_t grouped_quantize_scratch_bytes(matrix_ref<T> x, span<const std::size_t> sizes,
+                                           grouped_quantized_ref<Recipe> rowwise,
+                                           grouped_quantized_ref<Recipe> columnwise = {},
+                                           const device_quantize_options& opt = {});
 
 /// m-grouped contiguous on a stream: for each group g, rows [o_g, o_g + rows of A's group g) of D =
 /// alpha * A_g B[g]^T + bias. Returns the backend that ran (gemm_result::backend).

@@ -16,6 +16,7 @@
 #include "octet/gemm/grouped_gemm.cuh"
 #include "octet/gemm/grouped_gemm.hpp"
 #include "octet/gemm/scaled_gemm.cuh"
+#include "octet/quant/quantize.cuh"
 
 namespace octet {
 namespace detail {
@@ -267,6 +268,49 @@ gemm_result grouped_scaled_gemm_k_device(const stream_executor& ex, const groupe
 }  // namespace detail
 
 // ---- declared and documented in octet/gemm/grouped_gemm.cuh ---------------------------------------
+
+template <class Recipe, class T>
+void grouped_quantize(const stream_executor& ex, matrix_ref<T> x, span<const std::size_t> sizes,
+                      grouped_quantized_ref<Recipe> rowwise, grouped_quantized_ref<Recipe> columnwise,
+                      const device_quantize_options& opt) {
+    constexpr const char* fn = "octet::grouped_quantize";
+    OCTET_REQUIRE(detail::sum_of(sizes) == x.rows, fn, "sizes",
+                  detail::message("sum to ", detail::sum_of(sizes), " but x has ", x.rows,
+                                  " rows; pass each group's row count, in the order x holds the groups"));
+    OCTET_REQUIRE(opt.device_tensor_amax == nullptr, fn, "opt.device_tensor_amax",
+                  "is set; each group is scaled by its own amax here (current scaling): pass null");
+    OCTET_REQUIRE(opt.device_stats == nullptr, fn, "opt.device_stats",
+                  "is set; one pair of statistics cannot say which group they describe: pass null");
+    if (!rowwise.absent()) detail::validate_grouped(rowwise, sizes, x.cols, true, fn, "rowwise");
+    if (!columnwise.absent()) detail::validate_grouped(columnwise, sizes, x.cols, false, fn, "columnwise");
+    std::size_t begin = 0;
+    for (std::size_t g = 0; g < sizes.size(); ++g) {
+        const matrix_ref<T> xg = detail::row_range(x, begin, sizes[g]);
+        begin += sizes[g];
+        if (sizes[g] == 0 || x.cols == 0) continue;
+        device_quantize_options o = opt;
+        o.rng.offset += 2 * g;
+        quantize<Recipe>(ex, xg, rowwise.absent() ? quantized_ref<Recipe>{} : rowwise.group(g),
+                         columnwise.absent() ? quantized_ref<Recipe>{} : columnwise.group(g), o);
+    }
+}
+
+template <class Recipe, class T>
+std::size_t grouped_quantize_scratch_bytes(matrix_ref<T> x, span<const std::size_t> sizes,
+                                           grouped_quantized_ref<Recipe> rowwise,
+                                           grouped_quantized_ref<Recipe> columnwise,
+                                           const device_quantize_options& opt) {
+    std::size_t bytes = 0, begin = 0;
+    for (std::size_t g = 0; g < sizes.size(); ++g) {
+        const matrix_ref<T> xg = detail::row_range(x, begin, sizes[g]);
+        begin += sizes[g];
+        if (sizes[g] == 0 || x.cols == 0) continue;
+        bytes +=
+            quantize_scratch_bytes<Recipe>(xg, rowwise.absent() ? quantized_ref<Recipe>{} : rowwise.group(g),
+                                           columnwise.absent() ? quantized_ref<Recipe>{} : columnwise.group(g), opt);
+    }
+    return bytes;
+}
 
 template <class RA, class BA, class RB, class BB, class DT>
 gemm_result grouped_scaled_gemm(const stream_executor& ex, grouped_quantized_ref<RA, BA> A,
