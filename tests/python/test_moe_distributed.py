@@ -71,7 +71,9 @@ def _worker(rank, world, init_file, out_dir, seed):
     x, i = torch.randn(6, D), torch.zeros(6, K, dtype=torch.int64)
     refused = []
     for call in (lambda: ot.expert_parallel_dispatch(x, i, 3), lambda: ot.expert_parallel_dispatch(x, i + 4, 4),
-                 lambda: ot.expert_parallel_dispatch(x, i, 4, recipe="tensorwise_e4m3")):
+                 lambda: ot.expert_parallel_dispatch(x, i, 4, recipe="tensorwise_e4m3"),
+                 lambda: ot.expert_parallel_moe(x, i, torch.ones(6, K), torch.zeros(2, 8, D), None,
+                                                torch.zeros(2, D, 8), 4, recipe="tensorwise")):
         try:
             call()
             refused.append("no error")
@@ -116,8 +118,121 @@ def test_exchange_on_2_gloo_processes_is_the_cpp_exchange_bit_for_bit(tmp_path):
         assert "experts is 3; pass a multiple of the world size 2" in refused[0], refused
         assert "indices hold experts outside [0, 4)" in refused[1], refused
         assert "pass a row-local recipe" in refused[2], refused
+        assert "recipe 'tensorwise'; pass blockwise or mxfp8" in refused[3], refused
     # A rank's rows cost d code bytes plus its scales: 1x128 E4M3 d + 4 d / 128, MXFP8 d + d / 32.
     rep = runs[0][0]["report"]
     assert rep["bytes_sent"] == rep["rows_sent"] * (D + 4 * D // 128)
     rep = runs[0][2]["report"]
     assert rep["bytes_sent"] == rep["rows_sent"] * (D + D // 32)
+
+
+# Expert-parallel training: d, ff (k = K = 2: a token's two rows sum the same in any order).
+TRAIN_D, TRAIN_FF = 256, 128
+
+
+def _train_inputs(seed, tokens):
+    gen = torch.Generator().manual_seed(seed + 1)
+    xs = [torch.randn(t, TRAIN_D, generator=gen) for t in tokens]
+    idx = [torch.stack([torch.randperm(EXPERTS, generator=gen)[:K] for _ in range(t)]) if t else
+           torch.zeros(0, K, dtype=torch.int64) for t in tokens]
+    gates = [torch.softmax(torch.randn(t, K, generator=gen), -1) for t in tokens]
+    wu = torch.randn(EXPERTS, TRAIN_FF, TRAIN_D, generator=gen) / TRAIN_D**0.5
+    wg = torch.randn(EXPERTS, TRAIN_FF, TRAIN_D, generator=gen) / TRAIN_D**0.5
+    wd = torch.randn(EXPERTS, TRAIN_D, TRAIN_FF, generator=gen) / TRAIN_FF**0.5
+    dout = [torch.randn(t, TRAIN_D, generator=gen) for t in tokens]
+    return xs, idx, gates, wu, wg, wd, dout
+
+
+def _train_worker(rank, world, init_file, out_dir, seed, tokens):
+    import datetime
+
+    import worker_exit
+
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    xs, idx, gates, wu, wg, wd, dout = _train_inputs(seed, tokens)
+    local = slice(rank * EXPERTS // world, (rank + 1) * EXPERTS // world)
+    x, g = xs[rank].requires_grad_(), gates[rank].requires_grad_()
+    w = [t[local].clone().requires_grad_() for t in (wu, wg, wd)]
+    out = ot.expert_parallel_moe(x, idx[rank], g, *w, EXPERTS, recipe="blockwise")
+    out.backward(dout[rank])
+    torch.save({"out": out.detach(), "dx": x.grad, "dgates": g.grad, "dw": [t.grad for t in w]},
+               os.path.join(out_dir, f"train{rank}.pt"))
+    dist.destroy_process_group()
+    worker_exit.leave()
+
+
+def _one_process_moe(xs, idx, gates, wu, wg, wd):
+    """The same block on one process for every rank's tokens stacked in rank order: X quantized once
+    and its rows permuted into expert order, each owner's experts run on their rows as the owner
+    runs them, the outputs rounded to bf16 (the rounding passed straight through in the backward,
+    as the exchange does), the gated combine."""
+    x, i, g = torch.cat(xs).requires_grad_(), torch.cat(idx), torch.cat(gates).requires_grad_()
+    w = [t.clone().requires_grad_() for t in (wu, wg, wd)]
+    flat = i.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    sizes = torch.bincount(flat, minlength=EXPERTS)
+    q, _, _ = ot.quantize(x.detach(), "blockwise_1x128")
+    codes, scales = q.codes.view(torch.uint8)[:, :TRAIN_D], moe._row_scales(q, x.shape[0])
+    tok = order // K
+    ys, begin, local = [], 0, EXPERTS // WORLD
+    for r in range(WORLD):
+        s = sizes[r * local:(r + 1) * local]
+        t = tok[begin:begin + int(s.sum())]
+        begin += int(s.sum())
+        rows = moe._row_copy(codes[t], scales[t], "blockwise_1x128", TRAIN_D)
+        xr = x[t] + (rows.dequantize() - x[t]).detach()  # the rows' exact values, gradient to x
+        ws = [p[r * local:(r + 1) * local] for p in w]
+        u = moe._QuantizedRowsLinearFn.apply(xr, ws[0], s, "blockwise", rows)
+        h = torch.nn.functional.silu(moe._QuantizedRowsLinearFn.apply(xr, ws[1], s, "blockwise", rows)) * u
+        ys.append(moe._GroupedLinearFn.apply(h, ws[2], s, "blockwise"))
+    y = torch.cat(ys)
+    y = y + (y.bfloat16().float() - y).detach()
+    row_of = torch.empty_like(order)
+    row_of[order] = torch.arange(order.numel())
+    return x, g, w, moe.combine(y, g, row_of)
+
+
+@pytest.mark.parametrize("tokens", [(37, 53), (0, 29)])  # (0, 29): rank 0 sends and sums nothing
+def test_expert_parallel_training_on_2_gloo_processes_is_one_process_bit_for_bit(tmp_path, tokens):
+    """expert_parallel_moe's forward and backward on 2 processes (FP8 rows out, bf16 rows back; the
+    backward's float32 rows to the owners and back) against the same block on one process for all
+    tokens: outputs, dX, dgates and each owner's expert weight gradients, bit for bit; and against
+    float64 within octet/nn/moe.hpp's contract."""
+    import torch.multiprocessing as mp
+
+    seed = int(os.environ.get("OCTET_SEED", torch.randint(0, 2**31, (1,)).item()))
+    mp.spawn(_train_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), seed, tokens), nprocs=WORLD,
+             join=True)
+    runs = [torch.load(os.path.join(tmp_path, f"train{r}.pt")) for r in range(WORLD)]
+    xs, idx, gates, wu, wg, wd, dout = _train_inputs(seed, tokens)
+    x, g, w, out = _one_process_moe(xs, idx, gates, wu, wg, wd)
+    out.backward(torch.cat(dout))
+    begin, local = 0, EXPERTS // WORLD
+    for r in range(WORLD):
+        rows = slice(begin, begin + tokens[r])
+        begin += tokens[r]
+        assert torch.equal(runs[r]["out"], out[rows].detach()), r
+        assert torch.equal(runs[r]["dx"], x.grad[rows]), r
+        assert torch.equal(runs[r]["dgates"], g.grad[rows]), r
+        for got, p in zip(runs[r]["dw"], w):
+            assert torch.equal(got, p.grad[r * local:(r + 1) * local]), r
+    # float64: the same routing and gates, unquantized.
+    x64, w64 = x.detach().double().requires_grad_(), [p.detach().double().requires_grad_() for p in w]
+    g64 = g.detach().double().requires_grad_()
+    i = torch.cat(idx)
+    out64 = torch.zeros_like(x64)
+    for e in range(EXPERTS):
+        t, j = (i == e).nonzero(as_tuple=True)
+        h = torch.nn.functional.silu(x64[t] @ w64[1][e].t()) * (x64[t] @ w64[0][e].t())
+        out64 = out64.index_add(0, t, g64[t, j].unsqueeze(1) * (h @ w64[2][e].t()))
+    out64.backward(torch.cat(dout).double())
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
+    errs = [rel(out, out64), rel(x.grad, x64.grad), rel(g.grad, g64.grad)] + [rel(p.grad, q.grad)
+                                                                              for p, q in zip(w, w64)]
+    print("\nexpert-parallel MoE (blockwise) against float64: out {:.4f} dX {:.4f} dgates {:.4f} dW_up {:.4f} "
+          "dW_gate {:.4f} dW_down {:.4f}".format(*errs))
+    assert errs[0] <= 2 * (2**-4 + 2**-4) and max(errs[1:]) <= 2**-4 + 2 * 2**-4 + 2 * 2**-4, errs

@@ -87,6 +87,7 @@ if _wanted("grouped"):
             expert_parallel_combine,
             expert_parallel_dispatch,
             expert_parallel_experts,
+            expert_parallel_moe,
             register_hf_experts,
             scaled_grouped_mm,
         )

@@ -5,6 +5,8 @@ FP8 token exchange over torch.distributed.
     layer = ot.GroupedLinear(experts, in_features, out_features, recipe="blockwise")
     moe = ot.MoE(d_model, d_ff, experts, k=2, activation="swiglu", recipe="blockwise")
     model.set_experts_implementation(ot.register_hf_experts("blockwise"))  # transformers 5 MoE models
+    d = ot.expert_parallel_dispatch(x, indices, experts)          # torch.distributed: FP8 rows to owners
+    out = ot.expert_parallel_moe(x, indices, gates, w_up, w_gate, w_down, experts)   # with autograd
 
 The ops (library ``_grouped``, octet/gemm/grouped_gemm.hpp's host path, CPU):
   scaled_grouped_mm(a, b, group_sizes, a_recipe, b_recipe, out_dtype)
@@ -466,6 +468,123 @@ def expert_parallel_experts(dispatch: Dispatch, w_local: torch.Tensor, *, w_reci
     codes, scales, _ = q.raw()
     return _ops.scaled_grouped_mm_quantized(codes, scales, q.recipe, q.cols, dispatch.expert_rows, w_local, w_recipe,
                                             out_dtype)
+
+
+# ---- expert parallelism with autograd: the backward's exchanges ----
+
+
+def _to_owners(rows: torch.Tensor, dispatch: Dispatch, group=None) -> torch.Tensor:
+    """Rows in this rank's plan order (one per assignment) to their experts' owners, where they
+    arrive in the owner's grouped order (the dispatch's order)."""
+    import torch.distributed as dist
+
+    recv = torch.empty(sum(dispatch.recv_splits), rows.shape[1], dtype=rows.dtype)
+    dist.all_to_all_single(recv, rows.contiguous(), dispatch.recv_splits, dispatch.send_splits, group=group)
+    return recv[dispatch.regroup]
+
+
+def _to_sources(rows: torch.Tensor, dispatch: Dispatch, group=None) -> torch.Tensor:
+    """The owner's rows (grouped order) back to their sources, where they arrive in plan order."""
+    import torch.distributed as dist
+
+    back = torch.empty_like(rows)
+    back[dispatch.regroup] = rows
+    out = torch.empty(sum(dispatch.send_splits), rows.shape[1], dtype=rows.dtype)
+    dist.all_to_all_single(out, back, dispatch.send_splits, dispatch.recv_splits, group=group)
+    return out
+
+
+class _DispatchFn(torch.autograd.Function):
+    """x -> the owner's received rows as floats (the exact values of their FP8 codes and scales). The
+    backward sends each row's gradient (float32) back to its token's rank and sums a token's rows in
+    slot order: dX_t = sum_j dXrow(t, j) (moe_combine_host with weights of 1 and the f32 wire)."""
+
+    @staticmethod
+    def forward(ctx, x, dispatch, group):
+        ctx.dispatch, ctx.group, ctx.x_dtype = dispatch, group, x.dtype
+        return dispatch.received.dequantize()
+
+    @staticmethod
+    def backward(ctx, dxr):
+        d = ctx.dispatch
+        rows = _to_sources(dxr.float().contiguous(), d, ctx.group)
+        return combine(rows, torch.ones(d.tokens, d.k), d.row_of).to(ctx.x_dtype), None, None
+
+
+class _QuantizedRowsLinearFn(torch.autograd.Function):
+    """The experts' first GEMMs on the FP8 rows as they arrived (scaled_grouped_mm_quantized: no
+    second rounding of X); dX against W_e^T and dW from the rows' float values (k-grouped)."""
+
+    @staticmethod
+    def forward(ctx, xr, weight, sizes, recipe_name, q):
+        r = GROUPED_RECIPES[recipe_name]
+        codes, scales, _ = q.raw()
+        y = _ops.scaled_grouped_mm_quantized(codes, scales, q.recipe, q.cols, sizes, weight, r.w, torch.float32)
+        ctx.save_for_backward(xr, weight, sizes)
+        ctx.recipe_name = recipe_name
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        r = GROUPED_RECIPES[ctx.recipe_name]
+        xr, w, sizes = ctx.saved_tensors
+        dy = dy.float().contiguous()
+        dx = _ops.scaled_grouped_mm(dy, w.transpose(1, 2), sizes, r.g, r.w, torch.float32)
+        dw = _ops.scaled_grouped_mm_k(dy, xr, sizes, r.g, r.x)
+        return dx, dw, None, None, None
+
+
+class _CombineFn(torch.autograd.Function):
+    """The owner's expert outputs y and this rank's gates -> out (expert_parallel_combine, bf16 wire).
+    Backward: dgates and the rows' gradients from the rows as they came back (the wire's rounding
+    passed straight through), the rows' gradients (float32) sent to the owners."""
+
+    @staticmethod
+    def forward(ctx, y, gates, dispatch, group):
+        import torch.distributed as dist
+
+        back = torch.empty(y.shape, dtype=torch.bfloat16)
+        back[dispatch.regroup] = y.to(torch.bfloat16)
+        rows = torch.empty(sum(dispatch.send_splits), y.shape[1], dtype=torch.bfloat16)
+        dist.all_to_all_single(rows, back, dispatch.send_splits, dispatch.recv_splits, group=group)
+        rows = rows.float()
+        ctx.save_for_backward(rows, gates)
+        ctx.dispatch, ctx.group = dispatch, group
+        return combine(rows, gates.float(), dispatch.row_of)
+
+    @staticmethod
+    def backward(ctx, dout):
+        rows, gates = ctx.saved_tensors
+        with torch.enable_grad():
+            r, g = rows.detach().requires_grad_(), gates.detach().float().requires_grad_()
+            drows, dgates = torch.autograd.grad(combine(r, g, ctx.dispatch.row_of), (r, g), dout)
+        return _to_owners(drows, ctx.dispatch, ctx.group), dgates.to(gates.dtype), None, None
+
+
+def expert_parallel_moe(x: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, w_up: torch.Tensor,
+                        w_gate: Optional[torch.Tensor], w_down: torch.Tensor, experts: int, *,
+                        recipe: str = "blockwise", group=None) -> torch.Tensor:
+    """One expert-parallel MoE block, forward and backward (autograd): this rank's tokens x (T x d)
+    routed by indices / gates (T x k; the router is the caller's, and trains through the gates),
+    this rank's experts' weights w_up, w_gate (SwiGLU; None: GELU) (L x ff x d) and w_down
+    (L x d x ff). Forward: X quantized once and dispatched as FP8 rows, the up (and gate) GEMMs on
+    those rows, the down GEMM, the outputs back as bf16, the gated combine. Backward: the rows'
+    gradients (float32) to the owners, the experts' data and weight gradients in FP8 (GroupedLinear's
+    GEMMs), dX's rows back (float32), summed per token. recipe: blockwise or mxfp8 (row-local)."""
+    r = grouped_recipe(recipe)
+    if r.name not in ("blockwise", "mxfp8"):
+        raise ValueError(f"octet.torch.expert_parallel_moe: recipe {recipe!r}; pass blockwise or mxfp8 (a token's "
+                         "FP8 row must be its own: row-local activation scales)")
+    d = expert_parallel_dispatch(x.detach(), indices, experts, group=group, recipe=r.x)
+    xr = _DispatchFn.apply(x, d, group)
+    sizes = d.expert_rows
+    u = _QuantizedRowsLinearFn.apply(xr, w_up, sizes, r.name, d.received)
+    if w_gate is not None:
+        h = F.silu(_QuantizedRowsLinearFn.apply(xr, w_gate, sizes, r.name, d.received)) * u
+    else:
+        h = F.gelu(u)
+    y = _GroupedLinearFn.apply(h, w_down, sizes, r.name)
+    return _CombineFn.apply(y, gates, d, group)
 
 
 def grouped_blocks(q: QuantizedTensor, expert_rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
