@@ -143,7 +143,7 @@ def _train_inputs(seed, tokens):
     return xs, idx, gates, wu, wg, wd, dout
 
 
-def _train_worker(rank, world, init_file, out_dir, seed, tokens):
+def _train_worker(rank, world, init_file, out_dir, seed, tokens, grad_wire):
     import datetime
 
     import worker_exit
@@ -154,15 +154,30 @@ def _train_worker(rank, world, init_file, out_dir, seed, tokens):
     local = slice(rank * EXPERTS // world, (rank + 1) * EXPERTS // world)
     x, g = xs[rank].requires_grad_(), gates[rank].requires_grad_()
     w = [t[local].clone().requires_grad_() for t in (wu, wg, wd)]
-    out = ot.expert_parallel_moe(x, idx[rank], g, *w, EXPERTS, recipe="blockwise")
+    report = {}
+    out = ot.expert_parallel_moe(x, idx[rank], g, *w, EXPERTS, recipe="blockwise", grad_wire=grad_wire,
+                                 report=report)
     out.backward(dout[rank])
-    torch.save({"out": out.detach(), "dx": x.grad, "dgates": g.grad, "dw": [t.grad for t in w]},
+    torch.save({"out": out.detach(), "dx": x.grad, "dgates": g.grad, "dw": [t.grad for t in w], "report": report},
                os.path.join(out_dir, f"train{rank}.pt"))
     dist.destroy_process_group()
     worker_exit.leave()
 
 
-def _one_process_moe(xs, idx, gates, wu, wg, wd):
+class _GradWire(torch.autograd.Function):
+    """Identity; its backward rounds each gradient row through 1x128 E4M3 (the grad_wire)."""
+
+    @staticmethod
+    def forward(ctx, y):
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, _, _ = ot.quantize(dy.contiguous(), "blockwise_1x128")
+        return q.dequantize()
+
+
+def _one_process_moe(xs, idx, gates, wu, wg, wd, grad_wire):
     """The same block on one process for every rank's tokens stacked in rank order: X quantized once
     and its rows permuted into expert order, each owner's experts run on their rows as the owner
     runs them, the outputs rounded to bf16 (the rounding passed straight through in the backward,
@@ -187,14 +202,17 @@ def _one_process_moe(xs, idx, gates, wu, wg, wd):
         h = torch.nn.functional.silu(moe._QuantizedRowsLinearFn.apply(xr, ws[1], s, "blockwise", rows)) * u
         ys.append(moe._GroupedLinearFn.apply(h, ws[2], s, "blockwise"))
     y = torch.cat(ys)
+    if grad_wire == "e4m3_1x128":
+        y = _GradWire.apply(y)
     y = y + (y.bfloat16().float() - y).detach()
     row_of = torch.empty_like(order)
     row_of[order] = torch.arange(order.numel())
     return x, g, w, moe.combine(y, g, row_of)
 
 
-@pytest.mark.parametrize("tokens", [(37, 53), (0, 29)])  # (0, 29): rank 0 sends and sums nothing
-def test_expert_parallel_training_on_2_gloo_processes_is_one_process_bit_for_bit(tmp_path, tokens):
+# (0, 29): rank 0 sends and sums nothing
+@pytest.mark.parametrize("tokens,grad_wire", [((37, 53), "f32"), ((0, 29), "f32"), ((37, 53), "e4m3_1x128")])
+def test_expert_parallel_training_on_2_gloo_processes_is_one_process_bit_for_bit(tmp_path, tokens, grad_wire):
     """expert_parallel_moe's forward and backward on 2 processes (FP8 rows out, bf16 rows back; the
     backward's float32 rows to the owners and back) against the same block on one process for all
     tokens: outputs, dX, dgates and each owner's expert weight gradients, bit for bit; and against
@@ -202,11 +220,11 @@ def test_expert_parallel_training_on_2_gloo_processes_is_one_process_bit_for_bit
     import torch.multiprocessing as mp
 
     seed = int(os.environ.get("OCTET_SEED", torch.randint(0, 2**31, (1,)).item()))
-    mp.spawn(_train_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), seed, tokens), nprocs=WORLD,
-             join=True)
+    mp.spawn(_train_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), seed, tokens, grad_wire),
+             nprocs=WORLD, join=True)
     runs = [torch.load(os.path.join(tmp_path, f"train{r}.pt")) for r in range(WORLD)]
     xs, idx, gates, wu, wg, wd, dout = _train_inputs(seed, tokens)
-    x, g, w, out = _one_process_moe(xs, idx, gates, wu, wg, wd)
+    x, g, w, out = _one_process_moe(xs, idx, gates, wu, wg, wd, grad_wire)
     out.backward(torch.cat(dout))
     begin, local = 0, EXPERTS // WORLD
     for r in range(WORLD):
@@ -233,6 +251,10 @@ def test_expert_parallel_training_on_2_gloo_processes_is_one_process_bit_for_bit
 
     errs = [rel(out, out64), rel(x.grad, x64.grad), rel(g.grad, g64.grad)] + [rel(p.grad, q.grad)
                                                                               for p, q in zip(w, w64)]
-    print("\nexpert-parallel MoE (blockwise) against float64: out {:.4f} dX {:.4f} dgates {:.4f} dW_up {:.4f} "
+    rep = runs[1]["report"]
+    print(f"\nrank 1 sent {rep['rows_sent']} rows: forward {rep['bytes_sent']} bytes (bf16 rows: "
+          f"{rep['bf16_bytes_sent']}), backward {rep['grad_bytes_sent']} bytes of gradient rows as {grad_wire}")
+    assert rep["grad_bytes_sent"] == rep["rows_sent"] * (4 * TRAIN_D if grad_wire == "f32" else TRAIN_D + 8)
+    print("expert-parallel MoE (blockwise) against float64: out {:.4f} dX {:.4f} dgates {:.4f} dW_up {:.4f} "
           "dW_gate {:.4f} dW_down {:.4f}".format(*errs))
     assert errs[0] <= 2 * (2**-4 + 2**-4) and max(errs[1:]) <= 2**-4 + 2 * 2**-4 + 2 * 2**-4, errs

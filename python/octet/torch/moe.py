@@ -540,7 +540,7 @@ class _CombineFn(torch.autograd.Function):
     passed straight through), the rows' gradients (float32) sent to the owners."""
 
     @staticmethod
-    def forward(ctx, y, gates, dispatch, group):
+    def forward(ctx, y, gates, dispatch, group, grad_wire):
         import torch.distributed as dist
 
         back = torch.empty(y.shape, dtype=torch.bfloat16)
@@ -549,33 +549,56 @@ class _CombineFn(torch.autograd.Function):
         dist.all_to_all_single(rows, back, dispatch.send_splits, dispatch.recv_splits, group=group)
         rows = rows.float()
         ctx.save_for_backward(rows, gates)
-        ctx.dispatch, ctx.group = dispatch, group
+        ctx.dispatch, ctx.group, ctx.grad_wire = dispatch, group, grad_wire
         return combine(rows, gates.float(), dispatch.row_of)
 
     @staticmethod
     def backward(ctx, dout):
+        import torch.distributed as dist
+
         rows, gates = ctx.saved_tensors
+        d = ctx.dispatch
         with torch.enable_grad():
             r, g = rows.detach().requires_grad_(), gates.detach().float().requires_grad_()
-            drows, dgates = torch.autograd.grad(combine(r, g, ctx.dispatch.row_of), (r, g), dout)
-        return _to_owners(drows, ctx.dispatch, ctx.group), dgates.to(gates.dtype), None, None
+            drows, dgates = torch.autograd.grad(combine(r, g, d.row_of), (r, g), dout)
+        n = drows.shape[1]
+        if ctx.grad_wire == "e4m3_1x128":  # codes and a float scale per 1 x 128 block, dequantized on arrival
+            q, _, _ = quantize(drows, "blockwise_1x128")
+            payload = torch.cat([q.codes.view(torch.uint8)[:, :n], _row_scales(q, drows.shape[0])], dim=1)
+            got = _to_owners(payload, d, ctx.group)
+            dy = _row_copy(got[:, :n], got[:, n:], "blockwise_1x128", n).dequantize()
+        else:
+            payload = drows
+            dy = _to_owners(payload, d, ctx.group)
+        d.report["grad_bytes_sent"] = _peers_bytes(d.send_splits, payload.shape[1] * payload.element_size(),
+                                                   dist.get_rank(ctx.group))
+        return dy, dgates.to(gates.dtype), None, None, None
 
 
 def expert_parallel_moe(x: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, w_up: torch.Tensor,
                         w_gate: Optional[torch.Tensor], w_down: torch.Tensor, experts: int, *,
-                        recipe: str = "blockwise", group=None) -> torch.Tensor:
+                        recipe: str = "blockwise", group=None, grad_wire: str = "f32",
+                        report: Optional[dict] = None) -> torch.Tensor:
     """One expert-parallel MoE block, forward and backward (autograd): this rank's tokens x (T x d)
     routed by indices / gates (T x k; the router is the caller's, and trains through the gates),
     this rank's experts' weights w_up, w_gate (SwiGLU; None: GELU) (L x ff x d) and w_down
     (L x d x ff). Forward: X quantized once and dispatched as FP8 rows, the up (and gate) GEMMs on
     those rows, the down GEMM, the outputs back as bf16, the gated combine. Backward: the rows'
     gradients (float32) to the owners, the experts' data and weight gradients in FP8 (GroupedLinear's
-    GEMMs), dX's rows back (float32), summed per token. recipe: blockwise or mxfp8 (row-local)."""
+    GEMMs), dX's rows back (float32), summed per token. recipe: blockwise or mxfp8 (row-local).
+    grad_wire: how the rows' gradients travel to the owners: "f32" (exact) or "e4m3_1x128" (1x128 E4M3
+    codes and float scales, about a quarter of the bytes; one more rounding of 2^-4 relative).
+    report: a dict that receives the dispatch's byte counts (and the backward's, grad_bytes_sent)."""
+    if grad_wire not in ("f32", "e4m3_1x128"):
+        raise ValueError(f"octet.torch.expert_parallel_moe: grad_wire is {grad_wire!r}; pass 'f32' or 'e4m3_1x128'")
     r = grouped_recipe(recipe)
     if r.name not in ("blockwise", "mxfp8"):
         raise ValueError(f"octet.torch.expert_parallel_moe: recipe {recipe!r}; pass blockwise or mxfp8 (a token's "
                          "FP8 row must be its own: row-local activation scales)")
     d = expert_parallel_dispatch(x.detach(), indices, experts, group=group, recipe=r.x)
+    if report is not None:  # the caller's dict: the backward adds grad_bytes_sent to it
+        report.update(d.report)
+        d.report = report
     xr = _DispatchFn.apply(x, d, group)
     sizes = d.expert_rows
     u = _QuantizedRowsLinearFn.apply(xr, w_up, sizes, r.name, d.received)
@@ -584,7 +607,7 @@ def expert_parallel_moe(x: torch.Tensor, indices: torch.Tensor, gates: torch.Ten
     else:
         h = F.gelu(u)
     y = _GroupedLinearFn.apply(h, w_down, sizes, r.name)
-    return _CombineFn.apply(y, gates, d, group)
+    return _CombineFn.apply(y, gates, d, group, grad_wire)
 
 
 def grouped_blocks(q: QuantizedTensor, expert_rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
