@@ -12,11 +12,11 @@
 //   4. held-out loss in bits per character and a generated sample per recipe.
 // and writes report.md, report.json (schema: report_schema.md) and SVG plots to the output folder.
 //
-// The program's files: flags.hpp (command line, presets), recipes.hpp, gate.hpp, trainer.hpp (one
-// run, in named parts: setup, step(), the checkpointer, the evaluator, the recovery wiring, with
-// optimizer.hpp, gradient_exchange.hpp, step_checks.hpp, checkpointer.hpp, evaluator.hpp,
-// ledger.hpp), faults.hpp (the injected faults, through a hook the trainer calls), report.hpp,
-// ranks.hpp / mpi_ranks.hpp; the model, corpus, model files, meter and report kit are the
+// The program's files: flags.hpp (command line, presets), recipes.hpp, gate.hpp (its checks in
+// gate/), trainer.hpp (one run, in named parts: setup, step(), the checkpointer, the evaluator, the
+// recovery wiring, with optimizer.hpp, gradients.hpp, gradient_exchange.hpp, step_checks.hpp,
+// checkpointer.hpp, evaluator.hpp, ledger.hpp), faults.hpp (the injected faults, through a hook the
+// trainer calls), report.hpp (its parts in report/), ranks.hpp / mpi_ranks.hpp; the model, corpus, model files, meter and report kit are the
 // examples' shared library (examples/common). This file: the sweep, the verdicts, main().
 //
 // Run:  cmake --workflow --preset demo        (the quick default; build/demo/examples/example_08_training)
