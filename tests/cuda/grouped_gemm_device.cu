@@ -641,6 +641,71 @@ TEST_SUITE("gpu") {
         compare_grouped_quantize<recipes::blockwise_128x128>(sizes, 136);
     }
 
+    TEST_CASE("grouped quantize and GEMMs captured into a CUDA graph (global mode) replay the eager results") {
+        if (!sm89()) {
+            MESSAGE("skipped: needs an sm_89+ GPU");
+            return;
+        }
+        using R = recipes::blockwise_1x128;
+        using RB = recipes::blockwise_128x128;
+        const std::vector<std::size_t> sizes = {37, 0, 130};
+        const std::size_t M = 167, N = 136, K = 256;
+        auto g = octet_test::rng(2024);
+        const cuda::device_buffer<float> dx(octet_test::with_edge_cases(g, M * K, 2.0f));
+        const host_problem<R, RB> hp(sizes, N, K, false, 9);  // its B; its A is replaced by dx's on the device
+        const device_problem<R, RB> dp(hp);
+        const std::vector<quantized_cref<RB>> db = dp.b();
+        const span<const quantized_cref<RB>> Bs(db.data(), db.size());
+        cuda::device_buffer<std::uint8_t> a_data(hp.a.layout().data_bytes), a_scales(hp.a.layout().scale_bytes);
+        const grouped_quantized_ref<R> A(a_data.data(), a_scales.data(), nullptr, hp.a.layout());
+        cuda::device_buffer<bf16> d(M * N), dk(sizes.size() * N * N);
+        const grouped_layout lt = make_grouped_layout<R>(grouped_cols(N, as_cspan(sizes)));
+        cuda::device_buffer<std::uint8_t> t_data(lt.data_bytes), t_scales(lt.scale_bytes);
+        const grouped_quantized_ref<R> T(t_data.data(), t_scales.data(), nullptr, lt);
+        cuda::device_buffer<float> y(M * N);
+        cudaStream_t s = nullptr;
+        OCTET_CUDA_CHECK(cudaStreamCreate(&s));
+        const stream_executor ex = on_stream(s);
+        // quantize x by group, multiply by the experts' weights, quantize the result column-wise, and its
+        // weight-gradient-like k-grouped product with itself
+        auto step = [&] {
+            grouped_quantize<R>(ex, matrix_ref<const float>(dx.data(), M, K), as_cspan(sizes), A);
+            grouped_scaled_gemm(ex, A, Bs, matrix_ref<float>(y.data(), M, N));
+            grouped_scaled_gemm(ex, A, Bs, matrix_ref<bf16>(d.data(), M, N));
+            grouped_quantize<R>(ex, matrix_ref<const float>(y.data(), M, N), as_cspan(sizes), {}, T);
+            grouped_scaled_gemm_k(ex, T, T, matrix_ref<bf16>(dk.data(), sizes.size() * N, N));
+        };
+        d.fill_bytes(0xFF);
+        dk.fill_bytes(0xFF);
+        step();
+        OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
+        const std::vector<bf16> eager = d.download(), eager_k = dk.download();
+        cudaGraph_t graph = nullptr;
+        OCTET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        try {
+            step();
+        } catch (...) {
+            cudaStreamEndCapture(s, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            throw;
+        }
+        OCTET_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        cudaGraphExec_t exec = nullptr;
+        OCTET_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 2; ++rep) {
+            d.fill_bytes(0xFF);
+            dk.fill_bytes(0xFF);
+            OCTET_CUDA_CHECK(cudaGraphLaunch(exec, s));
+            OCTET_CUDA_CHECK(cudaStreamSynchronize(s));
+            const std::vector<bf16> replay = d.download(), replay_k = dk.download();
+            CHECK(std::memcmp(replay.data(), eager.data(), eager.size() * sizeof(bf16)) == 0);
+            CHECK(std::memcmp(replay_k.data(), eager_k.data(), eager_k.size() * sizeof(bf16)) == 0);
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaStreamDestroy(s);
+    }
+
     TEST_CASE("automatic picks sm90_wgmma on sm_90, sm89_mma for MX; K = 0 gives the bias") {
         if (!sm89()) {
             MESSAGE("skipped: needs an sm_89+ GPU");
