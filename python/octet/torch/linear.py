@@ -108,11 +108,74 @@ def _copy_count(recipe: str) -> int:
     return 3 if recipe_info(recipe).two_level else 2
 
 
-def _take_copy(out, at, recipe, cols, like):
-    """The QuantizedTensor at out[at:] and the index after it."""
-    n = _copy_count(recipe)
-    ts = out[at + 2] if n == 3 else _no_tensor_scale(like)
-    return QuantizedTensor(out[at], out[at + 1], ts, recipe, cols), at + n
+# ---- the linear ops' results: one layout, read by the fake kernels and by the autograd function ----
+# octet.linear_forward and octet.linear_backward return a flat Tensor[] (a custom op returns no
+# structs). These functions name its parts, in the order python/csrc/linear_ops.cpp writes them:
+# ("tensor", shape, dtype) is one tensor (dtype None: the input's), ("copy", recipe, rows, cols) a
+# quantized copy of a rows x cols matrix (codes and scales, and a tensor scale for two-level recipes).
+
+
+def _forward_parts(cfg, tokens, in_f, out_f, save_x_t, save_w_t, keep_operands, collect_stats):
+    parts = [("y", ("tensor", (tokens, out_f), None)), ("x_amax", ("tensor", (), None)),
+             ("w_amax", ("tensor", (), None))]
+    if save_x_t:
+        parts.append(("x_t", ("copy", cfg.x, in_f, cfg.wgrad_tokens(tokens))))
+    if save_w_t:
+        parts.append(("w_t", ("copy", cfg.w, in_f, out_f)))
+    if keep_operands:
+        parts += [("x", ("copy", cfg.x, tokens, in_f)), ("w", ("copy", cfg.w, out_f, in_f))]
+    if collect_stats:
+        parts.append(("stats", ("tensor", (4, 8), torch.float64)))
+    return parts
+
+
+def _backward_parts(cfg, tokens, in_f, out_f, need_dx, need_dw, need_db, keep_operands, collect_stats):
+    parts = []
+    if need_dx:
+        parts.append(("dx", ("tensor", (tokens, in_f), None)))
+    if need_dw:
+        parts.append(("dw", ("tensor", (out_f, in_f), None)))
+    if need_db:
+        parts.append(("db", ("tensor", (out_f,), None)))
+    parts.append(("dy_amax", ("tensor", (), None)))
+    if keep_operands:
+        if need_dx:
+            parts.append(("dy", ("copy", cfg.g, tokens, out_f)))
+        if need_dw:
+            parts.append(("dy_t", ("copy", cfg.g, out_f, cfg.wgrad_tokens(tokens))))
+    if collect_stats:
+        parts.append(("stats", ("tensor", (2, 8), torch.float64)))
+    return parts
+
+
+def _fake_of(parts, like):
+    """Empty tensors of the parts' shapes and dtypes (the fake kernels' result)."""
+    out = []
+    for _, (kind, *spec) in parts:
+        if kind == "tensor":
+            shape, dtype = spec
+            out.append(like.new_empty(shape, dtype=dtype or like.dtype))
+        else:
+            recipe, rows, cols = spec
+            out += _copy_fake(like, recipe, rows, cols)
+    return out
+
+
+def _unpack(out, parts, like):
+    """{name: tensor or QuantizedTensor} of an op's result list, by its parts."""
+    named, at = {}, 0
+    for name, (kind, *spec) in parts:
+        if kind == "tensor":
+            named[name], at = out[at], at + 1
+        else:
+            recipe, _, cols = spec
+            n = _copy_count(recipe)
+            ts = out[at + 2] if n == 3 else _no_tensor_scale(like)
+            named[name], at = QuantizedTensor(out[at], out[at + 1], ts, recipe, cols), at + n
+    if at != len(out):
+        raise RuntimeError(f"octet: the linear op returned {len(out)} tensors where its layout names {at}; "
+                           "the op library and octet.torch are from different versions: rebuild them together")
+    return named
 
 
 def _raw(q: QuantizedTensor):
@@ -127,43 +190,20 @@ def _raw(q: QuantizedTensor):
 @torch.library.register_fake("octet::linear_forward")
 def _linear_forward_fake(x, w, bias, recipe, x_history=None, w_history=None, seed=0, save_x_t=True, save_w_t=True,
                          keep_operands=False, collect_stats=False):
-    cfg = LINEAR_RECIPES[recipe]
     tokens, in_f = x.shape
-    out_f = w.shape[0]
-    out = [x.new_empty((tokens, out_f)), x.new_empty(()), x.new_empty(())]
-    if save_x_t:
-        out += _copy_fake(x, cfg.x, in_f, cfg.wgrad_tokens(tokens))
-    if save_w_t:
-        out += _copy_fake(x, cfg.w, in_f, out_f)
-    if keep_operands:
-        out += _copy_fake(x, cfg.x, tokens, in_f) + _copy_fake(x, cfg.w, out_f, in_f)
-    if collect_stats:
-        out.append(x.new_empty((4, 8), dtype=torch.float64))
-    return out
+    parts = _forward_parts(LINEAR_RECIPES[recipe], tokens, in_f, w.shape[0], save_x_t, save_w_t, keep_operands,
+                           collect_stats)
+    return _fake_of(parts, x)
 
 
 @torch.library.register_fake("octet::linear_backward")
 def _linear_backward_fake(dy, saved, recipe, g_history=None, seed=0, philox=None, need_dx=True, need_dw=True,
                           need_db=True, keep_operands=False, collect_stats=False):
-    cfg = LINEAR_RECIPES[recipe]
     tokens, out_f = dy.shape
     in_f = saved[0].shape[0] if saved else 0
-    out = []
-    if need_dx:
-        out.append(dy.new_empty((tokens, in_f)))
-    if need_dw:
-        out.append(dy.new_empty((out_f, in_f)))
-    if need_db:
-        out.append(dy.new_empty((out_f,)))
-    out.append(dy.new_empty(()))
-    if keep_operands:
-        if need_dx:
-            out += _copy_fake(dy, cfg.g, tokens, out_f)
-        if need_dw:
-            out += _copy_fake(dy, cfg.g, out_f, cfg.wgrad_tokens(tokens))
-    if collect_stats:
-        out.append(dy.new_empty((2, 8), dtype=torch.float64))
-    return out
+    parts = _backward_parts(LINEAR_RECIPES[recipe], tokens, in_f, out_f, need_dx, need_dw, need_db, keep_operands,
+                            collect_stats)
+    return _fake_of(parts, dy)
 
 
 _FORWARD_STATS = ("x", "x_t", "w", "w_t")  # rows of linear_forward's stats
@@ -192,14 +232,10 @@ class _Float8LinearFn(torch.autograd.Function):
         keep_ops = keep is not None and keep.keep_operands
         out = _ops.linear_forward(x, weight, bias, recipe_name, x_hist, w_hist, seed, need_x_t, need_w_t, keep_ops,
                                   stats)
-        y, x_amax, w_amax = out[0], out[1], out[2]
         tokens, in_f = x.shape
-        at = 3
-        x_t = w_t = None
-        if need_x_t:
-            x_t, at = _take_copy(out, at, cfg.x, cfg.wgrad_tokens(tokens), x)
-        if need_w_t:
-            w_t, at = _take_copy(out, at, cfg.w, weight.shape[0], x)
+        r = _unpack(out, _forward_parts(cfg, tokens, in_f, weight.shape[0], need_x_t, need_w_t, keep_ops, stats), x)
+        y, x_amax, w_amax = r["y"], r["x_amax"], r["w_amax"]
+        x_t, w_t = r.get("x_t"), r.get("w_t")
         ctx.save_for_backward(*(_raw(x_t) if x_t is not None else []), *(_raw(w_t) if w_t is not None else []))
         # g_hist and philox are written by the backward, so they are kept as references, not saved
         # tensors (whose version check would fail when two forwards run before their backwards).
@@ -210,11 +246,9 @@ class _Float8LinearFn(torch.autograd.Function):
         ctx.keep = keep
         ctx.saved_x_t, ctx.saved_w_t = need_x_t, need_w_t
         if keep_ops:
-            xq, at = _take_copy(out, at, cfg.x, in_f, x)
-            wq, at = _take_copy(out, at, cfg.w, in_f, x)
-            keep.last_operands = {"x": xq, "w": wq, "x_t": x_t, "w_t": w_t}
+            keep.last_operands = {"x": r["x"], "w": r["w"], "x_t": x_t, "w_t": w_t}
         if stats:
-            keep.last_stats = _stats_of(out[at], _FORWARD_STATS, (True, need_x_t, True, need_w_t))
+            keep.last_stats = _stats_of(r["stats"], _FORWARD_STATS, (True, need_x_t, True, need_w_t))
         ctx.mark_non_differentiable(x_amax, w_amax)
         return y, x_amax, w_amax
 
@@ -242,28 +276,16 @@ class _Float8LinearFn(torch.autograd.Function):
                 ctx.philox.add_(torch.tensor([0, _PHILOX_STRIDE], device=philox.device))
         out = _ops.linear_backward(dy, copies, ctx.recipe_name, ctx.g_hist, ctx.seed, philox, need_dx, need_dw,
                                    need_db, keep_ops, stats)
-        at = 0
-        dx = dw = db = None
-        if need_dx:
-            dx, at = out[at], at + 1
-        if need_dw:
-            dw, at = out[at], at + 1
-        if need_db:
-            db, at = out[at], at + 1
-        dy_amax = out[at]
-        at += 1
+        tokens, out_f = dy.shape
+        in_f = copies[0].shape[0] if copies else 0
+        r = _unpack(out, _backward_parts(cfg, tokens, in_f, out_f, need_dx, need_dw, need_db, keep_ops, stats), dy)
+        dx, dw, db = r.get("dx"), r.get("dw"), r.get("db")
         if ctx.g_hist is not None and (need_dx or need_dw):  # dY was quantized (no rotation under delayed)
-            _push_amax(ctx.g_hist, dy_amax)
+            _push_amax(ctx.g_hist, r["dy_amax"])
         if keep_ops:
-            tokens, out_f = dy.shape
-            dy_q = dy_t = None
-            if need_dx:
-                dy_q, at = _take_copy(out, at, cfg.g, out_f, dy)
-            if need_dw:
-                dy_t, at = _take_copy(out, at, cfg.g, cfg.wgrad_tokens(tokens), dy)
-            ctx.keep.last_operands.update({"dy": dy_q, "dy_t": dy_t})
+            ctx.keep.last_operands.update({"dy": r.get("dy"), "dy_t": r.get("dy_t")})
         if stats:
-            ctx.keep.last_stats.update(_stats_of(out[at], _BACKWARD_STATS, (need_dx, need_dw)))
+            ctx.keep.last_stats.update(_stats_of(r["stats"], _BACKWARD_STATS, (need_dx, need_dw)))
         return dx, dw, db, None, None, None, None, None, None, None, None, None
 
 
