@@ -10,6 +10,8 @@
 //                         VEC128_32F x BLK128x128_32F matmul, plus octet's re-layout of the 128x128 scale
 //                         grid per call): CUDA 13's cuBLASLt has no grouped FP8 GEMM (cublasLt.h declares
 //                         no grouped matmul; cuBLAS's cublasGemmGroupedBatchedEx takes no FP8 scales)
+// And the k-grouped GEMM (the experts' weight gradients, 1x128 x 1x128 column-wise copies, float dW,
+// N = 4096, K = 7168, ~8192 ragged tokens per expert) against a loop of dense launches.
 // Every variant is captured in a CUDA graph of 5 calls (host overhead excluded alike; the median of 10
 // launches). Each shape also reports the largest difference between the grouped and the dense loop's D
 // (a sanity check: the tests check correctness; both run the same mainloop, so 0 is expected).
@@ -199,6 +201,64 @@ void run(std::size_t groups, std::size_t N, std::size_t K, bool ragged, cudaStre
     }
 }
 
+/// The k-grouped GEMM (weight gradients dW_e = dY_e^T X_e, float dW, 1x128 x 1x128 column-wise copies)
+/// against a loop of dense launches: TFLOPS = 2 N K sum(k_g).
+void run_k(std::size_t groups, std::size_t N, std::size_t K, cudaStream_t s) {
+    using namespace octet;
+    std::vector<std::size_t> sizes(groups, 8192);
+    for (std::size_t g = 0; g + 1 < groups; g += 2) {  // ragged token counts, the same total
+        const std::size_t d = 1000 + 517 * g;
+        sizes[g] += d;
+        sizes[g + 1] -= d;
+    }
+    std::size_t M = 0;
+    for (std::size_t v : sizes) M += v;
+    const std::string bench =
+        "grouped_gemm_k_g" + std::to_string(groups) + "_n" + std::to_string(N) + "_k" + std::to_string(K) + "_ragged";
+    const double flops = 2.0 * static_cast<double>(M) * N * K;
+    auto tflops = [&](double ms) { return flops / (ms * 1e9); };
+    const span<const std::size_t> sz(sizes.data(), groups);
+    const grouped_layout la = make_grouped_layout<RA>(grouped_cols(N, sz)),
+                         lb = make_grouped_layout<RA>(grouped_cols(K, sz));
+    cuda::device_buffer<std::uint8_t> a(la.data_bytes), b(lb.data_bytes);
+    cuda::device_buffer<float> sa(la.scale_bytes / 4), sb(lb.scale_bytes / 4);
+    random_codes<<<1024, 256>>>(a.data(), a.size(), 5);
+    random_codes<<<1024, 256>>>(b.data(), b.size(), 6);
+    random_scales<<<256, 256>>>(sa.data(), sa.size(), 7);
+    random_scales<<<256, 256>>>(sb.data(), sb.size(), 8);
+    OCTET_CUDA_CHECK(cudaGetLastError());
+    const grouped_quantized_cref<RA> A(a.data(), reinterpret_cast<const std::uint8_t*>(sa.data()), nullptr, la),
+        B(b.data(), reinterpret_cast<const std::uint8_t*>(sb.data()), nullptr, lb);
+    cuda::device_buffer<float> dw(groups * N * K);
+    const std::string shape = std::to_string(groups) + " experts, " + std::to_string(M) + " tokens";
+    gemm_options o;
+    o.backend = gemm_backend::sm90_wgmma;
+    double ms_grouped = 0;
+    try {
+        ms_grouped = time_graph(s, [&](cudaStream_t st) {
+            grouped_scaled_gemm_k(on_stream(st), A, B, matrix_ref<float>(dw.data(), groups * N, K), o);
+        });
+        octet_bench::result(bench, "octet_grouped_tflops", tflops(ms_grouped), "TFLOPS",
+                            shape + ", one persistent sm90 kernel (A's TMA map per expert)");
+    } catch (const std::exception& e) {
+        std::printf("octet k-grouped failed on %s: %s\n", bench.c_str(), e.what());
+        octet_bench::result(bench, "octet_grouped_tflops", 0, "TFLOPS", "FAILED");
+        cudaGetLastError();
+    }
+    try {
+        const double ms = time_graph(s, [&](cudaStream_t st) {
+            for (std::size_t g = 0; g < groups; ++g)
+                scaled_gemm(on_stream(st), A.group(g), B.group(g), matrix_ref<float>(dw.data() + g * N * K, N, K), o);
+        });
+        octet_bench::result(bench, "octet_dense_loop_tflops", tflops(ms), "TFLOPS",
+                            shape + ", one sm90 launch per expert (automatic plan)");
+        if (ms_grouped > 0) octet_bench::result(bench, "grouped_vs_dense_loop", ms / ms_grouped, "x", "");
+    } catch (const std::exception& e) {
+        std::printf("octet dense loop failed on %s: %s\n", bench.c_str(), e.what());
+        cudaGetLastError();
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -213,6 +273,7 @@ int main() {
     for (std::size_t groups : {4, 8})
         for (const auto& nk : {std::pair<std::size_t, std::size_t>{4096, 7168}, {7168, 2048}})
             for (bool ragged : {false, true}) run(groups, nk.first, nk.second, ragged, s);
+    for (std::size_t groups : {4, 8}) run_k(groups, 4096, 7168, s);
     cudaStreamDestroy(s);
     return 0;
 }
