@@ -25,7 +25,9 @@
 #   comm_nccl_sharded  the NCCL reduce-scatter and quantized all-gather (comm/nccl_sharded.cuh)
 #                   against the host versions, bit for bit, one rank per GPU (up to 4), beside
 #                   codec_nccl (the NCCL all-reduce); UNVERIFIED until a GPU (two for NCCL) has run
-#                   it (OCTET_SUITE_FILTER=nccl runs both)
+#                   it (OCTET_SUITE_FILTER=nccl runs them all)
+#   nn_moe_nccl     the expert-parallel MoE exchange over NCCL (comm/nccl_moe.cuh: plan, dispatch, rows,
+#                   combine) against the host exchange, bit for bit, one rank per GPU; UNVERIFIED too
 #   training_cuda   examples/08_training with its FP8 linears on the GPU (--linears cuda) against the
 #                   same 30-step runs on the host (cuda_matches_host.py: every loss within 0.02 nats)
 # Peers in Python (bench/gpu/*.py, each a line per result), among them linear_peers.py: Float8Linear
