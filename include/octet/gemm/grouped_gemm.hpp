@@ -1,5 +1,7 @@
 // octet/gemm/grouped_gemm.hpp: grouped scaled GEMM for mixture-of-experts layers, one call over all
-// experts (groups), and the grouped quantizer that feeds it. Host executor.
+// experts (groups), and the grouped quantizer that feeds it. Host executor here; the same entries on
+// a CUDA stream (sm_90a wgmma + TMA, one persistent kernel over all groups, and sm_89 mma.sync) are in
+// octet/gemm/grouped_gemm.cuh.
 //
 //   // the tokens of all experts in one matrix, sorted by expert; sizes[e] of them are expert e's
 //   octet::grouped_quantized_tensor<R> xq(octet::grouped_rows(sizes, K));        // each group sizes[e] x K
