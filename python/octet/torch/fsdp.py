@@ -65,7 +65,8 @@ from torch import nn
 
 from ._gemm import scaled_mm
 from ._quant import QuantizedTensor, _no_tensor_scale, layout, quantize
-from .linear import _PHILOX_STRIDE, Float8Linear, _push_amax, _raw, _ops, _widen, linear_recipe
+from .linear import (_PHILOX_STRIDE, Float8Linear, _forward_parts, _ops, _push_amax, _raw, _unpack, _widen,
+                     linear_recipe)
 
 # Recipes gathered quantized: tensorwise's and blockwise's column-wise copy is the row-wise copy
 # transposed (one scale per tensor, or per 128 x 128 block); mxfp8's and nvfp4's travel as their own.
@@ -483,12 +484,11 @@ class _GatheredLinearFn(torch.autograd.Function):
             # nvfp4: X's copies as the layer's forward makes them (X^T's of the Hadamard-rotated X,
             # padded to 16 tokens): the layer op itself, on a one-row stand-in weight it also
             # quantizes (X's copies do not depend on W), keeping X's row-wise copy for Y = X W^T.
-            in_f, tokens = x.shape[1], x.shape[0]
+            tokens, in_f = x.shape
             out = _ops.linear_forward(x, x.new_zeros(1, in_f), None, weight._recipe, None, None, seed, True, False,
                                       True, False)
-            x_t = QuantizedTensor(out[3], out[4], out[5], cfg.x, cfg.wgrad_tokens(tokens))
-            xq = QuantizedTensor(out[6], out[7], out[8], cfg.x, in_f)
-            info = {"amax": out[1]}
+            named = _unpack(out, _forward_parts(cfg, tokens, in_f, 1, True, False, True, False), x)
+            x_t, xq, info = named["x_t"], named["x"], {"amax": named["x_amax"]}
         else:
             xq, x_t, info = quantize(x, cfg.x, rowwise=True, columnwise=True, amax_history=x_hist)
         y = scaled_mm(xq, wq, bias=bias)
