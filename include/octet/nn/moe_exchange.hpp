@@ -71,7 +71,8 @@
 //   // ... the experts' backward: dX_e rows in the received order ...
 //   octet::moe_combine_host(comm, dx_e, ones, plan.ref(), xch.ref(), dx);   // weights of 1: dX_t = sum of t's rows
 //
-// Not here (yet): NCCL on a stream, torch.distributed.
+// The same exchange over NCCL on a stream (rows in device memory): octet/comm/nccl_moe.cuh; from
+// Python over torch.distributed: octet.torch.moe (expert_parallel_dispatch / _combine).
 //
 // This header holds the types, the options and the entries; their implementation is in
 // octet/nn/detail/moe_exchange.hpp, which it includes at its end.
