@@ -16,8 +16,9 @@
 // gate/), trainer.hpp (one run, in named parts: setup, step(), the checkpointer, the evaluator, the
 // recovery wiring, with optimizer.hpp, gradients.hpp, gradient_exchange.hpp, step_checks.hpp,
 // checkpointer.hpp, evaluator.hpp, ledger.hpp), faults.hpp (the injected faults, through a hook the
-// trainer calls), report.hpp (its parts in report/), ranks.hpp / mpi_ranks.hpp; the model, corpus, model files, meter and report kit are the
-// examples' shared library (examples/common). This file: the sweep, the verdicts, main().
+// trainer calls), report.hpp (its parts in report/), ranks.hpp / mpi_ranks.hpp; the model, corpus,
+// model files, meter and report kit are the examples' shared library (examples/common). This file:
+// the sweep, the verdicts, main().
 //
 // Run:  cmake --workflow --preset demo        (the quick default; build/demo/examples/example_08_training)
 //       example_08_training --preset full     (every recipe, 3 seeds, 2 lengths, 2 sizes)
