@@ -247,14 +247,7 @@ moe_exchange_report nccl_moe_dispatch_impl(const nccl_communicator& comm, const 
             return carve_moe_exchange(c, z, 0);
         },
         hblock, hs, local_failure, local_message);
-    moe_exchange_descriptor desc;
-    desc.op = static_cast<std::uint32_t>(by_token ? moe_exchange_op::dispatch : moe_exchange_op::dispatch_rows);
-    desc.world = P;
-    desc.expected = opt.expected_ranks;
-    desc.experts = xch.experts;
-    desc.cols = d;
-    desc.recipe_format = recipe_format_word<Recipe>();
-    desc.recipe_policy = recipe_policy_word<Recipe>();
+    const auto desc = dispatch_descriptor<Recipe>(by_token, P, opt.expected_ranks, xch.experts, d);
     agree_moe_exchange(meta, hs, desc, plan, xch, true, local_failure, local_message, fn);
     rep.agreement_bytes = sizeof desc + 2 * xch.experts * sizeof(std::uint64_t);
     rep.agree_s = seconds_since(t0);
@@ -420,13 +413,7 @@ moe_exchange_report moe_combine(Comm& comm, const stream_executor& ex, matrix_re
             return detail::carve_moe_exchange(c, z, 0);
         },
         hblock, hs, local_failure, local_message);
-    detail::moe_exchange_descriptor desc;
-    desc.op = static_cast<std::uint32_t>(detail::moe_exchange_op::combine);
-    desc.world = P;
-    desc.expected = opt.expected_ranks;
-    desc.experts = xch.experts;
-    desc.cols = d;
-    desc.wire = static_cast<std::uint32_t>(opt.combine_wire) + 1;
+    const auto desc = detail::combine_descriptor(P, opt.expected_ranks, xch.experts, d, opt.combine_wire);
     detail::agree_moe_exchange(meta, hs, desc, plan, xch, true, local_failure, local_message, fn);
     rep.agreement_bytes = sizeof desc + 2 * xch.experts * sizeof(std::uint64_t);
     rep.agree_s = detail::seconds_since(t0);

@@ -453,30 +453,9 @@ quantized_allgather_report nccl_quantized_allgather(Comm& comm, const stream_exe
         if (whole_nan && ar.nonfinite && nan_rank < 0) nan_rank = r;
         if (ar.d.rows > 0 && first_nonempty < 0) first_nonempty = r;
     }
-    if (total != d0.total_rows)
-        throw error(message(fn, ": ", want_row ? "out has " : "out_t has ", d0.total_rows,
-                            want_row ? " rows" : " columns", " but the ranks hold ", total,
-                            " rows together; pass out with quant_layout_of<Recipe>::make(", total, ", ", x.cols,
-                            ") (out_t: make(", x.cols, ", ", total, ")) on every rank"));
-    const std::size_t granule = row_granule<Recipe>(want_row, want_col);
-    if (granule > 1) {
-        std::size_t begin = 0;
-        for (int r = 0; r < P; ++r) {
-            const std::size_t m = static_cast<std::size_t>(all[r].d.rows), end = begin + m;
-            if (m > 0 && (begin % granule != 0 || (end % granule != 0 && end != total)))
-                throw error(message(
-                    fn, ": my_rows of rank ", r, " are rows [", begin, ", ", end, ") of the matrix, but the ",
-                    want_col ? "copies' blocks (the column-wise copy's run along the rows) need"
-                             : "recipe's blocks need",
-                    " every rank's rows to start on a multiple of ", granule,
-                    " and end on one (the last rows may end at the matrix's end, row ", total,
-                    "); give every rank a "
-                    "multiple of ",
-                    granule, " rows (the last one the rest)",
-                    want_col ? ", or gather the row-wise copy only" : ", or use a row-local recipe (block<1, C>)"));
-            begin = end;
-        }
-    }
+    check_gathered_rows<Recipe>(
+        fn, P, [&](int r) { return static_cast<std::size_t>(all[r].d.rows); }, total,
+        static_cast<std::size_t>(d0.total_rows), x.cols, want_row, want_col);
     rep.row_offset = offset;
     rep.rows = total;
     rep.amax = amax;

@@ -427,6 +427,35 @@ constexpr std::size_t row_granule(bool want_row, bool want_col) {
     return r;
 }
 
+/// The checks of the ranks' rows that every rank makes alike once it has all descriptors (host and
+/// NCCL all-gathers): together they are the destination's `out_rows` rows (out's rows, or out_t's
+/// columns), and each rank's rows start on a multiple of row_granule and end on one (the last may
+/// end at the matrix's end). Throws octet::error naming the rank and the fix. rows_of(r): rank r's rows.
+template <class Recipe, class RowsOf>
+void check_gathered_rows(const char* fn, int P, RowsOf&& rows_of, std::size_t total, std::size_t out_rows,
+                         std::size_t cols, bool want_row, bool want_col) {
+    if (total != out_rows)
+        throw error(message(fn, ": ", want_row ? "out has " : "out_t has ", out_rows, want_row ? " rows" : " columns",
+                            " but the ranks hold ", total,
+                            " rows together; pass out with quant_layout_of<Recipe>::make(", total, ", ", cols,
+                            ") (out_t: make(", cols, ", ", total, ")) on every rank"));
+    const std::size_t granule = row_granule<Recipe>(want_row, want_col);
+    if (granule <= 1) return;
+    std::size_t begin = 0;
+    for (int r = 0; r < P; ++r) {
+        const std::size_t m = rows_of(r), end = begin + m;
+        if (m > 0 && (begin % granule != 0 || (end % granule != 0 && end != total)))
+            throw error(message(
+                fn, ": my_rows of rank ", r, " are rows [", begin, ", ", end, ") of the matrix, but the ",
+                want_col ? "copies' blocks (the column-wise copy's run along the rows) need" : "recipe's blocks need",
+                " every rank's rows to start on a multiple of ", granule,
+                " and end on one (the last rows may end at the matrix's end, row ", total,
+                "); give every rank a multiple of ", granule, " rows (the last one the rest)",
+                want_col ? ", or gather the row-wise copy only" : ", or use a row-local recipe (block<1, C>)"));
+        begin = end;
+    }
+}
+
 /// Places rank r's gathered column-wise codes (rows of x^T, m codes each from column `begin`)
 /// into out_t's rows; `begin` is a multiple of the packing group.
 template <class Recipe>
@@ -536,30 +565,9 @@ quantized_allgather_report quantized_allgather_impl(Transport& comm, const host_
         if (dr.nonfinite && nan_rank < 0) nan_rank = r;
         if (dr.rows > 0 && first_nonempty < 0) first_nonempty = r;
     }
-    if (total != d.total_rows)
-        throw error(message(fn, ": ", want_row ? "out has " : "out_t has ", d.total_rows,
-                            want_row ? " rows" : " columns", " but the ranks hold ", total,
-                            " rows together; pass out with quant_layout_of<Recipe>::make(", total, ", ", x.cols,
-                            ") (out_t: make(", x.cols, ", ", total, ")) on every rank"));
-    const std::size_t granule = row_granule<Recipe>(want_row, want_col);
-    if (granule > 1) {
-        std::size_t begin = 0;
-        for (int r = 0; r < P; ++r) {
-            const std::size_t m = static_cast<std::size_t>(s.descriptors[r].rows), end = begin + m;
-            if (m > 0 && (begin % granule != 0 || (end % granule != 0 && end != total)))
-                throw error(message(
-                    fn, ": my_rows of rank ", r, " are rows [", begin, ", ", end, ") of the matrix, but the ",
-                    want_col ? "copies' blocks (the column-wise copy's run along the rows) need"
-                             : "recipe's blocks need",
-                    " every rank's rows to start on a multiple of ", granule,
-                    " and end on one (the last rows may end at the matrix's end, row ", total,
-                    "); give every rank a "
-                    "multiple of ",
-                    granule, " rows (the last one the rest)",
-                    want_col ? ", or gather the row-wise copy only" : ", or use a row-local recipe (block<1, C>)"));
-            begin = end;
-        }
-    }
+    check_gathered_rows<Recipe>(
+        fn, P, [&](int r) { return static_cast<std::size_t>(s.descriptors[r].rows); }, total,
+        static_cast<std::size_t>(d.total_rows), x.cols, want_row, want_col);
     rep.row_offset = offset;
     rep.rows = total;
     rep.amax = amax;

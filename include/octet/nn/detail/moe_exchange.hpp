@@ -346,6 +346,35 @@ inline void moe_report_rows(moe_exchange_report& rep, const moe_exchange_scratch
     rep.bf16_bytes_sent = rep.rows_sent * cols * sizeof(bf16);
 }
 
+/// The descriptor every rank of a dispatch (by_token) or dispatch_rows call contributes to the
+/// agreement (the host exchange's and the NCCL one's).
+template <class Recipe>
+moe_exchange_descriptor dispatch_descriptor(bool by_token, int world, int expected, std::size_t experts,
+                                            std::size_t d) {
+    moe_exchange_descriptor desc;
+    desc.op = static_cast<std::uint32_t>(by_token ? moe_exchange_op::dispatch : moe_exchange_op::dispatch_rows);
+    desc.world = world;
+    desc.expected = expected;
+    desc.experts = experts;
+    desc.cols = d;
+    desc.recipe_format = recipe_format_word<Recipe>();
+    desc.recipe_policy = recipe_policy_word<Recipe>();
+    return desc;
+}
+
+/// The descriptor every rank of a combine call contributes to the agreement.
+inline moe_exchange_descriptor combine_descriptor(int world, int expected, std::size_t experts, std::size_t d,
+                                                  moe_combine_wire wire) {
+    moe_exchange_descriptor desc;
+    desc.op = static_cast<std::uint32_t>(moe_exchange_op::combine);
+    desc.world = world;
+    desc.expected = expected;
+    desc.experts = experts;
+    desc.cols = d;
+    desc.wire = static_cast<std::uint32_t>(wire) + 1;
+    return desc;
+}
+
 }  // namespace detail
 
 // ---- plan ------------------------------------------------------------------------------------------
@@ -493,15 +522,7 @@ moe_exchange_report moe_dispatch_impl(Transport& comm, quantized_ref<Recipe, Byt
             return detail::carve_moe_exchange(c, detail::moe_dispatch_sizes(x, plan, xch), 0);
         },
         block, s, local_failure, local_message);
-    detail::moe_exchange_descriptor desc;
-    desc.op = static_cast<std::uint32_t>(by_token ? detail::moe_exchange_op::dispatch
-                                                  : detail::moe_exchange_op::dispatch_rows);
-    desc.world = P;
-    desc.expected = opt.expected_ranks;
-    desc.experts = xch.experts;
-    desc.cols = d;
-    desc.recipe_format = detail::recipe_format_word<Recipe>();
-    desc.recipe_policy = detail::recipe_policy_word<Recipe>();
+    const auto desc = detail::dispatch_descriptor<Recipe>(by_token, P, opt.expected_ranks, xch.experts, d);
     detail::agree_moe_exchange(comm, s, desc, plan, xch, true, local_failure, local_message, fn);
     rep.agreement_bytes = sizeof desc + 2 * xch.experts * sizeof(std::uint64_t);
     rep.agree_s = detail::seconds_since(t0);
@@ -653,13 +674,7 @@ moe_exchange_report moe_combine_host(Transport& comm, matrix_ref<Y> y, matrix_re
                 detail::moe_combine_quantize_bytes(opt.executor, y, opt.combine_wire));
         },
         block, s, local_failure, local_message);
-    detail::moe_exchange_descriptor desc;
-    desc.op = static_cast<std::uint32_t>(detail::moe_exchange_op::combine);
-    desc.world = P;
-    desc.expected = opt.expected_ranks;
-    desc.experts = xch.experts;
-    desc.cols = d;
-    desc.wire = static_cast<std::uint32_t>(opt.combine_wire) + 1;
+    const auto desc = detail::combine_descriptor(P, opt.expected_ranks, xch.experts, d, opt.combine_wire);
     detail::agree_moe_exchange(comm, s, desc, plan, xch, true, local_failure, local_message, fn);
     rep.agreement_bytes = sizeof desc + 2 * xch.experts * sizeof(std::uint64_t);
     rep.agree_s = detail::seconds_since(t0);
