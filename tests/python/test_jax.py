@@ -217,7 +217,9 @@ def test_scaled_mm_against_float64(np_rng, pair, dtype):
     # and the quantized product is near the float64 product of the inputs (the recipe's error)
     full = alpha * np.asarray(x, np.float64) @ np.asarray(w, np.float64)
     rel = np.linalg.norm(np.asarray(d, np.float64) - full) / np.linalg.norm(full)
-    assert rel < (0.2 if pair[0] == "nvfp4" else 0.06)
+    # (each operand's elements round by at most E4M3's 2^-4 relative, so the product by at most about
+    # 2 x 2^-4 norm-wise; 1x128 float scales measure about 0.04, MXFP8's power-of-two scales up to 0.063)
+    assert rel < (0.2 if pair[0] == "nvfp4" else 2 * 2.0**-4)
 
 
 # ---- bad input ----
