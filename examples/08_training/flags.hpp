@@ -27,13 +27,14 @@ struct flags {
     bool faults = true, help = false, save_models = false;
     std::string out = "training_report", corpus = OCTET_TRAINING_CORPUS;
     std::string linears = "host";
+    std::string moe;  ///< the size-name suffix of --moe (moe_suffix), empty without it
 };
 
 inline const char* usage =
     "usage: example_08_training [--preset quick|full|memory] [--recipes a,b,...] [--seeds 0,1,2] [--steps 200,400]\n"
     "                           [--sizes tiny,small] [--ranks N] [--batch N] [--threads N] [--lr X]\n"
     "                           [--tolerance NATS] [--no-faults] [--out FOLDER] [--corpus FILE]\n"
-    "                           [--linears host|cuda]\n"
+    "                           [--linears host|cuda] [--moe EXPERTS,TOP_K[,EVERY]]\n"
     "  --preset quick  (default) recipes fp32,octet,octet_no_recovery; seeds 0,1,2; 150 steps; size tiny\n"
     "  --preset full   every recipe; seeds 0,1,2; 150 and 300 steps; sizes tiny and small (about 2 h 10 min on 2 "
     "cores)\n"
@@ -53,6 +54,11 @@ inline const char* usage =
     "  --save-models   write each run's final weights to FOLDER/models/SIZE_RECIPE_STEPS_seedN.bin\n"
     "                  (model_file.hpp; examples/09_rl starts from one with --init)\n"
     "  --out           output folder for report.md, report.json and the SVG plots (default training_report)\n"
+    "  --moe E,K[,N]   beside each size, its mixture-of-experts variant SIZE_moeExK (the MLP of every Nth\n"
+    "                  block, default every block: E GELU experts of width d_ff / K, each token routed to\n"
+    "                  K of them, as many active MLP parameters as the dense size): float32 runs it with\n"
+    "                  octet's routing around float GEMMs, blockwise and mxfp8 recipes in FP8 (octet's MoE\n"
+    "                  layer); the report adds the experts' load and the dispatch bytes, FP8 against bf16\n"
     "  --linears cuda  the FP8 linear layers on the CUDA GPU (a build with CUDA; every other part of the\n"
     "                  step stays on the host; not nvfp4): X, W and dY go to the device, Y, dX, dW come back\n";
 
@@ -115,6 +121,11 @@ inline flags parse_flags(int argc, char** argv, int processes = 0) {
             f.out = need(i);
         } else if (a == "--corpus") {
             f.corpus = need(i);
+        } else if (a == "--moe") {
+            const std::vector<int> v = ints(a, need(i));
+            if (v.size() < 2 || v.size() > 3 || v[0] < 1 || v[1] < 1 || (v.size() == 3 && v[2] < 1))
+                throw std::invalid_argument("--moe: pass EXPERTS,TOP_K or EXPERTS,TOP_K,EVERY (positive integers)");
+            f.moe = moe_suffix(v[0], v[1], v.size() == 3 ? v[2] : 1);
         } else if (a == "--linears") {
             f.linears = need(i);
             if (f.linears != "host" && f.linears != "cuda")
@@ -151,6 +162,11 @@ inline flags parse_flags(int argc, char** argv, int processes = 0) {
     if (!sizes.empty()) f.sizes = sizes;
     if (!seeds.empty()) f.seeds = seeds;
     if (!steps.empty()) f.steps = steps;
+    if (!f.moe.empty()) {  // each size, then its mixture-of-experts variant
+        std::vector<std::string> with;
+        for (const auto& s : f.sizes) with.insert(with.end(), {s, s + f.moe});
+        f.sizes = with;
+    }
     if (processes > 0) {
         if (ranks_given && f.ranks != processes)
             throw std::invalid_argument(

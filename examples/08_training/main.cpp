@@ -139,7 +139,16 @@ int run_program(int argc, char** argv, process_ranks* procs) {
             if (it == known.end()) throw std::invalid_argument("--recipes: unknown recipe '" + name + "'");
             recipes.push_back(*it);
         }
-        for (const auto& s : f.sizes) size_config(s);
+        for (const auto& s : f.sizes)
+            if (size_config(s).moe()) {
+                for (const auto& r : recipes)
+                    if (*moe_mode_refusal(r.linear) != '\0')
+                        throw std::invalid_argument("size " + s + " with recipe " + r.name + ": " +
+                                                    moe_mode_refusal(r.linear) + " (or leave out --moe)");
+                if (f.linears == "cuda")
+                    throw std::invalid_argument("size " + s +
+                                                ": the mixture of experts runs on the host; leave out --linears cuda");
+            }
         if (f.linears == "cuda") {
 #if TRAIN_HAS_CUDA_LINEARS
             std::string why;

@@ -379,6 +379,15 @@ train::sweep_result make_sweep(std::mt19937_64& g, std::size_t long_steps) {
                 r.monitor_overhead = r.monitor_seconds / r.wall_seconds;
                 r.clip_crossings = int(10 * u(g));
                 r.sample = recipe == odd_recipe ? odd_sample : "the quick brown fox";
+                if (size == "small") {  // a mixture of experts in 2 blocks of 4 experts, top 2
+                    r.moe_blocks = 2, r.experts = 4, r.top_k = 2;
+                    r.expert_tokens.assign(2, std::vector<double>(4));
+                    for (auto& b : r.expert_tokens)
+                        for (auto& v : b) v = std::floor(1e4 * u(g));
+                    r.expert_imbalance = 1 + u(g), r.expert_imbalance_max = 2 + u(g);
+                    r.moe_aux_loss = recipe == odd_recipe ? train::not_measured : 1 + 0.1 * u(g);
+                    r.dispatch_fp8_bytes = 1e5 * (1 + u(g)), r.dispatch_bf16_bytes = 2 * r.dispatch_fp8_bytes;
+                }
                 s.runs.push_back(r);
             }
     s.runs[1].final_heldout_loss = train::not_measured;  // NaN and Inf become null
@@ -416,6 +425,19 @@ TEST_CASE("report: every output is written, well-formed, and carries the sweep's
             const jvalue& jr = j["runs"][i];
             CHECK(jr["recipe"].s == r.recipe);
             CHECK(jr["tokens_per_second"].n == doctest::Approx(r.tokens_per_second).epsilon(1e-9));
+            if (r.moe_blocks == 0) {
+                CHECK(jr["moe"].kind == jvalue::null);
+            } else {
+                const jvalue& m = jr["moe"];
+                CHECK(m["blocks"].n == r.moe_blocks);
+                CHECK(m["expert_tokens"][1][3].n == r.expert_tokens[1][3]);
+                CHECK(m["imbalance"].n == r.expert_imbalance);
+                CHECK(m["dispatch_bf16_bytes"].n == r.dispatch_bf16_bytes);
+                if (std::isfinite(r.moe_aux_loss))
+                    CHECK(m["aux_loss"].n == r.moe_aux_loss);
+                else
+                    CHECK(m["aux_loss"].kind == jvalue::null);
+            }
             const std::size_t stride = std::size_t(jr["curve_stride"].n);
             CHECK(stride == (r.train_loss.size() > 2000 ? (r.train_loss.size() + 1999) / 2000 : 1u));
             REQUIRE(jr["train_loss"].a.size() == (r.train_loss.size() + stride - 1) / stride);
@@ -482,6 +504,21 @@ TEST_CASE("report: every output is written, well-formed, and carries the sweep's
         CHECK(md.find("scripted \\| reload") != std::string::npos);
         for (const char* svg : {"(loss_curves.svg)", "(memory.svg)", "(telemetry.svg)"})
             CHECK(md.find(svg) != std::string::npos);
+        // The mixture-of-experts section: one row per recipe and length of the MoE size, then each
+        // group's tokens per expert and block
+        const std::size_t moe = md.find("## Mixture of experts");
+        REQUIRE(moe != std::string::npos);
+        const std::size_t moe_end = md.find("## Step time");
+        CHECK(md.find("## Recovery events") < moe);
+        std::istringstream moe_lines(md.substr(moe, moe_end - moe));
+        std::size_t moe_rows = 0, token_lines = 0;
+        for (std::string line; std::getline(moe_lines, line);) {
+            moe_rows += line.rfind("| ", 0) == 0;
+            token_lines += line.rfind("- ", 0) == 0;
+            CHECK(line.find("| tiny |") == std::string::npos);
+        }
+        CHECK(moe_rows == 3 * 2 + 1);
+        CHECK(token_lines == 3 * 2 * 2);
     }
 
     SUBCASE("SVG: well-formed, escaped, one series per drawable curve") {

@@ -55,6 +55,15 @@ struct run_result {
     std::vector<std::vector<double>> attention_residual;  ///< [step][layer]
     std::vector<std::vector<double>> attention_residual_q;  ///< [step][layer]
     std::string sample;                                     ///< generated text after training
+    // Mixture of experts (moe_blocks 0 and the rest empty for a dense model), over the applied steps
+    int moe_blocks = 0, experts = 0, top_k = 0;
+    std::vector<std::vector<double>> expert_tokens;  ///< [MoE block][expert]: assignments, all ranks, all steps
+    double expert_imbalance = not_measured;      ///< mean over steps and blocks of max_e load / mean_e load (1: even)
+    double expert_imbalance_max = not_measured;  ///< its largest value over steps and blocks
+    double moe_dropped = 0;                      ///< assignments dropped (past an expert's capacity)
+    double moe_aux_loss = not_measured;          ///< mean over steps of L_aux per block (1 when balanced)
+    double dispatch_fp8_bytes = 0;               ///< per step, all ranks: the rows as FP8 codes and scales
+    double dispatch_bf16_bytes = 0;              ///< per step, all ranks: the rows as bf16
 };
 
 /// One check of the validation gate.

@@ -151,6 +151,7 @@ public:
         res_.recipe = o.recipe.name, res_.size = o.size.name, res_.seed = o.seed, res_.steps = o.steps;
         res_.ranks = P_, res_.local_ranks = ranks_.count, res_.recovery = o.recipe.recovery;
         res_.parameters = static_cast<double>(n_);
+        res_.moe_blocks = o.size.moe_blocks(), res_.experts = o.size.moe_experts, res_.top_k = o.size.moe_top_k;
     }
     trainer(const trainer&) = delete;  // the recovery callbacks hold `this`
     trainer& operator=(const trainer&) = delete;
@@ -262,8 +263,13 @@ private:
         s.residual.assign(static_cast<std::size_t>(mc.layers), 0.0);
         if (o_.recipe.attention == attention_mode::fp8) s.residual_q.assign(static_cast<std::size_t>(mc.layers), 0.0);
         // Each rank's share of the step's numbers: [loss, residual per layer, residual_q per layer]
-        // over P, and [quantized, saturated, underflow]; summed over the ranks in rank order.
-        const std::size_t nl = s.residual.size(), nq = s.residual_q.size(), nd = 1 + nl + nq;
+        // over P, the mixture of experts' [tokens per block and expert, dropped, L_aux over P, FP8
+        // and bf16 dispatch bytes], and [quantized, saturated, underflow]; summed over the ranks in
+        // rank order.
+        const std::size_t nl = s.residual.size(), nq = s.residual_q.size();
+        const std::size_t ne = static_cast<std::size_t>(mc.moe_blocks()) * static_cast<std::size_t>(mc.moe_experts);
+        const std::size_t nm = mc.moe() ? ne + 4 : 0, nd = 1 + nl + nq + nm;
+        s.expert_tokens.assign(ne, 0.0);
         std::vector<double> shares(static_cast<std::size_t>(P) * nd, 0.0);
         std::vector<std::uint64_t> counts(static_cast<std::size_t>(P) * 3, 0);
         for (int l = 0; l < L; ++l) {
@@ -280,6 +286,15 @@ private:
                 d[1 + k] = t.attention_residual[k] / P;
             for (std::size_t k = 0; k < t.attention_residual_q.size() && k < nq; ++k)
                 d[1 + nl + k] = t.attention_residual_q[k] / P;
+            if (nm > 0) {
+                double* m = d + 1 + nl + nq;
+                std::size_t at = 0;
+                for (const auto& block : t.expert_tokens)
+                    for (double v : block)
+                        if (at < ne) m[at++] = v;
+                m[ne] = static_cast<double>(t.moe_dropped), m[ne + 1] = t.moe_aux_loss / P;
+                m[ne + 2] = t.dispatch_fp8_bytes, m[ne + 3] = t.dispatch_bf16_bytes;
+            }
             std::uint64_t* c = counts.data() + static_cast<std::size_t>(first + l) * 3;
             c[0] = t.quantized, c[1] = t.saturated, c[2] = t.underflow;
             for (const auto& [k, v] : t.op_seconds) model_seconds_[k] += v;
@@ -295,6 +310,12 @@ private:
             s.loss += d[0];
             for (std::size_t k = 0; k < nl; ++k) s.residual[k] += d[1 + k];
             for (std::size_t k = 0; k < nq; ++k) s.residual_q[k] += d[1 + nl + k];
+            if (nm > 0) {
+                const double* m = d + 1 + nl + nq;
+                for (std::size_t k = 0; k < ne; ++k) s.expert_tokens[k] += m[k];
+                s.moe_dropped += m[ne], s.moe_aux_loss += m[ne + 1];
+                s.dispatch_fp8_bytes += m[ne + 2], s.dispatch_bf16_bytes += m[ne + 3];
+            }
             const std::uint64_t* c = counts.data() + static_cast<std::size_t>(r) * 3;
             s.quantized += c[0], s.saturated += c[1], s.underflow += c[2];
         }
@@ -337,6 +358,31 @@ private:
         res_.underflow_rate[si] = static_cast<double>(current_.underflow) / q;
         res_.attention_residual[si] = current_.residual;
         res_.attention_residual_q[si] = current_.residual_q;
+        if (res_.moe_blocks > 0) record_moe();
+    }
+
+    /// An applied step's mixture-of-experts numbers, added to the run's (finish() takes the means).
+    void record_moe() {
+        const std::size_t B = static_cast<std::size_t>(res_.moe_blocks), E = static_cast<std::size_t>(res_.experts);
+        if (res_.expert_tokens.empty()) res_.expert_tokens.assign(B, std::vector<double>(E, 0.0));
+        for (std::size_t b = 0; b < B; ++b) {
+            const double* load = current_.expert_tokens.data() + b * E;
+            double total = 0, most = 0;
+            for (std::size_t e = 0; e < E; ++e) {
+                res_.expert_tokens[b][e] += load[e];
+                total += load[e];
+                most = std::max(most, load[e]);
+            }
+            const double imbalance = total > 0 ? most / (total / static_cast<double>(E)) : 1.0;
+            imbalance_sum_ += imbalance;
+            res_.expert_imbalance_max =
+                std::isfinite(res_.expert_imbalance_max) ? std::max(res_.expert_imbalance_max, imbalance) : imbalance;
+        }
+        res_.moe_dropped += current_.moe_dropped;
+        aux_sum_ += current_.moe_aux_loss / static_cast<double>(B);
+        fp8_bytes_sum_ += current_.dispatch_fp8_bytes;
+        bf16_bytes_sum_ += current_.dispatch_bf16_bytes;
+        ++moe_steps_;
     }
 
     // ---- recovery wiring -------------------------------------------------------------------------
@@ -401,6 +447,13 @@ private:
             res_.final_train_loss = k ? s / k : not_measured;
         }
         res_.final_heldout_loss = res_.heldout.empty() ? not_measured : res_.heldout.back().second;
+        if (moe_steps_ > 0) {
+            const double steps = static_cast<double>(moe_steps_);
+            res_.expert_imbalance = imbalance_sum_ / (steps * res_.moe_blocks);
+            res_.moe_aux_loss = aux_sum_ / steps;
+            res_.dispatch_fp8_bytes = fp8_bytes_sum_ / steps;
+            res_.dispatch_bf16_bytes = bf16_bytes_sum_ / steps;
+        }
         res_.heldout_bpc = res_.final_heldout_loss / std::log(2.0);
         if (lead() && !o_.save_model.empty()) {
             std::vector<float> weights(n_);  // the file holds float32 (after the run: not booked)
@@ -457,6 +510,9 @@ private:
     run_result res_;
     int raised_steps_ = 0;  // steps repeated at float32 (their float copies are in the peak)
     double wall_ = 0, executed_tokens_ = 0, crash_seconds_ = 0;
+    // the mixture of experts' sums over the applied steps (record_moe)
+    double imbalance_sum_ = 0, aux_sum_ = 0, fp8_bytes_sum_ = 0, bf16_bytes_sum_ = 0;
+    int moe_steps_ = 0;
     std::int64_t replay_until_ = -1;
     std::map<std::string, double> op_seconds_;     // the trainer's own (all-reduce, optimizer): this process's
     std::map<std::string, double> model_seconds_;  // the models' operations: summed over every rank

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -16,8 +17,8 @@
 namespace common {
 
 /// A decoder-only transformer: token embedding, `layers` pre-norm blocks (RMSNorm, causal
-/// multi-head attention with grouped-query heads, RMSNorm, a GELU MLP), a final RMSNorm and an
-/// output head (tied to the embedding or separate). Characters are tokens.
+/// multi-head attention with grouped-query heads, RMSNorm, a GELU MLP or a mixture of experts), a
+/// final RMSNorm and an output head (tied to the embedding or separate). Characters are tokens.
 struct model_config {
     std::string name = "tiny";
     int vocab = 0;  ///< set from the corpus
@@ -29,6 +30,23 @@ struct model_config {
     int d_ff = 512;
     int seq_len = 128;  ///< tokens per sequence (the model sees seq_len inputs, predicts seq_len targets)
     bool tied_head = true;
+    /// Mixture of experts (0: every MLP is dense): the MLP of every moe_every-th block (blocks
+    /// moe_every - 1, 2 moe_every - 1, ...) is moe_experts GELU experts of width d_ff / moe_top_k,
+    /// each token routed to moe_top_k of them, so a token meets as many MLP weights as the dense
+    /// MLP of the same d_ff (equal active parameters).
+    int moe_experts = 0;
+    int moe_top_k = 0;
+    int moe_every = 1;
+    /// The load-balancing loss's weight (Switch Transformer's 0.01; its gradient reaches the router).
+    float moe_aux_loss = 0.01f;
+
+    bool moe() const { return moe_experts > 0; }
+    /// Whether block l's MLP is the mixture of experts.
+    bool moe_block(int l) const { return moe() && (l + 1) % moe_every == 0; }
+    /// Blocks whose MLP is the mixture of experts.
+    int moe_blocks() const { return moe() ? layers / moe_every : 0; }
+    /// Each expert's hidden width.
+    int expert_ff() const { return moe() ? d_ff / moe_top_k : 0; }
 };
 
 /// The non-empty items of a comma-separated flag value ("a,b,,c" -> a, b, c).
@@ -40,10 +58,33 @@ inline std::vector<std::string> split(const std::string& s) {
     return v;
 }
 
-/// The named sizes: tiny, small, medium (vocab is left 0: set it from the corpus).
-inline model_config size_config(const std::string& name) {
+/// The suffix a size's name takes for its mixture-of-experts variant: _moe{experts}x{top_k}, and
+/// _every{n} when not every block's MLP is one ("tiny_moe8x2", "small_moe8x2_every2").
+inline std::string moe_suffix(int experts, int top_k, int every) {
+    std::string s = "_moe" + std::to_string(experts) + "x" + std::to_string(top_k);
+    if (every != 1) s += "_every" + std::to_string(every);
+    return s;
+}
+
+/// The named sizes: tiny, small, medium, each optionally with moe_suffix (vocab is left 0: set it
+/// from the corpus).
+inline model_config size_config(const std::string& full_name) {
     model_config m;
-    m.name = name;
+    std::string name = full_name;
+    if (const auto at = full_name.find("_moe"); at != std::string::npos) {
+        name = full_name.substr(0, at);
+        int experts = 0, top_k = 0, every = 1, used = 0;
+        const std::string tail = full_name.substr(at);
+        const bool parsed =
+            std::sscanf(tail.c_str(), "_moe%dx%d%n", &experts, &top_k, &used) == 2 &&
+            (static_cast<std::size_t>(used) == tail.size() ||
+             (std::sscanf(tail.c_str() + used, "_every%d", &every) == 1 && moe_suffix(experts, top_k, every) == tail));
+        if (!parsed || experts < 1 || top_k < 1 || every < 1)
+            throw std::invalid_argument("--sizes: '" + full_name +
+                                        "' is not SIZE_moeEXPERTSxTOPK[_everyN] (e.g. tiny_moe8x2)");
+        m.moe_experts = experts, m.moe_top_k = top_k, m.moe_every = every;
+    }
+    m.name = full_name;
     if (name == "tiny") {  // ~0.2M parameters
         m.d_model = 128, m.layers = 1, m.heads_q = 4, m.heads_kv = 2, m.head_dim = 32, m.d_ff = 512, m.seq_len = 64;
     } else if (name == "small") {  // ~0.8M parameters
@@ -52,6 +93,12 @@ inline model_config size_config(const std::string& name) {
         m.d_model = 256, m.layers = 3, m.heads_q = 8, m.heads_kv = 4, m.head_dim = 32, m.d_ff = 1024;
     } else {
         throw std::invalid_argument("--sizes: unknown size '" + name + "' (use tiny, small or medium)");
+    }
+    if (m.moe()) {
+        if (m.moe_top_k > m.moe_experts || m.d_ff % m.moe_top_k != 0 || m.moe_every > m.layers)
+            throw std::invalid_argument(
+                "--sizes: '" + full_name + "': top_k must be at most the experts and divide d_ff (" +
+                std::to_string(m.d_ff) + "), and every at most the layers (" + std::to_string(m.layers) + ")");
     }
     return m;
 }

@@ -45,6 +45,7 @@
 #include "model/base.hpp"
 #include "model/kernels.hpp"
 #include "model/linear_layers.hpp"
+#include "model/moe_block.hpp"
 #include "model/step_buffers.hpp"
 
 namespace common {
@@ -56,19 +57,26 @@ namespace common {
 /// Offsets (in floats) of every tensor in the flat parameter vector, in this order:
 ///   tok_emb [vocab, d]     pos_emb [seq_len, d]
 ///   per layer l: norm1 [d], qkv [(heads_q + 2 heads_kv) head_dim, d], proj [d, heads_q head_dim],
-///                norm2 [d], up [d_ff, d], down [d, d_ff]
+///                norm2 [d], then a dense MLP: up [d_ff, d], down [d, d_ff]
+///                or a mixture of experts (config.moe_block(l)): router [E, d], up [E f, d] (expert
+///                e's f x d matrix at rows [e f, (e + 1) f)), down [E d, f] (expert e's d x f at rows
+///                [e d, (e + 1) d)), f = config.expert_ff()
 ///   norm_f [d]             head [vocab, d] (absent when tied: the head is tok_emb)
 /// Matrices are out x in (Y = X W^T), row-major.
 struct parameter_layout {
     struct block {
         std::size_t norm1, qkv, proj, norm2, up, down;
+        std::size_t router = 0;      ///< a mixture of experts' router (moe_params > 0), else unused
+        std::size_t moe_params = 0;  ///< router, up and down of a mixture of experts (contiguous), else 0
     };
     std::size_t tok_emb = 0, pos_emb = 0, norm_f = 0, head = 0, total = 0;
     std::vector<block> blocks;
     std::size_t qkv_out = 0, attn_width = 0;  ///< (heads_q + 2 heads_kv) head_dim, heads_q head_dim
+    std::size_t moe_params = 0;               ///< the largest block's moe_params
 
     explicit parameter_layout(const model_config& c) {
         const std::size_t d = static_cast<std::size_t>(c.d_model), F = static_cast<std::size_t>(c.d_ff);
+        const std::size_t E = static_cast<std::size_t>(c.moe_experts), Fe = static_cast<std::size_t>(c.expert_ff());
         qkv_out = static_cast<std::size_t>(c.heads_q + 2 * c.heads_kv) * static_cast<std::size_t>(c.head_dim);
         attn_width = static_cast<std::size_t>(c.heads_q) * static_cast<std::size_t>(c.head_dim);
         std::size_t at = 0;
@@ -85,8 +93,16 @@ struct parameter_layout {
             b.qkv = take(qkv_out * d);
             b.proj = take(d * attn_width);
             b.norm2 = take(d);
-            b.up = take(F * d);
-            b.down = take(d * F);
+            if (c.moe_block(l)) {
+                b.router = take(E * d);
+                b.up = take(E * Fe * d);
+                b.down = take(E * d * Fe);
+                b.moe_params = E * d + 2 * E * Fe * d;
+                moe_params = b.moe_params;
+            } else {
+                b.up = take(F * d);
+                b.down = take(d * F);
+            }
             blocks.push_back(b);
         }
         norm_f = take(d);
@@ -150,6 +166,13 @@ public:
             recipe.linear == linear_mode::float32 || recipe.linear == linear_mode::bf16 || TRAIN_HAS_FP8_LINEAR,
             "common::transformer", "recipe.linear",
             "is an FP8 mode but octet/nn/linear.hpp is not available in this build");
+        if (cfg_.moe()) {
+            OCTET_REQUIRE(*moe_mode_refusal(recipe.linear) == '\0', "common::transformer", "recipe.linear",
+                          moe_mode_refusal(recipe.linear));
+            OCTET_REQUIRE(!recipe.make_linear, "common::transformer", "recipe.make_linear",
+                          "places the linears on CUDA, but the mixture of experts runs on the host; use the host "
+                          "linears (--linears host) with a MoE size");
+        }
         const bool first = buf_->sized_for.empty();
         allocate(first);
         // Every temporary octet's host operations take (quantizer, GEMM, attention) comes from one
@@ -201,7 +224,9 @@ public:
         if (compress_o_recipe(r)) floats += N * cfg.heads_q * cfg.head_dim;  // O, kept as FP8 otherwise
         if (bf16_attention_recipe(r)) floats += N * W;                       // Q, K, V (bf16 otherwise)
         if (packed_o_recipe(r) && !compress_o_recipe(r)) floats += N * cfg.heads_q * cfg.head_dim;  // O (bf16)
-        return 4.0 * cfg.layers * floats;
+        // a MoE block's MLP keeps its placement (no float copies of the up and down inputs)
+        const double moe_less = r.linear != linear_mode::float32 ? N * (d + F) * cfg.moe_blocks() : 0.0;
+        return 4.0 * (cfg.layers * floats - moe_less);
     }
     /// The temporaries raising precision adds while it is on: the float linears' dY^T where the
     /// step buffers hold the head's alone (0 where the recipe's linears are float or bf16).
@@ -239,13 +264,20 @@ public:
         const double s = 0.02, s_res = 0.02 / std::sqrt(2.0 * c.layers);
         normal(lay.tok_emb, static_cast<std::size_t>(c.vocab) * d, s);
         normal(lay.pos_emb, static_cast<std::size_t>(c.seq_len) * d, s);
+        const std::size_t E = static_cast<std::size_t>(c.moe_experts), Fe = static_cast<std::size_t>(c.expert_ff());
         for (const auto& b : lay.blocks) {
             ones(b.norm1, d);
             normal(b.qkv, lay.qkv_out * d, s);
             normal(b.proj, d * lay.attn_width, s_res);
             ones(b.norm2, d);
-            normal(b.up, F * d, s);
-            normal(b.down, d * F, s_res);
+            if (b.moe_params > 0) {  // each expert initialized as a dense MLP of width f
+                normal(b.router, E * d, s);
+                normal(b.up, E * Fe * d, s);
+                normal(b.down, E * d * Fe, s_res);
+            } else {
+                normal(b.up, F * d, s);
+                normal(b.down, d * F, s_res);
+            }
         }
         ones(lay.norm_f, d);
         if (!c.tied_head) normal(lay.head, static_cast<std::size_t>(c.vocab) * d, s);
@@ -454,9 +486,22 @@ private:
         // bf16 gradients: one tensor's float gradient at a time (the largest matrix but the
         // embeddings', or the head's when untied), and the embeddings' for the whole backward
         const bool bf16_grads = r.gradients == gradient_storage::bf16;
-        f[S::gstage] = bf16_grads ? std::max({W * d, A * d, F * d, c.tied_head ? d : V * d}) : 0;
+        // (a MoE block's router, up and down together: its backward writes them at once)
+        f[S::gstage] =
+            bf16_grads ? std::max({W * d, A * d, F * d, c.tied_head ? d : V * d, parameter_layout(c).moe_params}) : 0;
         f[S::gemb] = bf16_grads ? (V + static_cast<std::size_t>(c.seq_len)) * d : 0;
         return f;
+    }
+    /// The mixture-of-experts MLP's shape of a model at max_batch sequences.
+    static moe_shape moe_shape_of(const model_config& c, int max_batch) {
+        moe_shape s;
+        s.max_tokens = static_cast<std::size_t>(max_batch) * static_cast<std::size_t>(c.seq_len);
+        s.d = static_cast<std::size_t>(c.d_model);
+        s.ff = static_cast<std::size_t>(c.expert_ff());
+        s.experts = static_cast<std::size_t>(c.moe_experts);
+        s.k = static_cast<std::size_t>(c.moe_top_k);
+        s.aux_loss = c.moe_aux_loss;
+        return s;
     }
     /// Whether the recipe's linears run in float or bf16 on the host, transposing dY into the step
     /// buffers (an FP8 linear keeps its own copies; a raised step's float path takes them too).
@@ -468,8 +513,9 @@ private:
     static std::size_t decode_slot_floats(const model_config& c) {
         const std::size_t d = static_cast<std::size_t>(c.d_model);
         const std::size_t W = static_cast<std::size_t>((c.heads_q + 2 * c.heads_kv) * c.head_dim);
-        return d * std::max({W, static_cast<std::size_t>(c.d_ff), static_cast<std::size_t>(c.vocab),
-                             static_cast<std::size_t>(c.seq_len)});
+        return std::max(d * std::max({W, static_cast<std::size_t>(c.d_ff), static_cast<std::size_t>(c.vocab),
+                                      static_cast<std::size_t>(c.seq_len)}),
+                        parameter_layout(c).moe_params);  // a MoE block's router, up and down, read at once
     }
     /// Bytes of the model's scratch arena: the largest ..._scratch_bytes query of the octet host
     /// operations a step of this recipe calls (the FP8 linears', the FP8 attention's quantizes,
@@ -489,13 +535,15 @@ private:
 #if TRAIN_HAS_FP8_LINEAR
         if (!r.make_linear) {  // the CUDA layers take device memory, not this arena
             const std::size_t shapes[4][2] = {{d, W}, {A, d}, {d, F}, {F, d}};
+            const std::size_t used = c.moe_blocks() == c.layers ? 2 : 4;  // up and down: dense blocks only
             with_fp8_linear_recipe(r.linear, [&](auto tag) {
                 using LR = typename decltype(tag)::type;
-                for (const auto& sh : shapes)
-                    most = std::max(most, octet::linear_scratch_bytes<LR>(ex, N, sh[0], sh[1]));
+                for (std::size_t i = 0; i < used; ++i)
+                    most = std::max(most, octet::linear_scratch_bytes<LR>(ex, N, shapes[i][0], shapes[i][1]));
             });
         }
 #endif
+        if (c.moe()) most = std::max(most, moe_scratch_bytes(r.linear, ex, moe_shape_of(c, max_batch)));
         if (r.attention == attention_mode::fp8) {
             std::vector<std::int32_t> cu(static_cast<std::size_t>(max_batch) + 1);
             for (std::size_t b = 0; b < cu.size(); ++b) cu[b] = static_cast<std::int32_t>(b * c.seq_len);
@@ -524,7 +572,7 @@ private:
         checked(c, max_batch);
         const double N = static_cast<double>(max_batch) * c.seq_len, d = c.d_model, F = c.d_ff;
         const double Hq = c.heads_q, hd = c.head_dim, A = Hq * hd, KW = c.heads_kv * hd, W = A + 2 * KW;
-        const double layers = c.layers;
+        const double layers = c.layers, moe_layers = c.moe_blocks(), dense_layers = layers - moe_layers;
         memory_split m;
         // per layer, in floats per token: residual input and middle, two rstd, GELU input, O, L
         const bool packed = r.saved_activations != saved_storage::float32;
@@ -533,15 +581,23 @@ private:
         if (r.linear == linear_mode::float32) act += 2 * d + F;  // the linears' float inputs
         if (r.attention == attention_mode::float32 && !bf16_attention_recipe(r)) act += W;  // Q, K, V
         m.activations = 4 * N * act * layers + 4 * N;                                       // + the final norm's rstd
+        // a MoE block has no GELU input u nor up and down inputs of its own: its block keeps its saves
+        m.activations -= 4 * N * moe_layers * ((packed ? 0 : F) + (r.linear == linear_mode::float32 ? d + F : 0));
+        if (c.moe()) {
+            const moe_block_memory mb = moe_memory_of(r.linear, moe_shape_of(c, max_batch));
+            m.activations += moe_layers * mb.activations;
+            m.temporaries += moe_layers * mb.temporaries + 4.0 * static_cast<double>(mb.scratch_floats);
+        }
         // + its input: float, or its copy (its output is recomputed in the backward)
         const std::size_t Ns = static_cast<std::size_t>(N);
         m.activations +=
             packed ? static_cast<double>(saved_copy::bytes_of(r.saved_activations, Ns, static_cast<std::size_t>(d)))
                    : 4 * N * d;
-        if (packed)  // x_in, x_mid, u (and O, Q K V where the recipe packs them) as copies
-            m.activations +=
-                layers * packed_saves_bytes(r, Ns, static_cast<std::size_t>(d), static_cast<std::size_t>(F),
-                                            static_cast<std::size_t>(A), static_cast<std::size_t>(W));
+        if (packed)  // x_in, x_mid, u (and O, Q K V where the recipe packs them) as copies; no u in a MoE block
+            for (const std::size_t u_cols : {static_cast<std::size_t>(F), std::size_t{0}})
+                m.activations += (u_cols ? dense_layers : moe_layers) *
+                                 packed_saves_bytes(r, Ns, static_cast<std::size_t>(d), u_cols,
+                                                    static_cast<std::size_t>(A), static_cast<std::size_t>(W));
         if (r.linear == linear_mode::bf16) m.activations += 2 * N * (2 * d + A + F) * layers;  // bf16 inputs
         const int workers = threads > 0 ? threads : octet::on_host().thread_count();
         const double chunks = std::ceil(N / kChunk);
@@ -558,11 +614,14 @@ private:
         // The host layers share one workspace (the largest layer's transient copies); the CUDA
         // layers (recipe.make_linear) keep their own.
         double shared_workspace = 0;
-        for (const auto& sh : shapes) {
+        for (std::size_t i = 0; i < 4; ++i) {
+            const auto& sh = shapes[i];
+            const double with = i < 2 ? layers : dense_layers;  // up and down: the dense blocks'
+            if (with == 0) continue;
             const auto lm = fp8_linear_memory(r.linear, Nt, sh[0], sh[1], recompute_linears_recipe(r));
-            m.activations += layers * static_cast<double>(lm.saved_for_backward);
+            m.activations += with * static_cast<double>(lm.saved_for_backward);
             // each model's own: the delayed-scaling histories, a CUDA layer's workspace
-            m.temporaries += layers * static_cast<double>(lm.state + (r.make_linear ? lm.workspace : 0));
+            m.temporaries += with * static_cast<double>(lm.state + (r.make_linear ? lm.workspace : 0));
             if (!r.make_linear)
                 shared_workspace =
                     std::max(shared_workspace, static_cast<double>(fp8_linear_workspace_bytes(
@@ -712,7 +771,7 @@ private:
                      std::size_t o_cols, std::size_t qkv_cols)
             : x_in(st, tokens, d),
               x_mid(st, tokens, d),
-              u(st, tokens, F),
+              u(st, F ? tokens : 0, F),
               o(st, o_cols ? tokens : 0, o_cols),
               qkv(st, qkv_cols ? tokens : 0, qkv_cols),
               booking(m, octet::memory_category::activations,
@@ -746,16 +805,18 @@ private:
         metered_vector<float> x_in, rstd1, x_mid, rstd2, u, o, lse;  // kept for the backward (x_in, x_mid, u: float)
         metered_vector<float> h1, h2, a;  // float inputs of qkv, up, down (while they compute in float)
         metered_vector<float> qkv;        // Q, K, V in float (while attention computes in float)
-        std::unique_ptr<linear_layer> lin_qkv, lin_proj, lin_up, lin_down;
+        std::unique_ptr<linear_layer> lin_qkv, lin_proj, lin_up, lin_down;  // (up, down: a dense MLP)
+        std::unique_ptr<moe_block> moe;        // the MLP of a mixture-of-experts block (no up, down, u)
         std::unique_ptr<packed_saves> packed;  // x_in, x_mid, u (o, qkv) as copies (recipe.saved_activations)
     };
 
-    /// Bytes of one layer's packed_saves at `tokens` under recipe r (the ledger's side); A and W:
-    /// attention's output and Q, K, V widths.
+    /// Bytes of one layer's packed_saves at `tokens` under recipe r (the ledger's side); F: GELU's
+    /// input width (0 in a MoE block); A and W: attention's output and Q, K, V widths.
     static double packed_saves_bytes(const recipe_config& r, std::size_t tokens, std::size_t d, std::size_t F,
                                      std::size_t A, std::size_t W) {
         const saved_storage st = r.saved_activations;
-        return static_cast<double>(2 * saved_copy::bytes_of(st, tokens, d) + saved_copy::bytes_of(st, tokens, F) +
+        return static_cast<double>(2 * saved_copy::bytes_of(st, tokens, d) +
+                                   saved_copy::bytes_of(st, F ? tokens : 0, F) +
                                    (packed_o_recipe(r) ? saved_copy::bytes_of(st, tokens, A) : 0) +
                                    (bf16_attention_recipe(r) ? saved_copy::bytes_of(st, tokens, W) : 0));
         // (O's copy only where packed_o_recipe; under float32 linears O stays in the layer's floats)
@@ -830,8 +891,10 @@ private:
     void allocate_float_saves(layer_state& L) {
         if (L.h1.empty()) {
             L.h1 = make_metered<float>(meter_, activations(), Nmax_ * d_);
-            L.h2 = make_metered<float>(meter_, activations(), Nmax_ * d_);
-            L.a = make_metered<float>(meter_, activations(), Nmax_ * F_);
+            if (!L.moe) {  // a MoE block keeps its own copies
+                L.h2 = make_metered<float>(meter_, activations(), Nmax_ * d_);
+                L.a = make_metered<float>(meter_, activations(), Nmax_ * F_);
+            }
         }
         if (L.qkv.empty()) L.qkv = make_metered<float>(meter_, activations(), Nmax_ * lay_.qkv_out);
         if (L.o.empty()) L.o = make_metered<float>(meter_, activations(), Nmax_ * lay_.attn_width);
@@ -866,14 +929,19 @@ private:
         const std::size_t Hq = static_cast<std::size_t>(cfg_.heads_q);
         layers_.reserve(static_cast<std::size_t>(cfg_.layers));
         for (int l = 0; l < cfg_.layers; ++l) layers_.emplace_back(meter_);
-        for (auto& L : layers_) {
+        if (cfg_.moe() && recipe_.linear == linear_mode::float32)
+            moe_scratch_ = std::make_unique<moe_scratch>(meter_, moe_shape_of(cfg_, max_batch_));
+        for (std::size_t l = 0; l < layers_.size(); ++l) {
+            auto& L = layers_[l];
+            const bool moe = cfg_.moe_block(static_cast<int>(l));
+            if (moe) L.moe = make_moe_block(meter_, recipe_.linear, moe_shape_of(cfg_, max_batch_), moe_scratch_.get());
             if (compress()) {
-                L.packed = std::make_unique<packed_saves>(meter_, recipe_.saved_activations, N, d_, F_,
+                L.packed = std::make_unique<packed_saves>(meter_, recipe_.saved_activations, N, d_, moe ? 0 : F_,
                                                           packed_o() ? A : 0, bf16_attention_recipe(recipe_) ? W : 0);
             } else {
                 L.x_in = act(N * d_);
                 L.x_mid = act(N * d_);
-                L.u = act(N * F_);
+                if (!moe) L.u = act(N * F_);
             }
             L.rstd1 = act(N);
             L.rstd2 = act(N);
@@ -881,14 +949,18 @@ private:
             L.lse = act(Hq * N);
             if (float_linear_recipe()) {
                 L.h1 = act(N * d_);
-                L.h2 = act(N * d_);
-                L.a = act(N * F_);
+                if (!moe) {
+                    L.h2 = act(N * d_);
+                    L.a = act(N * F_);
+                }
             }
             if (float_attention_recipe() && !bf16_attention_recipe(recipe_)) L.qkv = act(N * W);
             L.lin_qkv = make_linear(cfg_.d_model, static_cast<int>(W));
             L.lin_proj = make_linear(static_cast<int>(A), cfg_.d_model);
-            L.lin_up = make_linear(cfg_.d_model, cfg_.d_ff);
-            L.lin_down = make_linear(cfg_.d_ff, cfg_.d_model);
+            if (!moe) {
+                L.lin_up = make_linear(cfg_.d_model, cfg_.d_ff);
+                L.lin_down = make_linear(cfg_.d_ff, cfg_.d_model);
+            }
         }
         if (compress())
             x_fin_packed_ = std::make_unique<packed_final>(meter_, recipe_.saved_activations, N, d_);
@@ -940,6 +1012,27 @@ private:
     }
 
     // ---- forward -----------------------------------------------------------------------------
+    /// A dense block's MLP: dx_ = W_down gelu(W_up h2) (u and the GELU output kept as the recipe keeps them).
+    void dense_mlp_forward(const weights_ref& P, std::size_t l, float* h2, std::size_t N, bool training,
+                           const linear_layer::scratch& s, step_telemetry* t) {
+        auto& L = layers_[l];
+        const auto& B = lay_.blocks[l];
+        {
+            timer tm{t, "linear"};
+            L.lin_up->forward(ex_, h2, N, weights_at(P, B.up, F_ * d_), u_of(l), float_linear(), training, s, t);
+        }
+        float* a = float_linear() && training ? L.a.data() : t_a_.data();  // compressed: u_of(l) is t_a_ (in place)
+        {
+            timer tm{t, "mlp_activation"};
+            if (compress() && training) L.packed->u.store(ex_, octet::matrix_ref<const float>(u_of(l), N, F_));
+            gelu_forward(u_of(l), a, N * F_);
+        }
+        {
+            timer tm{t, "linear"};
+            L.lin_down->forward(ex_, a, N, weights_at(P, B.down, d_ * F_), dx_.data(), float_linear(), training, s, t);
+        }
+    }
+
     using clock = std::chrono::steady_clock;
     struct timer {
         step_telemetry* t;
@@ -959,6 +1052,7 @@ private:
         if (t) {
             for (const char* k : {"linear", "attention", "norm", "mlp_activation", "embedding_head", "loss"})
                 t->op_seconds[k] = 0.0;
+            if (cfg_.moe()) t->op_seconds["moe"] = 0.0;
         }
         n_ = N;
         len_ = len;
@@ -1016,7 +1110,7 @@ private:
                 L.lin_proj->forward(ex_, o_of(l, training), N, weights_at(P, B.proj, d_ * lay_.attn_width), dx_.data(),
                                     float_linear(), training, s, t);
             }
-            float* h2 = float_linear() && training ? L.h2.data() : t_h_.data();
+            float* h2 = float_linear() && training && !L.moe ? L.h2.data() : t_h_.data();
             {
                 timer tm{t, "norm"};
                 add(x_in_of(l), dx_.data(), x_mid_of(l), N * d_);
@@ -1024,20 +1118,19 @@ private:
                 if (compress() && training)
                     L.packed->x_mid.store(ex_, octet::matrix_ref<const float>(x_mid_of(l), N, d_));
             }
-            {
-                timer tm{t, "linear"};
-                L.lin_up->forward(ex_, h2, N, weights_at(P, B.up, F_ * d_), u_of(l), float_linear(), training, s, t);
-            }
-            float* a = float_linear() && training ? L.a.data() : t_a_.data();  // compressed: u_of(l) is t_a_ (in place)
-            {
-                timer tm{t, "mlp_activation"};
-                if (compress() && training) L.packed->u.store(ex_, octet::matrix_ref<const float>(u_of(l), N, F_));
-                gelu_forward(u_of(l), a, N * F_);
-            }
-            {
-                timer tm{t, "linear"};
-                L.lin_down->forward(ex_, a, N, weights_at(P, B.down, d_ * F_), dx_.data(), float_linear(), training, s,
-                                    t);
+            if (L.moe) {
+                timer tm{t, "moe"};
+                const moe_forward_stats st =
+                    L.moe->forward(ex_, h2, N, weights_at(P, B.router, B.moe_params), dx_.data());
+                if (t) {
+                    t->expert_tokens.emplace_back(st.counts.begin(), st.counts.end());
+                    t->moe_dropped += st.dropped;
+                    t->moe_aux_loss += st.aux_loss;
+                    t->dispatch_fp8_bytes += static_cast<double>(st.dispatch.codes + st.dispatch.scales);
+                    t->dispatch_bf16_bytes += static_cast<double>(st.dispatch.bf16);
+                }
+            } else {
+                dense_mlp_forward(P, l, h2, N, training, s, t);
             }
             {
                 timer tm{t, "norm"};
@@ -1145,6 +1238,41 @@ private:
         return G.f32 ? G.f32 : gemb_.data();
     }
 
+    /// A dense block's MLP backward: dh_ = d loss / d h2 from dx, the up and down gradients.
+    void dense_mlp_backward(const weights_ref& P, std::size_t l, const float* dx, const gradients_ref& G,
+                            const linear_layer::scratch& s, step_telemetry* t) {
+        auto& L = layers_[l];
+        const auto& B = lay_.blocks[l];
+        const std::size_t N = n_;
+        float* dwide = dwide_.data();
+        {
+            timer tm{t, "linear"};
+            // recomputed input: GELU's output, from its input (decoded into t_a_ and activated there)
+            const float* a = nullptr;
+            if (L.lin_down->recomputes_input()) {
+                gelu_forward(saved_u(l), t_a_.data(), N * F_);
+                a = t_a_.data();
+            }
+            float* dw = grad_out(G, B.down, d_ * F_);
+            L.lin_down->backward(ex_, dx, N, weights_at(P, B.down, d_ * F_), dwide, dw, s, t, a);
+            grad_done(G, B.down, d_ * F_, dw);
+        }
+        {
+            timer tm{t, "mlp_activation"};
+            gelu_backward(saved_u(l), dwide, N * F_);
+        }
+        {
+            timer tm{t, "linear"};
+            // recomputed input: the second norm's output, from its input and rstd, into t_qkv_ (free here)
+            const float* h2 = nullptr;
+            if (L.lin_up->recomputes_input())
+                h2 = rmsnorm_apply(saved_x_mid(l), weights_at(P, B.norm2, d_), L.rstd2.data(), t_qkv_.data(), N);
+            float* dw = grad_out(G, B.up, F_ * d_);
+            L.lin_up->backward(ex_, dwide, N, weights_at(P, B.up, F_ * d_), dh_.data(), dw, s, t, h2);
+            grad_done(G, B.up, F_ * d_, dw);
+        }
+    }
+
     void backward(const weights_ref& P, const std::int32_t* tokens, int batch, const gradients_ref& G,
                   step_telemetry* t) {
         const std::size_t N = n_;
@@ -1183,31 +1311,13 @@ private:
             auto& L = layers_[l];
             const auto& B = lay_.blocks[l];
             float* dwide = dwide_.data();
-            {
-                timer tm{t, "linear"};
-                // recomputed input: GELU's output, from its input (decoded into t_a_ and activated there)
-                const float* a = nullptr;
-                if (L.lin_down->recomputes_input()) {
-                    gelu_forward(saved_u(l), t_a_.data(), N * F_);
-                    a = t_a_.data();
-                }
-                float* dw = grad_out(G, B.down, d_ * F_);
-                L.lin_down->backward(ex_, dx, N, weights_at(P, B.down, d_ * F_), dwide, dw, s, t, a);
-                grad_done(G, B.down, d_ * F_, dw);
-            }
-            {
-                timer tm{t, "mlp_activation"};
-                gelu_backward(saved_u(l), dwide, N * F_);
-            }
-            {
-                timer tm{t, "linear"};
-                // recomputed input: the second norm's output, from its input and rstd, into t_qkv_ (free here)
-                const float* h2 = nullptr;
-                if (L.lin_up->recomputes_input())
-                    h2 = rmsnorm_apply(saved_x_mid(l), weights_at(P, B.norm2, d_), L.rstd2.data(), t_qkv_.data(), N);
-                float* dw = grad_out(G, B.up, F_ * d_);
-                L.lin_up->backward(ex_, dwide, N, weights_at(P, B.up, F_ * d_), dh_.data(), dw, s, t, h2);
-                grad_done(G, B.up, F_ * d_, dw);
+            if (L.moe) {
+                timer tm{t, "moe"};
+                float* dw = grad_out(G, B.router, B.moe_params);
+                L.moe->backward(ex_, dx, N, weights_at(P, B.router, B.moe_params), dh_.data(), dw);
+                grad_done(G, B.router, B.moe_params, dw);
+            } else {
+                dense_mlp_backward(P, l, dx, G, s, t);
             }
             {
                 timer tm{t, "norm"};  // dx_mid = dx + norm2'(dh)
@@ -1435,6 +1545,7 @@ private:
     float_region& gemb_ = buf_->regions[step_buffers::gemb];
     metered_vector<float> yt_raised_{metered_allocator<float>(meter_, temporaries())};  // (raised, FP8 linears)
     metered_vector<double>& loss_partials_ = buf_->loss_partials;
+    std::unique_ptr<moe_scratch> moe_scratch_;  // (before layers_: their float32 MoE blocks point into it)
     std::vector<layer_state> layers_;
     std::unique_ptr<fp8_attention> fp8_attn_;
     metered_vector<float> x_fin_{metered_allocator<float>(meter_, activations())};  // (empty: compress())

@@ -89,6 +89,12 @@ inline const std::vector<metric>& metrics() {
          [](const run_result& r, const sweep_result&) { return max_finite(per_layer_max(r.attention_residual)); }},
         {"attention_residual_q_max", "relative", shown::residual,
          [](const run_result& r, const sweep_result&) { return max_finite(per_layer_max(r.attention_residual_q)); }},
+        {"expert_imbalance", "ratio", shown::ratio,
+         [](const run_result& r, const sweep_result&) { return r.moe_blocks ? r.expert_imbalance : not_measured; }},
+        {"dispatch_fp8_bytes", "bytes", shown::bytes,
+         [](const run_result& r, const sweep_result&) { return r.moe_blocks ? r.dispatch_fp8_bytes : not_measured; }},
+        {"dispatch_bf16_bytes", "bytes", shown::bytes,
+         [](const run_result& r, const sweep_result&) { return r.moe_blocks ? r.dispatch_bf16_bytes : not_measured; }},
     };
     return m;
 }

@@ -106,7 +106,18 @@ inline std::string json(const sweep_result& s) {
           << ",\n     \"saturation_rate\": " << jarray(window_means(r.saturation_rate, st))
           << ",\n     \"underflow_rate\": " << jarray(window_means(r.underflow_rate, st))
           << ",\n     \"attention_residual\": " << rows(r.attention_residual)
-          << ",\n     \"attention_residual_q\": " << rows(r.attention_residual_q) << "}";
+          << ",\n     \"attention_residual_q\": " << rows(r.attention_residual_q) << ",\n     \"moe\": ";
+        if (r.moe_blocks == 0) {
+            o << "null}";
+            continue;
+        }
+        o << "{\"blocks\": " << r.moe_blocks << ", \"experts\": " << r.experts << ", \"top_k\": " << r.top_k
+          << ", \"expert_tokens\": [";
+        for (std::size_t b = 0; b < r.expert_tokens.size(); ++b) o << (b ? ", " : "") << jarray(r.expert_tokens[b]);
+        o << "], \"imbalance\": " << jnum(r.expert_imbalance) << ", \"imbalance_max\": " << jnum(r.expert_imbalance_max)
+          << ", \"dropped\": " << jnum(r.moe_dropped) << ", \"aux_loss\": " << jnum(r.moe_aux_loss)
+          << ", \"dispatch_fp8_bytes\": " << jnum(r.dispatch_fp8_bytes)
+          << ", \"dispatch_bf16_bytes\": " << jnum(r.dispatch_bf16_bytes) << "}}";
     }
     o << "\n  ]\n}\n";
     return o.str();

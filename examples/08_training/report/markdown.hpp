@@ -74,6 +74,65 @@ inline std::string memory_section(const sweep_result& s) {
     return o.str();
 }
 
+/// The "## Mixture of experts" section (only when the sweep has MoE runs): per recipe and MoE size,
+/// the held-out gap to the reference recipe, the experts' load (the busiest expert over the mean,
+/// averaged over steps and blocks, and its largest value), the dropped assignments, L_aux, and the
+/// bytes that dispatching the routed rows moves per step as FP8 codes and scales against bf16;
+/// then each run's tokens per expert.
+inline std::string moe_section(const sweep_result& s) {
+    const auto gs = groups_of(s);
+    if (std::none_of(s.runs.begin(), s.runs.end(), [](const run_result& r) { return r.moe_blocks > 0; })) return "";
+    std::ostringstream o;
+    o << "\n## Mixture of experts\n\nMean ± sample standard deviation over the seeds. Load imbalance: the busiest "
+         "expert's assignments over the mean per step and MoE block (1 = even), averaged, and its largest value. "
+         "Dispatch bytes per step (all ranks): the routed rows as FP8 codes and scales (the recipe's activation "
+         "copy; blockwise's 1x128 E4M3 under float32, what octet would send) against the same rows in bf16; "
+         "across expert-parallel ranks these are the bytes on the wire for the rows whose expert lives on "
+         "another rank (the combine's return trip, bf16 rows in octet's exchange, is not counted).\n\n"
+         "| recipe | size | steps | seeds | held-out gap | imbalance | imbalance max | dropped | L_aux | dispatch "
+         "FP8 | dispatch bf16 | FP8 / bf16 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    auto cell_of = [&](const group& g, const char* metric) {
+        const stats st = group_stats(g, metric_named(metric), s);
+        return st.n ? show(st.mean, metric_named(metric).as) +
+                          (st.n > 1 ? " ± " + show(st.std, metric_named(metric).as) : "")
+                    : std::string("n/a");
+    };
+    for (const auto& g : gs) {
+        const run_result& r = *g.runs.front();
+        if (r.moe_blocks == 0) continue;
+        std::vector<double> imax, dropped, aux;
+        for (const auto* q : g.runs)
+            imax.push_back(q->expert_imbalance_max), dropped.push_back(q->moe_dropped), aux.push_back(q->moe_aux_loss);
+        const double fp8 = mean_finite([&] {
+            std::vector<double> v;
+            for (const auto* q : g.runs) v.push_back(q->dispatch_fp8_bytes);
+            return v;
+        }()),
+                     bf16 = mean_finite([&] {
+                         std::vector<double> v;
+                         for (const auto* q : g.runs) v.push_back(q->dispatch_bf16_bytes);
+                         return v;
+                     }());
+        o << "| " << cell(g.label()) << " | " << cell(g.size) << " | " << g.steps << " | " << g.runs.size() << " | "
+          << cell_of(g, "heldout_gap") << " | " << cell_of(g, "expert_imbalance") << " | "
+          << na_or(max_finite(imax), "%.3f") << " | " << na_or(mean_finite(dropped), "%.0f") << " | "
+          << na_or(mean_finite(aux), "%.4f") << " | " << bytes_str(fp8) << " | " << bytes_str(bf16) << " | "
+          << (bf16 > 0 ? printf_str("%.3f", fp8 / bf16) : std::string("n/a")) << " |\n";
+    }
+    o << "\nTokens routed to each expert over the run (all steps and ranks), per MoE block, lowest seed:\n\n";
+    for (const auto& g : gs) {
+        const run_result& r = *g.runs.front();
+        if (r.moe_blocks == 0) continue;
+        for (std::size_t b = 0; b < r.expert_tokens.size(); ++b) {
+            o << "- " << cell(g.label()) << ", " << cell(r.size) << ", " << r.steps << " steps, seed " << r.seed
+              << ", block " << b << ":";
+            for (double v : r.expert_tokens[b]) o << " " << printf_str("%.0f", v);
+            o << "\n";
+        }
+    }
+    return o.str();
+}
+
 // ---- report.md ----------------------------------------------------------------------------------
 
 inline std::string layers_str(const std::vector<double>& v) {
@@ -165,6 +224,7 @@ inline std::string markdown(const sweep_result& s) {
                   << r.steps << " | " << r.seed << " | " << e.step << " | " << cell(e.action) << " | " << cell(e.reason)
                   << " | " << show(e.seconds, shown::seconds) << " |\n";
     }
+    o << moe_section(s);
     std::vector<std::string> ops;
     for (const auto& r : s.runs)
         for (const auto& kv : r.op_seconds)

@@ -45,6 +45,13 @@ struct step_telemetry {
         attention_residual_q;  ///< per layer: the same residual measured on the quantized dS that feeds dQ/dK
     std::map<std::string, double>
         op_seconds;  ///< time per operation ("linear", "attention", "norm", "embedding", "loss", ...)
+    // Mixture of experts (empty and 0 for a dense model)
+    std::vector<std::vector<double>> expert_tokens;  ///< per MoE block (block order): assignments per expert
+    std::uint64_t moe_dropped = 0;                   ///< assignments past an expert's capacity (none has one)
+    double moe_aux_loss = 0;                         ///< L_aux summed over the MoE blocks (1 each when balanced)
+    /// What dispatching the assignments' rows to their experts moves: FP8 codes and scales (the
+    /// recipe's activation copy; blockwise's 1x128 E4M3 under float32), and bf16 rows.
+    double dispatch_fp8_bytes = 0, dispatch_bf16_bytes = 0;
 };
 
 }  // namespace common
