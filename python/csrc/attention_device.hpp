@@ -1,7 +1,8 @@
 // attention_device.hpp: the CUDA half of the attention ops (attention_ops.hpp), declared free of
 // torch's headers and of device code (as device_ops.hpp does for the quantizer): the op's .cpp
 // calls these with the tensors' device pointers, the offsets' device copies in `shape`, and the
-// executor of torch's current stream; attention_device_*.cu (nvcc, no torch) define them through
+// executor of torch's current stream; the shards attention_device_{forward,backward}_<dtype>.cu
+// (nvcc, no torch; generated from registry.hpp's OCTET_TORCH_ATTENTION_INPUTS) define them through
 // octet/attention/attention.cuh. Head dims 64 and 128 (the stream kernels'). Compiled only when
 // the op libraries are built with CUDA (OCTET_TORCH_CUDA).
 #pragma once
@@ -39,7 +40,10 @@ void attention_backward(const octet::stream_executor& ex, const octet::attention
 
 }  // namespace octet_torch::device
 
-// The explicit instantiations attention_device_{forward,backward}_<dtype>.cu make.
+// The explicit instantiations of the shards X(shard, In) of OCTET_TORCH_ATTENTION_INPUTS on CUDA (the
+// generated attention_device_forward_<shard>.cu and attention_device_backward_<shard>.cu).
+#define OCTET_TORCH_DEVICE_ATTENTION_FORWARD_SHARD(shard, In) OCTET_TORCH_DEVICE_ATTENTION_FORWARD(In)
+#define OCTET_TORCH_DEVICE_ATTENTION_BACKWARD_SHARD(shard, In) OCTET_TORCH_DEVICE_ATTENTION_BACKWARD(In)
 #define OCTET_TORCH_DEVICE_ATTENTION_FORWARD(In)                                                             \
     template void octet_torch::device::attention_forward<In>(                                                \
         const octet::stream_executor&, const octet::attention_shape&, bool, octet::matrix_ref<const In>,     \

@@ -1,6 +1,7 @@
-// attention_ops.hpp: what the attention ops share (attention_forward.cpp, attention_backward_*.cpp):
-// the tensor layout, the argument checks, the recipes the operands are quantized with, and the
-// head-dim / dtype / V-scaling dispatch.
+// attention_ops.hpp: what the attention ops share (attention_ops.cpp and the shards
+// attention_forward_<dtype>.cpp, attention_backward_<dtype>.cpp generated from registry.hpp's
+// OCTET_TORCH_ATTENTION_INPUTS): the tensor layout, the argument checks, the recipes the operands
+// are quantized with, and the head-dim / dtype / V-scaling dispatch.
 //
 // Layout: q, k, v (and o, dout, dq, dk, dv) are [tokens, heads, head_dim] (one sequence, or several
 // packed along tokens with cu_seqlens_q / cu_seqlens_k: FlashAttention's varlen layout) or
@@ -225,8 +226,9 @@ void run_forward(const forward_args& a) {
         });
     });
 }
-extern template void run_forward<float>(const forward_args&);
-extern template void run_forward<octet::bf16>(const forward_args&);
+#define OCTET_TORCH_ATTENTION_EXTERN_FORWARD(shard, In) extern template void run_forward<In>(const forward_args&);
+OCTET_TORCH_ATTENTION_INPUTS(OCTET_TORCH_ATTENTION_EXTERN_FORWARD)
+#undef OCTET_TORCH_ATTENTION_EXTERN_FORWARD
 
 struct backward_args {
     const call* c;
@@ -265,7 +267,16 @@ void run_backward(const backward_args& a) {
     });
     put_backward_telemetry(st, a.telemetry->data_ptr<double>());
 }
-extern template void run_backward<float>(const backward_args&);
-extern template void run_backward<octet::bf16>(const backward_args&);
+#define OCTET_TORCH_ATTENTION_EXTERN_BACKWARD(shard, In) extern template void run_backward<In>(const backward_args&);
+OCTET_TORCH_ATTENTION_INPUTS(OCTET_TORCH_ATTENTION_EXTERN_BACKWARD)
+#undef OCTET_TORCH_ATTENTION_EXTERN_BACKWARD
 
 }  // namespace octet_torch::attention
+
+/// The shards X(shard, In) of OCTET_TORCH_ATTENTION_INPUTS: the forward and the backward on In
+/// operands, every head dim and V scaling (the generated attention_forward_<shard>.cpp and
+/// attention_backward_<shard>.cpp).
+#define OCTET_TORCH_ATTENTION_FORWARD_SHARD(shard, In) \
+    template void octet_torch::attention::run_forward<In>(const octet_torch::attention::forward_args&);
+#define OCTET_TORCH_ATTENTION_BACKWARD_SHARD(shard, In) \
+    template void octet_torch::attention::run_backward<In>(const octet_torch::attention::backward_args&);

@@ -11,7 +11,7 @@
 #include "octet/gemm/scaled_gemm.hpp"
 #include "octet/quant/stats.hpp"
 #include "octet/quant/tensor.hpp"
-#include "recipe_list.hpp"
+#include "registry.hpp"
 
 namespace octet_torch::device {
 

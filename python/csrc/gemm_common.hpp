@@ -1,6 +1,6 @@
 // gemm_common.hpp: what the scaled GEMM op's translation units share (gemm_op.cpp registers the op
-// and checks its arguments; gemm_fp8.cpp and gemm_narrow.cpp instantiate the served recipe pairs so
-// that they compile in parallel).
+// and checks its arguments; the shards gemm_<shard>.cpp, generated from registry.hpp's
+// OCTET_TORCH_GEMM_SHARDS, instantiate the served recipe pairs so that they compile in parallel).
 //
 // The GEMM reads only an operand's format, granularity and scale storage (dequant = decode(code) *
 // stored scale value), so a recipe that differs from a served one only in its scale rule
@@ -16,7 +16,6 @@
 #include <string>
 #include <string_view>
 
-#include "gemm_pairs.hpp"
 #include "octet/gemm/scaled_gemm.hpp"
 #include "octet_torch.hpp"
 #ifdef OCTET_TORCH_CUDA
@@ -43,13 +42,13 @@ struct mm_args {
     c10::DeviceType device;  ///< where the kernel runs (a_codes' device; every tensor is checked to be there)
 };
 
-/// The served pairs (A's recipe x B's recipe), for messages and for Python (scaled_mm_pairs).
-inline constexpr const char* served_pairs =
-    "tensorwise_e4m3 x tensorwise_e4m3, tensorwise_e4m3 x tensorwise_e5m2, tensorwise_e5m2 x tensorwise_e4m3, "
-    "tensorwise_e5m2 x tensorwise_e5m2, rowwise_e4m3 x rowwise_e4m3, blockwise_1x128 x blockwise_128x128, "
-    "blockwise_1x128 x blockwise_1x128, mxfp8_e4m3 x mxfp8_e4m3, mxfp8_e4m3 x mxfp8_e5m2, mxfp8_e5m2 x mxfp8_e4m3, "
-    "mxfp8_e5m2 x mxfp8_e5m2, mxfp6_e2m3 x mxfp6_e2m3, mxfp6_e3m2 x mxfp6_e3m2, mxfp4 x mxfp4, nvfp4 x nvfp4 "
-    "(mxfp8_e4m3_ceil counts as mxfp8_e4m3)";
+/// The served pairs ("A's recipe x B's recipe"), in registry.hpp's order, for messages; mxfp8_e4m3_ceil
+/// counts as mxfp8_e4m3.
+#define OCTET_TORCH_GEMM_PAIR_NAME(ra, rb) #ra " x " #rb,
+#define OCTET_TORCH_GEMM_SHARD_PAIR_NAMES(shard, pairs) pairs(OCTET_TORCH_GEMM_PAIR_NAME)
+inline constexpr std::string_view served_pairs[] = {OCTET_TORCH_GEMM_SHARDS(OCTET_TORCH_GEMM_SHARD_PAIR_NAMES)};
+#undef OCTET_TORCH_GEMM_SHARD_PAIR_NAMES
+#undef OCTET_TORCH_GEMM_PAIR_NAME
 
 /// D = alpha * A B^T (+ beta C) + bias for one recipe pair, D of args.out_dtype.
 template <class RA, class RB>
@@ -92,8 +91,21 @@ at::Tensor run_pair(const mm_args& m) {
     return d;
 }
 
-/// Each returns D for the pairs its translation unit serves, or an undefined tensor.
-at::Tensor serve_fp8_pairs(std::string_view a_recipe, std::string_view b_recipe, const mm_args& m);
-at::Tensor serve_narrow_pairs(std::string_view a_recipe, std::string_view b_recipe, const mm_args& m);
+/// serve_<shard>_pairs(a_recipe, b_recipe, m): D for the pairs of one shard of OCTET_TORCH_GEMM_SHARDS,
+/// or an undefined tensor; declared for every shard here, defined in the shard gemm_<shard>.cpp.
+#define OCTET_TORCH_GEMM_SERVE(shard, pairs) \
+    at::Tensor serve_##shard##_pairs(std::string_view a_recipe, std::string_view b_recipe, const mm_args& m);
+OCTET_TORCH_GEMM_SHARDS(OCTET_TORCH_GEMM_SERVE)
+#undef OCTET_TORCH_GEMM_SERVE
 
 }  // namespace octet_torch
+
+/// The shard X(shard, pairs) of OCTET_TORCH_GEMM_SHARDS: the pair list `pairs` (the generated
+/// gemm_<shard>.cpp).
+#define OCTET_TORCH_GEMM_SERVE_PAIR(ra, rb) \
+    if (a_recipe == #ra && b_recipe == #rb) return run_pair<octet::recipes::ra, octet::recipes::rb>(m);
+#define OCTET_TORCH_GEMM_SHARD(shard, pairs)                                                            \
+    at::Tensor octet_torch::serve_##shard##_pairs(std::string_view a_recipe, std::string_view b_recipe, \
+                                                  const mm_args& m) {                                   \
+        pairs(OCTET_TORCH_GEMM_SERVE_PAIR) return {};                                                   \
+    }

@@ -3,8 +3,10 @@
 //                    b_recipe, k, bias, c, alpha, beta, out_dtype, promotion_interval) -> D (M x N)
 // D = alpha * dequant(A) dequant(B)^T (+ beta C) + bias, with A the M x K and B the N x K quantized
 // copies (both K-major: pass a K x N weight's column-wise copy as B). Serves the named training
-// pairs (gemm_common.hpp, served_pairs); the recipe pairs are instantiated in gemm_fp8.cpp and
-// gemm_narrow.cpp.
+// pairs (registry.hpp's OCTET_TORCH_GEMM_PAIRS_*); they are instantiated in the shards
+// gemm_<shard>.cpp generated from OCTET_TORCH_GEMM_SHARDS.
+//   octet::scaled_mm_pairs() -> str[]: the served pairs' recipes, A's and B's of each pair in turn
+//       (Python's SCALED_MM_PAIRS).
 #include <cmath>
 #include <limits>
 
@@ -23,7 +25,8 @@ std::string_view gemm_recipe(std::string_view name, const char* arg) {
     if (base == "mxfp8_e4m3_ceil") base = "mxfp8_e4m3";
     for (std::string_view k : known)
         if (base == k) return base;
-    TORCH_CHECK_VALUE(false, where("scaled_mm", arg), "is '", std::string(name), "'; pass one of ", recipe_names);
+    TORCH_CHECK_VALUE(false, where("scaled_mm", arg), "is '", std::string(name), "'; pass one of ",
+                      joined(recipe_names));
 }
 
 at::Tensor scaled_mm(const at::Tensor& a_codes, const at::Tensor& a_scales, const at::Tensor& a_tensor_scale,
@@ -66,11 +69,25 @@ at::Tensor scaled_mm(const at::Tensor& a_codes, const at::Tensor& a_scales, cons
                     out_dtype,
                     promotion_interval,
                     device};
-    at::Tensor d = serve_fp8_pairs(ra, rb, m);
-    if (!d.defined()) d = serve_narrow_pairs(ra, rb, m);
+    at::Tensor d;
+#define OCTET_TORCH_GEMM_SERVE(shard, pairs) \
+    if (!d.defined()) d = serve_##shard##_pairs(ra, rb, m);
+    OCTET_TORCH_GEMM_SHARDS(OCTET_TORCH_GEMM_SERVE)
+#undef OCTET_TORCH_GEMM_SERVE
     TORCH_CHECK_VALUE(d.defined(), where(op, "a_recipe/b_recipe"), "are ", std::string(a_recipe), " x ",
-                      std::string(b_recipe), ", a pair this op does not serve; it serves ", served_pairs);
+                      std::string(b_recipe), ", a pair this op does not serve; it serves ", joined(served_pairs),
+                      " (mxfp8_e4m3_ceil counts as mxfp8_e4m3)");
     return d;
+}
+
+std::vector<std::string> scaled_mm_pairs() {
+    std::vector<std::string> names;
+#define OCTET_TORCH_GEMM_PAIR(ra, rb) names.insert(names.end(), {#ra, #rb});
+#define OCTET_TORCH_GEMM_SHARD_PAIRS(shard, pairs) pairs(OCTET_TORCH_GEMM_PAIR)
+    OCTET_TORCH_GEMM_SHARDS(OCTET_TORCH_GEMM_SHARD_PAIRS)
+#undef OCTET_TORCH_GEMM_SHARD_PAIRS
+#undef OCTET_TORCH_GEMM_PAIR
+    return names;
 }
 
 }  // namespace
@@ -81,6 +98,11 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
         "scaled_mm(Tensor a_codes, Tensor a_scales, Tensor a_tensor_scale, str a_recipe, Tensor b_codes, Tensor "
         "b_scales, Tensor b_tensor_scale, str b_recipe, int k, Tensor? bias=None, Tensor? c=None, float alpha=1.0, "
         "float beta=0.0, ScalarType out_dtype=float, int promotion_interval=128) -> Tensor");
+    m.def("scaled_mm_pairs() -> str[]");
+}
+
+TORCH_LIBRARY_IMPL(octet, CompositeExplicitAutograd, m) {
+    m.impl("scaled_mm_pairs", &octet_torch::scaled_mm_pairs);
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {

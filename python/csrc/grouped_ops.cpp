@@ -40,7 +40,7 @@ void check_recipe_name(std::string_view name, const char* op, const char* arg) {
                                "blockwise_1x128", "blockwise_128x128", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_e4m3_ceil",
                                "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4"})
         if (name == k) return;
-    TORCH_CHECK_VALUE(false, where(op, arg), "is '", std::string(name), "'; pass one of ", recipe_names);
+    TORCH_CHECK_VALUE(false, where(op, arg), "is '", std::string(name), "'; pass one of ", joined(recipe_names));
 }
 
 void check_out_dtype(at::ScalarType out_dtype, const char* op) {

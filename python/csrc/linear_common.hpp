@@ -1,7 +1,8 @@
 // linear_common.hpp: the quantized linear layer (octet/nn/linear.hpp) as two torch ops, on buffers
 // the ops allocate as tensors (linear_forward_buffers / linear_backward_buffers): what
 // octet.torch.Float8Linear runs. linear_ops.cpp registers the ops and checks what needs no recipe;
-// linear_<recipe>.cpp instantiates one linear recipe each, so that they compile in parallel.
+// the shards linear_<recipe>.cpp, generated from registry.hpp's OCTET_TORCH_LINEAR_RECIPES,
+// instantiate one linear recipe each, so that they compile in parallel.
 //
 //   octet::linear_forward(x, w, bias, recipe, x_history, w_history, seed, save_x_t, save_w_t,
 //                         keep_operands, collect_stats) -> Tensor[]
@@ -28,7 +29,9 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "octet/nn/linear.hpp"
@@ -57,15 +60,19 @@ struct backward_args {
     bool need_dx, need_dw, need_db, keep_operands, collect_stats;
 };
 
-/// The named linear recipes (octet::linear_recipes; python/octet/torch/linear.py's LINEAR_RECIPES).
-#define OCTET_TORCH_LINEAR_RECIPES(X) \
-    X(tensorwise)                     \
-    X(tensorwise_delayed)             \
-    X(blockwise)                      \
-    X(mxfp8)                          \
-    X(nvfp4)
+/// The linear recipe names Python passes (octet::linear_recipes::<name>), in registry.hpp's order.
+#define OCTET_TORCH_LINEAR_NAME(name, on_cuda) #name,
+inline constexpr std::string_view linear_recipe_names[] = {OCTET_TORCH_LINEAR_RECIPES(OCTET_TORCH_LINEAR_NAME)};
+#undef OCTET_TORCH_LINEAR_NAME
 
-inline constexpr const char* linear_recipe_names = "tensorwise, tensorwise_delayed, blockwise, mxfp8, nvfp4";
+/// Whether the linear recipe's ops have CUDA kernels (registry.hpp's on_cuda).
+template <class LR>
+inline constexpr bool linear_on_cuda = false;
+#define OCTET_TORCH_LINEAR_ON_CUDA(name, on_cuda) \
+    template <>                                   \
+    inline constexpr bool linear_on_cuda<octet::linear_recipes::name> = on_cuda;
+OCTET_TORCH_LINEAR_RECIPES(OCTET_TORCH_LINEAR_ON_CUDA)
+#undef OCTET_TORCH_LINEAR_ON_CUDA
 
 template <class LR>
 std::vector<at::Tensor> run_forward(const forward_args& a);
@@ -93,15 +100,23 @@ inline const float* device_scale_amax(float amax, const at::TensorOptions& o, at
     return keep.data_ptr<float>();
 }
 
-/// NVFP4's linear on CUDA: its FP4 GEMMs need cuBLASLt, which the ops do not lend (checked before
-/// any buffer is allocated).
+/// A linear recipe without CUDA kernels, on CUDA: NVFP4's FP4 GEMMs need cuBLASLt, which the ops do
+/// not lend (checked before any buffer is allocated).
 template <class LR>
 void require_linear_on_cuda(const char* op) {
 #ifdef OCTET_TORCH_CUDA
-    TORCH_CHECK_VALUE(device::linear_on_cuda<LR>, where(op, "recipe"),
-                      "is nvfp4, whose FP4 GEMMs have no CUDA kernels in octet's torch ops (octet runs them through "
-                      "cuBLASLt, which the ops do not use); run this layer on the CPU, or pick mxfp8, blockwise or "
-                      "tensorwise on CUDA");
+    if constexpr (!linear_on_cuda<LR>) {
+        std::string name, on_cuda;
+#define OCTET_TORCH_LINEAR_NAMES(n, on_cuda_)                    \
+    if (std::is_same_v<LR, octet::linear_recipes::n>) name = #n; \
+    if (on_cuda_) on_cuda += std::string(on_cuda.empty() ? "" : ", ") + #n;
+        OCTET_TORCH_LINEAR_RECIPES(OCTET_TORCH_LINEAR_NAMES)
+#undef OCTET_TORCH_LINEAR_NAMES
+        TORCH_CHECK_VALUE(false, where(op, "recipe"), "is ", name,
+                          ", a recipe without CUDA kernels in octet's torch ops (nvfp4: its FP4 GEMMs run through "
+                          "cuBLASLt in octet, which the ops do not use); run this layer on the CPU, or pick one of ",
+                          on_cuda, " on CUDA");
+    }
 #else
     TORCH_CHECK_VALUE(false, where(op, "x"), "is a CUDA tensor in a build without CUDA kernels (unreachable)");
 #endif
@@ -115,7 +130,7 @@ void run_forward_cuda(const forward_args& a, octet::matrix_ref<const float> X, o
                       const octet::linear_forward_buffers<LR>& buf, at::Tensor& x_amax, at::Tensor& w_amax,
                       at::Tensor& stats) {
 #ifdef OCTET_TORCH_CUDA
-    if constexpr (device::linear_on_cuda<LR>) {
+    if constexpr (linear_on_cuda<LR>) {
         using S = octet::device_linear_forward_stats;
         const c10::cuda::CUDAGuard guard(a.x.device());
         const at::TensorOptions o = a.x.options();
@@ -147,7 +162,7 @@ void run_backward_cuda(const backward_args& a, octet::matrix_ref<const float> dY
                        octet::matrix_ref<float> dw, octet::span<float> db,
                        const octet::linear_backward_buffers<LR>& buf, at::Tensor& dy_amax, at::Tensor& stats) {
 #ifdef OCTET_TORCH_CUDA
-    if constexpr (device::linear_on_cuda<LR>) {
+    if constexpr (linear_on_cuda<LR>) {
         using S = octet::device_linear_backward_stats;
         const c10::cuda::CUDAGuard guard(a.dy.device());
         const at::TensorOptions o = a.dy.options();
@@ -323,3 +338,15 @@ std::vector<at::Tensor> run_backward(const backward_args& a) {
 }
 
 }  // namespace octet_torch::linear
+
+/// The instantiations of octet::linear_recipes::name: declared extern where extern_ is `extern`
+/// (linear_ops.cpp), defined where it is empty.
+#define OCTET_TORCH_LINEAR_INSTANCES(extern_, name)                                                          \
+    extern_ template std::vector<at::Tensor> octet_torch::linear::run_forward<octet::linear_recipes::name>(  \
+        const octet_torch::linear::forward_args&);                                                           \
+    extern_ template std::vector<at::Tensor> octet_torch::linear::run_backward<octet::linear_recipes::name>( \
+        const octet_torch::linear::backward_args&);
+
+/// The shard X(name, on_cuda) of OCTET_TORCH_LINEAR_RECIPES (the generated linear_<name>.cpp).
+#define OCTET_TORCH_LINEAR_SHARD(name, on_cuda) OCTET_TORCH_LINEAR_INSTANCES(, name)
+#define OCTET_TORCH_LINEAR_EXTERN_SHARD(name, on_cuda) OCTET_TORCH_LINEAR_INSTANCES(extern, name)

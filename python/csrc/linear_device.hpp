@@ -1,11 +1,10 @@
 // linear_device.hpp: the CUDA half of the linear ops (linear_common.hpp), declared free of torch's
 // headers and of device code, as device_ops.hpp does for the quantizer and the GEMM: the op's
 // .cpp calls these with the tensors' device pointers and the executor of torch's current stream;
-// linear_device_<recipe>.cu (nvcc, no torch) define them through octet/nn/linear.cuh. Compiled
-// only when the op libraries are built with CUDA (OCTET_TORCH_CUDA).
+// shards linear_device_<recipe>.cu (nvcc, no torch; generated from registry.hpp's
+// OCTET_TORCH_LINEAR_RECIPES for the recipes whose on_cuda is true) define them through
+// octet/nn/linear.cuh. Compiled only when the op libraries are built with CUDA (OCTET_TORCH_CUDA).
 #pragma once
-
-#include <type_traits>
 
 #include "octet/core/matrix.hpp"
 #include "octet/core/span.hpp"
@@ -13,11 +12,6 @@
 #include "octet/nn/linear.hpp"
 
 namespace octet_torch::device {
-
-/// Whether the linear recipe runs on CUDA in the ops: NVFP4's FP4 GEMMs need cuBLASLt, which the
-/// ops do not lend (its linear runs on the CPU).
-template <class LR>
-inline constexpr bool linear_on_cuda = !std::is_same_v<LR, octet::linear_recipes::nvfp4>;
 
 /// octet::linear_forward<LR> on ex's stream (enqueues; never synchronizes).
 template <class LR>
@@ -34,8 +28,9 @@ void linear_backward(const octet::stream_executor& ex, octet::matrix_ref<const f
 
 }  // namespace octet_torch::device
 
-// The explicit instantiations linear_device_<name>.cu makes for octet::linear_recipes::name.
-#define OCTET_TORCH_DEVICE_LINEAR(name)                                                                               \
+/// The shard X(name, on_cuda) of OCTET_TORCH_LINEAR_RECIPES on CUDA: the explicit instantiations
+/// for octet::linear_recipes::name (the generated linear_device_<name>.cu).
+#define OCTET_TORCH_DEVICE_LINEAR_SHARD(name, on_cuda)                                                                \
     template void octet_torch::device::linear_forward<octet::linear_recipes::name>(                                   \
         const octet::stream_executor&, octet::matrix_ref<const float>, octet::matrix_ref<const float>,                \
         octet::span<const float>, octet::matrix_ref<float>,                                                           \

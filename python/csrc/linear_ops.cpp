@@ -1,26 +1,51 @@
 // The quantized linear layer's two torch ops (linear_common.hpp): argument checks that need no
-// recipe, the recipe dispatch and the registration (CPU and CUDA). Each recipe is instantiated in
-// its own linear_<recipe>.cpp, and its CUDA half in linear_device_<recipe>.cu.
+// recipe, the recipe dispatch, the registration (CPU and CUDA) and the query ops that give Python
+// the linear recipes:
+//   octet::linear_recipe_names() -> str[]        registry.hpp's OCTET_TORCH_LINEAR_RECIPES, in order
+//   octet::linear_recipe_info(recipe) -> (str x, str w, str g, bool delayed, bool stochastic_gradients,
+//                                         bool hadamard_wgrad, bool on_cuda)
+//       x, w, g: the octet::recipes names of its activation, weight and output-gradient recipes.
+// Each recipe is instantiated in its own shard linear_<recipe>.cpp, and its CUDA half in
+// linear_device_<recipe>.cu (generated from the list).
 #include "linear_common.hpp"
 
+OCTET_TORCH_LINEAR_RECIPES(OCTET_TORCH_LINEAR_EXTERN_SHARD)
+
 namespace octet_torch::linear {
-
-#define OCTET_TORCH_LINEAR_EXTERN(name)                                                                    \
-    extern template std::vector<at::Tensor> run_forward<octet::linear_recipes::name>(const forward_args&); \
-    extern template std::vector<at::Tensor> run_backward<octet::linear_recipes::name>(const backward_args&);
-OCTET_TORCH_LINEAR_RECIPES(OCTET_TORCH_LINEAR_EXTERN)
-#undef OCTET_TORCH_LINEAR_EXTERN
-
 namespace {
 
 /// Calls f(type_tag<octet::linear_recipes::name>{}) for a linear recipe's name.
 template <class F>
 decltype(auto) with_linear_recipe(std::string_view name, const char* op, F&& f) {
-#define OCTET_TORCH_LINEAR_RECIPE(n) \
+#define OCTET_TORCH_LINEAR_RECIPE(n, on_cuda) \
     if (name == #n) return f(type_tag<octet::linear_recipes::n>{});
     OCTET_TORCH_LINEAR_RECIPES(OCTET_TORCH_LINEAR_RECIPE)
 #undef OCTET_TORCH_LINEAR_RECIPE
-    TORCH_CHECK_VALUE(false, where(op, "recipe"), "is '", std::string(name), "'; pass one of ", linear_recipe_names);
+    TORCH_CHECK_VALUE(false, where(op, "recipe"), "is '", std::string(name), "'; pass one of ",
+                      joined(linear_recipe_names));
+}
+
+/// The name Python passes for a named recipe (octet::recipes::<name>).
+template <class R>
+std::string recipe_name() {
+#define OCTET_TORCH_RECIPE_NAME(n) \
+    if constexpr (std::is_same_v<R, octet::recipes::n>) return #n;
+    OCTET_TORCH_RECIPES(OCTET_TORCH_RECIPE_NAME)
+#undef OCTET_TORCH_RECIPE_NAME
+    return "";
+}
+
+std::vector<std::string> linear_recipe_names_op() {
+    return name_list(linear_recipe_names);
+}
+
+std::tuple<std::string, std::string, std::string, bool, bool, bool, bool> linear_recipe_info(c10::string_view recipe) {
+    return with_linear_recipe(recipe, "linear_recipe_info", [](auto t) {
+        using LR = typename decltype(t)::type;
+        return std::make_tuple(recipe_name<typename LR::x_recipe>(), recipe_name<typename LR::w_recipe>(),
+                               recipe_name<typename LR::g_recipe>(), LR::scaling == octet::linear_scaling::delayed,
+                               LR::stochastic_gradients, LR::hadamard_wgrad, linear_on_cuda<LR>);
+    });
 }
 
 /// A history is the tensor form of delayed scaling: only a delayed recipe takes one.
@@ -106,6 +131,15 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
         "linear_backward(Tensor dy, Tensor[] saved, str recipe, Tensor? g_history=None, int seed=0, Tensor? "
         "philox=None, bool need_dx=True, bool need_dw=True, bool need_db=True, bool keep_operands=False, bool "
         "collect_stats=False) -> Tensor[]");
+    m.def("linear_recipe_names() -> str[]");
+    m.def(
+        "linear_recipe_info(str recipe) -> (str x, str w, str g, bool delayed, bool stochastic_gradients, bool "
+        "hadamard_wgrad, bool on_cuda)");
+}
+
+TORCH_LIBRARY_IMPL(octet, CompositeExplicitAutograd, m) {
+    m.impl("linear_recipe_names", &octet_torch::linear::linear_recipe_names_op);
+    m.impl("linear_recipe_info", &octet_torch::linear::linear_recipe_info);
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {

@@ -1,6 +1,7 @@
 // octet_torch.hpp: what every op library of the PyTorch embedding shares: argument checks that
-// name the argument, tensor <-> octet view conversions, the recipe and format tables (the names
-// Python passes), and the host executor the CPU kernels run on.
+// name the argument, tensor <-> octet view conversions, the name dispatch on the recipe and format
+// lists (registry.hpp, format_list.hpp: the names Python passes), and the host executor the CPU
+// kernels run on.
 //
 // Conventions of every op:
 //   * tensors are checked, never silently copied: a wrong dtype raises TypeError, a wrong device,
@@ -22,12 +23,15 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "format_list.hpp"
 #include "octet/core/executor.hpp"
@@ -38,7 +42,7 @@
 #include "octet/quant/recipe.hpp"
 #include "octet/quant/stats.hpp"
 #include "octet/quant/tensor.hpp"
-#include "recipe_list.hpp"
+#include "registry.hpp"
 
 namespace octet_torch {
 
@@ -46,6 +50,23 @@ template <class T>
 struct type_tag {
     using type = T;
 };
+
+/// The names of a list, "a, b, c" (for messages).
+template <std::size_t N>
+std::string joined(const std::string_view (&names)[N]) {
+    std::string s;
+    for (std::string_view n : names) {
+        if (!s.empty()) s += ", ";
+        s += n;
+    }
+    return s;
+}
+
+/// The names of a list, in order (for Python, which asks the ops for them instead of restating them).
+template <std::size_t N>
+std::vector<std::string> name_list(const std::string_view (&names)[N]) {
+    return std::vector<std::string>(std::begin(names), std::end(names));
+}
 
 /// The CPU kernels' executor: a pool of torch's intra-op thread count, started on first use and
 /// owned by this library (the embedding is the application here), so no op starts threads.
@@ -165,14 +186,13 @@ decltype(auto) with_format(std::string_view name, const char* op, F&& f) {
     if (name == #n) return f(type_tag<octet::n>{});
     OCTET_TORCH_FORMATS(OCTET_TORCH_FORMAT)
 #undef OCTET_TORCH_FORMAT
-    TORCH_CHECK_VALUE(false, where(op, "format"), "is '", std::string(name),
-                      "'; pass one of e4m3, e5m2, e4m3fnuz, e5m2fnuz, e2m3, e3m2, e2m1, ue8m0");
+    TORCH_CHECK_VALUE(false, where(op, "format"), "is '", std::string(name), "'; pass one of ", joined(format_names));
 }
 
-/// The recipe names Python passes: octet::recipes::<name>.
-inline constexpr const char* recipe_names =
-    "tensorwise_e4m3, tensorwise_e5m2, rowwise_e4m3, columnwise_e4m3, blockwise_1x128, blockwise_128x128, "
-    "mxfp8_e4m3, mxfp8_e5m2, mxfp8_e4m3_ceil, mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4";
+/// The recipe names Python passes (octet::recipes::<name>), in registry.hpp's order.
+#define OCTET_TORCH_NAME(n) #n,
+inline constexpr std::string_view recipe_names[] = {OCTET_TORCH_RECIPES(OCTET_TORCH_NAME)};
+#undef OCTET_TORCH_NAME
 
 /// Calls f(type_tag<Recipe>{}) for a recipe name.
 template <class F>
@@ -181,7 +201,7 @@ decltype(auto) with_recipe(std::string_view name, const char* op, F&& f) {
     if (name == #n) return f(type_tag<octet::recipes::n>{});
     OCTET_TORCH_RECIPES(OCTET_TORCH_RECIPE)
 #undef OCTET_TORCH_RECIPE
-    TORCH_CHECK_VALUE(false, where(op, "recipe"), "is '", std::string(name), "'; pass one of ", recipe_names);
+    TORCH_CHECK_VALUE(false, where(op, "recipe"), "is '", std::string(name), "'; pass one of ", joined(recipe_names));
 }
 
 /// A quantized copy passed in from Python as (codes, scales, tensor_scale) plus its logical

@@ -15,6 +15,8 @@
 //       philox_stream{seed, step}), to import another optimizer's state. CPU.
 //   octet::adamw_decode_moment(codes, meta, codec, moment) -> float32: the moments the step uses
 //       (octet::decode_moments), to export the state. CPU.
+//   octet::adamw_codec_names(), octet::adamw_master_names() -> str[]: the codecs and master policies
+//       the step takes (registry.hpp's lists), for Python's CODECS and MASTERS.
 #include "optim_adamw.hpp"
 #include "octet/optim/moments.hpp"
 
@@ -151,14 +153,10 @@ at::Tensor adamw_step(const at::Tensor& params, const at::Tensor& compensation, 
     at::Tensor report = at::empty({3}, params.options().dtype(at::kLong));
     a.device_report = device == c10::DeviceType::CUDA ? static_cast<octet::adamw_report*>(report.data_ptr()) : nullptr;
     octet::adamw_report r;
-    if (master == "fp32")
-        r = step_master_fp32(m_codec, a);
-    else if (master == "bf16_nearest")
-        r = step_master_bf16_nearest(m_codec, a);
-    else if (master == "bf16_stochastic")
-        r = step_master_bf16_stochastic(m_codec, a);
-    else
-        r = step_master_bf16_kahan(m_codec, a);
+#define OCTET_TORCH_ADAMW_STEP(n) \
+    if (master == #n) r = step_master_##n(m_codec, a);
+    OCTET_TORCH_ADAMW_MASTERS(OCTET_TORCH_ADAMW_STEP)
+#undef OCTET_TORCH_ADAMW_STEP
     if (device == c10::DeviceType::CPU) {
         auto* out = report.data_ptr<int64_t>();
         out[0] = static_cast<int64_t>(r.nonfinite_gradients);
@@ -272,6 +270,13 @@ at::Tensor adamw_decode_moment(const at::Tensor& codes, const at::Tensor& meta, 
     return x;
 }
 
+std::vector<std::string> adamw_codec_names() {
+    return name_list(codec_names);
+}
+std::vector<std::string> adamw_master_names() {
+    return name_list(master_names);
+}
+
 }  // namespace
 }  // namespace optim
 }  // namespace octet_torch
@@ -286,6 +291,8 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
         "Tensor report");
     m.def("adamw_state_sizes(str m_codec, str v_codec, str master, int n) -> int[]");
     m.def("adamw_count_nonfinite(Tensor grads) -> Tensor");
+    m.def("adamw_codec_names() -> str[]");
+    m.def("adamw_master_names() -> str[]");
 }
 
 TORCH_LIBRARY_IMPL(octet, CPU, m) {
@@ -303,4 +310,6 @@ TORCH_LIBRARY_IMPL(octet, CUDA, m) {
 
 TORCH_LIBRARY_IMPL(octet, CompositeExplicitAutograd, m) {
     m.impl("adamw_state_sizes", &octet_torch::optim::adamw_state_sizes);
+    m.impl("adamw_codec_names", &octet_torch::optim::adamw_codec_names);
+    m.impl("adamw_master_names", &octet_torch::optim::adamw_master_names);
 }

@@ -1,7 +1,8 @@
 // optim_adamw.hpp: what the optim family's translation units share (the fused AdamW step of
 // octet/optim/adamw.hpp as a torch op). optim_adamw.cpp holds the schemas, the argument checks and
-// the dispatch on the master-weight policy; optim_step_<master>.cpp instantiate the step for one
-// policy each (6 codecs x 2 gradient types), so that they compile side by side.
+// the dispatch on the master-weight policy; the shards optim_step_<master>.cpp, generated from
+// registry.hpp's OCTET_TORCH_ADAMW_MASTERS, instantiate the step for one policy each (6 codecs x 2
+// gradient types), so that they compile side by side.
 //
 // Instantiated: m_codec == v_codec (the same codec for both moments, as COAT, bitsandbytes and
 // torchao do), every codec x every master policy x float32/bfloat16 gradients (48 steps). A pair
@@ -21,30 +22,30 @@
 namespace octet_torch {
 namespace optim {
 
+/// The codec and master-policy names Python passes, in registry.hpp's order.
+#define OCTET_TORCH_ADAMW_NAME(n) #n,
+inline constexpr std::string_view codec_names[] = {OCTET_TORCH_ADAMW_CODECS(OCTET_TORCH_ADAMW_NAME)};
+inline constexpr std::string_view master_names[] = {OCTET_TORCH_ADAMW_MASTERS(OCTET_TORCH_ADAMW_NAME)};
+#undef OCTET_TORCH_ADAMW_NAME
+
 /// Calls f(type_tag<Codec>{}) for a state codec name; arg names the argument in the error.
 template <class F>
 decltype(auto) with_codec(std::string_view name, const char* op, const char* arg, F&& f) {
-    namespace sc = octet::state_codec;
-    if (name == "fp32") return f(type_tag<sc::fp32>{});
-    if (name == "bf16") return f(type_tag<sc::bf16>{});
-    if (name == "bf16_stochastic") return f(type_tag<sc::bf16_stochastic>{});
-    if (name == "e4m3_scaled") return f(type_tag<sc::e4m3_scaled>{});
-    if (name == "e4m3_expanded") return f(type_tag<sc::e4m3_expanded>{});
-    if (name == "dynamic8") return f(type_tag<sc::dynamic8>{});
-    TORCH_CHECK_VALUE(false, where(op, arg), "is '", std::string(name),
-                      "'; pass fp32, bf16, bf16_stochastic, e4m3_scaled, e4m3_expanded or dynamic8");
+#define OCTET_TORCH_ADAMW_CODEC(n) \
+    if (name == #n) return f(type_tag<octet::state_codec::n>{});
+    OCTET_TORCH_ADAMW_CODECS(OCTET_TORCH_ADAMW_CODEC)
+#undef OCTET_TORCH_ADAMW_CODEC
+    TORCH_CHECK_VALUE(false, where(op, arg), "is '", std::string(name), "'; pass one of ", joined(codec_names));
 }
 
 /// Calls f(type_tag<Master>{}) for a master-weight policy name.
 template <class F>
 decltype(auto) with_master(std::string_view name, const char* op, F&& f) {
-    namespace ms = octet::master;
-    if (name == "fp32") return f(type_tag<ms::fp32>{});
-    if (name == "bf16_nearest") return f(type_tag<ms::bf16_nearest>{});
-    if (name == "bf16_stochastic") return f(type_tag<ms::bf16_stochastic>{});
-    if (name == "bf16_kahan") return f(type_tag<ms::bf16_kahan>{});
-    TORCH_CHECK_VALUE(false, where(op, "master"), "is '", std::string(name),
-                      "'; pass fp32, bf16_nearest, bf16_stochastic or bf16_kahan");
+#define OCTET_TORCH_ADAMW_MASTER(n) \
+    if (name == #n) return f(type_tag<octet::master::n>{});
+    OCTET_TORCH_ADAMW_MASTERS(OCTET_TORCH_ADAMW_MASTER)
+#undef OCTET_TORCH_ADAMW_MASTER
+    TORCH_CHECK_VALUE(false, where(op, "master"), "is '", std::string(name), "'; pass one of ", joined(master_names));
 }
 
 /// The torch dtype of a code or weight type (octet::bf16 is torch's bfloat16 bit for bit).
@@ -115,17 +116,19 @@ octet::adamw_report run_step(const step_args& a) {
     });
 }
 
-/// Defined in optim_step_<master>.cpp: the step for one master policy, every codec.
-octet::adamw_report step_master_fp32(std::string_view codec, const step_args& a);
-octet::adamw_report step_master_bf16_nearest(std::string_view codec, const step_args& a);
-octet::adamw_report step_master_bf16_stochastic(std::string_view codec, const step_args& a);
-octet::adamw_report step_master_bf16_kahan(std::string_view codec, const step_args& a);
-
-#define OCTET_TORCH_STEP_MASTER(fn, policy)                                                                        \
-    octet::adamw_report fn(std::string_view codec, const step_args& a) {                                           \
-        return with_codec(codec, "adamw_step", "m_codec",                                                          \
-                          [&](auto c) { return run_step<typename decltype(c)::type, octet::master::policy>(a); }); \
-    }
+/// step_master_<policy>(codec, a): the step for one master policy, every codec; declared for every
+/// policy here, defined in the shard optim_step_<policy>.cpp (OCTET_TORCH_ADAMW_SHARD).
+#define OCTET_TORCH_ADAMW_STEP_MASTER(policy) \
+    octet::adamw_report step_master_##policy(std::string_view codec, const step_args& a);
+OCTET_TORCH_ADAMW_MASTERS(OCTET_TORCH_ADAMW_STEP_MASTER)
+#undef OCTET_TORCH_ADAMW_STEP_MASTER
 
 }  // namespace optim
 }  // namespace octet_torch
+
+/// The shard X(policy) of OCTET_TORCH_ADAMW_MASTERS (the generated optim_step_<policy>.cpp).
+#define OCTET_TORCH_ADAMW_SHARD(policy)                                                                            \
+    octet::adamw_report octet_torch::optim::step_master_##policy(std::string_view codec, const step_args& a) {     \
+        return with_codec(codec, "adamw_step", "m_codec",                                                          \
+                          [&](auto c) { return run_step<typename decltype(c)::type, octet::master::policy>(a); }); \
+    }

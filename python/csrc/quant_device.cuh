@@ -1,5 +1,6 @@
 // quant_device.cuh: the definitions behind device_ops.hpp's quantize and dequantize, for the
-// quant_device_*.cu files to instantiate (nvcc only; no torch).
+// quant_device_*.cu files to instantiate (nvcc only; no torch): quant_device_dequantize.cu and the
+// shards quant_device_<shard>.cu generated from registry.hpp's OCTET_TORCH_QUANTIZE_SHARDS.
 #pragma once
 
 #include "device_ops.hpp"
@@ -24,3 +25,10 @@ void dequantize(const octet::stream_executor& ex, octet::quantized_cref<Recipe> 
 }
 
 }  // namespace octet_torch::device
+
+#define OCTET_TORCH_DEVICE_QUANTIZE_OF(name, data) OCTET_TORCH_APPLY(OCTET_TORCH_DEVICE_QUANTIZE, data, name)
+
+/// The shard X(shard, rounding, In) of OCTET_TORCH_QUANTIZE_SHARDS on CUDA: every named recipe
+/// (the generated quant_device_<shard>.cu).
+#define OCTET_TORCH_DEVICE_QUANTIZE_SHARD(shard, rounding, In) \
+    OCTET_TORCH_RECIPES_WITH(OCTET_TORCH_DEVICE_QUANTIZE_OF, (octet::round::rounding, In))

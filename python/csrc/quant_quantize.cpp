@@ -2,7 +2,8 @@
 //   octet::quantize(x, recipe, rowwise, columnwise, tensor_amax, rounding, seed, offset, collect_stats,
 //                   amax_history, philox)
 //       -> [codes, scales, (tensor_scale), codes_t, scales_t, (tensor_scale_t), amax, (stats)]
-// and octet::recipe_info(recipe), what Python needs to compute a copy's layout (fake kernels).
+// and octet::recipe_info(recipe), what Python needs to compute a copy's layout (fake kernels), and
+// octet::recipe_names(), the recipes it takes.
 // The list holds only what was asked for, in this order: the row-wise copy (when rowwise), the
 // column-wise copy of x^T (when columnwise), each with its tensor_scale only for two-level recipes
 // (NVFP4); amax (0-d float32, x's amax over finite inputs); stats only with collect_stats, float64
@@ -32,14 +33,8 @@
 #include "octet_torch_cuda.hpp"
 #endif
 
-// The quantizer itself is instantiated in quant_quantize_<rounding>_<input>.cpp.
-#define OCTET_TORCH_EXTERN extern
-OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_NEAREST_F32)
-OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_NEAREST_BF16)
-OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_NEAREST_F16)
-OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_STOCHASTIC_F32)
-OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_STOCHASTIC_BF16)
-#undef OCTET_TORCH_EXTERN
+// The quantizer itself is instantiated in the shards quant_quantize_<shard>.cpp (registry.hpp).
+OCTET_TORCH_QUANTIZE_SHARDS(OCTET_TORCH_QUANTIZE_EXTERN_SHARD)
 
 namespace octet_torch {
 namespace {
@@ -181,6 +176,11 @@ std::vector<int64_t> recipe_info(c10::string_view recipe) {
     });
 }
 
+/// The recipe names the ops take, in registry.hpp's order (octet.torch.RECIPES).
+std::vector<std::string> recipe_names_op() {
+    return name_list(recipe_names);
+}
+
 /// Whether this build of the op libraries has CUDA kernels (OCTET_TORCH_CUDA).
 bool cuda_kernels() {
 #ifdef OCTET_TORCH_CUDA
@@ -199,6 +199,7 @@ TORCH_LIBRARY_FRAGMENT(octet, m) {
         "rounding=\"nearest_even\", int seed=0, int offset=0, bool collect_stats=False, Tensor? amax_history=None, "
         "Tensor? philox=None) -> Tensor[]");
     m.def("recipe_info(str recipe) -> int[]");
+    m.def("recipe_names() -> str[]");
     m.def("cuda_kernels() -> bool");
 }
 
@@ -213,5 +214,6 @@ TORCH_LIBRARY_IMPL(octet, CUDA, m) {
 
 TORCH_LIBRARY_IMPL(octet, CompositeExplicitAutograd, m) {
     m.impl("recipe_info", &octet_torch::recipe_info);
+    m.impl("recipe_names", &octet_torch::recipe_names_op);
     m.impl("cuda_kernels", &octet_torch::cuda_kernels);
 }

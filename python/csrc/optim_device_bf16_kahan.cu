@@ -1,7 +1,0 @@
-// The fused AdamW step's CUDA instantiations with master::bf16_kahan, every state codec, float32 and
-// bfloat16 gradients (optim_device.hpp).
-#include "optim_device.cuh"
-
-#define OCTET_TORCH_DEVICE_ADAMW_BF16_KAHAN(codec) \
-    OCTET_TORCH_DEVICE_ADAMW(codec, bf16_kahan, float) OCTET_TORCH_DEVICE_ADAMW(codec, bf16_kahan, octet::bf16)
-OCTET_TORCH_CODECS(OCTET_TORCH_DEVICE_ADAMW_BF16_KAHAN)

@@ -1,7 +1,0 @@
-// The quantize op's CUDA instantiations: nearest_even rounding, fp16 input, every named recipe
-// (device_ops.hpp).
-#include "quant_device.cuh"
-
-#define OCTET_TORCH_DEVICE_QUANTIZE_NEAREST_F16(name) \
-    OCTET_TORCH_DEVICE_QUANTIZE(octet::round::nearest_even, octet::fp16, name)
-OCTET_TORCH_RECIPES(OCTET_TORCH_DEVICE_QUANTIZE_NEAREST_F16)

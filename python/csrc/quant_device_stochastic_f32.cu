@@ -1,7 +1,0 @@
-// The quantize op's CUDA instantiations: stochastic rounding, float32 input, every named recipe
-// (device_ops.hpp).
-#include "quant_device.cuh"
-
-#define OCTET_TORCH_DEVICE_QUANTIZE_STOCHASTIC_F32(name) \
-    OCTET_TORCH_DEVICE_QUANTIZE(octet::round::stochastic, float, name)
-OCTET_TORCH_RECIPES(OCTET_TORCH_DEVICE_QUANTIZE_STOCHASTIC_F32)

@@ -1,6 +1,0 @@
-// The quantize op's round-to-nearest-even instantiations: float32 input, every named recipe
-// (quant_quantize_instances.hpp).
-#include "quant_quantize_instances.hpp"
-
-#define OCTET_TORCH_EXTERN
-OCTET_TORCH_RECIPES(OCTET_TORCH_QUANTIZE_NEAREST_F32)
