@@ -15,18 +15,10 @@ from ._quant import QuantizedTensor, recipe_info
 load("gemm")
 _ops = torch.ops.octet
 
-# The pairs octet::scaled_mm serves (python/csrc/gemm_common.hpp); mxfp8_e4m3_ceil multiplies as
-# mxfp8_e4m3.
-SCALED_MM_PAIRS = (
-    ("tensorwise_e4m3", "tensorwise_e4m3"), ("tensorwise_e4m3", "tensorwise_e5m2"),
-    ("tensorwise_e5m2", "tensorwise_e4m3"), ("tensorwise_e5m2", "tensorwise_e5m2"),
-    ("rowwise_e4m3", "rowwise_e4m3"),
-    ("blockwise_1x128", "blockwise_128x128"), ("blockwise_1x128", "blockwise_1x128"),
-    ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp8_e5m2"),
-    ("mxfp8_e5m2", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e5m2"),
-    ("mxfp6_e2m3", "mxfp6_e2m3"), ("mxfp6_e3m2", "mxfp6_e3m2"),
-    ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
-)
+# The pairs octet::scaled_mm serves (python/csrc/registry.hpp's OCTET_TORCH_GEMM_PAIRS_*), as the op
+# lists them; mxfp8_e4m3_ceil multiplies as mxfp8_e4m3.
+_pair_names = _ops.scaled_mm_pairs()
+SCALED_MM_PAIRS = tuple(zip(_pair_names[0::2], _pair_names[1::2]))
 
 
 @torch.library.register_fake("octet::scaled_mm")

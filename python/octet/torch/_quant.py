@@ -13,11 +13,8 @@ _ops = torch.ops.octet
 # recipe_info's ids (python/csrc/octet_torch.hpp, format_names).
 FORMATS = ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e2m3", "e3m2", "e2m1", "ue8m0")
 
-RECIPES = (
-    "tensorwise_e4m3", "tensorwise_e5m2", "rowwise_e4m3", "columnwise_e4m3",
-    "blockwise_1x128", "blockwise_128x128",
-    "mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_e4m3_ceil", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4",
-)
+# The recipes the ops take by name (python/csrc/registry.hpp's OCTET_TORCH_RECIPES).
+RECIPES = tuple(_ops.recipe_names())
 
 
 def cuda_kernels() -> bool:

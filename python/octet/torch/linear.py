@@ -78,15 +78,21 @@ class LinearRecipe:
         return (tokens + 15) // 16 * 16 if self.hadamard_wgrad else tokens
 
 
-# The recipes of octet::linear_recipes (python/csrc/linear_common.hpp serves these names).
-LINEAR_RECIPES = {
-    "tensorwise": LinearRecipe("tensorwise", "tensorwise_e4m3", "tensorwise_e4m3", "tensorwise_e5m2", 16),
-    "tensorwise_delayed": LinearRecipe("tensorwise_delayed", "tensorwise_e4m3", "tensorwise_e4m3", "tensorwise_e5m2",
-                                       16, delayed=True),
-    "blockwise": LinearRecipe("blockwise", "blockwise_1x128", "blockwise_128x128", "blockwise_1x128", 128),
-    "mxfp8": LinearRecipe("mxfp8", "mxfp8_e4m3", "mxfp8_e4m3", "mxfp8_e5m2", 32),
-    "nvfp4": LinearRecipe("nvfp4", "nvfp4", "nvfp4", "nvfp4", 16, stochastic_gradients=True, hadamard_wgrad=True),
-}
+def _linear_recipes():
+    """The recipes the linear ops serve (octet::linear_recipes; python/csrc/registry.hpp's
+    OCTET_TORCH_LINEAR_RECIPES), as the ops describe them."""
+    table = {}
+    for name in _ops.linear_recipe_names():
+        x, w, g, delayed, stochastic_gradients, hadamard_wgrad, _on_cuda = _ops.linear_recipe_info(name)
+        # dim_multiple: every block edge of the three recipes (a copy is row- or column-wise, so
+        # either edge can lie along K) and the tensor cores' K step of 16
+        edges = [e for r in (x, w, g) for e in (recipe_info(r).block_rows, recipe_info(r).block_cols)]
+        table[name] = LinearRecipe(name, x, w, g, max([16] + edges), delayed=delayed,
+                                   stochastic_gradients=stochastic_gradients, hadamard_wgrad=hadamard_wgrad)
+    return table
+
+
+LINEAR_RECIPES = _linear_recipes()
 
 
 def linear_recipe(recipe) -> LinearRecipe:

@@ -79,9 +79,10 @@ from .._library import load
 load("optim")
 _ops = torch.ops.octet
 
-CODECS = ("fp32", "bf16", "bf16_stochastic", "e4m3_scaled", "e4m3_expanded", "dynamic8")
+# The state codecs and master-weight policies the step takes (python/csrc/registry.hpp).
+CODECS = tuple(_ops.adamw_codec_names())
 DEFAULT_CODEC = "e4m3_expanded"
-MASTERS = ("fp32", "bf16_nearest", "bf16_stochastic", "bf16_kahan")
+MASTERS = tuple(_ops.adamw_master_names())
 NONFINITE_POLICIES = ("skip_step", "zero_block")
 REPORT_FIELDS = ("nonfinite_gradients", "blocks_zeroed", "skipped")
 
