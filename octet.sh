@@ -45,12 +45,13 @@ short_usage() {
 # multi-process tests, clang and its runtime for the libFuzzer target and the clang header checks,
 # clang-format for the style check (.ci/run), OpenBLAS (found through pkg-config) as the host GEMM
 # benchmark's peer, ccache to compile through (CMakeLists.txt), python3-venv for .venv (Debian's
-# python3 has no ensurepip without it), ca-certificates for pip (Debian's pip trusts the system's
-# certificates, not certifi's). g++ brings its own ASan/UBSan runtimes (the sanitize preset).
+# python3 has no ensurepip without it), python3-dev for torch.compile (inductor compiles C++ that
+# includes Python.h), ca-certificates for pip (Debian's pip trusts the system's certificates, not
+# certifi's). g++ brings its own ASan/UBSan runtimes (the sanitize preset).
 demo_packages=(cmake ninja-build g++)
 test_packages=(cmake ninja-build ccache g++ doctest-dev libbenchmark-dev openmpi-bin libopenmpi-dev
                clang libclang-rt-14-dev clang-format libopenblas-dev pkg-config python3 python3-venv
-               ca-certificates)
+               python3-dev ca-certificates)
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$root"
